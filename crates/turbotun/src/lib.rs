@@ -1,0 +1,2 @@
+//! Linux TUN/TAP dataplane.
+pub mod sys;
