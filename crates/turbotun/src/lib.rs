@@ -1,2 +1,26 @@
 //! Linux TUN/TAP dataplane.
+//!
+//! - [`DeviceBuilder`] opens TUN or TAP devices the modern way (`IFF_NO_PI`, `IFF_VNET_HDR`, `TUNSETOFFLOAD`,
+//!   `IFF_MULTI_QUEUE`, `IFF_NAPI`, persist/owner/group) and reports what the kernel granted.
+//! - [`Queue`] is one fd: blocking or non-blocking single-packet and raw I/O.
+//! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
+//! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
+//! - [`Capabilities`] says what this kernel supports, probed once.
+//!
+//! Guarantees: no panics on anything the kernel or a peer sends; optional kernel features degrade (USO, NAPI,
+//! steering eBPF) instead of failing, and what was granted is reported; all `unsafe` code lives in [`sys`].
+
+pub mod batch;
+pub mod device;
+pub mod error;
+pub mod inspect;
+pub mod netlink;
+pub mod netns;
+pub mod queue;
+pub mod steering;
 pub mod sys;
+
+pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
+pub use error::{validate_ifname, Error, Result};
+pub use queue::{Queue, QueueStats};
+pub use turbotun_wire as wire;

@@ -1,1 +1,340 @@
+//! The raw kernel interface: the only module in turbotun with `unsafe`.
+//!
+//! Everything here is a thin, typed wrapper over one system call or ioctl. Callers get `OwnedFd`s and
+//! `io::Result`s; no packet is parsed here and no policy is decided here.
 
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+pub mod bpf;
+pub mod ethtool;
+
+/// `IFNAMSIZ`: interface names are at most 15 bytes plus the terminating NUL.
+pub const IFNAMSIZ: usize = libc::IFNAMSIZ;
+
+/// Request flags of `TUNSETIFF` (`ifr_flags`), as the kernel's `if_tun.h` defines them.
+pub mod iff {
+    pub const TUN: u16 = libc::IFF_TUN as u16;
+    pub const TAP: u16 = libc::IFF_TAP as u16;
+    pub const NAPI: u16 = libc::IFF_NAPI as u16;
+    pub const NAPI_FRAGS: u16 = libc::IFF_NAPI_FRAGS as u16;
+    pub const NO_CARRIER: u16 = libc::IFF_NO_CARRIER as u16;
+    pub const NO_PI: u16 = libc::IFF_NO_PI as u16;
+    pub const ONE_QUEUE: u16 = libc::IFF_ONE_QUEUE as u16;
+    pub const VNET_HDR: u16 = libc::IFF_VNET_HDR as u16;
+    pub const TUN_EXCL: u16 = libc::IFF_TUN_EXCL as u16;
+    pub const MULTI_QUEUE: u16 = libc::IFF_MULTI_QUEUE as u16;
+    pub const ATTACH_QUEUE: u16 = libc::IFF_ATTACH_QUEUE as u16;
+    pub const DETACH_QUEUE: u16 = libc::IFF_DETACH_QUEUE as u16;
+    pub const PERSIST: u16 = libc::IFF_PERSIST as u16;
+}
+
+/// Offload bits of `TUNSETOFFLOAD`.
+pub mod tun_f {
+    pub const CSUM: u32 = libc::TUN_F_CSUM;
+    pub const TSO4: u32 = libc::TUN_F_TSO4;
+    pub const TSO6: u32 = libc::TUN_F_TSO6;
+    pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
+    pub const UFO: u32 = libc::TUN_F_UFO;
+    pub const USO4: u32 = libc::TUN_F_USO4;
+    pub const USO6: u32 = libc::TUN_F_USO6;
+}
+
+/// `struct ifreq` restricted to the members the tun driver reads: a name and the flags short.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IfReq {
+    name: [u8; IFNAMSIZ],
+    flags: i16,
+    // The kernel copies `sizeof(struct ifreq)` (40 bytes on 64-bit) in and out.
+    _pad: [u8; 22],
+}
+
+impl IfReq {
+    fn new(name: &str, flags: u16) -> Self {
+        let mut req = IfReq {
+            name: [0; IFNAMSIZ],
+            flags: flags as i16,
+            _pad: [0; 22],
+        };
+        let bytes = name.as_bytes();
+        let n = bytes.len().min(IFNAMSIZ - 1);
+        req.name[..n].copy_from_slice(&bytes[..n]);
+        req
+    }
+
+    fn name(&self) -> String {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(IFNAMSIZ);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Opens a path read-write with `O_CLOEXEC` (and `O_NONBLOCK` when asked).
+pub fn open_rdwr(path: &CStr, nonblocking: bool) -> io::Result<OwnedFd> {
+    let mut flags = libc::O_RDWR | libc::O_CLOEXEC;
+    if nonblocking {
+        flags |= libc::O_NONBLOCK;
+    }
+    // SAFETY: `path` is a valid NUL-terminated string; open returns a new fd or -1.
+    let fd = cvt(unsafe { libc::open(path.as_ptr(), flags) })?;
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a path read-only with `O_CLOEXEC` (namespace files).
+pub fn open_rdonly(path: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a valid NUL-terminated string.
+    let fd = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `TUNSETIFF`: attaches the fd to the named device (creating it if allowed). Returns the name the kernel chose.
+pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<String> {
+    let mut req = IfReq::new(name, flags);
+    // SAFETY: TUNSETIFF reads and writes a `struct ifreq`; `req` is a properly sized, initialized ifreq.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req as *mut IfReq) })?;
+    Ok(req.name())
+}
+
+/// `TUNGETIFF`: the attached device's name and its flags as the kernel reports them.
+pub fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
+    let mut req = IfReq::new("", 0);
+    // SAFETY: TUNGETIFF writes a `struct ifreq` into the pointed-to buffer, which is large enough.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETIFF, &mut req as *mut IfReq) })?;
+    Ok((req.name(), req.flags as u16))
+}
+
+/// `TUNSETQUEUE`: attach (`IFF_ATTACH_QUEUE`) or detach (`IFF_DETACH_QUEUE`) this queue of a multiqueue device.
+pub fn tun_set_queue(fd: BorrowedFd<'_>, flags: u16) -> io::Result<()> {
+    let mut req = IfReq::new("", flags);
+    // SAFETY: TUNSETQUEUE reads a `struct ifreq`; `req` is valid for the call.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETQUEUE, &mut req as *mut IfReq) })?;
+    Ok(())
+}
+
+/// `TUNGETFEATURES`: the `IFF_*` flags this kernel's tun driver accepts.
+pub fn tun_get_features(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut features: libc::c_uint = 0;
+    // SAFETY: TUNGETFEATURES writes one unsigned int through the pointer.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETFEATURES, &mut features as *mut libc::c_uint) })?;
+    Ok(features)
+}
+
+/// Ioctls whose argument is an `int` passed by pointer (`TUNSETVNETHDRSZ`, `TUNSETSNDBUF`, ...).
+fn ioctl_set_int_ptr(fd: BorrowedFd<'_>, request: libc::Ioctl, value: libc::c_int) -> io::Result<()> {
+    let value = value;
+    // SAFETY: the request reads one int through the pointer, which points to a live local.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request, &value as *const libc::c_int) })?;
+    Ok(())
+}
+
+fn ioctl_get_int_ptr(fd: BorrowedFd<'_>, request: libc::Ioctl) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    // SAFETY: the request writes one int through the pointer, which points to a live local.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request, &mut value as *mut libc::c_int) })?;
+    Ok(value)
+}
+
+/// Ioctls whose argument is passed by value (`TUNSETOFFLOAD`, `TUNSETPERSIST`, `TUNSETOWNER`, ...).
+fn ioctl_set_value(fd: BorrowedFd<'_>, request: libc::Ioctl, value: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: these requests take their argument by value and do not dereference it.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request, value) })?;
+    Ok(())
+}
+
+pub fn tun_set_vnet_hdr_sz(fd: BorrowedFd<'_>, size: i32) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, libc::TUNSETVNETHDRSZ, size)
+}
+
+pub fn tun_get_vnet_hdr_sz(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    ioctl_get_int_ptr(fd, libc::TUNGETVNETHDRSZ)
+}
+
+pub fn tun_set_offload(fd: BorrowedFd<'_>, offloads: u32) -> io::Result<()> {
+    ioctl_set_value(fd, libc::TUNSETOFFLOAD, offloads as libc::c_ulong)
+}
+
+pub fn tun_set_persist(fd: BorrowedFd<'_>, persist: bool) -> io::Result<()> {
+    ioctl_set_value(fd, libc::TUNSETPERSIST, persist as libc::c_ulong)
+}
+
+pub fn tun_set_owner(fd: BorrowedFd<'_>, uid: u32) -> io::Result<()> {
+    ioctl_set_value(fd, libc::TUNSETOWNER, uid as libc::c_ulong)
+}
+
+pub fn tun_set_group(fd: BorrowedFd<'_>, gid: u32) -> io::Result<()> {
+    ioctl_set_value(fd, libc::TUNSETGROUP, gid as libc::c_ulong)
+}
+
+/// `TUNSETLINK`: the ARPHRD link type (only while the device is down and has no queue attached elsewhere).
+pub fn tun_set_link(fd: BorrowedFd<'_>, link_type: u32) -> io::Result<()> {
+    ioctl_set_value(fd, libc::TUNSETLINK, link_type as libc::c_ulong)
+}
+
+pub fn tun_set_sndbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, libc::TUNSETSNDBUF, bytes)
+}
+
+pub fn tun_get_sndbuf(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    ioctl_get_int_ptr(fd, libc::TUNGETSNDBUF)
+}
+
+pub fn tun_set_carrier(fd: BorrowedFd<'_>, carrier: bool) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, libc::TUNSETCARRIER, carrier as libc::c_int)
+}
+
+/// `TUNSETSTEERINGEBPF`: install (fd >= 0) or remove (-1) a queue-steering eBPF program.
+pub fn tun_set_steering_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, libc::TUNSETSTEERINGEBPF, prog)
+}
+
+/// `TUNGETDEVNETNS`: an fd of the network namespace the device lives in now.
+pub fn tun_get_dev_netns(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: TUNGETDEVNETNS takes no argument and returns a new fd or -1.
+    let ns = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETDEVNETNS) })?;
+    // SAFETY: the kernel just created `ns` for us; nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
+}
+
+/// Sets or clears `O_NONBLOCK` on the open file description.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL takes no argument.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let flags = if nonblocking {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    // SAFETY: F_SETFL takes an int argument by value.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
+    Ok(())
+}
+
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
+    cvt_size(unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the duration of the call.
+    cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
+}
+
+/// One read scattered into a small header buffer and a data buffer (the virtio header and the packet).
+pub fn read2(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8]) -> io::Result<usize> {
+    let iov = [
+        libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: head.len() },
+        libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() },
+    ];
+    // SAFETY: both iovecs describe live, exclusively borrowed buffers of the stated lengths.
+    cvt_size(unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), 2) })
+}
+
+/// One write gathered from a header and a data buffer.
+pub fn write2(fd: BorrowedFd<'_>, head: &[u8], data: &[u8]) -> io::Result<usize> {
+    let iov = [
+        libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
+        libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() },
+    ];
+    // SAFETY: both iovecs describe live buffers of the stated lengths; writev only reads them.
+    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) })
+}
+
+/// Readiness a caller can wait for with [`poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interest {
+    Readable,
+    Writable,
+}
+
+/// Waits until `fd` is ready or the timeout (milliseconds, -1 = forever) passes. Returns false on timeout.
+/// Also returns true on POLLERR/POLLHUP so that the next read or write reports the error.
+pub fn poll(fd: BorrowedFd<'_>, interest: Interest, timeout_ms: i32) -> io::Result<bool> {
+    let events = match interest {
+        Interest::Readable => libc::POLLIN,
+        Interest::Writable => libc::POLLOUT,
+    };
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
+    loop {
+        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+        match cvt(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Moves the calling thread into the network namespace `ns` (an fd of `/run/netns/NAME` or `/proc/PID/ns/net`).
+pub fn setns_net(ns: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: setns only reads its arguments; changing this thread's network namespace does not affect memory safety.
+    cvt(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
+/// Gives the calling thread a new, private network namespace (used by tests and probes; it disappears with the
+/// last thread or fd that refers to it, taking its devices along).
+pub fn unshare_net() -> io::Result<()> {
+    // SAFETY: CLONE_NEWNET only changes this thread's network namespace; no memory is touched.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
+/// The effective capability set of the calling thread, as the low 64 bits (CAP_NET_ADMIN is bit 12).
+pub fn effective_capabilities() -> io::Result<u64> {
+    // The capability header/data layout of `capget(2)`, version 3 (two 32-bit words per set).
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget reads the header and writes two CapData records, which `data` provides.
+    cvt(unsafe { libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) } as libc::c_int)?;
+    Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
+}
+
+/// Whether the kernel accepts io_uring set-up (it can be compiled out or disabled by sysctl).
+pub fn io_uring_available() -> bool {
+    #[repr(C)]
+    struct IoUringParams {
+        raw: [u32; 30],
+    }
+    let mut params = IoUringParams { raw: [0; 30] };
+    // SAFETY: io_uring_setup reads/writes the 120-byte params struct; on success it returns an fd we close at once.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, &mut params as *mut IoUringParams) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `fd` is a fresh io_uring fd owned by nobody else.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    true
+}

@@ -1,0 +1,177 @@
+//! Parsing of the /proc files the bench samples: `/proc/PID/stat`, `/proc/PID/status`, `/proc/stat`,
+//! `/proc/net/snmp` and `/proc/net/snmp6`.
+
+use anyhow::{anyhow, Context, Result};
+
+/// Clock ticks per second for `/proc/PID/stat` times. `sysconf(_SC_CLK_TCK)` is 100 on every Linux
+/// architecture we run on (`getconf CLK_TCK` prints 100 here), and this crate forbids `unsafe`.
+pub const CLK_TCK: f64 = 100.0;
+
+/// utime + stime of a process (all its threads: the thread-group leader's `/proc/PID/stat` aggregates them), in
+/// clock ticks.
+pub fn parse_pid_stat_cpu_ticks(stat: &str) -> Result<u64> {
+    // The command name (field 2) is in parentheses and may contain spaces or ')': split after the last ')'.
+    let close = stat.rfind(')').ok_or_else(|| anyhow!("no ')' in /proc/PID/stat"))?;
+    let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    let field = |n: usize| -> Result<u64> {
+        rest.get(n - 3)
+            .ok_or_else(|| anyhow!("/proc/PID/stat has no field {n}"))?
+            .parse::<u64>()
+            .with_context(|| format!("/proc/PID/stat field {n}"))
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+/// A `kB` value (e.g. `VmHWM`, `VmRSS`) from `/proc/PID/status`.
+pub fn parse_status_kb(status: &str, key: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        if k.trim() != key {
+            return None;
+        }
+        v.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Effective uid from `/proc/self/status`.
+pub fn parse_status_euid(status: &str) -> Option<u32> {
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix("Uid:")?;
+        rest.split_whitespace().nth(1)?.parse().ok()
+    })
+}
+
+/// Aggregate CPU times from the first line of `/proc/stat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BoxCpu {
+    pub busy: u64,
+    pub total: u64,
+}
+
+pub fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("no 'cpu ' line in /proc/stat"))?;
+    let vals: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .context("/proc/stat cpu line")?;
+    // user nice system idle iowait irq softirq steal guest guest_nice; guest* are already counted in user/nice.
+    let total: u64 = vals.iter().take(8).sum();
+    let idle = vals.get(3).copied().unwrap_or(0) + vals.get(4).copied().unwrap_or(0);
+    Ok(BoxCpu {
+        busy: total.saturating_sub(idle),
+        total,
+    })
+}
+
+impl BoxCpu {
+    /// Whole-box busy percentage between two samples (100 = every core busy).
+    pub fn percent_since(&self, before: &BoxCpu) -> Option<f64> {
+        let total = self.total.checked_sub(before.total)?;
+        let busy = self.busy.checked_sub(before.busy)?;
+        (total > 0).then(|| busy as f64 * 100.0 / total as f64)
+    }
+}
+
+/// One counter from `/proc/net/snmp` (`proto` like "Udp", `name` like "RcvbufErrors"): header line and value
+/// line pairs.
+pub fn parse_snmp(snmp: &str, proto: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{proto}:");
+    let mut lines = snmp.lines().filter(|l| l.starts_with(&prefix));
+    while let (Some(header), Some(values)) = (lines.next(), lines.next()) {
+        let idx = header.split_whitespace().skip(1).position(|h| h == name);
+        if let Some(idx) = idx {
+            return values.split_whitespace().nth(idx + 1)?.parse().ok();
+        }
+    }
+    None
+}
+
+/// One counter from `/proc/net/snmp6` (`Udp6RcvbufErrors   12`).
+pub fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
+    snmp6.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next()? == name).then(|| it.next()?.parse().ok())?
+    })
+}
+
+/// Current CPU ticks of a live process.
+pub fn pid_cpu_ticks(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
+    parse_pid_stat_cpu_ticks(&s)
+}
+
+/// Peak RSS (VmHWM) of a live process, in kB.
+pub fn pid_peak_rss_kb(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kb(&s, "VmHWM")
+}
+
+/// Reset the peak RSS counter of a process (`echo 5 > /proc/PID/clear_refs`), so that VmHWM covers one window.
+pub fn reset_peak_rss(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+pub fn box_cpu() -> Result<BoxCpu> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").context("read /proc/stat")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "6353 (cat) R 6346 6346 3647 0 -1 4194304 98 0 0 0 17 4 0 0 20 0 1 0 31032 3133440 389 \
+                        18446744073709551615 94673442852864 94673442872745 140730528364928 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
+
+    #[test]
+    fn pid_stat_utime_stime() {
+        assert_eq!(parse_pid_stat_cpu_ticks(STAT).unwrap(), 21);
+    }
+
+    #[test]
+    fn pid_stat_comm_with_spaces_and_parens() {
+        let s = "42 (evil) name)) S 1 1 1 0 -1 0 0 0 0 0 100 50 0 0 20 0 3 0 1 1 1";
+        assert_eq!(parse_pid_stat_cpu_ticks(s).unwrap(), 150);
+        assert!(parse_pid_stat_cpu_ticks("42 (x) S 1").is_err());
+    }
+
+    #[test]
+    fn status_fields() {
+        let s = "Name:\tturbotun\nUid:\t1000\t0\t0\t0\nVmPeak:\t   10000 kB\nVmHWM:\t    2076 kB\nVmRSS:\t 2000 kB\n";
+        assert_eq!(parse_status_kb(s, "VmHWM"), Some(2076));
+        assert_eq!(parse_status_kb(s, "VmRSS"), Some(2000));
+        assert_eq!(parse_status_kb(s, "VmSwap"), None);
+        assert_eq!(parse_status_euid(s), Some(0));
+    }
+
+    #[test]
+    fn proc_stat_box_cpu() {
+        let a = parse_proc_stat("cpu  3193 14566 2572 40840 370 0 132 286 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n").unwrap();
+        assert_eq!(a.total, 3193 + 14566 + 2572 + 40840 + 370 + 132 + 286);
+        assert_eq!(a.busy, a.total - 40840 - 370);
+        let b = BoxCpu {
+            busy: a.busy + 150,
+            total: a.total + 200,
+        };
+        assert_eq!(b.percent_since(&a), Some(75.0));
+        assert_eq!(a.percent_since(&a), None);
+    }
+
+    #[test]
+    fn snmp_counters() {
+        let snmp = include_str!("../../tests/fixtures/proc_net_snmp.txt");
+        assert_eq!(parse_snmp(snmp, "Udp", "RcvbufErrors"), Some(123295));
+        assert_eq!(parse_snmp(snmp, "Udp", "InDatagrams"), Some(104675));
+        assert_eq!(parse_snmp(snmp, "Tcp", "RetransSegs"), Some(0));
+        assert_eq!(parse_snmp(snmp, "UdpLite", "RcvbufErrors"), Some(0));
+        assert_eq!(parse_snmp(snmp, "Udp", "NoSuchCounter"), None);
+        let snmp6 = "Udp6InDatagrams                 \t5\nUdp6RcvbufErrors                \t17\n";
+        assert_eq!(parse_snmp6(snmp6, "Udp6RcvbufErrors"), Some(17));
+        assert_eq!(parse_snmp6(snmp6, "Udp6SndbufErrors"), None);
+    }
+}

@@ -1,0 +1,446 @@
+//! Raw run records, per-(mode, traffic) summaries and the Markdown report.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::iperf::{IperfResult, Traffic};
+use super::modes::Unavailable;
+use super::stats::{fmt_count, fmt_num, fmt_spread, Spread};
+
+/// One measured run: one mode, one traffic kind, one repetition.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub mode: String,
+    pub family: String,
+    pub traffic: String,
+    pub rep: u32,
+    pub ipv6: bool,
+    /// Why the run produced no result.
+    pub error: Option<String>,
+    pub iperf: Option<IperfResult>,
+    /// Forwarder utime+stime over the test window, % of one core.
+    pub fwd_cpu_percent: Option<f64>,
+    /// Forwarder peak RSS (VmHWM, reset before the window when the kernel allows), kB.
+    pub fwd_peak_rss_kb: Option<u64>,
+    /// Whole-box CPU busy over the window, % of all cores.
+    pub box_cpu_percent: Option<f64>,
+    /// Length of the sampled window, seconds.
+    pub window_seconds: f64,
+    /// TX dropped of the two devices over the window (tun ring tail drop).
+    pub dev_tx_dropped: Option<u64>,
+    /// UDP receive-buffer errors in the server namespace over the window.
+    pub udp_rcvbuf_errors: Option<u64>,
+    /// The forwarder's final counters line.
+    pub fwd_counters: Option<serde_json::Value>,
+    pub fwd_exit: Option<String>,
+}
+
+impl RunRecord {
+    /// The forwarder's own drop count (`drops` key of its counters line).
+    pub fn fwd_drops(&self) -> Option<u64> {
+        self.fwd_counters.as_ref()?.get("drops")?.as_u64()
+    }
+
+    /// A count over the window as thousands per second.
+    pub fn per_ms(&self, count: Option<u64>) -> Option<f64> {
+        let secs = self.iperf.as_ref().map(|i| i.seconds).filter(|s| *s > 0.0).unwrap_or(self.window_seconds);
+        (secs > 0.0).then_some(count? as f64 / secs / 1000.0)
+    }
+
+    pub fn cpu_per_gbps(&self) -> Option<f64> {
+        let g = self.iperf.as_ref()?.gbps;
+        (g > 0.0).then_some(self.fwd_cpu_percent? / g)
+    }
+}
+
+/// Medians and ranges of one (mode, traffic) cell.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Summary {
+    pub mode: String,
+    pub family: String,
+    pub traffic: String,
+    pub runs: usize,
+    pub failed: usize,
+    pub gbps: Option<Spread>,
+    pub retransmits: Option<Spread>,
+    pub rx_kpps: Option<Spread>,
+    pub lost_kpps: Option<Spread>,
+    pub lost_percent: Option<Spread>,
+    pub fwd_cpu_percent: Option<Spread>,
+    pub cpu_per_gbps: Option<Spread>,
+    pub rss_mb: Option<Spread>,
+    pub box_cpu_percent: Option<Spread>,
+    /// Drops per run (counts) and the same per second of the window (kpps).
+    pub dev_tx_dropped: Option<Spread>,
+    pub fwd_drops: Option<Spread>,
+    pub udp_rcvbuf_errors: Option<Spread>,
+    pub dev_tx_drop_kpps: Option<Spread>,
+    pub fwd_drop_kpps: Option<Spread>,
+    pub udp_rcvbuf_err_kpps: Option<Spread>,
+    pub congestion_control: Option<String>,
+    /// Headline metric (Gbps for TCP, received kpps for UDP) relative to veth in this run.
+    pub ratio_veth: Option<f64>,
+    /// ... and relative to the best peer of the same traffic kind.
+    pub ratio_best_peer: Option<f64>,
+    pub best_peer: Option<String>,
+}
+
+impl Summary {
+    /// Gbps for TCP, received kpps for UDP.
+    pub fn headline(&self, udp: bool) -> Option<Spread> {
+        if udp {
+            self.rx_kpps
+        } else {
+            self.gbps
+        }
+    }
+}
+
+/// The whole JSON document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub tool: String,
+    pub version: String,
+    pub started_unix: u64,
+    pub kernel: String,
+    pub cpus: usize,
+    pub duration_s: u64,
+    pub reps: u32,
+    pub ipv6: bool,
+    pub modes: Vec<String>,
+    pub traffic: Vec<String>,
+    pub not_available: Vec<UnavailableJson>,
+    pub runs: Vec<RunRecord>,
+    pub summary: Vec<Summary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UnavailableJson {
+    pub mode: String,
+    pub reason: String,
+}
+
+impl From<&Unavailable> for UnavailableJson {
+    fn from(u: &Unavailable) -> Self {
+        UnavailableJson { mode: u.mode.clone(), reason: u.reason.clone() }
+    }
+}
+
+fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Option<Spread> {
+    Spread::of(runs.iter().filter_map(|r| f(r)))
+}
+
+/// Summaries for every (mode, traffic) pair in the given order, with ratios.
+pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traffic]) -> Vec<Summary> {
+    let mut out = Vec::new();
+    for t in traffic {
+        let first = out.len();
+        for (mode, family) in modes {
+            let all: Vec<&RunRecord> = runs.iter().filter(|r| &r.mode == mode && r.traffic == t.label).collect();
+            let ok: Vec<&RunRecord> = all.iter().copied().filter(|r| r.error.is_none() && r.iperf.is_some()).collect();
+            let ip = |r: &RunRecord| r.iperf.clone().unwrap_or_default();
+            let s = Summary {
+                mode: mode.clone(),
+                family: family.clone(),
+                traffic: t.label.to_string(),
+                runs: all.len(),
+                failed: all.len() - ok.len(),
+                gbps: spread_of(&ok, |r| Some(ip(r).gbps)),
+                retransmits: spread_of(&ok, |r| ip(r).retransmits.map(|x| x as f64)),
+                rx_kpps: spread_of(&ok, |r| ip(r).rx_kpps()),
+                lost_kpps: spread_of(&ok, |r| ip(r).lost_kpps()),
+                lost_percent: spread_of(&ok, |r| ip(r).udp_lost_percent),
+                fwd_cpu_percent: spread_of(&ok, |r| r.fwd_cpu_percent),
+                cpu_per_gbps: spread_of(&ok, |r| r.cpu_per_gbps()),
+                rss_mb: spread_of(&ok, |r| r.fwd_peak_rss_kb.map(|k| k as f64 / 1024.0)),
+                box_cpu_percent: spread_of(&ok, |r| r.box_cpu_percent),
+                dev_tx_dropped: spread_of(&ok, |r| r.dev_tx_dropped.map(|x| x as f64)),
+                fwd_drops: spread_of(&ok, |r| r.fwd_drops().map(|x| x as f64)),
+                udp_rcvbuf_errors: spread_of(&ok, |r| r.udp_rcvbuf_errors.map(|x| x as f64)),
+                dev_tx_drop_kpps: spread_of(&ok, |r| r.per_ms(r.dev_tx_dropped)),
+                fwd_drop_kpps: spread_of(&ok, |r| r.per_ms(r.fwd_drops())),
+                udp_rcvbuf_err_kpps: spread_of(&ok, |r| r.per_ms(r.udp_rcvbuf_errors)),
+                congestion_control: ok.iter().find_map(|r| ip(r).sender_cc),
+                ..Default::default()
+            };
+            out.push(s);
+        }
+        // Ratios within this traffic kind.
+        let cells = &mut out[first..];
+        let head = |s: &Summary| s.headline(t.udp).map(|x| x.median);
+        let veth = cells.iter().find(|s| s.mode == "veth").and_then(head);
+        let best_peer = cells
+            .iter()
+            .filter(|s| s.family != "baseline" && s.family != "turbotun")
+            .filter_map(|s| Some((s.mode.clone(), head(s)?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        for s in cells.iter_mut() {
+            let Some(h) = head(s) else { continue };
+            s.ratio_veth = veth.filter(|v| *v > 0.0).map(|v| h / v);
+            if let Some((peer, v)) = &best_peer {
+                if *v > 0.0 {
+                    s.ratio_best_peer = Some(h / v);
+                    s.best_peer = Some(peer.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn cell(s: Option<Spread>) -> String {
+    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
+}
+
+fn med(s: Option<Spread>) -> String {
+    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
+}
+
+fn med_count(s: Option<Spread>) -> String {
+    s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
+}
+
+/// The Markdown report: an overview (one row per mode, one column per traffic kind) and one detail table per
+/// traffic kind.
+pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "## turbotun bench: {} s per run, {} rep(s) interleaved, IPv{}, kernel {}, {} CPUs\n",
+        report.duration_s,
+        report.reps,
+        if report.ipv6 { 6 } else { 4 },
+        report.kernel,
+        report.cpus
+    );
+    let modes: Vec<&String> = {
+        let mut m: Vec<&String> = Vec::new();
+        for s in &report.summary {
+            if !m.contains(&&s.mode) {
+                m.push(&s.mode);
+            }
+        }
+        m
+    };
+    let find = |mode: &str, t: &str| report.summary.iter().find(|s| s.mode == mode && s.traffic == t);
+
+    // Overview.
+    let _ = write!(o, "| mode |");
+    for t in traffic {
+        let unit = if t.udp { "rx kpps" } else { "Gbps" };
+        let _ = write!(o, " {} {unit} median (min–max) |", t.label);
+    }
+    let _ = write!(o, "\n|---|");
+    for _ in traffic {
+        let _ = write!(o, "---|");
+    }
+    o.push('\n');
+    for m in &modes {
+        let _ = write!(o, "| {m} |");
+        for t in traffic {
+            let c = find(m, t.label).map(|s| cell(s.headline(t.udp))).unwrap_or_else(|| "–".into());
+            let _ = write!(o, " {c} |");
+        }
+        o.push('\n');
+    }
+
+    for t in traffic {
+        let _ = writeln!(o, "\n### {} — {}\n", t.label, t.description);
+        if t.udp {
+            let _ = writeln!(
+                o,
+                "| mode | rx kpps | ×veth | ×best peer | Gbps | lost % | lost kpps | dev TX drop kpps | fwd drop kpps | rcvbuf err kpps | fwd CPU % | RSS MB | box CPU % |"
+            );
+            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        } else {
+            let _ = writeln!(
+                o,
+                "| mode | Gbps | ×veth | ×best peer | retr | fwd CPU % | CPU %/Gbps | RSS MB | box CPU % | cc |"
+            );
+            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+        }
+        for m in &modes {
+            let Some(s) = find(m, t.label) else { continue };
+            let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
+            if t.udp {
+                let _ = writeln!(
+                    o,
+                    "| {m}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    cell(s.rx_kpps),
+                    ratio(s.ratio_veth),
+                    ratio(s.ratio_best_peer),
+                    med(s.gbps),
+                    cell(s.lost_percent),
+                    med(s.lost_kpps),
+                    med(s.dev_tx_drop_kpps),
+                    med(s.fwd_drop_kpps),
+                    med(s.udp_rcvbuf_err_kpps),
+                    cell(s.fwd_cpu_percent),
+                    med(s.rss_mb),
+                    med(s.box_cpu_percent),
+                );
+            } else {
+                let _ = writeln!(
+                    o,
+                    "| {m}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    cell(s.gbps),
+                    ratio(s.ratio_veth),
+                    ratio(s.ratio_best_peer),
+                    med_count(s.retransmits),
+                    cell(s.fwd_cpu_percent),
+                    med(s.cpu_per_gbps),
+                    med(s.rss_mb),
+                    med(s.box_cpu_percent),
+                    s.congestion_control.as_deref().unwrap_or("–"),
+                );
+            }
+        }
+    }
+    let best: Vec<String> = report
+        .summary
+        .iter()
+        .filter_map(|s| Some(format!("{} {}", s.traffic, s.best_peer.as_ref()?)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let _ = writeln!(
+        o,
+        "\nMedians (min–max) over interleaved repetitions. Ratios use the headline metric (Gbps for TCP, received \
+         kpps for UDP) against veth and against the best peer of the same traffic kind in this run{}. fwd CPU % is \
+         utime+stime of the forwarder over the test window (% of one core); box CPU % is of all cores. Where UDP \
+         datagrams were lost, in thousands per second: dev TX drop = TX dropped of the two devices (the tun ring \
+         tail drop; for veth its queue), fwd drop = the forwarder's own counter, rcvbuf err = UDP receive-buffer \
+         errors in the server namespace. Flamegraphs, when asked for, come from an extra run per mode so that \
+         perf does not disturb the measured ones.",
+        if best.is_empty() { String::new() } else { format!(" ({})", best.join(", ")) }
+    );
+    if !report.not_available.is_empty() {
+        let _ = writeln!(o, "\nNot available:");
+        for u in &report.not_available {
+            let _ = writeln!(o, "- {}: {}", u.mode, u.reason);
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::iperf::traffic_by_label;
+
+    fn rec(mode: &str, family: &str, traffic: &str, rep: u32, gbps: f64, kpps: f64) -> RunRecord {
+        let udp = traffic.starts_with("udp");
+        RunRecord {
+            mode: mode.into(),
+            family: family.into(),
+            traffic: traffic.into(),
+            rep,
+            iperf: Some(IperfResult {
+                gbps,
+                sender_gbps: gbps,
+                retransmits: (!udp).then_some(10 * u64::from(rep)),
+                sender_cc: (!udp).then(|| "cubic".into()),
+                udp_packets: udp.then_some((kpps * 2000.0) as u64),
+                udp_lost: udp.then_some((kpps * 1000.0) as u64),
+                udp_received: udp.then_some((kpps * 1000.0) as u64),
+                udp_lost_percent: udp.then_some(50.0),
+                seconds: 1.0,
+                ..Default::default()
+            }),
+            fwd_cpu_percent: (family != "baseline").then_some(100.0),
+            fwd_peak_rss_kb: (family != "baseline").then_some(2048),
+            fwd_counters: (family != "baseline").then(|| serde_json::json!({"packets": 5, "drops": 3})),
+            ..Default::default()
+        }
+    }
+
+    fn sample() -> (Report, Vec<Traffic>) {
+        let traffic = vec![traffic_by_label("tcp").unwrap(), traffic_by_label("udp64").unwrap()];
+        let mut runs = Vec::new();
+        for rep in 1..=3 {
+            let r = f64::from(rep);
+            runs.push(rec("veth", "baseline", "tcp", rep, 20.0 + r, 0.0));
+            runs.push(rec("turbotun-offload", "turbotun", "tcp", rep, 10.0 + r, 0.0));
+            runs.push(rec("tunrs-offload", "tunrs", "tcp", rep, 5.0 + r, 0.0));
+            runs.push(rec("veth", "baseline", "udp64", rep, 0.1, 200.0));
+            runs.push(rec("turbotun-offload", "turbotun", "udp64", rep, 0.1, 100.0 + r));
+            runs.push(rec("tunrs-offload", "tunrs", "udp64", rep, 0.1, 50.0));
+        }
+        let mut failed = rec("tunrs-offload", "tunrs", "tcp", 4, 0.0, 0.0);
+        failed.iperf = None;
+        failed.error = Some("boom".into());
+        runs.push(failed);
+        let modes: Vec<(String, String)> = [("veth", "baseline"), ("turbotun-offload", "turbotun"), ("tunrs-offload", "tunrs")]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let summary = summarize(&runs, &modes, &traffic);
+        let report = Report {
+            tool: "turbotun bench".into(),
+            version: "0".into(),
+            started_unix: 0,
+            kernel: "6.18".into(),
+            cpus: 2,
+            duration_s: 1,
+            reps: 3,
+            ipv6: false,
+            modes: modes.iter().map(|m| m.0.clone()).collect(),
+            traffic: vec!["tcp".into(), "udp64".into()],
+            not_available: vec![UnavailableJson { mode: "turbotun-uring".into(), reason: "no --io".into() }],
+            runs,
+            summary,
+        };
+        (report, traffic)
+    }
+
+    #[test]
+    fn summary_and_ratios() {
+        let (report, _) = sample();
+        let s = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "tcp").unwrap();
+        assert_eq!(s.gbps.unwrap().median, 12.0);
+        assert!((s.ratio_veth.unwrap() - 12.0 / 22.0).abs() < 1e-9);
+        assert!((s.ratio_best_peer.unwrap() - 12.0 / 7.0).abs() < 1e-9);
+        assert_eq!(s.best_peer.as_deref(), Some("tunrs-offload"));
+        assert_eq!(s.retransmits.unwrap().median, 20.0);
+        assert_eq!(s.fwd_drops.unwrap().median, 3.0);
+        assert_eq!(s.cpu_per_gbps.unwrap().median, 100.0 / 12.0);
+        let peer = report.summary.iter().find(|s| s.mode == "tunrs-offload" && s.traffic == "tcp").unwrap();
+        assert_eq!((peer.runs, peer.failed), (4, 1));
+        let u = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "udp64").unwrap();
+        assert!((u.rx_kpps.unwrap().median - 102.0).abs() < 1e-9);
+        assert!((u.ratio_veth.unwrap() - 0.51).abs() < 1e-9);
+        let v = report.summary.iter().find(|s| s.mode == "veth" && s.traffic == "tcp").unwrap();
+        assert_eq!(v.fwd_cpu_percent, None);
+        assert_eq!(v.ratio_veth, Some(1.0));
+    }
+
+    #[test]
+    fn markdown_tables() {
+        let (report, traffic) = sample();
+        let md = markdown(&report, &traffic);
+        assert!(md.contains("| mode | tcp Gbps median (min–max) | udp64 rx kpps median (min–max) |"), "{md}");
+        assert!(md.contains("| turbotun-offload | 12.0 (11.0–13.0) | 102 (101–103) |"), "{md}");
+        assert!(md.contains("| tunrs-offload (1 of 4 failed) | 7.00 (6.00–8.00) |"), "{md}");
+        assert!(md.contains("### udp64"), "{md}");
+        assert!(md.contains("- turbotun-uring: no --io"), "{md}");
+        // every table row has the same number of cells as its header
+        for block in md.split("\n\n") {
+            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
+            if let Some(h) = rows.first() {
+                let n = h.matches('|').count();
+                for r in &rows {
+                    assert_eq!(r.matches('|').count(), n, "{r}");
+                }
+            }
+        }
+        // JSON round trip
+        let j = serde_json::to_string(&report).unwrap();
+        let back: Report = serde_json::from_str(&j).unwrap();
+        assert_eq!(back.runs.len(), report.runs.len());
+    }
+}

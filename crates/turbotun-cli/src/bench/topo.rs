@@ -1,0 +1,430 @@
+//! The two-namespace topology of one run, the forwarder process, and their teardown.
+//!
+//! Everything created here is owned by a guard whose `Drop` deletes it: namespaces (which destroys the devices
+//! inside them) and child processes. Names are unique per bench process (`tt<pid>r<run>a`), so concurrent
+//! benches do not collide.
+
+use std::io::{BufRead, BufReader};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::modes::{Kind, Mode};
+use super::netcfg;
+
+pub const ADDR_A4: &str = "10.0.1.1";
+pub const ADDR_B4: &str = "10.0.2.1";
+pub const ADDR_A6: &str = "fd00:1::1";
+pub const ADDR_B6: &str = "fd00:2::1";
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Interruptible sleep: returns an error as soon as `stop` is set.
+pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
+    let end = Instant::now() + d;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// Run a command to completion; error with its stderr if it fails.
+pub fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {program}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Run a command inside a namespace (`ip netns exec NS ...`).
+pub fn ns_exec(ns: &str, args: &[&str]) -> Result<String> {
+    let mut a = vec!["netns", "exec", ns];
+    a.extend_from_slice(args);
+    run_cmd("ip", &a)
+}
+
+/// Read a file as seen from inside a namespace (/proc/net and /sys/class/net are per namespace).
+pub fn ns_read(ns: &str, path: &str) -> Result<String> {
+    ns_exec(ns, &["cat", path])
+}
+
+/// SIGTERM a process by pid (this crate forbids `unsafe`, so no libc::kill).
+pub fn send_sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Wait for a child with a deadline; `None` if it is still running at the deadline.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+            _ => return None,
+        }
+    }
+}
+
+/// Stop a child: SIGTERM, then SIGKILL after `grace`.
+pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    if let Ok(Some(st)) = child.try_wait() {
+        return Some(st);
+    }
+    send_sigterm(child.id());
+    if let Some(st) = wait_timeout(child, grace) {
+        return Some(st);
+    }
+    let _ = child.kill();
+    child.wait().ok()
+}
+
+/// A started forwarder process.
+#[derive(Debug)]
+pub struct Forwarder {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr_log: PathBuf,
+    pub pid: u32,
+}
+
+/// What a forwarder printed when it stopped.
+#[derive(Debug, Default)]
+pub struct FwdExit {
+    pub counters: Option<serde_json::Value>,
+    pub status: Option<String>,
+    pub stderr_tail: String,
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+impl Forwarder {
+    /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` and wait for its `ready` line.
+    pub fn start(mode: &Mode, dev_a: &str, dev_b: &str, log_dir: &Path, stop: &AtomicBool) -> Result<Forwarder> {
+        let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
+            bail!("{} is not a forwarder", mode.label);
+        };
+        let stderr_log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
+        let errf = std::fs::File::create(&stderr_log).context("create forwarder log")?;
+        let mut child = Command::new(program)
+            .args(prefix_args)
+            .args([dev_a, dev_b])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(errf)
+            .spawn()
+            .with_context(|| format!("start {}", program.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let pid = child.id();
+        let mut fwd = Forwarder { child, lines, stderr_log, pid };
+        let end = Instant::now() + READY_TIMEOUT;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            match fwd.lines.recv_timeout(Duration::from_millis(50)) {
+                Ok(l) if l.trim() == "ready" => return Ok(fwd),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) | Err(mpsc::RecvTimeoutError::Timeout)
+                    if matches!(fwd.child.try_wait(), Ok(Some(_))) =>
+                {
+                    let st = fwd.child.wait().ok();
+                    bail!(
+                        "{} exited before `ready` ({}): {}",
+                        mode.label,
+                        st.map(|s| s.to_string()).unwrap_or_default(),
+                        tail(&fwd.stderr_log, 3)
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(20)),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= end {
+                bail!(
+                    "{} did not print `ready` within {}s: {}",
+                    mode.label,
+                    READY_TIMEOUT.as_secs(),
+                    tail(&fwd.stderr_log, 3)
+                );
+            }
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM, wait up to 3 s, collect its counters line.
+    pub fn stop(mut self) -> FwdExit {
+        let status = terminate(&mut self.child, Duration::from_secs(3));
+        let mut counters = None;
+        // The reader thread ends at EOF; give it a moment to drain.
+        let end = Instant::now() + Duration::from_millis(500);
+        while let Ok(l) = self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(l.trim()) {
+                if v.is_object() {
+                    counters = Some(v);
+                }
+            }
+        }
+        FwdExit {
+            counters,
+            status: status.map(|s| s.to_string()),
+            stderr_tail: tail(&self.stderr_log, 3),
+        }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        terminate(&mut self.child, Duration::from_secs(2));
+    }
+}
+
+/// One run's namespaces and devices. Dropping it stops the forwarder and deletes the namespaces.
+#[derive(Debug)]
+pub struct Topology {
+    pub ns_a: String,
+    /// The server namespace (same as `ns_a` for loopback).
+    pub ns_b: String,
+    /// Devices whose TX drops are reported: (namespace, device).
+    pub devices: Vec<(String, String)>,
+    pub server_addr: String,
+    pub forwarder: Option<Forwarder>,
+    created: Vec<String>,
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.forwarder.take();
+        for ns in self.created.drain(..).rev() {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &ns])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn sysctls(ipv6: bool) -> Vec<&'static str> {
+    let mut v = vec!["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"];
+    if ipv6 {
+        v.extend([
+            "net.ipv6.conf.all.disable_ipv6=0",
+            "net.ipv6.conf.default.disable_ipv6=0",
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+            "net.ipv6.conf.all.accept_ra=0",
+            "net.ipv6.conf.default.accept_ra=0",
+            "net.ipv6.conf.all.router_solicitations=0",
+            "net.ipv6.conf.default.router_solicitations=0",
+        ]);
+    } else {
+        // No IPv6 autoconfiguration chatter (RS, MLD, DAD) across the forwarder.
+        v.extend(["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
+    }
+    v
+}
+
+impl Topology {
+    fn new_ns(&mut self, name: String, ipv6: bool) -> Result<String> {
+        run_cmd("ip", &["netns", "add", &name])?;
+        self.created.push(name.clone());
+        let mut args = vec!["sysctl", "-q", "-w"];
+        args.extend(sysctls(ipv6));
+        ns_exec(&name, &args)?;
+        run_cmd("ip", &["-n", &name, "link", "set", "lo", "up"])?;
+        Ok(name)
+    }
+
+    /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
+    /// the mode has one.
+    pub fn build(
+        mode: &Mode,
+        prefix: &str,
+        run: u32,
+        ipv6: bool,
+        log_dir: &Path,
+        stop: &AtomicBool,
+    ) -> Result<Topology> {
+        let mut t = Topology {
+            ns_a: String::new(),
+            ns_b: String::new(),
+            devices: Vec::new(),
+            server_addr: String::new(),
+            forwarder: None,
+            created: Vec::new(),
+        };
+        let base = format!("{prefix}r{run}");
+        t.ns_a = t.new_ns(format!("{base}a"), ipv6)?;
+        if mode.kind == Kind::Loopback {
+            t.ns_b = t.ns_a.clone();
+            t.server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
+            return Ok(t);
+        }
+        t.ns_b = t.new_ns(format!("{base}b"), ipv6)?;
+        // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
+        let dev_a = format!("{base}x");
+        let dev_b = format!("{base}y");
+        anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
+        match &mode.kind {
+            Kind::Veth => {
+                run_cmd(
+                    "ip",
+                    &["link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name", &dev_b, "netns", &t.ns_b],
+                )?;
+            }
+            Kind::Forwarder { .. } => {
+                let fwd = Forwarder::start(mode, &dev_a, &dev_b, log_dir, stop)?;
+                t.forwarder = Some(fwd);
+                netcfg::move_to_netns(&dev_a, &t.ns_a)?;
+                netcfg::move_to_netns(&dev_b, &t.ns_b)?;
+            }
+            Kind::Loopback => unreachable!(),
+        }
+        let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
+        let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
+        // A: 10.0.1.1/24, route to B's subnet through the device; B the mirror image.
+        let mut side_a = netcfg::Side { ns: &t.ns_a, dev: &dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
+        let mut side_b = netcfg::Side { ns: &t.ns_b, dev: &dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
+        if ipv6 {
+            side_a.addrs.push((a6, 64));
+            side_a.routes.push((b6, 64));
+            side_b.addrs.push((b6, 64));
+            side_b.routes.push((a6, 64));
+        }
+        netcfg::configure(&side_a)?;
+        netcfg::configure(&side_b)?;
+        t.devices = vec![(t.ns_a.clone(), dev_a), (t.ns_b.clone(), dev_b)];
+        t.server_addr = if ipv6 { ADDR_B6 } else { ADDR_B4 }.into();
+        if let Some(f) = t.forwarder.as_mut() {
+            if !f.is_running() {
+                bail!("{} exited during set-up", mode.label);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop).
+    pub fn tx_dropped(&self) -> Option<u64> {
+        let mut sum = 0;
+        for (ns, dev) in &self.devices {
+            sum += netcfg::tx_dropped(ns, dev).ok()?;
+        }
+        Some(sum)
+    }
+
+    /// UDP receive-buffer errors in the server namespace.
+    pub fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
+        if ipv6 {
+            super::procfs::parse_snmp6(&ns_read(&self.ns_b, "/proc/net/snmp6").ok()?, "Udp6RcvbufErrors")
+        } else {
+            super::procfs::parse_snmp(&ns_read(&self.ns_b, "/proc/net/snmp").ok()?, "Udp", "RcvbufErrors")
+        }
+    }
+
+    /// Wait until a TCP socket listens on `port` in the server namespace.
+    pub fn wait_listen(&self, port: u16, ipv6: bool, timeout: Duration, stop: &AtomicBool) -> Result<()> {
+        let file = if ipv6 { "/proc/net/tcp6" } else { "/proc/net/tcp" };
+        let needle = format!(":{port:04X} ");
+        let end = Instant::now() + timeout;
+        loop {
+            let text = ns_read(&self.ns_b, file).unwrap_or_default();
+            // local_address is field 2, st (0A = LISTEN) field 4.
+            let listening = text.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && format!("{} ", f[1]).ends_with(&needle) && f[3] == "0A"
+            });
+            if listening {
+                return Ok(());
+            }
+            if Instant::now() >= end {
+                return Err(anyhow!("iperf3 server did not listen on port {port} within {}s", timeout.as_secs()));
+            }
+            sleep_checked(Duration::from_millis(50), stop)?;
+        }
+    }
+}
+
+/// Delete namespaces left by earlier bench processes that died without cleaning up (`tt<pid>r<n>a|b` whose
+/// pid no longer exists).
+pub fn sweep_stale() {
+    let Ok(list) = run_cmd("ip", &["netns", "list"]) else { return };
+    for line in list.lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if let Some(pid) = stale_pid(name) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = run_cmd("ip", &["netns", "del", name]);
+            }
+        }
+    }
+}
+
+fn stale_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("tt")?;
+    let (pid, rest) = rest.split_once('r')?;
+    let run = rest.strip_suffix('a').or_else(|| rest.strip_suffix('b'))?;
+    if run.is_empty() || !run.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_names() {
+        assert_eq!(stale_pid("tt1234r5a"), Some(1234));
+        assert_eq!(stale_pid("tt1234r17b"), Some(1234));
+        assert_eq!(stale_pid("tt1234r5"), None);
+        assert_eq!(stale_pid("ttjson77"), None);
+        assert_eq!(stale_pid("foo"), None);
+    }
+
+    #[test]
+    fn sysctl_sets() {
+        assert!(sysctls(false).contains(&"net.ipv6.conf.default.disable_ipv6=1"));
+        assert!(sysctls(true).contains(&"net.ipv6.conf.default.accept_dad=0"));
+        assert!(sysctls(true).iter().all(|s| !s.ends_with("disable_ipv6=1")));
+    }
+}

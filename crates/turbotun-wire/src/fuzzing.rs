@@ -1,0 +1,436 @@
+//! Entry points shared by the cargo-fuzz targets and the corpus replay test, and packet builders for tests and
+//! benches. Not part of the public API; may change at any time.
+#![allow(missing_docs)]
+
+use crate::checksum;
+use crate::gro::{Gro, GroConfig};
+use crate::gso::Splitter;
+use crate::virtio_net::{flags, gso, VirtioNetHdrRepr};
+use crate::{ethernet, ipv4, ipv6, tcp, udp, Framing, IPPROTO_TCP, IPPROTO_UDP};
+
+/// Description of one test packet; [`Spec::build`] makes it with valid checksums.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    pub framing: Framing,
+    /// Number of VLAN tags (0..=2) for Ethernet framing.
+    pub vlans: usize,
+    pub mac_src: [u8; 6],
+    pub v6: bool,
+    pub udp: bool,
+    pub src4: [u8; 4],
+    pub dst4: [u8; 4],
+    pub src6: [u8; 16],
+    pub dst6: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
+    pub tcp_flags: u8,
+    pub window: u16,
+    /// TCP option bytes (length a multiple of 4, at most 40).
+    pub tcp_opts: Vec<u8>,
+    pub ip_id: u16,
+    pub df: bool,
+    pub mf: bool,
+    pub ttl: u8,
+    pub tos: u8,
+    pub flow_label: u32,
+    /// IPv4 option bytes (multiple of 4).
+    pub ip_opts: Vec<u8>,
+    /// IPv6: number of 8-byte destination-options headers before L4.
+    pub v6_dest_opts: usize,
+    /// IPv4 UDP: send checksum 0 ("none").
+    pub udp_zero_csum: bool,
+    /// Corrupt the L4 checksum.
+    pub bad_csum: bool,
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            framing: Framing::Ip,
+            vlans: 0,
+            mac_src: [2, 0, 0, 0, 0, 2],
+            v6: false,
+            udp: false,
+            src4: [192, 0, 2, 1],
+            dst4: [198, 51, 100, 2],
+            src6: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            dst6: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            sport: 40000,
+            dport: 5201,
+            seq: 1_000_000,
+            ack: 77,
+            tcp_flags: tcp::flags::ACK,
+            window: 512,
+            tcp_opts: vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
+            ip_id: 1000,
+            df: true,
+            mf: false,
+            ttl: 64,
+            tos: 0,
+            flow_label: 0x12345,
+            ip_opts: Vec::new(),
+            v6_dest_opts: 0,
+            udp_zero_csum: false,
+            bad_csum: false,
+        }
+    }
+}
+
+impl Spec {
+    pub fn tcp4() -> Self {
+        Spec::default()
+    }
+    pub fn tcp6() -> Self {
+        Spec { v6: true, ..Spec::default() }
+    }
+    pub fn udp4() -> Self {
+        Spec { udp: true, ..Spec::default() }
+    }
+    pub fn udp6() -> Self {
+        Spec { v6: true, udp: true, ..Spec::default() }
+    }
+    pub fn with_framing(mut self, framing: Framing, vlans: usize) -> Self {
+        self.framing = framing;
+        self.vlans = vlans;
+        self
+    }
+
+    pub fn l2_len(&self) -> usize {
+        match self.framing {
+            Framing::Ip => 0,
+            Framing::Ethernet => ethernet::HEADER_LEN + self.vlans * ethernet::VLAN_TAG_LEN,
+        }
+    }
+    pub fn l4_offset(&self) -> usize {
+        self.l2_len() + if self.v6 { 40 + 8 * self.v6_dest_opts } else { 20 + self.ip_opts.len() }
+    }
+    pub fn hdr_len(&self) -> usize {
+        self.l4_offset() + if self.udp { 8 } else { 20 + self.tcp_opts.len() }
+    }
+    fn pseudo(&self, l4_len: usize) -> u32 {
+        let proto = if self.udp { IPPROTO_UDP } else { IPPROTO_TCP };
+        if self.v6 {
+            checksum::pseudo_header_v6(self.src6, self.dst6, proto, l4_len as u32)
+        } else {
+            checksum::pseudo_header_v4(self.src4, self.dst4, proto, l4_len as u32)
+        }
+    }
+
+    /// Builds the headers for `payload_len` bytes of payload (checksum field zero) into a vector.
+    fn headers(&self, payload_len: usize) -> Vec<u8> {
+        let hl = self.hdr_len();
+        let mut p = vec![0u8; hl];
+        let l2 = self.l2_len();
+        if self.framing == Framing::Ethernet {
+            let mut vlans = [None; 2];
+            for (i, v) in vlans.iter_mut().enumerate().take(self.vlans.min(2)) {
+                *v = Some((if i == 0 && self.vlans == 2 { 0x88a8 } else { 0x8100 }, 100 + i as u16));
+            }
+            let et = if self.v6 { ethernet::ETHERTYPE_IPV6 } else { ethernet::ETHERTYPE_IPV4 };
+            ethernet::Repr { dst: [2, 0, 0, 0, 0, 1], src: self.mac_src, vlans, ethertype: et }
+                .emit(&mut p)
+                .expect("room");
+        }
+        let l4 = self.l4_offset();
+        let l4_len = hl - l4 + payload_len;
+        let proto = if self.udp { IPPROTO_UDP } else { IPPROTO_TCP };
+        if self.v6 {
+            let nh = if self.v6_dest_opts > 0 { ipv6::next_header::DEST_OPTS } else { proto };
+            ipv6::Repr {
+                src: self.src6,
+                dst: self.dst6,
+                next_header: nh,
+                payload_len: (hl - l2 - 40 + payload_len) as u16,
+                hop_limit: self.ttl,
+                traffic_class: self.tos,
+                flow_label: self.flow_label,
+            }
+            .emit(&mut p[l2..])
+            .expect("room");
+            for i in 0..self.v6_dest_opts {
+                let o = l2 + 40 + 8 * i;
+                let next = if i + 1 == self.v6_dest_opts { proto } else { ipv6::next_header::DEST_OPTS };
+                p[o..o + 8].copy_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+            }
+        } else {
+            let ihl = 20 + self.ip_opts.len();
+            let mut ip = ipv4::Packet::new_unchecked(&mut p[l2..l2 + ihl]);
+            ip.set_version_and_header_len(ihl);
+            ip.set_tos(self.tos);
+            ip.set_total_len((hl - l2 + payload_len) as u16);
+            ip.set_ident(self.ip_id);
+            let mut ff = 0;
+            if self.df {
+                ff |= ipv4::FLAG_DF;
+            }
+            if self.mf {
+                ff |= ipv4::FLAG_MF;
+            }
+            ip.set_flags_frag(ff);
+            ip.set_ttl(self.ttl);
+            ip.set_protocol(proto);
+            ip.set_src_addr(self.src4);
+            ip.set_dst_addr(self.dst4);
+            p[l2 + 20..l2 + ihl].copy_from_slice(&self.ip_opts);
+            ipv4::Packet::new_unchecked(&mut p[l2..l2 + ihl]).fill_checksum();
+        }
+        if self.udp {
+            udp::Repr { src_port: self.sport, dst_port: self.dport, payload_len: (l4_len - 8) as u16 }
+                .emit(&mut p[l4..])
+                .expect("room");
+        } else {
+            tcp::Repr {
+                src_port: self.sport,
+                dst_port: self.dport,
+                seq: self.seq,
+                ack: self.ack,
+                flags: self.tcp_flags,
+                window: self.window,
+            }
+            .emit(&mut p[l4..])
+            .expect("room");
+            let mut t = tcp::Packet::new_unchecked(&mut p[l4..]);
+            t.set_header_len(20 + self.tcp_opts.len());
+            t.options_mut().copy_from_slice(&self.tcp_opts);
+        }
+        p
+    }
+
+    /// A complete packet with valid checksums (unless `bad_csum`/`udp_zero_csum`).
+    pub fn build(&self, payload: &[u8]) -> Vec<u8> {
+        let mut p = self.headers(payload.len());
+        p.extend_from_slice(payload);
+        let l4 = self.l4_offset();
+        let at = l4 + if self.udp { 6 } else { 16 };
+        let mut c = checksum::checksum(&p[l4..], self.pseudo(p.len() - l4));
+        if self.udp && c == 0 {
+            c = 0xffff;
+        }
+        if self.udp && self.udp_zero_csum {
+            c = 0;
+        }
+        if self.bad_csum {
+            c = c.wrapping_add(1) | 1;
+        }
+        p[at..at + 2].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+
+    /// A super-packet as the kernel hands it out (NEEDS_CSUM, pseudo-header sum in the checksum field).
+    pub fn build_gso(&self, payload: &[u8], gso_size: u16) -> (VirtioNetHdrRepr, Vec<u8>) {
+        let mut p = self.headers(payload.len());
+        p.extend_from_slice(payload);
+        let l4 = self.l4_offset();
+        let off = if self.udp { 6 } else { 16 };
+        let ps = checksum::fold(self.pseudo(p.len() - l4));
+        p[l4 + off..l4 + off + 2].copy_from_slice(&ps.to_be_bytes());
+        let gso_type = match (self.udp, self.v6) {
+            (true, _) => gso::UDP_L4,
+            (false, false) => gso::TCPV4,
+            (false, true) => gso::TCPV6,
+        };
+        let hdr = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type,
+            hdr_len: self.hdr_len() as u16,
+            gso_size,
+            csum_start: l4 as u16,
+            csum_offset: off as u16,
+        };
+        (hdr, p)
+    }
+
+    /// The segments the kernel would produce from [`Spec::build_gso`] (FIN/PSH only last, CWR only first).
+    pub fn segments(&self, payload: &[u8], gso_size: usize) -> Vec<Vec<u8>> {
+        let chunks: Vec<&[u8]> =
+            if payload.is_empty() { vec![payload] } else { payload.chunks(gso_size.max(1)).collect() };
+        let n = chunks.len();
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut s = self.clone();
+                s.ip_id = self.ip_id.wrapping_add(i as u16);
+                s.seq = self.seq.wrapping_add((i * gso_size) as u32);
+                if i + 1 != n {
+                    s.tcp_flags &= !(tcp::flags::FIN | tcp::flags::PSH);
+                }
+                if i != 0 {
+                    s.tcp_flags &= !tcp::flags::CWR;
+                }
+                s.build(c)
+            })
+            .collect()
+    }
+
+    /// The `i`-th follow-on segment of a stream: seq and ID advanced, same sizes.
+    pub fn next_seg(&self, payload_len: usize) -> Spec {
+        let mut s = self.clone();
+        s.seq = s.seq.wrapping_add(payload_len as u32);
+        s.ip_id = s.ip_id.wrapping_add(1);
+        s
+    }
+}
+
+/// Deterministic payload bytes.
+pub fn payload(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Verifies the IP header checksum and the L4 checksum of a finished packet (`true` if it is not IP/TCP/UDP).
+pub fn checksums_ok(pkt: &[u8], framing: Framing) -> bool {
+    let Ok((l3, v)) = crate::locate_ip(pkt, framing) else { return true };
+    let ip = &pkt[l3..];
+    let (proto, l4, pseudo_fn): (u8, usize, Box<dyn Fn(u8, u32) -> u32>) = if v == 4 {
+        let Ok(p) = ipv4::Packet::new_checked(ip) else { return true };
+        if !p.verify_checksum() {
+            return false;
+        }
+        let (s, d) = (p.src_addr(), p.dst_addr());
+        (p.protocol(), l3 + p.header_len(), Box::new(move |pr, l| checksum::pseudo_header_v4(s, d, pr, l)))
+    } else {
+        let Ok(p) = ipv6::Packet::new_checked(ip) else { return true };
+        let Ok(info) = p.l4_info() else { return true };
+        let (s, d) = (p.src_addr(), p.dst_addr());
+        (info.protocol, l3 + info.offset, Box::new(move |pr, l| checksum::pseudo_header_v6(s, d, pr, l)))
+    };
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return true;
+    }
+    let l4b = &pkt[l4..];
+    if proto == IPPROTO_UDP && v == 4 && l4b.len() >= 8 && l4b[6..8] == [0, 0] {
+        return true;
+    }
+    checksum::fold(checksum::sum(l4b, pseudo_fn(proto, l4b.len() as u32))) == 0xffff
+}
+
+fn framing_of(b: u8) -> Framing {
+    if b & 1 == 0 {
+        Framing::Ip
+    } else {
+        Framing::Ethernet
+    }
+}
+
+/// Fuzz entry: every parser and accessor on arbitrary bytes.
+pub fn parse_headers(data: &[u8]) {
+    let _ = VirtioNetHdrRepr::parse(data);
+    if let Ok(h) = crate::VirtioNetHdr::new_checked(data) {
+        let _ = (h.repr(), h.num_buffers());
+    }
+    if let Ok(f) = ethernet::Frame::new_checked(data) {
+        let _ = (f.dst_addr(), f.src_addr(), f.inner_ethertype(), f.vlan_id(0), f.vlan_id(1), f.payload().len());
+        let _ = ethernet::Repr::parse(&f);
+    }
+    if let Ok(p) = ipv4::Packet::new_checked(data) {
+        let _ = (p.total_len(), p.ident(), p.is_fragment(), p.options().len(), p.verify_checksum());
+        let _ = (p.payload().len(), ipv4::Repr::parse(&p), p.check_total_len(), p.src_addr(), p.dst_addr());
+    }
+    if let Ok(p) = ipv6::Packet::new_checked(data) {
+        let _ = (p.flow_label(), p.traffic_class(), p.l4_info(), p.check_payload_len(), ipv6::Repr::parse(&p));
+    }
+    if let Ok(p) = tcp::Packet::new_checked(data) {
+        let _ = (p.seq_number(), p.flags(), p.options().len(), p.payload().len());
+        for o in p.option_iter() {
+            let _ = o;
+        }
+    }
+    if let Ok(p) = udp::Packet::new_checked(data) {
+        let _ = (p.len(), p.checksum(), p.payload().len(), udp::Repr::parse(&p));
+    }
+    let _ = crate::locate_ip(data, Framing::Ip);
+    let _ = crate::locate_ip(data, Framing::Ethernet);
+    if data.len() >= 4 {
+        let s = u16::from_le_bytes([data[0], data[1]]) as usize;
+        let o = u16::from_le_bytes([data[2], data[3]]) as usize;
+        let mut copy = data[4..].to_vec();
+        let _ = checksum::complete_partial(&mut copy, s, o);
+        assert_eq!(checksum::sum(data, 7), checksum::sum_reference(data, 7));
+    }
+}
+
+/// Fuzz entry: `data` = 10-byte virtio header, 1 framing byte, packet. Splits into every segment both ways and
+/// checks that they agree.
+pub fn gso_split(data: &[u8]) {
+    if data.len() < 11 {
+        return;
+    }
+    let Ok(hdr) = VirtioNetHdrRepr::parse(&data[..10]) else { return };
+    let framing = framing_of(data[10]);
+    let pkt = &data[11..];
+    let Ok(s) = Splitter::new(&hdr, pkt, framing) else { return };
+    let n = s.segment_count();
+    assert!(n >= 1);
+    let mut out = vec![0u8; 65536 + 256];
+    let mut total_payload = 0;
+    for i in 0..n.min(256) {
+        let len = s.write_segment(i, &mut out).expect("segment fits");
+        assert_eq!(len, s.segment_len(i));
+        let v = s.segment_view(i);
+        if let Ok(v) = v {
+            assert_eq!(v.to_vec(), out[..len]);
+            total_payload += v.payload().len();
+        }
+        if s.is_gso() {
+            assert!(checksums_ok(&out[..len], framing), "segment {i} checksum");
+        }
+    }
+    if s.is_gso() && n <= 256 {
+        assert_eq!(total_payload, pkt.len() - s.hdr_len());
+    }
+    let mut bufs = vec![vec![0u8; 2048]; 4];
+    let mut lens = [0usize; 4];
+    let _ = s.split_into(0, &mut bufs, &mut lens, 12);
+}
+
+/// Fuzz entry: `data` = config byte, then packets as (u16 LE length, bytes). Coalesces them and checks the
+/// invariants: indices ascending, bytes conserved, merged packets split again into valid segments.
+pub fn gro_coalesce(data: &[u8]) {
+    let Some((&cfg, mut rest)) = data.split_first() else { return };
+    let framing = framing_of(cfg);
+    let vnet = [10usize, 12, 20, 10][((cfg >> 1) & 3) as usize];
+    let config = GroConfig { tcp: cfg & 8 == 0, udp: cfg & 16 == 0, framing, vnet_hdr_len: vnet };
+    let checksums_valid = cfg & 32 != 0;
+    let offset = vnet + 2;
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    let mut lens = Vec::new();
+    while rest.len() >= 2 && bufs.len() < 64 {
+        let l = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);
+        let mut b = vec![0u8; offset + 65535];
+        b[offset..offset + l].copy_from_slice(&rest[2..2 + l]);
+        bufs.push(b);
+        lens.push(l);
+        rest = &rest[2 + l..];
+    }
+    let before: usize = lens.iter().sum();
+    let mut gro = Gro::new(config).with_udp_max_segments(if cfg & 64 != 0 { 4 } else { 64 });
+    let mut to_write = Vec::new();
+    let stats = gro.coalesce(&mut bufs, &mut lens, offset, checksums_valid, &mut to_write);
+    assert!(to_write.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(stats.written + stats.coalesced, stats.packets);
+    let mut segments = 0;
+    let mut after = 0;
+    for &i in &to_write {
+        let b = &bufs[i];
+        let hdr = VirtioNetHdrRepr::parse(&b[offset - vnet..offset]).expect("header");
+        let pkt = &b[offset..offset + lens[i]];
+        let s = Splitter::new(&hdr, pkt, framing).expect("written packets split");
+        segments += s.segment_count();
+        if s.is_gso() {
+            after += pkt.len() - s.hdr_len() + s.segment_count() * s.hdr_len();
+            for k in 0..s.segment_count() {
+                let v = s.segment_view(k).expect("view");
+                assert!(checksums_ok(&v.to_vec(), framing) || checksums_valid);
+            }
+        } else {
+            after += pkt.len();
+            assert!(b[offset - vnet..offset].iter().all(|&x| x == 0));
+        }
+    }
+    assert_eq!(segments, stats.packets);
+    assert_eq!(before, after);
+    // Reuse with the same engine must not panic either.
+    let _ = gro.coalesce(&mut bufs, &mut lens, offset, checksums_valid, &mut to_write);
+}

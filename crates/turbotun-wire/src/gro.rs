@@ -1,0 +1,591 @@
+//! GRO: coalesce a batch of TCP or UDP packets per flow into super-packets for one `write()` each to a TUN/TAP
+//! device with a virtio_net_hdr.
+//!
+//! Rules (see `OFFLOAD.md`): a packet is a candidate only if IPv4 has no options and is not a fragment (and its
+//! header checksum verifies), IPv6 carries TCP or UDP directly, the IP length equals the buffer length, the total is
+//! at most 65535 bytes and there is at least one byte of payload. TCP must carry exactly ACK or ACK|PSH with a data
+//! offset of 20..60 bytes; UDP only when enabled (USO granted). Packets merge only when every header field that
+//! must agree does: L2 header (TAP), addresses, ports, IPv4 ToS/TTL/DF+reserved bits or IPv6 traffic class, hop
+//! limit and flow label, TCP ACK number, header length, reserved bits and option bytes. IPv4 IDs must increment
+//! by one per segment, or stay fixed with DF set (as the kernel). TCP appends when `seq == item.seq + item.len`
+//! and prepends when `seq + len == item.seq`, newest item of the flow first; nothing goes after a segment shorter
+//! than `gso_size`, no segment is larger than `gso_size`, nothing is appended after PSH. UDP merges only onto the
+//! newest item of its flow, up to [`Gro::udp_max_segments`] segments. L4 checksums are verified before a merge
+//! unless the caller vouches for them; invalid packets pass through unmerged.
+//!
+//! The flow table is a `Vec` kept in the [`Gro`] and cleared (not reallocated) per batch; flows are found by a
+//! linear scan over a 64-bit hash, newest first, which is cheap for the batch sizes used with TUN (≤ 128).
+
+use crate::checksum;
+use crate::ethernet;
+use crate::ipv4;
+use crate::ipv6;
+use crate::tcp;
+use crate::udp;
+use crate::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
+use crate::{Framing, IPPROTO_TCP, IPPROTO_UDP};
+
+/// Default cap on the segments of a coalesced UDP packet (`UDP_MAX_SEGMENTS` of older kernels).
+pub const DEFAULT_UDP_MAX_SEGMENTS: usize = 64;
+/// Largest packet (from the start of the framing) produced.
+pub const MAX_PACKET_LEN: usize = 65535;
+
+/// What to coalesce and how the packets are framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroConfig {
+    /// Coalesce TCP (needs TSO granted by `TUNSETOFFLOAD`).
+    pub tcp: bool,
+    /// Coalesce UDP (needs USO granted).
+    pub udp: bool,
+    /// Framing of the packets.
+    pub framing: Framing,
+    /// Size of the virtio_net_hdr in front of every packet (10, 12 or 20).
+    pub vnet_hdr_len: usize,
+}
+
+impl Default for GroConfig {
+    fn default() -> Self {
+        GroConfig { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: VIRTIO_NET_HDR_LEN }
+    }
+}
+
+/// Counters of one [`Gro::coalesce`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroStats {
+    /// Packets in the batch.
+    pub packets: usize,
+    /// Packets to write (`to_write.len()`).
+    pub written: usize,
+    /// Packets merged into another packet (not written on their own).
+    pub coalesced: usize,
+    /// TCP super-packets produced (2 or more segments).
+    pub tcp_super_packets: usize,
+    /// UDP super-packets produced.
+    pub udp_super_packets: usize,
+    /// Packets whose L4 checksum failed verification (passed through unmerged).
+    pub bad_checksum: usize,
+    /// Packets whose buffer cannot hold `offset + len` or when `offset < vnet_hdr_len` (written untouched).
+    pub malformed: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlowKey {
+    addrs: [u8; 32],
+    ports: u32,
+    ack: u32,
+    v6: bool,
+    udp: bool,
+}
+
+impl FlowKey {
+    fn hash(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ((self.v6 as u64) << 1 | self.udp as u64);
+        for c in self.addrs.chunks_exact(8) {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            h = (h ^ u64::from_ne_bytes(a)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(23);
+        }
+        h = (h ^ ((self.ports as u64) << 32 | self.ack as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 29)
+    }
+}
+
+/// Header fields that must be equal for two packets to merge (beyond the flow key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fields {
+    l2: [u8; ethernet::MAX_HEADER_LEN],
+    l2_len: u8,
+    tos: u8,
+    ttl: u8,
+    frag_bits: u16,
+    flow_label: u32,
+    l4_hdr_len: u8,
+    tcp_res: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdMode {
+    Unknown,
+    Incrementing,
+    Fixed,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    key: FlowKey,
+    fields: Fields,
+    opts: [u8; 40],
+    l3: usize,
+    l4: usize,
+    hdr_len: usize,
+    payload_len: usize,
+    addr_sum: u32,
+    seq: u32,
+    psh: bool,
+    ident: u16,
+    df: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    hash: u64,
+    c: Cand,
+    buf: usize,
+    gso_size: usize,
+    segs: usize,
+    last_len: usize,
+    payload_total: usize,
+    psh: bool,
+    id_mode: IdMode,
+    verified: bool,
+    dead: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Pass,
+    Head(usize),
+    Merged,
+}
+
+/// Reusable GRO engine: flow table and scratch space survive between batches.
+#[derive(Debug, Clone)]
+pub struct Gro {
+    config: GroConfig,
+    udp_max_segments: usize,
+    items: Vec<Item>,
+    slots: Vec<Slot>,
+}
+
+fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> Option<Cand> {
+    if pkt.len() > MAX_PACKET_LEN {
+        return None;
+    }
+    let mut fields = Fields {
+        l2: [0; ethernet::MAX_HEADER_LEN],
+        l2_len: 0,
+        tos: 0,
+        ttl: 0,
+        frag_bits: 0,
+        flow_label: 0,
+        l4_hdr_len: 0,
+        tcp_res: 0,
+    };
+    let l3 = match framing {
+        Framing::Ip => 0,
+        Framing::Ethernet => {
+            let f = ethernet::Frame::new_checked(pkt).ok()?;
+            if !matches!(f.inner_ethertype(), ethernet::ETHERTYPE_IPV4 | ethernet::ETHERTYPE_IPV6) {
+                return None;
+            }
+            let hl = f.header_len();
+            fields.l2[..hl].copy_from_slice(&pkt[..hl]);
+            fields.l2_len = hl as u8;
+            hl
+        }
+    };
+    let ip = &pkt[l3..];
+    let mut key = FlowKey { addrs: [0; 32], ports: 0, ack: 0, v6: false, udp: false };
+    let (proto, l4, addr_sum, ident, df) = match ip.first()? >> 4 {
+        4 => {
+            let p = ipv4::Packet::new_checked(ip).ok()?;
+            if p.header_len() != ipv4::MIN_HEADER_LEN
+                || p.is_fragment()
+                || p.total_len() as usize != ip.len()
+                || !p.verify_checksum()
+            {
+                return None;
+            }
+            key.addrs[..4].copy_from_slice(&p.src_addr());
+            key.addrs[16..20].copy_from_slice(&p.dst_addr());
+            fields.tos = p.tos();
+            fields.ttl = p.ttl();
+            fields.frag_bits = p.flags_frag() & (ipv4::FLAG_DF | ipv4::FLAG_RESERVED);
+            let sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
+            (p.protocol(), l3 + ipv4::MIN_HEADER_LEN, sum, p.ident(), p.dont_frag())
+        }
+        6 => {
+            let p = ipv6::Packet::new_checked(ip).ok()?;
+            if p.payload_len() as usize + ipv6::HEADER_LEN != ip.len() {
+                return None;
+            }
+            key.v6 = true;
+            key.addrs[..16].copy_from_slice(&p.src_addr());
+            key.addrs[16..].copy_from_slice(&p.dst_addr());
+            fields.tos = p.traffic_class();
+            fields.ttl = p.hop_limit();
+            fields.flow_label = p.flow_label();
+            let sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), p.next_header(), 0);
+            (p.next_header(), l3 + ipv6::HEADER_LEN, sum, 0, false)
+        }
+        _ => return None,
+    };
+    let l4b = &pkt[l4..];
+    let mut c = Cand {
+        key,
+        fields,
+        opts: [0; 40],
+        l3,
+        l4,
+        hdr_len: 0,
+        payload_len: 0,
+        addr_sum,
+        seq: 0,
+        psh: false,
+        ident,
+        df,
+    };
+    match proto {
+        IPPROTO_TCP if tcp_on => {
+            let t = tcp::Packet::new_checked(l4b).ok()?;
+            if t.flags() & !tcp::flags::PSH != tcp::flags::ACK {
+                return None;
+            }
+            let hl = t.header_len();
+            c.hdr_len = l4 + hl;
+            c.payload_len = l4b.len() - hl;
+            c.key.ports = (t.src_port() as u32) << 16 | t.dst_port() as u32;
+            c.key.ack = t.ack_number();
+            c.fields.l4_hdr_len = hl as u8;
+            c.fields.tcp_res = t.reserved_bits();
+            c.opts[..hl - tcp::MIN_HEADER_LEN].copy_from_slice(t.options());
+            c.seq = t.seq_number();
+            c.psh = t.flags() & tcp::flags::PSH != 0;
+        }
+        IPPROTO_UDP if udp_on => {
+            let u = udp::Packet::new_checked(l4b).ok()?;
+            if u.len() as usize != l4b.len() {
+                return None;
+            }
+            c.key.udp = true;
+            c.hdr_len = l4 + udp::HEADER_LEN;
+            c.payload_len = l4b.len() - udp::HEADER_LEN;
+            c.key.ports = (u.src_port() as u32) << 16 | u.dst_port() as u32;
+            c.fields.l4_hdr_len = udp::HEADER_LEN as u8;
+        }
+        _ => return None,
+    }
+    if c.payload_len == 0 {
+        return None;
+    }
+    Some(c)
+}
+
+/// Verifies the L4 checksum of `pkt` (an IPv4 UDP checksum of 0 means "none" and is valid).
+fn l4_checksum_ok(pkt: &[u8], c: &Cand) -> bool {
+    let Some(l4) = pkt.get(c.l4..) else { return false };
+    if c.key.udp && l4.len() >= 8 && l4[6] == 0 && l4[7] == 0 {
+        return !c.key.v6;
+    }
+    let pseudo = checksum::add(c.addr_sum, l4.len() as u32);
+    checksum::fold(checksum::sum(l4, pseudo)) == 0xffff
+}
+
+/// IPv4 ID rule: incrementing IDs coalesce; a fixed ID only with DF set; no mixing.
+fn id_check(it: &Item, c: &Cand, prepend: bool) -> Option<IdMode> {
+    if c.key.v6 {
+        return Some(it.id_mode);
+    }
+    let first = it.c.ident;
+    let inc = if prepend { first.wrapping_sub(1) } else { first.wrapping_add(it.segs as u16) };
+    if c.ident == inc && it.id_mode != IdMode::Fixed {
+        return Some(IdMode::Incrementing);
+    }
+    if c.ident == first && c.df && it.id_mode != IdMode::Incrementing {
+        return Some(IdMode::Fixed);
+    }
+    None
+}
+
+fn packet<'a, B: AsRef<[u8]>>(bufs: &'a [B], lens: &[usize], i: usize, offset: usize) -> &'a [u8] {
+    &bufs[i].as_ref()[offset..offset + lens[i]]
+}
+
+/// Copies `bufs[src][range]` to `bufs[dst][at..]` (`src != dst`, ranges checked by the caller).
+fn copy_across<B: AsMut<[u8]> + AsRef<[u8]>>(
+    bufs: &mut [B],
+    src: usize,
+    range: std::ops::Range<usize>,
+    dst: usize,
+    at: usize,
+) {
+    let n = range.len();
+    if src < dst {
+        let (a, b) = bufs.split_at_mut(dst);
+        b[0].as_mut()[at..at + n].copy_from_slice(&a[src].as_ref()[range]);
+    } else {
+        let (a, b) = bufs.split_at_mut(src);
+        a[dst].as_mut()[at..at + n].copy_from_slice(&b[0].as_ref()[range]);
+    }
+}
+
+enum Merge {
+    Append,
+    Prepend,
+}
+
+impl Gro {
+    /// A GRO engine; allocates nothing until the first batch.
+    pub fn new(config: GroConfig) -> Self {
+        Gro { config, udp_max_segments: DEFAULT_UDP_MAX_SEGMENTS, items: Vec::new(), slots: Vec::new() }
+    }
+
+    /// Sets the cap on segments of a coalesced UDP packet (kernel `UDP_MAX_SEGMENTS`: 64, or 128 on newer
+    /// kernels). Values below 1 are treated as 1 (no UDP merging).
+    pub fn with_udp_max_segments(mut self, n: usize) -> Self {
+        self.set_udp_max_segments(n);
+        self
+    }
+
+    /// See [`Gro::with_udp_max_segments`].
+    pub fn set_udp_max_segments(&mut self, n: usize) {
+        self.udp_max_segments = n.max(1);
+    }
+
+    /// The UDP segment cap.
+    pub fn udp_max_segments(&self) -> usize {
+        self.udp_max_segments
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GroConfig {
+        &self.config
+    }
+
+    /// Coalesces a batch. Packets are `bufs[i][offset .. offset + lens[i]]`; `offset >= vnet_hdr_len` and buffers
+    /// should have room to grow to `offset + 65535` (a merge that does not fit a buffer is not made). Merged
+    /// packets are appended into the flow head's buffer (`lens` updated). Every packet to write gets its virtio
+    /// header in `bufs[i][offset - vnet_hdr_len .. offset]` (zeroed if unmerged). `to_write` is cleared and then
+    /// filled with the indices to write, in ascending order.
+    ///
+    /// `checksums_valid = true`: the caller vouches for the L4 checksums (segments split by us, or `DATA_VALID`).
+    pub fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        checksums_valid: bool,
+        to_write: &mut Vec<usize>,
+    ) -> GroStats {
+        to_write.clear();
+        self.items.clear();
+        self.slots.clear();
+        let n = bufs.len().min(lens.len());
+        let vlen = self.config.vnet_hdr_len;
+        let mut stats = GroStats { packets: n, ..GroStats::default() };
+        let headers_ok = vlen >= VIRTIO_NET_HDR_LEN && offset >= vlen;
+        let (tcp_on, udp_on) = (self.config.tcp && headers_ok, self.config.udp && headers_ok);
+        for i in 0..n {
+            self.slots.push(Slot::Pass);
+            let buf_len = bufs[i].as_ref().len();
+            if !headers_ok || offset.checked_add(lens[i]).is_none_or(|e| e > buf_len) {
+                stats.malformed += 1;
+                continue;
+            }
+            let Some(c) = parse_candidate(packet(bufs, lens, i, offset), self.config.framing, tcp_on, udp_on)
+            else {
+                continue;
+            };
+            self.insert(i, c, bufs, lens, offset, checksums_valid, &mut stats);
+        }
+        for i in 0..n {
+            let slot = self.slots[i];
+            if slot == Slot::Merged {
+                continue;
+            }
+            to_write.push(i);
+            if !headers_ok || offset.checked_add(lens[i]).is_none_or(|e| e > bufs[i].as_ref().len()) {
+                continue;
+            }
+            let vh = &mut bufs[i].as_mut()[offset - vlen..offset];
+            match slot {
+                Slot::Head(k) if self.items[k].segs > 1 => {
+                    let it = self.items[k];
+                    if it.c.key.udp {
+                        stats.udp_super_packets += 1;
+                    } else {
+                        stats.tcp_super_packets += 1;
+                    }
+                    Self::finish_item(&it, bufs[i].as_mut(), offset, vlen, lens[i]);
+                }
+                _ => vh.fill(0),
+            }
+        }
+        stats.written = to_write.len();
+        stats
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        i: usize,
+        c: Cand,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        checksums_valid: bool,
+        stats: &mut GroStats,
+    ) {
+        let hash = c.key.hash();
+        let mut pkt_ok: Option<bool> = if checksums_valid { Some(true) } else { None };
+        let mut k = self.items.len();
+        while k > 0 {
+            k -= 1;
+            let it = self.items[k];
+            if it.hash != hash || it.c.key != c.key {
+                continue;
+            }
+            if it.dead {
+                if c.key.udp {
+                    break;
+                }
+                continue;
+            }
+            let Some((how, id_mode)) = self.can_merge(&it, &c) else {
+                if c.key.udp {
+                    break; // UDP: only the newest item of the flow
+                }
+                continue;
+            };
+            let new_len = lens[it.buf] + c.payload_len;
+            let dst = match how {
+                Merge::Append => it.buf,
+                Merge::Prepend => i,
+            };
+            if new_len > MAX_PACKET_LEN || bufs[dst].as_ref().len() < offset + new_len {
+                if c.key.udp {
+                    break;
+                }
+                continue;
+            }
+            // Checksums: the item (if still a single unverified packet), then the packet.
+            if !it.verified {
+                if !l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c) {
+                    self.items[k].dead = true;
+                    stats.bad_checksum += 1;
+                    if c.key.udp {
+                        break;
+                    }
+                    continue;
+                }
+                self.items[k].verified = true;
+            }
+            let ok = *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), &c));
+            if !ok {
+                stats.bad_checksum += 1;
+                return; // passes through unmerged
+            }
+            let it = &mut self.items[k];
+            match how {
+                Merge::Append => {
+                    let end = offset + lens[it.buf];
+                    copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
+                    lens[it.buf] += c.payload_len;
+                    it.last_len = c.payload_len;
+                    it.psh |= c.psh;
+                    self.slots[i] = Slot::Merged;
+                }
+                Merge::Prepend => {
+                    let old = it.buf;
+                    let end = offset + lens[i];
+                    copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
+                    lens[i] += it.payload_total;
+                    if it.segs == 1 {
+                        it.last_len = it.payload_total;
+                    }
+                    it.gso_size = c.payload_len;
+                    let keep = (it.psh, it.verified);
+                    it.c = c;
+                    (it.psh, it.verified) = keep;
+                    it.buf = i;
+                    self.slots[old] = Slot::Merged;
+                    self.slots[i] = Slot::Head(k);
+                }
+            }
+            it.payload_total += c.payload_len;
+            it.segs += 1;
+            it.id_mode = id_mode;
+            stats.coalesced += 1;
+            return;
+        }
+        self.slots[i] = Slot::Head(self.items.len());
+        self.items.push(Item {
+            hash,
+            c,
+            buf: i,
+            gso_size: c.payload_len,
+            segs: 1,
+            last_len: c.payload_len,
+            payload_total: c.payload_len,
+            psh: c.psh,
+            id_mode: IdMode::Unknown,
+            verified: pkt_ok == Some(true),
+            dead: false,
+        });
+    }
+
+    fn can_merge(&self, it: &Item, c: &Cand) -> Option<(Merge, IdMode)> {
+        let hl = c.fields.l4_hdr_len as usize - if c.key.udp { udp::HEADER_LEN } else { tcp::MIN_HEADER_LEN };
+        if it.c.fields != c.fields || it.c.opts[..hl] != c.opts[..hl] {
+            return None;
+        }
+        if c.key.udp {
+            if it.segs >= self.udp_max_segments || c.payload_len > it.gso_size || it.last_len != it.gso_size {
+                return None;
+            }
+            return id_check(it, c, false).map(|m| (Merge::Append, m));
+        }
+        if c.seq == it.c.seq.wrapping_add(it.payload_total as u32) {
+            if it.psh || c.payload_len > it.gso_size || it.last_len != it.gso_size {
+                return None;
+            }
+            return id_check(it, c, false).map(|m| (Merge::Append, m));
+        }
+        if c.seq.wrapping_add(c.payload_len as u32) == it.c.seq {
+            let fits = if it.segs == 1 { it.payload_total <= c.payload_len } else { it.gso_size == c.payload_len };
+            if c.psh || !fits {
+                return None;
+            }
+            return id_check(it, c, true).map(|m| (Merge::Prepend, m));
+        }
+        None
+    }
+
+    /// Rewrites the headers of a merged packet and writes its virtio header.
+    fn finish_item(it: &Item, buf: &mut [u8], offset: usize, vlen: usize, len: usize) {
+        let c = &it.c;
+        let (vh, rest) = buf[offset - vlen..offset + len].split_at_mut(vlen);
+        let l4_len = len - c.l4;
+        if c.key.v6 {
+            ipv6::Packet::new_unchecked(&mut rest[c.l3..]).set_payload_len((len - c.l3 - ipv6::HEADER_LEN) as u16);
+        } else {
+            let mut ip = ipv4::Packet::new_unchecked(&mut rest[c.l3..c.l4]);
+            ip.set_total_len((len - c.l3) as u16);
+            ip.fill_checksum();
+        }
+        let pseudo = checksum::fold(checksum::add(c.addr_sum, l4_len as u32));
+        let (gso_type, csum_offset) = if c.key.udp {
+            let mut u = udp::Packet::new_unchecked(&mut rest[c.l4..]);
+            u.set_len(l4_len as u16);
+            u.set_checksum(pseudo);
+            (gso::UDP_L4, udp::CHECKSUM_OFFSET)
+        } else {
+            let mut t = tcp::Packet::new_unchecked(&mut rest[c.l4..]);
+            if it.psh {
+                let f = t.flags();
+                t.set_flags(f | tcp::flags::PSH);
+            }
+            t.set_checksum(pseudo);
+            (if c.key.v6 { gso::TCPV6 } else { gso::TCPV4 }, tcp::CHECKSUM_OFFSET)
+        };
+        VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type,
+            hdr_len: c.hdr_len as u16,
+            gso_size: it.gso_size as u16,
+            csum_start: c.l4 as u16,
+            csum_offset: csum_offset as u16,
+        }
+        .emit(vh);
+    }
+}

@@ -1,0 +1,548 @@
+//! GSO: split one super-packet read from a TUN/TAP device (a virtio_net_hdr + up to 64 KiB) into wire-sized
+//! segments, into caller buffers or as zero-copy [`SegmentView`]s.
+//!
+//! The header's `hdr_len` is never trusted: the header length is recomputed by parsing the packet (IP header,
+//! IPv6 extension headers, TCP data offset / UDP header), and `csum_start`/`csum_offset` must agree with it.
+//! Each segment gets: IPv4 total length, ID = first ID + i and header checksum, or IPv6 payload length; TCP
+//! sequence number = first + i * gso_size, FIN and PSH only on the last segment and CWR only on the first;
+//! UDP length; and a full L4 checksum.
+
+use crate::checksum;
+use crate::ipv4;
+use crate::ipv6;
+use crate::tcp;
+use crate::udp;
+use crate::virtio_net::{gso, VirtioNetHdrRepr};
+use crate::{locate_ip, Framing, GsoError, WireError, IPPROTO_TCP, IPPROTO_UDP};
+
+/// Longest header (L2 + L3 + extension headers + L4) a super-packet may have: 22 bytes of Ethernet with two VLAN
+/// tags, 60 bytes of IPv4 or 40 bytes of IPv6 plus up to 114 bytes of extension headers, and 60 bytes of TCP.
+pub const MAX_HEADER_LEN: usize = 256;
+
+/// Upper bound of an IP packet's length fields.
+const MAX_IP_LEN: usize = 65535;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// GSO_NONE without NEEDS_CSUM: the packet as is.
+    Plain,
+    /// GSO_NONE with NEEDS_CSUM: complete the checksum.
+    Partial { start: usize, offset: usize },
+    /// TCPV4 / TCPV6.
+    Tcp,
+    /// UDP_L4.
+    Udp,
+}
+
+/// A validated super-packet. Construction checks every offset; afterwards nothing can panic.
+#[derive(Debug, Clone)]
+pub struct Splitter<'a> {
+    packet: &'a [u8],
+    kind: Kind,
+    v6: bool,
+    l3: usize,
+    l4: usize,
+    hdr_len: usize,
+    gso_size: usize,
+    count: usize,
+    /// Pseudo-header sum of addresses and protocol (without the length).
+    addr_sum: u32,
+    ident: u16,
+    seq: u32,
+    tcp_flags: u8,
+}
+
+/// How far [`Splitter::split_into`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitProgress {
+    /// Segments written by this call (into `bufs[0..produced]`).
+    pub produced: usize,
+    /// Index of the next segment to produce; `next == total` when done.
+    pub next: usize,
+    /// Total number of segments.
+    pub total: usize,
+}
+
+impl SplitProgress {
+    /// Whether all segments have been produced.
+    pub fn is_done(&self) -> bool {
+        self.next >= self.total
+    }
+}
+
+/// One segment without copying its payload: patched headers in an inline array and a slice of the super-packet.
+#[derive(Clone)]
+pub struct SegmentView<'a> {
+    header: [u8; MAX_HEADER_LEN],
+    header_len: usize,
+    payload: &'a [u8],
+}
+
+impl std::fmt::Debug for SegmentView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentView").field("header", &self.header()).field("payload_len", &self.payload.len()).finish()
+    }
+}
+
+impl<'a> SegmentView<'a> {
+    /// The patched headers (L2 if any, IP, L4).
+    pub fn header(&self) -> &[u8] {
+        &self.header[..self.header_len]
+    }
+    /// The payload, borrowed from the super-packet.
+    pub fn payload(&self) -> &'a [u8] {
+        self.payload
+    }
+    /// Segment length.
+    pub fn len(&self) -> usize {
+        self.header_len + self.payload.len()
+    }
+    /// Whether the segment is empty (only for an empty GSO_NONE packet).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies the segment into `out`, returns its length.
+    pub fn copy_to(&self, out: &mut [u8]) -> Result<usize, GsoError> {
+        let n = self.len();
+        if out.len() < n {
+            return Err(GsoError::BufferTooSmall { need: n, have: out.len() });
+        }
+        out[..self.header_len].copy_from_slice(self.header());
+        out[self.header_len..n].copy_from_slice(self.payload);
+        Ok(n)
+    }
+    /// The segment as a vector (allocates; for tests and slow paths).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(self.header());
+        v.extend_from_slice(self.payload);
+        v
+    }
+    /// One's-complement partial sum of the segment's bytes from `start` to the end plus `initial`, computed
+    /// without copying the payload (e.g. `fold(sum_from(l4_offset, pseudo)) == 0xffff` verifies the L4 checksum).
+    pub fn sum_from(&self, start: usize, initial: u32) -> u32 {
+        let hl = self.header_len;
+        if start >= hl {
+            let s = (start - hl).min(self.payload.len());
+            return checksum::sum(&self.payload[s..], initial);
+        }
+        let a = checksum::sum(&self.header[start..hl], initial);
+        let b = checksum::sum(self.payload, 0);
+        checksum::combine(a, b, hl - start)
+    }
+}
+
+fn trunc(what: &'static str, need: usize, have: usize) -> GsoError {
+    GsoError::Wire(WireError::Truncated { what, need, have })
+}
+
+impl<'a> Splitter<'a> {
+    /// Validates a super-packet (`packet` starts after the virtio header, at the IP or Ethernet header).
+    pub fn new(hdr: &VirtioNetHdrRepr, packet: &'a [u8], framing: Framing) -> Result<Self, GsoError> {
+        let len = packet.len();
+        let mut s = Splitter {
+            packet,
+            kind: Kind::Plain,
+            v6: false,
+            l3: 0,
+            l4: 0,
+            hdr_len: 0,
+            gso_size: 0,
+            count: 1,
+            addr_sum: 0,
+            ident: 0,
+            seq: 0,
+            tcp_flags: 0,
+        };
+        let gso_kind = hdr.gso_type & !gso::ECN;
+        let needs_csum = hdr.needs_csum();
+        let (cs, co) = (hdr.csum_start as usize, hdr.csum_offset as usize);
+        if needs_csum && cs > len {
+            return Err(GsoError::CsumStartBeyond { csum_start: cs, len });
+        }
+        match gso_kind {
+            gso::NONE => {
+                if needs_csum {
+                    if cs + co + 2 > len {
+                        return Err(GsoError::BadCsumOffset { csum_start: cs, csum_offset: co, limit: len });
+                    }
+                    s.kind = Kind::Partial { start: cs, offset: co };
+                }
+                return Ok(s);
+            }
+            gso::TCPV4 | gso::TCPV6 | gso::UDP_L4 => {}
+            _ => return Err(GsoError::UnsupportedGsoType(hdr.gso_type)),
+        }
+        let tcp = gso_kind != gso::UDP_L4;
+        let (l3, version) = locate_ip(packet, framing)?;
+        match (gso_kind, version) {
+            (gso::TCPV4, 4) | (gso::TCPV6, 6) | (gso::UDP_L4, _) => {}
+            _ => return Err(GsoError::GsoTypeMismatch { gso_type: gso_kind, ip_version: version }),
+        }
+        let ip = &packet[l3..];
+        let (proto, l4) = if version == 4 {
+            let p = ipv4::Packet::new_checked(ip)?;
+            if p.is_fragment() {
+                return Err(GsoError::Fragment);
+            }
+            s.ident = p.ident();
+            s.addr_sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
+            (p.protocol(), l3 + p.header_len())
+        } else {
+            let p = ipv6::Packet::new_checked(ip)?;
+            let info = p.l4_info()?;
+            if info.fragment {
+                return Err(GsoError::Fragment);
+            }
+            s.v6 = true;
+            s.addr_sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), info.protocol, 0);
+            (info.protocol, l3 + info.offset)
+        };
+        let want = if tcp { IPPROTO_TCP } else { IPPROTO_UDP };
+        if proto != want {
+            return Err(GsoError::ProtocolMismatch { gso_type: gso_kind, protocol: proto });
+        }
+        if needs_csum && cs != l4 {
+            return Err(GsoError::CsumStartMismatch { csum_start: cs, l4_offset: l4 });
+        }
+        let l4_hdr = if tcp {
+            let t = tcp::Packet::new_checked(&packet[l4..])?;
+            s.seq = t.seq_number();
+            s.tcp_flags = t.flags();
+            t.header_len()
+        } else {
+            if len < l4 + udp::HEADER_LEN {
+                return Err(trunc("UDP header", l4 + udp::HEADER_LEN, len));
+            }
+            udp::HEADER_LEN
+        };
+        let hdr_len = l4 + l4_hdr;
+        if needs_csum {
+            let expected = if tcp { tcp::CHECKSUM_OFFSET } else { udp::CHECKSUM_OFFSET };
+            if cs + co + 2 > hdr_len || co != expected {
+                return Err(GsoError::BadCsumOffset { csum_start: cs, csum_offset: co, limit: hdr_len });
+            }
+        }
+        if hdr_len > MAX_HEADER_LEN {
+            return Err(GsoError::HeaderTooLarge { len: hdr_len, max: MAX_HEADER_LEN });
+        }
+        if hdr.gso_size == 0 {
+            return Err(GsoError::ZeroGsoSize);
+        }
+        let gso_size = hdr.gso_size as usize;
+        let payload = len - hdr_len;
+        let largest = hdr_len - l3 + payload.min(gso_size);
+        if largest > MAX_IP_LEN {
+            return Err(GsoError::Wire(WireError::BadLength {
+                what: "segment IP length",
+                field: largest,
+                actual: MAX_IP_LEN,
+            }));
+        }
+        s.kind = if tcp { Kind::Tcp } else { Kind::Udp };
+        s.l3 = l3;
+        s.l4 = l4;
+        s.hdr_len = hdr_len;
+        s.gso_size = gso_size;
+        s.count = payload.div_ceil(gso_size).max(1);
+        Ok(s)
+    }
+
+    /// Number of segments (1 for GSO_NONE).
+    pub fn segment_count(&self) -> usize {
+        self.count
+    }
+
+    /// Whether this is a GSO packet (TCP or UDP) rather than GSO_NONE.
+    pub fn is_gso(&self) -> bool {
+        matches!(self.kind, Kind::Tcp | Kind::Udp)
+    }
+
+    /// Recomputed header length (L2 + IP + L4) of a GSO packet, 0 for GSO_NONE.
+    pub fn hdr_len(&self) -> usize {
+        self.hdr_len
+    }
+
+    /// gso_size of a GSO packet, 0 for GSO_NONE.
+    pub fn gso_size(&self) -> usize {
+        self.gso_size
+    }
+
+    /// Offset of the transport header of a GSO packet.
+    pub fn l4_offset(&self) -> usize {
+        self.l4
+    }
+
+    fn payload_range(&self, index: usize) -> (usize, usize) {
+        let start = self.hdr_len + index * self.gso_size;
+        let end = (start + self.gso_size).min(self.packet.len());
+        (start.min(end), end)
+    }
+
+    /// Length of segment `index` (0 when out of range).
+    pub fn segment_len(&self, index: usize) -> usize {
+        if index >= self.count {
+            return 0;
+        }
+        match self.kind {
+            Kind::Plain | Kind::Partial { .. } => self.packet.len(),
+            Kind::Tcp | Kind::Udp => {
+                let (s, e) = self.payload_range(index);
+                self.hdr_len + (e - s)
+            }
+        }
+    }
+
+    /// Patches a copy of the headers (`h` is `packet[..hdr_len]`) for segment `index` carrying `payload`.
+    fn patch(&self, index: usize, h: &mut [u8], payload: &[u8]) {
+        let last = index + 1 == self.count;
+        let l4_len = self.hdr_len - self.l4 + payload.len();
+        if self.v6 {
+            let mut ip = ipv6::Packet::new_unchecked(&mut h[self.l3..]);
+            ip.set_payload_len((self.hdr_len - self.l3 - ipv6::HEADER_LEN + payload.len()) as u16);
+        } else {
+            let mut ip = ipv4::Packet::new_unchecked(&mut h[self.l3..self.l4]);
+            ip.set_total_len((self.l4 - self.l3 + l4_len) as u16);
+            ip.set_ident(self.ident.wrapping_add(index as u16));
+            ip.fill_checksum();
+        }
+        let pseudo = checksum::add(self.addr_sum, l4_len as u32);
+        let l4 = &mut h[self.l4..];
+        if self.kind == Kind::Tcp {
+            let mut t = tcp::Packet::new_unchecked(&mut *l4);
+            t.set_seq_number(self.seq.wrapping_add((index as u32).wrapping_mul(self.gso_size as u32)));
+            let mut f = self.tcp_flags;
+            if !last {
+                f &= !(tcp::flags::FIN | tcp::flags::PSH);
+            }
+            if index != 0 {
+                f &= !tcp::flags::CWR;
+            }
+            t.set_flags(f);
+            t.set_checksum(0);
+            let c = checksum::finish(checksum::sum(payload, checksum::sum(l4, pseudo)));
+            tcp::Packet::new_unchecked(l4).set_checksum(c);
+        } else {
+            let mut u = udp::Packet::new_unchecked(&mut *l4);
+            u.set_len(l4_len as u16);
+            u.set_checksum(0);
+            let c = checksum::finish(checksum::sum(payload, checksum::sum(l4, pseudo)));
+            udp::Packet::new_unchecked(l4).set_checksum(if c == 0 { 0xffff } else { c });
+        }
+    }
+
+    fn check_index(&self, index: usize) -> Result<(), GsoError> {
+        if index >= self.count {
+            return Err(GsoError::IndexOutOfRange { index, count: self.count });
+        }
+        Ok(())
+    }
+
+    /// Writes segment `index` (headers patched, checksums complete) into `out`, returns its length.
+    pub fn write_segment(&self, index: usize, out: &mut [u8]) -> Result<usize, GsoError> {
+        self.check_index(index)?;
+        let n = self.segment_len(index);
+        if out.len() < n {
+            return Err(GsoError::BufferTooSmall { need: n, have: out.len() });
+        }
+        let out = &mut out[..n];
+        match self.kind {
+            Kind::Plain => out.copy_from_slice(self.packet),
+            Kind::Partial { start, offset } => {
+                out.copy_from_slice(self.packet);
+                checksum::complete_partial(out, start, offset)?;
+            }
+            Kind::Tcp | Kind::Udp => {
+                let (s, e) = self.payload_range(index);
+                let payload = &self.packet[s..e];
+                let (h, p) = out.split_at_mut(self.hdr_len);
+                h.copy_from_slice(&self.packet[..self.hdr_len]);
+                p.copy_from_slice(payload);
+                self.patch(index, h, payload);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Zero-copy view of segment `index`: patched headers in an inline array + a slice of the payload.
+    ///
+    /// For GSO_NONE + NEEDS_CSUM the "header" is everything up to the checksum field, which must fit in
+    /// [`MAX_HEADER_LEN`].
+    pub fn segment_view(&self, index: usize) -> Result<SegmentView<'a>, GsoError> {
+        self.check_index(index)?;
+        let mut v = SegmentView { header: [0u8; MAX_HEADER_LEN], header_len: 0, payload: self.packet };
+        match self.kind {
+            Kind::Plain => {}
+            Kind::Partial { start, offset } => {
+                let hl = start + offset + 2;
+                if hl > MAX_HEADER_LEN {
+                    return Err(GsoError::HeaderTooLarge { len: hl, max: MAX_HEADER_LEN });
+                }
+                v.header[..hl].copy_from_slice(&self.packet[..hl]);
+                v.header_len = hl;
+                v.payload = &self.packet[hl..];
+                let c = checksum::finish(v.sum_from(start, 0));
+                let c = if c == 0 { 0xffff } else { c };
+                v.header[start + offset..hl].copy_from_slice(&c.to_be_bytes());
+            }
+            Kind::Tcp | Kind::Udp => {
+                let (s, e) = self.payload_range(index);
+                let hl = self.hdr_len;
+                v.header[..hl].copy_from_slice(&self.packet[..hl]);
+                v.header_len = hl;
+                v.payload = &self.packet[s..e];
+                self.patch(index, &mut v.header[..hl], v.payload);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Batch helper: writes segments `first, first + 1, ...` into `bufs[i][offset..]` and their lengths into
+    /// `lens[i]`, as many as `bufs` and `lens` hold. Reports exactly how many were produced and the next index.
+    ///
+    /// A buffer too small for its segment stops the batch there: if some segments were already produced they are
+    /// reported (and `next` points at the segment that did not fit); if it is the first one, the error is returned.
+    pub fn split_into<B: AsMut<[u8]>>(
+        &self,
+        first: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<SplitProgress, GsoError> {
+        if first > self.count {
+            return Err(GsoError::IndexOutOfRange { index: first, count: self.count });
+        }
+        let mut produced = 0;
+        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
+            let index = first + produced;
+            if index >= self.count {
+                break;
+            }
+            let buf = buf.as_mut();
+            let res = match buf.get_mut(offset..) {
+                Some(out) => self.write_segment(index, out),
+                None => Err(GsoError::BufferTooSmall { need: offset + self.segment_len(index), have: buf.len() }),
+            };
+            match res {
+                Ok(n) => *len = n,
+                Err(e) if produced == 0 => return Err(e),
+                Err(_) => break,
+            }
+            produced += 1;
+        }
+        Ok(SplitProgress { produced, next: first + produced, total: self.count })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio_net::flags;
+
+    fn tcp4_super(payload_len: usize, gso_size: u16) -> (VirtioNetHdrRepr, Vec<u8>) {
+        let mut p = vec![0u8; 40 + payload_len];
+        ipv4::Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            protocol: 6,
+            payload_len: (20 + payload_len) as u16,
+            ttl: 64,
+            tos: 0,
+            ident: 7,
+            dont_frag: true,
+        }
+        .emit(&mut p)
+        .unwrap();
+        tcp::Repr { src_port: 1, dst_port: 2, seq: 100, ack: 5, flags: 0x18 | 1, window: 9 }
+            .emit(&mut p[20..])
+            .unwrap();
+        for (i, b) in p[40..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let hdr = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV4,
+            hdr_len: 40,
+            gso_size,
+            csum_start: 20,
+            csum_offset: 16,
+        };
+        (hdr, p)
+    }
+
+    #[test]
+    fn counts_and_lengths() {
+        let (h, p) = tcp4_super(1000, 300);
+        let s = Splitter::new(&h, &p, Framing::Ip).unwrap();
+        assert_eq!(s.segment_count(), 4);
+        assert_eq!(s.hdr_len(), 40);
+        assert_eq!((0..5).map(|i| s.segment_len(i)).collect::<Vec<_>>(), vec![340, 340, 340, 140, 0]);
+        let mut out = [0u8; 340];
+        assert_eq!(s.write_segment(3, &mut out).unwrap(), 140);
+        let seg = &out[..140];
+        assert_eq!(u16::from_be_bytes([seg[2], seg[3]]), 140);
+        assert_eq!(u16::from_be_bytes([seg[4], seg[5]]), 10); // ID 7 + 3
+        assert_eq!(u32::from_be_bytes([seg[24], seg[25], seg[26], seg[27]]), 1000); // seq 100 + 900
+        assert_eq!(seg[33], 0x19); // FIN|PSH|ACK on the last
+        s.write_segment(0, &mut out).unwrap();
+        assert_eq!(out[33], 0x10);
+        assert_eq!(s.write_segment(4, &mut out), Err(GsoError::IndexOutOfRange { index: 4, count: 4 }));
+        assert_eq!(s.write_segment(0, &mut out[..339]), Err(GsoError::BufferTooSmall { need: 340, have: 339 }));
+    }
+
+    #[test]
+    fn view_equals_write() {
+        let (h, p) = tcp4_super(1001, 250);
+        let s = Splitter::new(&h, &p, Framing::Ip).unwrap();
+        for i in 0..s.segment_count() {
+            let mut out = vec![0u8; 400];
+            let n = s.write_segment(i, &mut out).unwrap();
+            let v = s.segment_view(i).unwrap();
+            assert_eq!(v.to_vec(), out[..n]);
+            let mut copy = vec![0u8; n];
+            assert_eq!(v.copy_to(&mut copy).unwrap(), n);
+            assert_eq!(copy, out[..n]);
+            let pseudo = checksum::pseudo_header_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, (n - 20) as u32);
+            assert_eq!(checksum::fold(v.sum_from(20, pseudo)), 0xffff);
+        }
+    }
+
+    #[test]
+    fn csum_start_beyond_message() {
+        let (mut h, p) = tcp4_super(40, 10);
+        h.csum_start = 80;
+        let e = Splitter::new(&h, &p[..60], Framing::Ip).unwrap_err();
+        assert_eq!(e.to_string(), "virtio csum_start 80 beyond packet length 60");
+    }
+
+    #[test]
+    fn split_into_reports_progress() {
+        let (h, p) = tcp4_super(1000, 100);
+        let s = Splitter::new(&h, &p, Framing::Ip).unwrap();
+        let mut bufs = vec![vec![0u8; 200]; 3];
+        let mut lens = [0usize; 3];
+        let mut next = 0;
+        let mut got = 0;
+        loop {
+            let pr = s.split_into(next, &mut bufs, &mut lens, 10).unwrap();
+            got += pr.produced;
+            assert_eq!(pr.total, 10);
+            for l in &lens[..pr.produced] {
+                assert_eq!(*l, 140);
+            }
+            next = pr.next;
+            if pr.is_done() {
+                break;
+            }
+            assert_eq!(pr.produced, 3);
+        }
+        assert_eq!(got, 10);
+        // Second buffer too small: the first is reported, next points at segment 1.
+        let mut bufs = vec![vec![0u8; 200], vec![0u8; 100]];
+        let pr = s.split_into(0, &mut bufs, &mut lens[..2], 10).unwrap();
+        assert_eq!(pr, SplitProgress { produced: 1, next: 1, total: 10 });
+        assert!(s.split_into(1, &mut bufs[1..], &mut lens[..1], 10).is_err());
+        assert!(s.split_into(11, &mut bufs, &mut lens[..2], 0).is_err());
+        assert_eq!(s.split_into(10, &mut bufs, &mut lens[..2], 0).unwrap().produced, 0);
+    }
+}

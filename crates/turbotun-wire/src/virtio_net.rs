@@ -1,0 +1,298 @@
+//! `struct virtio_net_hdr` (virtio spec 5.1.6), the header the kernel's tun driver puts in front of every packet
+//! with `IFF_VNET_HDR`. All multi-byte fields are little-endian (modern virtio / `TUNSETVNETLE`).
+
+use crate::WireError;
+
+/// Size of the legacy header (`virtio_net_hdr`).
+pub const VIRTIO_NET_HDR_LEN: usize = 10;
+/// Size of `virtio_net_hdr_v1` (with `num_buffers`).
+pub const VIRTIO_NET_HDR_V1_LEN: usize = 12;
+/// Size of `virtio_net_hdr_v1_hash` (with the hash report).
+pub const VIRTIO_NET_HDR_V1_HASH_LEN: usize = 20;
+
+/// Values of the `flags` field.
+pub mod flags {
+    /// The checksum from `csum_start`, stored at `csum_start + csum_offset`, must be completed.
+    pub const NEEDS_CSUM: u8 = 1;
+    /// The checksum has been validated.
+    pub const DATA_VALID: u8 = 2;
+    /// RSC info (not used by tun).
+    pub const RSC_INFO: u8 = 4;
+}
+
+/// Values of the `gso_type` field.
+pub mod gso {
+    /// Not a GSO packet.
+    pub const NONE: u8 = 0;
+    /// TCP over IPv4 (TSO).
+    pub const TCPV4: u8 = 1;
+    /// UDP fragmentation offload (UFO; not supported by this crate).
+    pub const UDP: u8 = 3;
+    /// TCP over IPv6 (TSO).
+    pub const TCPV6: u8 = 4;
+    /// UDP segmentation offload (USO), IPv4 or IPv6.
+    pub const UDP_L4: u8 = 5;
+    /// Flag: the TCP stream uses ECN, CWR may be set on the first segment.
+    pub const ECN: u8 = 0x80;
+}
+
+/// Byte ranges of the fields.
+pub mod field {
+    #![allow(missing_docs)]
+    use std::ops::Range;
+    pub const FLAGS: usize = 0;
+    pub const GSO_TYPE: usize = 1;
+    pub const HDR_LEN: Range<usize> = 2..4;
+    pub const GSO_SIZE: Range<usize> = 4..6;
+    pub const CSUM_START: Range<usize> = 6..8;
+    pub const CSUM_OFFSET: Range<usize> = 8..10;
+    pub const NUM_BUFFERS: Range<usize> = 10..12;
+    pub const HASH_VALUE: Range<usize> = 12..16;
+    pub const HASH_REPORT: Range<usize> = 16..18;
+}
+
+fn le16(b: &[u8], r: std::ops::Range<usize>) -> u16 {
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[r]);
+    u16::from_le_bytes(a)
+}
+
+/// A view of a virtio_net_hdr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtioNetHdr<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> VirtioNetHdr<T> {
+    /// Wraps a buffer without checking its length (accessors may panic if it is shorter than 10 bytes).
+    pub const fn new_unchecked(buffer: T) -> Self {
+        VirtioNetHdr { buffer }
+    }
+
+    /// Wraps a buffer of at least [`VIRTIO_NET_HDR_LEN`] bytes.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let have = buffer.as_ref().len();
+        if have < VIRTIO_NET_HDR_LEN {
+            return Err(WireError::Truncated { what: "virtio_net_hdr", need: VIRTIO_NET_HDR_LEN, have });
+        }
+        Ok(VirtioNetHdr { buffer })
+    }
+
+    /// Returns the buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// `flags`.
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[field::FLAGS]
+    }
+    /// `gso_type` (including the ECN bit).
+    pub fn gso_type(&self) -> u8 {
+        self.buffer.as_ref()[field::GSO_TYPE]
+    }
+    /// `hdr_len` (not trustworthy: see [`crate::gso`]).
+    pub fn hdr_len(&self) -> u16 {
+        le16(self.buffer.as_ref(), field::HDR_LEN)
+    }
+    /// `gso_size`.
+    pub fn gso_size(&self) -> u16 {
+        le16(self.buffer.as_ref(), field::GSO_SIZE)
+    }
+    /// `csum_start`.
+    pub fn csum_start(&self) -> u16 {
+        le16(self.buffer.as_ref(), field::CSUM_START)
+    }
+    /// `csum_offset`.
+    pub fn csum_offset(&self) -> u16 {
+        le16(self.buffer.as_ref(), field::CSUM_OFFSET)
+    }
+    /// `num_buffers` of the v1 header, `None` when the buffer is shorter than 12 bytes.
+    pub fn num_buffers(&self) -> Option<u16> {
+        let b = self.buffer.as_ref();
+        (b.len() >= field::NUM_BUFFERS.end).then(|| le16(b, field::NUM_BUFFERS))
+    }
+    /// The decoded header.
+    pub fn repr(&self) -> VirtioNetHdrRepr {
+        VirtioNetHdrRepr {
+            flags: self.flags(),
+            gso_type: self.gso_type(),
+            hdr_len: self.hdr_len(),
+            gso_size: self.gso_size(),
+            csum_start: self.csum_start(),
+            csum_offset: self.csum_offset(),
+        }
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> VirtioNetHdr<T> {
+    fn put16(&mut self, r: std::ops::Range<usize>, v: u16) {
+        self.buffer.as_mut()[r].copy_from_slice(&v.to_le_bytes());
+    }
+    /// Sets `flags`.
+    pub fn set_flags(&mut self, v: u8) {
+        self.buffer.as_mut()[field::FLAGS] = v;
+    }
+    /// Sets `gso_type`.
+    pub fn set_gso_type(&mut self, v: u8) {
+        self.buffer.as_mut()[field::GSO_TYPE] = v;
+    }
+    /// Sets `hdr_len`.
+    pub fn set_hdr_len(&mut self, v: u16) {
+        self.put16(field::HDR_LEN, v)
+    }
+    /// Sets `gso_size`.
+    pub fn set_gso_size(&mut self, v: u16) {
+        self.put16(field::GSO_SIZE, v)
+    }
+    /// Sets `csum_start`.
+    pub fn set_csum_start(&mut self, v: u16) {
+        self.put16(field::CSUM_START, v)
+    }
+    /// Sets `csum_offset`.
+    pub fn set_csum_offset(&mut self, v: u16) {
+        self.put16(field::CSUM_OFFSET, v)
+    }
+    /// Sets `num_buffers`; does nothing on a 10-byte header.
+    pub fn set_num_buffers(&mut self, v: u16) {
+        if self.buffer.as_ref().len() >= field::NUM_BUFFERS.end {
+            self.put16(field::NUM_BUFFERS, v)
+        }
+    }
+}
+
+/// The decoded fields of a virtio_net_hdr (those tun uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct VirtioNetHdrRepr {
+    /// `flags` ([`flags`]).
+    pub flags: u8,
+    /// `gso_type` ([`gso`]), including the ECN bit.
+    pub gso_type: u8,
+    /// `hdr_len`.
+    pub hdr_len: u16,
+    /// `gso_size`.
+    pub gso_size: u16,
+    /// `csum_start`.
+    pub csum_start: u16,
+    /// `csum_offset`.
+    pub csum_offset: u16,
+}
+
+impl VirtioNetHdrRepr {
+    /// Parses the first 10 bytes of `buf`.
+    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+        Ok(VirtioNetHdr::new_checked(buf)?.repr())
+    }
+
+    /// Writes the 10-byte header into `buf` and zeroes `buf[10..]` (so pass exactly the configured header size,
+    /// 10, 12 or 20). On a buffer shorter than 10 bytes, writes only the bytes that fit; see [`Self::try_emit`].
+    pub fn emit(&self, buf: &mut [u8]) {
+        let mut full = [0u8; VIRTIO_NET_HDR_LEN];
+        self.emit_array(&mut full);
+        let n = buf.len().min(VIRTIO_NET_HDR_LEN);
+        buf[..n].copy_from_slice(&full[..n]);
+        buf[n..].fill(0);
+    }
+
+    /// Like [`Self::emit`] but fails on a buffer shorter than 10 bytes.
+    pub fn try_emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        if buf.len() < VIRTIO_NET_HDR_LEN {
+            return Err(WireError::Truncated { what: "virtio_net_hdr", need: VIRTIO_NET_HDR_LEN, have: buf.len() });
+        }
+        self.emit(buf);
+        Ok(())
+    }
+
+    fn emit_array(&self, b: &mut [u8; VIRTIO_NET_HDR_LEN]) {
+        b[field::FLAGS] = self.flags;
+        b[field::GSO_TYPE] = self.gso_type;
+        b[field::HDR_LEN].copy_from_slice(&self.hdr_len.to_le_bytes());
+        b[field::GSO_SIZE].copy_from_slice(&self.gso_size.to_le_bytes());
+        b[field::CSUM_START].copy_from_slice(&self.csum_start.to_le_bytes());
+        b[field::CSUM_OFFSET].copy_from_slice(&self.csum_offset.to_le_bytes());
+    }
+
+    /// `gso_type` without the ECN bit.
+    pub fn gso_kind(&self) -> u8 {
+        self.gso_type & !gso::ECN
+    }
+
+    /// Whether `NEEDS_CSUM` is set.
+    pub fn needs_csum(&self) -> bool {
+        self.flags & flags::NEEDS_CSUM != 0
+    }
+
+    /// Whether the sizes 10, 12 or 20 is a valid header size for `TUNSETVNETHDRSZ`.
+    pub fn is_valid_size(len: usize) -> bool {
+        matches!(len, VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BYTES: [u8; 12] = [0x01, 0x81, 0x36, 0x00, 0xa8, 0x05, 0x22, 0x00, 0x10, 0x00, 0x01, 0x00];
+
+    #[test]
+    fn test_parse() {
+        let r = VirtioNetHdrRepr::parse(&BYTES).unwrap();
+        assert_eq!(
+            r,
+            VirtioNetHdrRepr {
+                flags: flags::NEEDS_CSUM,
+                gso_type: gso::TCPV4 | gso::ECN,
+                hdr_len: 54,
+                gso_size: 1448,
+                csum_start: 34,
+                csum_offset: 16
+            }
+        );
+        assert_eq!(r.gso_kind(), gso::TCPV4);
+        assert!(r.needs_csum());
+        assert_eq!(VirtioNetHdr::new_checked(&BYTES[..]).unwrap().num_buffers(), Some(1));
+        assert_eq!(VirtioNetHdr::new_checked(&BYTES[..10]).unwrap().num_buffers(), None);
+    }
+
+    #[test]
+    fn test_emit_sizes() {
+        let r = VirtioNetHdrRepr::parse(&BYTES).unwrap();
+        for size in [10usize, 12, 20] {
+            let mut buf = [0xffu8; 20];
+            r.emit(&mut buf[..size]);
+            assert_eq!(buf[..10], BYTES[..10]);
+            assert!(buf[10..size].iter().all(|&b| b == 0), "size {size}");
+            assert!(buf[size..].iter().all(|&b| b == 0xff));
+        }
+        let mut short = [0u8; 9];
+        assert!(r.try_emit(&mut short).is_err());
+        r.emit(&mut short); // no panic
+        assert_eq!(short[..], BYTES[..9]);
+    }
+
+    #[test]
+    fn test_truncated() {
+        for n in 0..10 {
+            assert_eq!(
+                VirtioNetHdrRepr::parse(&BYTES[..n]),
+                Err(WireError::Truncated { what: "virtio_net_hdr", need: 10, have: n })
+            );
+        }
+    }
+
+    #[test]
+    fn test_setters() {
+        let mut buf = [0u8; 12];
+        let mut h = VirtioNetHdr::new_checked(&mut buf[..]).unwrap();
+        h.set_flags(1);
+        h.set_gso_type(0x81);
+        h.set_hdr_len(54);
+        h.set_gso_size(1448);
+        h.set_csum_start(34);
+        h.set_csum_offset(16);
+        h.set_num_buffers(1);
+        assert_eq!(buf, BYTES);
+        assert!(VirtioNetHdrRepr::is_valid_size(12));
+        assert!(!VirtioNetHdrRepr::is_valid_size(11));
+    }
+}

@@ -1,0 +1,412 @@
+//! Batched receive (GSO split) and send (GRO coalesce) over one [`Queue`].
+//!
+//! Buffers belong to the caller: packet `i` lives at `bufs[i][offset .. offset + lens[i]]`, and `offset` leaves
+//! room in front for the virtio header (`offset >= queue.vnet_hdr_len()`). Buffers should hold
+//! `offset + 65535` bytes so that coalesced packets fit.
+//!
+//! Nothing is lost silently: segments that do not fit into the caller's buffers stay pending for the next call,
+//! malformed packets are counted and reported, and writes the kernel refuses are counted as drops.
+
+use std::io;
+use std::os::fd::AsFd;
+
+use turbotun_wire::gro::{Gro, GroConfig};
+use turbotun_wire::gso::Splitter;
+use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
+use turbotun_wire::Framing;
+
+use crate::device::{Mode, Offloads};
+use crate::error::{queue_io_error, Error, Result};
+use crate::queue::{Queue, MAX_PACKET, MAX_VNET_HDR};
+use crate::sys;
+
+/// How many packets one batch call handles at most: a 64 KiB super-packet of MSS 1448 splits into 46 segments.
+pub const BATCH_SIZE: usize = 64;
+
+fn framing(mode: Mode) -> Framing {
+    match mode {
+        Mode::Tun => Framing::Ip,
+        Mode::Tap => Framing::Ethernet,
+    }
+}
+
+/// Counters of the batch layer (the queue's own counters count fd reads and writes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Reads that returned a GSO super-packet.
+    pub super_packets: u64,
+    /// Packets handed to the caller (segments of super-packets included).
+    pub segments: u64,
+    /// Reads dropped because the packet was malformed (bad virtio header or offsets).
+    pub malformed: u64,
+    /// Packets the coalescer merged into another (they were written as part of it).
+    pub coalesced: u64,
+    /// Writes issued.
+    pub writes: u64,
+    /// Packets the kernel refused or that could not be written (device down); counted, never silent.
+    pub dropped: u64,
+    /// Coalesced writes the kernel refused, after which that GRO kind was turned off and the packet re-split.
+    pub gro_fallbacks: u64,
+}
+
+/// What one [`RecvBatch::recv`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// Packets written to `bufs[..packets]`.
+    pub packets: usize,
+    /// Segments of the last super-packet that did not fit and will be returned by the next call (no read).
+    pub pending: usize,
+    /// Whether the L4 checksums of these packets are known to be correct (we completed or computed them, or the
+    /// kernel marked them `DATA_VALID`): a coalescer need not verify them again.
+    pub checksums_valid: bool,
+}
+
+struct Pending {
+    hdr: VirtioNetHdrRepr,
+    len: usize,
+    next: usize,
+    total: usize,
+}
+
+/// The receive side: reads one packet or super-packet per call and splits it into the caller's buffers.
+pub struct RecvBatch {
+    framing: Framing,
+    vnet_hdr_len: usize,
+    receives_super_packets: bool,
+    /// Where super-packets land before they are split (only used on queues with segmentation offloads).
+    scratch: Box<[u8]>,
+    pending: Option<Pending>,
+    stats: BatchStats,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch").field("framing", &self.framing).field("stats", &self.stats).finish()
+    }
+}
+
+impl RecvBatch {
+    pub fn new(queue: &Queue) -> Self {
+        let receives_super_packets = queue.receives_super_packets();
+        RecvBatch {
+            framing: framing(queue.mode()),
+            vnet_hdr_len: queue.vnet_hdr_len(),
+            receives_super_packets,
+            scratch: vec![0u8; if receives_super_packets { MAX_PACKET } else { 0 }].into_boxed_slice(),
+            pending: None,
+            stats: BatchStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        self.stats
+    }
+
+    /// Fills `bufs` with MTU-sized packets from one read (or from the segments left over from the last one).
+    /// Blocks if the queue is blocking and nothing is pending. A malformed packet is counted and skipped (the
+    /// next read follows), so that one bad packet never stops a queue.
+    pub fn recv<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        if bufs.is_empty() || lens.len() < bufs.len() {
+            return Err(Error::InvalidConfig("recv needs at least one buffer and a length slot per buffer".into()));
+        }
+        if self.pending.is_some() {
+            return self.split_pending(bufs, lens, offset);
+        }
+        loop {
+            if !self.receives_super_packets {
+                return self.recv_direct(queue, bufs, lens, offset);
+            }
+            let mut head = [0u8; MAX_VNET_HDR];
+            let head = &mut head[..self.vnet_hdr_len];
+            let n = sys::read2(queue.as_fd(), head, &mut self.scratch)
+                .map_err(|e| queue_io_error(queue.name(), "read", e))?;
+            let Some(len) = n.checked_sub(head.len()) else {
+                self.stats.malformed += 1;
+                continue;
+            };
+            queue.count_rx(1, len as u64);
+            let hdr = match VirtioNetHdrRepr::parse(head) {
+                Ok(hdr) => hdr,
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    continue;
+                }
+            };
+            let total = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
+                Ok(splitter) => splitter.segment_count(),
+                Err(e) => {
+                    self.stats.malformed += 1;
+                    tracing::debug!("{}: dropping malformed packet: {e}", queue.name());
+                    continue;
+                }
+            };
+            if hdr.gso_type & !gso::ECN != gso::NONE {
+                self.stats.super_packets += 1;
+            }
+            self.pending = Some(Pending { hdr, len, next: 0, total });
+            return self.split_pending(bufs, lens, offset);
+        }
+    }
+
+    /// Reads straight into the first buffer: the queue cannot receive super-packets, so no split can be needed.
+    fn recv_direct<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        let buf = bufs[0].as_mut();
+        let Some(data) = buf.get_mut(offset..) else {
+            return Err(Error::BufferTooSmall { have: buf.len(), need: offset + 1 });
+        };
+        let (hdr, len) = queue.recv_with_hdr(data)?;
+        let mut valid = hdr.flags & flags::DATA_VALID != 0;
+        if hdr.flags & flags::NEEDS_CSUM != 0 {
+            if turbotun_wire::checksum::complete_partial(&mut data[..len], hdr.csum_start.into(), hdr.csum_offset.into())
+                .is_err()
+            {
+                self.stats.malformed += 1;
+                return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
+            }
+            valid = true;
+        }
+        lens[0] = len;
+        self.stats.segments += 1;
+        Ok(Received { packets: 1, pending: 0, checksums_valid: valid })
+    }
+
+    fn split_pending<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], lens: &mut [usize], offset: usize) -> Result<Received> {
+        let Some(p) = self.pending.as_mut() else {
+            return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
+        };
+        let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
+            .map_err(|e| Error::MalformedPacket(e.to_string()))?;
+        let progress = splitter
+            .split_into(p.next, bufs, lens, offset)
+            .map_err(|e| match e {
+                turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
+                other => Error::MalformedPacket(other.to_string()),
+            })?;
+        p.next = progress.next;
+        let pending = p.total - p.next;
+        // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.
+        let valid = p.hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0;
+        if pending == 0 {
+            self.pending = None;
+        }
+        self.stats.segments += progress.produced as u64;
+        Ok(Received { packets: progress.produced, pending, checksums_valid: valid })
+    }
+}
+
+/// What one [`SendBatch::send`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Packets the caller handed in that reached the kernel (merged ones included).
+    pub packets: usize,
+    /// Writes issued.
+    pub writes: usize,
+    /// Packets not written (device down, refused); also counted in the queue's `tx_dropped`.
+    pub dropped: usize,
+}
+
+/// The send side: coalesces a batch (GRO) and writes it.
+pub struct SendBatch {
+    gro: Option<Gro>,
+    framing: Framing,
+    vnet_hdr_len: usize,
+    gro_tcp: bool,
+    gro_udp: bool,
+    to_write: Vec<usize>,
+    scratch: Vec<u8>,
+    stats: BatchStats,
+}
+
+impl std::fmt::Debug for SendBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBatch")
+            .field("gro_tcp", &self.gro_tcp)
+            .field("gro_udp", &self.gro_udp)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl SendBatch {
+    /// Coalesces TCP when the queue has a virtio header with checksum offload, UDP when USO was granted too
+    /// (the kernel accepts `GSO_UDP_L4` writes since the same release that added USO).
+    pub fn new(queue: &Queue) -> Self {
+        let vnet = queue.vnet_hdr_len() > 0 && queue.offloads().contains(Offloads::CSUM);
+        Self::with_gro(queue, vnet, vnet && queue.offloads().contains(Offloads::USO4 | Offloads::USO6))
+    }
+
+    /// Like [`Self::new`] with explicit GRO kinds (both false: plain writes, one per packet).
+    pub fn with_gro(queue: &Queue, tcp: bool, udp: bool) -> Self {
+        let vnet_hdr_len = queue.vnet_hdr_len();
+        let gro_on = vnet_hdr_len > 0 && (tcp || udp);
+        let framing = framing(queue.mode());
+        SendBatch {
+            gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len })),
+            framing,
+            vnet_hdr_len,
+            gro_tcp: gro_on && tcp,
+            gro_udp: gro_on && udp,
+            to_write: Vec::with_capacity(BATCH_SIZE),
+            scratch: Vec::new(),
+            stats: BatchStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        self.stats
+    }
+
+    /// Which GRO kinds are on (a kind the kernel refused at run time is turned off).
+    pub fn gro_kinds(&self) -> (bool, bool) {
+        (self.gro_tcp, self.gro_udp)
+    }
+
+    /// Coalesces `bufs[..n]` and writes the result. On a queue with a virtio header every packet needs
+    /// `offset >= vnet_hdr_len` bytes of headroom, where the header is written.
+    pub fn send<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        checksums_valid: bool,
+    ) -> Result<Sent> {
+        if offset < self.vnet_hdr_len {
+            return Err(Error::InvalidConfig(format!(
+                "offset {offset} leaves no room for the {}-byte virtio header",
+                self.vnet_hdr_len
+            )));
+        }
+        let n = bufs.len().min(lens.len());
+        let mut sent = Sent::default();
+        let dropped_before = self.stats.dropped;
+        match self.gro.as_mut() {
+            Some(gro) => {
+                let stats = gro.coalesce(&mut bufs[..n], &mut lens[..n], offset, checksums_valid, &mut self.to_write);
+                self.stats.coalesced += stats.coalesced as u64;
+            }
+            None => {
+                self.to_write.clear();
+                self.to_write.extend(0..n);
+                if self.vnet_hdr_len > 0 {
+                    for buf in bufs[..n].iter_mut() {
+                        buf.as_mut()[offset - self.vnet_hdr_len..offset].fill(0);
+                    }
+                }
+            }
+        }
+        let start = offset - self.vnet_hdr_len;
+        let to_write = std::mem::take(&mut self.to_write);
+        let mut result = Ok(());
+        for &i in &to_write {
+            let frame = &bufs[i].as_ref()[start..offset + lens[i]];
+            match self.write_one(queue, frame) {
+                Ok(()) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+            sent.writes += 1;
+        }
+        self.to_write = to_write;
+        result?;
+        sent.packets = n;
+        self.stats.writes += sent.writes as u64;
+        sent.dropped = (self.stats.dropped - dropped_before) as usize;
+        Ok(sent)
+    }
+
+    /// Writes one frame (virtio header + packet). A coalesced frame the kernel refuses with EINVAL turns that
+    /// GRO kind off (logged once) and is re-split and written segment by segment, so no data is lost.
+    fn write_one(&mut self, queue: &Queue, frame: &[u8]) -> Result<()> {
+        match sys::write(queue.as_fd(), frame) {
+            Ok(_) => {
+                queue.count_tx(1, (frame.len() - self.vnet_hdr_len) as u64);
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.vnet_hdr_len > 0 => {
+                let hdr = VirtioNetHdrRepr::parse(&frame[..self.vnet_hdr_len]).unwrap_or_default();
+                let kind = hdr.gso_type & !gso::ECN;
+                if kind == gso::NONE {
+                    self.drop_one(queue, "kernel refused the packet (EINVAL)", e);
+                    return Ok(());
+                }
+                self.stats.gro_fallbacks += 1;
+                if kind == gso::UDP_L4 && self.gro_udp {
+                    tracing::warn!("{}: kernel refused a coalesced UDP write; UDP GRO off", queue.name());
+                    self.gro_udp = false;
+                } else if kind != gso::UDP_L4 && self.gro_tcp {
+                    tracing::warn!("{}: kernel refused a coalesced TCP write; TCP GRO off", queue.name());
+                    self.gro_tcp = false;
+                }
+                self.rebuild_gro();
+                self.write_resplit(queue, &hdr, &frame[self.vnet_hdr_len..])
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                self.drop_one(queue, "device down", e);
+                Ok(())
+            }
+            Err(e) => Err(queue_io_error(queue.name(), "write", e)),
+        }
+    }
+
+    fn drop_one(&mut self, queue: &Queue, why: &str, e: io::Error) {
+        tracing::debug!("{}: dropped a packet ({why}): {e}", queue.name());
+        self.stats.dropped += 1;
+        queue.count_tx_drop(1);
+    }
+
+    fn rebuild_gro(&mut self) {
+        self.gro = (self.gro_tcp || self.gro_udp).then(|| {
+            Gro::new(GroConfig {
+                tcp: self.gro_tcp,
+                udp: self.gro_udp,
+                framing: self.framing,
+                vnet_hdr_len: self.vnet_hdr_len,
+            })
+        });
+    }
+
+    fn write_resplit(&mut self, queue: &Queue, hdr: &VirtioNetHdrRepr, packet: &[u8]) -> Result<()> {
+        let splitter = match Splitter::new(hdr, packet, self.framing) {
+            Ok(s) => s,
+            Err(e) => {
+                self.drop_one(queue, "re-split failed", io::Error::other(e.to_string()));
+                return Ok(());
+            }
+        };
+        self.scratch.resize(self.vnet_hdr_len + MAX_PACKET, 0);
+        for index in 0..splitter.segment_count() {
+            self.scratch[..self.vnet_hdr_len].fill(0);
+            let len = match splitter.write_segment(index, &mut self.scratch[self.vnet_hdr_len..]) {
+                Ok(len) => len,
+                Err(e) => {
+                    self.drop_one(queue, "re-split failed", io::Error::other(e.to_string()));
+                    continue;
+                }
+            };
+            let frame_len = self.vnet_hdr_len + len;
+            match sys::write(queue.as_fd(), &self.scratch[..frame_len]) {
+                Ok(_) => queue.count_tx(1, len as u64),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO)) => {
+                    self.drop_one(queue, "segment refused", e)
+                }
+                Err(e) => return Err(queue_io_error(queue.name(), "write", e)),
+            }
+        }
+        Ok(())
+    }
+}

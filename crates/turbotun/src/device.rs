@@ -1,0 +1,609 @@
+//! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd), and [`Capabilities`].
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{validate_ifname, Error, Result};
+use crate::queue::Queue;
+use crate::sys::{self, iff, tun_f};
+
+/// TUN carries IP packets (layer 3), TAP carries Ethernet frames (layer 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Tun,
+    Tap,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Tun => "tun",
+            Mode::Tap => "tap",
+        })
+    }
+}
+
+/// A set of `TUNSETOFFLOAD` bits: what the kernel may hand us (and accept from us) as GSO super-packets.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Offloads(u32);
+
+impl Offloads {
+    pub const NONE: Offloads = Offloads(0);
+    /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
+    pub const CSUM: Offloads = Offloads(tun_f::CSUM);
+    pub const TSO4: Offloads = Offloads(tun_f::TSO4);
+    pub const TSO6: Offloads = Offloads(tun_f::TSO6);
+    /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
+    pub const TSO_ECN: Offloads = Offloads(tun_f::TSO_ECN);
+    /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
+    pub const USO4: Offloads = Offloads(tun_f::USO4);
+    pub const USO6: Offloads = Offloads(tun_f::USO6);
+    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
+    pub const TCP: Offloads = Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6);
+    /// Everything turbotun can split and coalesce.
+    pub const ALL: Offloads =
+        Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6 | tun_f::TSO_ECN | tun_f::USO4 | tun_f::USO6);
+
+    const NAMES: [(u32, &'static str); 6] = [
+        (tun_f::CSUM, "csum"),
+        (tun_f::TSO4, "tso4"),
+        (tun_f::TSO6, "tso6"),
+        (tun_f::TSO_ECN, "tso_ecn"),
+        (tun_f::USO4, "uso4"),
+        (tun_f::USO6, "uso6"),
+    ];
+
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+    pub const fn from_bits_truncate(bits: u32) -> Offloads {
+        Offloads(bits & Offloads::ALL.0)
+    }
+    pub const fn contains(self, other: Offloads) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub const fn intersects(self, other: Offloads) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub const fn union(self, other: Offloads) -> Offloads {
+        Offloads(self.0 | other.0)
+    }
+    pub const fn difference(self, other: Offloads) -> Offloads {
+        Offloads(self.0 & !other.0)
+    }
+    /// Names of the bits set, in kernel order (`csum`, `tso4`, ...).
+    pub fn names(self) -> Vec<&'static str> {
+        Self::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, n)| *n).collect()
+    }
+    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp` or `none`.
+    pub fn parse(list: &str) -> Result<Offloads> {
+        let mut out = Offloads::NONE;
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            out = out.union(match word {
+                "all" => Offloads::ALL,
+                "tcp" => Offloads::TCP,
+                "none" => Offloads::NONE,
+                "uso" => Offloads::USO4.union(Offloads::USO6),
+                _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
+                    Some((bit, _)) => Offloads(*bit),
+                    None => {
+                        return Err(Error::InvalidConfig(format!(
+                            "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
+                        )))
+                    }
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl std::ops::BitOr for Offloads {
+    type Output = Offloads;
+    fn bitor(self, rhs: Offloads) -> Offloads {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Display for Offloads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&self.names().join(","))
+    }
+}
+
+impl fmt::Debug for Offloads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Offloads({self})")
+    }
+}
+
+/// What this kernel's tun driver supports, probed once per process ([`Capabilities::get`]).
+#[derive(Debug, Clone)]
+pub struct Capabilities {
+    /// The `IFF_*` flags `TUNGETFEATURES` reports.
+    pub iff_features: u32,
+    /// Offload bits a scratch device accepted, each probed on its own (`None`: probing needs CAP_NET_ADMIN).
+    pub offloads: Option<Offloads>,
+    /// Virtio header sizes the driver accepted (10, 12, 20).
+    pub vnet_hdr_sizes: Vec<usize>,
+    /// Whether `TUNSETSTEERINGEBPF` accepted a program on a scratch multiqueue device.
+    pub steering_ebpf: std::result::Result<(), String>,
+    /// Whether `io_uring_setup` works here.
+    pub io_uring: bool,
+}
+
+impl Capabilities {
+    pub fn vnet_hdr(&self) -> bool {
+        self.iff_features & u32::from(iff::VNET_HDR) != 0
+    }
+    pub fn multi_queue(&self) -> bool {
+        self.iff_features & u32::from(iff::MULTI_QUEUE) != 0
+    }
+    pub fn napi(&self) -> bool {
+        self.iff_features & u32::from(iff::NAPI) != 0
+    }
+    pub fn napi_frags(&self) -> bool {
+        self.iff_features & u32::from(iff::NAPI_FRAGS) != 0
+    }
+    /// Whether UDP segmentation offload was granted on the scratch device.
+    pub fn uso(&self) -> bool {
+        self.offloads.is_some_and(|o| o.contains(Offloads::USO4 | Offloads::USO6))
+    }
+
+    /// The capabilities of this kernel, probed on first call and cached for the life of the process.
+    pub fn get() -> Result<&'static Capabilities> {
+        static CAPS: OnceLock<Capabilities> = OnceLock::new();
+        if let Some(caps) = CAPS.get() {
+            return Ok(caps);
+        }
+        let caps = Capabilities::probe()?;
+        Ok(CAPS.get_or_init(|| caps))
+    }
+
+    /// Probes without caching: `TUNGETFEATURES`, then (with CAP_NET_ADMIN) a scratch device per optional feature.
+    /// Scratch devices are non-persistent with kernel-chosen names and vanish when their fd closes.
+    pub fn probe() -> Result<Capabilities> {
+        let fd = open_tun(false)?;
+        let iff_features = sys::tun_get_features(fd.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
+        let mut caps = Capabilities {
+            iff_features,
+            offloads: None,
+            vnet_hdr_sizes: Vec::new(),
+            steering_ebpf: Err("not probed: needs CAP_NET_ADMIN".into()),
+            io_uring: sys::io_uring_available(),
+        };
+        if let Ok(scratch) = scratch_device(iff::TUN | iff::NO_PI | iff::VNET_HDR) {
+            let mut granted = Offloads::NONE;
+            for candidate in [
+                Offloads::CSUM,
+                Offloads::CSUM | Offloads::TSO4,
+                Offloads::CSUM | Offloads::TSO6,
+                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO_ECN,
+                Offloads::CSUM | Offloads::USO4 | Offloads::USO6,
+            ] {
+                if sys::tun_set_offload(scratch.as_fd(), candidate.bits()).is_ok() {
+                    granted = granted | candidate;
+                }
+            }
+            caps.offloads = Some(granted);
+            for size in [10, 12, 20] {
+                if sys::tun_set_vnet_hdr_sz(scratch.as_fd(), size as i32).is_ok() {
+                    caps.vnet_hdr_sizes.push(size);
+                }
+            }
+        }
+        if caps.multi_queue() {
+            caps.steering_ebpf = match scratch_device(iff::TUN | iff::NO_PI | iff::MULTI_QUEUE) {
+                Ok(scratch) => crate::steering::probe(scratch.as_fd()),
+                Err(e) => Err(e.to_string()),
+            };
+        } else {
+            caps.steering_ebpf = Err("needs IFF_MULTI_QUEUE".into());
+        }
+        Ok(caps)
+    }
+}
+
+fn scratch_device(flags: u16) -> Result<OwnedFd> {
+    let fd = open_tun(false)?;
+    sys::tun_set_iff(fd.as_fd(), "ttprobe%d", flags).map_err(|e| create_error("creating a probe device", e))?;
+    Ok(fd)
+}
+
+pub(crate) fn open_tun(nonblocking: bool) -> Result<OwnedFd> {
+    sys::open_rdwr(c"/dev/net/tun", nonblocking).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::ENXIO) | Some(libc::ENODEV) => Error::NoTunDevice,
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            Error::PermissionDenied { action: "opening /dev/net/tun".into(), source: e }
+        }
+        _ => Error::io("opening /dev/net/tun", e),
+    })
+}
+
+fn create_error(action: &str, e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: action.to_string(), source: e },
+        _ => Error::io(action, e),
+    }
+}
+
+/// Builds and opens a TUN or TAP device. Defaults: `IFF_NO_PI`, no virtio header, one queue, kernel-chosen name,
+/// blocking I/O. Names follow the kernel's ioctls: `queues` is `IFF_MULTI_QUEUE`, `offloads` is `TUNSETOFFLOAD`.
+#[derive(Debug, Clone)]
+pub struct DeviceBuilder {
+    mode: Mode,
+    name: Option<String>,
+    packet_info: bool,
+    vnet_hdr: Option<usize>,
+    offloads: Offloads,
+    queues: usize,
+    napi: bool,
+    napi_frags: bool,
+    no_carrier: bool,
+    exclusive: bool,
+    persist: Option<bool>,
+    owner: Option<u32>,
+    group: Option<u32>,
+    sndbuf: Option<i32>,
+    nonblocking: bool,
+}
+
+impl DeviceBuilder {
+    pub fn new(mode: Mode) -> Self {
+        DeviceBuilder {
+            mode,
+            name: None,
+            packet_info: false,
+            vnet_hdr: None,
+            offloads: Offloads::NONE,
+            queues: 1,
+            napi: false,
+            napi_frags: false,
+            no_carrier: false,
+            exclusive: false,
+            persist: None,
+            owner: None,
+            group: None,
+            sndbuf: None,
+            nonblocking: false,
+        }
+    }
+    pub fn tun() -> Self {
+        Self::new(Mode::Tun)
+    }
+    pub fn tap() -> Self {
+        Self::new(Mode::Tap)
+    }
+    /// The interface name; may be a template such as `tun%d`. Without it the kernel picks `tunN`/`tapN`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+    /// Keep the 4-byte packet information header (clears `IFF_NO_PI`).
+    pub fn packet_info(mut self, on: bool) -> Self {
+        self.packet_info = on;
+        self
+    }
+    /// `IFF_VNET_HDR` with a header of 10, 12 (`virtio_net_hdr_v1`) or 20 bytes.
+    pub fn vnet_hdr(mut self, size: usize) -> Self {
+        self.vnet_hdr = Some(size);
+        self
+    }
+    /// Offloads to request; the granted set may be smaller ([`Device::offloads`]). Needs [`Self::vnet_hdr`].
+    /// Any offload implies `CSUM`, which the kernel requires for the others.
+    pub fn offloads(mut self, offloads: Offloads) -> Self {
+        self.offloads = offloads;
+        self
+    }
+    /// Number of queues (fds); more than one sets `IFF_MULTI_QUEUE`.
+    pub fn queues(mut self, n: usize) -> Self {
+        self.queues = n;
+        self
+    }
+    pub fn napi(mut self, on: bool) -> Self {
+        self.napi = on;
+        self
+    }
+    pub fn napi_frags(mut self, on: bool) -> Self {
+        self.napi_frags = on;
+        self
+    }
+    pub fn no_carrier(mut self, on: bool) -> Self {
+        self.no_carrier = on;
+        self
+    }
+    /// `IFF_TUN_EXCL`: fail with EBUSY if the device exists already.
+    pub fn exclusive(mut self, on: bool) -> Self {
+        self.exclusive = on;
+        self
+    }
+    pub fn persist(mut self, on: bool) -> Self {
+        self.persist = Some(on);
+        self
+    }
+    pub fn owner(mut self, uid: u32) -> Self {
+        self.owner = Some(uid);
+        self
+    }
+    pub fn group(mut self, gid: u32) -> Self {
+        self.group = Some(gid);
+        self
+    }
+    /// `TUNSETSNDBUF`: bytes the device may queue towards the reader before the kernel drops (tail drop).
+    pub fn sndbuf(mut self, bytes: i32) -> Self {
+        self.sndbuf = Some(bytes);
+        self
+    }
+    /// Open the queues with `O_NONBLOCK`.
+    pub fn nonblocking(mut self, on: bool) -> Self {
+        self.nonblocking = on;
+        self
+    }
+
+    fn check(&self) -> Result<()> {
+        if let Some(name) = &self.name {
+            validate_ifname(name)?;
+        }
+        if let Some(size) = self.vnet_hdr {
+            if ![10, 12, 20].contains(&size) {
+                return Err(Error::InvalidConfig(format!("vnet header size {size}: must be 10, 12 or 20")));
+            }
+        }
+        if !self.offloads.is_empty() && self.vnet_hdr.is_none() {
+            return Err(Error::InvalidConfig(format!(
+                "offloads {} need the virtio header: add vnet_hdr(10)",
+                self.offloads
+            )));
+        }
+        if self.offloads.intersects(Offloads::USO4 | Offloads::USO6)
+            && !self.offloads.contains(Offloads::USO4 | Offloads::USO6)
+        {
+            return Err(Error::InvalidConfig("the kernel accepts USO4 and USO6 only together".into()));
+        }
+        if self.queues == 0 {
+            return Err(Error::InvalidConfig("queues(0): a device needs at least one queue".into()));
+        }
+        if self.napi_frags && (!self.napi || self.mode != Mode::Tap) {
+            return Err(Error::InvalidConfig("napi_frags needs napi(true) on a TAP device".into()));
+        }
+        Ok(())
+    }
+
+    fn flags(&self, multi_queue: bool) -> u16 {
+        let mut flags = match self.mode {
+            Mode::Tun => iff::TUN,
+            Mode::Tap => iff::TAP,
+        };
+        let on = |cond: bool, bit: u16| if cond { bit } else { 0 };
+        flags |= on(!self.packet_info, iff::NO_PI);
+        flags |= on(self.vnet_hdr.is_some(), iff::VNET_HDR);
+        flags |= on(multi_queue, iff::MULTI_QUEUE);
+        flags |= on(self.napi, iff::NAPI);
+        flags |= on(self.napi_frags, iff::NAPI_FRAGS);
+        flags |= on(self.no_carrier, iff::NO_CARRIER);
+        flags |= on(self.exclusive, iff::TUN_EXCL);
+        flags
+    }
+
+    /// Creates the device, or attaches to an existing one of that name, and applies every setting.
+    pub fn open(self) -> Result<Device> {
+        self.check()?;
+        let first = open_tun(self.nonblocking)?;
+        let features = sys::tun_get_features(first.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
+        let need = |cond: bool, bit: u16, feature: &'static str| {
+            if cond && features & u32::from(bit) == 0 {
+                Err(Error::Unsupported { feature })
+            } else {
+                Ok(())
+            }
+        };
+        need(self.vnet_hdr.is_some(), iff::VNET_HDR, "IFF_VNET_HDR (virtio net header)")?;
+        need(self.queues > 1, iff::MULTI_QUEUE, "IFF_MULTI_QUEUE (multiqueue devices)")?;
+        need(self.napi, iff::NAPI, "IFF_NAPI")?;
+        need(self.napi_frags, iff::NAPI_FRAGS, "IFF_NAPI_FRAGS")?;
+
+        let requested_name = self.name.clone().unwrap_or_default();
+        let display_name = if requested_name.is_empty() { format!("{}%d", self.mode) } else { requested_name.clone() };
+        let mut notes = Vec::new();
+        let mut multi_queue = self.queues > 1;
+        let name = match sys::tun_set_iff(first.as_fd(), &requested_name, self.flags(multi_queue)) {
+            Ok(name) => name,
+            Err(e) => {
+                match e.raw_os_error() {
+                    Some(libc::EPERM) | Some(libc::EACCES) => {
+                        return Err(Error::PermissionDenied { action: format!("creating {display_name}"), source: e })
+                    }
+                    Some(libc::EBUSY) => return Err(Error::Busy { name: display_name }),
+                    Some(libc::EINVAL) if !requested_name.is_empty() => {}
+                    _ => return Err(Error::io(format!("TUNSETIFF {display_name}"), e)),
+                }
+                // EINVAL on an existing device: usually the multiqueue flag differs from how it was created.
+                if self.queues > 1 {
+                    return Err(Error::MultiQueueMismatch {
+                        name: display_name,
+                        existing: "without multi_queue",
+                        hint: "1",
+                    });
+                }
+                multi_queue = !multi_queue;
+                match sys::tun_set_iff(first.as_fd(), &requested_name, self.flags(multi_queue)) {
+                    Ok(name) => {
+                        notes.push(format!(
+                            "{name} exists {} multi_queue; attached with the flag {}",
+                            if multi_queue { "with" } else { "without" },
+                            if multi_queue { "set" } else { "cleared" }
+                        ));
+                        name
+                    }
+                    Err(e2) if e2.raw_os_error() == Some(libc::EBUSY) => {
+                        return Err(Error::Busy { name: display_name })
+                    }
+                    Err(_) => return Err(Error::FlagsMismatch { name: display_name, source: e }),
+                }
+            }
+        };
+        for note in &notes {
+            tracing::info!("{note}");
+        }
+
+        let mut fds = vec![first];
+        for _ in 1..self.queues {
+            let fd = open_tun(self.nonblocking)?;
+            sys::tun_set_iff(fd.as_fd(), &name, self.flags(multi_queue)).map_err(|e| match e.raw_os_error() {
+                Some(libc::EBUSY) => Error::Busy { name: name.clone() },
+                _ => Error::io(format!("attaching queue {} to {name}", fds.len()), e),
+            })?;
+            fds.push(fd);
+        }
+
+        let ctl = fds[0].as_fd();
+        let vnet_hdr_len = match self.vnet_hdr {
+            Some(size) => {
+                sys::tun_set_vnet_hdr_sz(ctl, size as i32).map_err(|e| match e.raw_os_error() {
+                    Some(libc::EINVAL) => Error::Unsupported { feature: "this virtio header size" },
+                    _ => Error::io("TUNSETVNETHDRSZ", e),
+                })?;
+                size
+            }
+            None => 0,
+        };
+        // Always set the mask: a persistent device keeps the last owner's offloads, and a reader that asked for
+        // none must not be handed super-packets.
+        let offloads = negotiate_offloads(ctl, &name, self.offloads)?;
+        if offloads != self.offloads && !self.offloads.is_empty() {
+            let missing = self.offloads.difference(offloads).difference(Offloads::CSUM);
+            if !missing.is_empty() {
+                notes.push(format!("{name}: kernel refused offloads {missing}; granted {offloads}"));
+            }
+        }
+        if let Some(persist) = self.persist {
+            sys::tun_set_persist(ctl, persist).map_err(|e| create_error("TUNSETPERSIST", e))?;
+        }
+        if let Some(uid) = self.owner {
+            sys::tun_set_owner(ctl, uid).map_err(|e| create_error("TUNSETOWNER", e))?;
+        }
+        if let Some(gid) = self.group {
+            sys::tun_set_group(ctl, gid).map_err(|e| create_error("TUNSETGROUP", e))?;
+        }
+        if let Some(bytes) = self.sndbuf {
+            for fd in &fds {
+                sys::tun_set_sndbuf(fd.as_fd(), bytes).map_err(|e| Error::io("TUNSETSNDBUF", e))?;
+            }
+        }
+        let (_, kernel_flags) = sys::tun_get_iff(ctl).map_err(|e| Error::io("TUNGETIFF", e))?;
+        let name: Arc<str> = Arc::from(name);
+        let queues = fds
+            .into_iter()
+            .enumerate()
+            .map(|(index, fd)| Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads))
+            .collect();
+        Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, offloads, queues, notes })
+    }
+}
+
+/// Asks for `wanted` (plus CSUM), falling back the way older kernels require: without USO (before 6.2), without
+/// TSO_ECN, then checksum only, then nothing. Returns what was granted.
+fn negotiate_offloads(fd: std::os::fd::BorrowedFd<'_>, name: &str, wanted: Offloads) -> Result<Offloads> {
+    if wanted.is_empty() {
+        sys::tun_set_offload(fd, 0).map_err(|e| Error::io(format!("TUNSETOFFLOAD(0) on {name}"), e))?;
+        return Ok(Offloads::NONE);
+    }
+    let wanted = wanted | Offloads::CSUM;
+    let candidates = [
+        wanted,
+        wanted.difference(Offloads::USO4 | Offloads::USO6),
+        wanted.difference(Offloads::USO4 | Offloads::USO6 | Offloads::TSO_ECN),
+        Offloads::CSUM,
+        Offloads::NONE,
+    ];
+    let mut last_err = None;
+    for (i, candidate) in candidates.iter().enumerate() {
+        if i > 0 && *candidate == candidates[i - 1] {
+            continue;
+        }
+        match sys::tun_set_offload(fd, candidate.bits()) {
+            Ok(()) => return Ok(*candidate),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last_err = Some(e),
+            Err(e) => return Err(Error::io(format!("TUNSETOFFLOAD on {name}"), e)),
+        }
+    }
+    Err(Error::io(format!("TUNSETOFFLOAD on {name}"), last_err.unwrap_or_else(|| io::Error::other("refused"))))
+}
+
+/// An open TUN/TAP device: its name, what was granted, and one [`Queue`] per fd.
+#[derive(Debug)]
+pub struct Device {
+    name: Arc<str>,
+    mode: Mode,
+    kernel_flags: u16,
+    vnet_hdr_len: usize,
+    offloads: Offloads,
+    queues: Vec<Queue>,
+    notes: Vec<String>,
+}
+
+impl Device {
+    /// The interface name the kernel gave the device.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+    /// The `IFF_*` flags as `TUNGETIFF` reports them. Bit 0x1000 is set on every device: the kernel reports
+    /// `IFF_NOFILTER`, which shares its value with `IFF_NO_PI`; ask rtnetlink (`TunInfo::no_pi`) for the truth.
+    pub fn kernel_flags(&self) -> u16 {
+        self.kernel_flags
+    }
+    /// Size of the virtio header in front of every packet, 0 without `IFF_VNET_HDR`.
+    pub fn vnet_hdr_len(&self) -> usize {
+        self.vnet_hdr_len
+    }
+    /// The offloads the kernel granted.
+    pub fn offloads(&self) -> Offloads {
+        self.offloads
+    }
+    pub fn queues(&self) -> &[Queue] {
+        &self.queues
+    }
+    pub fn queue(&self, index: usize) -> Option<&Queue> {
+        self.queues.get(index)
+    }
+    /// Hands the queues out (e.g. one per thread). The device stays as long as a queue is open (or persists).
+    pub fn into_queues(self) -> Vec<Queue> {
+        self.queues
+    }
+    /// What the open adapted and why (multiqueue flag flipped, offloads refused).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+    pub fn set_persist(&self, persist: bool) -> Result<()> {
+        sys::tun_set_persist(self.ctl(), persist).map_err(|e| create_error("TUNSETPERSIST", e))
+    }
+    pub fn set_carrier(&self, carrier: bool) -> Result<()> {
+        sys::tun_set_carrier(self.ctl(), carrier).map_err(|e| Error::io("TUNSETCARRIER", e))
+    }
+    /// `TUNSETLINK`: the ARPHRD link type (e.g. `ARPHRD_NONE` = 0xfffe). The device must be down.
+    pub fn set_link_type(&self, link_type: u32) -> Result<()> {
+        sys::tun_set_link(self.ctl(), link_type).map_err(|e| Error::io("TUNSETLINK", e))
+    }
+    /// The network namespace the device lives in now (`TUNGETDEVNETNS`), as an fd usable with `setns`.
+    pub fn netns(&self) -> Result<OwnedFd> {
+        sys::tun_get_dev_netns(self.ctl()).map_err(|e| create_error("TUNGETDEVNETNS", e))
+    }
+    /// The virtio header size as the kernel reports it now (`TUNGETVNETHDRSZ`).
+    pub fn kernel_vnet_hdr_len(&self) -> Result<usize> {
+        sys::tun_get_vnet_hdr_sz(self.ctl()).map(|n| n as usize).map_err(|e| Error::io("TUNGETVNETHDRSZ", e))
+    }
+    fn ctl(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.queues[0].as_fd()
+    }
+}

@@ -1,0 +1,156 @@
+//! One error type for the library. Each variant names the cause and, where there is one, the fix.
+
+use std::io;
+
+/// Errors from opening, configuring and using TUN/TAP devices.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{action} needs CAP_NET_ADMIN: run as root or grant the capability (e.g. setcap cap_net_admin+ep)")]
+    PermissionDenied { action: String, source: io::Error },
+
+    #[error("/dev/net/tun is missing: load the tun module (modprobe tun) or create the node (mknod /dev/net/tun c 10 200)")]
+    NoTunDevice,
+
+    #[error("invalid interface name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+
+    #[error("device {name} is busy (EBUSY): it was created with IFF_TUN_EXCL, or all its queues are attached already")]
+    Busy { name: String },
+
+    #[error("device {name} exists {existing}: open it with queues({hint})")]
+    MultiQueueMismatch { name: String, existing: &'static str, hint: &'static str },
+
+    #[error("device {name} exists with different flags (TUN vs TAP, or packet info/vnet header): {source}")]
+    FlagsMismatch { name: String, source: io::Error },
+
+    #[error("this kernel does not support {feature}")]
+    Unsupported { feature: &'static str },
+
+    #[error("device {name} is gone (deleted, or its namespace was destroyed)")]
+    DeviceGone { name: String },
+
+    #[error("device {name} is down (EIO): bring it up before sending")]
+    DeviceDown { name: String },
+
+    #[error("no device named {name:?} in this network namespace")]
+    NoSuchDevice { name: String },
+
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    #[error("malformed packet: {0}")]
+    MalformedPacket(String),
+
+    #[error("buffer of {have} bytes is too small: {need} bytes needed")]
+    BufferTooSmall { have: usize, need: usize },
+
+    #[error("netlink {context}: {source}")]
+    Netlink { context: String, source: io::Error },
+
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+}
+
+/// Shorthand for `Result<T, turbotun::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+
+    /// The OS error number behind this error, if there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::PermissionDenied { source, .. }
+            | Error::FlagsMismatch { source, .. }
+            | Error::Netlink { source, .. }
+            | Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// Whether the device this error came from no longer exists.
+    pub fn is_device_gone(&self) -> bool {
+        matches!(self, Error::DeviceGone { .. })
+    }
+}
+
+/// Maps an errno from a read or write on a queue fd to the error a caller can act on.
+pub(crate) fn queue_io_error(name: &str, op: &'static str, err: io::Error) -> Error {
+    match err.raw_os_error() {
+        Some(libc::EBADFD) | Some(libc::ENODEV) | Some(libc::ENXIO) => Error::DeviceGone { name: name.to_string() },
+        Some(libc::EIO) if op == "write" => Error::DeviceDown { name: name.to_string() },
+        _ => Error::io(format!("{op} on {name}"), err),
+    }
+}
+
+/// Checks an interface name the way the kernel's `dev_valid_name` does, so the error names the rule broken.
+pub fn validate_ifname(name: &str) -> Result<()> {
+    let bad = |reason| Err(Error::InvalidName { name: name.to_string(), reason });
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > crate::sys::IFNAMSIZ - 1 {
+        return bad("longer than 15 bytes");
+    }
+    if name == "." || name == ".." {
+        return bad("'.' and '..' are reserved");
+    }
+    if name.contains('/') {
+        return bad("contains '/'");
+    }
+    if name.contains(':') {
+        return bad("contains ':' (reserved for alias labels)");
+    }
+    if name.chars().any(|c| c.is_whitespace()) {
+        return bad("contains whitespace");
+    }
+    if name.bytes().any(|b| b == 0) {
+        return bad("contains a NUL byte");
+    }
+    if name.matches('%').count() > 1 || (name.contains('%') && !name.contains("%d")) {
+        return bad("'%' is only allowed once, as the '%d' template the kernel fills in");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_validate_ifname() {
+        for ok in ["tun0", "a", "x-y_z.1", "tt%d", "fifteen_bytes_x"] {
+            validate_ifname(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, reason) in [
+            ("", "empty"),
+            ("sixteen_bytes_xx", "longer than 15 bytes"),
+            ("a/b", "contains '/'"),
+            ("a b", "contains whitespace"),
+            ("a\tb", "contains whitespace"),
+            ("eth0:1", "contains ':'"),
+            (".", "reserved"),
+            ("..", "reserved"),
+            ("a%s", "'%'"),
+            ("a%d%d", "'%'"),
+        ] {
+            let err = validate_ifname(bad).expect_err(bad).to_string();
+            assert!(err.contains(reason), "{bad:?}: {err}");
+            assert!(err.contains(&format!("{bad:?}")), "error names the input: {err}");
+        }
+    }
+
+    #[test]
+    fn test_queue_io_error_mapping() {
+        let gone = queue_io_error("tun9", "read", io::Error::from_raw_os_error(libc::EBADFD));
+        assert!(gone.is_device_gone());
+        let down = queue_io_error("tun9", "write", io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(down, Error::DeviceDown { .. }));
+        let other = queue_io_error("tun9", "read", io::Error::from_raw_os_error(libc::EFAULT));
+        assert_eq!(other.raw_os_error(), Some(libc::EFAULT));
+        assert!(other.to_string().contains("read on tun9"));
+    }
+}

@@ -1,0 +1,203 @@
+//! Reading the state of TUN/TAP devices this process did not open: what `turbotun info` shows.
+//!
+//! Sources: `/sys/class/net/DEV/tun_flags|owner|group` (the tun driver's sysfs attributes), the `iff:` lines of
+//! `/proc/*/fdinfo/*` (which processes hold queues), rtnetlink (MTU, state, addresses, counters) and
+//! `SIOCETHTOOL` (active offload features, as `ethtool -k` shows them).
+
+use std::fs;
+use std::net::IpAddr;
+
+use crate::device::{Mode, Offloads};
+use crate::error::{Error, Result};
+use crate::netlink::{LinkStats, Netlink};
+use crate::sys::{self, iff};
+
+/// One TUN/TAP device as the kernel describes it.
+#[derive(Debug, Clone)]
+pub struct DeviceReport {
+    pub name: String,
+    pub index: u32,
+    pub mode: Mode,
+    /// `IFF_*` flags from `tun_flags` (the flags the device was created with).
+    pub tun_flags: u32,
+    pub flag_names: Vec<&'static str>,
+    pub persist: bool,
+    pub owner: Option<u32>,
+    pub group: Option<u32>,
+    /// Queues attached now (`IFLA_TUN_NUM_QUEUES`) and detached ones.
+    pub queues: u32,
+    pub disabled_queues: u32,
+    /// Pids of the processes holding a queue fd, one entry per fd, as far as `/proc` of this mount shows them.
+    pub queue_holders: Vec<u32>,
+    pub mtu: u32,
+    pub txqueuelen: u32,
+    pub up: bool,
+    pub oper_state: String,
+    pub mac: Option<[u8; 6]>,
+    pub addresses: Vec<(IpAddr, u8)>,
+    pub stats: LinkStats,
+    /// Offloads derived from the active netdev features (`None` if ethtool could not be asked).
+    pub offloads: Option<Offloads>,
+}
+
+/// Names of the `IFF_*` bits the tun driver keeps in `tun_flags`.
+pub fn flag_names(flags: u32) -> Vec<&'static str> {
+    // IFF_NOFILTER shares its bit with IFF_NO_PI (it only means something for TUNSETTXFILTER), so it is not listed.
+    let table: [(u16, &'static str); 11] = [
+        (iff::TUN, "tun"),
+        (iff::TAP, "tap"),
+        (iff::NO_PI, "no_pi"),
+        (iff::ONE_QUEUE, "one_queue"),
+        (iff::VNET_HDR, "vnet_hdr"),
+        (iff::MULTI_QUEUE, "multi_queue"),
+        (iff::NAPI, "napi"),
+        (iff::NAPI_FRAGS, "napi_frags"),
+        (iff::NO_CARRIER, "no_carrier"),
+        (iff::TUN_EXCL, "tun_excl"),
+        (iff::PERSIST, "persist"),
+    ];
+    table.iter().filter(|(bit, _)| flags & u32::from(*bit) != 0).map(|(_, n)| *n).collect()
+}
+
+/// Maps the netdev features the tun driver toggles on `TUNSETOFFLOAD` back to offload bits.
+pub fn offloads_from_features(features: &[(String, bool)]) -> Offloads {
+    let active = |name: &str| features.iter().any(|(n, on)| n == name && *on);
+    let mut out = Offloads::NONE;
+    if active("tx-checksum-ip-generic") {
+        out = out | Offloads::CSUM;
+    }
+    if active("tx-tcp-segmentation") {
+        out = out | Offloads::TSO4;
+    }
+    if active("tx-tcp6-segmentation") {
+        out = out | Offloads::TSO6;
+    }
+    if active("tx-tcp-ecn-segmentation") {
+        out = out | Offloads::TSO_ECN;
+    }
+    if active("tx-udp-segmentation") {
+        out = out | Offloads::USO4 | Offloads::USO6;
+    }
+    out
+}
+
+/// The active offloads of an interface, read through `SIOCETHTOOL`.
+pub fn device_offloads(name: &str) -> Result<Offloads> {
+    let features = sys::ethtool::features(name).map_err(|e| Error::io(format!("ethtool features of {name}"), e))?;
+    Ok(offloads_from_features(&features))
+}
+
+fn read_sys(name: &str, attr: &str) -> Option<String> {
+    fs::read_to_string(format!("/sys/class/net/{name}/{attr}")).ok().map(|s| s.trim().to_string())
+}
+
+/// Parses a `tun_flags` sysfs value (`0x1002`).
+pub fn parse_tun_flags(text: &str) -> Option<u32> {
+    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Pids of the processes holding a queue of `name` (one entry per fd), from `/proc/*/fdinfo`.
+pub fn queue_holders(name: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else { return out };
+    for proc_entry in procs.flatten() {
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(fds) = fs::read_dir(proc_entry.path().join("fdinfo")) else { continue };
+        for fd in fds.flatten() {
+            let Ok(text) = fs::read_to_string(fd.path()) else { continue };
+            if text.lines().any(|l| l.strip_prefix("iff:").is_some_and(|n| n.trim() == name)) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Reports one device by name.
+pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
+    let link = netlink.link(name)?;
+    let tun = link
+        .tun
+        .ok_or_else(|| Error::InvalidConfig(format!("{name} is not a TUN/TAP device (link kind {:?})", link.kind)))?;
+    // rtnetlink answers in the socket's namespace; sysfs only in the namespace that mounted /sys, and only it
+    // has the flags netlink lacks (napi, napi_frags, no_carrier), so it adds to them when it sees this device.
+    let sys_flags = read_sys(name, "ifindex")
+        .filter(|idx| idx.parse::<u32>().ok() == Some(link.index))
+        .and_then(|_| read_sys(name, "tun_flags"))
+        .and_then(|s| parse_tun_flags(&s));
+    let on = |cond: bool, bit: u16| if cond { u32::from(bit) } else { 0 };
+    let tun_flags = sys_flags.unwrap_or(0)
+        | on(tun.is_tap(), iff::TAP)
+        | on(!tun.is_tap(), iff::TUN)
+        | on(tun.no_pi, iff::NO_PI)
+        | on(tun.vnet_hdr, iff::VNET_HDR)
+        | on(tun.multi_queue, iff::MULTI_QUEUE)
+        | on(tun.persist, iff::PERSIST);
+    let mode = if tun.is_tap() { Mode::Tap } else { Mode::Tun };
+    let holders = queue_holders(name);
+    Ok(DeviceReport {
+        name: name.to_string(),
+        index: link.index,
+        mode,
+        tun_flags,
+        flag_names: flag_names(tun_flags),
+        persist: tun.persist,
+        owner: tun.owner,
+        group: tun.group,
+        queues: tun.num_queues,
+        disabled_queues: tun.num_disabled_queues,
+        queue_holders: holders,
+        mtu: link.mtu,
+        txqueuelen: link.txqueuelen,
+        up: link.is_up(),
+        oper_state: link.oper_state.clone(),
+        mac: if mode == Mode::Tap { link.mac } else { None },
+        addresses: netlink.addresses(name)?,
+        stats: link.stats,
+        offloads: device_offloads(name).ok(),
+    })
+}
+
+/// Reports every TUN/TAP device in the namespace of `netlink`, sorted by index.
+pub fn inspect_all(netlink: &mut Netlink) -> Result<Vec<DeviceReport>> {
+    let mut out = Vec::new();
+    for link in netlink.links()? {
+        if link.tun.is_some() {
+            match inspect(netlink, &link.name) {
+                Ok(report) => out.push(report),
+                // Deleted between the dump and the look-up: not an error for a listing.
+                Err(Error::NoSuchDevice { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    out.sort_by_key(|r| r.index);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_parse_tun_flags_and_names() {
+        assert_eq!(parse_tun_flags("0x5002\n"), Some(0x5002));
+        assert_eq!(parse_tun_flags("zz"), None);
+        assert_eq!(flag_names(0x5002), vec!["tap", "no_pi", "vnet_hdr"]);
+        assert_eq!(flag_names(0x1101), vec!["tun", "no_pi", "multi_queue"]);
+    }
+
+    #[test]
+    fn test_offloads_from_features() {
+        let f = |names: &[(&str, bool)]| names.iter().map(|(n, on)| (n.to_string(), *on)).collect::<Vec<_>>();
+        let all = f(&[
+            ("tx-checksum-ip-generic", true),
+            ("tx-tcp-segmentation", true),
+            ("tx-tcp6-segmentation", true),
+            ("tx-tcp-ecn-segmentation", false),
+            ("tx-udp-segmentation", true),
+        ]);
+        assert_eq!(offloads_from_features(&all), Offloads::TCP | Offloads::USO4 | Offloads::USO6);
+        assert_eq!(offloads_from_features(&f(&[("tx-tcp-segmentation", false)])), Offloads::NONE);
+    }
+}

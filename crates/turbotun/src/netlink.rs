@@ -1,0 +1,450 @@
+//! Interface configuration through rtnetlink (no `ip` subprocesses): addresses, MTU, state, txqueuelen, MAC,
+//! routes, moving to a network namespace, and link statistics.
+//!
+//! The API is synchronous: one `NETLINK_ROUTE` socket, one request at a time, each acknowledged before the call
+//! returns, so an error names the request that failed.
+
+use std::ffi::CString;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
+/// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    pub rx_errors: u64,
+    pub tx_errors: u64,
+    pub rx_dropped: u64,
+    pub tx_dropped: u64,
+}
+
+/// What `RTM_GETLINK` tells about one interface.
+#[derive(Debug, Clone, Default)]
+pub struct LinkInfo {
+    pub index: u32,
+    pub name: String,
+    pub mtu: u32,
+    pub txqueuelen: u32,
+    /// `IFF_*` interface flags (`IFF_UP` = 1, `IFF_RUNNING` = 0x40, ...).
+    pub flags: u32,
+    pub mac: Option<[u8; 6]>,
+    /// Link kind (`tun`, `veth`, ...), when the kernel reports one.
+    pub kind: Option<String>,
+    pub oper_state: String,
+    pub stats: LinkStats,
+    /// The tun driver's own attributes (`IFLA_INFO_DATA` of kind `tun`), for TUN/TAP devices.
+    pub tun: Option<TunInfo>,
+}
+
+/// What the tun driver reports about a device through rtnetlink (`IFLA_TUN_*`). Unlike sysfs, this is
+/// answered in the namespace of the netlink socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TunInfo {
+    /// `IFF_TUN` (1) or `IFF_TAP` (2).
+    pub kind: u8,
+    pub no_pi: bool,
+    pub vnet_hdr: bool,
+    pub persist: bool,
+    pub multi_queue: bool,
+    /// Queues (fds) attached now.
+    pub num_queues: u32,
+    /// Queues detached with `TUNSETQUEUE`.
+    pub num_disabled_queues: u32,
+    pub owner: Option<u32>,
+    pub group: Option<u32>,
+}
+
+impl TunInfo {
+    pub fn is_tap(&self) -> bool {
+        self.kind == libc::IFF_TAP as u8
+    }
+}
+
+fn tun_info(attrs: &[netlink_packet_route::link::InfoTun]) -> TunInfo {
+    use netlink_packet_core::Nla;
+    let mut info = TunInfo::default();
+    for attr in attrs {
+        let mut value = vec![0u8; attr.value_len()];
+        attr.emit_value(&mut value);
+        let u8v = value.first().copied().unwrap_or(0);
+        let u32v = value.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
+        match attr.kind() {
+            1 => info.owner = Some(u32v),
+            2 => info.group = Some(u32v),
+            3 => info.kind = u8v,
+            // IFLA_TUN_PI is 1 when the packet information header is on (IFF_NO_PI clear).
+            4 => info.no_pi = u8v == 0,
+            5 => info.vnet_hdr = u8v != 0,
+            6 => info.persist = u8v != 0,
+            7 => info.multi_queue = u8v != 0,
+            8 => info.num_queues = u32v,
+            9 => info.num_disabled_queues = u32v,
+            _ => {}
+        }
+    }
+    info
+}
+
+impl LinkInfo {
+    pub fn is_up(&self) -> bool {
+        self.flags & libc::IFF_UP as u32 != 0
+    }
+}
+
+/// A `NETLINK_ROUTE` socket bound in one network namespace.
+#[derive(Debug)]
+pub struct Netlink {
+    socket: Socket,
+    seq: u32,
+}
+
+impl Netlink {
+    /// A socket in the calling thread's network namespace.
+    pub fn new() -> Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| Error::io("opening a NETLINK_ROUTE socket", e))?;
+        socket.bind_auto().map_err(|e| Error::io("binding a NETLINK_ROUTE socket", e))?;
+        socket.connect(&SocketAddr::new(0, 0)).map_err(|e| Error::io("connecting a NETLINK_ROUTE socket", e))?;
+        // Ask for extended ACKs so that errors carry the kernel's message; older kernels refuse, which is fine.
+        let _ = socket.set_ext_ack(true);
+        Ok(Netlink { socket, seq: 1 })
+    }
+
+    /// A socket inside the network namespace named by `netns_file` (`/run/netns/NAME`, `/proc/PID/ns/net`).
+    /// A socket stays in the namespace it was created in, so a short-lived thread enters the namespace, opens it
+    /// and exits; the caller's own namespace is never changed.
+    pub fn in_netns(netns_file: &Path) -> Result<Self> {
+        let ns = open_netns(netns_file)?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    sys::setns_net(ns.as_fd())
+                        .map_err(|e| permission_or_io(format!("entering network namespace {}", netns_file.display()), e))?;
+                    Netlink::new()
+                })
+                .join()
+                .unwrap_or_else(|_| Err(Error::InvalidConfig("netlink thread panicked".into())))
+        })
+    }
+
+    /// The index of the interface with this name.
+    pub fn link_index(&mut self, name: &str) -> Result<u32> {
+        Ok(self.link(name)?.index)
+    }
+
+    /// Everything `RTM_GETLINK` reports about one interface.
+    pub fn link(&mut self, name: &str) -> Result<LinkInfo> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        let replies = self
+            .request(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, &format!("looking up {name}"))
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENODEV) => Error::NoSuchDevice { name: name.to_string() },
+                _ => e,
+            })?;
+        replies
+            .into_iter()
+            .find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(link) => Some(link_info(&link)),
+                _ => None,
+            })
+            .ok_or_else(|| Error::NoSuchDevice { name: name.to_string() })
+    }
+
+    /// Every interface in the namespace.
+    pub fn links(&mut self) -> Result<Vec<LinkInfo>> {
+        let replies =
+            self.request(RouteNetlinkMessage::GetLink(LinkMessage::default()), NLM_F_REQUEST | NLM_F_DUMP, "listing links")?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(link) => Some(link_info(&link)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Interface counters (`IFLA_STATS64`).
+    pub fn stats(&mut self, name: &str) -> Result<LinkStats> {
+        Ok(self.link(name)?.stats)
+    }
+
+    pub fn set_up(&mut self, name: &str, up: bool) -> Result<()> {
+        let mut msg = self.link_message(name)?;
+        msg.header.flags = if up { LinkFlags::Up } else { LinkFlags::empty() };
+        msg.header.change_mask = LinkFlags::Up;
+        self.ack(RouteNetlinkMessage::SetLink(msg), 0, &format!("setting {name} {}", if up { "up" } else { "down" }))
+    }
+
+    pub fn set_mtu(&mut self, name: &str, mtu: u32) -> Result<()> {
+        self.set_link_attribute(name, LinkAttribute::Mtu(mtu), &format!("setting the MTU of {name} to {mtu}"))
+    }
+
+    pub fn set_txqueuelen(&mut self, name: &str, len: u32) -> Result<()> {
+        self.set_link_attribute(name, LinkAttribute::TxQueueLen(len), &format!("setting txqueuelen of {name} to {len}"))
+    }
+
+    /// The hardware address (TAP devices; a TUN device has none and the kernel refuses).
+    pub fn set_mac(&mut self, name: &str, mac: [u8; 6]) -> Result<()> {
+        let context = format!("setting the MAC address of {name} to {}", format_mac(&mac));
+        self.set_link_attribute(name, LinkAttribute::Address(mac.to_vec()), &context)
+    }
+
+    /// Moves the interface into the network namespace named by `netns_file`. The kernel flushes its addresses and
+    /// sets it down; configure it again inside the namespace. Open queue fds stay attached.
+    pub fn move_to_netns(&mut self, name: &str, netns_file: &Path) -> Result<()> {
+        let ns = open_netns(netns_file)?;
+        let context = format!("moving {name} to network namespace {}", netns_file.display());
+        self.set_link_attribute(name, LinkAttribute::NetNsFd(ns.as_raw_fd()), &context)
+    }
+
+    /// Deletes an interface (`RTM_DELLINK`), as `ip link del` does.
+    pub fn delete_link(&mut self, name: &str) -> Result<()> {
+        let msg = self.link_message(name)?;
+        self.ack(RouteNetlinkMessage::DelLink(msg), 0, &format!("deleting {name}"))
+    }
+
+    /// Adds an address. IPv6 addresses are added with `IFA_F_NODAD`: duplicate address detection on a
+    /// point-to-point tunnel only delays the address by a second.
+    pub fn add_address(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        let msg = self.address_message(name, addr, prefix_len)?;
+        self.ack(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("adding {addr}/{prefix_len} to {name}"),
+        )
+    }
+
+    pub fn del_address(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> Result<()> {
+        let msg = self.address_message(name, addr, prefix_len)?;
+        self.ack(RouteNetlinkMessage::DelAddress(msg), 0, &format!("removing {addr}/{prefix_len} from {name}"))
+    }
+
+    /// The addresses on an interface, with their prefix lengths.
+    pub fn addresses(&mut self, name: &str) -> Result<Vec<(IpAddr, u8)>> {
+        let index = self.link_index(name)?;
+        let replies = self.request(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            &format!("listing addresses of {name}"),
+        )?;
+        let mut out = Vec::new();
+        for reply in replies {
+            let RouteNetlinkMessage::NewAddress(msg) = reply else { continue };
+            if msg.header.index != index {
+                continue;
+            }
+            let addr = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            if let Some(ip) = addr {
+                out.push((ip, msg.header.prefix_len));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds a device route (`dest/prefix_len dev DEV`, scope link) to the main table.
+    pub fn add_route(&mut self, dest: IpAddr, prefix_len: u8, dev: &str) -> Result<()> {
+        let index = self.link_index(dev)?;
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family(dest);
+        msg.header.destination_prefix_length = prefix_len;
+        msg.header.table = RouteHeader::RT_TABLE_MAIN;
+        msg.header.protocol = RouteProtocol::Boot;
+        msg.header.scope = RouteScope::Link;
+        msg.header.kind = RouteType::Unicast;
+        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dest)));
+        msg.attributes.push(RouteAttribute::Oif(index));
+        self.ack(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("adding route {dest}/{prefix_len} dev {dev}"),
+        )
+    }
+
+    fn link_message(&mut self, name: &str) -> Result<LinkMessage> {
+        let index = self.link_index(name)?;
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        Ok(msg)
+    }
+
+    fn set_link_attribute(&mut self, name: &str, attr: LinkAttribute, context: &str) -> Result<()> {
+        let mut msg = self.link_message(name)?;
+        msg.attributes.push(attr);
+        self.ack(RouteNetlinkMessage::SetLink(msg), 0, context)
+    }
+
+    fn address_message(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> Result<AddressMessage> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix_len > max {
+            return Err(Error::InvalidConfig(format!("prefix length {prefix_len} for {addr}: at most {max}")));
+        }
+        let index = self.link_index(name)?;
+        let mut msg = AddressMessage::default();
+        msg.header.family = family(addr);
+        msg.header.prefix_len = prefix_len;
+        msg.header.scope = AddressScope::Universe;
+        msg.header.index = index;
+        msg.attributes.push(AddressAttribute::Address(addr));
+        match addr {
+            IpAddr::V4(_) => msg.attributes.push(AddressAttribute::Local(addr)),
+            IpAddr::V6(_) => msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad)),
+        }
+        Ok(msg)
+    }
+
+    fn ack(&mut self, msg: RouteNetlinkMessage, extra_flags: u16, context: &str) -> Result<()> {
+        self.request(msg, NLM_F_REQUEST | NLM_F_ACK | extra_flags, context).map(|_| ())
+    }
+
+    /// Sends one request and collects the replies up to the ACK (or `NLMSG_DONE` for a dump).
+    fn request(&mut self, msg: RouteNetlinkMessage, flags: u16, context: &str) -> Result<Vec<RouteNetlinkMessage>> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        packet.finalize();
+        let mut buf = vec![0u8; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        self.socket.send(&buf, 0).map_err(|e| netlink_error(context, e))?;
+
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let want_ack = flags & NLM_F_ACK != 0;
+        let mut replies = Vec::new();
+        loop {
+            let (data, _) = self.socket.recv_from_full().map_err(|e| netlink_error(context, e))?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..]).map_err(|e| {
+                    netlink_error(context, std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+                })?;
+                let len = reply.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                offset += (len + 3) & !3;
+                if reply.header.sequence_number != seq {
+                    continue;
+                }
+                match reply.payload {
+                    NetlinkPayload::Error(err) => match err.code {
+                        None => return Ok(replies),
+                        Some(code) => {
+                            return Err(netlink_error(context, std::io::Error::from_raw_os_error(-code.get())))
+                        }
+                    },
+                    NetlinkPayload::Done(_) => return Ok(replies),
+                    NetlinkPayload::InnerMessage(inner) => {
+                        replies.push(inner);
+                        if !dump && !want_ack {
+                            return Ok(replies);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn family(addr: IpAddr) -> AddressFamily {
+    match addr {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::InvalidConfig(format!("namespace path {} contains a NUL byte", path.display())))?;
+    sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
+}
+
+fn permission_or_io(context: String, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context, source: e },
+        _ => Error::io(context, e),
+    }
+}
+
+fn netlink_error(context: &str, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context.to_string(), source: e },
+        _ => Error::Netlink { context: context.to_string(), source: e },
+    }
+}
+
+fn format_mac(mac: &[u8]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn link_info(msg: &LinkMessage) -> LinkInfo {
+    let mut info = LinkInfo { index: msg.header.index, flags: msg.header.flags.bits(), ..LinkInfo::default() };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(name) => info.name = name.clone(),
+            LinkAttribute::Mtu(mtu) => info.mtu = *mtu,
+            LinkAttribute::TxQueueLen(len) => info.txqueuelen = *len,
+            LinkAttribute::Address(mac) if mac.len() == 6 => {
+                let mut m = [0u8; 6];
+                m.copy_from_slice(mac);
+                info.mac = Some(m);
+            }
+            LinkAttribute::OperState(state) => info.oper_state = format!("{state:?}").to_uppercase(),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    match i {
+                        NlLinkInfo::Kind(kind) => info.kind = Some(kind.to_string()),
+                        NlLinkInfo::Data(netlink_packet_route::link::InfoData::Tun(attrs)) => {
+                            info.tun = Some(tun_info(attrs))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            LinkAttribute::Stats64(s) => {
+                info.stats = LinkStats {
+                    rx_packets: s.rx_packets,
+                    tx_packets: s.tx_packets,
+                    rx_bytes: s.rx_bytes,
+                    tx_bytes: s.tx_bytes,
+                    rx_errors: s.rx_errors,
+                    tx_errors: s.tx_errors,
+                    rx_dropped: s.rx_dropped,
+                    tx_dropped: s.tx_dropped,
+                }
+            }
+            _ => {}
+        }
+    }
+    info
+}
+
+/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn mac_to_string(mac: &[u8; 6]) -> String {
+    format_mac(mac)
+}
