@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod fwd;
 mod inspect_cmd;
 
 #[derive(Debug, Parser)]
@@ -23,6 +24,8 @@ enum Command {
     Create(inspect_cmd::CreateArgs),
     /// Delete a persistent TUN/TAP device.
     Delete(inspect_cmd::DeleteArgs),
+    /// Forward packets between two devices (created if missing) until SIGINT/SIGTERM.
+    Fwd(fwd::FwdArgs),
     /// Benchmark forwarders between two network namespaces with iperf3.
     Bench(bench::BenchArgs),
 }
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Info(args) => inspect_cmd::info(&args),
         Command::Create(args) => inspect_cmd::create(&args),
         Command::Delete(args) => inspect_cmd::delete(&args),
+        Command::Fwd(args) => fwd::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -26,17 +26,27 @@ fn privileged() -> bool {
     false
 }
 
-#[test]
-fn bench_quick_baselines() {
-    if !privileged() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("turbotun-bench-smoke-{}", std::process::id()));
+/// What one `turbotun bench` invocation left behind.
+struct BenchRun {
+    stdout: String,
+    json: serde_json::Value,
+    chart: String,
+}
+
+/// Run `turbotun bench --quick --duration 1 ARGS --json F --chart F.svg`, assert it succeeded, produced the
+/// table, the JSON and the chart, and left no namespace with its prefix.
+fn run_bench(name: &str, args: &[&str]) -> BenchRun {
+    let dir = std::env::temp_dir().join(format!(
+        "turbotun-bench-smoke-{}-{name}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("bench.json");
     let chart = dir.join("bench.svg");
     let mut child = Command::new(env!("CARGO_BIN_EXE_turbotun"))
-        .args(["bench", "--quick", "--duration", "1", "--modes", "veth,loopback", "--traffic", "tcp,udp64", "--json"])
+        .args(["bench", "--quick", "--duration", "1"])
+        .args(args)
+        .arg("--json")
         .arg(&json)
         .arg("--chart")
         .arg(&chart)
@@ -46,46 +56,59 @@ fn bench_quick_baselines() {
         .spawn()
         .expect("run turbotun bench");
     let pid = child.id();
-    let out_reader = {
-        let mut out = child.stdout.take().unwrap();
+    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
         std::thread::spawn(move || {
             let mut s = String::new();
-            std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+            let _ = r.read_to_string(&mut s);
             s
         })
     };
-    let err_reader = {
-        let mut err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut err, &mut s).unwrap();
-            s
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let out_reader = read_all(Box::new(child.stdout.take().unwrap()));
+    let err_reader = read_all(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(180);
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("turbotun bench did not finish within 120 s");
+            panic!("turbotun bench did not finish within 180 s");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     let stdout = out_reader.join().unwrap();
     let stderr = err_reader.join().unwrap();
-    assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
-
-    // The table.
+    assert!(
+        status.success(),
+        "bench failed ({status}):\n{stderr}\n{stdout}"
+    );
     assert!(stdout.contains("| mode |"), "no table:\n{stdout}");
-    assert!(stdout.contains("| veth |") && stdout.contains("| loopback |"), "{stdout}");
-    assert!(stdout.contains("### tcp") && stdout.contains("### udp64"), "{stdout}");
 
-    // The JSON: every run succeeded and traffic flowed.
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // No namespace left behind.
+    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    let prefix = format!("tt{pid}r");
+    assert!(
+        !list.lines().any(|l| l.starts_with(&prefix)),
+        "namespaces left behind:\n{list}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let chart = std::fs::read_to_string(&chart).unwrap();
+    assert!(chart.contains("<svg"), "chart is not an SVG");
+    let _ = std::fs::remove_dir_all(&dir);
+    BenchRun {
+        stdout,
+        json,
+        chart,
+    }
+}
+
+/// Every run succeeded and traffic flowed.
+fn assert_traffic(v: &serde_json::Value, expected_runs: usize) {
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4, "{runs:?}");
+    assert_eq!(runs.len(), expected_runs, "{runs:?}");
     for r in runs {
         assert!(r["error"].is_null(), "run failed: {r}");
         let gbps = r["iperf"]["gbps"].as_f64().unwrap();
@@ -96,16 +119,56 @@ fn bench_quick_baselines() {
             assert_eq!(r["iperf"]["sender_cc"], "cubic", "{r}");
         }
     }
-    assert_eq!(v["summary"].as_array().unwrap().len(), 4);
+    assert_eq!(v["summary"].as_array().unwrap().len(), expected_runs);
+}
 
-    // The chart.
-    let svg = std::fs::read_to_string(&chart).unwrap();
-    assert!(svg.contains("<svg") && svg.contains("veth"), "chart is not an SVG with labels");
+#[test]
+fn bench_quick_baselines() {
+    if !privileged() {
+        return;
+    }
+    let r = run_bench(
+        "baselines",
+        &["--modes", "veth,loopback", "--traffic", "tcp,udp64"],
+    );
+    assert!(
+        r.stdout.contains("| veth |") && r.stdout.contains("| loopback |"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("### tcp") && r.stdout.contains("### udp64"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.chart.contains("veth"), "chart has no labels");
+    assert_traffic(&r.json, 4);
+}
 
-    // No namespace left behind.
-    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
-    let prefix = format!("tt{pid}r");
-    assert!(!list.lines().any(|l| l.starts_with(&prefix)), "namespaces left behind:\n{list}");
-    let _ = std::fs::remove_dir_all(&dir);
+#[test]
+fn bench_quick_turbotun_forwarder() {
+    if !privileged() {
+        return;
+    }
+    let r = run_bench(
+        "fwd",
+        &[
+            "--modes",
+            "turbotun-offload,turbotun-plain",
+            "--traffic",
+            "tcp,udp64",
+        ],
+    );
+    assert!(r.stdout.contains("| turbotun-offload |"), "{}", r.stdout);
+    assert_traffic(&r.json, 4);
+    for run in r.json["runs"].as_array().unwrap() {
+        // The forwarder measured and reported: CPU over the window, peak RSS, its counters line.
+        assert!(run["fwd_cpu_percent"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["fwd_peak_rss_kb"].as_u64().unwrap() > 0, "{run}");
+        assert!(
+            run["fwd_counters"]["packets"].as_u64().unwrap() > 0,
+            "{run}"
+        );
+        assert!(run["dev_tx_dropped"].is_u64(), "{run}");
+    }
 }

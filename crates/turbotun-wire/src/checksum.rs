@@ -99,7 +99,11 @@ fn sum_ne(data: &[u8]) -> u64 {
 #[inline]
 pub fn sum(data: &[u8], initial: u32) -> u32 {
     let ne = fold64(sum_ne(data));
-    let be = if cfg!(target_endian = "little") { ne.swap_bytes() } else { ne };
+    let be = if cfg!(target_endian = "little") {
+        ne.swap_bytes()
+    } else {
+        ne
+    };
     add(be as u32, initial)
 }
 
@@ -122,7 +126,12 @@ pub fn checksum(data: &[u8], initial: u32) -> u16 {
 }
 
 /// IPv4 pseudo-header partial sum (source, destination, zero, protocol, L4 length).
-pub fn pseudo_header_v4(src: impl Into<[u8; 4]>, dst: impl Into<[u8; 4]>, proto: u8, len: u32) -> u32 {
+pub fn pseudo_header_v4(
+    src: impl Into<[u8; 4]>,
+    dst: impl Into<[u8; 4]>,
+    proto: u8,
+    len: u32,
+) -> u32 {
     let (s, d) = (src.into(), dst.into());
     let acc = u16::from_be_bytes([s[0], s[1]]) as u32
         + u16::from_be_bytes([s[2], s[3]]) as u32
@@ -135,11 +144,17 @@ pub fn pseudo_header_v4(src: impl Into<[u8; 4]>, dst: impl Into<[u8; 4]>, proto:
 }
 
 /// IPv6 pseudo-header partial sum (source, destination, 32-bit L4 length, next header).
-pub fn pseudo_header_v6(src: impl Into<[u8; 16]>, dst: impl Into<[u8; 16]>, proto: u8, len: u32) -> u32 {
+pub fn pseudo_header_v6(
+    src: impl Into<[u8; 16]>,
+    dst: impl Into<[u8; 16]>,
+    proto: u8,
+    len: u32,
+) -> u32 {
     let (s, d) = (src.into(), dst.into());
     let mut acc: u32 = proto as u32 + (len >> 16) + (len & 0xffff);
     for i in (0..16).step_by(2) {
-        acc += u16::from_be_bytes([s[i], s[i + 1]]) as u32 + u16::from_be_bytes([d[i], d[i + 1]]) as u32;
+        acc += u16::from_be_bytes([s[i], s[i + 1]]) as u32
+            + u16::from_be_bytes([d[i], d[i + 1]]) as u32;
     }
     fold(acc) as u32
 }
@@ -172,7 +187,9 @@ pub fn update_bytes(check: u16, old: &[u8], new: &[u8]) -> Option<u16> {
 /// field holds the pseudo-header sum) and stores the complement at `start + offset` (0 is sent as `0xffff`).
 pub fn complete_partial(packet: &mut [u8], start: usize, offset: usize) -> Result<(), WireError> {
     let len = packet.len();
-    let at = start.checked_add(offset).filter(|&a| a.checked_add(2).is_some_and(|e| e <= len));
+    let at = start
+        .checked_add(offset)
+        .filter(|&a| a.checked_add(2).is_some_and(|e| e <= len));
     let Some(at) = at else {
         return Err(WireError::ChecksumOutOfRange { start, offset, len });
     };
@@ -206,13 +223,20 @@ mod tests {
                 let align = (rng(&mut seed) % 64) as usize;
                 let init = rng(&mut seed) as u32;
                 let data = &backing[align..align + len];
-                assert_eq!(sum(data, init), sum_reference(data, init), "len {len} align {align}");
+                assert_eq!(
+                    sum(data, init),
+                    sum_reference(data, init),
+                    "len {len} align {align}"
+                );
             }
         }
         // Saturated input: all 0xff.
         let ones = vec![0xffu8; 70000];
         for len in [0, 1, 2, 31, 32, 33, 65535, 70000] {
-            assert_eq!(sum(&ones[..len], 0xffff_ffff), sum_reference(&ones[..len], 0xffff_ffff));
+            assert_eq!(
+                sum(&ones[..len], 0xffff_ffff),
+                sum_reference(&ones[..len], 0xffff_ffff)
+            );
         }
     }
 
@@ -282,7 +306,12 @@ mod tests {
         raw.extend_from_slice(&[0, 0, 0, 17]);
         assert_eq!(p6, sum_reference(&raw, 0));
         assert_eq!(
-            pseudo_header_v4(std::net::Ipv4Addr::new(10, 0, 0, 1).octets(), [10, 0, 0, 2], 17, 8),
+            pseudo_header_v4(
+                std::net::Ipv4Addr::new(10, 0, 0, 1).octets(),
+                [10, 0, 0, 2],
+                17,
+                8
+            ),
             sum_reference(&[10, 0, 0, 1, 10, 0, 0, 2, 0, 17, 0, 8], 0)
         );
     }

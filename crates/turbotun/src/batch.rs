@@ -154,6 +154,43 @@ impl RecvBatch {
         }
     }
 
+    /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
+    /// queue), later ones only take what is there already. Stops early when a super-packet's segments are
+    /// left pending, so that they come first next time. Returns zero packets on timeout.
+    pub fn recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Received> {
+        let mut total = Received { packets: 0, pending: 0, checksums_valid: true };
+        let n = bufs.len().min(lens.len());
+        while total.packets < n {
+            match self.recv(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset) {
+                Ok(r) => {
+                    total.packets += r.packets;
+                    total.checksums_valid &= r.checksums_valid;
+                    total.pending = r.pending;
+                    if r.pending > 0 {
+                        break;
+                    }
+                }
+                Err(e) if crate::queue::is_would_block(&e) => {
+                    if total.packets > 0 || !queue.wait_readable(timeout)? {
+                        break;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if total.packets == 0 {
+            total.checksums_valid = false;
+        }
+        Ok(total)
+    }
+
     /// Reads straight into the first buffer: the queue cannot receive super-packets, so no split can be needed.
     fn recv_direct<B: AsMut<[u8]>>(
         &mut self,

@@ -25,7 +25,10 @@ fn register_font() -> Result<()> {
     static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let env = std::env::var("TURBOTUN_CHART_FONT").ok();
-        let candidates = env.iter().map(String::as_str).chain(FONT_PATHS.iter().copied());
+        let candidates = env
+            .iter()
+            .map(String::as_str)
+            .chain(FONT_PATHS.iter().copied());
         for p in candidates {
             if let Ok(bytes) = std::fs::read(p) {
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -34,9 +37,11 @@ fn register_font() -> Result<()> {
                 }
             }
         }
-        Err("no TrueType font found for chart labels: `apt-get install fonts-dejavu-core` (or set \
+        Err(
+            "no TrueType font found for chart labels: `apt-get install fonts-dejavu-core` (or set \
              TURBOTUN_CHART_FONT=/path/to/font.ttf)"
-            .to_string())
+                .to_string(),
+        )
     })
     .clone()
     .map_err(|e| anyhow!(e))
@@ -46,7 +51,11 @@ fn register_font() -> Result<()> {
 fn color(family: &str, index_in_family: usize) -> RGBColor {
     let shade = |c: (u8, u8, u8)| {
         let k = 1.0 - 0.18 * (index_in_family % 4) as f64;
-        RGBColor((c.0 as f64 * k) as u8, (c.1 as f64 * k) as u8, (c.2 as f64 * k) as u8)
+        RGBColor(
+            (c.0 as f64 * k) as u8,
+            (c.1 as f64 * k) as u8,
+            (c.2 as f64 * k) as u8,
+        )
     };
     match family {
         "baseline" => shade((150, 150, 150)),
@@ -58,8 +67,13 @@ fn color(family: &str, index_in_family: usize) -> RGBColor {
 }
 
 /// Write the chart to `path` (.svg or .png).
-pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
-    register_font()?;
+pub fn write_chart(
+    path: &Path,
+    summary: &[Summary],
+    traffic: &[Traffic],
+    title: &str,
+) -> Result<()> {
+    let font = register_font();
     let mut modes: Vec<(&str, &str)> = Vec::new();
     for s in summary {
         if !modes.iter().any(|(m, _)| *m == s.mode) {
@@ -72,19 +86,35 @@ pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title:
     let panel_w = (110 * modes.len() as u32 + 120).max(640);
     let panel_h = 360u32;
     let size = (panel_w, panel_h * traffic.len() as u32 + 40);
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let force_plain = std::env::var_os("TURBOTUN_CHART_PLAIN").is_some();
+    if (font.is_err() || force_plain) && ext == "svg" {
+        // SVG text needs no font file to display, only plotters' layout does: write the same chart by hand.
+        let svg = plain_svg(&modes, summary, traffic, title);
+        return std::fs::write(path, svg).with_context(|| format!("write {}", path.display()));
+    }
+    font?;
     match ext.as_str() {
         "svg" => {
             let root = SVGBackend::new(path, size).into_drawing_area();
             draw(&root, &modes, summary, traffic, title)?;
-            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            root.present()
+                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
         "png" => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw(&root, &modes, summary, traffic, title)?;
-            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            root.present()
+                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
-        _ => bail!("--chart: unknown extension {:?} (use .svg or .png)", path.display().to_string()),
+        _ => bail!(
+            "--chart: unknown extension {:?} (use .svg or .png)",
+            path.display().to_string()
+        ),
     }
     Ok(())
 }
@@ -106,17 +136,33 @@ where
     for (panel, t) in panels.iter().zip(traffic) {
         let cells: Vec<Option<&Summary>> = modes
             .iter()
-            .map(|(m, _)| summary.iter().find(|s| s.mode == *m && s.traffic == t.label))
+            .map(|(m, _)| {
+                summary
+                    .iter()
+                    .find(|s| s.mode == *m && s.traffic == t.label)
+            })
             .collect();
         let vals: Vec<Option<(f64, f64, f64)>> = cells
             .iter()
-            .map(|c| c.and_then(|s| s.headline(t.udp)).map(|s| (s.median, s.min, s.max)))
+            .map(|c| {
+                c.and_then(|s| s.headline(t.udp))
+                    .map(|s| (s.median, s.min, s.max))
+            })
             .collect();
-        let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
+        let ymax = vals
+            .iter()
+            .flatten()
+            .map(|v| v.2)
+            .fold(0.0f64, f64::max)
+            .max(1e-3)
+            * 1.15;
         let unit = if t.udp { "received kpps" } else { "Gbps" };
         let n = modes.len();
         let mut chart = ChartBuilder::on(panel)
-            .caption(format!("{} — {} (median, min–max)", t.label, t.description), ("sans-serif", 16))
+            .caption(
+                format!("{} — {} (median, min–max)", t.label, t.description),
+                ("sans-serif", 16),
+            )
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
@@ -147,22 +193,33 @@ where
                     0
                 }
             };
-            let Some((median, min, max)) = *v else { continue };
+            let Some((median, min, max)) = *v else {
+                continue;
+            };
             let c = color(family, k);
-            let mut bar =
-                Rectangle::new([(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), median)], c.filled());
+            let mut bar = Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), median),
+                ],
+                c.filled(),
+            );
             bar.set_margin(0, 0, 10, 10);
             chart.draw_series(std::iter::once(bar)).map_err(e)?;
             // Whisker for min–max.
             let x = || SegmentValue::CenterOf(i);
             chart
-                .draw_series(std::iter::once(PathElement::new(vec![(x(), min), (x(), max)], BLACK.stroke_width(2))))
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(x(), min), (x(), max)],
+                    BLACK.stroke_width(2),
+                )))
                 .map_err(e)?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     super::stats::fmt_num(median),
                     (x(), median + ymax * 0.01),
-                    TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
+                    TextStyle::from(("sans-serif", 12).into_font())
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
                 )))
                 .map_err(e)?;
         }
@@ -172,9 +229,175 @@ where
 
 /// Check the chart path before spending minutes measuring.
 pub fn check_path(path: &Path) -> Result<()> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    if ext != "svg" && ext != "png" {
-        bail!("--chart {}: the file name must end in .svg or .png", path.display());
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "svg" => Ok(()),
+        "png" => register_font().context("--chart PNG"),
+        _ => bail!(
+            "--chart {}: the file name must end in .svg or .png",
+            path.display()
+        ),
     }
-    register_font().context("--chart")
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The chart as hand-written SVG (used when no TrueType font is installed for plotters' text layout).
+fn plain_svg(
+    modes: &[(&str, &str)],
+    summary: &[Summary],
+    traffic: &[Traffic],
+    title: &str,
+) -> String {
+    use std::fmt::Write as _;
+    let n = modes.len();
+    let (left, bar_w, gap, panel_h, plot_h) = (70.0, 80.0, 30.0, 360.0, 260.0);
+    let width = (left + n as f64 * (bar_w + gap) + 40.0).max(640.0);
+    let height = 40.0 + panel_h * traffic.len() as f64;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="26" font-size="20" text-anchor="middle">{}</text>"#,
+        width / 2.0,
+        xml_escape(title)
+    );
+    for (p, t) in traffic.iter().enumerate() {
+        let top = 40.0 + p as f64 * panel_h + 30.0;
+        let base = top + plot_h;
+        let vals: Vec<Option<(f64, f64, f64)>> = modes
+            .iter()
+            .map(|(m, _)| {
+                summary
+                    .iter()
+                    .find(|s| s.mode == *m && s.traffic == t.label)
+                    .and_then(|s| s.headline(t.udp))
+                    .map(|s| (s.median, s.min, s.max))
+            })
+            .collect();
+        let ymax = vals
+            .iter()
+            .flatten()
+            .map(|v| v.2)
+            .fold(0.0f64, f64::max)
+            .max(1e-3)
+            * 1.15;
+        let y = |v: f64| base - v / ymax * plot_h;
+        let unit = if t.udp { "received kpps" } else { "Gbps" };
+        let _ = writeln!(
+            o,
+            r#"<text x="{left}" y="{}" font-size="15">{} — {} (median, min–max; {unit})</text>"#,
+            top - 12.0,
+            t.label,
+            xml_escape(t.description)
+        );
+        let _ = writeln!(
+            o,
+            r#"<line x1="{left}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
+            width - 30.0
+        );
+        let _ = writeln!(
+            o,
+            r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{base}" stroke="black"/>"#
+        );
+        for k in 0..=4 {
+            let v = ymax / 1.15 * k as f64 / 4.0;
+            let _ = writeln!(
+                o,
+                r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>"#,
+                left - 6.0,
+                y(v) + 4.0,
+                super::stats::fmt_num(v)
+            );
+        }
+        let mut fam_idx: Vec<(&str, usize)> = Vec::new();
+        for (i, ((mode, family), v)) in modes.iter().zip(&vals).enumerate() {
+            let k = match fam_idx.iter_mut().find(|(f, _)| f == family) {
+                Some((_, c)) => {
+                    *c += 1;
+                    *c
+                }
+                None => {
+                    fam_idx.push((family, 0));
+                    0
+                }
+            };
+            let x = left + gap / 2.0 + i as f64 * (bar_w + gap);
+            let cx = x + bar_w / 2.0;
+            let _ = writeln!(
+                o,
+                r#"<text x="{cx}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+                base + 16.0,
+                xml_escape(mode)
+            );
+            let Some((median, min, max)) = *v else {
+                continue;
+            };
+            let c = color(family, k);
+            let _ = writeln!(
+                o,
+                r#"<rect x="{x}" y="{}" width="{bar_w}" height="{}" fill="rgb({},{},{})"/>"#,
+                y(median),
+                base - y(median),
+                c.0,
+                c.1,
+                c.2
+            );
+            let _ = writeln!(
+                o,
+                r#"<line x1="{cx}" y1="{}" x2="{cx}" y2="{}" stroke="black" stroke-width="2"/>"#,
+                y(min),
+                y(max)
+            );
+            let _ = writeln!(
+                o,
+                r#"<text x="{cx}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+                y(max.max(median)) - 4.0,
+                super::stats::fmt_num(median)
+            );
+        }
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::iperf::traffic_by_label;
+    use crate::bench::stats::Spread;
+
+    #[test]
+    fn plain_svg_has_bars_and_labels() {
+        let traffic = vec![traffic_by_label("tcp").unwrap()];
+        let summary = vec![Summary {
+            mode: "veth".into(),
+            family: "baseline".into(),
+            traffic: "tcp".into(),
+            gbps: Spread::of([20.0, 22.0, 30.0]),
+            ..Default::default()
+        }];
+        let modes = [("veth", "baseline"), ("x<y", "turbotun")];
+        let svg = plain_svg(&modes, &summary, &traffic, "t & t");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(
+            svg.contains(">veth</text>") && svg.contains("x&lt;y") && svg.contains("t &amp; t")
+        );
+        // background + one bar (no data for the second mode)
+        assert_eq!(svg.matches("<rect").count(), 2);
+        assert!(svg.contains(">22.0</text>"));
+    }
 }

@@ -13,19 +13,51 @@ pub struct Traffic {
     pub streams: u32,
     /// UDP payload length (`-l`).
     pub payload: u32,
+    /// 0: iperf3. N > 0: turbotun's own UDP generator (N datagrams per GSO send) and GRO sink.
+    pub gso: u16,
 }
 
-/// Every traffic kind, in report order. Adding one is one line.
+/// Every traffic kind, in report order. Adding one is one entry.
 pub const TRAFFIC: &[Traffic] = &[
-    Traffic { label: "tcp", description: "TCP, one stream, -C cubic", udp: false, streams: 1, payload: 0 },
-    Traffic { label: "tcp4", description: "TCP, four streams (-P 4), -C cubic", udp: false, streams: 4, payload: 0 },
-    Traffic { label: "udp64", description: "UDP, 64-byte payload, unlimited rate (-b 0)", udp: true, streams: 1, payload: 64 },
+    Traffic {
+        label: "tcp",
+        description: "TCP, one stream, -C cubic",
+        udp: false,
+        streams: 1,
+        payload: 0,
+        gso: 0,
+    },
+    Traffic {
+        label: "tcp4",
+        description: "TCP, four streams (-P 4), -C cubic",
+        udp: false,
+        streams: 4,
+        payload: 0,
+        gso: 0,
+    },
+    Traffic {
+        label: "udp64",
+        description: "UDP, 64-byte payload, unlimited rate (-b 0)",
+        udp: true,
+        streams: 1,
+        payload: 64,
+        gso: 0,
+    },
     Traffic {
         label: "udp1400",
         description: "UDP, 1400-byte payload, unlimited rate (-b 0)",
         udp: true,
         streams: 1,
         payload: 1400,
+        gso: 0,
+    },
+    Traffic {
+        label: "gso64",
+        description: "UDP, 64-byte datagrams from turbotun's generator (UDP GSO, 64 per send) to a UDP GRO sink",
+        udp: true,
+        streams: 1,
+        payload: 64,
+        gso: 64,
     },
 ];
 
@@ -102,24 +134,42 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
     if let Some(err) = v.get("error").and_then(Value::as_str) {
         bail!("iperf3: {err}");
     }
-    let end = v.get("end").ok_or_else(|| anyhow!("iperf3 JSON has no 'end' section"))?;
+    let end = v
+        .get("end")
+        .ok_or_else(|| anyhow!("iperf3 JSON has no 'end' section"))?;
     let udp = v
         .pointer("/start/test_start/protocol")
         .and_then(Value::as_str)
         .map(|p| p.eq_ignore_ascii_case("UDP"))
-        .unwrap_or_else(|| end.get("sum").is_some_and(|s| s.get("lost_packets").is_some()));
+        .unwrap_or_else(|| {
+            end.get("sum")
+                .is_some_and(|s| s.get("lost_packets").is_some())
+        });
     let recv = end
         .get("sum_received")
         .or_else(|| end.get("sum"))
         .ok_or_else(|| anyhow!("iperf3 JSON has no receiver summary"))?;
-    let sent = end.get("sum_sent").or_else(|| end.get("sum")).unwrap_or(recv);
-    let bps = |s: &Value| s.get("bits_per_second").and_then(Value::as_f64).unwrap_or(0.0);
+    let sent = end
+        .get("sum_sent")
+        .or_else(|| end.get("sum"))
+        .unwrap_or(recv);
+    let bps = |s: &Value| {
+        s.get("bits_per_second")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    };
     let mut r = IperfResult {
         gbps: bps(recv) / 1e9,
         sender_gbps: bps(sent) / 1e9,
         seconds: recv.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
-        sender_cc: end.get("sender_tcp_congestion").and_then(Value::as_str).map(String::from),
-        receiver_cc: end.get("receiver_tcp_congestion").and_then(Value::as_str).map(String::from),
+        sender_cc: end
+            .get("sender_tcp_congestion")
+            .and_then(Value::as_str)
+            .map(String::from),
+        receiver_cc: end
+            .get("receiver_tcp_congestion")
+            .and_then(Value::as_str)
+            .map(String::from),
         ..Default::default()
     };
     if udp {
@@ -130,7 +180,11 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
         r.udp_packets = Some(packets);
         r.udp_lost = Some(lost);
         r.udp_received = Some(packets.saturating_sub(lost));
-        r.udp_lost_percent = Some(if packets > 0 { lost as f64 * 100.0 / packets as f64 } else { 0.0 });
+        r.udp_lost_percent = Some(if packets > 0 {
+            lost as f64 * 100.0 / packets as f64
+        } else {
+            0.0
+        });
     } else {
         r.retransmits = sent.get("retransmits").and_then(u);
     }
@@ -148,8 +202,8 @@ mod tests {
     #[test]
     fn tcp_one_stream() {
         let r = parse_client_json(TCP).unwrap();
-        assert!((r.gbps - 28.352320021368778).abs() < 1e-9, "{}", r.gbps);
-        assert!((r.sender_gbps - 28.477387697636562).abs() < 1e-9);
+        assert!((r.gbps - 28.352_320_021_368_78).abs() < 1e-9, "{}", r.gbps);
+        assert!((r.sender_gbps - 28.477_387_697_636_56).abs() < 1e-9);
         assert_eq!(r.retransmits, Some(0));
         assert_eq!(r.sender_cc.as_deref(), Some("cubic"));
         assert_eq!(r.receiver_cc.as_deref(), Some("cubic"));
@@ -160,7 +214,7 @@ mod tests {
     #[test]
     fn tcp_four_streams_uses_sums() {
         let r = parse_client_json(TCP4).unwrap();
-        assert!((r.gbps - 21.28741879494173).abs() < 1e-9);
+        assert!((r.gbps - 21.287_418_794_941_73).abs() < 1e-9);
         assert_eq!(r.retransmits, Some(0));
     }
 
@@ -171,8 +225,12 @@ mod tests {
         assert_eq!(r.udp_lost, Some(123295));
         assert_eq!(r.udp_received, Some(227968 - 123295));
         assert!((r.udp_lost_percent.unwrap() - 54.0843).abs() < 1e-3);
-        assert!((r.gbps - 0.0534204552930458).abs() < 1e-12);
-        assert!((r.rx_kpps().unwrap() - 104.337).abs() < 0.01, "{:?}", r.rx_kpps());
+        assert!((r.gbps - 0.053_420_455_293_045_8).abs() < 1e-12);
+        assert!(
+            (r.rx_kpps().unwrap() - 104.337).abs() < 0.01,
+            "{:?}",
+            r.rx_kpps()
+        );
         assert_eq!(r.retransmits, None);
         assert_eq!(r.sender_cc, None);
     }
@@ -194,6 +252,9 @@ mod tests {
         assert!(!a.contains("cubic"));
         let t = traffic_by_label("tcp4").unwrap();
         let a = t.client_args("fd00:2::1", 10, true).join(" ");
-        assert!(a.contains("-C cubic") && a.contains("-P 4") && a.contains("-6") && a.contains("-t 10"), "{a}");
+        assert!(
+            a.contains("-C cubic") && a.contains("-P 4") && a.contains("-6") && a.contains("-t 10"),
+            "{a}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 
 mod chart;
 mod flame;
+mod gen;
 mod iperf;
 mod modes;
 mod netcfg;
@@ -66,7 +67,22 @@ pub struct BenchArgs {
     /// List the modes (and whether they are available) and the traffic kinds, then exit.
     #[arg(long)]
     pub list: bool,
+    /// Internal: run the UDP generator toward ADDR:PORT for --duration seconds, print a JSON line.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
+    pub udp_gen: Option<std::net::SocketAddr>,
+    /// Internal: run the UDP sink on ADDR:PORT, print a JSON line.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
+    pub udp_sink: Option<std::net::SocketAddr>,
+    /// Internal: datagram payload length for --udp-gen/--udp-sink.
+    #[arg(long, hide = true, default_value_t = 64)]
+    pub udp_len: usize,
+    /// Internal: datagrams per GSO send for --udp-gen.
+    #[arg(long, hide = true, default_value_t = 64)]
+    pub udp_gso: u16,
 }
+
+/// UDP port of the generator's sink (iperf3 uses 5201).
+const SINK_PORT: u16 = 5202;
 
 /// Kills (SIGTERM, then SIGKILL) a child process when dropped.
 #[derive(Debug)]
@@ -81,6 +97,7 @@ impl Drop for KillOnDrop {
 /// Everything a run needs besides the mode and traffic.
 #[derive(Debug)]
 struct Ctx {
+    exe: PathBuf,
     prefix: String,
     duration: u64,
     ipv6: bool,
@@ -90,6 +107,18 @@ struct Ctx {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if let Some(dest) = args.udp_gen {
+        let secs = args.duration.unwrap_or(10) as f64;
+        let r = gen::generate(dest, args.udp_len, args.udp_gso, secs)?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    if let Some(addr) = args.udp_sink {
+        let max = Duration::from_secs(args.duration.unwrap_or(10) + 10);
+        let r = gen::sink(addr, args.udp_len, Duration::from_secs(1), max)?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
     let fwd_help = modes::probe_fwd_help(&exe);
     let peers_dir = modes::peers_dir(&exe);
@@ -117,12 +146,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 iperf::traffic_by_label(l.trim()).ok_or_else(|| {
                     anyhow!(
                         "unknown traffic kind {l:?}; known: {}",
-                        TRAFFIC.iter().map(|t| t.label).collect::<Vec<_>>().join(", ")
+                        TRAFFIC
+                            .iter()
+                            .map(|t| t.label)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 })
             })
             .collect::<Result<_>>()?,
-        (None, true) => ["tcp", "udp64"].iter().filter_map(|l| iperf::traffic_by_label(l)).collect(),
+        (None, true) => ["tcp", "udp64"]
+            .iter()
+            .filter_map(|l| iperf::traffic_by_label(l))
+            .collect(),
         (None, false) => TRAFFIC.to_vec(),
     };
     let duration = args.duration.unwrap_or(if args.quick { 3 } else { 10 });
@@ -140,9 +176,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let pid = std::process::id();
     let log_dir = std::env::temp_dir().join(format!("turbotun-bench-{pid}"));
     std::fs::create_dir_all(&log_dir).context("create log directory")?;
-    let selected = modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
+    let selected =
+        modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
     if selected.is_empty() {
         bail!("no runnable mode selected (see `turbotun bench --list`)");
+    }
+
+    if cfg!(debug_assertions) && selected.iter().any(|m| m.family == "turbotun") {
+        eprintln!(
+            "turbotun bench: warning: this is a debug build, so turbotun's forwarder runs unoptimized; \
+             use `cargo run --release -p turbotun-cli -- bench ...` for figures"
+        );
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -153,7 +197,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     topo::sweep_stale();
 
-    let mut ctx = Ctx { prefix: format!("tt{pid}"), duration, ipv6: args.ipv6, log_dir, stop, run_counter: 0 };
+    let mut ctx = Ctx {
+        exe: exe.clone(),
+        prefix: format!("tt{pid}"),
+        duration,
+        ipv6: args.ipv6,
+        log_dir,
+        stop,
+        run_counter: 0,
+    };
     let profiled: Vec<&Mode> = if args.flamegraph.is_some() {
         selected.iter().filter(|m| m.is_forwarder()).collect()
     } else {
@@ -162,9 +214,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let total = reps as u64 * traffic.len() as u64 * selected.len() as u64 + profiled.len() as u64;
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    pb.enable_steady_tick(Duration::from_millis(250));
     eprintln!(
         "turbotun bench: {} mode(s) × {} traffic kind(s) × {reps} rep(s), {duration} s each, IPv{} (~{} min)",
         selected.len(),
@@ -199,11 +254,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         Ok(r) => r,
                         Err(e) if ctx.stop.load(Ordering::Relaxed) => {
                             pb.finish_and_clear();
-                            return Err(e.context("interrupted: namespaces and processes torn down"));
+                            return Err(interrupted(e));
                         }
                         Err(e) => {
                             let msg = format!("{e:#}");
-                            if m.is_forwarder() && (msg.contains("before `ready`") || msg.contains("print `ready`")) {
+                            if m.is_forwarder()
+                                && (msg.contains("before `ready`") || msg.contains("print `ready`"))
+                            {
                                 broken.push((m.label.clone(), msg.clone()));
                             }
                             RunRecord {
@@ -220,7 +277,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 };
                 if let Some(err) = &rec.error {
                     failures += 1;
-                    pb.suspend(|| eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label));
+                    pb.suspend(|| {
+                        eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label)
+                    });
                 }
                 runs.push(rec);
                 pb.inc(1);
@@ -232,29 +291,49 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         for m in profiled {
             pb.set_message(format!("flamegraph {} {}", t.label, m.label));
             // DIR/offload.svg for turbotun's modes, DIR/tunrs-offload.svg for the peers.
-            let name = if m.family == "turbotun" { m.short() } else { m.label.as_str() };
+            let name = if m.family == "turbotun" {
+                m.short()
+            } else {
+                m.label.as_str()
+            };
             let svg = dir.join(format!("{name}.svg"));
             match run_one(&mut ctx, m, t, 0, Some(&svg)) {
                 Ok(_) => pb.suspend(|| eprintln!("turbotun bench: wrote {}", svg.display())),
                 Err(e) if ctx.stop.load(Ordering::Relaxed) => {
                     pb.finish_and_clear();
-                    return Err(e.context("interrupted: namespaces and processes torn down"));
+                    return Err(interrupted(e));
                 }
-                Err(e) => pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label)),
+                Err(e) => {
+                    pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label))
+                }
             }
             pb.inc(1);
         }
     }
     pb.finish_and_clear();
 
-    let mode_list: Vec<(String, String)> = selected.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
+    let mode_list: Vec<(String, String)> = selected
+        .iter()
+        .map(|m| (m.label.clone(), m.family.to_string()))
+        .collect();
     let summary = report::summarize(&runs, &mode_list, &traffic);
     let report = Report {
         tool: "turbotun bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .into(),
         started_unix,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         duration_s: duration,
         reps,
         ipv6: args.ipv6,
@@ -284,7 +363,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if failures == 0 {
         let _ = std::fs::remove_dir_all(&ctx.log_dir);
     } else {
-        eprintln!("turbotun bench: {failures} run(s) failed; logs in {}", ctx.log_dir.display());
+        eprintln!(
+            "turbotun bench: {failures} run(s) failed; logs in {}",
+            ctx.log_dir.display()
+        );
     }
     Ok(())
 }
@@ -323,9 +405,17 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    let mut tools = vec![("iperf3", "iperf3"), ("ip", "iproute2"), ("sysctl", "procps"), ("kill", "procps")];
+    let mut tools = vec![
+        ("iperf3", "iperf3"),
+        ("ip", "iproute2"),
+        ("sysctl", "procps"),
+        ("kill", "procps"),
+    ];
     if args.flamegraph.is_some() {
-        tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
+        tools.push((
+            "perf",
+            "linux-perf (Debian) or linux-tools-generic (Ubuntu)",
+        ));
     }
     let missing: Vec<String> = tools
         .iter()
@@ -350,11 +440,56 @@ fn collect_stdout(child: &mut Child) -> std::thread::JoinHandle<String> {
     })
 }
 
+/// Run `ip netns exec NS CMD..` to completion within `timeout`, returning its stdout.
+fn run_in_ns(
+    ns: &str,
+    cmd: &[&str],
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<(String, std::process::ExitStatus)> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("start {}", cmd[0]))?;
+    let out = collect_stdout(&mut child);
+    let mut child = KillOnDrop(child);
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = wait_timeout(&mut child.0, Duration::from_millis(100)) {
+            break st;
+        }
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        if Instant::now() >= deadline {
+            bail!("{} did not finish within {} s", cmd[0], timeout.as_secs());
+        }
+    };
+    Ok((out.join().unwrap_or_default(), status))
+}
+
 /// One run: topology, forwarder, iperf3 server and client, samples before and after the window.
-fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
+fn run_one(
+    ctx: &mut Ctx,
+    mode: &Mode,
+    t: &Traffic,
+    rep: u32,
+    flamegraph: Option<&Path>,
+) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
+    let mut topo = Topology::build(
+        mode,
+        &ctx.prefix,
+        ctx.run_counter,
+        ctx.ipv6,
+        &ctx.log_dir,
+        &stop,
+    )?;
     let mut rec = RunRecord {
         mode: mode.label.clone(),
         family: mode.family.into(),
@@ -364,66 +499,100 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
         ..Default::default()
     };
 
-    // Server in B, one test, bound to B's address.
-    let srv_log = std::fs::File::create(ctx.log_dir.join(format!("iperf3-server-{}.log", ctx.run_counter)))?;
-    let server = Command::new("ip")
-        .args(["netns", "exec", &topo.ns_b, "iperf3", "-s", "-1", "-J", "-B", &topo.server_addr])
+    // Server in B bound to B's address: iperf3 for one test, or our UDP sink.
+    let srv_log = std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
+    let v6_socket = topo.server_addr.contains(':');
+    let sink_addr = if v6_socket {
+        format!("[{}]:{SINK_PORT}", topo.server_addr)
+    } else {
+        format!("{}:{SINK_PORT}", topo.server_addr)
+    };
+    let duration_s = ctx.duration.to_string();
+    let exe = ctx.exe.to_string_lossy().into_owned();
+    let len_s = t.payload.to_string();
+    let gso_s = t.gso.to_string();
+    let server_cmd: Vec<&str> = if t.gso > 0 {
+        vec![&exe, "bench", "--udp-sink", &sink_addr, "--udp-len", &len_s, "--duration", &duration_s]
+    } else {
+        vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
+    };
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &topo.ns_b])
+        .args(&server_cmd)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(srv_log)
         .spawn()
-        .context("start iperf3 server")?;
+        .context("start the server")?;
+    let server_out = collect_stdout(&mut server);
     let mut server = KillOnDrop(server);
-    let v6_socket = topo.server_addr.contains(':');
-    topo.wait_listen(5201, v6_socket, Duration::from_secs(5), &stop)?;
+    if t.gso > 0 {
+        topo.wait_bound(SINK_PORT, true, v6_socket, Duration::from_secs(5), &stop)?;
+    } else {
+        topo.wait_bound(5201, false, v6_socket, Duration::from_secs(5), &stop)?;
+    }
 
     // Samples before the window.
     let fwd_pid = topo.forwarder.as_ref().map(|f| f.pid);
     let drops0 = topo.tx_dropped();
-    let rcvbuf0 = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
+    let rcvbuf0 = if t.udp {
+        topo.rcvbuf_errors(ctx.ipv6)
+    } else {
+        None
+    };
     let rss_reset = fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false);
     let ticks0 = fwd_pid.map(procfs::pid_cpu_ticks).transpose()?;
     let box0 = procfs::box_cpu()?;
     let t0 = Instant::now();
     let perf = match (flamegraph, fwd_pid) {
-        (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
+        (Some(svg), Some(pid)) => Some(flame::start(
+            pid,
+            ctx.duration,
+            &svg.with_extension("perf.data"),
+        )?),
         _ => None,
     };
 
-    let client_args = t.client_args(&topo.server_addr, ctx.duration, v6_socket);
-    let mut attempt = 0;
-    let iperf = loop {
-        attempt += 1;
-        let mut a: Vec<&str> = vec!["netns", "exec", &topo.ns_a, "iperf3"];
-        a.extend(client_args.iter().map(String::as_str));
-        let mut client = Command::new("ip")
-            .args(&a)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start iperf3 client")?;
-        let out = collect_stdout(&mut client);
-        let mut client = KillOnDrop(client);
-        let deadline = Instant::now() + Duration::from_secs(ctx.duration + 10);
-        let status = loop {
-            if let Some(st) = wait_timeout(&mut client.0, Duration::from_millis(100)) {
-                break st;
+    let timeout = Duration::from_secs(ctx.duration + 10);
+    let iperf = if t.gso > 0 {
+        let cmd = [
+            exe.as_str(),
+            "bench",
+            "--udp-gen",
+            &sink_addr,
+            "--udp-len",
+            &len_s,
+            "--udp-gso",
+            &gso_s,
+            "--duration",
+            &duration_s,
+        ];
+        let (text, status) = run_in_ns(&topo.ns_a, &cmd, timeout, &stop)?;
+        let g: gen::GenReport = serde_json::from_str(text.trim())
+            .with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))?;
+        // The sink stops 1 s after the last datagram.
+        if wait_timeout(&mut server.0, Duration::from_secs(5)).is_none() {
+            bail!("UDP sink did not finish");
+        }
+        let text = server_out.join().unwrap_or_default();
+        let sk: gen::SinkReport =
+            serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
+        gen::to_result(&g, &sk)
+    } else {
+        let client_args = t.client_args(&topo.server_addr, ctx.duration, v6_socket);
+        let mut cmd: Vec<&str> = vec!["iperf3"];
+        cmd.extend(client_args.iter().map(String::as_str));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (text, status) = run_in_ns(&topo.ns_a, &cmd, timeout, &stop)?;
+            match iperf::parse_client_json(&text) {
+                Ok(r) => break r,
+                Err(e) if attempt < 3 && format!("{e}").contains("connect") => {
+                    sleep_checked(Duration::from_millis(300), &stop)?;
+                }
+                Err(e) => return Err(e.context(format!("iperf3 client ({status})"))),
             }
-            if stop.load(Ordering::Relaxed) {
-                bail!("interrupted");
-            }
-            if Instant::now() >= deadline {
-                bail!("iperf3 client did not finish within {} s", ctx.duration + 10);
-            }
-        };
-        let text = out.join().unwrap_or_default();
-        match iperf::parse_client_json(&text) {
-            Ok(r) => break r,
-            Err(e) if attempt < 3 && format!("{e}").contains("connect") => {
-                sleep_checked(Duration::from_millis(300), &stop)?;
-            }
-            Err(e) => return Err(e.context(format!("iperf3 client ({status})"))),
         }
     };
 
@@ -432,11 +601,14 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
     let box1 = procfs::box_cpu()?;
     if let (Some(pid), Some(t0)) = (fwd_pid, ticks0) {
         if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
-            rec.fwd_cpu_percent = Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
+            rec.fwd_cpu_percent =
+                Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
         }
         rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
         if !rss_reset {
-            tracing::debug!("could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime");
+            tracing::debug!(
+                "could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime"
+            );
         }
     }
     rec.box_cpu_percent = box1.percent_since(&box0);
@@ -463,16 +635,27 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
         rec.fwd_counters = exit.counters;
         rec.fwd_exit = exit.status;
         if alive == Some(false) {
-            rec.error = Some(format!("forwarder died during the run: {}", exit.stderr_tail));
+            rec.error = Some(format!(
+                "forwarder died during the run: {}",
+                exit.stderr_tail
+            ));
         }
     }
     if let Some(rec_perf) = perf {
         let svg = flamegraph.expect("perf implies flamegraph");
-        let title = format!("turbotun bench {} — {} {} s", mode.label, t.label, ctx.duration);
+        let title = format!(
+            "turbotun bench {} — {} {} s",
+            mode.label, t.label, ctx.duration
+        );
         rec_perf.finish(Duration::from_secs(ctx.duration + 15), svg, &title)?;
         let _ = std::fs::remove_file(svg.with_extension("perf.data"));
         let _ = std::fs::remove_file(svg.with_extension("perf.log"));
     }
     drop(topo);
     Ok(rec)
+}
+
+fn interrupted(e: anyhow::Error) -> anyhow::Error {
+    tracing::debug!("interrupted during: {e:#}");
+    anyhow!("interrupted: namespaces and processes torn down")
 }

@@ -127,8 +127,19 @@ fn tail(path: &Path, n: usize) -> String {
 
 impl Forwarder {
     /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` and wait for its `ready` line.
-    pub fn start(mode: &Mode, dev_a: &str, dev_b: &str, log_dir: &Path, stop: &AtomicBool) -> Result<Forwarder> {
-        let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
+    pub fn start(
+        mode: &Mode,
+        dev_a: &str,
+        dev_b: &str,
+        log_dir: &Path,
+        stop: &AtomicBool,
+    ) -> Result<Forwarder> {
+        let Kind::Forwarder {
+            program,
+            prefix_args,
+            args,
+        } = &mode.kind
+        else {
             bail!("{} is not a forwarder", mode.label);
         };
         let stderr_log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
@@ -153,7 +164,12 @@ impl Forwarder {
             }
         });
         let pid = child.id();
-        let mut fwd = Forwarder { child, lines, stderr_log, pid };
+        let mut fwd = Forwarder {
+            child,
+            lines,
+            stderr_log,
+            pid,
+        };
         let end = Instant::now() + READY_TIMEOUT;
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -162,7 +178,8 @@ impl Forwarder {
             match fwd.lines.recv_timeout(Duration::from_millis(50)) {
                 Ok(l) if l.trim() == "ready" => return Ok(fwd),
                 Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) | Err(mpsc::RecvTimeoutError::Timeout)
+                Err(mpsc::RecvTimeoutError::Disconnected)
+                | Err(mpsc::RecvTimeoutError::Timeout)
                     if matches!(fwd.child.try_wait(), Ok(Some(_))) =>
                 {
                     let st = fwd.child.wait().ok();
@@ -173,7 +190,9 @@ impl Forwarder {
                         tail(&fwd.stderr_log, 3)
                     );
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(20)),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             if Instant::now() >= end {
@@ -197,7 +216,10 @@ impl Forwarder {
         let mut counters = None;
         // The reader thread ends at EOF; give it a moment to drain.
         let end = Instant::now() + Duration::from_millis(500);
-        while let Ok(l) = self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        while let Ok(l) = self
+            .lines
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+        {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(l.trim()) {
                 if v.is_object() {
                     counters = Some(v);
@@ -245,7 +267,10 @@ impl Drop for Topology {
 }
 
 fn sysctls(ipv6: bool) -> Vec<&'static str> {
-    let mut v = vec!["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"];
+    let mut v = vec![
+        "net.ipv4.conf.all.rp_filter=0",
+        "net.ipv4.conf.default.rp_filter=0",
+    ];
     if ipv6 {
         v.extend([
             "net.ipv6.conf.all.disable_ipv6=0",
@@ -259,7 +284,10 @@ fn sysctls(ipv6: bool) -> Vec<&'static str> {
         ]);
     } else {
         // No IPv6 autoconfiguration chatter (RS, MLD, DAD) across the forwarder.
-        v.extend(["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
+        v.extend([
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ]);
     }
     v
 }
@@ -304,12 +332,18 @@ impl Topology {
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
-        anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
+        anyhow::ensure!(
+            dev_a.len() <= 15,
+            "device name {dev_a} longer than 15 bytes"
+        );
         match &mode.kind {
             Kind::Veth => {
                 run_cmd(
                     "ip",
-                    &["link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name", &dev_b, "netns", &t.ns_b],
+                    &[
+                        "link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name",
+                        &dev_b, "netns", &t.ns_b,
+                    ],
                 )?;
             }
             Kind::Forwarder { .. } => {
@@ -323,8 +357,18 @@ impl Topology {
         let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
         let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
         // A: 10.0.1.1/24, route to B's subnet through the device; B the mirror image.
-        let mut side_a = netcfg::Side { ns: &t.ns_a, dev: &dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
-        let mut side_b = netcfg::Side { ns: &t.ns_b, dev: &dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
+        let mut side_a = netcfg::Side {
+            ns: &t.ns_a,
+            dev: &dev_a,
+            addrs: vec![(a4, 24)],
+            routes: vec![(b4, 24)],
+        };
+        let mut side_b = netcfg::Side {
+            ns: &t.ns_b,
+            dev: &dev_b,
+            addrs: vec![(b4, 24)],
+            routes: vec![(a4, 24)],
+        };
         if ipv6 {
             side_a.addrs.push((a6, 64));
             side_a.routes.push((b6, 64));
@@ -345,6 +389,9 @@ impl Topology {
 
     /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop).
     pub fn tx_dropped(&self) -> Option<u64> {
+        if self.devices.is_empty() {
+            return None;
+        }
         let mut sum = 0;
         for (ns, dev) in &self.devices {
             sum += netcfg::tx_dropped(ns, dev).ok()?;
@@ -355,39 +402,70 @@ impl Topology {
     /// UDP receive-buffer errors in the server namespace.
     pub fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
         if ipv6 {
-            super::procfs::parse_snmp6(&ns_read(&self.ns_b, "/proc/net/snmp6").ok()?, "Udp6RcvbufErrors")
+            super::procfs::parse_snmp6(
+                &ns_read(&self.ns_b, "/proc/net/snmp6").ok()?,
+                "Udp6RcvbufErrors",
+            )
         } else {
-            super::procfs::parse_snmp(&ns_read(&self.ns_b, "/proc/net/snmp").ok()?, "Udp", "RcvbufErrors")
+            super::procfs::parse_snmp(
+                &ns_read(&self.ns_b, "/proc/net/snmp").ok()?,
+                "Udp",
+                "RcvbufErrors",
+            )
         }
     }
 
-    /// Wait until a TCP socket listens on `port` in the server namespace.
-    pub fn wait_listen(&self, port: u16, ipv6: bool, timeout: Duration, stop: &AtomicBool) -> Result<()> {
-        let file = if ipv6 { "/proc/net/tcp6" } else { "/proc/net/tcp" };
-        let needle = format!(":{port:04X} ");
+    /// Wait until a socket is bound to `port` in the server namespace: a listening TCP socket, or a bound UDP
+    /// one.
+    pub fn wait_bound(
+        &self,
+        port: u16,
+        udp: bool,
+        ipv6: bool,
+        timeout: Duration,
+        stop: &AtomicBool,
+    ) -> Result<()> {
+        let file = match (udp, ipv6) {
+            (false, false) => "/proc/net/tcp",
+            (false, true) => "/proc/net/tcp6",
+            (true, false) => "/proc/net/udp",
+            (true, true) => "/proc/net/udp6",
+        };
+        // TCP_LISTEN is 0A; an unconnected UDP socket shows TCP_CLOSE (07).
+        let state = if udp { "07" } else { "0A" };
         let end = Instant::now() + timeout;
         loop {
             let text = ns_read(&self.ns_b, file).unwrap_or_default();
-            // local_address is field 2, st (0A = LISTEN) field 4.
-            let listening = text.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && format!("{} ", f[1]).ends_with(&needle) && f[3] == "0A"
-            });
-            if listening {
+            if proc_net_has_port(&text, port, state) {
                 return Ok(());
             }
             if Instant::now() >= end {
-                return Err(anyhow!("iperf3 server did not listen on port {port} within {}s", timeout.as_secs()));
+                return Err(anyhow!(
+                    "no server bound to port {port} in {} within {}s",
+                    self.ns_b,
+                    timeout.as_secs()
+                ));
             }
             sleep_checked(Duration::from_millis(50), stop)?;
         }
     }
 }
 
+/// Does a /proc/net/{tcp,udp}[6] table hold a socket on local `port` in `state`?
+fn proc_net_has_port(text: &str, port: u16, state: &str) -> bool {
+    let suffix = format!(":{port:04X}");
+    text.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[1].ends_with(&suffix) && f[3] == state
+    })
+}
+
 /// Delete namespaces left by earlier bench processes that died without cleaning up (`tt<pid>r<n>a|b` whose
 /// pid no longer exists).
 pub fn sweep_stale() {
-    let Ok(list) = run_cmd("ip", &["netns", "list"]) else { return };
+    let Ok(list) = run_cmd("ip", &["netns", "list"]) else {
+        return;
+    };
     for line in list.lines() {
         let name = line.split_whitespace().next().unwrap_or("");
         if let Some(pid) = stale_pid(name) {
@@ -411,6 +489,18 @@ fn stale_pid(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_net_tables() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
+                   0: 0102000A:1451 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n";
+        assert!(proc_net_has_port(tcp, 5201, "0A"));
+        assert!(!proc_net_has_port(tcp, 5202, "0A"));
+        assert!(!proc_net_has_port(tcp, 5201, "07"));
+        let udp6 = "  sl  local_address                         remote_address                        st\n  \
+                    1: 000000000000000000000000000000FD:1452 00000000000000000000000000000000:0000 07 0\n";
+        assert!(proc_net_has_port(udp6, 5202, "07"));
+    }
 
     #[test]
     fn stale_names() {

@@ -1,0 +1,32 @@
+# The README's two commands: `make bench` (the main job: a quick turbotun bench) and `make test` (every test).
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
+CARGO ?= cargo
+
+.PHONY: deps test lint unit bench bench-full build clean-netns
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --release -p turbotun-cli
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+# Everything CI runs: formatting, lints, unit/property/corpus tests and the privileged device tests.
+test: deps lint unit
+	@scripts/check-leftovers.sh
+
+# The main job: build, then a quick side-by-side bench (a few minutes, peers built on first use).
+bench: build
+	target/release/turbotun bench --quick
+
+# A full run (all modes, 3 interleaved repetitions) with JSON, chart and table into bench-out/.
+bench-full: build
+	mkdir -p bench-out
+	target/release/turbotun bench --reps 3 --json bench-out/bench.json --chart bench-out/bench.svg | tee bench-out/bench.md

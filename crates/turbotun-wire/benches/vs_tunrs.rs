@@ -1,0 +1,177 @@
+//! Side-by-side comparison with tun-rs's Linux offload code (`tun_rs::gso_split`, `tun_rs::GROTable`), same
+//! inputs, same machine.
+//!
+//! `cargo bench -p turbotun-wire --bench vs_tunrs -- --warm-up-time 1 --measurement-time 3`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+use turbotun_wire::checksum;
+use turbotun_wire::fuzzing::{payload, Spec};
+use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
+
+const OFF: usize = 12;
+
+fn super_packet() -> (VirtioNetHdrRepr, Vec<u8>) {
+    let spec = Spec::tcp4();
+    spec.build_gso(&payload(65535 - spec.hdr_len(), 3), 1448)
+}
+
+fn segments() -> Vec<Vec<u8>> {
+    let mut s = Spec::tcp4();
+    (0..44)
+        .map(|i| {
+            let p = s.build(&payload(1448, i as u8));
+            s = s.next_seg(1448);
+            p
+        })
+        .collect()
+}
+
+fn tunrs_hdr(h: &VirtioNetHdrRepr) -> tun_rs::VirtioNetHdr {
+    tun_rs::VirtioNetHdr {
+        flags: h.flags,
+        gso_type: h.gso_type,
+        hdr_len: h.hdr_len,
+        gso_size: h.gso_size,
+        csum_start: h.csum_start,
+        csum_offset: h.csum_offset,
+    }
+}
+
+fn bench_checksum(c: &mut Criterion) {
+    let mut g = c.benchmark_group("vs_tunrs/checksum");
+    let data = payload(65536, 7);
+    for len in [64usize, 1500, 65535] {
+        let d = &data[..len];
+        assert_eq!(checksum::checksum(d, 0), tun_rs::checksum(d, 0) ^ 0xffff);
+        g.throughput(Throughput::Bytes(len as u64));
+        g.bench_with_input(BenchmarkId::new("turbotun", len), &len, |b, _| {
+            b.iter(|| checksum::sum(black_box(d), 0))
+        });
+        g.bench_with_input(BenchmarkId::new("tun-rs", len), &len, |b, _| {
+            b.iter(|| tun_rs::checksum(black_box(d), 0))
+        });
+    }
+    g.finish();
+}
+
+fn bench_split(c: &mut Criterion) {
+    let (hdr, sup) = super_packet();
+    let s = Splitter::new(&hdr, &sup, Framing::Ip).unwrap();
+    let n = s.segment_count();
+    let mut bufs = vec![vec![0u8; 2048]; n];
+    let mut lens = vec![0usize; n];
+    let mut tbufs = vec![vec![0u8; 2048]; n];
+    let mut tsizes = vec![0usize; n];
+    let mut tin = sup.clone();
+    // Same work: identical output bytes.
+    s.split_into(0, &mut bufs, &mut lens, OFF).unwrap();
+    let got = tun_rs::gso_split(
+        &mut tin,
+        tunrs_hdr(&hdr),
+        &mut tbufs,
+        &mut tsizes,
+        OFF,
+        false,
+    )
+    .unwrap();
+    assert_eq!(got, n);
+    for i in 0..n {
+        assert_eq!(
+            bufs[i][OFF..OFF + lens[i]],
+            tbufs[i][OFF..OFF + tsizes[i]],
+            "segment {i}"
+        );
+    }
+
+    let mut g = c.benchmark_group("vs_tunrs/gso_split_64k_tcp4_1448");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("turbotun", |b| {
+        b.iter(|| {
+            let s = Splitter::new(black_box(&hdr), black_box(&sup), Framing::Ip).unwrap();
+            s.split_into(0, &mut bufs, &mut lens, OFF).unwrap()
+        })
+    });
+    g.bench_function("tun-rs", |b| {
+        b.iter(|| {
+            tun_rs::gso_split(
+                black_box(&mut tin),
+                tunrs_hdr(&hdr),
+                &mut tbufs,
+                &mut tsizes,
+                OFF,
+                false,
+            )
+            .unwrap()
+        })
+    });
+    g.finish();
+}
+
+fn bench_coalesce(c: &mut Criterion) {
+    let pkts = segments();
+    let n = pkts.len();
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; OFF + 65535]; n];
+    let mut lens = vec![0usize; n];
+    let mut gro = Gro::new(GroConfig {
+        tcp: true,
+        udp: true,
+        framing: Framing::Ip,
+        vnet_hdr_len: 10,
+    });
+    let mut tw = Vec::with_capacity(128);
+    let mut tbufs: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(OFF + 65535)).collect();
+    let mut table = tun_rs::GROTable::new();
+    let reset_tunrs = |tbufs: &mut Vec<Vec<u8>>| {
+        for (b, p) in tbufs.iter_mut().zip(&pkts) {
+            b.clear();
+            b.resize(OFF, 0);
+            b.extend_from_slice(p);
+        }
+    };
+    // Same work: both produce one identical super-packet.
+    for (i, p) in pkts.iter().enumerate() {
+        bufs[i][OFF..OFF + p.len()].copy_from_slice(p);
+        lens[i] = p.len();
+    }
+    gro.coalesce(&mut bufs, &mut lens, OFF, false, &mut tw);
+    reset_tunrs(&mut tbufs);
+    table.apply_gro(&mut tbufs, OFF, true).unwrap();
+    assert_eq!(tw, vec![0]);
+    assert_eq!(bufs[0][OFF - 10..OFF + lens[0]], tbufs[0][OFF - 10..]);
+
+    let mut g = c.benchmark_group("vs_tunrs/gro_coalesce_44x1448_tcp4");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("turbotun", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                for (i, p) in pkts.iter().enumerate() {
+                    bufs[i][OFF..OFF + p.len()].copy_from_slice(p);
+                    lens[i] = p.len();
+                }
+                let t = Instant::now();
+                black_box(gro.coalesce(&mut bufs, &mut lens, OFF, false, &mut tw));
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.bench_function("tun-rs", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                reset_tunrs(&mut tbufs);
+                let t = Instant::now();
+                black_box(table.apply_gro(&mut tbufs, OFF, true).unwrap());
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_checksum, bench_split, bench_coalesce);
+criterion_main!(benches);

@@ -1,0 +1,229 @@
+//! Property tests: coalesce then split gives back the input; split then coalesce gives back the super-packet;
+//! every produced packet verifies; arbitrary bytes never panic.
+
+use proptest::prelude::*;
+use turbotun_wire::fuzzing::{self, checksums_ok, payload, Spec};
+use turbotun_wire::tcp::flags as tf;
+use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
+
+const OFF: usize = 20;
+
+fn spec_strategy() -> impl Strategy<Value = Spec> {
+    (
+        0u8..4,
+        0usize..4,
+        any::<bool>(),
+        any::<u16>(),
+        any::<u32>(),
+        0usize..11,
+        any::<u8>(),
+        any::<bool>(),
+    )
+        .prop_map(|(kind, framing, df, id, seq, opt_words, tos, psh)| {
+            let mut s = match kind {
+                0 => Spec::tcp4(),
+                1 => Spec::tcp6(),
+                2 => Spec::udp4(),
+                _ => Spec::udp6(),
+            };
+            s = match framing {
+                0 => s,
+                n => s.with_framing(Framing::Ethernet, n - 1),
+            };
+            s.df = df;
+            s.ip_id = id;
+            s.seq = seq;
+            s.tcp_opts = vec![1; opt_words * 4];
+            s.tos = tos;
+            if psh {
+                s.tcp_flags |= tf::PSH;
+            }
+            s
+        })
+}
+
+fn gro_for(framing: Framing) -> Gro {
+    Gro::new(GroConfig {
+        tcp: true,
+        udp: true,
+        framing,
+        vnet_hdr_len: 10,
+    })
+}
+
+fn into_bufs(pkts: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<usize>) {
+    let bufs = pkts
+        .iter()
+        .map(|p| {
+            let mut b = vec![0u8; OFF + 65535];
+            b[OFF..OFF + p.len()].copy_from_slice(p);
+            b
+        })
+        .collect();
+    (bufs, pkts.iter().map(|p| p.len()).collect())
+}
+
+/// Splits every written packet and concatenates the segments in write order.
+fn split_all(
+    bufs: &[Vec<u8>],
+    lens: &[usize],
+    to_write: &[usize],
+    framing: Framing,
+) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for &i in to_write {
+        let hdr = VirtioNetHdrRepr::parse(&bufs[i][OFF - 10..OFF]).unwrap();
+        let s = Splitter::new(&hdr, &bufs[i][OFF..OFF + lens[i]], framing).unwrap();
+        for k in 0..s.segment_count() {
+            let seg = s.segment_view(k).unwrap().to_vec();
+            assert!(checksums_ok(&seg, framing));
+            out.push(seg);
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn coalesce_then_split_is_identity(
+        spec in spec_strategy(),
+        mss in 1usize..1500,
+        n in 1usize..30,
+        last in 1usize..1500,
+        valid in any::<bool>(),
+    ) {
+        // One in-order flow: n - 1 full segments and a last one of at most mss bytes, PSH only on the last.
+        let last = last.min(mss);
+        let mut s = spec.clone();
+        s.tcp_flags &= !tf::PSH;
+        let mut pkts = Vec::new();
+        for i in 0..n {
+            let len = if i + 1 == n { last } else { mss };
+            let mut x = s.clone();
+            if i + 1 == n && spec.tcp_flags & tf::PSH != 0 {
+                x.tcp_flags |= tf::PSH;
+            }
+            pkts.push(x.build(&payload(len, i as u8)));
+            s = s.next_seg(len);
+        }
+        let (mut bufs, mut lens) = into_bufs(&pkts);
+        let mut tw = Vec::new();
+        let st = gro_for(spec.framing).coalesce(&mut bufs, &mut lens, OFF, valid, &mut tw);
+        prop_assert_eq!(st.written + st.coalesced, n);
+        let total = (n - 1) * mss + last + spec.hdr_len();
+        if total <= 65535 && (!spec.udp || n <= 64) {
+            prop_assert_eq!(tw.len(), 1);
+        }
+        let out = split_all(&bufs, &lens, &tw, spec.framing);
+        prop_assert_eq!(out, pkts);
+    }
+
+    #[test]
+    fn split_then_coalesce_is_identity(
+        spec in spec_strategy(),
+        mss in 1u16..1500,
+        len in 1usize..65000,
+        valid in any::<bool>(),
+    ) {
+        let max_payload = 65535 - spec.hdr_len();
+        let mut len = len.min(max_payload);
+        if spec.udp {
+            len = len.min(64 * mss as usize);
+        }
+        let pl = payload(len, 1);
+        let (hdr, sup) = spec.build_gso(&pl, mss);
+        let s = Splitter::new(&hdr, &sup, spec.framing).unwrap();
+        let n = s.segment_count();
+        let mut bufs = vec![vec![0u8; OFF + 65535]; n];
+        let mut lens = vec![0usize; n];
+        let p = s.split_into(0, &mut bufs, &mut lens, OFF).unwrap();
+        prop_assert!(p.is_done());
+        for i in 0..n {
+            prop_assert!(checksums_ok(&bufs[i][OFF..OFF + lens[i]], spec.framing));
+        }
+        let segs: Vec<Vec<u8>> = (0..n).map(|i| bufs[i][OFF..OFF + lens[i]].to_vec()).collect();
+        let mut tw = Vec::new();
+        gro_for(spec.framing).coalesce(&mut bufs, &mut lens, OFF, valid, &mut tw);
+        prop_assert_eq!(&tw, &vec![0]);
+        let out_hdr = VirtioNetHdrRepr::parse(&bufs[0][OFF - 10..OFF]).unwrap();
+        if n > 1 {
+            prop_assert_eq!(out_hdr, VirtioNetHdrRepr { hdr_len: spec.hdr_len() as u16, ..hdr });
+            prop_assert_eq!(&bufs[0][OFF..OFF + lens[0]], &sup[..]);
+        } else {
+            prop_assert_eq!(out_hdr, VirtioNetHdrRepr::default());
+            prop_assert_eq!(&bufs[0][OFF..OFF + lens[0]], &segs[0][..]);
+        }
+    }
+
+    #[test]
+    fn interleaved_flows_keep_per_flow_order(
+        a in spec_strategy(),
+        mss in 1usize..1500,
+        order in proptest::collection::vec(any::<bool>(), 1..40),
+    ) {
+        let mut b = a.clone();
+        b.sport ^= 0x5555;
+        let (mut sa, mut sb) = (a.clone(), b.clone());
+        sa.tcp_flags &= !tf::PSH;
+        sb.tcp_flags &= !tf::PSH;
+        let mut pkts = Vec::new();
+        let (mut fa, mut fb) = (Vec::new(), Vec::new());
+        for (i, &which) in order.iter().enumerate() {
+            let s = if which { &mut sa } else { &mut sb };
+            let p = s.build(&payload(mss, i as u8));
+            *s = s.next_seg(mss);
+            if which { fa.push(p.clone()) } else { fb.push(p.clone()) }
+            pkts.push(p);
+        }
+        let (mut bufs, mut lens) = into_bufs(&pkts);
+        let mut tw = Vec::new();
+        gro_for(a.framing).coalesce(&mut bufs, &mut lens, OFF, false, &mut tw);
+        let out = split_all(&bufs, &lens, &tw, a.framing);
+        let oa: Vec<Vec<u8>> = out.iter().filter(|p| fa.contains(p)).cloned().collect();
+        let ob: Vec<Vec<u8>> = out.iter().filter(|p| fb.contains(p)).cloned().collect();
+        prop_assert_eq!(out.len(), pkts.len());
+        prop_assert_eq!(oa, fa);
+        prop_assert_eq!(ob, fb);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        fuzzing::parse_headers(&data);
+        fuzzing::gso_split(&data);
+        fuzzing::gro_coalesce(&data);
+    }
+
+    #[test]
+    fn mutated_packets_never_panic(
+        spec in spec_strategy(),
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        cut in any::<usize>(),
+        gso_type in prop_oneof![Just(0u8), Just(1), Just(4), Just(5), Just(0x81), any::<u8>()],
+    ) {
+        let pl = payload(3000, 2);
+        let (mut hdr, mut sup) = spec.build_gso(&pl, 1000);
+        hdr.gso_type = gso_type;
+        let hl = spec.hdr_len();
+        for (at, v) in &flips {
+            let i = at % (hl + 4);
+            if i < hl { sup[i] ^= v } else { hdr.csum_start ^= *v as u16 }
+        }
+        sup.truncate(cut % (sup.len() + 1));
+        let mut data = vec![0u8; 10];
+        hdr.emit(&mut data);
+        data.push(if spec.framing == Framing::Ethernet { 1 } else { 0 });
+        data.extend_from_slice(&sup);
+        fuzzing::gso_split(&data);
+        fuzzing::parse_headers(&sup);
+        // The same bytes as a GRO batch next to a valid packet of the flow.
+        let good = spec.build(&payload(1000, 0));
+        let mut g = vec![if spec.framing == Framing::Ethernet { 1 } else { 0 }];
+        for p in [&good, &sup, &good] {
+            g.extend_from_slice(&(p.len() as u16).to_le_bytes());
+            g.extend_from_slice(p);
+        }
+        fuzzing::gro_coalesce(&g);
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the tests and the bench need on a fresh Debian machine (run as root). Idempotent: only missing
+# tools are installed, so a machine that has them is not touched.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have ip       || need+=(iproute2)
+have iperf3   || need+=(iperf3)
+have ethtool  || need+=(ethtool)
+have setpriv  || need+=(util-linux)
+have perf     || need+=(linux-perf)
+have ping     || need+=(iputils-ping)
+have sysctl   || need+=(procps)
+
+if ((${#need[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "install-deps: missing packages ${need[*]}; run as root (apt-get install ${need[*]})" >&2
+        exit 1
+    fi
+    echo "install-deps: installing ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! have cargo; then
+    if [[ -x "$HOME/.cargo/bin/cargo" ]]; then
+        echo "install-deps: cargo is in ~/.cargo/bin but not on PATH; add it: export PATH=\$HOME/.cargo/bin:\$PATH" >&2
+    else
+        echo "install-deps: cargo (the Rust toolchain) is required: https://rustup.rs" >&2
+    fi
+    exit 1
+fi
+have go || echo "install-deps: go not found: the wireguard-go peer of the bench will be skipped (apt-get install golang)" >&2
+exit 0
