@@ -55,7 +55,7 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
     }
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!("tun driver (TUNGETFEATURES {}): {}", report.tungetfeatures, report.iff_flags.join(" "));
-    println!("  vnet header     {} (sizes {})", yes(report.vnet_hdr), join_sizes(&report.vnet_hdr_sizes));
+    println!("  vnet header       {} (sizes {})", yes(report.vnet_hdr), join_sizes(&report.vnet_hdr_sizes));
     if caps.offloads.is_some() {
         for (bits, label) in [
             (Offloads::CSUM, "csum"),
@@ -64,19 +64,19 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
             (Offloads::TSO_ECN, "tso_ecn"),
             (Offloads::USO4 | Offloads::USO6, "uso4+uso6"),
         ] {
-            println!("  offload {label:<8}{}", yes(offloads.contains(bits)));
+            println!("  offload {label:<10}{}", yes(offloads.contains(bits)));
         }
     } else {
-        println!("  offloads        not probed (needs CAP_NET_ADMIN to create a scratch device)");
+        println!("  offloads          not probed (needs CAP_NET_ADMIN to create a scratch device)");
     }
-    println!("  multiqueue      {}", yes(report.multi_queue));
-    println!("  napi            {}", yes(report.napi));
-    println!("  napi_frags      {}", yes(report.napi_frags));
+    println!("  multiqueue        {}", yes(report.multi_queue));
+    println!("  napi              {}", yes(report.napi));
+    println!("  napi_frags        {}", yes(report.napi_frags));
     match &caps.steering_ebpf {
-        Ok(()) => println!("  steering eBPF   yes"),
-        Err(why) => println!("  steering eBPF   no ({why})"),
+        Ok(()) => println!("  steering eBPF     yes"),
+        Err(why) => println!("  steering eBPF     no ({why})"),
     }
-    println!("  io_uring        {}", yes(report.io_uring));
+    println!("  io_uring          {}", yes(report.io_uring));
     Ok(())
 }
 

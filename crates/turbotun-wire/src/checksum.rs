@@ -59,37 +59,51 @@ fn ne32(c: &[u8]) -> u64 {
     u32::from_ne_bytes(a) as u64
 }
 
-/// Sum of native-endian 16-bit words (the odd last byte padded with zero), not folded.
-fn sum_ne(data: &[u8]) -> u64 {
-    // 1 GiB blocks keep the accumulators far from overflow (each grows < 2^33 per 32 bytes).
-    let mut total: u64 = 0;
-    for block in data.chunks(1 << 30) {
-        let (mut a0, mut a1, mut a2, mut a3) = (0u64, 0u64, 0u64, 0u64);
-        let mut chunks = block.chunks_exact(32);
-        for c in &mut chunks {
-            a0 += ne32(&c[0..4]) + ne32(&c[16..20]);
-            a1 += ne32(&c[4..8]) + ne32(&c[20..24]);
-            a2 += ne32(&c[8..12]) + ne32(&c[24..28]);
-            a3 += ne32(&c[12..16]) + ne32(&c[28..32]);
-        }
-        let rest = chunks.remainder();
-        let mut words = rest.chunks_exact(4);
-        for w in &mut words {
-            a0 += ne32(w);
-        }
-        let tail = words.remainder();
-        let mut pairs = tail.chunks_exact(2);
-        for p in &mut pairs {
-            a1 += u16::from_ne_bytes([p[0], p[1]]) as u64;
-        }
-        if let [b] = pairs.remainder() {
-            a2 += u16::from_ne_bytes([*b, 0]) as u64;
-        }
-        // A 1 GiB block adds < 2^58 to each accumulator, so the total cannot overflow.
-        let s = a0 + a1 + a2 + a3;
-        total = fold64(total + fold64(s) as u64) as u64;
+/// Adds one 32-byte chunk as eight native-endian u32 words into four independent accumulators.
+#[inline(always)]
+fn add32(c: &[u8], a: &mut [u64; 4]) {
+    a[0] += ne32(&c[0..4]) + ne32(&c[16..20]);
+    a[1] += ne32(&c[4..8]) + ne32(&c[20..24]);
+    a[2] += ne32(&c[8..12]) + ne32(&c[24..28]);
+    a[3] += ne32(&c[12..16]) + ne32(&c[28..32]);
+}
+
+/// Sum of native-endian 16-bit words of a block of at most 1 GiB (the odd last byte padded with zero), as a
+/// 64-bit value that still has to be folded. Each accumulator grows by < 2^33 per 32 bytes, so < 2^58 per GiB.
+#[inline(always)]
+fn sum_block(block: &[u8]) -> u64 {
+    let mut a = [0u64; 4];
+    let mut chunks = block.chunks_exact(32);
+    for c in &mut chunks {
+        add32(c, &mut a);
     }
-    total
+    let rest = chunks.remainder();
+    let mut words = rest.chunks_exact(4);
+    for w in &mut words {
+        a[0] += ne32(w);
+    }
+    // The last 0..=3 bytes; an odd byte is padded with zero at its position within its 16-bit word.
+    match *words.remainder() {
+        [x] => a[1] += u16::from_ne_bytes([x, 0]) as u64,
+        [x, y] => a[1] += u16::from_ne_bytes([x, y]) as u64,
+        [x, y, z] => a[1] += u16::from_ne_bytes([x, y]) as u64 + u16::from_ne_bytes([z, 0]) as u64,
+        _ => {}
+    }
+    a[0] + a[1] + a[2] + a[3]
+}
+
+/// Sum of native-endian 16-bit words, folded to 16 bits.
+#[inline]
+fn sum_ne(data: &[u8]) -> u16 {
+    const BLOCK: usize = 1 << 30;
+    if data.len() <= BLOCK {
+        return fold64(sum_block(data));
+    }
+    let mut total: u64 = 0;
+    for block in data.chunks(BLOCK) {
+        total = fold64(total + fold64(sum_block(block)) as u64) as u64;
+    }
+    total as u16
 }
 
 /// One's-complement sum of `data` as big-endian 16-bit words (an odd last byte is padded with zero), plus
@@ -98,7 +112,7 @@ fn sum_ne(data: &[u8]) -> u64 {
 /// Only the last of several chained pieces may have odd length (or use [`combine`]).
 #[inline]
 pub fn sum(data: &[u8], initial: u32) -> u32 {
-    let ne = fold64(sum_ne(data));
+    let ne = sum_ne(data);
     let be = if cfg!(target_endian = "little") {
         ne.swap_bytes()
     } else {

@@ -476,7 +476,7 @@ impl Gro {
         let mut dead = false;
         while k > 0 {
             k -= 1;
-            let it = self.items[k];
+            let it = &self.items[k];
             if it.hash != hash || it.c.key != c.key {
                 continue;
             }
@@ -486,7 +486,7 @@ impl Gro {
                 }
                 continue;
             }
-            let Some((how, id_mode)) = self.can_merge(&it, &c) else {
+            let Some((how, id_mode)) = self.can_merge(it, &c) else {
                 if c.key.udp {
                     break; // UDP: only the newest item of the flow
                 }
@@ -505,7 +505,8 @@ impl Gro {
             }
             // Checksums: the item (if still a single unverified packet), then the packet.
             if !it.verified {
-                if !l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c) {
+                let ok = l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c);
+                if !ok {
                     self.items[k].dead = true;
                     stats.bad_checksum += 1;
                     if c.key.udp {

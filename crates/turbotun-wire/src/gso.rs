@@ -50,6 +50,10 @@ pub struct Splitter<'a> {
     ident: u16,
     seq: u32,
     tcp_flags: u8,
+    /// Sum of the IPv4 header with total length, ID and checksum zeroed.
+    ip_base: u32,
+    /// Sum of the L4 header with the per-segment fields (seq, offset/flags, UDP length, checksum) zeroed.
+    l4_base: u32,
 }
 
 /// How far [`Splitter::split_into`] got.
@@ -163,6 +167,8 @@ impl<'a> Splitter<'a> {
             ident: 0,
             seq: 0,
             tcp_flags: 0,
+            ip_base: 0,
+            l4_base: 0,
         };
         let gso_kind = hdr.gso_type & !gso::ECN;
         let needs_csum = hdr.needs_csum();
@@ -281,6 +287,24 @@ impl<'a> Splitter<'a> {
                 actual: MAX_IP_LEN,
             }));
         }
+        // Precompute the header sums so that each segment only sums its payload.
+        let mut h = [0u8; MAX_HEADER_LEN];
+        h[..hdr_len].copy_from_slice(&packet[..hdr_len]);
+        if version == 4 {
+            let ip = &mut h[l3..l4];
+            ip[2..6].fill(0);
+            ip[10..12].fill(0);
+            s.ip_base = checksum::sum(ip, 0);
+        }
+        let l4h = &mut h[l4..hdr_len];
+        if tcp {
+            l4h[4..8].fill(0);
+            l4h[12..14].fill(0);
+            l4h[16..18].fill(0);
+        } else {
+            l4h[4..8].fill(0);
+        }
+        s.l4_base = checksum::sum(l4h, 0);
         s.kind = if tcp { Kind::Tcp } else { Kind::Udp };
         s.l3 = l3;
         s.l4 = l4;
@@ -335,27 +359,33 @@ impl<'a> Splitter<'a> {
         }
     }
 
-    /// Patches a copy of the headers (`h` is `packet[..hdr_len]`) for segment `index` carrying `payload`.
-    fn patch(&self, index: usize, h: &mut [u8], payload: &[u8]) {
+    /// Patches a copy of the headers (`h` is `packet[..hdr_len]`) for segment `index` whose payload sums to
+    /// `payload_sum`; only the changed fields are summed, the rest comes from the precomputed header sums.
+    fn patch(&self, index: usize, h: &mut [u8], payload_len: usize, payload_sum: u32) {
         let last = index + 1 == self.count;
-        let l4_len = self.hdr_len - self.l4 + payload.len();
+        let l4_len = self.hdr_len - self.l4 + payload_len;
         if self.v6 {
-            let mut ip = ipv6::Packet::new_unchecked(&mut h[self.l3..]);
-            ip.set_payload_len((self.hdr_len - self.l3 - ipv6::HEADER_LEN + payload.len()) as u16);
+            let len = (self.hdr_len - self.l3 - ipv6::HEADER_LEN + payload_len) as u16;
+            h[self.l3 + 4..self.l3 + 6].copy_from_slice(&len.to_be_bytes());
         } else {
-            let mut ip = ipv4::Packet::new_unchecked(&mut h[self.l3..self.l4]);
-            ip.set_total_len((self.l4 - self.l3 + l4_len) as u16);
-            ip.set_ident(self.ident.wrapping_add(index as u16));
-            ip.fill_checksum();
+            let ip = &mut h[self.l3..self.l4];
+            let total = (self.l4 - self.l3 + l4_len) as u16;
+            let id = self.ident.wrapping_add(index as u16);
+            let c = checksum::finish(checksum::add(self.ip_base, total as u32 + id as u32));
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[4..6].copy_from_slice(&id.to_be_bytes());
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
         }
-        let pseudo = checksum::add(self.addr_sum, l4_len as u32);
+        // Pseudo-header (addresses, protocol, length) + constant header part + payload.
+        let base = checksum::add(
+            self.l4_base,
+            checksum::add(self.addr_sum, payload_sum) + l4_len as u32,
+        );
         let l4 = &mut h[self.l4..];
         if self.kind == Kind::Tcp {
-            let mut t = tcp::Packet::new_unchecked(&mut *l4);
-            t.set_seq_number(
-                self.seq
-                    .wrapping_add((index as u32).wrapping_mul(self.gso_size as u32)),
-            );
+            let seq = self
+                .seq
+                .wrapping_add((index as u32).wrapping_mul(self.gso_size as u32));
             let mut f = self.tcp_flags;
             if !last {
                 f &= !(tcp::flags::FIN | tcp::flags::PSH);
@@ -363,16 +393,16 @@ impl<'a> Splitter<'a> {
             if index != 0 {
                 f &= !tcp::flags::CWR;
             }
-            t.set_flags(f);
-            t.set_checksum(0);
-            let c = checksum::finish(checksum::sum(payload, checksum::sum(l4, pseudo)));
-            tcp::Packet::new_unchecked(l4).set_checksum(c);
+            let word = u16::from_be_bytes([l4[12], f]) as u32;
+            let c = checksum::finish(checksum::add(base, (seq >> 16) + (seq & 0xffff) + word));
+            l4[4..8].copy_from_slice(&seq.to_be_bytes());
+            l4[13] = f;
+            l4[16..18].copy_from_slice(&c.to_be_bytes());
         } else {
-            let mut u = udp::Packet::new_unchecked(&mut *l4);
-            u.set_len(l4_len as u16);
-            u.set_checksum(0);
-            let c = checksum::finish(checksum::sum(payload, checksum::sum(l4, pseudo)));
-            udp::Packet::new_unchecked(l4).set_checksum(if c == 0 { 0xffff } else { c });
+            let c = checksum::finish(checksum::add(base, l4_len as u32));
+            let c = if c == 0 { 0xffff } else { c };
+            l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+            l4[6..8].copy_from_slice(&c.to_be_bytes());
         }
     }
 
@@ -409,7 +439,7 @@ impl<'a> Splitter<'a> {
                 let (h, p) = out.split_at_mut(self.hdr_len);
                 h.copy_from_slice(&self.packet[..self.hdr_len]);
                 p.copy_from_slice(payload);
-                self.patch(index, h, payload);
+                self.patch(index, h, payload.len(), checksum::sum(payload, 0));
             }
         }
         Ok(n)
@@ -449,7 +479,12 @@ impl<'a> Splitter<'a> {
                 v.header[..hl].copy_from_slice(&self.packet[..hl]);
                 v.header_len = hl;
                 v.payload = &self.packet[s..e];
-                self.patch(index, &mut v.header[..hl], v.payload);
+                self.patch(
+                    index,
+                    &mut v.header[..hl],
+                    v.payload.len(),
+                    checksum::sum(v.payload, 0),
+                );
             }
         }
         Ok(v)

@@ -254,6 +254,82 @@ pub struct Sent {
     pub dropped: usize,
 }
 
+/// Whether the kernel accepts coalesced writes of each kind (`None`: could not tell, e.g. the device was down).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroWriteSupport {
+    pub tcp: Option<bool>,
+    pub udp: Option<bool>,
+}
+
+/// Writes one harmless coalesced packet of each kind (two segments, the second shorter than `gso_size`, the case
+/// some 6.6-era kernels refuse with EINVAL) and reports which the kernel accepted. The probes go from 127.0.0.1
+/// to 127.0.0.1, which the kernel's IP layer drops as martian after the virtio header was checked; on a TAP
+/// device they are also addressed to a MAC that is not the device's.
+pub fn probe_gro_writes(queue: &Queue) -> GroWriteSupport {
+    if queue.vnet_hdr_len() == 0 {
+        return GroWriteSupport { tcp: Some(false), udp: Some(false) };
+    }
+    let probe = |udp: bool| -> Option<bool> {
+        let frame = probe_frame(queue.mode(), queue.vnet_hdr_len(), udp);
+        match sys::write(queue.as_fd(), &frame) {
+            Ok(_) => Some(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Some(false),
+            Err(_) => None,
+        }
+    };
+    GroWriteSupport { tcp: probe(false), udp: probe(true) }
+}
+
+fn probe_frame(mode: Mode, vnet_hdr_len: usize, udp: bool) -> Vec<u8> {
+    const PAYLOAD: usize = 150;
+    const GSO_SIZE: u16 = 100;
+    let l2 = if mode == Mode::Tap { 14 } else { 0 };
+    let l4_len = if udp { 8 } else { 20 };
+    let ip_total = 20 + l4_len + PAYLOAD;
+    let mut f = vec![0u8; vnet_hdr_len + l2 + ip_total];
+    let hdr = VirtioNetHdrRepr {
+        flags: flags::NEEDS_CSUM,
+        gso_type: if udp { gso::UDP_L4 } else { gso::TCPV4 },
+        hdr_len: (l2 + 20 + l4_len) as u16,
+        gso_size: GSO_SIZE,
+        csum_start: (l2 + 20) as u16,
+        csum_offset: if udp { 6 } else { 16 },
+    };
+    hdr.emit(&mut f[..vnet_hdr_len]);
+    let p = &mut f[vnet_hdr_len..];
+    if l2 > 0 {
+        p[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+        p[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+        p[12..14].copy_from_slice(&[0x08, 0x00]);
+    }
+    let ip = &mut p[l2..];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(ip_total as u16).to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = if udp { 17 } else { 6 };
+    ip[12..16].copy_from_slice(&[127, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&[127, 0, 0, 1]);
+    let ip_sum = turbotun_wire::checksum::checksum(&ip[..20], 0);
+    ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    let l4 = &mut ip[20..];
+    l4[..2].copy_from_slice(&9u16.to_be_bytes());
+    l4[2..4].copy_from_slice(&9u16.to_be_bytes());
+    if udp {
+        l4[4..6].copy_from_slice(&((8 + PAYLOAD) as u16).to_be_bytes());
+    } else {
+        l4[12] = 5 << 4;
+        l4[13] = 0x18; // ACK|PSH
+        l4[14..16].copy_from_slice(&1024u16.to_be_bytes());
+    }
+    let pseudo =
+        turbotun_wire::checksum::pseudo_header_v4([127, 0, 0, 1], [127, 0, 0, 1], ip[9], (l4_len + PAYLOAD) as u32);
+    let partial = turbotun_wire::checksum::fold(pseudo);
+    let at = 20 + usize::from(hdr.csum_offset);
+    ip[at..at + 2].copy_from_slice(&partial.to_be_bytes());
+    f
+}
+
 /// The send side: coalesces a batch (GRO) and writes it.
 pub struct SendBatch {
     gro: Option<Gro>,
@@ -264,6 +340,9 @@ pub struct SendBatch {
     to_write: Vec<usize>,
     scratch: Vec<u8>,
     stats: BatchStats,
+    /// Probes left before giving up on learning what the kernel accepts (each needs the device up).
+    probes_left: u8,
+    probe_result: GroWriteSupport,
 }
 
 impl std::fmt::Debug for SendBatch {
@@ -298,6 +377,36 @@ impl SendBatch {
             to_write: Vec::with_capacity(BATCH_SIZE),
             scratch: Vec::new(),
             stats: BatchStats::default(),
+            probes_left: if gro_on { 8 } else { 0 },
+            probe_result: GroWriteSupport::default(),
+        }
+    }
+
+    /// What the write probe found so far (see [`probe_gro_writes`]).
+    pub fn gro_write_support(&self) -> GroWriteSupport {
+        self.probe_result
+    }
+
+    /// Runs the GRO write probe until it gives an answer; turns off the kinds the kernel refuses.
+    fn probe_once(&mut self, queue: &Queue) {
+        self.probes_left -= 1;
+        let found = probe_gro_writes(queue);
+        self.probe_result = found;
+        if found.tcp.is_none() || found.udp.is_none() {
+            return;
+        }
+        self.probes_left = 0;
+        let (tcp, udp) = (self.gro_tcp && found.tcp == Some(true), self.gro_udp && found.udp == Some(true));
+        if (tcp, udp) != (self.gro_tcp, self.gro_udp) {
+            tracing::warn!(
+                "{}: kernel refuses coalesced writes (tcp {:?}, udp {:?}); that GRO is off",
+                queue.name(),
+                found.tcp,
+                found.udp
+            );
+            self.gro_tcp = tcp;
+            self.gro_udp = udp;
+            self.rebuild_gro();
         }
     }
 
@@ -325,6 +434,9 @@ impl SendBatch {
                 "offset {offset} leaves no room for the {}-byte virtio header",
                 self.vnet_hdr_len
             )));
+        }
+        if self.probes_left > 0 {
+            self.probe_once(queue);
         }
         let n = bufs.len().min(lens.len());
         let mut sent = Sent::default();

@@ -7,6 +7,24 @@
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //!
+//! ```no_run
+//! use turbotun::batch::{RecvBatch, SendBatch};
+//! use turbotun::{DeviceBuilder, Offloads};
+//!
+//! # fn main() -> turbotun::Result<()> {
+//! let dev = DeviceBuilder::tun().name("tun0").vnet_hdr(10).offloads(Offloads::ALL).open()?;
+//! println!("granted {}", dev.offloads());
+//! let q = &dev.queues()[0];
+//! let mut rx = RecvBatch::new(q);
+//! let mut tx = SendBatch::new(q);
+//! let mut bufs = vec![vec![0u8; 10 + 65535]; 64];
+//! let mut lens = vec![0usize; 64];
+//! let got = rx.recv(q, &mut bufs, &mut lens, 10)?;
+//! tx.send(q, &mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums_valid)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Guarantees: no panics on anything the kernel or a peer sends; optional kernel features degrade (USO, NAPI,
 //! steering eBPF) instead of failing, and what was granted is reported; all `unsafe` code lives in [`sys`].
 

@@ -42,10 +42,10 @@ pub struct BenchArgs {
     /// (`turbotun`, `tunrs`, `wggo`, `peers`, `baselines`). Default: every available mode.
     #[arg(long, value_delimiter = ',')]
     pub modes: Option<Vec<String>>,
-    /// Comma-separated traffic kinds (tcp, tcp4, udp64, udp1400). Default: all.
+    /// Comma-separated traffic kinds (tcp, tcp4, udp64, udp1400, gso64; see --list). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub traffic: Option<Vec<String>>,
-    /// Seconds per iperf3 run (default 10, 3 with --quick).
+    /// Seconds per run (default 10, 3 with --quick).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
     /// Repetitions of every (mode, traffic) pair, interleaved round-robin (default 3, 1 with --quick).
@@ -176,7 +176,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let pid = std::process::id();
     let log_dir = std::env::temp_dir().join(format!("turbotun-bench-{pid}"));
     std::fs::create_dir_all(&log_dir).context("create log directory")?;
-    let selected =
+    let (selected, build_failed) =
         modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
     if selected.is_empty() {
         bail!("no runnable mode selected (see `turbotun bench --list`)");
@@ -225,7 +225,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         selected.len(),
         traffic.len(),
         if args.ipv6 { 6 } else { 4 },
-        (total * (duration + 3)).div_ceil(60)
+        (total * (duration + 1)).div_ceil(60)
     );
 
     let started_unix = std::time::SystemTime::now()
@@ -254,6 +254,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         Ok(r) => r,
                         Err(e) if ctx.stop.load(Ordering::Relaxed) => {
                             pb.finish_and_clear();
+                            let _ = std::fs::remove_dir_all(&ctx.log_dir);
                             return Err(interrupted(e));
                         }
                         Err(e) => {
@@ -301,6 +302,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 Ok(_) => pb.suspend(|| eprintln!("turbotun bench: wrote {}", svg.display())),
                 Err(e) if ctx.stop.load(Ordering::Relaxed) => {
                     pb.finish_and_clear();
+                    let _ = std::fs::remove_dir_all(&ctx.log_dir);
                     return Err(interrupted(e));
                 }
                 Err(e) => {
@@ -343,7 +345,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         runs,
         summary,
     };
-    print!("{}", report::markdown(&report, &traffic));
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(p, text + "\n").with_context(|| format!("write {}", p.display()))?;
@@ -360,11 +361,23 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         chart::write_chart(p, &report.summary, &traffic, &title)?;
         eprintln!("turbotun bench: wrote {}", p.display());
     }
-    if failures == 0 {
+    // Last, and without panicking when stdout is a closed pipe (`| head`): the files are written already.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(report::markdown(&report, &traffic).as_bytes());
+        let _ = out.flush();
+    }
+    if failures == 0 && !build_failed {
         let _ = std::fs::remove_dir_all(&ctx.log_dir);
     } else {
         eprintln!(
-            "turbotun bench: {failures} run(s) failed; logs in {}",
+            "turbotun bench: {failures} run(s) failed{}; logs kept in {}",
+            if build_failed {
+                ", a peer build failed"
+            } else {
+                ""
+            },
             ctx.log_dir.display()
         );
     }
@@ -500,7 +513,8 @@ fn run_one(
     };
 
     // Server in B bound to B's address: iperf3 for one test, or our UDP sink.
-    let srv_log = std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
+    let srv_log =
+        std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
     let v6_socket = topo.server_addr.contains(':');
     let sink_addr = if v6_socket {
         format!("[{}]:{SINK_PORT}", topo.server_addr)
@@ -512,7 +526,16 @@ fn run_one(
     let len_s = t.payload.to_string();
     let gso_s = t.gso.to_string();
     let server_cmd: Vec<&str> = if t.gso > 0 {
-        vec![&exe, "bench", "--udp-sink", &sink_addr, "--udp-len", &len_s, "--duration", &duration_s]
+        vec![
+            &exe,
+            "bench",
+            "--udp-sink",
+            &sink_addr,
+            "--udp-len",
+            &len_s,
+            "--duration",
+            &duration_s,
+        ]
     } else {
         vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
     };
@@ -575,8 +598,8 @@ fn run_one(
             bail!("UDP sink did not finish");
         }
         let text = server_out.join().unwrap_or_default();
-        let sk: gen::SinkReport =
-            serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
+        let sk: gen::SinkReport = serde_json::from_str(text.trim())
+            .with_context(|| format!("UDP sink: {:?}", text.trim()))?;
         gen::to_result(&g, &sk)
     } else {
         let client_args = t.client_args(&topo.server_addr, ctx.duration, v6_socket);

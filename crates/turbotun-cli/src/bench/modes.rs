@@ -258,13 +258,14 @@ pub fn select_modes(
 
 /// Build (or refresh: build.sh skips an up-to-date binary) the selected peers with `bench/peers/build.sh
 /// FAMILY`, one family at a time so one missing toolchain does not stop the other. Returns the modes whose
-/// binary is there afterwards and marks the rest unavailable with what to install.
+/// binary is there afterwards, and whether a build failed (so that its log is kept); marks the rest
+/// unavailable with what to install.
 pub fn ensure_peers_built(
     modes: Vec<Mode>,
     peers: Option<&Path>,
     unavailable: &mut Vec<Unavailable>,
     log_dir: &Path,
-) -> Result<Vec<Mode>> {
+) -> Result<(Vec<Mode>, bool)> {
     let mut notes: Vec<(&str, String)> = Vec::new();
     for (family, bin, _) in PEERS {
         if !modes.iter().any(|m| m.family == *family) {
@@ -346,7 +347,7 @@ pub fn ensure_peers_built(
             out.push(m);
         }
     }
-    Ok(out)
+    Ok((out, !notes.is_empty()))
 }
 
 /// First executable named `name` on $PATH.

@@ -348,7 +348,8 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
          utime+stime of the forwarder over the test window (% of one core); box CPU % is of all cores. Where UDP \
          datagrams were lost, in thousands per second: dev TX drop = TX dropped of the two devices (the tun ring \
          tail drop; for veth its queue), fwd drop = the forwarder's own counter, rcvbuf err = UDP receive-buffer \
-         errors in the server namespace. Flamegraphs, when asked for, come from an extra run per mode so that \
+         errors in the server namespace (TX dropped counts what the kernel dropped: with gso64 one super-packet \
+         of 64 datagrams counts once). Flamegraphs, when asked for, come from an extra run per mode so that \
          perf does not disturb the measured ones.",
         if best.is_empty() { String::new() } else { format!(" ({})", best.join(", ")) }
     );

@@ -122,6 +122,9 @@ pub struct FwdExit {
 fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return "(nothing on stderr)".into();
+    }
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 

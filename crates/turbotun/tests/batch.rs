@@ -1,0 +1,168 @@
+//! The batch layer against the real kernel: USO super-packets split through too few buffers, batches coalesced
+//! into one write, and the GRO write probe.
+
+mod common;
+
+use std::net::{Ipv4Addr, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use common::*;
+use turbotun::batch::{probe_gro_writes, RecvBatch, SendBatch};
+use turbotun::{DeviceBuilder, Offloads};
+
+const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
+const PEER: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 2);
+const HDR: usize = 10;
+
+fn offload_tun(name: &str) -> turbotun::Device {
+    let dev = DeviceBuilder::tun().name(name).vnet_hdr(HDR).offloads(Offloads::ALL).nonblocking(true).open().unwrap();
+    assert!(dev.offloads().contains(Offloads::USO4 | Offloads::USO6), "this kernel grants USO: {}", dev.offloads());
+    configure_v4(name, LOCAL, 24);
+    dev
+}
+
+/// A UDP GSO send of 40 segments reaches the device as one super-packet; with 8 buffers the batch layer hands
+/// out 8 segments per call, keeps the rest pending (no read in between), and loses none.
+#[test]
+fn uso_super_packet_split_through_few_buffers() {
+    in_netns("uso_super_packet_split_through_few_buffers", || {
+        let name = unique_name("tb");
+        let dev = offload_tun(&name);
+        let q = &dev.queues()[0];
+        let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
+        turbotun::sys::set_udp_segment(sock.as_fd(), 1000).unwrap();
+        let payload: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        sock.send_to(&payload, (PEER, 5353)).unwrap();
+
+        let mut rx = RecvBatch::new(q);
+        let mut bufs = vec![vec![0u8; HDR + 2048]; 8];
+        let mut lens = [0usize; 8];
+        let mut received = Vec::new();
+        let mut calls = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while received.len() < 40 * 1000 {
+            assert!(std::time::Instant::now() < deadline, "only {} bytes arrived", received.len());
+            let got = rx.recv_many(q, &mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+            calls += 1;
+            for i in 0..got.packets {
+                let pkt = &bufs[i][HDR..HDR + lens[i]];
+                let Some((src, dst, _, dport, data)) = parse_ipv4_udp(pkt) else { continue };
+                if dport != 5353 {
+                    continue; // unrelated chatter
+                }
+                assert_eq!((src, dst), (LOCAL, PEER));
+                assert_eq!(data.len(), 1000, "every segment is gso_size long");
+                // The UDP checksum of each segment verifies (a sum over pseudo-header + datagram of 0xffff).
+                let mut pseudo = Vec::new();
+                pseudo.extend_from_slice(&src.octets());
+                pseudo.extend_from_slice(&dst.octets());
+                pseudo.extend_from_slice(&[0, 17]);
+                pseudo.extend_from_slice(&((pkt.len() - 20) as u16).to_be_bytes());
+                assert_eq!(inet_checksum(&[&pseudo, &pkt[20..]]), 0, "segment checksum verifies");
+                received.extend_from_slice(data);
+            }
+            if got.pending > 0 {
+                assert_eq!(got.packets, 8, "a call with segments pending fills every buffer");
+            }
+        }
+        assert_eq!(received, payload, "segments reassemble to the exact payload, in order");
+        assert!(calls >= 5, "40 segments through 8 buffers take at least 5 calls ({calls})");
+        let stats = rx.stats();
+        assert_eq!(stats.super_packets, 1, "{stats:?}");
+        assert!(stats.segments >= 40);
+    });
+}
+
+/// 40 datagrams of one flow handed to SendBatch become one coalesced UDP write; the kernel delivers all of them
+/// to the socket, in order and intact.
+#[test]
+fn udp_batch_coalesced_into_one_write() {
+    in_netns("udp_batch_coalesced_into_one_write", || {
+        let name = unique_name("tc");
+        let dev = offload_tun(&name);
+        let q = &dev.queues()[0];
+        let rx_sock = UdpSocket::bind((LOCAL, 7001)).unwrap();
+        rx_sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut tx = SendBatch::new(q);
+        assert_eq!(tx.gro_kinds(), (true, true));
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        let mut lens = Vec::new();
+        for i in 0..40u8 {
+            let pkt = ipv4_udp(PEER, LOCAL, 4000, 7001, &[i; 1200]);
+            let mut buf = vec![0u8; HDR + 65535];
+            buf[HDR..HDR + pkt.len()].copy_from_slice(&pkt);
+            lens.push(pkt.len());
+            bufs.push(buf);
+        }
+        let sent = tx.send(q, &mut bufs, &mut lens, HDR, false).unwrap();
+        assert_eq!(sent.packets, 40);
+        assert_eq!(sent.dropped, 0);
+        assert_eq!(sent.writes, 1, "one flow, one coalesced write");
+        assert_eq!(tx.gro_write_support().udp, Some(true));
+        let mut buf = [0u8; 2048];
+        for i in 0..40u8 {
+            let n = rx_sock.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+            assert_eq!(&buf[..n], &[i; 1200][..], "datagram {i}");
+        }
+        assert_eq!(tx.stats().coalesced, 39);
+    });
+}
+
+/// An invalid checksum is never merged: that packet is written on its own and the kernel drops it, the others
+/// still arrive.
+#[test]
+fn bad_checksum_is_not_coalesced() {
+    in_netns("bad_checksum_is_not_coalesced", || {
+        let name = unique_name("tk");
+        let dev = offload_tun(&name);
+        let q = &dev.queues()[0];
+        let rx_sock = UdpSocket::bind((LOCAL, 7002)).unwrap();
+        rx_sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let mut tx = SendBatch::new(q);
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        let mut lens = Vec::new();
+        for i in 0..4u8 {
+            let mut pkt = ipv4_udp(PEER, LOCAL, 4000, 7002, &[i; 500]);
+            if i == 2 {
+                pkt[26] ^= 0x55; // corrupt the UDP checksum
+            }
+            let mut buf = vec![0u8; HDR + 65535];
+            buf[HDR..HDR + pkt.len()].copy_from_slice(&pkt);
+            lens.push(pkt.len());
+            bufs.push(buf);
+        }
+        let sent = tx.send(q, &mut bufs, &mut lens, HDR, false).unwrap();
+        assert!(sent.writes >= 2, "the bad packet was written apart: {sent:?}");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while let Ok(n) = rx_sock.recv(&mut buf) {
+            got.push(buf[0]);
+            assert_eq!(n, 500);
+        }
+        assert_eq!(got, vec![0, 1, 3], "the corrupted datagram is dropped by the kernel, the rest arrive");
+    });
+}
+
+#[test]
+fn gro_write_probe() {
+    in_netns("gro_write_probe", || {
+        let name = unique_name("tpr");
+        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(HDR).offloads(Offloads::ALL).open().unwrap();
+        // Down: the kernel answers EIO before looking at the header, so the probe cannot tell.
+        let down = probe_gro_writes(&dev.queues()[0]);
+        assert_eq!((down.tcp, down.udp), (None, None));
+        configure_v4(&name, LOCAL, 24);
+        let up = probe_gro_writes(&dev.queues()[0]);
+        assert_eq!((up.tcp, up.udp), (Some(true), Some(true)), "6.18 accepts short-tailed GRO writes");
+        let tap = unique_name("tpt");
+        let tap_dev = DeviceBuilder::tap().name(&tap).vnet_hdr(12).offloads(Offloads::ALL).open().unwrap();
+        configure_v4(&tap, Ipv4Addr::new(10, 9, 5, 1), 24);
+        let t = probe_gro_writes(&tap_dev.queues()[0]);
+        assert_eq!((t.tcp, t.udp), (Some(true), Some(true)));
+        // A queue without a virtio header cannot write coalesced packets at all.
+        let plain = DeviceBuilder::tun().name(unique_name("tpn")).open().unwrap();
+        let none = probe_gro_writes(&plain.queues()[0]);
+        assert_eq!((none.tcp, none.udp), (Some(false), Some(false)), "no virtio header, no GRO");
+    });
+}
