@@ -12,6 +12,8 @@ have setpriv  || need+=(util-linux)
 have perf     || need+=(linux-perf)
 have ping     || need+=(iputils-ping)
 have sysctl   || need+=(procps)
+# PNG charts render their text with DejaVu Sans (SVG charts need no font).
+[[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
 
 if ((${#need[@]})); then
     if [[ $(id -u) -ne 0 ]]; then

@@ -184,7 +184,14 @@ pub fn render_report(r: &DeviceReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let id = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
-    let _ = writeln!(s, "{}: {}: <{}> persist {}", r.index, r.name, r.flag_names.join(","), if r.persist { "on" } else { "off" });
+    let _ = writeln!(
+        s,
+        "{}: {}: <{}> persist {}",
+        r.index,
+        r.name,
+        r.flag_names.join(","),
+        if r.persist { "on" } else { "off" }
+    );
     let pids = if r.queue_holders.is_empty() {
         String::new()
     } else {
@@ -217,8 +224,16 @@ pub fn render_report(r: &DeviceReport) -> String {
         let _ = writeln!(s, "    {family} {addr}/{prefix}");
     }
     let st = &r.stats;
-    let _ = writeln!(s, "    RX: packets {} bytes {} errors {} dropped {}", st.rx_packets, st.rx_bytes, st.rx_errors, st.rx_dropped);
-    let _ = writeln!(s, "    TX: packets {} bytes {} errors {} dropped {}", st.tx_packets, st.tx_bytes, st.tx_errors, st.tx_dropped);
+    let _ = writeln!(
+        s,
+        "    RX: packets {} bytes {} errors {} dropped {}",
+        st.rx_packets, st.rx_bytes, st.rx_errors, st.rx_dropped
+    );
+    let _ = writeln!(
+        s,
+        "    TX: packets {} bytes {} errors {} dropped {}",
+        st.tx_packets, st.tx_bytes, st.tx_errors, st.tx_dropped
+    );
     s
 }
 
@@ -244,10 +259,8 @@ pub struct CreateArgs {
 }
 
 pub fn create(args: &CreateArgs) -> Result<()> {
-    let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
-        .name(&args.name)
-        .exclusive(true)
-        .persist(true);
+    let mut builder =
+        DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun }).name(&args.name).exclusive(true).persist(true);
     if args.multi_queue {
         // A multiqueue device is created by a multiqueue open; one queue is enough to create it.
         builder = builder.queues(2);

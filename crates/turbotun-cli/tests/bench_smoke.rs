@@ -36,10 +36,7 @@ struct BenchRun {
 /// Run `turbotun bench --quick --duration 1 ARGS --json F --chart F.svg`, assert it succeeded, produced the
 /// table, the JSON and the chart, and left no namespace with its prefix.
 fn run_bench(name: &str, args: &[&str]) -> BenchRun {
-    let dir = std::env::temp_dir().join(format!(
-        "turbotun-bench-smoke-{}-{name}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("turbotun-bench-smoke-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("bench.json");
     let chart = dir.join("bench.svg");
@@ -78,31 +75,20 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     };
     let stdout = out_reader.join().unwrap();
     let stderr = err_reader.join().unwrap();
-    assert!(
-        status.success(),
-        "bench failed ({status}):\n{stderr}\n{stdout}"
-    );
+    assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
     assert!(stdout.contains("| mode |"), "no table:\n{stdout}");
 
     // No namespace left behind.
     let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let list = String::from_utf8_lossy(&list.stdout);
     let prefix = format!("tt{pid}r");
-    assert!(
-        !list.lines().any(|l| l.starts_with(&prefix)),
-        "namespaces left behind:\n{list}"
-    );
+    assert!(!list.lines().any(|l| l.starts_with(&prefix)), "namespaces left behind:\n{list}");
 
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let chart = std::fs::read_to_string(&chart).unwrap();
     assert!(chart.contains("<svg"), "chart is not an SVG");
     let _ = std::fs::remove_dir_all(&dir);
-    BenchRun {
-        stdout,
-        json,
-        chart,
-    }
+    BenchRun { stdout, json, chart }
 }
 
 /// Every run succeeded and traffic flowed.
@@ -127,20 +113,9 @@ fn bench_quick_baselines() {
     if !privileged() {
         return;
     }
-    let r = run_bench(
-        "baselines",
-        &["--modes", "veth,loopback", "--traffic", "tcp,udp64"],
-    );
-    assert!(
-        r.stdout.contains("| veth |") && r.stdout.contains("| loopback |"),
-        "{}",
-        r.stdout
-    );
-    assert!(
-        r.stdout.contains("### tcp") && r.stdout.contains("### udp64"),
-        "{}",
-        r.stdout
-    );
+    let r = run_bench("baselines", &["--modes", "veth,loopback", "--traffic", "tcp,udp64"]);
+    assert!(r.stdout.contains("| veth |") && r.stdout.contains("| loopback |"), "{}", r.stdout);
+    assert!(r.stdout.contains("### tcp") && r.stdout.contains("### udp64"), "{}", r.stdout);
     assert!(r.chart.contains("veth"), "chart has no labels");
     assert_traffic(&r.json, 4);
 }
@@ -150,25 +125,14 @@ fn bench_quick_turbotun_forwarder() {
     if !privileged() {
         return;
     }
-    let r = run_bench(
-        "fwd",
-        &[
-            "--modes",
-            "turbotun-offload,turbotun-plain",
-            "--traffic",
-            "tcp,udp64",
-        ],
-    );
+    let r = run_bench("fwd", &["--modes", "turbotun-offload,turbotun-plain", "--traffic", "tcp,udp64"]);
     assert!(r.stdout.contains("| turbotun-offload |"), "{}", r.stdout);
     assert_traffic(&r.json, 4);
     for run in r.json["runs"].as_array().unwrap() {
         // The forwarder measured and reported: CPU over the window, peak RSS, its counters line.
         assert!(run["fwd_cpu_percent"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["fwd_peak_rss_kb"].as_u64().unwrap() > 0, "{run}");
-        assert!(
-            run["fwd_counters"]["packets"].as_u64().unwrap() > 0,
-            "{run}"
-        );
+        assert!(run["fwd_counters"]["packets"].as_u64().unwrap() > 0, "{run}");
         assert!(run["dev_tx_dropped"].is_u64(), "{run}");
     }
 }

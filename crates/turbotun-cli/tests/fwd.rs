@@ -104,7 +104,10 @@ impl Topology {
         let deadline = Instant::now() + Duration::from_secs(10);
         let listener = self.in_b(|| TcpListener::bind((B4, 4999)).unwrap());
         loop {
-            let ok = self.in_a(|| TcpStream::connect_timeout(&(B4.parse::<IpAddr>().unwrap(), 4999).into(), Duration::from_millis(500)).is_ok());
+            let ok = self.in_a(|| {
+                TcpStream::connect_timeout(&(B4.parse::<IpAddr>().unwrap(), 4999).into(), Duration::from_millis(500))
+                    .is_ok()
+            });
             if ok {
                 let _ = listener.accept();
                 return;

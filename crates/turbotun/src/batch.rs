@@ -206,8 +206,12 @@ impl RecvBatch {
         let (hdr, len) = queue.recv_with_hdr(data)?;
         let mut valid = hdr.flags & flags::DATA_VALID != 0;
         if hdr.flags & flags::NEEDS_CSUM != 0 {
-            if turbotun_wire::checksum::complete_partial(&mut data[..len], hdr.csum_start.into(), hdr.csum_offset.into())
-                .is_err()
+            if turbotun_wire::checksum::complete_partial(
+                &mut data[..len],
+                hdr.csum_start.into(),
+                hdr.csum_offset.into(),
+            )
+            .is_err()
             {
                 self.stats.malformed += 1;
                 return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
@@ -225,12 +229,10 @@ impl RecvBatch {
         };
         let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
             .map_err(|e| Error::MalformedPacket(e.to_string()))?;
-        let progress = splitter
-            .split_into(p.next, bufs, lens, offset)
-            .map_err(|e| match e {
-                turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
-                other => Error::MalformedPacket(other.to_string()),
-            })?;
+        let progress = splitter.split_into(p.next, bufs, lens, offset).map_err(|e| match e {
+            turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
+            other => Error::MalformedPacket(other.to_string()),
+        })?;
         p.next = progress.next;
         let pending = p.total - p.next;
         // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.

@@ -9,7 +9,9 @@ pub enum Error {
     #[error("{action} needs CAP_NET_ADMIN: run as root or grant the capability (e.g. setcap cap_net_admin+ep)")]
     PermissionDenied { action: String, source: io::Error },
 
-    #[error("/dev/net/tun is missing: load the tun module (modprobe tun) or create the node (mknod /dev/net/tun c 10 200)")]
+    #[error(
+        "/dev/net/tun is missing: load the tun module (modprobe tun) or create the node (mknod /dev/net/tun c 10 200)"
+    )]
     NoTunDevice,
 
     #[error("invalid interface name {name:?}: {reason}")]

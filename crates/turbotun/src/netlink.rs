@@ -137,8 +137,9 @@ impl Netlink {
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    sys::setns_net(ns.as_fd())
-                        .map_err(|e| permission_or_io(format!("entering network namespace {}", netns_file.display()), e))?;
+                    sys::setns_net(ns.as_fd()).map_err(|e| {
+                        permission_or_io(format!("entering network namespace {}", netns_file.display()), e)
+                    })?;
                     Netlink::new()
                 })
                 .join()
@@ -172,8 +173,11 @@ impl Netlink {
 
     /// Every interface in the namespace.
     pub fn links(&mut self) -> Result<Vec<LinkInfo>> {
-        let replies =
-            self.request(RouteNetlinkMessage::GetLink(LinkMessage::default()), NLM_F_REQUEST | NLM_F_DUMP, "listing links")?;
+        let replies = self.request(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "listing links",
+        )?;
         Ok(replies
             .into_iter()
             .filter_map(|m| match m {

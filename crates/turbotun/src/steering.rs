@@ -3,8 +3,8 @@
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
-use crate::sys::bpf::{load_socket_filter, BpfInsn};
 use crate::sys;
+use crate::sys::bpf::{load_socket_filter, BpfInsn};
 
 /// `r0 = imm` (BPF_ALU64 | BPF_MOV | BPF_K).
 const fn mov64_imm(imm: i32) -> BpfInsn {
@@ -24,7 +24,9 @@ impl SteeringProgram {
     pub fn fixed_queue(queue: u16) -> Result<Self> {
         let insns = [mov64_imm(i32::from(queue)), EXIT];
         let fd = load_socket_filter(&insns, "tt_fixed_queue").map_err(|e| match e.raw_os_error() {
-            Some(libc::EPERM) => Error::PermissionDenied { action: "loading a steering eBPF program".into(), source: e },
+            Some(libc::EPERM) => {
+                Error::PermissionDenied { action: "loading a steering eBPF program".into(), source: e }
+            }
             Some(libc::ENOSYS) => Error::Unsupported { feature: "the bpf() system call" },
             _ => Error::io("loading a steering eBPF program", e),
         })?;

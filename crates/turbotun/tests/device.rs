@@ -32,7 +32,9 @@ fn tun_roundtrip_kernel_socket() {
         sock.send_to(b"hello tun", (PEER, 9999)).unwrap();
         let q = &dev.queues()[0];
         let mut buf = vec![0u8; 2048];
-        let n = recv_matching(q, &mut buf, T, |p| parse_ipv4_udp(p).is_some_and(|(_, d, _, dp, _)| d == PEER && dp == 9999));
+        let n = recv_matching(q, &mut buf, T, |p| {
+            parse_ipv4_udp(p).is_some_and(|(_, d, _, dp, _)| d == PEER && dp == 9999)
+        });
         let (src, dst, sport, dport, payload) = parse_ipv4_udp(&buf[..n]).unwrap();
         assert_eq!((src, dst, dport), (LOCAL, PEER, 9999));
         assert_eq!(sport, sock.local_addr().unwrap().port());

@@ -25,10 +25,7 @@ fn register_font() -> Result<()> {
     static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let env = std::env::var("TURBOTUN_CHART_FONT").ok();
-        let candidates = env
-            .iter()
-            .map(String::as_str)
-            .chain(FONT_PATHS.iter().copied());
+        let candidates = env.iter().map(String::as_str).chain(FONT_PATHS.iter().copied());
         for p in candidates {
             if let Ok(bytes) = std::fs::read(p) {
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -37,11 +34,9 @@ fn register_font() -> Result<()> {
                 }
             }
         }
-        Err(
-            "no TrueType font found for chart labels: `apt-get install fonts-dejavu-core` (or set \
+        Err("no TrueType font found for chart labels: `apt-get install fonts-dejavu-core` (or set \
              TURBOTUN_CHART_FONT=/path/to/font.ttf)"
-                .to_string(),
-        )
+            .to_string())
     })
     .clone()
     .map_err(|e| anyhow!(e))
@@ -51,11 +46,7 @@ fn register_font() -> Result<()> {
 fn color(family: &str, index_in_family: usize) -> RGBColor {
     let shade = |c: (u8, u8, u8)| {
         let k = 1.0 - 0.18 * (index_in_family % 4) as f64;
-        RGBColor(
-            (c.0 as f64 * k) as u8,
-            (c.1 as f64 * k) as u8,
-            (c.2 as f64 * k) as u8,
-        )
+        RGBColor((c.0 as f64 * k) as u8, (c.1 as f64 * k) as u8, (c.2 as f64 * k) as u8)
     };
     match family {
         "baseline" => shade((150, 150, 150)),
@@ -67,12 +58,7 @@ fn color(family: &str, index_in_family: usize) -> RGBColor {
 }
 
 /// Write the chart to `path` (.svg or .png).
-pub fn write_chart(
-    path: &Path,
-    summary: &[Summary],
-    traffic: &[Traffic],
-    title: &str,
-) -> Result<()> {
+pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
     let font = register_font();
     let mut modes: Vec<(&str, &str)> = Vec::new();
     for s in summary {
@@ -86,11 +72,7 @@ pub fn write_chart(
     let panel_w = (110 * modes.len() as u32 + 120).max(640);
     let panel_h = 360u32;
     let size = (panel_w, panel_h * traffic.len() as u32 + 40);
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     let force_plain = std::env::var_os("TURBOTUN_CHART_PLAIN").is_some();
     if (font.is_err() || force_plain) && ext == "svg" {
         // SVG text needs no font file to display, only plotters' layout does: write the same chart by hand.
@@ -102,19 +84,14 @@ pub fn write_chart(
         "svg" => {
             let root = SVGBackend::new(path, size).into_drawing_area();
             draw(&root, &modes, summary, traffic, title)?;
-            root.present()
-                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
         "png" => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
             draw(&root, &modes, summary, traffic, title)?;
-            root.present()
-                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
-        _ => bail!(
-            "--chart: unknown extension {:?} (use .svg or .png)",
-            path.display().to_string()
-        ),
+        _ => bail!("--chart: unknown extension {:?} (use .svg or .png)", path.display().to_string()),
     }
     Ok(())
 }
@@ -134,35 +111,15 @@ where
     let root = root.titled(title, ("sans-serif", 22)).map_err(e)?;
     let panels = root.split_evenly((traffic.len(), 1));
     for (panel, t) in panels.iter().zip(traffic) {
-        let cells: Vec<Option<&Summary>> = modes
-            .iter()
-            .map(|(m, _)| {
-                summary
-                    .iter()
-                    .find(|s| s.mode == *m && s.traffic == t.label)
-            })
-            .collect();
-        let vals: Vec<Option<(f64, f64, f64)>> = cells
-            .iter()
-            .map(|c| {
-                c.and_then(|s| s.headline(t.udp))
-                    .map(|s| (s.median, s.min, s.max))
-            })
-            .collect();
-        let ymax = vals
-            .iter()
-            .flatten()
-            .map(|v| v.2)
-            .fold(0.0f64, f64::max)
-            .max(1e-3)
-            * 1.15;
+        let cells: Vec<Option<&Summary>> =
+            modes.iter().map(|(m, _)| summary.iter().find(|s| s.mode == *m && s.traffic == t.label)).collect();
+        let vals: Vec<Option<(f64, f64, f64)>> =
+            cells.iter().map(|c| c.and_then(|s| s.headline(t.udp)).map(|s| (s.median, s.min, s.max))).collect();
+        let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
         let unit = if t.udp { "received kpps" } else { "Gbps" };
         let n = modes.len();
         let mut chart = ChartBuilder::on(panel)
-            .caption(
-                format!("{} — {} (median, min–max)", t.label, t.description),
-                ("sans-serif", 16),
-            )
+            .caption(format!("{} — {} (median, min–max)", t.label, t.description), ("sans-serif", 16))
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
@@ -197,29 +154,20 @@ where
                 continue;
             };
             let c = color(family, k);
-            let mut bar = Rectangle::new(
-                [
-                    (SegmentValue::Exact(i), 0.0),
-                    (SegmentValue::Exact(i + 1), median),
-                ],
-                c.filled(),
-            );
+            let mut bar =
+                Rectangle::new([(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), median)], c.filled());
             bar.set_margin(0, 0, 10, 10);
             chart.draw_series(std::iter::once(bar)).map_err(e)?;
             // Whisker for min–max.
             let x = || SegmentValue::CenterOf(i);
             chart
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(x(), min), (x(), max)],
-                    BLACK.stroke_width(2),
-                )))
+                .draw_series(std::iter::once(PathElement::new(vec![(x(), min), (x(), max)], BLACK.stroke_width(2))))
                 .map_err(e)?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     super::stats::fmt_num(median),
                     (x(), median + ymax * 0.01),
-                    TextStyle::from(("sans-serif", 12).into_font())
-                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                    TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
                 )))
                 .map_err(e)?;
         }
@@ -229,35 +177,20 @@ where
 
 /// Check the chart path before spending minutes measuring.
 pub fn check_path(path: &Path) -> Result<()> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     match ext.as_str() {
         "svg" => Ok(()),
         "png" => register_font().context("--chart PNG"),
-        _ => bail!(
-            "--chart {}: the file name must end in .svg or .png",
-            path.display()
-        ),
+        _ => bail!("--chart {}: the file name must end in .svg or .png", path.display()),
     }
 }
 
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// The chart as hand-written SVG (used when no TrueType font is installed for plotters' text layout).
-fn plain_svg(
-    modes: &[(&str, &str)],
-    summary: &[Summary],
-    traffic: &[Traffic],
-    title: &str,
-) -> String {
+fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], title: &str) -> String {
     use std::fmt::Write as _;
     let n = modes.len();
     let (left, bar_w, gap, panel_h, plot_h) = (70.0, 80.0, 30.0, 360.0, 260.0);
@@ -288,13 +221,7 @@ fn plain_svg(
                     .map(|s| (s.median, s.min, s.max))
             })
             .collect();
-        let ymax = vals
-            .iter()
-            .flatten()
-            .map(|v| v.2)
-            .fold(0.0f64, f64::max)
-            .max(1e-3)
-            * 1.15;
+        let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
         let y = |v: f64| base - v / ymax * plot_h;
         let unit = if t.udp { "received kpps" } else { "Gbps" };
         let _ = writeln!(
@@ -304,15 +231,8 @@ fn plain_svg(
             t.label,
             xml_escape(t.description)
         );
-        let _ = writeln!(
-            o,
-            r#"<line x1="{left}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
-            width - 30.0
-        );
-        let _ = writeln!(
-            o,
-            r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{base}" stroke="black"/>"#
-        );
+        let _ = writeln!(o, r#"<line x1="{left}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#, width - 30.0);
+        let _ = writeln!(o, r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{base}" stroke="black"/>"#);
         for k in 0..=4 {
             let v = ymax / 1.15 * k as f64 / 4.0;
             let _ = writeln!(
@@ -393,9 +313,7 @@ mod tests {
         let modes = [("veth", "baseline"), ("x<y", "turbotun")];
         let svg = plain_svg(&modes, &summary, &traffic, "t & t");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert!(
-            svg.contains(">veth</text>") && svg.contains("x&lt;y") && svg.contains("t &amp; t")
-        );
+        assert!(svg.contains(">veth</text>") && svg.contains("x&lt;y") && svg.contains("t &amp; t"));
         // background + one bar (no data for the second mode)
         assert_eq!(svg.matches("<rect").count(), 2);
         assert!(svg.contains(">22.0</text>"));

@@ -32,11 +32,7 @@ pub fn start(pid: u32, seconds: u64, data: &Path) -> Result<Recording> {
         .stderr(logf)
         .spawn()
         .context("start perf record")?;
-    Ok(Recording {
-        child,
-        data: data.to_path_buf(),
-        log,
-    })
+    Ok(Recording { child, data: data.to_path_buf(), log })
 }
 
 impl Drop for Recording {
@@ -50,17 +46,10 @@ impl Recording {
     pub fn finish(mut self, timeout: Duration, svg: &Path, title: &str) -> Result<()> {
         let status = match wait_timeout(&mut self.child, timeout) {
             Some(s) => s,
-            None => {
-                terminate(&mut self.child, Duration::from_secs(2)).context("perf record hung")?
-            }
+            None => terminate(&mut self.child, Duration::from_secs(2)).context("perf record hung")?,
         };
         if !status.success() && !self.data.exists() {
-            bail!(
-                "perf record failed ({status}): {}",
-                std::fs::read_to_string(&self.log)
-                    .unwrap_or_default()
-                    .trim()
-            );
+            bail!("perf record failed ({status}): {}", std::fs::read_to_string(&self.log).unwrap_or_default().trim());
         }
         render(&self.data, svg, title)
     }
@@ -78,11 +67,8 @@ pub fn render(data: &Path, svg: &Path, title: &str) -> Result<()> {
         .context("run perf script")?;
     let out = script.stdout.take().expect("piped");
     let mut folded = Vec::new();
-    let mut folder =
-        inferno::collapse::perf::Folder::from(inferno::collapse::perf::Options::default());
-    folder
-        .collapse(BufReader::new(out), &mut folded)
-        .context("collapse perf script output")?;
+    let mut folder = inferno::collapse::perf::Folder::from(inferno::collapse::perf::Options::default());
+    folder.collapse(BufReader::new(out), &mut folded).context("collapse perf script output")?;
     let st = script.wait()?;
     if !st.success() {
         bail!("perf script failed ({st})");

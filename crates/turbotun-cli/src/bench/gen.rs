@@ -39,27 +39,18 @@ pub struct SinkReport {
 
 /// Send `len`-byte datagrams to `dest` for `secs`, `segments` per send (1 = no GSO).
 pub fn generate(dest: SocketAddr, len: usize, segments: u16, secs: f64) -> Result<GenReport> {
-    let bind: SocketAddr = if dest.is_ipv6() {
-        "[::]:0".parse()?
-    } else {
-        "0.0.0.0:0".parse()?
-    };
+    let bind: SocketAddr = if dest.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
     let sock = UdpSocket::bind(bind).context("bind generator socket")?;
-    sock.connect(dest)
-        .with_context(|| format!("connect to {dest}"))?;
+    sock.connect(dest).with_context(|| format!("connect to {dest}"))?;
     let segments = segments.max(1);
     if segments > 1 {
         let gso = i32::try_from(len).context("datagram length")?;
-        setsockopt(&sock, sockopt::UdpGsoSegment, &gso)
-            .context("UDP_SEGMENT (UDP GSO) not supported")?;
+        setsockopt(&sock, sockopt::UdpGsoSegment, &gso).context("UDP_SEGMENT (UDP GSO) not supported")?;
     }
     let mut buf = vec![0u8; len * usize::from(segments)];
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
-    let mut r = GenReport {
-        segments,
-        ..Default::default()
-    };
+    let mut r = GenReport { segments, ..Default::default() };
     let mut seq: u64 = 0;
     loop {
         // A sequence number at the head of the first datagram of each send (for eyeballing captures).
@@ -68,14 +59,7 @@ pub fn generate(dest: SocketAddr, len: usize, segments: u16, secs: f64) -> Resul
         match sock.send(&buf) {
             Ok(_) => r.sent += u64::from(segments),
             // ICMP port unreachable from before the sink bound, queue full: count and go on.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::ConnectionRefused | ErrorKind::WouldBlock
-                ) =>
-            {
-                r.send_errors += 1
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::WouldBlock) => r.send_errors += 1,
             Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => r.send_errors += 1,
             Err(e) => return Err(e).context("send"),
         }
@@ -98,10 +82,7 @@ pub fn sink(addr: SocketAddr, len: usize, idle: Duration, max: Duration) -> Resu
     let start = Instant::now();
     let mut first: Option<Instant> = None;
     let mut last = start;
-    let mut r = SinkReport {
-        gro,
-        ..Default::default()
-    };
+    let mut r = SinkReport { gro, ..Default::default() };
     loop {
         match sock.recv(&mut buf) {
             Ok(n) => {
@@ -134,11 +115,7 @@ pub fn to_result(g: &GenReport, s: &SinkReport) -> super::iperf::IperfResult {
         udp_packets: Some(g.sent),
         udp_lost: Some(lost),
         udp_received: Some(s.packets.min(g.sent)),
-        udp_lost_percent: Some(if g.sent > 0 {
-            lost as f64 * 100.0 / g.sent as f64
-        } else {
-            0.0
-        }),
+        udp_lost_percent: Some(if g.sent > 0 { lost as f64 * 100.0 / g.sent as f64 } else { 0.0 }),
         seconds: g.seconds,
         ..Default::default()
     }
@@ -154,9 +131,7 @@ mod tests {
         let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        let h = std::thread::spawn(move || {
-            sink(addr, 64, Duration::from_millis(300), Duration::from_secs(5)).unwrap()
-        });
+        let h = std::thread::spawn(move || sink(addr, 64, Duration::from_millis(300), Duration::from_secs(5)).unwrap());
         std::thread::sleep(Duration::from_millis(100));
         let g = generate(addr, 64, 16, 0.2).unwrap();
         let s = h.join().unwrap();
@@ -170,19 +145,8 @@ mod tests {
 
     #[test]
     fn report_mapping() {
-        let g = GenReport {
-            sent: 1000,
-            send_errors: 0,
-            seconds: 2.0,
-            segments: 64,
-        };
-        let s = SinkReport {
-            packets: 600,
-            bytes: 600 * 64,
-            seconds: 1.9,
-            reads: 10,
-            gro: true,
-        };
+        let g = GenReport { sent: 1000, send_errors: 0, seconds: 2.0, segments: 64 };
+        let s = SinkReport { packets: 600, bytes: 600 * 64, seconds: 1.9, reads: 10, gro: true };
         let r = to_result(&g, &s);
         assert_eq!((r.udp_received, r.udp_lost), (Some(600), Some(400)));
         assert_eq!(r.udp_lost_percent, Some(40.0));

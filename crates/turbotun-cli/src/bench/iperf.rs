@@ -19,14 +19,7 @@ pub struct Traffic {
 
 /// Every traffic kind, in report order. Adding one is one entry.
 pub const TRAFFIC: &[Traffic] = &[
-    Traffic {
-        label: "tcp",
-        description: "TCP, one stream, -C cubic",
-        udp: false,
-        streams: 1,
-        payload: 0,
-        gso: 0,
-    },
+    Traffic { label: "tcp", description: "TCP, one stream, -C cubic", udp: false, streams: 1, payload: 0, gso: 0 },
     Traffic {
         label: "tcp4",
         description: "TCP, four streams (-P 4), -C cubic",
@@ -134,42 +127,24 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
     if let Some(err) = v.get("error").and_then(Value::as_str) {
         bail!("iperf3: {err}");
     }
-    let end = v
-        .get("end")
-        .ok_or_else(|| anyhow!("iperf3 JSON has no 'end' section"))?;
+    let end = v.get("end").ok_or_else(|| anyhow!("iperf3 JSON has no 'end' section"))?;
     let udp = v
         .pointer("/start/test_start/protocol")
         .and_then(Value::as_str)
         .map(|p| p.eq_ignore_ascii_case("UDP"))
-        .unwrap_or_else(|| {
-            end.get("sum")
-                .is_some_and(|s| s.get("lost_packets").is_some())
-        });
+        .unwrap_or_else(|| end.get("sum").is_some_and(|s| s.get("lost_packets").is_some()));
     let recv = end
         .get("sum_received")
         .or_else(|| end.get("sum"))
         .ok_or_else(|| anyhow!("iperf3 JSON has no receiver summary"))?;
-    let sent = end
-        .get("sum_sent")
-        .or_else(|| end.get("sum"))
-        .unwrap_or(recv);
-    let bps = |s: &Value| {
-        s.get("bits_per_second")
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0)
-    };
+    let sent = end.get("sum_sent").or_else(|| end.get("sum")).unwrap_or(recv);
+    let bps = |s: &Value| s.get("bits_per_second").and_then(Value::as_f64).unwrap_or(0.0);
     let mut r = IperfResult {
         gbps: bps(recv) / 1e9,
         sender_gbps: bps(sent) / 1e9,
         seconds: recv.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
-        sender_cc: end
-            .get("sender_tcp_congestion")
-            .and_then(Value::as_str)
-            .map(String::from),
-        receiver_cc: end
-            .get("receiver_tcp_congestion")
-            .and_then(Value::as_str)
-            .map(String::from),
+        sender_cc: end.get("sender_tcp_congestion").and_then(Value::as_str).map(String::from),
+        receiver_cc: end.get("receiver_tcp_congestion").and_then(Value::as_str).map(String::from),
         ..Default::default()
     };
     if udp {
@@ -180,11 +155,7 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
         r.udp_packets = Some(packets);
         r.udp_lost = Some(lost);
         r.udp_received = Some(packets.saturating_sub(lost));
-        r.udp_lost_percent = Some(if packets > 0 {
-            lost as f64 * 100.0 / packets as f64
-        } else {
-            0.0
-        });
+        r.udp_lost_percent = Some(if packets > 0 { lost as f64 * 100.0 / packets as f64 } else { 0.0 });
     } else {
         r.retransmits = sent.get("retransmits").and_then(u);
     }
@@ -226,19 +197,17 @@ mod tests {
         assert_eq!(r.udp_received, Some(227968 - 123295));
         assert!((r.udp_lost_percent.unwrap() - 54.0843).abs() < 1e-3);
         assert!((r.gbps - 0.053_420_455_293_045_8).abs() < 1e-12);
-        assert!(
-            (r.rx_kpps().unwrap() - 104.337).abs() < 0.01,
-            "{:?}",
-            r.rx_kpps()
-        );
+        assert!((r.rx_kpps().unwrap() - 104.337).abs() < 0.01, "{:?}", r.rx_kpps());
         assert_eq!(r.retransmits, None);
         assert_eq!(r.sender_cc, None);
     }
 
     #[test]
     fn error_and_garbage() {
-        let e = parse_client_json(r#"{"start":{},"intervals":[],"end":{},"error":"unable to connect to server: Connection refused"}"#)
-            .unwrap_err();
+        let e = parse_client_json(
+            r#"{"start":{},"intervals":[],"end":{},"error":"unable to connect to server: Connection refused"}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("Connection refused"), "{e}");
         assert!(parse_client_json("iperf3: error").is_err());
         assert!(parse_client_json("{}").is_err());
@@ -252,9 +221,6 @@ mod tests {
         assert!(!a.contains("cubic"));
         let t = traffic_by_label("tcp4").unwrap();
         let a = t.client_args("fd00:2::1", 10, true).join(" ");
-        assert!(
-            a.contains("-C cubic") && a.contains("-P 4") && a.contains("-6") && a.contains("-t 10"),
-            "{a}"
-        );
+        assert!(a.contains("-C cubic") && a.contains("-P 4") && a.contains("-6") && a.contains("-t 10"), "{a}");
     }
 }

@@ -146,19 +146,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 iperf::traffic_by_label(l.trim()).ok_or_else(|| {
                     anyhow!(
                         "unknown traffic kind {l:?}; known: {}",
-                        TRAFFIC
-                            .iter()
-                            .map(|t| t.label)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        TRAFFIC.iter().map(|t| t.label).collect::<Vec<_>>().join(", ")
                     )
                 })
             })
             .collect::<Result<_>>()?,
-        (None, true) => ["tcp", "udp64"]
-            .iter()
-            .filter_map(|l| iperf::traffic_by_label(l))
-            .collect(),
+        (None, true) => ["tcp", "udp64"].iter().filter_map(|l| iperf::traffic_by_label(l)).collect(),
         (None, false) => TRAFFIC.to_vec(),
     };
     let duration = args.duration.unwrap_or(if args.quick { 3 } else { 10 });
@@ -197,27 +190,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     topo::sweep_stale();
 
-    let mut ctx = Ctx {
-        exe: exe.clone(),
-        prefix: format!("tt{pid}"),
-        duration,
-        ipv6: args.ipv6,
-        log_dir,
-        stop,
-        run_counter: 0,
-    };
-    let profiled: Vec<&Mode> = if args.flamegraph.is_some() {
-        selected.iter().filter(|m| m.is_forwarder()).collect()
-    } else {
-        Vec::new()
-    };
+    let mut ctx =
+        Ctx { exe: exe.clone(), prefix: format!("tt{pid}"), duration, ipv6: args.ipv6, log_dir, stop, run_counter: 0 };
+    let profiled: Vec<&Mode> =
+        if args.flamegraph.is_some() { selected.iter().filter(|m| m.is_forwarder()).collect() } else { Vec::new() };
     let total = reps as u64 * traffic.len() as u64 * selected.len() as u64 + profiled.len() as u64;
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.enable_steady_tick(Duration::from_millis(250));
     eprintln!(
@@ -228,10 +209,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         (total * (duration + 1)).div_ceil(60)
     );
 
-    let started_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let started_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut runs: Vec<RunRecord> = Vec::new();
     let mut broken: Vec<(String, String)> = Vec::new();
     let mut failures = 0usize;
@@ -259,9 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         }
                         Err(e) => {
                             let msg = format!("{e:#}");
-                            if m.is_forwarder()
-                                && (msg.contains("before `ready`") || msg.contains("print `ready`"))
-                            {
+                            if m.is_forwarder() && (msg.contains("before `ready`") || msg.contains("print `ready`")) {
                                 broken.push((m.label.clone(), msg.clone()));
                             }
                             RunRecord {
@@ -278,9 +255,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 };
                 if let Some(err) = &rec.error {
                     failures += 1;
-                    pb.suspend(|| {
-                        eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label)
-                    });
+                    pb.suspend(|| eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label));
                 }
                 runs.push(rec);
                 pb.inc(1);
@@ -292,11 +267,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         for m in profiled {
             pb.set_message(format!("flamegraph {} {}", t.label, m.label));
             // DIR/offload.svg for turbotun's modes, DIR/tunrs-offload.svg for the peers.
-            let name = if m.family == "turbotun" {
-                m.short()
-            } else {
-                m.label.as_str()
-            };
+            let name = if m.family == "turbotun" { m.short() } else { m.label.as_str() };
             let svg = dir.join(format!("{name}.svg"));
             match run_one(&mut ctx, m, t, 0, Some(&svg)) {
                 Ok(_) => pb.suspend(|| eprintln!("turbotun bench: wrote {}", svg.display())),
@@ -305,37 +276,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     let _ = std::fs::remove_dir_all(&ctx.log_dir);
                     return Err(interrupted(e));
                 }
-                Err(e) => {
-                    pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label))
-                }
+                Err(e) => pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label)),
             }
             pb.inc(1);
         }
     }
     pb.finish_and_clear();
 
-    let mode_list: Vec<(String, String)> = selected
-        .iter()
-        .map(|m| (m.label.clone(), m.family.to_string()))
-        .collect();
+    let mode_list: Vec<(String, String)> = selected.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
     let summary = report::summarize(&runs, &mode_list, &traffic);
     let report = Report {
         tool: "turbotun bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        build: if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        }
-        .into(),
+        build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
         started_unix,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        cpus: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         duration_s: duration,
         reps,
         ipv6: args.ipv6,
@@ -373,11 +329,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         eprintln!(
             "turbotun bench: {failures} run(s) failed{}; logs kept in {}",
-            if build_failed {
-                ", a peer build failed"
-            } else {
-                ""
-            },
+            if build_failed { ", a peer build failed" } else { "" },
             ctx.log_dir.display()
         );
     }
@@ -418,17 +370,9 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    let mut tools = vec![
-        ("iperf3", "iperf3"),
-        ("ip", "iproute2"),
-        ("sysctl", "procps"),
-        ("kill", "procps"),
-    ];
+    let mut tools = vec![("iperf3", "iperf3"), ("ip", "iproute2"), ("sysctl", "procps"), ("kill", "procps")];
     if args.flamegraph.is_some() {
-        tools.push((
-            "perf",
-            "linux-perf (Debian) or linux-tools-generic (Ubuntu)",
-        ));
+        tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }
     let missing: Vec<String> = tools
         .iter()
@@ -486,23 +430,10 @@ fn run_in_ns(
 }
 
 /// One run: topology, forwarder, iperf3 server and client, samples before and after the window.
-fn run_one(
-    ctx: &mut Ctx,
-    mode: &Mode,
-    t: &Traffic,
-    rep: u32,
-    flamegraph: Option<&Path>,
-) -> Result<RunRecord> {
+fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(
-        mode,
-        &ctx.prefix,
-        ctx.run_counter,
-        ctx.ipv6,
-        &ctx.log_dir,
-        &stop,
-    )?;
+    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
     let mut rec = RunRecord {
         mode: mode.label.clone(),
         family: mode.family.into(),
@@ -513,8 +444,7 @@ fn run_one(
     };
 
     // Server in B bound to B's address: iperf3 for one test, or our UDP sink.
-    let srv_log =
-        std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
+    let srv_log = std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
     let v6_socket = topo.server_addr.contains(':');
     let sink_addr = if v6_socket {
         format!("[{}]:{SINK_PORT}", topo.server_addr)
@@ -526,16 +456,7 @@ fn run_one(
     let len_s = t.payload.to_string();
     let gso_s = t.gso.to_string();
     let server_cmd: Vec<&str> = if t.gso > 0 {
-        vec![
-            &exe,
-            "bench",
-            "--udp-sink",
-            &sink_addr,
-            "--udp-len",
-            &len_s,
-            "--duration",
-            &duration_s,
-        ]
+        vec![&exe, "bench", "--udp-sink", &sink_addr, "--udp-len", &len_s, "--duration", &duration_s]
     } else {
         vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
     };
@@ -558,21 +479,13 @@ fn run_one(
     // Samples before the window.
     let fwd_pid = topo.forwarder.as_ref().map(|f| f.pid);
     let drops0 = topo.tx_dropped();
-    let rcvbuf0 = if t.udp {
-        topo.rcvbuf_errors(ctx.ipv6)
-    } else {
-        None
-    };
+    let rcvbuf0 = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
     let rss_reset = fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false);
     let ticks0 = fwd_pid.map(procfs::pid_cpu_ticks).transpose()?;
     let box0 = procfs::box_cpu()?;
     let t0 = Instant::now();
     let perf = match (flamegraph, fwd_pid) {
-        (Some(svg), Some(pid)) => Some(flame::start(
-            pid,
-            ctx.duration,
-            &svg.with_extension("perf.data"),
-        )?),
+        (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
         _ => None,
     };
 
@@ -598,8 +511,8 @@ fn run_one(
             bail!("UDP sink did not finish");
         }
         let text = server_out.join().unwrap_or_default();
-        let sk: gen::SinkReport = serde_json::from_str(text.trim())
-            .with_context(|| format!("UDP sink: {:?}", text.trim()))?;
+        let sk: gen::SinkReport =
+            serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
         gen::to_result(&g, &sk)
     } else {
         let client_args = t.client_args(&topo.server_addr, ctx.duration, v6_socket);
@@ -624,14 +537,11 @@ fn run_one(
     let box1 = procfs::box_cpu()?;
     if let (Some(pid), Some(t0)) = (fwd_pid, ticks0) {
         if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
-            rec.fwd_cpu_percent =
-                Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
+            rec.fwd_cpu_percent = Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
         }
         rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
         if !rss_reset {
-            tracing::debug!(
-                "could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime"
-            );
+            tracing::debug!("could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime");
         }
     }
     rec.box_cpu_percent = box1.percent_since(&box0);
@@ -658,18 +568,12 @@ fn run_one(
         rec.fwd_counters = exit.counters;
         rec.fwd_exit = exit.status;
         if alive == Some(false) {
-            rec.error = Some(format!(
-                "forwarder died during the run: {}",
-                exit.stderr_tail
-            ));
+            rec.error = Some(format!("forwarder died during the run: {}", exit.stderr_tail));
         }
     }
     if let Some(rec_perf) = perf {
         let svg = flamegraph.expect("perf implies flamegraph");
-        let title = format!(
-            "turbotun bench {} — {} {} s",
-            mode.label, t.label, ctx.duration
-        );
+        let title = format!("turbotun bench {} — {} {} s", mode.label, t.label, ctx.duration);
         rec_perf.finish(Duration::from_secs(ctx.duration + 15), svg, &title)?;
         let _ = std::fs::remove_file(svg.with_extension("perf.data"));
         let _ = std::fs::remove_file(svg.with_extension("perf.log"));

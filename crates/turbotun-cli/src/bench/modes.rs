@@ -20,21 +20,12 @@ pub const TURBOTUN_MODES: &[(&str, &[&str])] = &[
 
 /// Peers: (family, binary under bench/peers/bin, the package that builds it, modes).
 pub const PEERS: &[(&str, &str, &[&str])] = &[
-    (
-        "tunrs",
-        "tunrs-fwd",
-        &["plain", "offload", "offload2", "async-offload"],
-    ),
+    ("tunrs", "tunrs-fwd", &["plain", "offload", "offload2", "async-offload"]),
     ("wggo", "wggo-fwd", &["plain", "offload"]),
 ];
 
 /// The modes `--quick` runs.
-pub const QUICK_MODES: &[&str] = &[
-    "veth",
-    "turbotun-offload",
-    "turbotun-plain",
-    "tunrs-offload",
-];
+pub const QUICK_MODES: &[&str] = &["veth", "turbotun-offload", "turbotun-plain", "tunrs-offload"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
@@ -43,11 +34,7 @@ pub enum Kind {
     /// Loopback inside one namespace.
     Loopback,
     /// A forwarder process: `PROGRAM [PREFIX_ARGS..] DEV_A DEV_B [ARGS..]`.
-    Forwarder {
-        program: PathBuf,
-        prefix_args: Vec<String>,
-        args: Vec<String>,
-    },
+    Forwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +57,7 @@ impl Mode {
 
     /// Label without the family prefix (`offload` for `turbotun-offload`), used for flamegraph file names.
     pub fn short(&self) -> &str {
-        self.label
-            .strip_prefix(&format!("{}-", self.family))
-            .unwrap_or(&self.label)
+        self.label.strip_prefix(&format!("{}-", self.family)).unwrap_or(&self.label)
     }
 }
 
@@ -86,10 +71,7 @@ pub struct Unavailable {
 /// Does `turbotun fwd --help` accept these arguments? Flags (`--x`) must appear in the help; the value after
 /// `--mode`/`--io` must appear too (clap lists possible values).
 pub fn fwd_accepts(help: &str, args: &[&str]) -> bool {
-    let has_word = |w: &str| {
-        help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-            .any(|x| x == w)
-    };
+    let has_word = |w: &str| help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|x| x == w);
     let mut prev_flag: Option<&str> = None;
     for a in args {
         if a.starts_with("--") {
@@ -134,29 +116,15 @@ pub fn peers_dir(exe: &Path) -> Option<PathBuf> {
     if compiled.is_dir() {
         return compiled.canonicalize().ok().or(Some(compiled));
     }
-    exe.ancestors()
-        .map(|a| a.join("bench/peers"))
-        .find(|p| p.is_dir())
+    exe.ancestors().map(|a| a.join("bench/peers")).find(|p| p.is_dir())
 }
 
 /// Every mode in report order, plus the ones that cannot run here. Peers are listed if their binary exists or
 /// `build.sh` could build it (checked later by [`ensure_peers_built`]).
-pub fn all_modes(
-    exe: &Path,
-    fwd_help: &Result<String, String>,
-    peers: Option<&Path>,
-) -> (Vec<Mode>, Vec<Unavailable>) {
+pub fn all_modes(exe: &Path, fwd_help: &Result<String, String>, peers: Option<&Path>) -> (Vec<Mode>, Vec<Unavailable>) {
     let mut modes = vec![
-        Mode {
-            label: "veth".into(),
-            family: "baseline",
-            kind: Kind::Veth,
-        },
-        Mode {
-            label: "loopback".into(),
-            family: "baseline",
-            kind: Kind::Loopback,
-        },
+        Mode { label: "veth".into(), family: "baseline", kind: Kind::Veth },
+        Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback },
     ];
     let mut unavailable = Vec::new();
     for (label, args) in TURBOTUN_MODES {
@@ -175,10 +143,7 @@ pub fn all_modes(
                 mode: label,
                 reason: format!("`turbotun fwd` does not accept `{}` yet", args.join(" ")),
             }),
-            Err(e) => unavailable.push(Unavailable {
-                mode: label,
-                reason: e.clone(),
-            }),
+            Err(e) => unavailable.push(Unavailable { mode: label, reason: e.clone() }),
         }
     }
     for (family, bin, peer_modes) in PEERS {
@@ -194,10 +159,8 @@ pub fn all_modes(
                         args: vec!["--mode".into(), m.to_string()],
                     },
                 }),
-                None => unavailable.push(Unavailable {
-                    mode: label,
-                    reason: "bench/peers not found (set TURBOTUN_PEERS_DIR)".into(),
-                }),
+                None => unavailable
+                    .push(Unavailable { mode: label, reason: "bench/peers not found (set TURBOTUN_PEERS_DIR)".into() }),
             }
         }
     }
@@ -206,11 +169,7 @@ pub fn all_modes(
 
 /// Select modes by a comma list: exact labels, a label without the `turbotun-` prefix, or a family name
 /// (`turbotun`, `tunrs`, `wggo`, `peers`, `baseline`).
-pub fn select_modes(
-    all: &[Mode],
-    unavailable: &[Unavailable],
-    filter: &[String],
-) -> Result<Vec<Mode>> {
+pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]) -> Result<Vec<Mode>> {
     let mut out: Vec<Mode> = Vec::new();
     for f in filter {
         let f = f.trim();
@@ -228,20 +187,12 @@ pub fn select_modes(
             })
             .collect();
         if matched.is_empty() {
-            let na = unavailable
-                .iter()
-                .find(|u| u.mode == f || u.mode == format!("turbotun-{f}"));
+            let na = unavailable.iter().find(|u| u.mode == f || u.mode == format!("turbotun-{f}"));
             match na {
-                Some(u) => eprintln!(
-                    "turbotun bench: mode {} not available: {}",
-                    u.mode, u.reason
-                ),
+                Some(u) => eprintln!("turbotun bench: mode {} not available: {}", u.mode, u.reason),
                 None => anyhow::bail!(
                     "unknown mode {f:?}; known: {}",
-                    all.iter()
-                        .map(|m| m.label.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    all.iter().map(|m| m.label.as_str()).collect::<Vec<_>>().join(", ")
                 ),
             }
         }
@@ -279,10 +230,7 @@ pub fn ensure_peers_built(
         }
         let fresh = !dir.join("bin").join(bin).is_file();
         if fresh {
-            eprintln!(
-                "turbotun bench: building {bin} with {} (first use; takes a few minutes)",
-                script.display()
-            );
+            eprintln!("turbotun bench: building {bin} with {} (first use; takes a few minutes)", script.display());
         }
         let log = log_dir.join(format!("build-{family}.log"));
         let logf = std::fs::File::create(&log).context("create build log")?;
@@ -297,17 +245,8 @@ pub fn ensure_peers_built(
             .with_context(|| format!("run {}", script.display()))?;
         if !status.success() {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let last = text
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .to_string();
-            notes.push((
-                family,
-                format!("build.sh {family} failed: {last} (log {})", log.display()),
-            ));
+            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+            notes.push((family, format!("build.sh {family} failed: {last} (log {})", log.display())));
         }
     }
     let mut out = Vec::new();
@@ -321,9 +260,7 @@ pub fn ensure_peers_built(
                 "wggo" if which("go").is_none() && !Path::new("/usr/local/go/bin/go").is_file() => {
                     "Go is not installed: `apt-get install golang-go`".to_string()
                 }
-                "tunrs" if which("cargo").is_none() => {
-                    "cargo is not installed (https://rustup.rs)".to_string()
-                }
+                "tunrs" if which("cargo").is_none() => "cargo is not installed (https://rustup.rs)".to_string(),
                 f => notes
                     .iter()
                     .find(|(n, _)| *n == f)
@@ -332,17 +269,11 @@ pub fn ensure_peers_built(
             };
             if !unavailable.iter().any(|u| u.mode == m.label) {
                 eprintln!("turbotun bench: skipping {}: {need}", m.label);
-                unavailable.push(Unavailable {
-                    mode: m.label,
-                    reason: need,
-                });
+                unavailable.push(Unavailable { mode: m.label, reason: need });
             }
         } else {
             if let Some((_, note)) = notes.iter().find(|(n, _)| *n == m.family) {
-                eprintln!(
-                    "turbotun bench: {note}; using the existing {} binary",
-                    m.family
-                );
+                eprintln!("turbotun bench: {note}; using the existing {} binary", m.family);
             }
             out.push(m);
         }
@@ -353,9 +284,7 @@ pub fn ensure_peers_built(
 /// First executable named `name` on $PATH.
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 #[cfg(test)]
@@ -382,34 +311,18 @@ mod tests {
         let exe = Path::new("/x/turbotun");
         let (all, na) = all_modes(exe, &Ok(HELP.into()), Some(Path::new("/p")));
         let labels: Vec<&str> = all.iter().map(|m| m.label.as_str()).collect();
-        assert_eq!(
-            &labels[..5],
-            [
-                "veth",
-                "loopback",
-                "turbotun-plain",
-                "turbotun-offload",
-                "turbotun-passthrough"
-            ]
-        );
+        assert_eq!(&labels[..5], ["veth", "loopback", "turbotun-plain", "turbotun-offload", "turbotun-passthrough"]);
         assert!(labels.contains(&"turbotun-threads2"));
         assert!(labels.contains(&"wggo-offload"));
         assert!(na.iter().any(|u| u.mode == "turbotun-uring"));
-        let sel = select_modes(
-            &all,
-            &na,
-            &["tunrs-offload".into(), "veth".into(), "offload".into()],
-        )
-        .unwrap();
+        let sel = select_modes(&all, &na, &["tunrs-offload".into(), "veth".into(), "offload".into()]).unwrap();
         let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(sel, ["veth", "turbotun-offload", "tunrs-offload"]);
         let sel = select_modes(&all, &na, &["wggo".into()]).unwrap();
         assert_eq!(sel.len(), 2);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
         // unavailable: a note, not an error
-        assert!(select_modes(&all, &na, &["uring".into()])
-            .unwrap()
-            .is_empty());
+        assert!(select_modes(&all, &na, &["uring".into()]).unwrap().is_empty());
         let (all, na) = all_modes(exe, &Err("no fwd".into()), None);
         assert_eq!(all.len(), 2);
         assert_eq!(na.len(), TURBOTUN_MODES.len() + 6);

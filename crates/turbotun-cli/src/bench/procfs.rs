@@ -11,9 +11,7 @@ pub const CLK_TCK: f64 = 100.0;
 /// clock ticks.
 pub fn parse_pid_stat_cpu_ticks(stat: &str) -> Result<u64> {
     // The command name (field 2) is in parentheses and may contain spaces or ')': split after the last ')'.
-    let close = stat
-        .rfind(')')
-        .ok_or_else(|| anyhow!("no ')' in /proc/PID/stat"))?;
+    let close = stat.rfind(')').ok_or_else(|| anyhow!("no ')' in /proc/PID/stat"))?;
     let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
     // rest[0] is field 3 (state); utime is field 14, stime field 15.
     let field = |n: usize| -> Result<u64> {
@@ -52,10 +50,7 @@ pub struct BoxCpu {
 }
 
 pub fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
-    let line = stat
-        .lines()
-        .find(|l| l.starts_with("cpu "))
-        .ok_or_else(|| anyhow!("no 'cpu ' line in /proc/stat"))?;
+    let line = stat.lines().find(|l| l.starts_with("cpu ")).ok_or_else(|| anyhow!("no 'cpu ' line in /proc/stat"))?;
     let vals: Vec<u64> = line
         .split_whitespace()
         .skip(1)
@@ -65,10 +60,7 @@ pub fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
     // user nice system idle iowait irq softirq steal guest guest_nice; guest* are already counted in user/nice.
     let total: u64 = vals.iter().take(8).sum();
     let idle = vals.get(3).copied().unwrap_or(0) + vals.get(4).copied().unwrap_or(0);
-    Ok(BoxCpu {
-        busy: total.saturating_sub(idle),
-        total,
-    })
+    Ok(BoxCpu { busy: total.saturating_sub(idle), total })
 }
 
 impl BoxCpu {
@@ -104,8 +96,7 @@ pub fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
 
 /// Current CPU ticks of a live process.
 pub fn pid_cpu_ticks(pid: u32) -> Result<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
     parse_pid_stat_cpu_ticks(&s)
 }
 
@@ -154,16 +145,10 @@ mod tests {
 
     #[test]
     fn proc_stat_box_cpu() {
-        let a = parse_proc_stat(
-            "cpu  3193 14566 2572 40840 370 0 132 286 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n",
-        )
-        .unwrap();
+        let a = parse_proc_stat("cpu  3193 14566 2572 40840 370 0 132 286 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n").unwrap();
         assert_eq!(a.total, 3193 + 14566 + 2572 + 40840 + 370 + 132 + 286);
         assert_eq!(a.busy, a.total - 40840 - 370);
-        let b = BoxCpu {
-            busy: a.busy + 150,
-            total: a.total + 200,
-        };
+        let b = BoxCpu { busy: a.busy + 150, total: a.total + 200 };
         assert_eq!(b.percent_since(&a), Some(75.0));
         assert_eq!(a.percent_since(&a), None);
     }

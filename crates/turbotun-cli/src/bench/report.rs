@@ -44,12 +44,7 @@ impl RunRecord {
 
     /// A count over the window as thousands per second.
     pub fn per_ms(&self, count: Option<u64>) -> Option<f64> {
-        let secs = self
-            .iperf
-            .as_ref()
-            .map(|i| i.seconds)
-            .filter(|s| *s > 0.0)
-            .unwrap_or(self.window_seconds);
+        let secs = self.iperf.as_ref().map(|i| i.seconds).filter(|s| *s > 0.0).unwrap_or(self.window_seconds);
         (secs > 0.0).then_some(count? as f64 / secs / 1000.0)
     }
 
@@ -130,10 +125,7 @@ pub struct UnavailableJson {
 
 impl From<&Unavailable> for UnavailableJson {
     fn from(u: &Unavailable) -> Self {
-        UnavailableJson {
-            mode: u.mode.clone(),
-            reason: u.reason.clone(),
-        }
+        UnavailableJson { mode: u.mode.clone(), reason: u.reason.clone() }
     }
 }
 
@@ -142,24 +134,13 @@ fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Opt
 }
 
 /// Summaries for every (mode, traffic) pair in the given order, with ratios.
-pub fn summarize(
-    runs: &[RunRecord],
-    modes: &[(String, String)],
-    traffic: &[Traffic],
-) -> Vec<Summary> {
+pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traffic]) -> Vec<Summary> {
     let mut out = Vec::new();
     for t in traffic {
         let first = out.len();
         for (mode, family) in modes {
-            let all: Vec<&RunRecord> = runs
-                .iter()
-                .filter(|r| &r.mode == mode && r.traffic == t.label)
-                .collect();
-            let ok: Vec<&RunRecord> = all
-                .iter()
-                .copied()
-                .filter(|r| r.error.is_none() && r.iperf.is_some())
-                .collect();
+            let all: Vec<&RunRecord> = runs.iter().filter(|r| &r.mode == mode && r.traffic == t.label).collect();
+            let ok: Vec<&RunRecord> = all.iter().copied().filter(|r| r.error.is_none() && r.iperf.is_some()).collect();
             let ip = |r: &RunRecord| r.iperf.clone().unwrap_or_default();
             let s = Summary {
                 mode: mode.clone(),
@@ -249,12 +230,7 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
         }
         m
     };
-    let find = |mode: &str, t: &str| {
-        report
-            .summary
-            .iter()
-            .find(|s| s.mode == mode && s.traffic == t)
-    };
+    let find = |mode: &str, t: &str| report.summary.iter().find(|s| s.mode == mode && s.traffic == t);
 
     // Overview.
     let _ = write!(o, "| mode |");
@@ -270,9 +246,7 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
     for m in &modes {
         let _ = write!(o, "| {m} |");
         for t in traffic {
-            let c = find(m, t.label)
-                .map(|s| cell(s.headline(t.udp)))
-                .unwrap_or_else(|| "–".into());
+            let c = find(m, t.label).map(|s| cell(s.headline(t.udp))).unwrap_or_else(|| "–".into());
             let _ = write!(o, " {c} |");
         }
         o.push('\n');
@@ -295,11 +269,7 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
         }
         for m in &modes {
             let Some(s) = find(m, t.label) else { continue };
-            let failed = if s.failed > 0 {
-                format!(" ({} of {} failed)", s.failed, s.runs)
-            } else {
-                String::new()
-            };
+            let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
             if t.udp {
                 let _ = writeln!(
                     o,
@@ -388,53 +358,32 @@ mod tests {
             }),
             fwd_cpu_percent: (family != "baseline").then_some(100.0),
             fwd_peak_rss_kb: (family != "baseline").then_some(2048),
-            fwd_counters: (family != "baseline")
-                .then(|| serde_json::json!({"packets": 5, "drops": 3})),
+            fwd_counters: (family != "baseline").then(|| serde_json::json!({"packets": 5, "drops": 3})),
             ..Default::default()
         }
     }
 
     fn sample() -> (Report, Vec<Traffic>) {
-        let traffic = vec![
-            traffic_by_label("tcp").unwrap(),
-            traffic_by_label("udp64").unwrap(),
-        ];
+        let traffic = vec![traffic_by_label("tcp").unwrap(), traffic_by_label("udp64").unwrap()];
         let mut runs = Vec::new();
         for rep in 1..=3 {
             let r = f64::from(rep);
             runs.push(rec("veth", "baseline", "tcp", rep, 20.0 + r, 0.0));
-            runs.push(rec(
-                "turbotun-offload",
-                "turbotun",
-                "tcp",
-                rep,
-                10.0 + r,
-                0.0,
-            ));
+            runs.push(rec("turbotun-offload", "turbotun", "tcp", rep, 10.0 + r, 0.0));
             runs.push(rec("tunrs-offload", "tunrs", "tcp", rep, 5.0 + r, 0.0));
             runs.push(rec("veth", "baseline", "udp64", rep, 0.1, 200.0));
-            runs.push(rec(
-                "turbotun-offload",
-                "turbotun",
-                "udp64",
-                rep,
-                0.1,
-                100.0 + r,
-            ));
+            runs.push(rec("turbotun-offload", "turbotun", "udp64", rep, 0.1, 100.0 + r));
             runs.push(rec("tunrs-offload", "tunrs", "udp64", rep, 0.1, 50.0));
         }
         let mut failed = rec("tunrs-offload", "tunrs", "tcp", 4, 0.0, 0.0);
         failed.iperf = None;
         failed.error = Some("boom".into());
         runs.push(failed);
-        let modes: Vec<(String, String)> = [
-            ("veth", "baseline"),
-            ("turbotun-offload", "turbotun"),
-            ("tunrs-offload", "tunrs"),
-        ]
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
+        let modes: Vec<(String, String)> =
+            [("veth", "baseline"), ("turbotun-offload", "turbotun"), ("tunrs-offload", "tunrs")]
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
         let summary = summarize(&runs, &modes, &traffic);
         let report = Report {
             tool: "turbotun bench".into(),
@@ -448,10 +397,7 @@ mod tests {
             ipv6: false,
             modes: modes.iter().map(|m| m.0.clone()).collect(),
             traffic: vec!["tcp".into(), "udp64".into()],
-            not_available: vec![UnavailableJson {
-                mode: "turbotun-uring".into(),
-                reason: "no --io".into(),
-            }],
+            not_available: vec![UnavailableJson { mode: "turbotun-uring".into(), reason: "no --io".into() }],
             runs,
             summary,
         };
@@ -461,11 +407,7 @@ mod tests {
     #[test]
     fn summary_and_ratios() {
         let (report, _) = sample();
-        let s = report
-            .summary
-            .iter()
-            .find(|s| s.mode == "turbotun-offload" && s.traffic == "tcp")
-            .unwrap();
+        let s = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "tcp").unwrap();
         assert_eq!(s.gbps.unwrap().median, 12.0);
         assert!((s.ratio_veth.unwrap() - 12.0 / 22.0).abs() < 1e-9);
         assert!((s.ratio_best_peer.unwrap() - 12.0 / 7.0).abs() < 1e-9);
@@ -473,24 +415,12 @@ mod tests {
         assert_eq!(s.retransmits.unwrap().median, 20.0);
         assert_eq!(s.fwd_drops.unwrap().median, 3.0);
         assert_eq!(s.cpu_per_gbps.unwrap().median, 100.0 / 12.0);
-        let peer = report
-            .summary
-            .iter()
-            .find(|s| s.mode == "tunrs-offload" && s.traffic == "tcp")
-            .unwrap();
+        let peer = report.summary.iter().find(|s| s.mode == "tunrs-offload" && s.traffic == "tcp").unwrap();
         assert_eq!((peer.runs, peer.failed), (4, 1));
-        let u = report
-            .summary
-            .iter()
-            .find(|s| s.mode == "turbotun-offload" && s.traffic == "udp64")
-            .unwrap();
+        let u = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "udp64").unwrap();
         assert!((u.rx_kpps.unwrap().median - 102.0).abs() < 1e-9);
         assert!((u.ratio_veth.unwrap() - 0.51).abs() < 1e-9);
-        let v = report
-            .summary
-            .iter()
-            .find(|s| s.mode == "veth" && s.traffic == "tcp")
-            .unwrap();
+        let v = report.summary.iter().find(|s| s.mode == "veth" && s.traffic == "tcp").unwrap();
         assert_eq!(v.fwd_cpu_percent, None);
         assert_eq!(v.ratio_veth, Some(1.0));
     }
@@ -499,18 +429,9 @@ mod tests {
     fn markdown_tables() {
         let (report, traffic) = sample();
         let md = markdown(&report, &traffic);
-        assert!(
-            md.contains("| mode | tcp Gbps median (min–max) | udp64 rx kpps median (min–max) |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| turbotun-offload | 12.0 (11.0–13.0) | 102 (101–103) |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| tunrs-offload (1 of 4 failed) | 7.00 (6.00–8.00) |"),
-            "{md}"
-        );
+        assert!(md.contains("| mode | tcp Gbps median (min–max) | udp64 rx kpps median (min–max) |"), "{md}");
+        assert!(md.contains("| turbotun-offload | 12.0 (11.0–13.0) | 102 (101–103) |"), "{md}");
+        assert!(md.contains("| tunrs-offload (1 of 4 failed) | 7.00 (6.00–8.00) |"), "{md}");
         assert!(md.contains("### udp64"), "{md}");
         assert!(md.contains("- turbotun-uring: no --io"), "{md}");
         // every table row has the same number of cells as its header

@@ -20,17 +20,8 @@ impl Spread {
         }
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Spread {
-            median,
-            min: v[0],
-            max: v[n - 1],
-            n,
-        })
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Some(Spread { median, min: v[0], max: v[n - 1], n })
     }
 }
 
@@ -53,12 +44,7 @@ pub fn fmt_spread(s: &Spread) -> String {
     if s.n <= 1 || s.min == s.max {
         fmt_num(s.median)
     } else {
-        format!(
-            "{} ({}–{})",
-            fmt_num(s.median),
-            fmt_num(s.min),
-            fmt_num(s.max)
-        )
+        format!("{} ({}–{})", fmt_num(s.median), fmt_num(s.min), fmt_num(s.max))
     }
 }
 
@@ -98,10 +84,7 @@ mod tests {
         assert_eq!(fmt_num(2.5), "2.50");
         assert_eq!(fmt_num(134.4), "134");
         assert_eq!(fmt_num(0.0534), "0.053");
-        assert_eq!(
-            fmt_spread(&Spread::of([15.2, 21.9, 30.9]).unwrap()),
-            "21.9 (15.2–30.9)"
-        );
+        assert_eq!(fmt_spread(&Spread::of([15.2, 21.9, 30.9]).unwrap()), "21.9 (15.2–30.9)");
         assert_eq!(fmt_spread(&Spread::of([7.0]).unwrap()), "7.00");
         assert_eq!(fmt_count(1900.0), "1.9k");
         assert_eq!(fmt_count(22000.0), "22k");

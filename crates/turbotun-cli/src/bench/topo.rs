@@ -40,11 +40,8 @@ pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
 
 /// Run a command to completion; error with its stderr if it fails.
 pub fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("run {program}"))?;
+    let out =
+        Command::new(program).args(args).stdin(Stdio::null()).output().with_context(|| format!("run {program}"))?;
     if !out.status.success() {
         bail!(
             "`{program} {}` failed ({}): {}",
@@ -70,11 +67,7 @@ pub fn ns_read(ns: &str, path: &str) -> Result<String> {
 
 /// SIGTERM a process by pid (this crate forbids `unsafe`, so no libc::kill).
 pub fn send_sigterm(pid: u32) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
 /// Wait for a child with a deadline; `None` if it is still running at the deadline.
@@ -130,19 +123,8 @@ fn tail(path: &Path, n: usize) -> String {
 
 impl Forwarder {
     /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` and wait for its `ready` line.
-    pub fn start(
-        mode: &Mode,
-        dev_a: &str,
-        dev_b: &str,
-        log_dir: &Path,
-        stop: &AtomicBool,
-    ) -> Result<Forwarder> {
-        let Kind::Forwarder {
-            program,
-            prefix_args,
-            args,
-        } = &mode.kind
-        else {
+    pub fn start(mode: &Mode, dev_a: &str, dev_b: &str, log_dir: &Path, stop: &AtomicBool) -> Result<Forwarder> {
+        let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
             bail!("{} is not a forwarder", mode.label);
         };
         let stderr_log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
@@ -167,12 +149,7 @@ impl Forwarder {
             }
         });
         let pid = child.id();
-        let mut fwd = Forwarder {
-            child,
-            lines,
-            stderr_log,
-            pid,
-        };
+        let mut fwd = Forwarder { child, lines, stderr_log, pid };
         let end = Instant::now() + READY_TIMEOUT;
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -181,8 +158,7 @@ impl Forwarder {
             match fwd.lines.recv_timeout(Duration::from_millis(50)) {
                 Ok(l) if l.trim() == "ready" => return Ok(fwd),
                 Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected)
-                | Err(mpsc::RecvTimeoutError::Timeout)
+                Err(mpsc::RecvTimeoutError::Disconnected) | Err(mpsc::RecvTimeoutError::Timeout)
                     if matches!(fwd.child.try_wait(), Ok(Some(_))) =>
                 {
                     let st = fwd.child.wait().ok();
@@ -193,9 +169,7 @@ impl Forwarder {
                         tail(&fwd.stderr_log, 3)
                     );
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(20)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             if Instant::now() >= end {
@@ -219,21 +193,14 @@ impl Forwarder {
         let mut counters = None;
         // The reader thread ends at EOF; give it a moment to drain.
         let end = Instant::now() + Duration::from_millis(500);
-        while let Ok(l) = self
-            .lines
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-        {
+        while let Ok(l) = self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(l.trim()) {
                 if v.is_object() {
                     counters = Some(v);
                 }
             }
         }
-        FwdExit {
-            counters,
-            status: status.map(|s| s.to_string()),
-            stderr_tail: tail(&self.stderr_log, 3),
-        }
+        FwdExit { counters, status: status.map(|s| s.to_string()), stderr_tail: tail(&self.stderr_log, 3) }
     }
 }
 
@@ -260,20 +227,13 @@ impl Drop for Topology {
     fn drop(&mut self) {
         self.forwarder.take();
         for ns in self.created.drain(..).rev() {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &ns])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            let _ = Command::new("ip").args(["netns", "del", &ns]).stdout(Stdio::null()).stderr(Stdio::null()).status();
         }
     }
 }
 
 fn sysctls(ipv6: bool) -> Vec<&'static str> {
-    let mut v = vec![
-        "net.ipv4.conf.all.rp_filter=0",
-        "net.ipv4.conf.default.rp_filter=0",
-    ];
+    let mut v = vec!["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"];
     if ipv6 {
         v.extend([
             "net.ipv6.conf.all.disable_ipv6=0",
@@ -287,10 +247,7 @@ fn sysctls(ipv6: bool) -> Vec<&'static str> {
         ]);
     } else {
         // No IPv6 autoconfiguration chatter (RS, MLD, DAD) across the forwarder.
-        v.extend([
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
-        ]);
+        v.extend(["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
     }
     v
 }
@@ -335,17 +292,14 @@ impl Topology {
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
-        anyhow::ensure!(
-            dev_a.len() <= 15,
-            "device name {dev_a} longer than 15 bytes"
-        );
+        anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
         match &mode.kind {
             Kind::Veth => {
                 run_cmd(
                     "ip",
                     &[
-                        "link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name",
-                        &dev_b, "netns", &t.ns_b,
+                        "link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name", &dev_b, "netns",
+                        &t.ns_b,
                     ],
                 )?;
             }
@@ -360,18 +314,8 @@ impl Topology {
         let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
         let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
         // A: 10.0.1.1/24, route to B's subnet through the device; B the mirror image.
-        let mut side_a = netcfg::Side {
-            ns: &t.ns_a,
-            dev: &dev_a,
-            addrs: vec![(a4, 24)],
-            routes: vec![(b4, 24)],
-        };
-        let mut side_b = netcfg::Side {
-            ns: &t.ns_b,
-            dev: &dev_b,
-            addrs: vec![(b4, 24)],
-            routes: vec![(a4, 24)],
-        };
+        let mut side_a = netcfg::Side { ns: &t.ns_a, dev: &dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
+        let mut side_b = netcfg::Side { ns: &t.ns_b, dev: &dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
         if ipv6 {
             side_a.addrs.push((a6, 64));
             side_a.routes.push((b6, 64));
@@ -405,29 +349,15 @@ impl Topology {
     /// UDP receive-buffer errors in the server namespace.
     pub fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
         if ipv6 {
-            super::procfs::parse_snmp6(
-                &ns_read(&self.ns_b, "/proc/net/snmp6").ok()?,
-                "Udp6RcvbufErrors",
-            )
+            super::procfs::parse_snmp6(&ns_read(&self.ns_b, "/proc/net/snmp6").ok()?, "Udp6RcvbufErrors")
         } else {
-            super::procfs::parse_snmp(
-                &ns_read(&self.ns_b, "/proc/net/snmp").ok()?,
-                "Udp",
-                "RcvbufErrors",
-            )
+            super::procfs::parse_snmp(&ns_read(&self.ns_b, "/proc/net/snmp").ok()?, "Udp", "RcvbufErrors")
         }
     }
 
     /// Wait until a socket is bound to `port` in the server namespace: a listening TCP socket, or a bound UDP
     /// one.
-    pub fn wait_bound(
-        &self,
-        port: u16,
-        udp: bool,
-        ipv6: bool,
-        timeout: Duration,
-        stop: &AtomicBool,
-    ) -> Result<()> {
+    pub fn wait_bound(&self, port: u16, udp: bool, ipv6: bool, timeout: Duration, stop: &AtomicBool) -> Result<()> {
         let file = match (udp, ipv6) {
             (false, false) => "/proc/net/tcp",
             (false, true) => "/proc/net/tcp6",
@@ -443,11 +373,7 @@ impl Topology {
                 return Ok(());
             }
             if Instant::now() >= end {
-                return Err(anyhow!(
-                    "no server bound to port {port} in {} within {}s",
-                    self.ns_b,
-                    timeout.as_secs()
-                ));
+                return Err(anyhow!("no server bound to port {port} in {} within {}s", self.ns_b, timeout.as_secs()));
             }
             sleep_checked(Duration::from_millis(50), stop)?;
         }
@@ -495,7 +421,8 @@ mod tests {
 
     #[test]
     fn proc_net_tables() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
+        let tcp =
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
                    0: 0102000A:1451 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n";
         assert!(proc_net_has_port(tcp, 5201, "0A"));
         assert!(!proc_net_has_port(tcp, 5202, "0A"));

@@ -53,11 +53,7 @@ struct IfReq {
 
 impl IfReq {
     fn new(name: &str, flags: u16) -> Self {
-        let mut req = IfReq {
-            name: [0; IFNAMSIZ],
-            flags: flags as i16,
-            _pad: [0; 22],
-        };
+        let mut req = IfReq { name: [0; IFNAMSIZ], flags: flags as i16, _pad: [0; 22] };
         let bytes = name.as_bytes();
         let n = bytes.len().min(IFNAMSIZ - 1);
         req.name[..n].copy_from_slice(&bytes[..n]);
@@ -140,7 +136,6 @@ pub fn tun_get_features(fd: BorrowedFd<'_>) -> io::Result<u32> {
 
 /// Ioctls whose argument is an `int` passed by pointer (`TUNSETVNETHDRSZ`, `TUNSETSNDBUF`, ...).
 fn ioctl_set_int_ptr(fd: BorrowedFd<'_>, request: libc::Ioctl, value: libc::c_int) -> io::Result<()> {
-    let value = value;
     // SAFETY: the request reads one int through the pointer, which points to a live local.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request, &value as *const libc::c_int) })?;
     Ok(())
@@ -218,11 +213,7 @@ pub fn tun_get_dev_netns(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
     // SAFETY: F_GETFL takes no argument.
     let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let flags = if nonblocking {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
+    let flags = if nonblocking { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
     // SAFETY: F_SETFL takes an int argument by value.
     cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) })?;
     Ok(())
