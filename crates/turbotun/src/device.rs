@@ -91,9 +91,11 @@ impl Offloads {
                 "uso" => Offloads::USO4.union(Offloads::USO6),
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
                     Some((bit, _)) => Offloads(*bit),
-                    None => return Err(Error::InvalidConfig(format!(
+                    None => {
+                        return Err(Error::InvalidConfig(format!(
                         "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
-                    ))),
+                    )))
+                    }
                 },
             });
         }
