@@ -377,6 +377,23 @@ impl DeviceBuilder {
         Ok(())
     }
 
+    /// Fails with [`Error::Unsupported`] if the kernel's `TUNGETFEATURES` lacks a flag this builder needs.
+    pub fn check_features(&self, features: u32) -> Result<()> {
+        let need = |cond: bool, bit: u16, feature: &'static str| {
+            if cond && features & u32::from(bit) == 0 {
+                Err(Error::Unsupported { feature })
+            } else {
+                Ok(())
+            }
+        };
+        need(self.vnet_hdr.is_some(), iff::VNET_HDR, "IFF_VNET_HDR (virtio net header)")?;
+        need(self.queues > 1, iff::MULTI_QUEUE, "IFF_MULTI_QUEUE (multiqueue devices)")?;
+        need(self.napi, iff::NAPI, "IFF_NAPI")?;
+        need(self.napi_frags, iff::NAPI_FRAGS, "IFF_NAPI_FRAGS")?;
+        need(self.no_carrier, iff::NO_CARRIER, "IFF_NO_CARRIER")?;
+        Ok(())
+    }
+
     fn flags(&self, multi_queue: bool) -> u16 {
         let mut flags = match self.mode {
             Mode::Tun => iff::TUN,
@@ -398,17 +415,7 @@ impl DeviceBuilder {
         self.check()?;
         let first = open_tun(self.nonblocking)?;
         let features = sys::tun_get_features(first.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
-        let need = |cond: bool, bit: u16, feature: &'static str| {
-            if cond && features & u32::from(bit) == 0 {
-                Err(Error::Unsupported { feature })
-            } else {
-                Ok(())
-            }
-        };
-        need(self.vnet_hdr.is_some(), iff::VNET_HDR, "IFF_VNET_HDR (virtio net header)")?;
-        need(self.queues > 1, iff::MULTI_QUEUE, "IFF_MULTI_QUEUE (multiqueue devices)")?;
-        need(self.napi, iff::NAPI, "IFF_NAPI")?;
-        need(self.napi_frags, iff::NAPI_FRAGS, "IFF_NAPI_FRAGS")?;
+        self.check_features(features)?;
 
         let requested_name = self.name.clone().unwrap_or_default();
         let display_name = if requested_name.is_empty() { format!("{}%d", self.mode) } else { requested_name.clone() };
@@ -457,7 +464,9 @@ impl DeviceBuilder {
         let mut fds = vec![first];
         for _ in 1..self.queues {
             let fd = open_tun(self.nonblocking)?;
-            sys::tun_set_iff(fd.as_fd(), &name, self.flags(multi_queue)).map_err(|e| match e.raw_os_error() {
+            // IFF_TUN_EXCL guards the creating open only; the device is ours now, so further queues attach.
+            let flags = self.flags(multi_queue) & !iff::TUN_EXCL;
+            sys::tun_set_iff(fd.as_fd(), &name, flags).map_err(|e| match e.raw_os_error() {
                 Some(libc::EBUSY) => Error::Busy { name: name.clone() },
                 _ => Error::io(format!("attaching queue {} to {name}", fds.len()), e),
             })?;
@@ -605,5 +614,43 @@ impl Device {
     }
     fn ctl(&self) -> std::os::fd::BorrowedFd<'_> {
         self.queues[0].as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An old kernel's TUNGETFEATURES (2.6.x: tun, tap, no_pi, one_queue, vnet_hdr) refuses what it lacks by name.
+    #[test]
+    fn test_check_features_old_kernel() {
+        let old = u32::from(iff::TUN | iff::TAP | iff::NO_PI | iff::ONE_QUEUE | iff::VNET_HDR);
+        assert!(DeviceBuilder::tun().vnet_hdr(10).check_features(old).is_ok());
+        for (builder, feature) in [
+            (DeviceBuilder::tun().queues(2), "IFF_MULTI_QUEUE"),
+            (DeviceBuilder::tun().napi(true), "IFF_NAPI"),
+            (DeviceBuilder::tap().napi(true).napi_frags(true), "IFF_NAPI"),
+            (DeviceBuilder::tun().no_carrier(true), "IFF_NO_CARRIER"),
+        ] {
+            let err = builder.check_features(old).unwrap_err();
+            assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+            assert!(err.to_string().contains(feature), "{err}");
+            assert!(err.to_string().contains("this kernel does not support"), "{err}");
+        }
+        let ancient = u32::from(iff::TUN | iff::TAP | iff::NO_PI);
+        let err = DeviceBuilder::tun().vnet_hdr(10).check_features(ancient).unwrap_err();
+        assert!(err.to_string().contains("IFF_VNET_HDR"), "{err}");
+    }
+
+    #[test]
+    fn test_offloads_parse_and_display() {
+        assert_eq!(Offloads::parse("csum,tso4").unwrap(), Offloads::CSUM | Offloads::TSO4);
+        assert_eq!(Offloads::parse("all").unwrap(), Offloads::ALL);
+        assert_eq!(Offloads::parse("uso").unwrap(), Offloads::USO4 | Offloads::USO6);
+        assert_eq!(Offloads::parse("").unwrap(), Offloads::NONE);
+        assert!(Offloads::parse("tso9").unwrap_err().to_string().contains("tso9"));
+        assert_eq!(Offloads::ALL.to_string(), "csum,tso4,tso6,tso_ecn,uso4,uso6");
+        assert_eq!(Offloads::NONE.to_string(), "none");
+        assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL);
     }
 }

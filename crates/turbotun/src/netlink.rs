@@ -47,6 +47,8 @@ pub struct LinkInfo {
     pub txqueuelen: u32,
     /// `IFF_*` interface flags (`IFF_UP` = 1, `IFF_RUNNING` = 0x40, ...).
     pub flags: u32,
+    /// `ARPHRD_*` link type (1 Ethernet, 0xfffe none: a TUN device).
+    pub link_type: u16,
     pub mac: Option<[u8; 6]>,
     /// Link kind (`tun`, `veth`, ...), when the kernel reports one.
     pub kind: Option<String>,
@@ -407,7 +409,12 @@ fn format_mac(mac: &[u8]) -> String {
 }
 
 fn link_info(msg: &LinkMessage) -> LinkInfo {
-    let mut info = LinkInfo { index: msg.header.index, flags: msg.header.flags.bits(), ..LinkInfo::default() };
+    let mut info = LinkInfo {
+        index: msg.header.index,
+        flags: msg.header.flags.bits(),
+        link_type: u16::from(msg.header.link_layer_type),
+        ..LinkInfo::default()
+    };
     for attr in &msg.attributes {
         match attr {
             LinkAttribute::IfName(name) => info.name = name.clone(),

@@ -250,6 +250,10 @@ fn error_busy_with_exclusive() {
         let err = DeviceBuilder::tun().name(&name).exclusive(true).open().unwrap_err();
         assert!(matches!(err, Error::Busy { .. }), "{err}");
         assert!(err.to_string().contains(&name) && err.to_string().contains("EBUSY"), "{err}");
+        // Exclusive creation of a multiqueue device: only the creating open is exclusive.
+        let mq = unique_name("tbx");
+        let dev = DeviceBuilder::tun().name(&mq).exclusive(true).queues(3).open().expect("exclusive multiqueue");
+        assert_eq!(dev.queues().len(), 3);
     });
 }
 
@@ -473,4 +477,33 @@ fn capabilities_probe() {
 fn parse_release(s: &str) -> (u32, u32) {
     let mut it = s.trim().split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok());
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+/// NAPI, NAPI_FRAGS and NO_CARRIER reach the kernel; carrier and sndbuf and the link type can be changed.
+#[test]
+fn napi_carrier_sndbuf_link_type() {
+    in_netns("napi_carrier_sndbuf_link_type", || {
+        use turbotun::sys::iff;
+        let name = unique_name("tz");
+        let dev = DeviceBuilder::tap().name(&name).napi(true).napi_frags(true).no_carrier(true).open().unwrap();
+        let flags = dev.kernel_flags();
+        assert_ne!(flags & iff::NAPI, 0, "{flags:#x}");
+        assert_ne!(flags & iff::NAPI_FRAGS, 0, "{flags:#x}");
+        let mut nl = Netlink::new().unwrap();
+        nl.set_up(&name, true).unwrap();
+        let oper = |nl: &mut Netlink| nl.link(&name).unwrap().oper_state;
+        assert_eq!(oper(&mut nl), "DOWN", "IFF_NO_CARRIER: up but without carrier");
+        dev.set_carrier(true).unwrap();
+        assert_ne!(oper(&mut nl), "DOWN", "TUNSETCARRIER(1) brings the carrier up");
+
+        let tun = unique_name("ty");
+        let dev = DeviceBuilder::tun().name(&tun).sndbuf(1 << 20).open().unwrap();
+        assert_eq!(turbotun::sys::tun_get_sndbuf(std::os::fd::AsFd::as_fd(&dev.queues()[0])).unwrap(), 1 << 20);
+        // TUNSETLINK: the link type of a down device; ARPHRD_PPP (512) instead of the default ARPHRD_NONE.
+        assert_eq!(nl.link(&tun).unwrap().link_type, 0xfffe);
+        dev.set_link_type(512).unwrap();
+        assert_eq!(nl.link(&tun).unwrap().link_type, 512);
+        nl.set_up(&tun, true).unwrap();
+        assert!(dev.set_link_type(0xfffe).is_err(), "the kernel refuses TUNSETLINK while the device is up");
+    });
 }

@@ -1,0 +1,99 @@
+//! `turbotun features`, `create`, `info`, `delete` run as a user would, inside a private network namespace.
+
+use std::process::{Command, Output};
+
+use turbotun::netns::with_private_netns;
+
+fn turbotun(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turbotun")).args(args).output().expect("run turbotun")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Runs `f` in a private namespace (children spawned there inherit it); skip or fail as the suite requires.
+fn in_netns(test: &str, f: impl FnOnce() + Send) {
+    if let Err(e) = with_private_netns(f) {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: cannot run under CI=true: {e}");
+        }
+        eprintln!("SKIPPED {test}: needs root: {e}");
+    }
+}
+
+#[test]
+fn features_json_reports_probed_support() {
+    in_netns("features_json_reports_probed_support", || {
+        let out = turbotun(&["features", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["vnet_hdr"], true);
+        assert_eq!(v["vnet_hdr_sizes"], serde_json::json!([10, 12, 20]));
+        assert_eq!(v["offloads_probed"], true);
+        let offloads: Vec<&str> = v["offloads"].as_array().unwrap().iter().filter_map(|o| o.as_str()).collect();
+        for o in ["csum", "tso4", "tso6"] {
+            assert!(offloads.contains(&o), "{offloads:?}");
+        }
+        assert_eq!(v["multi_queue"], true);
+        assert!(v["io_uring"].is_boolean() && v["steering_ebpf"].is_boolean());
+        let human = turbotun(&["features"]);
+        assert!(text(&human).contains("offload tso4      yes"), "{}", text(&human));
+    });
+}
+
+#[test]
+fn create_info_delete_persistent_device() {
+    in_netns("create_info_delete_persistent_device", || {
+        let out = turbotun(&["create", "ttcli0", "--tap", "--multi-queue", "--vnet-hdr", "--owner", "1234"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("created persistent tap device ttcli0"));
+
+        let out = turbotun(&["info", "ttcli0", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dev = &v[0];
+        assert_eq!(dev["name"], "ttcli0");
+        assert_eq!(dev["mode"], "tap");
+        assert_eq!(dev["persist"], true);
+        assert_eq!(dev["owner"], 1234);
+        assert_eq!(dev["queues"], 0, "no fd holds it after create exits");
+        let flags: Vec<&str> = dev["flags"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+        for f in ["tap", "no_pi", "vnet_hdr", "multi_queue", "persist"] {
+            assert!(flags.contains(&f), "{flags:?}");
+        }
+        assert!(dev["mac"].as_str().is_some_and(|m| m.len() == 17), "a TAP device has a MAC: {dev}");
+
+        let listing = turbotun(&["info"]);
+        let listing = text(&listing);
+        assert!(listing.contains("ttcli0: <tap,no_pi,vnet_hdr,multi_queue,persist> persist on"), "{listing}");
+        assert!(listing.contains("owner 1234 group -"), "{listing}");
+
+        let exists = turbotun(&["create", "ttcli0"]);
+        assert!(!exists.status.success());
+        assert!(text(&exists).contains("ttcli0"), "{}", text(&exists));
+
+        let out = turbotun(&["delete", "ttcli0"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let out = turbotun(&["info", "ttcli0"]);
+        assert!(!out.status.success());
+        assert!(text(&out).contains("no device named \"ttcli0\""), "{}", text(&out));
+        assert!(text(&turbotun(&["info"])).contains("no TUN/TAP devices"));
+    });
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    in_netns("bad_input_gets_a_clear_error", || {
+        for (args, expect) in [
+            (&["create", "bad name"][..], "invalid interface name \"bad name\": contains whitespace"),
+            (&["create", "waytoolongname123"][..], "longer than 15 bytes"),
+            (&["delete", "ttmissing0"][..], "no device named \"ttmissing0\""),
+            (&["info", "lo"][..], "lo is not a TUN/TAP device"),
+        ] {
+            let out = turbotun(args);
+            assert!(!out.status.success(), "{args:?}");
+            assert!(text(&out).contains(expect), "{args:?}: {}", text(&out));
+        }
+    });
+}
