@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use turbotun::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use turbotun::batch::{BatchStats, RecvBatch, SendBatch, BATCH_SIZE};
 use turbotun::queue::MAX_PACKET;
+use turbotun::tokio::AsyncQueue;
 use turbotun::{DeviceBuilder, Error, Mode, Offloads, Queue};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,6 +40,9 @@ pub struct FwdArgs {
     /// TAP (Ethernet) devices instead of TUN.
     #[arg(long)]
     pub tap: bool,
+    /// Run the workers as tokio tasks over `turbotun::tokio::AsyncQueue` (offload mode).
+    #[arg(long = "async")]
+    pub async_io: bool,
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = BATCH_SIZE)]
     pub batch: usize,
@@ -91,6 +95,9 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     if args.batch == 0 || args.batch > BATCH_SIZE {
         bail!("--batch must be between 1 and {BATCH_SIZE}");
     }
+    if args.async_io && (args.mode != FwdMode::Offload || args.threads > 1) {
+        bail!("--async goes with --mode offload and one task per direction (--queues N for more)");
+    }
     if args.dev_a == args.dev_b {
         bail!("the two devices must differ (both are {})", args.dev_a);
     }
@@ -103,13 +110,41 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     for note in a.notes().iter().chain(b.notes()) {
         eprintln!("turbotun fwd: {note}");
     }
-    let a: Vec<Arc<Queue>> = a.into_queues().into_iter().map(Arc::new).collect();
-    let b: Vec<Arc<Queue>> = b.into_queues().into_iter().map(Arc::new).collect();
-    println!("ready");
-
     let counters = Arc::new(Counters::default());
     let (done_tx, done_rx) = mpsc::channel::<(String, Result<(), Error>)>();
     let mut handles = Vec::new();
+    if args.async_io {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_io()
+            .build()
+            .context("starting the tokio runtime")?;
+        let _enter = runtime.enter();
+        let wrap = |qs: Vec<Queue>| -> Result<Vec<AsyncQueue>> {
+            qs.into_iter().map(|q| AsyncQueue::new(q).map_err(anyhow::Error::from)).collect()
+        };
+        let (a, b) = (wrap(a.into_queues())?, wrap(b.into_queues())?);
+        println!("ready");
+        for q in 0..args.queues {
+            for (src, dst) in [(&a[q], &b[q]), (&b[q], &a[q])] {
+                let (src, dst, counters, done) = (src.clone(), dst.clone(), counters.clone(), done_tx.clone());
+                let label = format!("{}->{} q{q} async", src.get_ref().name(), dst.get_ref().name());
+                let batch = args.batch;
+                runtime.spawn(async move {
+                    let result = forward_offload_async(&src, &dst, &counters, batch).await;
+                    let _ = done.send((label, result));
+                });
+            }
+        }
+        drop(done_tx);
+        let result = supervise(&stop, &done_rx, args.mode, &counters);
+        // The tasks never finish on their own; dropping the runtime would wait for reads, so leak it.
+        std::mem::forget(runtime);
+        return result;
+    }
+    let a: Vec<Arc<Queue>> = a.into_queues().into_iter().map(Arc::new).collect();
+    let b: Vec<Arc<Queue>> = b.into_queues().into_iter().map(Arc::new).collect();
+    println!("ready");
     for q in 0..args.queues {
         for (src, dst) in [(&a[q], &b[q]), (&b[q], &a[q])] {
             for t in 0..args.threads {
@@ -133,8 +168,22 @@ pub fn run(args: &FwdArgs) -> Result<()> {
         }
     }
     drop(done_tx);
+    supervise(&stop, &done_rx, args.mode, &counters)?;
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
 
-    // Wait for a signal or for the first worker to fail (a device deleted, a fatal error).
+/// Waits for a signal or for the first worker to fail (a device deleted, a fatal error), then prints the
+/// counters. A failure exits the process with status 1 at once: workers blocked on the other device may never
+/// wake to be joined.
+fn supervise(
+    stop: &AtomicBool,
+    done_rx: &mpsc::Receiver<(String, Result<(), Error>)>,
+    mode: FwdMode,
+    counters: &Counters,
+) -> Result<()> {
     let mut failure = None;
     while !stop.load(Ordering::Relaxed) {
         match done_rx.recv_timeout(POLL) {
@@ -148,16 +197,11 @@ pub fn run(args: &FwdArgs) -> Result<()> {
         }
     }
     stop.store(true, Ordering::Relaxed);
+    print_counters(mode, counters);
     if let Some(why) = failure {
         eprintln!("turbotun fwd: {why}");
-        print_counters(args.mode, &counters);
-        // Workers blocked in a read on the other device may never wake; exit without joining them.
         std::process::exit(1);
     }
-    for h in handles {
-        let _ = h.join();
-    }
-    print_counters(args.mode, &counters);
     Ok(())
 }
 
@@ -246,17 +290,43 @@ fn send_raw_waiting(dst: &Queue, frame: &[u8], stop: &AtomicBool) -> Result<(), 
     }
 }
 
+/// Turns the batch layer's cumulative counters into the shared ones, once per batch.
+#[derive(Debug, Default)]
+struct Accounting {
+    last_rx: BatchStats,
+    last_tx: BatchStats,
+}
+
+impl Accounting {
+    fn record(&mut self, c: &Counters, packets: usize, bytes: usize, rx: &RecvBatch, tx: &SendBatch) {
+        let (r, t, lr, lt) = (rx.stats(), tx.stats(), self.last_rx, self.last_tx);
+        c.packets.fetch_add(packets as u64, Ordering::Relaxed);
+        c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        c.super_packets.fetch_add(r.super_packets - lr.super_packets, Ordering::Relaxed);
+        c.segments.fetch_add(r.segments - lr.segments, Ordering::Relaxed);
+        c.malformed.fetch_add(r.malformed - lr.malformed, Ordering::Relaxed);
+        c.coalesced.fetch_add(t.coalesced - lt.coalesced, Ordering::Relaxed);
+        c.writes.fetch_add(t.writes - lt.writes, Ordering::Relaxed);
+        c.drops.fetch_add(t.dropped - lt.dropped, Ordering::Relaxed);
+        c.gro_fallbacks.fetch_add(t.gro_fallbacks - lt.gro_fallbacks, Ordering::Relaxed);
+        self.last_rx = r;
+        self.last_tx = t;
+    }
+}
+
+/// One allocation per direction, made once: only the pages a packet touches become resident.
+fn arena(batch: usize) -> (Vec<u8>, usize) {
+    let stride = VNET_HDR + MAX_PACKET;
+    (vec![0u8; batch * stride], stride)
+}
+
 /// Offload: read and split into MTU-sized packets, coalesce, write.
 fn forward_offload(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, batch: usize) -> Result<(), Error> {
-    // One allocation per direction, made once; only the pages a packet touches become resident.
-    let stride = VNET_HDR + MAX_PACKET;
-    let mut arena = vec![0u8; batch * stride];
+    let (mut arena, stride) = arena(batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; batch];
-    let mut rx = RecvBatch::new(src);
-    let mut tx = SendBatch::new(dst);
-    let mut last_rx = rx.stats();
-    let mut last_tx = tx.stats();
+    let (mut rx, mut tx) = (RecvBatch::new(src), SendBatch::new(dst));
+    let mut accounting = Accounting::default();
     while !stop.load(Ordering::Relaxed) {
         let got = rx.recv_many(src, &mut bufs, &mut lens, VNET_HDR, Some(POLL))?;
         if got.packets == 0 {
@@ -264,18 +334,25 @@ fn forward_offload(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, ba
         }
         let bytes: usize = lens[..got.packets].iter().sum();
         tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
-        let (r, t) = (rx.stats(), tx.stats());
-        c.packets.fetch_add(got.packets as u64, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        c.super_packets.fetch_add(r.super_packets - last_rx.super_packets, Ordering::Relaxed);
-        c.segments.fetch_add(r.segments - last_rx.segments, Ordering::Relaxed);
-        c.malformed.fetch_add(r.malformed - last_rx.malformed, Ordering::Relaxed);
-        c.coalesced.fetch_add(t.coalesced - last_tx.coalesced, Ordering::Relaxed);
-        c.writes.fetch_add(t.writes - last_tx.writes, Ordering::Relaxed);
-        c.drops.fetch_add(t.dropped - last_tx.dropped, Ordering::Relaxed);
-        c.gro_fallbacks.fetch_add(t.gro_fallbacks - last_tx.gro_fallbacks, Ordering::Relaxed);
-        last_rx = r;
-        last_tx = t;
+        accounting.record(c, got.packets, bytes, &rx, &tx);
     }
     Ok(())
+}
+
+/// The same loop as [`forward_offload`], awaiting readiness through tokio.
+async fn forward_offload_async(src: &AsyncQueue, dst: &AsyncQueue, c: &Counters, batch: usize) -> Result<(), Error> {
+    let (mut arena, stride) = arena(batch);
+    let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
+    let mut lens = vec![0usize; batch];
+    let (mut rx, mut tx) = (RecvBatch::new(src.get_ref()), SendBatch::new(dst.get_ref()));
+    let mut accounting = Accounting::default();
+    loop {
+        let got = src.recv_batch(&mut rx, &mut bufs, &mut lens, VNET_HDR).await?;
+        if got.packets == 0 {
+            continue;
+        }
+        let bytes: usize = lens[..got.packets].iter().sum();
+        dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
+        accounting.record(c, got.packets, bytes, &rx, &tx);
+    }
 }

@@ -58,7 +58,7 @@ impl Drop for Topology {
 }
 
 impl Topology {
-    fn start(mode: &str, tap: bool) -> Topology {
+    fn start(mode: &str, tap: bool, extra: &[&str]) -> Topology {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let (dev_a, dev_b) = (format!("ttfa{n}"), format!("ttfb{n}"));
@@ -67,6 +67,7 @@ impl Topology {
         if tap {
             args.push("--tap".into());
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut child = with_netns(&ns_path(&ns_fwd), || {
             Command::new(env!("CARGO_BIN_EXE_turbotun"))
                 .args(&args)
@@ -210,10 +211,14 @@ fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool) {
 }
 
 fn run_matrix(test: &str, mode: &str, tap: bool, checks: &[&str]) {
+    run_matrix_with(test, mode, tap, &[], checks);
+}
+
+fn run_matrix_with(test: &str, mode: &str, tap: bool, extra: &[&str], checks: &[&str]) {
     if !privileged(test) {
         return;
     }
-    let topo = Topology::start(mode, tap);
+    let topo = Topology::start(mode, tap, extra);
     for check in checks {
         match *check {
             "tcp4" => tcp_stream_intact(&topo, B4, 8 << 20),
@@ -256,6 +261,17 @@ fn fwd_passthrough_tun() {
 fn fwd_plain_tun_and_tap() {
     run_matrix("fwd_plain_tun", "plain", false, &["tcp4", "udp4", "udp6"]);
     run_matrix("fwd_plain_tap", "plain", true, &["tcp4", "udp4"]);
+}
+
+#[test]
+fn fwd_offload_async_tokio() {
+    run_matrix_with("fwd_offload_async", "offload", false, &["--async"], &["tcp4", "tcp6", "udp4", "uso4"]);
+}
+
+#[test]
+fn fwd_offload_two_threads_and_two_queues() {
+    run_matrix_with("fwd_offload_threads2", "offload", false, &["--threads", "2"], &["tcp4", "udp4", "uso6"]);
+    run_matrix_with("fwd_offload_queues2", "offload", false, &["--queues", "2"], &["tcp4", "tcp6", "udp4"]);
 }
 
 /// Deleting a device under the forwarder: it says so on stderr and exits non-zero within a second.
@@ -306,6 +322,11 @@ fn fwd_rejects_options_that_do_not_fit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("don't fit together"));
+    let out = Command::new(env!("CARGO_BIN_EXE_turbotun"))
+        .args(["fwd", "a", "b", "--mode", "plain", "--async"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--async goes with --mode offload"));
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "same", "same"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("must differ"));
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "bad name", "b"]).output().unwrap();

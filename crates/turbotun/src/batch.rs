@@ -165,6 +165,27 @@ impl RecvBatch {
         offset: usize,
         timeout: Option<std::time::Duration>,
     ) -> Result<Received> {
+        loop {
+            match self.try_recv_many(queue, bufs, lens, offset) {
+                Err(e) if crate::queue::is_would_block(&e) => {
+                    if !queue.wait_readable(timeout)? {
+                        return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
+    /// would-block error (see [`crate::queue::is_would_block`]), which is what an event loop waits on.
+    pub fn try_recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
         let mut total = Received { packets: 0, pending: 0, checksums_valid: true };
         let n = bufs.len().min(lens.len());
         while total.packets < n {
@@ -177,16 +198,9 @@ impl RecvBatch {
                         break;
                     }
                 }
-                Err(e) if crate::queue::is_would_block(&e) => {
-                    if total.packets > 0 || !queue.wait_readable(timeout)? {
-                        break;
-                    }
-                }
+                Err(e) if crate::queue::is_would_block(&e) && total.packets > 0 => break,
                 Err(e) => return Err(e),
             }
-        }
-        if total.packets == 0 {
-            total.checksums_valid = false;
         }
         Ok(total)
     }

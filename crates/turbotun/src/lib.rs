@@ -6,6 +6,7 @@
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
 //! - [`Capabilities`] says what this kernel supports, probed once.
+//! - `tokio` (feature `tokio`): [`tokio::AsyncQueue`], the same queues and batch core awaited.
 //!
 //! ```no_run
 //! use turbotun::batch::{RecvBatch, SendBatch};
@@ -37,6 +38,8 @@ pub mod netns;
 pub mod queue;
 pub mod steering;
 pub mod sys;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
 pub use error::{validate_ifname, Error, Result};

@@ -347,3 +347,12 @@ pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> 
     })?;
     Ok(())
 }
+
+/// Registers a queue with tokio's reactor for readable readiness.
+#[cfg(feature = "tokio")]
+pub fn register_readable(queue: crate::queue::Queue) -> io::Result<::tokio::io::unix::AsyncFd<crate::queue::Queue>> {
+    // SAFETY: a `Queue` owns its `OwnedFd` for its whole life, never replaces it and never closes it early, so
+    // `as_raw_fd` returns the same open descriptor for as long as the `AsyncFd` owns the queue.
+    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(queue, ::tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
+}
