@@ -213,7 +213,16 @@ fn open(name: &str, args: &FwdArgs) -> Result<turbotun::Device> {
     if args.mode != FwdMode::Plain {
         builder = builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL);
     }
-    builder.open().with_context(|| format!("opening {name}"))
+    let device = builder.open().with_context(|| format!("opening {name}"))?;
+    if args.queues > 1 {
+        // One flow, one queue, one worker: steering by a hash of addresses and ports keeps a TCP stream in order.
+        let steered = turbotun::steering::SteeringProgram::flow_hash()
+            .and_then(|prog| prog.attach(std::os::fd::AsFd::as_fd(&device.queues()[0])));
+        if let Err(e) = steered {
+            eprintln!("turbotun fwd: {name}: no steering eBPF ({e}); the kernel's own flow steering is used");
+        }
+    }
+    Ok(device)
 }
 
 fn print_counters(mode: FwdMode, c: &Counters) {

@@ -507,3 +507,61 @@ fn napi_carrier_sndbuf_link_type() {
         assert!(dev.set_link_type(0xfffe).is_err(), "the kernel refuses TUNSETLINK while the device is up");
     });
 }
+
+/// TUNSETSTEERINGEBPF: a program pinning every packet to queue 2 is obeyed; the flow-hash program keeps each
+/// flow on one queue and spreads flows over several.
+#[test]
+fn steering_ebpf_programs() {
+    in_netns("steering_ebpf_programs", || {
+        use std::os::fd::AsFd;
+        use turbotun::steering::SteeringProgram;
+        let name = unique_name("te");
+        let dev = DeviceBuilder::tun().name(&name).queues(4).nonblocking(true).open().unwrap();
+        configure_v4(&name, LOCAL, 24);
+        let pin = SteeringProgram::fixed_queue(2).unwrap();
+        pin.attach(dev.queues()[0].as_fd()).unwrap();
+        // Each flow is a socket of its own, so each has its own hash.
+        let socks: Vec<UdpSocket> = (0..16).map(|_| UdpSocket::bind((LOCAL, 0)).unwrap()).collect();
+        let drain = |expect: usize| -> Vec<Vec<u16>> {
+            let mut per_queue = vec![Vec::new(); 4];
+            let mut buf = vec![0u8; 2048];
+            let deadline = std::time::Instant::now() + T;
+            while per_queue.iter().map(Vec::len).sum::<usize>() < expect && std::time::Instant::now() < deadline {
+                for (i, q) in dev.queues().iter().enumerate() {
+                    if let Ok(n) = q.recv_raw(&mut buf) {
+                        if let Some((_, dst, sport, dport, _)) = parse_ipv4_udp(&buf[..n]) {
+                            if dst == PEER && dport == 8000 {
+                                per_queue[i].push(sport);
+                            }
+                        }
+                    }
+                }
+            }
+            per_queue
+        };
+        for s in &socks {
+            s.send_to(b"s", (PEER, 8000)).unwrap();
+        }
+        let pinned = drain(socks.len());
+        assert_eq!(pinned[2].len(), socks.len(), "every packet on queue 2: {pinned:?}");
+
+        SteeringProgram::flow_hash().unwrap().attach(dev.queues()[0].as_fd()).unwrap();
+        for _round in 0..2 {
+            for s in &socks {
+                s.send_to(b"h", (PEER, 8000)).unwrap();
+            }
+        }
+        let hashed = drain(2 * socks.len());
+        assert_eq!(hashed.iter().map(Vec::len).sum::<usize>(), 2 * socks.len(), "{hashed:?}");
+        for (i, ports) in hashed.iter().enumerate() {
+            for p in ports {
+                assert!(
+                    hashed.iter().enumerate().all(|(j, o)| j == i || !o.contains(p)),
+                    "flow {p} on two queues: {hashed:?}"
+                );
+            }
+        }
+        assert!(hashed.iter().filter(|q| !q.is_empty()).count() >= 2, "flows spread: {hashed:?}");
+        SteeringProgram::detach(dev.queues()[0].as_fd()).unwrap();
+    });
+}
