@@ -46,12 +46,8 @@ fn bench_checksum(c: &mut Criterion) {
         let d = &data[..len];
         assert_eq!(checksum::checksum(d, 0), tun_rs::checksum(d, 0) ^ 0xffff);
         g.throughput(Throughput::Bytes(len as u64));
-        g.bench_with_input(BenchmarkId::new("turbotun", len), &len, |b, _| {
-            b.iter(|| checksum::sum(black_box(d), 0))
-        });
-        g.bench_with_input(BenchmarkId::new("tun-rs", len), &len, |b, _| {
-            b.iter(|| tun_rs::checksum(black_box(d), 0))
-        });
+        g.bench_with_input(BenchmarkId::new("turbotun", len), &len, |b, _| b.iter(|| checksum::sum(black_box(d), 0)));
+        g.bench_with_input(BenchmarkId::new("tun-rs", len), &len, |b, _| b.iter(|| tun_rs::checksum(black_box(d), 0)));
     }
     g.finish();
 }
@@ -67,22 +63,10 @@ fn bench_split(c: &mut Criterion) {
     let mut tin = sup.clone();
     // Same work: identical output bytes.
     s.split_into(0, &mut bufs, &mut lens, OFF).unwrap();
-    let got = tun_rs::gso_split(
-        &mut tin,
-        tunrs_hdr(&hdr),
-        &mut tbufs,
-        &mut tsizes,
-        OFF,
-        false,
-    )
-    .unwrap();
+    let got = tun_rs::gso_split(&mut tin, tunrs_hdr(&hdr), &mut tbufs, &mut tsizes, OFF, false).unwrap();
     assert_eq!(got, n);
     for i in 0..n {
-        assert_eq!(
-            bufs[i][OFF..OFF + lens[i]],
-            tbufs[i][OFF..OFF + tsizes[i]],
-            "segment {i}"
-        );
+        assert_eq!(bufs[i][OFF..OFF + lens[i]], tbufs[i][OFF..OFF + tsizes[i]], "segment {i}");
     }
 
     let mut g = c.benchmark_group("vs_tunrs/gso_split_64k_tcp4_1448");
@@ -94,17 +78,7 @@ fn bench_split(c: &mut Criterion) {
         })
     });
     g.bench_function("tun-rs", |b| {
-        b.iter(|| {
-            tun_rs::gso_split(
-                black_box(&mut tin),
-                tunrs_hdr(&hdr),
-                &mut tbufs,
-                &mut tsizes,
-                OFF,
-                false,
-            )
-            .unwrap()
-        })
+        b.iter(|| tun_rs::gso_split(black_box(&mut tin), tunrs_hdr(&hdr), &mut tbufs, &mut tsizes, OFF, false).unwrap())
     });
     g.finish();
 }
@@ -114,12 +88,7 @@ fn bench_coalesce(c: &mut Criterion) {
     let n = pkts.len();
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; OFF + 65535]; n];
     let mut lens = vec![0usize; n];
-    let mut gro = Gro::new(GroConfig {
-        tcp: true,
-        udp: true,
-        framing: Framing::Ip,
-        vnet_hdr_len: 10,
-    });
+    let mut gro = Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 });
     let mut tw = Vec::with_capacity(128);
     let mut tbufs: Vec<Vec<u8>> = (0..n).map(|_| Vec::with_capacity(OFF + 65535)).collect();
     let mut table = tun_rs::GROTable::new();

@@ -19,11 +19,9 @@ fn bench_checksum(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("wide", len), &len, |b, &len| {
             b.iter(|| checksum::sum(black_box(&data[1..1 + len]), 0))
         });
-        g.bench_with_input(
-            BenchmarkId::new("scalar_reference", len),
-            &len,
-            |b, &len| b.iter(|| checksum::sum_reference(black_box(&data[1..1 + len]), 0)),
-        );
+        g.bench_with_input(BenchmarkId::new("scalar_reference", len), &len, |b, &len| {
+            b.iter(|| checksum::sum_reference(black_box(&data[1..1 + len]), 0))
+        });
     }
     g.finish();
 }
@@ -48,9 +46,7 @@ pub fn segments() -> Vec<Vec<u8>> {
 
 fn bench_split(c: &mut Criterion) {
     let (hdr, sup) = super_packet();
-    let n = Splitter::new(&hdr, &sup, Framing::Ip)
-        .unwrap()
-        .segment_count();
+    let n = Splitter::new(&hdr, &sup, Framing::Ip).unwrap().segment_count();
     let mut bufs = vec![vec![0u8; 2048]; n];
     let mut lens = vec![0usize; n];
     let mut g = c.benchmark_group("gso_split_64k_tcp4");
@@ -78,21 +74,12 @@ fn bench_coalesce(c: &mut Criterion) {
     let pkts = segments();
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; OFF + 65535]; pkts.len()];
     let mut lens = vec![0usize; pkts.len()];
-    let mut gro = Gro::new(GroConfig {
-        tcp: true,
-        udp: true,
-        framing: Framing::Ip,
-        vnet_hdr_len: 10,
-    });
+    let mut gro = Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 });
     let mut tw = Vec::with_capacity(128);
     let mut g = c.benchmark_group("gro_coalesce_44x1448_tcp4");
     g.throughput(Throughput::Elements(pkts.len() as u64));
     for valid in [false, true] {
-        let name = if valid {
-            "checksums_valid"
-        } else {
-            "verify_checksums"
-        };
+        let name = if valid { "checksums_valid" } else { "verify_checksums" };
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;

@@ -64,10 +64,9 @@ impl fmt::Display for WireError {
             WireError::UnsupportedEtherType(t) => write!(f, "EtherType {t:#06x} is neither IPv4 nor IPv6"),
             WireError::TooManyVlanTags => write!(f, "more than 2 VLAN tags"),
             WireError::ExtHeaderChainTooLong => write!(f, "IPv6 extension header chain too long"),
-            WireError::ChecksumOutOfRange { start, offset, len } => write!(
-                f,
-                "checksum at csum_start {start} + csum_offset {offset} + 2 lies beyond packet length {len}"
-            ),
+            WireError::ChecksumOutOfRange { start, offset, len } => {
+                write!(f, "checksum at csum_start {start} + csum_offset {offset} + 2 lies beyond packet length {len}")
+            }
         }
     }
 }

@@ -53,11 +53,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "Ethernet header",
-                need: HEADER_LEN,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "Ethernet header", need: HEADER_LEN, have: b.len() });
         }
         let mut off = 12;
         let mut tags = 0;
@@ -72,11 +68,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
             }
             off += VLAN_TAG_LEN;
             if b.len() < off + 2 {
-                return Err(WireError::Truncated {
-                    what: "VLAN tag",
-                    need: off + 2,
-                    have: b.len(),
-                });
+                return Err(WireError::Truncated { what: "VLAN tag", need: off + 2, have: b.len() });
             }
         }
         Ok(Frame { buffer })
@@ -180,17 +172,9 @@ impl Repr {
         let mut vlans = [None; MAX_VLAN_TAGS];
         for (i, v) in vlans.iter_mut().enumerate().take(f.vlan_count()) {
             let o = 12 + i * VLAN_TAG_LEN;
-            *v = Some((
-                u16::from_be_bytes([b[o], b[o + 1]]),
-                u16::from_be_bytes([b[o + 2], b[o + 3]]),
-            ));
+            *v = Some((u16::from_be_bytes([b[o], b[o + 1]]), u16::from_be_bytes([b[o + 2], b[o + 3]])));
         }
-        Repr {
-            dst: f.dst_addr(),
-            src: f.src_addr(),
-            vlans,
-            ethertype: f.inner_ethertype(),
-        }
+        Repr { dst: f.dst_addr(), src: f.src_addr(), vlans, ethertype: f.inner_ethertype() }
     }
 
     /// Header length.
@@ -202,11 +186,7 @@ impl Repr {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         let n = self.header_len();
         if buf.len() < n {
-            return Err(WireError::Truncated {
-                what: "Ethernet header",
-                need: n,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "Ethernet header", need: n, have: buf.len() });
         }
         buf[0..6].copy_from_slice(&self.dst);
         buf[6..12].copy_from_slice(&self.src);
@@ -226,10 +206,8 @@ mod tests {
     use super::*;
 
     const UNTAGGED: [u8; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x08, 0x00, 0x45, 0];
-    const QINQ: [u8; 23] = [
-        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x88, 0xa8, 0x00, 0x64, 0x81, 0x00, 0x20, 0x05,
-        0x86, 0xdd, 0x60,
-    ];
+    const QINQ: [u8; 23] =
+        [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x88, 0xa8, 0x00, 0x64, 0x81, 0x00, 0x20, 0x05, 0x86, 0xdd, 0x60];
 
     #[test]
     fn test_parse() {
@@ -273,9 +251,6 @@ mod tests {
             three.extend_from_slice(&[0x81, 0, 0, 1]);
         }
         three.extend_from_slice(&[0x08, 0]);
-        assert_eq!(
-            Frame::new_checked(&three[..]),
-            Err(WireError::TooManyVlanTags)
-        );
+        assert_eq!(Frame::new_checked(&three[..]), Err(WireError::TooManyVlanTags));
     }
 }

@@ -83,23 +83,13 @@ impl Spec {
         Spec::default()
     }
     pub fn tcp6() -> Self {
-        Spec {
-            v6: true,
-            ..Spec::default()
-        }
+        Spec { v6: true, ..Spec::default() }
     }
     pub fn udp4() -> Self {
-        Spec {
-            udp: true,
-            ..Spec::default()
-        }
+        Spec { udp: true, ..Spec::default() }
     }
     pub fn udp6() -> Self {
-        Spec {
-            v6: true,
-            udp: true,
-            ..Spec::default()
-        }
+        Spec { v6: true, udp: true, ..Spec::default() }
     }
     pub fn with_framing(mut self, framing: Framing, vlans: usize) -> Self {
         self.framing = framing;
@@ -114,20 +104,10 @@ impl Spec {
         }
     }
     pub fn l4_offset(&self) -> usize {
-        self.l2_len()
-            + if self.v6 {
-                40 + 8 * self.v6_dest_opts
-            } else {
-                20 + self.ip_opts.len()
-            }
+        self.l2_len() + if self.v6 { 40 + 8 * self.v6_dest_opts } else { 20 + self.ip_opts.len() }
     }
     pub fn hdr_len(&self) -> usize {
-        self.l4_offset()
-            + if self.udp {
-                8
-            } else {
-                20 + self.tcp_opts.len()
-            }
+        self.l4_offset() + if self.udp { 8 } else { 20 + self.tcp_opts.len() }
     }
     fn pseudo(&self, l4_len: usize) -> u32 {
         let proto = if self.udp { IPPROTO_UDP } else { IPPROTO_TCP };
@@ -146,38 +126,18 @@ impl Spec {
         if self.framing == Framing::Ethernet {
             let mut vlans = [None; 2];
             for (i, v) in vlans.iter_mut().enumerate().take(self.vlans.min(2)) {
-                *v = Some((
-                    if i == 0 && self.vlans == 2 {
-                        0x88a8
-                    } else {
-                        0x8100
-                    },
-                    100 + i as u16,
-                ));
+                *v = Some((if i == 0 && self.vlans == 2 { 0x88a8 } else { 0x8100 }, 100 + i as u16));
             }
-            let et = if self.v6 {
-                ethernet::ETHERTYPE_IPV6
-            } else {
-                ethernet::ETHERTYPE_IPV4
-            };
-            ethernet::Repr {
-                dst: [2, 0, 0, 0, 0, 1],
-                src: self.mac_src,
-                vlans,
-                ethertype: et,
-            }
-            .emit(&mut p)
-            .expect("room");
+            let et = if self.v6 { ethernet::ETHERTYPE_IPV6 } else { ethernet::ETHERTYPE_IPV4 };
+            ethernet::Repr { dst: [2, 0, 0, 0, 0, 1], src: self.mac_src, vlans, ethertype: et }
+                .emit(&mut p)
+                .expect("room");
         }
         let l4 = self.l4_offset();
         let l4_len = hl - l4 + payload_len;
         let proto = if self.udp { IPPROTO_UDP } else { IPPROTO_TCP };
         if self.v6 {
-            let nh = if self.v6_dest_opts > 0 {
-                ipv6::next_header::DEST_OPTS
-            } else {
-                proto
-            };
+            let nh = if self.v6_dest_opts > 0 { ipv6::next_header::DEST_OPTS } else { proto };
             ipv6::Repr {
                 src: self.src6,
                 dst: self.dst6,
@@ -191,11 +151,7 @@ impl Spec {
             .expect("room");
             for i in 0..self.v6_dest_opts {
                 let o = l2 + 40 + 8 * i;
-                let next = if i + 1 == self.v6_dest_opts {
-                    proto
-                } else {
-                    ipv6::next_header::DEST_OPTS
-                };
+                let next = if i + 1 == self.v6_dest_opts { proto } else { ipv6::next_header::DEST_OPTS };
                 p[o..o + 8].copy_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
             }
         } else {
@@ -221,13 +177,9 @@ impl Spec {
             ipv4::Packet::new_unchecked(&mut p[l2..l2 + ihl]).fill_checksum();
         }
         if self.udp {
-            udp::Repr {
-                src_port: self.sport,
-                dst_port: self.dport,
-                payload_len: (l4_len - 8) as u16,
-            }
-            .emit(&mut p[l4..])
-            .expect("room");
+            udp::Repr { src_port: self.sport, dst_port: self.dport, payload_len: (l4_len - 8) as u16 }
+                .emit(&mut p[l4..])
+                .expect("room");
         } else {
             tcp::Repr {
                 src_port: self.sport,
@@ -292,11 +244,8 @@ impl Spec {
 
     /// The segments the kernel would produce from [`Spec::build_gso`] (FIN/PSH only last, CWR only first).
     pub fn segments(&self, payload: &[u8], gso_size: usize) -> Vec<Vec<u8>> {
-        let chunks: Vec<&[u8]> = if payload.is_empty() {
-            vec![payload]
-        } else {
-            payload.chunks(gso_size.max(1)).collect()
-        };
+        let chunks: Vec<&[u8]> =
+            if payload.is_empty() { vec![payload] } else { payload.chunks(gso_size.max(1)).collect() };
         let n = chunks.len();
         chunks
             .iter()
@@ -327,9 +276,7 @@ impl Spec {
 
 /// Deterministic payload bytes.
 pub fn payload(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// Verifies the IP header checksum and the L4 checksum of a finished packet (`true` if it is not IP/TCP/UDP).
@@ -349,21 +296,13 @@ pub fn checksums_ok(pkt: &[u8], framing: Framing) -> bool {
         if !p.verify_checksum() {
             return false;
         }
-        (
-            p.protocol(),
-            l3 + p.header_len(),
-            Addrs::V4(p.src_addr(), p.dst_addr()),
-        )
+        (p.protocol(), l3 + p.header_len(), Addrs::V4(p.src_addr(), p.dst_addr()))
     } else {
         let Ok(p) = ipv6::Packet::new_checked(ip) else {
             return true;
         };
         let Ok(info) = p.l4_info() else { return true };
-        (
-            info.protocol,
-            l3 + info.offset,
-            Addrs::V6(p.src_addr(), p.dst_addr()),
-        )
+        (info.protocol, l3 + info.offset, Addrs::V6(p.src_addr(), p.dst_addr()))
     };
     let pseudo_fn = |pr: u8, l: u32| match addrs {
         Addrs::V4(s, d) => checksum::pseudo_header_v4(s, d, pr, l),
@@ -394,59 +333,24 @@ pub fn parse_headers(data: &[u8]) {
         let _ = (h.repr(), h.num_buffers());
     }
     if let Ok(f) = ethernet::Frame::new_checked(data) {
-        let _ = (
-            f.dst_addr(),
-            f.src_addr(),
-            f.inner_ethertype(),
-            f.vlan_id(0),
-            f.vlan_id(1),
-            f.payload().len(),
-        );
+        let _ = (f.dst_addr(), f.src_addr(), f.inner_ethertype(), f.vlan_id(0), f.vlan_id(1), f.payload().len());
         let _ = ethernet::Repr::parse(&f);
     }
     if let Ok(p) = ipv4::Packet::new_checked(data) {
-        let _ = (
-            p.total_len(),
-            p.ident(),
-            p.is_fragment(),
-            p.options().len(),
-            p.verify_checksum(),
-        );
-        let _ = (
-            p.payload().len(),
-            ipv4::Repr::parse(&p),
-            p.check_total_len(),
-            p.src_addr(),
-            p.dst_addr(),
-        );
+        let _ = (p.total_len(), p.ident(), p.is_fragment(), p.options().len(), p.verify_checksum());
+        let _ = (p.payload().len(), ipv4::Repr::parse(&p), p.check_total_len(), p.src_addr(), p.dst_addr());
     }
     if let Ok(p) = ipv6::Packet::new_checked(data) {
-        let _ = (
-            p.flow_label(),
-            p.traffic_class(),
-            p.l4_info(),
-            p.check_payload_len(),
-            ipv6::Repr::parse(&p),
-        );
+        let _ = (p.flow_label(), p.traffic_class(), p.l4_info(), p.check_payload_len(), ipv6::Repr::parse(&p));
     }
     if let Ok(p) = tcp::Packet::new_checked(data) {
-        let _ = (
-            p.seq_number(),
-            p.flags(),
-            p.options().len(),
-            p.payload().len(),
-        );
+        let _ = (p.seq_number(), p.flags(), p.options().len(), p.payload().len());
         for o in p.option_iter() {
             let _ = o;
         }
     }
     if let Ok(p) = udp::Packet::new_checked(data) {
-        let _ = (
-            p.len(),
-            p.checksum(),
-            p.payload().len(),
-            udp::Repr::parse(&p),
-        );
+        let _ = (p.len(), p.checksum(), p.payload().len(), udp::Repr::parse(&p));
     }
     let _ = crate::locate_ip(data, Framing::Ip);
     let _ = crate::locate_ip(data, Framing::Ethernet);
@@ -505,12 +409,7 @@ pub fn gro_coalesce(data: &[u8]) {
     };
     let framing = framing_of(cfg);
     let vnet = [10usize, 12, 20, 10][((cfg >> 1) & 3) as usize];
-    let config = GroConfig {
-        tcp: cfg & 8 == 0,
-        udp: cfg & 16 == 0,
-        framing,
-        vnet_hdr_len: vnet,
-    };
+    let config = GroConfig { tcp: cfg & 8 == 0, udp: cfg & 16 == 0, framing, vnet_hdr_len: vnet };
     let checksums_valid = cfg & 32 != 0;
     let offset = vnet + 2;
     let mut bufs: Vec<Vec<u8>> = Vec::new();

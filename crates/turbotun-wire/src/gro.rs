@@ -45,12 +45,7 @@ pub struct GroConfig {
 
 impl Default for GroConfig {
     fn default() -> Self {
-        GroConfig {
-            tcp: true,
-            udp: false,
-            framing: Framing::Ip,
-            vnet_hdr_len: VIRTIO_NET_HDR_LEN,
-        }
+        GroConfig { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: VIRTIO_NET_HDR_LEN }
     }
 }
 
@@ -88,9 +83,7 @@ impl FlowKey {
         for c in self.addrs.chunks_exact(8) {
             let mut a = [0u8; 8];
             a.copy_from_slice(c);
-            h = (h ^ u64::from_ne_bytes(a))
-                .wrapping_mul(0x0000_0100_0000_01b3)
-                .rotate_left(23);
+            h = (h ^ u64::from_ne_bytes(a)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(23);
         }
         h = (h ^ ((self.ports as u64) << 32 | self.ack as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^ (h >> 29)
@@ -182,10 +175,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
         Framing::Ip => 0,
         Framing::Ethernet => {
             let f = ethernet::Frame::new_checked(pkt).ok()?;
-            if !matches!(
-                f.inner_ethertype(),
-                ethernet::ETHERTYPE_IPV4 | ethernet::ETHERTYPE_IPV6
-            ) {
+            if !matches!(f.inner_ethertype(), ethernet::ETHERTYPE_IPV4 | ethernet::ETHERTYPE_IPV6) {
                 return None;
             }
             let hl = f.header_len();
@@ -195,13 +185,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
         }
     };
     let ip = &pkt[l3..];
-    let mut key = FlowKey {
-        addrs: [0; 32],
-        ports: 0,
-        ack: 0,
-        v6: false,
-        udp: false,
-    };
+    let mut key = FlowKey { addrs: [0; 32], ports: 0, ack: 0, v6: false, udp: false };
     let (proto, l4, addr_sum, ident, df) = match ip.first()? >> 4 {
         4 => {
             let p = ipv4::Packet::new_checked(ip).ok()?;
@@ -218,13 +202,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
             fields.ttl = p.ttl();
             fields.frag_bits = p.flags_frag() & (ipv4::FLAG_DF | ipv4::FLAG_RESERVED);
             let sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
-            (
-                p.protocol(),
-                l3 + ipv4::MIN_HEADER_LEN,
-                sum,
-                p.ident(),
-                p.dont_frag(),
-            )
+            (p.protocol(), l3 + ipv4::MIN_HEADER_LEN, sum, p.ident(), p.dont_frag())
         }
         6 => {
             let p = ipv6::Packet::new_checked(ip).ok()?;
@@ -311,11 +289,7 @@ fn id_check(it: &Item, c: &Cand, prepend: bool) -> Option<IdMode> {
         return Some(it.id_mode);
     }
     let first = it.c.ident;
-    let inc = if prepend {
-        first.wrapping_sub(1)
-    } else {
-        first.wrapping_add(it.segs as u16)
-    };
+    let inc = if prepend { first.wrapping_sub(1) } else { first.wrapping_add(it.segs as u16) };
     if c.ident == inc && it.id_mode != IdMode::Fixed {
         return Some(IdMode::Incrementing);
     }
@@ -355,12 +329,7 @@ enum Merge {
 impl Gro {
     /// A GRO engine; allocates nothing until the first batch.
     pub fn new(config: GroConfig) -> Self {
-        Gro {
-            config,
-            udp_max_segments: DEFAULT_UDP_MAX_SEGMENTS,
-            items: Vec::new(),
-            slots: Vec::new(),
-        }
+        Gro { config, udp_max_segments: DEFAULT_UDP_MAX_SEGMENTS, items: Vec::new(), slots: Vec::new() }
     }
 
     /// Sets the cap on segments of a coalesced UDP packet (kernel `UDP_MAX_SEGMENTS`: 64, or 128 on newer
@@ -405,10 +374,7 @@ impl Gro {
         self.slots.clear();
         let n = bufs.len().min(lens.len());
         let vlen = self.config.vnet_hdr_len;
-        let mut stats = GroStats {
-            packets: n,
-            ..GroStats::default()
-        };
+        let mut stats = GroStats { packets: n, ..GroStats::default() };
         let headers_ok = vlen >= VIRTIO_NET_HDR_LEN && offset >= vlen;
         let (tcp_on, udp_on) = (self.config.tcp && headers_ok, self.config.udp && headers_ok);
         for i in 0..n {
@@ -418,12 +384,7 @@ impl Gro {
                 stats.malformed += 1;
                 continue;
             }
-            let Some(c) = parse_candidate(
-                packet(bufs, lens, i, offset),
-                self.config.framing,
-                tcp_on,
-                udp_on,
-            ) else {
+            let Some(c) = parse_candidate(packet(bufs, lens, i, offset), self.config.framing, tcp_on, udp_on) else {
                 continue;
             };
             self.insert(i, c, bufs, lens, offset, checksums_valid, &mut stats);
@@ -434,11 +395,7 @@ impl Gro {
                 continue;
             }
             to_write.push(i);
-            if !headers_ok
-                || !offset
-                    .checked_add(lens[i])
-                    .is_some_and(|e| e <= bufs[i].as_ref().len())
-            {
+            if !headers_ok || !offset.checked_add(lens[i]).is_some_and(|e| e <= bufs[i].as_ref().len()) {
                 continue;
             }
             let vh = &mut bufs[i].as_mut()[offset - vlen..offset];
@@ -516,8 +473,7 @@ impl Gro {
                 }
                 self.items[k].verified = true;
             }
-            let ok =
-                *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), &c));
+            let ok = *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), &c));
             if !ok {
                 // Passes through unmerged; kept as a dead item so that UDP cannot merge across it.
                 stats.bad_checksum += 1;
@@ -574,20 +530,12 @@ impl Gro {
     }
 
     fn can_merge(&self, it: &Item, c: &Cand) -> Option<(Merge, IdMode)> {
-        let hl = c.fields.l4_hdr_len as usize
-            - if c.key.udp {
-                udp::HEADER_LEN
-            } else {
-                tcp::MIN_HEADER_LEN
-            };
+        let hl = c.fields.l4_hdr_len as usize - if c.key.udp { udp::HEADER_LEN } else { tcp::MIN_HEADER_LEN };
         if it.c.fields != c.fields || it.c.opts[..hl] != c.opts[..hl] {
             return None;
         }
         if c.key.udp {
-            if it.segs >= self.udp_max_segments
-                || c.payload_len > it.gso_size
-                || it.last_len != it.gso_size
-            {
+            if it.segs >= self.udp_max_segments || c.payload_len > it.gso_size || it.last_len != it.gso_size {
                 return None;
             }
             return id_check(it, c, false).map(|m| (Merge::Append, m));
@@ -599,11 +547,7 @@ impl Gro {
             return id_check(it, c, false).map(|m| (Merge::Append, m));
         }
         if c.seq.wrapping_add(c.payload_len as u32) == it.c.seq {
-            let fits = if it.segs == 1 {
-                it.payload_total <= c.payload_len
-            } else {
-                it.gso_size == c.payload_len
-            };
+            let fits = if it.segs == 1 { it.payload_total <= c.payload_len } else { it.gso_size == c.payload_len };
             if c.psh || !fits {
                 return None;
             }
@@ -618,8 +562,7 @@ impl Gro {
         let (vh, rest) = buf[offset - vlen..offset + len].split_at_mut(vlen);
         let l4_len = len - c.l4;
         if c.key.v6 {
-            ipv6::Packet::new_unchecked(&mut rest[c.l3..])
-                .set_payload_len((len - c.l3 - ipv6::HEADER_LEN) as u16);
+            ipv6::Packet::new_unchecked(&mut rest[c.l3..]).set_payload_len((len - c.l3 - ipv6::HEADER_LEN) as u16);
         } else {
             let mut ip = ipv4::Packet::new_unchecked(&mut rest[c.l3..c.l4]);
             ip.set_total_len((len - c.l3) as u16);
@@ -638,10 +581,7 @@ impl Gro {
                 t.set_flags(f | tcp::flags::PSH);
             }
             t.set_checksum(pseudo);
-            (
-                if c.key.v6 { gso::TCPV6 } else { gso::TCPV4 },
-                tcp::CHECKSUM_OFFSET,
-            )
+            (if c.key.v6 { gso::TCPV6 } else { gso::TCPV4 }, tcp::CHECKSUM_OFFSET)
         };
         VirtioNetHdrRepr {
             flags: flags::NEEDS_CSUM,
@@ -686,9 +626,7 @@ mod tests {
         assert!(parse_candidate(&Spec::tcp4().build(&[]), Framing::Ip, true, true).is_none());
         assert!(parse_candidate(&Spec::tcp4().build(&[1]), Framing::Ip, false, true).is_none());
         assert!(parse_candidate(&Spec::udp6().build(&[1]), Framing::Ip, true, false).is_none());
-        assert!(
-            parse_candidate(&Spec::udp6().build(&[1]), Framing::Ethernet, true, true).is_none()
-        );
+        assert!(parse_candidate(&Spec::udp6().build(&[1]), Framing::Ethernet, true, true).is_none());
         let mut p = Spec::tcp4().build(&[1, 2]);
         p.push(0); // IP length no longer equals the buffer length
         assert!(parse_candidate(&p, Framing::Ip, true, true).is_none());
@@ -718,40 +656,17 @@ mod tests {
             n.df = df;
             cand(&n, 10)
         };
-        assert_eq!(
-            id_check(&it, &next(s.ip_id + 1, true), false),
-            Some(IdMode::Incrementing)
-        );
-        assert_eq!(
-            id_check(&it, &next(s.ip_id, true), false),
-            Some(IdMode::Fixed)
-        );
+        assert_eq!(id_check(&it, &next(s.ip_id + 1, true), false), Some(IdMode::Incrementing));
+        assert_eq!(id_check(&it, &next(s.ip_id, true), false), Some(IdMode::Fixed));
         assert_eq!(id_check(&it, &next(s.ip_id, false), false), None);
         assert_eq!(id_check(&it, &next(s.ip_id + 2, true), false), None);
-        assert_eq!(
-            id_check(&it, &next(s.ip_id - 1, true), true),
-            Some(IdMode::Incrementing)
-        );
-        let fixed = Item {
-            id_mode: IdMode::Fixed,
-            segs: 2,
-            ..it
-        };
+        assert_eq!(id_check(&it, &next(s.ip_id - 1, true), true), Some(IdMode::Incrementing));
+        let fixed = Item { id_mode: IdMode::Fixed, segs: 2, ..it };
         assert_eq!(id_check(&fixed, &next(s.ip_id + 2, true), false), None);
-        assert_eq!(
-            id_check(&fixed, &next(s.ip_id, true), false),
-            Some(IdMode::Fixed)
-        );
-        let inc = Item {
-            id_mode: IdMode::Incrementing,
-            segs: 2,
-            ..it
-        };
+        assert_eq!(id_check(&fixed, &next(s.ip_id, true), false), Some(IdMode::Fixed));
+        let inc = Item { id_mode: IdMode::Incrementing, segs: 2, ..it };
         assert_eq!(id_check(&inc, &next(s.ip_id, true), false), None);
-        assert_eq!(
-            id_check(&inc, &next(s.ip_id + 2, false), false),
-            Some(IdMode::Incrementing)
-        );
+        assert_eq!(id_check(&inc, &next(s.ip_id + 2, false), false), Some(IdMode::Incrementing));
     }
 
     #[test]
@@ -776,12 +691,7 @@ mod tests {
             }
             let st = g.coalesce(&mut bufs, &mut lens, 10, false, &mut tw);
             assert_eq!((st.written, st.coalesced, st.tcp_super_packets), (1, 31, 1));
-            caps.push((
-                g.items.capacity(),
-                g.slots.capacity(),
-                g.items.as_ptr(),
-                g.slots.as_ptr(),
-            ));
+            caps.push((g.items.capacity(), g.slots.capacity(), g.items.as_ptr(), g.slots.as_ptr()));
         }
         assert!(caps.windows(2).all(|w| w[0] == w[1]), "{caps:?}");
     }

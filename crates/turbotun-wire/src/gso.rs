@@ -84,10 +84,7 @@ pub struct SegmentView<'a> {
 
 impl std::fmt::Debug for SegmentView<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SegmentView")
-            .field("header", &self.header())
-            .field("payload_len", &self.payload.len())
-            .finish()
+        f.debug_struct("SegmentView").field("header", &self.header()).field("payload_len", &self.payload.len()).finish()
     }
 }
 
@@ -112,10 +109,7 @@ impl<'a> SegmentView<'a> {
     pub fn copy_to(&self, out: &mut [u8]) -> Result<usize, GsoError> {
         let n = self.len();
         if out.len() < n {
-            return Err(GsoError::BufferTooSmall {
-                need: n,
-                have: out.len(),
-            });
+            return Err(GsoError::BufferTooSmall { need: n, have: out.len() });
         }
         out[..self.header_len].copy_from_slice(self.header());
         out[self.header_len..n].copy_from_slice(self.payload);
@@ -148,11 +142,7 @@ fn trunc(what: &'static str, need: usize, have: usize) -> GsoError {
 
 impl<'a> Splitter<'a> {
     /// Validates a super-packet (`packet` starts after the virtio header, at the IP or Ethernet header).
-    pub fn new(
-        hdr: &VirtioNetHdrRepr,
-        packet: &'a [u8],
-        framing: Framing,
-    ) -> Result<Self, GsoError> {
+    pub fn new(hdr: &VirtioNetHdrRepr, packet: &'a [u8], framing: Framing) -> Result<Self, GsoError> {
         let len = packet.len();
         let mut s = Splitter {
             packet,
@@ -174,25 +164,15 @@ impl<'a> Splitter<'a> {
         let needs_csum = hdr.needs_csum();
         let (cs, co) = (hdr.csum_start as usize, hdr.csum_offset as usize);
         if needs_csum && cs > len {
-            return Err(GsoError::CsumStartBeyond {
-                csum_start: cs,
-                len,
-            });
+            return Err(GsoError::CsumStartBeyond { csum_start: cs, len });
         }
         match gso_kind {
             gso::NONE => {
                 if needs_csum {
                     if cs + co + 2 > len {
-                        return Err(GsoError::BadCsumOffset {
-                            csum_start: cs,
-                            csum_offset: co,
-                            limit: len,
-                        });
+                        return Err(GsoError::BadCsumOffset { csum_start: cs, csum_offset: co, limit: len });
                     }
-                    s.kind = Kind::Partial {
-                        start: cs,
-                        offset: co,
-                    };
+                    s.kind = Kind::Partial { start: cs, offset: co };
                 }
                 return Ok(s);
             }
@@ -203,12 +183,7 @@ impl<'a> Splitter<'a> {
         let (l3, version) = locate_ip(packet, framing)?;
         match (gso_kind, version) {
             (gso::TCPV4, 4) | (gso::TCPV6, 6) | (gso::UDP_L4, _) => {}
-            _ => {
-                return Err(GsoError::GsoTypeMismatch {
-                    gso_type: gso_kind,
-                    ip_version: version,
-                })
-            }
+            _ => return Err(GsoError::GsoTypeMismatch { gso_type: gso_kind, ip_version: version }),
         }
         let ip = &packet[l3..];
         let (proto, l4) = if version == 4 {
@@ -231,16 +206,10 @@ impl<'a> Splitter<'a> {
         };
         let want = if tcp { IPPROTO_TCP } else { IPPROTO_UDP };
         if proto != want {
-            return Err(GsoError::ProtocolMismatch {
-                gso_type: gso_kind,
-                protocol: proto,
-            });
+            return Err(GsoError::ProtocolMismatch { gso_type: gso_kind, protocol: proto });
         }
         if needs_csum && cs != l4 {
-            return Err(GsoError::CsumStartMismatch {
-                csum_start: cs,
-                l4_offset: l4,
-            });
+            return Err(GsoError::CsumStartMismatch { csum_start: cs, l4_offset: l4 });
         }
         let l4_hdr = if tcp {
             let t = tcp::Packet::new_checked(&packet[l4..])?;
@@ -255,24 +224,13 @@ impl<'a> Splitter<'a> {
         };
         let hdr_len = l4 + l4_hdr;
         if needs_csum {
-            let expected = if tcp {
-                tcp::CHECKSUM_OFFSET
-            } else {
-                udp::CHECKSUM_OFFSET
-            };
+            let expected = if tcp { tcp::CHECKSUM_OFFSET } else { udp::CHECKSUM_OFFSET };
             if cs + co + 2 > hdr_len || co != expected {
-                return Err(GsoError::BadCsumOffset {
-                    csum_start: cs,
-                    csum_offset: co,
-                    limit: hdr_len,
-                });
+                return Err(GsoError::BadCsumOffset { csum_start: cs, csum_offset: co, limit: hdr_len });
             }
         }
         if hdr_len > MAX_HEADER_LEN {
-            return Err(GsoError::HeaderTooLarge {
-                len: hdr_len,
-                max: MAX_HEADER_LEN,
-            });
+            return Err(GsoError::HeaderTooLarge { len: hdr_len, max: MAX_HEADER_LEN });
         }
         if hdr.gso_size == 0 {
             return Err(GsoError::ZeroGsoSize);
@@ -377,15 +335,10 @@ impl<'a> Splitter<'a> {
             ip[10..12].copy_from_slice(&c.to_be_bytes());
         }
         // Pseudo-header (addresses, protocol, length) + constant header part + payload.
-        let base = checksum::add(
-            self.l4_base,
-            checksum::add(self.addr_sum, payload_sum) + l4_len as u32,
-        );
+        let base = checksum::add(self.l4_base, checksum::add(self.addr_sum, payload_sum) + l4_len as u32);
         let l4 = &mut h[self.l4..];
         if self.kind == Kind::Tcp {
-            let seq = self
-                .seq
-                .wrapping_add((index as u32).wrapping_mul(self.gso_size as u32));
+            let seq = self.seq.wrapping_add((index as u32).wrapping_mul(self.gso_size as u32));
             let mut f = self.tcp_flags;
             if !last {
                 f &= !(tcp::flags::FIN | tcp::flags::PSH);
@@ -408,10 +361,7 @@ impl<'a> Splitter<'a> {
 
     fn check_index(&self, index: usize) -> Result<(), GsoError> {
         if index >= self.count {
-            return Err(GsoError::IndexOutOfRange {
-                index,
-                count: self.count,
-            });
+            return Err(GsoError::IndexOutOfRange { index, count: self.count });
         }
         Ok(())
     }
@@ -421,10 +371,7 @@ impl<'a> Splitter<'a> {
         self.check_index(index)?;
         let n = self.segment_len(index);
         if out.len() < n {
-            return Err(GsoError::BufferTooSmall {
-                need: n,
-                have: out.len(),
-            });
+            return Err(GsoError::BufferTooSmall { need: n, have: out.len() });
         }
         let out = &mut out[..n];
         match self.kind {
@@ -438,8 +385,8 @@ impl<'a> Splitter<'a> {
                 let payload = &self.packet[s..e];
                 let (h, p) = out.split_at_mut(self.hdr_len);
                 h.copy_from_slice(&self.packet[..self.hdr_len]);
-                p.copy_from_slice(payload);
-                self.patch(index, h, payload.len(), checksum::sum(payload, 0));
+                let payload_sum = checksum::copy_and_sum(p, payload, 0);
+                self.patch(index, h, payload.len(), payload_sum);
             }
         }
         Ok(n)
@@ -451,20 +398,13 @@ impl<'a> Splitter<'a> {
     /// [`MAX_HEADER_LEN`].
     pub fn segment_view(&self, index: usize) -> Result<SegmentView<'a>, GsoError> {
         self.check_index(index)?;
-        let mut v = SegmentView {
-            header: [0u8; MAX_HEADER_LEN],
-            header_len: 0,
-            payload: self.packet,
-        };
+        let mut v = SegmentView { header: [0u8; MAX_HEADER_LEN], header_len: 0, payload: self.packet };
         match self.kind {
             Kind::Plain => {}
             Kind::Partial { start, offset } => {
                 let hl = start + offset + 2;
                 if hl > MAX_HEADER_LEN {
-                    return Err(GsoError::HeaderTooLarge {
-                        len: hl,
-                        max: MAX_HEADER_LEN,
-                    });
+                    return Err(GsoError::HeaderTooLarge { len: hl, max: MAX_HEADER_LEN });
                 }
                 v.header[..hl].copy_from_slice(&self.packet[..hl]);
                 v.header_len = hl;
@@ -479,12 +419,7 @@ impl<'a> Splitter<'a> {
                 v.header[..hl].copy_from_slice(&self.packet[..hl]);
                 v.header_len = hl;
                 v.payload = &self.packet[s..e];
-                self.patch(
-                    index,
-                    &mut v.header[..hl],
-                    v.payload.len(),
-                    checksum::sum(v.payload, 0),
-                );
+                self.patch(index, &mut v.header[..hl], v.payload.len(), checksum::sum(v.payload, 0));
             }
         }
         Ok(v)
@@ -503,10 +438,7 @@ impl<'a> Splitter<'a> {
         offset: usize,
     ) -> Result<SplitProgress, GsoError> {
         if first > self.count {
-            return Err(GsoError::IndexOutOfRange {
-                index: first,
-                count: self.count,
-            });
+            return Err(GsoError::IndexOutOfRange { index: first, count: self.count });
         }
         let mut produced = 0;
         for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
@@ -517,10 +449,7 @@ impl<'a> Splitter<'a> {
             let buf = buf.as_mut();
             let res = match buf.get_mut(offset..) {
                 Some(out) => self.write_segment(index, out),
-                None => Err(GsoError::BufferTooSmall {
-                    need: offset + self.segment_len(index),
-                    have: buf.len(),
-                }),
+                None => Err(GsoError::BufferTooSmall { need: offset + self.segment_len(index), have: buf.len() }),
             };
             match res {
                 Ok(n) => *len = n,
@@ -529,11 +458,7 @@ impl<'a> Splitter<'a> {
             }
             produced += 1;
         }
-        Ok(SplitProgress {
-            produced,
-            next: first + produced,
-            total: self.count,
-        })
+        Ok(SplitProgress { produced, next: first + produced, total: self.count })
     }
 }
 
@@ -556,16 +481,9 @@ mod tests {
         }
         .emit(&mut p)
         .unwrap();
-        tcp::Repr {
-            src_port: 1,
-            dst_port: 2,
-            seq: 100,
-            ack: 5,
-            flags: 0x18 | 1,
-            window: 9,
-        }
-        .emit(&mut p[20..])
-        .unwrap();
+        tcp::Repr { src_port: 1, dst_port: 2, seq: 100, ack: 5, flags: 0x18 | 1, window: 9 }
+            .emit(&mut p[20..])
+            .unwrap();
         for (i, b) in p[40..].iter_mut().enumerate() {
             *b = i as u8;
         }
@@ -586,33 +504,18 @@ mod tests {
         let s = Splitter::new(&h, &p, Framing::Ip).unwrap();
         assert_eq!(s.segment_count(), 4);
         assert_eq!(s.hdr_len(), 40);
-        assert_eq!(
-            (0..5).map(|i| s.segment_len(i)).collect::<Vec<_>>(),
-            vec![340, 340, 340, 140, 0]
-        );
+        assert_eq!((0..5).map(|i| s.segment_len(i)).collect::<Vec<_>>(), vec![340, 340, 340, 140, 0]);
         let mut out = [0u8; 340];
         assert_eq!(s.write_segment(3, &mut out).unwrap(), 140);
         let seg = &out[..140];
         assert_eq!(u16::from_be_bytes([seg[2], seg[3]]), 140);
         assert_eq!(u16::from_be_bytes([seg[4], seg[5]]), 10); // ID 7 + 3
-        assert_eq!(
-            u32::from_be_bytes([seg[24], seg[25], seg[26], seg[27]]),
-            1000
-        ); // seq 100 + 900
+        assert_eq!(u32::from_be_bytes([seg[24], seg[25], seg[26], seg[27]]), 1000); // seq 100 + 900
         assert_eq!(seg[33], 0x19); // FIN|PSH|ACK on the last
         s.write_segment(0, &mut out).unwrap();
         assert_eq!(out[33], 0x10);
-        assert_eq!(
-            s.write_segment(4, &mut out),
-            Err(GsoError::IndexOutOfRange { index: 4, count: 4 })
-        );
-        assert_eq!(
-            s.write_segment(0, &mut out[..339]),
-            Err(GsoError::BufferTooSmall {
-                need: 340,
-                have: 339
-            })
-        );
+        assert_eq!(s.write_segment(4, &mut out), Err(GsoError::IndexOutOfRange { index: 4, count: 4 }));
+        assert_eq!(s.write_segment(0, &mut out[..339]), Err(GsoError::BufferTooSmall { need: 340, have: 339 }));
     }
 
     #[test]
@@ -627,8 +530,7 @@ mod tests {
             let mut copy = vec![0u8; n];
             assert_eq!(v.copy_to(&mut copy).unwrap(), n);
             assert_eq!(copy, out[..n]);
-            let pseudo =
-                checksum::pseudo_header_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, (n - 20) as u32);
+            let pseudo = checksum::pseudo_header_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, (n - 20) as u32);
             assert_eq!(checksum::fold(v.sum_from(20, pseudo)), 0xffff);
         }
     }
@@ -638,10 +540,7 @@ mod tests {
         let (mut h, p) = tcp4_super(40, 10);
         h.csum_start = 80;
         let e = Splitter::new(&h, &p[..60], Framing::Ip).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "virtio csum_start 80 beyond packet length 60"
-        );
+        assert_eq!(e.to_string(), "virtio csum_start 80 beyond packet length 60");
     }
 
     #[test]
@@ -669,21 +568,9 @@ mod tests {
         // Second buffer too small: the first is reported, next points at segment 1.
         let mut bufs = vec![vec![0u8; 200], vec![0u8; 100]];
         let pr = s.split_into(0, &mut bufs, &mut lens[..2], 10).unwrap();
-        assert_eq!(
-            pr,
-            SplitProgress {
-                produced: 1,
-                next: 1,
-                total: 10
-            }
-        );
+        assert_eq!(pr, SplitProgress { produced: 1, next: 1, total: 10 });
         assert!(s.split_into(1, &mut bufs[1..], &mut lens[..1], 10).is_err());
         assert!(s.split_into(11, &mut bufs, &mut lens[..2], 0).is_err());
-        assert_eq!(
-            s.split_into(10, &mut bufs, &mut lens[..2], 0)
-                .unwrap()
-                .produced,
-            0
-        );
+        assert_eq!(s.split_into(10, &mut bufs, &mut lens[..2], 0).unwrap().produced, 0);
     }
 }

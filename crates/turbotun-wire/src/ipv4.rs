@@ -51,28 +51,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let b = buffer.as_ref();
         if b.len() < MIN_HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "IPv4 header",
-                need: MIN_HEADER_LEN,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "IPv4 header", need: MIN_HEADER_LEN, have: b.len() });
         }
         if b[0] >> 4 != 4 {
             return Err(WireError::BadIpVersion(b[0] >> 4));
         }
         let hl = ((b[0] & 0x0f) as usize) * 4;
         if hl < MIN_HEADER_LEN {
-            return Err(WireError::BadHeaderLen {
-                what: "IPv4",
-                len: hl,
-            });
+            return Err(WireError::BadHeaderLen { what: "IPv4", len: hl });
         }
         if b.len() < hl {
-            return Err(WireError::Truncated {
-                what: "IPv4 options",
-                need: hl,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "IPv4 options", need: hl, have: b.len() });
         }
         Ok(Packet { buffer })
     }
@@ -81,11 +70,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn check_total_len(&self) -> Result<(), WireError> {
         let (tl, have) = (self.total_len() as usize, self.buffer.as_ref().len());
         if tl != have || tl < self.header_len() {
-            return Err(WireError::BadLength {
-                what: "IPv4 total length",
-                field: tl,
-                actual: have,
-            });
+            return Err(WireError::BadLength { what: "IPv4 total length", field: tl, actual: have });
         }
         Ok(())
     }
@@ -272,11 +257,7 @@ impl Repr {
     /// Writes a 20-byte header with a valid checksum.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         if buf.len() < MIN_HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "IPv4 header",
-                need: MIN_HEADER_LEN,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "IPv4 header", need: MIN_HEADER_LEN, have: buf.len() });
         }
         let mut p = Packet::new_unchecked(&mut buf[..MIN_HEADER_LEN]);
         p.set_version_and_header_len(MIN_HEADER_LEN);
@@ -298,10 +279,8 @@ mod tests {
     use super::*;
 
     // 192.168.0.1 -> 192.168.0.2, TCP, 40 bytes, ID 0x1234, DF, TTL 64 (checksum computed by hand tools).
-    const HDR: [u8; 20] = [
-        0x45, 0x00, 0x00, 0x28, 0x12, 0x34, 0x40, 0x00, 0x40, 0x06, 0xa7, 0x48, 192, 168, 0, 1,
-        192, 168, 0, 2,
-    ];
+    const HDR: [u8; 20] =
+        [0x45, 0x00, 0x00, 0x28, 0x12, 0x34, 0x40, 0x00, 0x40, 0x06, 0xa7, 0x48, 192, 168, 0, 1, 192, 168, 0, 2];
 
     #[test]
     fn test_parse() {
@@ -349,26 +328,14 @@ mod tests {
         }
         let mut opt = HDR.to_vec();
         opt[0] = 0x46;
-        assert!(matches!(
-            Packet::new_checked(&opt[..]),
-            Err(WireError::Truncated { need: 24, .. })
-        ));
+        assert!(matches!(Packet::new_checked(&opt[..]), Err(WireError::Truncated { need: 24, .. })));
         opt.extend_from_slice(&[1, 1, 1, 0]);
         let p = Packet::new_checked(&opt[..]).unwrap();
         assert_eq!(p.options(), &[1, 1, 1, 0]);
         opt[0] = 0x44;
-        assert_eq!(
-            Packet::new_checked(&opt[..]),
-            Err(WireError::BadHeaderLen {
-                what: "IPv4",
-                len: 16
-            })
-        );
+        assert_eq!(Packet::new_checked(&opt[..]), Err(WireError::BadHeaderLen { what: "IPv4", len: 16 }));
         opt[0] = 0x65;
-        assert_eq!(
-            Packet::new_checked(&opt[..]),
-            Err(WireError::BadIpVersion(6))
-        );
+        assert_eq!(Packet::new_checked(&opt[..]), Err(WireError::BadIpVersion(6)));
         let mut frag = HDR;
         frag[6] = 0x20; // MF
         assert!(Packet::new_checked(&frag[..]).unwrap().is_fragment());

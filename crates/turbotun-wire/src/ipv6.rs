@@ -60,11 +60,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "IPv6 header",
-                need: HEADER_LEN,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "IPv6 header", need: HEADER_LEN, have: b.len() });
         }
         if b[0] >> 4 != 6 {
             return Err(WireError::BadIpVersion(b[0] >> 4));
@@ -153,14 +149,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                     fragment = true;
                     Some(8)
                 }
-                _ => {
-                    return Ok(L4Info {
-                        protocol: nh,
-                        offset: off,
-                        fragment,
-                        ext_headers: n,
-                    })
-                }
+                _ => return Ok(L4Info { protocol: nh, offset: off, fragment, ext_headers: n }),
             };
             n += 1;
             if n > MAX_EXT_HEADERS {
@@ -256,11 +245,7 @@ impl Repr {
     /// Writes the 40-byte fixed header.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         if buf.len() < HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "IPv6 header",
-                need: HEADER_LEN,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "IPv6 header", need: HEADER_LEN, have: buf.len() });
         }
         let mut p = Packet::new_unchecked(&mut buf[..HEADER_LEN]);
         p.set_word0(0x6000_0000);
@@ -309,15 +294,7 @@ mod tests {
         let mut again = vec![0u8; 40];
         r.emit(&mut again).unwrap();
         assert_eq!(again, b[..40]);
-        assert_eq!(
-            p.l4_info().unwrap(),
-            L4Info {
-                protocol: 6,
-                offset: 40,
-                fragment: false,
-                ext_headers: 0
-            }
-        );
+        assert_eq!(p.l4_info().unwrap(), L4Info { protocol: 6, offset: 40, fragment: false, ext_headers: 0 });
     }
 
     #[test]
@@ -326,10 +303,7 @@ mod tests {
         for n in 0..40 {
             assert!(Packet::new_checked(&b[..n]).is_err());
         }
-        assert!(Packet::new_checked(&b[..59])
-            .unwrap()
-            .check_payload_len()
-            .is_err());
+        assert!(Packet::new_checked(&b[..59]).unwrap().check_payload_len().is_err());
     }
 
     #[test]
@@ -338,38 +312,13 @@ mod tests {
         b[6] = next_header::HOP_BY_HOP;
         // HBH (8 bytes) -> dest opts (16 bytes) -> fragment (8) -> UDP
         let mut ext = vec![next_header::DEST_OPTS, 0, 1, 4, 0, 0, 0, 0];
-        ext.extend_from_slice(&[
-            next_header::FRAGMENT,
-            1,
-            1,
-            12,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ]);
+        ext.extend_from_slice(&[next_header::FRAGMENT, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         ext.extend_from_slice(&[17, 0, 0, 0, 0, 0, 0, 1]);
         b.truncate(40);
         b.extend_from_slice(&ext);
         b.extend_from_slice(&[0u8; 8]);
         let p = Packet::new_checked(&b[..]).unwrap();
-        assert_eq!(
-            p.l4_info().unwrap(),
-            L4Info {
-                protocol: 17,
-                offset: 72,
-                fragment: true,
-                ext_headers: 3
-            }
-        );
+        assert_eq!(p.l4_info().unwrap(), L4Info { protocol: 17, offset: 72, fragment: true, ext_headers: 3 });
         // Truncated in the middle of the dest-opts header.
         let p = Packet::new_checked(&b[..50]).unwrap();
         assert!(matches!(p.l4_info(), Err(WireError::Truncated { .. })));
@@ -379,10 +328,7 @@ mod tests {
         for _ in 0..10 {
             lp.extend_from_slice(&[next_header::ROUTING, 0, 0, 0, 0, 0, 0, 0]);
         }
-        assert_eq!(
-            Packet::new_checked(&lp[..]).unwrap().l4_info(),
-            Err(WireError::ExtHeaderChainTooLong)
-        );
+        assert_eq!(Packet::new_checked(&lp[..]).unwrap().l4_info(), Err(WireError::ExtHeaderChainTooLong));
         // AH length unit is 4 bytes, (len + 2) * 4.
         let mut ah = b[..40].to_vec();
         ah[6] = next_header::AH;

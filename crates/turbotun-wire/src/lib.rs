@@ -82,13 +82,7 @@ pub fn locate_ip(packet: &[u8], framing: Framing) -> Result<(usize, u8), WireErr
     };
     let version = match packet.get(off) {
         Some(b) => b >> 4,
-        None => {
-            return Err(WireError::Truncated {
-                what: "IP header",
-                need: off + 1,
-                have: packet.len(),
-            })
-        }
+        None => return Err(WireError::Truncated { what: "IP header", need: off + 1, have: packet.len() }),
     };
     match version {
         4 | 6 => Ok((off, version)),

@@ -60,25 +60,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let b = buffer.as_ref();
         if b.len() < MIN_HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "TCP header",
-                need: MIN_HEADER_LEN,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "TCP header", need: MIN_HEADER_LEN, have: b.len() });
         }
         let hl = ((b[field::DATA_OFF] >> 4) as usize) * 4;
         if hl < MIN_HEADER_LEN {
-            return Err(WireError::BadHeaderLen {
-                what: "TCP",
-                len: hl,
-            });
+            return Err(WireError::BadHeaderLen { what: "TCP", len: hl });
         }
         if b.len() < hl {
-            return Err(WireError::Truncated {
-                what: "TCP options",
-                need: hl,
-                have: b.len(),
-            });
+            return Err(WireError::Truncated { what: "TCP options", need: hl, have: b.len() });
         }
         Ok(Packet { buffer })
     }
@@ -134,9 +123,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// Iterator over parsed options.
     pub fn option_iter(&self) -> OptionIter<'_> {
-        OptionIter {
-            rest: self.options(),
-        }
+        OptionIter { rest: self.options() }
     }
     /// Payload.
     pub fn payload(&self) -> &[u8] {
@@ -243,11 +230,7 @@ impl<'a> Iterator for OptionIter<'a> {
             _ => {
                 let have = self.rest.len();
                 self.rest = &[];
-                return Some(Err(WireError::Truncated {
-                    what: "TCP option",
-                    need: 2,
-                    have,
-                }));
+                return Some(Err(WireError::Truncated { what: "TCP option", need: 2, have }));
             }
         };
         let data = &self.rest[2..len];
@@ -296,11 +279,7 @@ impl Repr {
     /// Writes a 20-byte header with a zero checksum and urgent pointer.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         if buf.len() < MIN_HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "TCP header",
-                need: MIN_HEADER_LEN,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "TCP header", need: MIN_HEADER_LEN, have: buf.len() });
         }
         let mut p = Packet::new_unchecked(&mut buf[..MIN_HEADER_LEN]);
         p.set_src_port(self.src_port);
@@ -321,8 +300,8 @@ mod tests {
     use super::*;
 
     const SEG: [u8; 36] = [
-        0x04, 0xd2, 0x16, 0x2e, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x80, 0x18, 0x01,
-        0xf5, 0xab, 0xcd, 0x00, 0x00, // fixed
+        0x04, 0xd2, 0x16, 0x2e, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x80, 0x18, 0x01, 0xf5, 0xab, 0xcd,
+        0x00, 0x00, // fixed
         0x01, 0x01, 0x08, 0x0a, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, 0x06, // NOP NOP TS
         b'a', b'b', b'c', b'd',
     ];
@@ -340,14 +319,7 @@ mod tests {
         assert_eq!(p.checksum(), 0xabcd);
         assert_eq!(p.payload(), b"abcd");
         let opts: Vec<_> = p.option_iter().collect();
-        assert_eq!(
-            opts,
-            vec![
-                Ok(TcpOption::NoOp),
-                Ok(TcpOption::NoOp),
-                Ok(TcpOption::Timestamps(5, 6))
-            ]
-        );
+        assert_eq!(opts, vec![Ok(TcpOption::NoOp), Ok(TcpOption::NoOp), Ok(TcpOption::Timestamps(5, 6))]);
     }
 
     #[test]
@@ -370,13 +342,7 @@ mod tests {
         }
         let mut bad = SEG;
         bad[12] = 0x40;
-        assert_eq!(
-            Packet::new_checked(&bad[..]),
-            Err(WireError::BadHeaderLen {
-                what: "TCP",
-                len: 16
-            })
-        );
+        assert_eq!(Packet::new_checked(&bad[..]), Err(WireError::BadHeaderLen { what: "TCP", len: 16 }));
     }
 
     #[test]
@@ -389,17 +355,11 @@ mod tests {
         assert_eq!(opts.len(), 3);
         assert!(opts[2].is_err());
         seg[23] = 0; // zero length
-        assert!(Packet::new_checked(&seg[..])
-            .unwrap()
-            .option_iter()
-            .any(|o| o.is_err()));
+        assert!(Packet::new_checked(&seg[..]).unwrap().option_iter().any(|o| o.is_err()));
         let mut mss = [0u8; 24];
         mss[12] = 0x60;
         mss[20..24].copy_from_slice(&[2, 4, 0x05, 0xb4]);
         let p = Packet::new_checked(&mss[..]).unwrap();
-        assert_eq!(
-            p.option_iter().next(),
-            Some(Ok(TcpOption::MaxSegmentSize(1460)))
-        );
+        assert_eq!(p.option_iter().next(), Some(Ok(TcpOption::MaxSegmentSize(1460))));
     }
 }

@@ -33,11 +33,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let have = buffer.as_ref().len();
         if have < HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "UDP header",
-                need: HEADER_LEN,
-                have,
-            });
+            return Err(WireError::Truncated { what: "UDP header", need: HEADER_LEN, have });
         }
         Ok(Packet { buffer })
     }
@@ -46,11 +42,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn check_len(&self) -> Result<(), WireError> {
         let (l, have) = (self.len() as usize, self.buffer.as_ref().len());
         if l != have {
-            return Err(WireError::BadLength {
-                what: "UDP length",
-                field: l,
-                actual: have,
-            });
+            return Err(WireError::BadLength { what: "UDP length", field: l, actual: have });
         }
         Ok(())
     }
@@ -128,21 +120,13 @@ impl Repr {
     /// Parses (the length field must match the buffer).
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Repr, WireError> {
         p.check_len()?;
-        Ok(Repr {
-            src_port: p.src_port(),
-            dst_port: p.dst_port(),
-            payload_len: p.len() - HEADER_LEN as u16,
-        })
+        Ok(Repr { src_port: p.src_port(), dst_port: p.dst_port(), payload_len: p.len() - HEADER_LEN as u16 })
     }
 
     /// Writes the header with a zero checksum.
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         if buf.len() < HEADER_LEN {
-            return Err(WireError::Truncated {
-                what: "UDP header",
-                need: HEADER_LEN,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "UDP header", need: HEADER_LEN, have: buf.len() });
         }
         let mut p = Packet::new_unchecked(&mut buf[..HEADER_LEN]);
         p.set_src_port(self.src_port);
@@ -157,9 +141,7 @@ impl Repr {
 mod tests {
     use super::*;
 
-    const DGRAM: [u8; 12] = [
-        0xbf, 0x00, 0x00, 0x35, 0x00, 0x0c, 0x12, 0x4d, 0xaa, 0x00, 0x00, 0xff,
-    ];
+    const DGRAM: [u8; 12] = [0xbf, 0x00, 0x00, 0x35, 0x00, 0x0c, 0x12, 0x4d, 0xaa, 0x00, 0x00, 0xff];
 
     #[test]
     fn test_parse() {
@@ -169,26 +151,13 @@ mod tests {
         assert_eq!(p.len(), 12);
         assert_eq!(p.checksum(), 0x124d);
         assert_eq!(p.payload(), &[0xaa, 0x00, 0x00, 0xff]);
-        assert_eq!(
-            Repr::parse(&p).unwrap(),
-            Repr {
-                src_port: 48896,
-                dst_port: 53,
-                payload_len: 4
-            }
-        );
+        assert_eq!(Repr::parse(&p).unwrap(), Repr { src_port: 48896, dst_port: 53, payload_len: 4 });
     }
 
     #[test]
     fn test_emit() {
         let mut buf = [0xffu8; 8];
-        Repr {
-            src_port: 48896,
-            dst_port: 53,
-            payload_len: 4,
-        }
-        .emit(&mut buf)
-        .unwrap();
+        Repr { src_port: 48896, dst_port: 53, payload_len: 4 }.emit(&mut buf).unwrap();
         assert_eq!(buf, [0xbf, 0x00, 0x00, 0x35, 0x00, 0x0c, 0, 0]);
     }
 
@@ -198,13 +167,6 @@ mod tests {
             assert!(Packet::new_checked(&DGRAM[..n]).is_err());
         }
         let p = Packet::new_checked(&DGRAM[..11]).unwrap();
-        assert_eq!(
-            p.check_len(),
-            Err(WireError::BadLength {
-                what: "UDP length",
-                field: 12,
-                actual: 11
-            })
-        );
+        assert_eq!(p.check_len(), Err(WireError::BadLength { what: "UDP length", field: 12, actual: 11 }));
     }
 }

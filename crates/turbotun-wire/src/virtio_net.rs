@@ -73,11 +73,7 @@ impl<T: AsRef<[u8]>> VirtioNetHdr<T> {
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let have = buffer.as_ref().len();
         if have < VIRTIO_NET_HDR_LEN {
-            return Err(WireError::Truncated {
-                what: "virtio_net_hdr",
-                need: VIRTIO_NET_HDR_LEN,
-                have,
-            });
+            return Err(WireError::Truncated { what: "virtio_net_hdr", need: VIRTIO_NET_HDR_LEN, have });
         }
         Ok(VirtioNetHdr { buffer })
     }
@@ -201,11 +197,7 @@ impl VirtioNetHdrRepr {
     /// Like [`Self::emit`] but fails on a buffer shorter than 10 bytes.
     pub fn try_emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         if buf.len() < VIRTIO_NET_HDR_LEN {
-            return Err(WireError::Truncated {
-                what: "virtio_net_hdr",
-                need: VIRTIO_NET_HDR_LEN,
-                have: buf.len(),
-            });
+            return Err(WireError::Truncated { what: "virtio_net_hdr", need: VIRTIO_NET_HDR_LEN, have: buf.len() });
         }
         self.emit(buf);
         Ok(())
@@ -232,10 +224,7 @@ impl VirtioNetHdrRepr {
 
     /// Whether the sizes 10, 12 or 20 is a valid header size for `TUNSETVNETHDRSZ`.
     pub fn is_valid_size(len: usize) -> bool {
-        matches!(
-            len,
-            VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN
-        )
+        matches!(len, VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN)
     }
 }
 
@@ -243,9 +232,7 @@ impl VirtioNetHdrRepr {
 mod tests {
     use super::*;
 
-    const BYTES: [u8; 12] = [
-        0x01, 0x81, 0x36, 0x00, 0xa8, 0x05, 0x22, 0x00, 0x10, 0x00, 0x01, 0x00,
-    ];
+    const BYTES: [u8; 12] = [0x01, 0x81, 0x36, 0x00, 0xa8, 0x05, 0x22, 0x00, 0x10, 0x00, 0x01, 0x00];
 
     #[test]
     fn test_parse() {
@@ -263,16 +250,8 @@ mod tests {
         );
         assert_eq!(r.gso_kind(), gso::TCPV4);
         assert!(r.needs_csum());
-        assert_eq!(
-            VirtioNetHdr::new_checked(&BYTES[..]).unwrap().num_buffers(),
-            Some(1)
-        );
-        assert_eq!(
-            VirtioNetHdr::new_checked(&BYTES[..10])
-                .unwrap()
-                .num_buffers(),
-            None
-        );
+        assert_eq!(VirtioNetHdr::new_checked(&BYTES[..]).unwrap().num_buffers(), Some(1));
+        assert_eq!(VirtioNetHdr::new_checked(&BYTES[..10]).unwrap().num_buffers(), None);
     }
 
     #[test]
@@ -296,11 +275,7 @@ mod tests {
         for n in 0..10 {
             assert_eq!(
                 VirtioNetHdrRepr::parse(&BYTES[..n]),
-                Err(WireError::Truncated {
-                    what: "virtio_net_hdr",
-                    need: 10,
-                    have: n
-                })
+                Err(WireError::Truncated { what: "virtio_net_hdr", need: 10, have: n })
             );
         }
     }

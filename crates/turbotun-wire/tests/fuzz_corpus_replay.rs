@@ -10,9 +10,7 @@ use turbotun_wire::virtio_net::{flags, gso};
 use turbotun_wire::{Framing, VirtioNetHdrRepr};
 
 fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
 }
 
 fn replay(target: &str, f: fn(&[u8])) -> usize {
@@ -48,17 +46,9 @@ fn replay_gro_coalesce() {
 
 fn specs() -> Vec<(String, Spec)> {
     let mut v = Vec::new();
-    for (name, base) in [
-        ("tcp4", Spec::tcp4()),
-        ("tcp6", Spec::tcp6()),
-        ("udp4", Spec::udp4()),
-        ("udp6", Spec::udp6()),
-    ] {
-        for (fname, f, vl) in [
-            ("ip", Framing::Ip, 0),
-            ("eth", Framing::Ethernet, 0),
-            ("vlan", Framing::Ethernet, 1),
-        ] {
+    for (name, base) in [("tcp4", Spec::tcp4()), ("tcp6", Spec::tcp6()), ("udp4", Spec::udp4()), ("udp6", Spec::udp6())]
+    {
+        for (fname, f, vl) in [("ip", Framing::Ip, 0), ("eth", Framing::Ethernet, 0), ("vlan", Framing::Ethernet, 1)] {
             v.push((format!("{name}_{fname}"), base.clone().with_framing(f, vl)));
         }
     }
@@ -90,12 +80,7 @@ fn generate_seed_corpus() {
         d.push(framing_byte(spec.framing));
         d.extend_from_slice(&sup);
         write("gso_split", &name, &d);
-        let none = VirtioNetHdrRepr {
-            gso_type: gso::NONE,
-            gso_size: 0,
-            flags: flags::NEEDS_CSUM,
-            ..hdr
-        };
+        let none = VirtioNetHdrRepr { gso_type: gso::NONE, gso_size: 0, flags: flags::NEEDS_CSUM, ..hdr };
         none.emit(&mut d[..10]);
         write("gso_split", &format!("{name}_none"), &d);
         // gro_coalesce: 3 consecutive segments, one with a bad checksum in a second file.
@@ -112,19 +97,12 @@ fn generate_seed_corpus() {
         write("gro_coalesce", &name, &g);
         // parse_headers: the packet itself, and its L4 header alone.
         write("parse_headers", &name, &pkts[0]);
-        write(
-            "parse_headers",
-            &format!("{name}_l4"),
-            &pkts[0][spec.l4_offset()..],
-        );
+        write("parse_headers", &format!("{name}_l4"), &pkts[0][spec.l4_offset()..]);
     }
     let mut bad = Spec::tcp4();
     bad.bad_csum = true;
     let mut g = vec![0u8];
-    for p in [
-        Spec::tcp4().build(&payload(64, 0)),
-        bad.next_seg(64).build(&payload(64, 1)),
-    ] {
+    for p in [Spec::tcp4().build(&payload(64, 0)), bad.next_seg(64).build(&payload(64, 1))] {
         g.extend_from_slice(&(p.len() as u16).to_le_bytes());
         g.extend_from_slice(&p);
     }

@@ -29,33 +29,16 @@ fn run_with(gro: &mut Gro, pkts: &[Vec<u8>], valid: bool, room: usize) -> Run {
     let mut lens: Vec<usize> = pkts.iter().map(|p| p.len()).collect();
     let mut to_write = vec![99];
     let stats = gro.coalesce(&mut bufs, &mut lens, OFF, valid, &mut to_write);
-    Run {
-        bufs,
-        lens,
-        to_write,
-        stats,
-    }
+    Run { bufs, lens, to_write, stats }
 }
 
 fn cfg(framing: Framing) -> GroConfig {
-    GroConfig {
-        tcp: true,
-        udp: true,
-        framing,
-        vnet_hdr_len: 10,
-    }
+    GroConfig { tcp: true, udp: true, framing, vnet_hdr_len: 10 }
 }
 
 /// Runs GRO and checks the result is exactly `groups` (input indices in segment order; written at group[0]).
 fn check(framing: Framing, pkts: &[Vec<u8>], groups: &[&[usize]]) -> Run {
-    check_opts(
-        &mut Gro::new(cfg(framing)),
-        framing,
-        pkts,
-        groups,
-        false,
-        false,
-    )
+    check_opts(&mut Gro::new(cfg(framing)), framing, pkts, groups, false, false)
 }
 
 fn check_opts(
@@ -69,11 +52,7 @@ fn check_opts(
     let r = run_with(gro, pkts, valid, 65535);
     let mut g: Vec<&[usize]> = groups.to_vec();
     g.sort_by_key(|g| g[0]);
-    assert_eq!(
-        r.to_write,
-        g.iter().map(|g| g[0]).collect::<Vec<_>>(),
-        "written indices"
-    );
+    assert_eq!(r.to_write, g.iter().map(|g| g[0]).collect::<Vec<_>>(), "written indices");
     assert_eq!(r.stats.packets, pkts.len());
     assert_eq!(r.stats.written, g.len());
     assert_eq!(r.stats.coalesced, pkts.len() - g.len());
@@ -117,23 +96,14 @@ fn stream(spec: &Spec, lens: &[usize]) -> (Vec<Spec>, Vec<Vec<u8>>) {
         specs.push(s.clone());
         s = s.next_seg(l);
     }
-    let pkts = specs
-        .iter()
-        .zip(lens)
-        .enumerate()
-        .map(|(i, (s, &l))| s.build(&payload(l, i as u8)))
-        .collect();
+    let pkts = specs.iter().zip(lens).enumerate().map(|(i, (s, &l))| s.build(&payload(l, i as u8))).collect();
     (specs, pkts)
 }
 
 fn all_bases() -> Vec<Spec> {
     let mut v = Vec::new();
     for base in [Spec::tcp4(), Spec::tcp6(), Spec::udp4(), Spec::udp6()] {
-        for (f, vl) in [
-            (Framing::Ip, 0),
-            (Framing::Ethernet, 0),
-            (Framing::Ethernet, 2),
-        ] {
+        for (f, vl) in [(Framing::Ip, 0), (Framing::Ethernet, 0), (Framing::Ethernet, 2)] {
             v.push(base.clone().with_framing(f, vl));
         }
     }
@@ -231,11 +201,7 @@ fn bad_checksum_passes_through() {
         for bad in 0..3 {
             let (mut s, _) = stream(&b, &[1000, 1000, 1000]);
             s[bad].bad_csum = true;
-            let p: Vec<Vec<u8>> = s
-                .iter()
-                .enumerate()
-                .map(|(i, s)| s.build(&payload(1000, i as u8)))
-                .collect();
+            let p: Vec<Vec<u8>> = s.iter().enumerate().map(|(i, s)| s.build(&payload(1000, i as u8))).collect();
             let groups: Vec<&[usize]> = match (bad, b.udp) {
                 (0, _) => vec![&[0], &[1, 2]],
                 (1, _) => vec![&[0], &[1], &[2]],
@@ -269,11 +235,7 @@ fn seq_gap_and_reordering() {
         // Reversed pair: 1 then 0 -> prepend, written at index 1.
         check(b.framing, &[p[1].clone(), p[0].clone()], &[&[1, 0]]);
         // 1, 0, 2: prepend then append.
-        check(
-            b.framing,
-            &[p[1].clone(), p[0].clone(), p[2].clone()],
-            &[&[1, 0, 2]],
-        );
+        check(b.framing, &[p[1].clone(), p[0].clone(), p[2].clone()], &[&[1, 0, 2]]);
         // Retransmission of the same segment.
         check(b.framing, &[p[0].clone(), p[0].clone()], &[&[0], &[1]]);
     }
@@ -385,77 +347,21 @@ fn ipv4_id_rules() {
         };
         let mut g = Gro::new(cfg(b.framing));
         // DF set, incrementing: merge.
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(true, [5, 6, 7]),
-            &[&[0, 1, 2]],
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &build(true, [5, 6, 7]), &[&[0, 1, 2]], false, false);
         // DF clear, incrementing: merge.
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(false, [5, 6, 7]),
-            &[&[0, 1, 2]],
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &build(false, [5, 6, 7]), &[&[0, 1, 2]], false, false);
         // DF set, fixed: merge (IDs are not restored by the split).
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(true, [5, 5, 5]),
-            &[&[0, 1, 2]],
-            false,
-            true,
-        );
+        check_opts(&mut g, b.framing, &build(true, [5, 5, 5]), &[&[0, 1, 2]], false, true);
         // DF clear, fixed: no merge.
         let exp: &[&[usize]] = &[&[0], &[1], &[2]];
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(false, [5, 5, 5]),
-            exp,
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &build(false, [5, 5, 5]), exp, false, false);
         // Incrementing then fixed, fixed then incrementing: the mode may not change.
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(true, [5, 6, 6]),
-            &[&[0, 1], &[2]],
-            false,
-            false,
-        );
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(true, [5, 5, 6]),
-            &[&[0, 1], &[2]],
-            false,
-            true,
-        );
+        check_opts(&mut g, b.framing, &build(true, [5, 6, 6]), &[&[0, 1], &[2]], false, false);
+        check_opts(&mut g, b.framing, &build(true, [5, 5, 6]), &[&[0, 1], &[2]], false, true);
         // Random IDs: no merge.
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(true, [5, 900, 17]),
-            &[&[0], &[1], &[2]],
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &build(true, [5, 900, 17]), &[&[0], &[1], &[2]], false, false);
         // ID wrap-around increments.
-        check_opts(
-            &mut g,
-            b.framing,
-            &build(false, [0xffff, 0, 1]),
-            &[&[0, 1, 2]],
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &build(false, [0xffff, 0, 1]), &[&[0, 1, 2]], false, false);
         // DF differs: no merge.
         let (mut s, _) = stream(&b, &[1000, 1000]);
         s[1].df = false;
@@ -486,14 +392,7 @@ fn udp_segment_cap_is_configurable() {
         let (_, p) = stream(&b, &[100; 10]);
         let mut g = Gro::new(cfg(b.framing)).with_udp_max_segments(4);
         assert_eq!(g.udp_max_segments(), 4);
-        check_opts(
-            &mut g,
-            b.framing,
-            &p,
-            &[&[0, 1, 2, 3], &[4, 5, 6, 7], &[8, 9]],
-            false,
-            false,
-        );
+        check_opts(&mut g, b.framing, &p, &[&[0, 1, 2, 3], &[4, 5, 6, 7], &[8, 9]], false, false);
         let (_, p) = stream(&b, &[100; 70]);
         let all: Vec<usize> = (0..64).collect();
         let rest: Vec<usize> = (64..70).collect();
@@ -542,12 +441,7 @@ fn udp_zero_checksum() {
 fn disabled_kinds_pass_through() {
     for b in all_bases() {
         let (_, p) = stream(&b, &[1000, 1000]);
-        let c = GroConfig {
-            tcp: b.udp,
-            udp: !b.udp,
-            framing: b.framing,
-            vnet_hdr_len: 10,
-        };
+        let c = GroConfig { tcp: b.udp, udp: !b.udp, framing: b.framing, vnet_hdr_len: 10 };
         check_opts(&mut Gro::new(c), b.framing, &p, &[&[0], &[1]], false, false);
     }
 }
@@ -559,24 +453,14 @@ fn interleaved_flows() {
         other.sport += 1;
         let (_, a) = stream(&b, &[1000, 1000, 1000]);
         let (_, o) = stream(&other, &[1000, 1000, 1000]);
-        let p = vec![
-            a[0].clone(),
-            o[0].clone(),
-            a[1].clone(),
-            o[1].clone(),
-            a[2].clone(),
-            o[2].clone(),
-        ];
+        let p = vec![a[0].clone(), o[0].clone(), a[1].clone(), o[1].clone(), a[2].clone(), o[2].clone()];
         check(b.framing, &p, &[&[0, 2, 4], &[1, 3, 5]]);
     }
 }
 
 #[test]
 fn ethernet_headers_must_match() {
-    for b in all_bases()
-        .into_iter()
-        .filter(|s| s.framing == Framing::Ethernet)
-    {
+    for b in all_bases().into_iter().filter(|s| s.framing == Framing::Ethernet) {
         let (mut s, _) = stream(&b, &[1000, 1000]);
         s[1].mac_src = [2, 0, 0, 0, 0, 9];
         let p: Vec<Vec<u8>> = s.iter().map(|s| s.build(&payload(1000, 9))).collect();
@@ -596,18 +480,8 @@ fn non_ip_and_garbage_pass_through() {
         f.extend_from_slice(&[0u8; 28]);
         f
     };
-    let (_, p) = stream(
-        &Spec::tcp4().with_framing(Framing::Ethernet, 0),
-        &[100, 100],
-    );
-    let pkts = vec![
-        arp.clone(),
-        p[0].clone(),
-        vec![],
-        vec![0x45],
-        p[1].clone(),
-        arp,
-    ];
+    let (_, p) = stream(&Spec::tcp4().with_framing(Framing::Ethernet, 0), &[100, 100]);
+    let pkts = vec![arp.clone(), p[0].clone(), vec![], vec![0x45], p[1].clone(), arp];
     check(Framing::Ethernet, &pkts, &[&[0], &[1, 4], &[2], &[3], &[5]]);
 }
 
@@ -652,19 +526,13 @@ fn vnet_header_sizes_12_and_20() {
             .collect();
         let mut lens: Vec<usize> = p.iter().map(|x| x.len()).collect();
         let mut tw = Vec::new();
-        let c = GroConfig {
-            vnet_hdr_len: vlen,
-            ..cfg(Framing::Ip)
-        };
+        let c = GroConfig { vnet_hdr_len: vlen, ..cfg(Framing::Ip) };
         Gro::new(c).coalesce(&mut bufs, &mut lens, 24, false, &mut tw);
         assert_eq!(tw, vec![0]);
         let h = &bufs[0][24 - vlen..24];
         assert_eq!(VirtioNetHdrRepr::parse(h).unwrap().gso_type, gso::TCPV6);
         assert!(h[10..].iter().all(|&x| x == 0), "num_buffers/hash zeroed");
-        assert!(
-            bufs[0][..24 - vlen].iter().all(|&x| x == 0xaa),
-            "nothing before the header touched"
-        );
+        assert!(bufs[0][..24 - vlen].iter().all(|&x| x == 0xaa), "nothing before the header touched");
     }
 }
 
@@ -674,14 +542,7 @@ fn engine_reuse_gives_same_result() {
     let (_, p) = stream(&b, &[1000; 8]);
     let mut g = Gro::new(cfg(Framing::Ip));
     for _ in 0..3 {
-        check_opts(
-            &mut g,
-            Framing::Ip,
-            &p,
-            &[&[0, 1, 2, 3, 4, 5, 6, 7]],
-            false,
-            false,
-        );
+        check_opts(&mut g, Framing::Ip, &p, &[&[0, 1, 2, 3, 4, 5, 6, 7]], false, false);
     }
 }
 
@@ -701,10 +562,7 @@ fn merged_pseudo_header_in_checksum_field() {
             checksum::pseudo_header_v4(b.src4, b.dst4, proto, l4_len)
         };
         let at = l4 + if b.udp { 6 } else { 16 };
-        assert_eq!(
-            u16::from_be_bytes([out[at], out[at + 1]]),
-            checksum::fold(ps)
-        );
+        assert_eq!(u16::from_be_bytes([out[at], out[at + 1]]), checksum::fold(ps));
         // Completing the partial checksum as the kernel would gives a valid packet.
         let mut full = out.to_vec();
         checksum::complete_partial(&mut full, l4, at - l4).unwrap();

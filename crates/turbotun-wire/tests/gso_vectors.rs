@@ -8,12 +8,7 @@ use turbotun_wire::virtio_net::{flags, gso};
 use turbotun_wire::{checksum, Framing, GsoError, Splitter, VirtioNetHdrRepr, WireError};
 
 fn framings() -> Vec<(Framing, usize)> {
-    vec![
-        (Framing::Ip, 0),
-        (Framing::Ethernet, 0),
-        (Framing::Ethernet, 1),
-        (Framing::Ethernet, 2),
-    ]
+    vec![(Framing::Ip, 0), (Framing::Ethernet, 0), (Framing::Ethernet, 1), (Framing::Ethernet, 2)]
 }
 
 fn specs() -> Vec<Spec> {
@@ -42,10 +37,7 @@ fn check_split(hdr: &VirtioNetHdrRepr, pkt: &[u8], framing: Framing, expected: &
     let mut bufs = vec![vec![0u8; 70000]; expected.len()];
     let mut lens = vec![0usize; expected.len()];
     let p = s.split_into(0, &mut bufs, &mut lens, 12).unwrap();
-    assert_eq!(
-        (p.produced, p.next, p.total),
-        (expected.len(), expected.len(), expected.len())
-    );
+    assert_eq!((p.produced, p.next, p.total), (expected.len(), expected.len(), expected.len()));
     for (i, exp) in expected.iter().enumerate() {
         assert_eq!(&bufs[i][12..12 + lens[i]], &exp[..]);
     }
@@ -54,14 +46,7 @@ fn check_split(hdr: &VirtioNetHdrRepr, pkt: &[u8], framing: Framing, expected: &
 #[test]
 fn split_sizes_all_protocols_and_framings() {
     // (payload length, gso_size): exact multiple, short last, single segment, one byte, 1-byte segments, 64 KB.
-    let cases = [
-        (4 * 1448, 1448),
-        (3 * 1448 + 100, 1448),
-        (500, 1448),
-        (1, 1448),
-        (7, 1),
-        (1448, 1448),
-    ];
+    let cases = [(4 * 1448, 1448), (3 * 1448 + 100, 1448), (500, 1448), (1, 1448), (7, 1), (1448, 1448)];
     for spec in specs() {
         for (len, mss) in cases {
             let pl = payload(len, 3);
@@ -73,10 +58,7 @@ fn split_sizes_all_protocols_and_framings() {
 
 #[test]
 fn split_64k_tcp4_and_udp6() {
-    for spec in [
-        Spec::tcp4(),
-        Spec::udp6().with_framing(Framing::Ethernet, 1),
-    ] {
+    for spec in [Spec::tcp4(), Spec::udp6().with_framing(Framing::Ethernet, 1)] {
         let len = 65535 - spec.hdr_len();
         let pl = payload(len, 9);
         let (hdr, pkt) = spec.build_gso(&pl, 1448);
@@ -97,13 +79,8 @@ fn tcp_flags_fin_psh_last_cwr_first() {
         let exp = spec.segments(&pl, 1000);
         check_split(&hdr, &pkt, Framing::Ip, &exp);
         let s = Splitter::new(&hdr, &pkt, Framing::Ip).unwrap();
-        let fl: Vec<u8> = (0..3)
-            .map(|i| s.segment_view(i).unwrap().header()[spec.l4_offset() + 13])
-            .collect();
-        assert_eq!(
-            fl,
-            vec![tf::ACK | tf::CWR, tf::ACK, tf::ACK | tf::PSH | tf::FIN]
-        );
+        let fl: Vec<u8> = (0..3).map(|i| s.segment_view(i).unwrap().header()[spec.l4_offset() + 13]).collect();
+        assert_eq!(fl, vec![tf::ACK | tf::CWR, tf::ACK, tf::ACK | tf::PSH | tf::FIN]);
     }
 }
 
@@ -116,10 +93,7 @@ fn ipv4_ids_increment_and_wrap_seq_wraps() {
     let (hdr, pkt) = spec.build_gso(&pl, 100);
     let exp = spec.segments(&pl, 100);
     check_split(&hdr, &pkt, Framing::Ip, &exp);
-    let ids: Vec<u16> = exp
-        .iter()
-        .map(|p| u16::from_be_bytes([p[4], p[5]]))
-        .collect();
+    let ids: Vec<u16> = exp.iter().map(|p| u16::from_be_bytes([p[4], p[5]])).collect();
     assert_eq!(ids, vec![0xfffe, 0xffff, 0, 1]);
 }
 
@@ -192,158 +166,54 @@ fn errors_name_the_problem() {
     let (hdr, pkt) = spec.build_gso(&pl, 1000);
     let err = |h: VirtioNetHdrRepr, p: &[u8], f: Framing| Splitter::new(&h, p, f).unwrap_err();
 
+    assert_eq!(err(VirtioNetHdrRepr { gso_type: gso::UDP, ..hdr }, &pkt, Framing::Ip), GsoError::UnsupportedGsoType(3));
+    assert_eq!(err(VirtioNetHdrRepr { gso_type: 9, ..hdr }, &pkt, Framing::Ip), GsoError::UnsupportedGsoType(9));
     assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                gso_type: gso::UDP,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::UnsupportedGsoType(3)
+        err(VirtioNetHdrRepr { gso_type: gso::TCPV6, ..hdr }, &pkt, Framing::Ip),
+        GsoError::GsoTypeMismatch { gso_type: gso::TCPV6, ip_version: 4 }
     );
     assert_eq!(
-        err(VirtioNetHdrRepr { gso_type: 9, ..hdr }, &pkt, Framing::Ip),
-        GsoError::UnsupportedGsoType(9)
+        err(VirtioNetHdrRepr { gso_type: gso::UDP_L4, csum_offset: 6, ..hdr }, &pkt, Framing::Ip),
+        GsoError::ProtocolMismatch { gso_type: gso::UDP_L4, protocol: 6 }
     );
     assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                gso_type: gso::TCPV6,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::GsoTypeMismatch {
-            gso_type: gso::TCPV6,
-            ip_version: 4
-        }
+        err(VirtioNetHdrRepr { csum_start: 60000, ..hdr }, &pkt, Framing::Ip),
+        GsoError::CsumStartBeyond { csum_start: 60000, len: pkt.len() }
     );
     assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                gso_type: gso::UDP_L4,
-                csum_offset: 6,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::ProtocolMismatch {
-            gso_type: gso::UDP_L4,
-            protocol: 6
-        }
+        err(VirtioNetHdrRepr { csum_start: 24, ..hdr }, &pkt, Framing::Ip),
+        GsoError::CsumStartMismatch { csum_start: 24, l4_offset: 20 }
     );
     assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                csum_start: 60000,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::CsumStartBeyond {
-            csum_start: 60000,
-            len: pkt.len()
-        }
+        err(VirtioNetHdrRepr { csum_offset: 40, ..hdr }, &pkt, Framing::Ip),
+        GsoError::BadCsumOffset { csum_start: 20, csum_offset: 40, limit: 52 }
     );
     assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                csum_start: 24,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::CsumStartMismatch {
-            csum_start: 24,
-            l4_offset: 20
-        }
+        err(VirtioNetHdrRepr { csum_offset: 6, ..hdr }, &pkt, Framing::Ip),
+        GsoError::BadCsumOffset { csum_start: 20, csum_offset: 6, limit: 52 }
     );
-    assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                csum_offset: 40,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::BadCsumOffset {
-            csum_start: 20,
-            csum_offset: 40,
-            limit: 52
-        }
-    );
-    assert_eq!(
-        err(
-            VirtioNetHdrRepr {
-                csum_offset: 6,
-                ..hdr
-            },
-            &pkt,
-            Framing::Ip
-        ),
-        GsoError::BadCsumOffset {
-            csum_start: 20,
-            csum_offset: 6,
-            limit: 52
-        }
-    );
-    assert_eq!(
-        err(VirtioNetHdrRepr { gso_size: 0, ..hdr }, &pkt, Framing::Ip),
-        GsoError::ZeroGsoSize
-    );
+    assert_eq!(err(VirtioNetHdrRepr { gso_size: 0, ..hdr }, &pkt, Framing::Ip), GsoError::ZeroGsoSize);
     // Truncated TCP header and data offset below 20.
-    assert!(matches!(
-        err(hdr, &pkt[..30], Framing::Ip),
-        GsoError::Wire(WireError::Truncated { .. })
-    ));
+    assert!(matches!(err(hdr, &pkt[..30], Framing::Ip), GsoError::Wire(WireError::Truncated { .. })));
     let mut bad = pkt.clone();
     bad[20 + 12] = 0x40;
-    assert_eq!(
-        err(hdr, &bad, Framing::Ip),
-        GsoError::Wire(WireError::BadHeaderLen {
-            what: "TCP",
-            len: 16
-        })
-    );
+    assert_eq!(err(hdr, &bad, Framing::Ip), GsoError::Wire(WireError::BadHeaderLen { what: "TCP", len: 16 }));
     // Fragment.
     let mut frag = pkt.clone();
     frag[6] |= 0x20;
     assert_eq!(err(hdr, &frag, Framing::Ip), GsoError::Fragment);
     // Wrong framing: an IP packet read as Ethernet.
-    assert!(matches!(
-        err(hdr, &pkt, Framing::Ethernet),
-        GsoError::Wire(_)
-    ));
+    assert!(matches!(err(hdr, &pkt, Framing::Ethernet), GsoError::Wire(_)));
     // GSO_NONE + NEEDS_CSUM with the checksum beyond the packet.
-    let none = VirtioNetHdrRepr {
-        gso_type: gso::NONE,
-        flags: flags::NEEDS_CSUM,
-        csum_start: 50,
-        csum_offset: 16,
-        ..hdr
-    };
+    let none =
+        VirtioNetHdrRepr { gso_type: gso::NONE, flags: flags::NEEDS_CSUM, csum_start: 50, csum_offset: 16, ..hdr };
     assert_eq!(
         err(none, &pkt[..60], Framing::Ip),
-        GsoError::BadCsumOffset {
-            csum_start: 50,
-            csum_offset: 16,
-            limit: 60
-        }
+        GsoError::BadCsumOffset { csum_start: 50, csum_offset: 16, limit: 60 }
     );
     // Display strings name the values.
     assert_eq!(
-        GsoError::CsumStartBeyond {
-            csum_start: 80,
-            len: 60
-        }
-        .to_string(),
+        GsoError::CsumStartBeyond { csum_start: 80, len: 60 }.to_string(),
         "virtio csum_start 80 beyond packet length 60"
     );
     assert!(GsoError::UnsupportedGsoType(3).to_string().contains("0x03"));
@@ -366,16 +236,10 @@ fn header_too_large_rejected() {
     big.extend_from_slice(&ext);
     big.extend_from_slice(&pkt[22 + 40 + 64..]);
     let l4 = 22 + 40 + ext_len;
-    let h = VirtioNetHdrRepr {
-        csum_start: l4 as u16,
-        ..hdr
-    };
+    let h = VirtioNetHdrRepr { csum_start: l4 as u16, ..hdr };
     assert_eq!(
         Splitter::new(&h, &big, Framing::Ethernet).unwrap_err(),
-        GsoError::HeaderTooLarge {
-            len: l4 + 32,
-            max: MAX_HEADER_LEN
-        }
+        GsoError::HeaderTooLarge { len: l4 + 32, max: MAX_HEADER_LEN }
     );
 }
 

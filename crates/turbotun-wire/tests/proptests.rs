@@ -9,17 +9,8 @@ use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 const OFF: usize = 20;
 
 fn spec_strategy() -> impl Strategy<Value = Spec> {
-    (
-        0u8..4,
-        0usize..4,
-        any::<bool>(),
-        any::<u16>(),
-        any::<u32>(),
-        0usize..11,
-        any::<u8>(),
-        any::<bool>(),
-    )
-        .prop_map(|(kind, framing, df, id, seq, opt_words, tos, psh)| {
+    (0u8..4, 0usize..4, any::<bool>(), any::<u16>(), any::<u32>(), 0usize..11, any::<u8>(), any::<bool>()).prop_map(
+        |(kind, framing, df, id, seq, opt_words, tos, psh)| {
             let mut s = match kind {
                 0 => Spec::tcp4(),
                 1 => Spec::tcp6(),
@@ -39,16 +30,12 @@ fn spec_strategy() -> impl Strategy<Value = Spec> {
                 s.tcp_flags |= tf::PSH;
             }
             s
-        })
+        },
+    )
 }
 
 fn gro_for(framing: Framing) -> Gro {
-    Gro::new(GroConfig {
-        tcp: true,
-        udp: true,
-        framing,
-        vnet_hdr_len: 10,
-    })
+    Gro::new(GroConfig { tcp: true, udp: true, framing, vnet_hdr_len: 10 })
 }
 
 fn into_bufs(pkts: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<usize>) {
@@ -64,12 +51,7 @@ fn into_bufs(pkts: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<usize>) {
 }
 
 /// Splits every written packet and concatenates the segments in write order.
-fn split_all(
-    bufs: &[Vec<u8>],
-    lens: &[usize],
-    to_write: &[usize],
-    framing: Framing,
-) -> Vec<Vec<u8>> {
+fn split_all(bufs: &[Vec<u8>], lens: &[usize], to_write: &[usize], framing: Framing) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for &i in to_write {
         let hdr = VirtioNetHdrRepr::parse(&bufs[i][OFF - 10..OFF]).unwrap();
