@@ -157,6 +157,7 @@ pub struct Gro {
     slots: Vec<Slot>,
 }
 
+#[inline(always)]
 fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> Option<Cand> {
     if pkt.len() > MAX_PACKET_LEN {
         return None;
@@ -387,7 +388,7 @@ impl Gro {
             let Some(c) = parse_candidate(packet(bufs, lens, i, offset), self.config.framing, tcp_on, udp_on) else {
                 continue;
             };
-            self.insert(i, c, bufs, lens, offset, checksums_valid, &mut stats);
+            self.insert(i, &c, bufs, lens, offset, checksums_valid, &mut stats);
         }
         for i in 0..n {
             let slot = self.slots[i];
@@ -417,10 +418,11 @@ impl Gro {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn insert<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         i: usize,
-        c: Cand,
+        c: &Cand,
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
@@ -443,7 +445,7 @@ impl Gro {
                 }
                 continue;
             }
-            let Some((how, id_mode)) = self.can_merge(it, &c) else {
+            let Some((how, id_mode)) = self.can_merge(it, c) else {
                 if c.key.udp {
                     break; // UDP: only the newest item of the flow
                 }
@@ -473,7 +475,7 @@ impl Gro {
                 }
                 self.items[k].verified = true;
             }
-            let ok = *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), &c));
+            let ok = *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), c));
             if !ok {
                 // Passes through unmerged; kept as a dead item so that UDP cannot merge across it.
                 stats.bad_checksum += 1;
@@ -500,7 +502,7 @@ impl Gro {
                     }
                     it.gso_size = c.payload_len;
                     let keep = (it.psh, it.verified);
-                    it.c = c;
+                    it.c = *c;
                     (it.psh, it.verified) = keep;
                     it.buf = i;
                     self.slots[old] = Slot::Merged;
@@ -516,7 +518,7 @@ impl Gro {
         self.slots[i] = Slot::Head(self.items.len());
         self.items.push(Item {
             hash,
-            c,
+            c: *c,
             buf: i,
             gso_size: c.payload_len,
             segs: 1,

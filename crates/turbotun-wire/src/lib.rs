@@ -3,7 +3,8 @@
 //!
 //! # Guarantees
 //!
-//! * **No unsafe code** (`#![forbid(unsafe_code)]`) and no dependencies besides `std`.
+//! * **No unsafe code** (`#![forbid(unsafe_code)]`); the only dependency is `multiversion` (runtime CPU-feature
+//!   dispatch of the checksum loops without `unsafe` in this crate).
 //! * **No panics on any input.** Every view (`Packet::new_checked`), [`virtio_net::VirtioNetHdrRepr::parse`],
 //!   [`gso::Splitter::new`] and [`gro::Gro::coalesce`] validates offsets before use; malformed packets produce a
 //!   [`WireError`] / [`GsoError`] (or, for GRO, pass through unmerged). This is exercised by property tests and the
@@ -23,8 +24,8 @@
 //!   rejected). `hdr_len` from the header is never trusted; it is recomputed from the packet.
 //! * GRO coalesce: TCP and UDP, IPv4 and IPv6 (without extension headers or IPv4 options), following the kernel's
 //!   rules (see `OFFLOAD.md` in the project).
-//! * Checksums: a portable wide-word RFC 1071 sum (the crate forbids unsafe, so there is no `std::arch` SIMD path;
-//!   the wide-word loop is written so that LLVM vectorises it), pseudo-headers, RFC 1624 incremental update and
+//! * Checksums: an RFC 1071 sum whose loop is compiled for AVX-512BW, AVX2 and the baseline and picked at run time
+//!   (see [`checksum`]), a fused copy + sum for GSO segments, pseudo-headers, RFC 1624 incremental update and
 //!   completion of a partial checksum.
 //!
 //! # Not supported
