@@ -155,8 +155,8 @@ impl RecvBatch {
     }
 
     /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
-    /// queue), later ones only take what is there already. Stops early when a super-packet's segments are
-    /// left pending, so that they come first next time. Returns zero packets on timeout.
+    /// queue), later ones only take what is there already. A batch ends after a super-packet (its segments, or
+    /// those that fit, with the rest pending for next time). Returns zero packets on timeout.
     pub fn recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
@@ -194,7 +194,10 @@ impl RecvBatch {
                     total.packets += r.packets;
                     total.checksums_valid &= r.checksums_valid;
                     total.pending = r.pending;
-                    if r.pending > 0 {
+                    // A batch ends with a super-packet: its segments coalesce back into the buffer it started in,
+                    // so the only buffer that grows to 64 KiB is the one at the batch's start, instead of heads
+                    // wandering over every buffer (each would end up resident) as reads straddle batches.
+                    if r.pending > 0 || r.packets > 1 {
                         break;
                     }
                 }
