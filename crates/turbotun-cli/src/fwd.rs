@@ -304,11 +304,15 @@ fn send_raw_waiting(dst: &Queue, frame: &[u8], stop: &AtomicBool) -> Result<(), 
 struct Accounting {
     last_rx: BatchStats,
     last_tx: BatchStats,
+    last_reads: u64,
 }
 
 impl Accounting {
-    fn record(&mut self, c: &Counters, packets: usize, bytes: usize, rx: &RecvBatch, tx: &SendBatch) {
+    fn record(&mut self, c: &Counters, src: &Queue, packets: usize, bytes: usize, rx: &RecvBatch, tx: &SendBatch) {
         let (r, t, lr, lt) = (rx.stats(), tx.stats(), self.last_rx, self.last_tx);
+        let reads = src.stats().rx_packets;
+        c.reads.fetch_add(reads - self.last_reads, Ordering::Relaxed);
+        self.last_reads = reads;
         c.packets.fetch_add(packets as u64, Ordering::Relaxed);
         c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         c.super_packets.fetch_add(r.super_packets - lr.super_packets, Ordering::Relaxed);
@@ -343,7 +347,7 @@ fn forward_offload(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, ba
         }
         let bytes: usize = lens[..got.packets].iter().sum();
         tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
-        accounting.record(c, got.packets, bytes, &rx, &tx);
+        accounting.record(c, src, got.packets, bytes, &rx, &tx);
     }
     Ok(())
 }
@@ -362,6 +366,6 @@ async fn forward_offload_async(src: &AsyncQueue, dst: &AsyncQueue, c: &Counters,
         }
         let bytes: usize = lens[..got.packets].iter().sum();
         dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
-        accounting.record(c, got.packets, bytes, &rx, &tx);
+        accounting.record(c, src.get_ref(), got.packets, bytes, &rx, &tx);
     }
 }
