@@ -129,6 +129,9 @@ struct Cand {
 #[derive(Debug, Clone, Copy)]
 struct Item {
     hash: u64,
+    /// Gather mode: the last member of the chain (the first is `buf`) and the coalesced length.
+    last: usize,
+    vlen: usize,
     c: Cand,
     buf: usize,
     gso_size: usize,
@@ -155,6 +158,39 @@ pub struct Gro {
     udp_max_segments: usize,
     items: Vec<Item>,
     slots: Vec<Slot>,
+    /// Gather mode: members are chained (`next[i]`) instead of copied into the head's buffer.
+    gather: bool,
+    next: Vec<usize>,
+}
+
+/// End of a gather chain.
+const CHAIN_END: usize = usize::MAX;
+
+/// The pieces of one coalesced packet in gather mode ([`Gro::pieces`]): `(buffer index, byte range)`.
+#[derive(Debug, Clone)]
+pub struct Pieces<'g> {
+    first: Option<(usize, std::ops::Range<usize>)>,
+    next: usize,
+    chain: &'g [usize],
+    lens: &'g [usize],
+    offset: usize,
+    hdr_len: usize,
+}
+
+impl Iterator for Pieces<'_> {
+    type Item = (usize, std::ops::Range<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        let m = self.next;
+        let len = *self.lens.get(m)?;
+        self.next = self.chain.get(m).copied().unwrap_or(CHAIN_END);
+        // A member has the head's header length (a merge requires it), so its payload follows that many bytes.
+        let end = self.offset + len;
+        Some((m, (self.offset + self.hdr_len).min(end)..end))
+    }
 }
 
 #[inline(always)]
@@ -330,7 +366,36 @@ enum Merge {
 impl Gro {
     /// A GRO engine; allocates nothing until the first batch.
     pub fn new(config: GroConfig) -> Self {
-        Gro { config, udp_max_segments: DEFAULT_UDP_MAX_SEGMENTS, items: Vec::new(), slots: Vec::new() }
+        Gro {
+            config,
+            udp_max_segments: DEFAULT_UDP_MAX_SEGMENTS,
+            items: Vec::new(),
+            slots: Vec::new(),
+            gather: false,
+            next: Vec::new(),
+        }
+    }
+
+    /// Gather mode: merged packets are not copied into the head's buffer; the head's headers are patched for the
+    /// coalesced length and [`Gro::pieces`] lists what to write (header and head packet, then each member's
+    /// payload), for a vectored write. Saves the copy, and buffers need not have room for 64 KiB.
+    pub fn with_gather(mut self, on: bool) -> Self {
+        self.gather = on;
+        self
+    }
+
+    /// In gather mode, the pieces of written packet `head` (an index from `to_write`), in order, as
+    /// `(buffer index, byte range)`: first the virtio header and the head's whole packet, then the payload of each
+    /// merged member. In copy mode (or for an unmerged packet) only the first piece.
+    pub fn pieces<'g>(&'g self, head: usize, lens: &'g [usize], offset: usize) -> Pieces<'g> {
+        let vlen = self.config.vnet_hdr_len;
+        let hdr_len = match self.slots.get(head) {
+            Some(Slot::Head(k)) if self.gather => self.items[*k].c.hdr_len,
+            _ => 0,
+        };
+        let next = if hdr_len > 0 { self.next.get(head).copied().unwrap_or(CHAIN_END) } else { CHAIN_END };
+        let first = lens.get(head).map(|&len| (head, offset.saturating_sub(vlen)..offset + len));
+        Pieces { first, next, chain: &self.next, lens, offset, hdr_len }
     }
 
     /// Sets the cap on segments of a coalesced UDP packet (kernel `UDP_MAX_SEGMENTS`: 64, or 128 on newer
@@ -373,6 +438,10 @@ impl Gro {
         to_write.clear();
         self.items.clear();
         self.slots.clear();
+        self.next.clear();
+        if self.gather {
+            self.next.resize(bufs.len().min(lens.len()), CHAIN_END);
+        }
         let n = bufs.len().min(lens.len());
         let vlen = self.config.vnet_hdr_len;
         let mut stats = GroStats { packets: n, ..GroStats::default() };
@@ -408,7 +477,8 @@ impl Gro {
                     } else {
                         stats.tcp_super_packets += 1;
                     }
-                    Self::finish_item(&it, bufs[i].as_mut(), offset, vlen, lens[i]);
+                    let len = if self.gather { it.vlen } else { lens[i] };
+                    Self::finish_item(&it, bufs[i].as_mut(), offset, vlen, len);
                 }
                 _ => vh.fill(0),
             }
@@ -451,12 +521,13 @@ impl Gro {
                 }
                 continue;
             };
-            let new_len = lens[it.buf] + c.payload_len;
+            let new_len = if self.gather { it.vlen } else { lens[it.buf] } + c.payload_len;
             let dst = match how {
                 Merge::Append => it.buf,
                 Merge::Prepend => i,
             };
-            if new_len > MAX_PACKET_LEN || bufs[dst].as_ref().len() < offset + new_len {
+            // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
+            if new_len > MAX_PACKET_LEN || (!self.gather && bufs[dst].as_ref().len() < offset + new_len) {
                 if c.key.udp {
                     break;
                 }
@@ -484,6 +555,29 @@ impl Gro {
             }
             let it = &mut self.items[k];
             match how {
+                Merge::Append if self.gather => {
+                    self.next[it.last] = i;
+                    it.last = i;
+                    it.vlen = new_len;
+                    it.last_len = c.payload_len;
+                    it.psh |= c.psh;
+                    self.slots[i] = Slot::Merged;
+                }
+                Merge::Prepend if self.gather => {
+                    let old = it.buf;
+                    self.next[i] = old;
+                    it.vlen = new_len;
+                    if it.segs == 1 {
+                        it.last_len = it.payload_total;
+                    }
+                    it.gso_size = c.payload_len;
+                    let keep = (it.psh, it.verified);
+                    it.c = *c;
+                    (it.psh, it.verified) = keep;
+                    it.buf = i;
+                    self.slots[old] = Slot::Merged;
+                    self.slots[i] = Slot::Head(k);
+                }
                 Merge::Append => {
                     let end = offset + lens[it.buf];
                     copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
@@ -518,6 +612,8 @@ impl Gro {
         self.slots[i] = Slot::Head(self.items.len());
         self.items.push(Item {
             hash,
+            last: i,
+            vlen: lens[i],
             c: *c,
             buf: i,
             gso_size: c.payload_len,
@@ -561,7 +657,8 @@ impl Gro {
     /// Rewrites the headers of a merged packet and writes its virtio header.
     fn finish_item(it: &Item, buf: &mut [u8], offset: usize, vlen: usize, len: usize) {
         let c = &it.c;
-        let (vh, rest) = buf[offset - vlen..offset + len].split_at_mut(vlen);
+        // Only header bytes are touched: in gather mode the payload of the coalesced packet is not in `buf`.
+        let (vh, rest) = buf[offset - vlen..offset + c.hdr_len].split_at_mut(vlen);
         let l4_len = len - c.l4;
         if c.key.v6 {
             ipv6::Packet::new_unchecked(&mut rest[c.l3..]).set_payload_len((len - c.l3 - ipv6::HEADER_LEN) as u16);
@@ -609,6 +706,8 @@ mod tests {
     fn item(c: Cand) -> Item {
         Item {
             hash: c.key.hash(),
+            last: 0,
+            vlen: c.hdr_len + c.payload_len,
             c,
             buf: 0,
             gso_size: c.payload_len,

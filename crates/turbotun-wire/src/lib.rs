@@ -48,7 +48,7 @@ pub mod udp;
 pub mod virtio_net;
 
 pub use error::{GsoError, WireError};
-pub use gro::{Gro, GroConfig, GroStats};
+pub use gro::{Gro, GroConfig, GroStats, Pieces};
 pub use gso::{SegmentView, SplitProgress, Splitter};
 pub use virtio_net::{VirtioNetHdr, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
 

@@ -7,7 +7,7 @@
 //! Nothing is lost silently: segments that do not fit into the caller's buffers stay pending for the next call,
 //! malformed packets are counted and reported, and writes the kernel refuses are counted as drops.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
 
 use turbotun_wire::gro::{Gro, GroConfig};
@@ -19,6 +19,10 @@ use crate::device::{Mode, Offloads};
 use crate::error::{queue_io_error, Error, Result};
 use crate::queue::{Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::sys;
+
+/// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
+/// kernels) plus its header.
+const MAX_PIECES: usize = 129;
 
 /// How many packets one batch call handles at most: a 64 KiB super-packet of MSS 1448 splits into 46 segments.
 pub const BATCH_SIZE: usize = 64;
@@ -358,6 +362,8 @@ pub struct SendBatch {
     gro_udp: bool,
     to_write: Vec<usize>,
     scratch: Vec<u8>,
+    /// A coalesced packet joined from its pieces, for the rare paths that need one contiguous frame.
+    joined: Vec<u8>,
     stats: BatchStats,
     /// Probes left before giving up on learning what the kernel accepts (each needs the device up).
     probes_left: u8,
@@ -388,13 +394,14 @@ impl SendBatch {
         let gro_on = vnet_hdr_len > 0 && (tcp || udp);
         let framing = framing(queue.mode());
         SendBatch {
-            gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len })),
+            gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len }).with_gather(true)),
             framing,
             vnet_hdr_len,
             gro_tcp: gro_on && tcp,
             gro_udp: gro_on && udp,
             to_write: Vec::with_capacity(BATCH_SIZE),
             scratch: Vec::new(),
+            joined: Vec::new(),
             stats: BatchStats::default(),
             probes_left: if gro_on { 8 } else { 0 },
             probe_result: GroWriteSupport::default(),
@@ -477,17 +484,23 @@ impl SendBatch {
         }
         let start = offset - self.vnet_hdr_len;
         let to_write = std::mem::take(&mut self.to_write);
+        let gro = self.gro.take();
+        let kinds = (self.gro_tcp, self.gro_udp);
         let mut result = Ok(());
         for &i in &to_write {
-            let frame = &bufs[i].as_ref()[start..offset + lens[i]];
-            match self.write_one(queue, frame) {
-                Ok(()) => {}
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+            let written = match &gro {
+                Some(gro) => self.write_gathered(queue, gro, bufs, lens, i, offset),
+                None => self.write_one(queue, &bufs[i].as_ref()[start..offset + lens[i]]),
+            };
+            if let Err(e) = written {
+                result = Err(e);
+                break;
             }
             sent.writes += 1;
+        }
+        // A GRO kind turned off during the writes rebuilt `self.gro` (or removed it); otherwise put it back.
+        if (self.gro_tcp, self.gro_udp) == kinds {
+            self.gro = gro;
         }
         self.to_write = to_write;
         result?;
@@ -495,6 +508,64 @@ impl SendBatch {
         self.stats.writes += sent.writes as u64;
         sent.dropped = (self.stats.dropped - dropped_before) as usize;
         Ok(sent)
+    }
+
+    /// Writes packet `head` as the coalescer assembled it: one `writev` of the virtio header and head packet plus
+    /// each merged member's payload, so payloads are never copied in user space.
+    fn write_gathered<B: AsRef<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        gro: &Gro,
+        bufs: &[B],
+        lens: &[usize],
+        head: usize,
+        offset: usize,
+    ) -> Result<()> {
+        let mut iov = [IoSlice::new(&[]); MAX_PIECES];
+        let mut count = 0;
+        let mut total = 0;
+        for (b, range) in gro.pieces(head, lens, offset) {
+            let piece = &bufs[b].as_ref()[range];
+            total += piece.len();
+            if count < MAX_PIECES {
+                iov[count] = IoSlice::new(piece);
+            }
+            count += 1;
+        }
+        if count == 1 {
+            let frame: &[u8] = &iov[0];
+            return self.write_one(queue, frame);
+        }
+        if count > MAX_PIECES {
+            // More pieces than the array holds (a caller batch larger than any coalesced packet should be):
+            // joined once into a scratch buffer.
+            let mut joined = std::mem::take(&mut self.joined);
+            joined.clear();
+            for (b, range) in gro.pieces(head, lens, offset) {
+                joined.extend_from_slice(&bufs[b].as_ref()[range]);
+            }
+            let result = self.write_one(queue, &joined);
+            self.joined = joined;
+            return result;
+        }
+        match sys::writev(queue.as_fd(), &iov[..count]) {
+            Ok(_) => {
+                queue.count_tx(1, (total - self.vnet_hdr_len) as u64);
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO)) => {
+                // The refused-offload and device-down paths work on one contiguous frame.
+                let mut joined = std::mem::take(&mut self.joined);
+                joined.clear();
+                for piece in &iov[..count] {
+                    joined.extend_from_slice(piece);
+                }
+                let result = self.write_one(queue, &joined);
+                self.joined = joined;
+                result
+            }
+            Err(e) => Err(queue_io_error(queue.name(), "write", e)),
+        }
     }
 
     /// Writes one frame (virtio header + packet). A coalesced frame the kernel refuses with EINVAL turns that
@@ -545,6 +616,7 @@ impl SendBatch {
                 framing: self.framing,
                 vnet_hdr_len: self.vnet_hdr_len,
             })
+            .with_gather(true)
         });
     }
 

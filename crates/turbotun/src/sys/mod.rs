@@ -356,3 +356,11 @@ pub fn register_readable(queue: crate::queue::Queue) -> io::Result<::tokio::io::
     unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(queue, ::tokio::io::Interest::READABLE) }
         .map_err(io::Error::from)
 }
+
+/// One write gathered from several buffers (`writev`): a packet assembled from pieces without copying them.
+pub fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+    let count = bufs.len().min(libc::c_int::MAX as usize) as libc::c_int;
+    // SAFETY: `IoSlice` is guaranteed ABI-compatible with `struct iovec` on Unix; the slices are live and only
+    // read by the kernel for the duration of the call.
+    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), bufs.as_ptr().cast::<libc::iovec>(), count) })
+}
