@@ -555,42 +555,30 @@ impl Gro {
             }
             let it = &mut self.items[k];
             match how {
-                Merge::Append if self.gather => {
-                    self.next[it.last] = i;
-                    it.last = i;
-                    it.vlen = new_len;
-                    it.last_len = c.payload_len;
-                    it.psh |= c.psh;
-                    self.slots[i] = Slot::Merged;
-                }
-                Merge::Prepend if self.gather => {
-                    let old = it.buf;
-                    self.next[i] = old;
-                    it.vlen = new_len;
-                    if it.segs == 1 {
-                        it.last_len = it.payload_total;
-                    }
-                    it.gso_size = c.payload_len;
-                    let keep = (it.psh, it.verified);
-                    it.c = *c;
-                    (it.psh, it.verified) = keep;
-                    it.buf = i;
-                    self.slots[old] = Slot::Merged;
-                    self.slots[i] = Slot::Head(k);
-                }
                 Merge::Append => {
-                    let end = offset + lens[it.buf];
-                    copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
-                    lens[it.buf] += c.payload_len;
+                    if self.gather {
+                        self.next[it.last] = i;
+                        it.last = i;
+                        it.vlen = new_len;
+                    } else {
+                        let end = offset + lens[it.buf];
+                        copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
+                        lens[it.buf] += c.payload_len;
+                    }
                     it.last_len = c.payload_len;
                     it.psh |= c.psh;
                     self.slots[i] = Slot::Merged;
                 }
                 Merge::Prepend => {
                     let old = it.buf;
-                    let end = offset + lens[i];
-                    copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
-                    lens[i] += it.payload_total;
+                    if self.gather {
+                        self.next[i] = old;
+                        it.vlen = new_len;
+                    } else {
+                        let end = offset + lens[i];
+                        copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
+                        lens[i] += it.payload_total;
+                    }
                     if it.segs == 1 {
                         it.last_len = it.payload_total;
                     }
