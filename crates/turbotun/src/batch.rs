@@ -11,7 +11,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::AsFd;
 
 use turbotun_wire::gro::{Gro, GroConfig};
-use turbotun_wire::gso::Splitter;
+use turbotun_wire::gso::{SplitProgress, Splitter};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::Framing;
 
@@ -69,7 +69,6 @@ struct Pending {
     hdr: VirtioNetHdrRepr,
     len: usize,
     next: usize,
-    total: usize,
 }
 
 /// The receive side: reads one packet or super-packet per call and splits it into the caller's buffers.
@@ -142,20 +141,38 @@ impl RecvBatch {
                     continue;
                 }
             };
-            let total = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
-                Ok(splitter) => splitter.segment_count(),
+            if hdr.gso_type & !gso::ECN != gso::NONE {
+                self.stats.super_packets += 1;
+            }
+            // Validated once here; only segments left for a later call are split from `Pending` again.
+            let progress = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
+                Ok(splitter) => match splitter.split_into(0, bufs, lens, offset) {
+                    Ok(progress) => progress,
+                    Err(e) => {
+                        // Buffers too small: keep the super-packet for a call with larger ones.
+                        self.pending = Some(Pending { hdr, len, next: 0 });
+                        return Err(split_error(e));
+                    }
+                },
                 Err(e) => {
                     self.stats.malformed += 1;
                     tracing::debug!("{}: dropping malformed packet: {e}", queue.name());
                     continue;
                 }
             };
-            if hdr.gso_type & !gso::ECN != gso::NONE {
-                self.stats.super_packets += 1;
+            if !progress.is_done() {
+                self.pending = Some(Pending { hdr, len, next: progress.next });
             }
-            self.pending = Some(Pending { hdr, len, next: 0, total });
-            return self.split_pending(bufs, lens, offset);
+            return Ok(self.received(&hdr, progress));
         }
+    }
+
+    /// Accounts for what one split produced.
+    fn received(&mut self, hdr: &VirtioNetHdrRepr, progress: SplitProgress) -> Received {
+        self.stats.segments += progress.produced as u64;
+        // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.
+        let valid = hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0;
+        Received { packets: progress.produced, pending: progress.total - progress.next, checksums_valid: valid }
     }
 
     /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
@@ -250,19 +267,20 @@ impl RecvBatch {
         };
         let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
             .map_err(|e| Error::MalformedPacket(e.to_string()))?;
-        let progress = splitter.split_into(p.next, bufs, lens, offset).map_err(|e| match e {
-            turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
-            other => Error::MalformedPacket(other.to_string()),
-        })?;
+        let progress = splitter.split_into(p.next, bufs, lens, offset).map_err(split_error)?;
         p.next = progress.next;
-        let pending = p.total - p.next;
-        // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.
-        let valid = p.hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0;
-        if pending == 0 {
+        let hdr = p.hdr;
+        if progress.is_done() {
             self.pending = None;
         }
-        self.stats.segments += progress.produced as u64;
-        Ok(Received { packets: progress.produced, pending, checksums_valid: valid })
+        Ok(self.received(&hdr, progress))
+    }
+}
+
+fn split_error(e: turbotun_wire::GsoError) -> Error {
+    match e {
+        turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
+        other => Error::MalformedPacket(other.to_string()),
     }
 }
 
