@@ -23,6 +23,19 @@ pub enum FwdMode {
     Passthrough,
 }
 
+/// How a synchronous worker waits for packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoKind {
+    /// Blocking fds: a read sleeps in the kernel until a packet comes (one system call per read); the other
+    /// reads of a batch use `RWF_NOWAIT`. Workers are woken by a signal to stop.
+    Block,
+    /// Non-blocking fds and `poll` when a queue runs dry (a failed read, a poll and the read again).
+    Poll,
+    /// io_uring (plain and passthrough): `--depth` reads in flight per direction, frames written from the buffer
+    /// they were read into, one `io_uring_enter` submitting the writes and waiting for the next reads.
+    Uring,
+}
+
 #[derive(Debug, Args)]
 pub struct FwdArgs {
     /// First device (created if missing).
@@ -43,6 +56,13 @@ pub struct FwdArgs {
     /// Run the workers as tokio tasks over `turbotun::tokio::AsyncQueue` (offload mode).
     #[arg(long = "async")]
     pub async_io: bool,
+    /// How the workers wait for packets (threads only; `--async` uses tokio's readiness).
+    #[arg(long, value_enum)]
+    pub io: Option<IoKind>,
+    /// Frames in flight per direction with `--io uring` (each slot holds a 64 KiB frame; only touched pages
+    /// become resident).
+    #[arg(long, default_value_t = turbotun::uring::UringForwarder::DEFAULT_DEPTH)]
+    pub depth: usize,
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = BATCH_SIZE)]
     pub batch: usize,
@@ -84,6 +104,10 @@ struct CountersJson {
 const VNET_HDR: usize = 10;
 /// How long a worker waits for a packet before it looks at the stop flag again.
 const POLL: Duration = Duration::from_millis(100);
+/// How often a worker asleep in a blocking read is signalled at shutdown (a signal can land just before it
+/// enters the read), and for how long.
+const WAKE_EVERY: Duration = Duration::from_millis(5);
+const WAKE_LIMIT: Duration = Duration::from_secs(2);
 
 pub fn run(args: &FwdArgs) -> Result<()> {
     if args.threads == 0 || args.queues == 0 {
@@ -98,12 +122,27 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     if args.async_io && (args.mode != FwdMode::Offload || args.threads > 1) {
         bail!("--async goes with --mode offload and one task per direction (--queues N for more)");
     }
+    if args.async_io && args.io.is_some() {
+        bail!("--io and --async don't fit together: the tokio workers wait through the runtime's readiness");
+    }
+    if args.io == Some(IoKind::Uring) && args.mode == FwdMode::Offload {
+        bail!("--io uring goes with --mode plain or passthrough (offload splits and coalesces with blocking I/O)");
+    }
+    if !args.depth.is_power_of_two() || args.depth > 1024 {
+        bail!("--depth must be a power of two between 1 and 1024");
+    }
+    if args.io == Some(IoKind::Uring) && args.threads > 1 {
+        bail!("--io uring runs one ring per queue and direction: use --queues N rather than --threads N");
+    }
     if args.dev_a == args.dev_b {
         bail!("the two devices must differ (both are {})", args.dev_a);
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    if !args.async_io {
+        turbotun::wake::prepare()?;
     }
     let a = open(&args.dev_a, args)?;
     let b = open(&args.dev_b, args)?;
@@ -151,13 +190,14 @@ pub fn run(args: &FwdArgs) -> Result<()> {
             for t in 0..args.threads {
                 let (src, dst, stop, counters, done) =
                     (src.clone(), dst.clone(), stop.clone(), counters.clone(), done_tx.clone());
-                let (mode, batch) = (args.mode, args.batch);
+                let (mode, batch, io, depth) = (args.mode, args.batch, args.io, args.depth);
                 let label = format!("{}->{} q{q} t{t}", src.name(), dst.name());
                 handles.push(
                     std::thread::Builder::new()
                         .name(format!("fwd-{q}-{t}"))
                         .spawn(move || {
                             let result = match mode {
+                                _ if io == Some(IoKind::Uring) => forward_uring(&src, &dst, &stop, &counters, depth),
                                 FwdMode::Plain | FwdMode::Passthrough => forward_raw(&src, &dst, &stop, &counters),
                                 FwdMode::Offload => forward_offload(&src, &dst, &stop, &counters, batch),
                             };
@@ -170,9 +210,18 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     }
     drop(done_tx);
     supervise(&stop, &done_rx, args.mode, &counters)?;
-    // Workers see the stop flag within one poll interval and add what they still hold before they return.
+    // Workers see the stop flag within one poll interval (or when a signal interrupts their blocking read) and
+    // add what they still hold before they return.
     for h in handles {
-        let _ = h.join();
+        match turbotun::wake::interrupt_until_finished(&h, WAKE_EVERY, WAKE_LIMIT) {
+            Ok(true) => {
+                let _ = h.join();
+            }
+            Ok(false) => {
+                eprintln!("turbotun fwd: a worker did not stop within {WAKE_LIMIT:?}; its last counts are lost")
+            }
+            Err(e) => eprintln!("turbotun fwd: {e}"),
+        }
     }
     print_counters(args.mode, &counters);
     Ok(())
@@ -212,7 +261,7 @@ fn open(name: &str, args: &FwdArgs) -> Result<turbotun::Device> {
     let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
         .name(name)
         .queues(args.queues)
-        .nonblocking(true);
+        .nonblocking(args.async_io || args.io == Some(IoKind::Poll));
     if args.mode != FwdMode::Plain {
         builder = builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL);
     }
@@ -305,6 +354,10 @@ fn forward_raw_loop(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, t
                 src.wait_readable(Some(POLL))?;
                 continue;
             }
+            Err(e) if turbotun::queue::is_interrupted(&e) => {
+                t.flush(c);
+                continue;
+            }
             Err(e) => return Err(e),
         };
         t.reads += 1;
@@ -333,6 +386,44 @@ fn forward_raw_loop(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, t
         }
     }
     Ok(())
+}
+
+/// Plain and passthrough through io_uring; counts are added to the shared ones every 64 reads or when idle.
+fn forward_uring(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, depth: usize) -> Result<(), Error> {
+    let mut ring = turbotun::uring::UringForwarder::new(src, dst, depth)?;
+    let mut flushed = turbotun::uring::UringStats::default();
+    let flush = |now: turbotun::uring::UringStats, last: &mut turbotun::uring::UringStats| {
+        let mut tally = Tally {
+            reads: now.reads - last.reads,
+            writes: now.writes - last.writes,
+            packets: now.writes - last.writes,
+            bytes: now.bytes - last.bytes,
+            super_packets: now.super_packets - last.super_packets,
+            drops: now.drops - last.drops,
+            errors: now.errors - last.errors,
+        };
+        if tally.drops > 0 {
+            dst.count_tx_drop(tally.drops);
+        }
+        tally.flush(c);
+        *last = now;
+    };
+    let result = loop {
+        if stop.load(Ordering::Relaxed) {
+            break Ok(());
+        }
+        match ring.poll(POLL) {
+            Ok(busy) => {
+                let now = ring.stats();
+                if !busy || now.reads - flushed.reads >= Tally::FLUSH_EVERY {
+                    flush(now, &mut flushed);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    flush(ring.stats(), &mut flushed);
+    result
 }
 
 /// A write on a full non-blocking queue waits for room instead of dropping (backpressure).

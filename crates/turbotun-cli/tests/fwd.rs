@@ -286,16 +286,37 @@ fn fwd_offload_two_threads_and_two_queues() {
     run_matrix_with("fwd_offload_queues2", "offload", false, &["--queues", "2"], &["tcp4", "tcp6", "udp4"]);
 }
 
-/// Deleting a device under the forwarder: it says so on stderr and exits non-zero within a second.
+#[test]
+fn fwd_io_uring_plain_and_passthrough() {
+    run_matrix_with("fwd_plain_uring", "plain", false, &["--io", "uring"], &["tcp4", "tcp6", "udp4", "udp6"]);
+    run_matrix_with("fwd_plain_uring_tap", "plain", true, &["--io", "uring", "--depth", "4"], &["tcp4", "udp4"]);
+    run_matrix_with("fwd_passthrough_uring", "passthrough", false, &["--io", "uring"], &["tcp4", "tcp6", "uso4"]);
+}
+
+#[test]
+fn fwd_io_poll_non_blocking_workers() {
+    run_matrix_with("fwd_offload_poll", "offload", false, &["--io", "poll"], &["tcp4", "udp4", "uso4"]);
+    run_matrix_with("fwd_plain_poll", "plain", false, &["--io", "poll"], &["tcp4", "udp6"]);
+}
+
+/// Deleting a device under the forwarder: it says so on stderr and exits non-zero within a second, whether its
+/// workers sleep in a blocking read (the default), in poll, or in io_uring.
 #[test]
 fn fwd_exits_when_a_device_disappears() {
     if !privileged("fwd_exits_when_a_device_disappears") {
         return;
     }
+    for extra in [&[][..], &["--io", "poll"], &["--mode", "plain", "--io", "uring"]] {
+        exits_when_a_device_disappears(extra);
+    }
+}
+
+fn exits_when_a_device_disappears(extra: &[&str]) {
     let ns = new_netns();
     let mut child = with_netns(&ns_path(&ns), || {
         Command::new(env!("CARGO_BIN_EXE_turbotun"))
             .args(["fwd", "ttgone0", "ttgone1"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -314,16 +335,16 @@ fn fwd_exits_when_a_device_disappears() {
         }
         if started.elapsed() > Duration::from_secs(3) {
             let _ = child.kill();
-            panic!("forwarder still running 3 s after its device was deleted");
+            panic!("forwarder {extra:?} still running 3 s after its device was deleted");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(!status.success());
+    assert!(!status.success(), "{extra:?}");
     // The promise is "within a second"; the bound leaves room for a loaded machine.
-    assert!(started.elapsed() < Duration::from_secs(2), "exited promptly: {:?}", started.elapsed());
-    assert!(err.contains("ttgone1") && err.contains("gone"), "stderr names the device: {err}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{extra:?} exited promptly: {:?}", started.elapsed());
+    assert!(err.contains("ttgone1") && err.contains("gone"), "{extra:?}: stderr names the device: {err}");
 }
 
 #[test]
@@ -339,6 +360,16 @@ fn fwd_rejects_options_that_do_not_fit() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--async goes with --mode offload"));
+    for (args, why) in [
+        (&["--io", "uring"][..], "--io uring goes with --mode plain or passthrough"),
+        (&["--io", "poll", "--async"], "--io and --async don't fit together"),
+        (&["--mode", "plain", "--io", "uring", "--threads", "2"], "use --queues N rather than --threads N"),
+        (&["--depth", "48"], "--depth must be a power of two between 1 and 1024"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "a", "b"]).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(why), "{args:?}: {out:?}");
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "same", "same"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("must differ"));
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "bad name", "b"]).output().unwrap();

@@ -80,6 +80,13 @@ pub struct RecvBatch {
     scratch: Box<[u8]>,
     pending: Option<Pending>,
     stats: BatchStats,
+    /// Whether reads after the first of a batch can be made non-sleeping with `RWF_NOWAIT` (probed on use).
+    nowait: bool,
+    /// Batches left that skip the further reads, and the next such pause: a further read that finds the queue
+    /// empty costs a system call and saves none (the next batch's first read would have taken the packet), so
+    /// after one comes back empty the next 1, 2, 4 ... 16 batches take one read each (e.g. a stream of ACKs).
+    skip_further: u8,
+    next_skip: u8,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -98,6 +105,9 @@ impl RecvBatch {
             scratch: vec![0u8; if receives_super_packets { MAX_PACKET } else { 0 }].into_boxed_slice(),
             pending: None,
             stats: BatchStats::default(),
+            nowait: true,
+            skip_further: 0,
+            next_skip: 1,
         }
     }
 
@@ -115,6 +125,18 @@ impl RecvBatch {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<Received> {
+        self.recv_one(queue, bufs, lens, offset, false)
+    }
+
+    /// [`Self::recv`]; with `nowait` the read never sleeps, even on a blocking queue (a would-block error).
+    fn recv_one<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        nowait: bool,
+    ) -> Result<Received> {
         if bufs.is_empty() || lens.len() < bufs.len() {
             return Err(Error::InvalidConfig("recv needs at least one buffer and a length slot per buffer".into()));
         }
@@ -123,12 +145,13 @@ impl RecvBatch {
         }
         loop {
             if !self.receives_super_packets {
-                return self.recv_direct(queue, bufs, lens, offset);
+                return self.recv_direct(queue, bufs, lens, offset, nowait);
             }
             let mut head = [0u8; MAX_VNET_HDR];
             let head = &mut head[..self.vnet_hdr_len];
-            let n = sys::read2(queue.as_fd(), head, &mut self.scratch)
-                .map_err(|e| queue_io_error(queue.name(), "read", e))?;
+            let read = if nowait { sys::read2_nowait } else { sys::read2 };
+            let n =
+                read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
             let Some(len) = n.checked_sub(head.len()) else {
                 self.stats.malformed += 1;
                 continue;
@@ -188,6 +211,10 @@ impl RecvBatch {
     ) -> Result<Received> {
         loop {
             match self.try_recv_many(queue, bufs, lens, offset) {
+                // A blocking queue woken by `crate::wake`: the caller gets control back to look at its flags.
+                Err(e) if crate::queue::is_interrupted(&e) => {
+                    return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
+                }
                 Err(e) if crate::queue::is_would_block(&e) => {
                     if !queue.wait_readable(timeout)? {
                         return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
@@ -199,7 +226,10 @@ impl RecvBatch {
     }
 
     /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
-    /// would-block error (see [`crate::queue::is_would_block`]), which is what an event loop waits on.
+    /// would-block error (see [`crate::queue::is_would_block`]), which is what an event loop waits on. On a
+    /// blocking queue the first read sleeps until a packet comes; the later ones never do (`RWF_NOWAIT`), so a
+    /// batch holds what was already queued. A kernel without `RWF_NOWAIT` gets one read per batch on a blocking
+    /// queue.
     pub fn try_recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
@@ -209,9 +239,18 @@ impl RecvBatch {
     ) -> Result<Received> {
         let mut total = Received { packets: 0, pending: 0, checksums_valid: true };
         let n = bufs.len().min(lens.len());
+        let skip_further = self.skip_further > 0;
+        self.skip_further = self.skip_further.saturating_sub(1);
         while total.packets < n {
-            match self.recv(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset) {
+            let nowait = total.packets > 0;
+            if nowait && (!self.nowait || skip_further) {
+                break;
+            }
+            match self.recv_one(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset, nowait) {
                 Ok(r) => {
+                    if nowait {
+                        self.next_skip = 1;
+                    }
                     total.packets += r.packets;
                     total.checksums_valid &= r.checksums_valid;
                     total.pending = r.pending;
@@ -222,7 +261,15 @@ impl RecvBatch {
                         break;
                     }
                 }
-                Err(e) if crate::queue::is_would_block(&e) && total.packets > 0 => break,
+                Err(e) if crate::queue::is_would_block(&e) && total.packets > 0 => {
+                    self.skip_further = self.next_skip;
+                    self.next_skip = (self.next_skip * 2).min(16);
+                    break;
+                }
+                Err(e) if crate::queue::is_nowait_unsupported(&e) && total.packets > 0 => {
+                    self.nowait = false;
+                    break;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -236,12 +283,13 @@ impl RecvBatch {
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
+        nowait: bool,
     ) -> Result<Received> {
         let buf = bufs[0].as_mut();
         let Some(data) = buf.get_mut(offset..) else {
             return Err(Error::BufferTooSmall { have: buf.len(), need: offset + 1 });
         };
-        let (hdr, len) = queue.recv_with_hdr(data)?;
+        let (hdr, len) = queue.recv_with_hdr_inner(data, nowait)?;
         let mut valid = hdr.flags & flags::DATA_VALID != 0;
         if hdr.flags & flags::NEEDS_CSUM != 0 {
             if turbotun_wire::checksum::complete_partial(

@@ -83,6 +83,8 @@ impl Error {
 pub(crate) fn queue_io_error(name: &str, op: &'static str, err: io::Error) -> Error {
     match err.raw_os_error() {
         Some(libc::EBADFD) | Some(libc::ENODEV) | Some(libc::ENXIO) => Error::DeviceGone { name: name.to_string() },
+        // A reader asleep on a blocking queue is woken with EFAULT when the device is deleted under it.
+        Some(libc::EFAULT) if op == "read" => Error::DeviceGone { name: name.to_string() },
         Some(libc::EIO) if op == "write" => Error::DeviceDown { name: name.to_string() },
         _ => Error::io(format!("{op} on {name}"), err),
     }
@@ -151,8 +153,11 @@ mod tests {
         assert!(gone.is_device_gone());
         let down = queue_io_error("tun9", "write", io::Error::from_raw_os_error(libc::EIO));
         assert!(matches!(down, Error::DeviceDown { .. }));
-        let other = queue_io_error("tun9", "read", io::Error::from_raw_os_error(libc::EFAULT));
+        // A blocking reader is woken with EFAULT when its device is deleted; on a write EFAULT is a bad buffer.
+        let woken = queue_io_error("tun9", "read", io::Error::from_raw_os_error(libc::EFAULT));
+        assert!(woken.is_device_gone());
+        let other = queue_io_error("tun9", "write", io::Error::from_raw_os_error(libc::EFAULT));
         assert_eq!(other.raw_os_error(), Some(libc::EFAULT));
-        assert!(other.to_string().contains("read on tun9"));
+        assert!(other.to_string().contains("write on tun9"));
     }
 }

@@ -40,6 +40,9 @@ pub mod steering;
 pub mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+#[cfg(feature = "uring")]
+pub mod uring;
+pub mod wake;
 
 pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
 pub use error::{validate_ifname, Error, Result};

@@ -136,13 +136,19 @@ impl Queue {
 
     /// Reads one packet and its virtio header (the header is read into a separate array by `readv`).
     pub fn recv_with_hdr(&self, buf: &mut [u8]) -> Result<(VirtioNetHdrRepr, usize)> {
+        self.recv_with_hdr_inner(buf, false)
+    }
+
+    /// [`Self::recv_with_hdr`]; with `nowait` it never sleeps (see [`Self::try_recv_raw`]).
+    pub(crate) fn recv_with_hdr_inner(&self, buf: &mut [u8], nowait: bool) -> Result<(VirtioNetHdrRepr, usize)> {
         if self.vnet_hdr_len == 0 {
-            let n = self.recv_raw(buf)?;
+            let n = if nowait { self.try_recv_raw(buf)? } else { self.recv_raw(buf)? };
             return Ok((VirtioNetHdrRepr::default(), n));
         }
         let mut head = [0u8; MAX_VNET_HDR];
         let head = &mut head[..self.vnet_hdr_len];
-        let n = sys::read2(self.fd.as_fd(), head, buf).map_err(|e| self.rx_error("read", e))?;
+        let read = if nowait { sys::read2_nowait } else { sys::read2 };
+        let n = read(self.fd.as_fd(), head, buf).map_err(|e| self.rx_error("read", e))?;
         if n < head.len() {
             self.rx.errors.fetch_add(1, Ordering::Relaxed);
             return Err(Error::MalformedPacket(format!("{}: short read of {n} bytes", self.name)));
@@ -156,6 +162,14 @@ impl Queue {
     /// Reads exactly what the kernel delivers: the virtio header (if any) followed by the packet.
     pub fn recv_raw(&self, buf: &mut [u8]) -> Result<usize> {
         let n = sys::read(self.fd.as_fd(), buf).map_err(|e| self.rx_error("read", e))?;
+        self.rx.add(1, n as u64);
+        Ok(n)
+    }
+
+    /// Like [`Self::recv_raw`], but returns a would-block error instead of sleeping even on a blocking queue
+    /// (`RWF_NOWAIT`). Kernels without it give an error for which [`is_nowait_unsupported`] is true.
+    pub fn try_recv_raw(&self, buf: &mut [u8]) -> Result<usize> {
+        let n = sys::read2_nowait(self.fd.as_fd(), &mut [], buf).map_err(|e| self.rx_error("read", e))?;
         self.rx.add(1, n as u64);
         Ok(n)
     }
@@ -263,6 +277,16 @@ impl AsRawFd for Queue {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// Whether a non-sleeping read was refused because the kernel (or the file) has no `RWF_NOWAIT`.
+pub fn is_nowait_unsupported(err: &Error) -> bool {
+    matches!(err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP))
+}
+
+/// Whether a blocking call was interrupted by a signal (see [`crate::wake`]): nothing was read or written.
+pub fn is_interrupted(err: &Error) -> bool {
+    matches!(err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::Interrupted)
 }
 
 /// Whether an error is "try again later" (non-blocking queue with nothing to read, or a full one).

@@ -166,3 +166,58 @@ fn gro_write_probe() {
         assert_eq!((none.tcp, none.udp), (Some(false), Some(false)), "no virtio header, no GRO");
     });
 }
+
+/// On a blocking queue: a batch holds every datagram already queued (the first read may sleep, the later ones
+/// use RWF_NOWAIT and never do), and a worker asleep in the read is woken by `wake::interrupt` with zero
+/// packets rather than staying blocked.
+#[test]
+fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
+    in_netns("blocking_queue_batches_without_sleeping_and_wakes_on_interrupt", || {
+        let name = unique_name("tk");
+        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(HDR).offloads(Offloads::ALL).open().unwrap();
+        configure_v4(&name, LOCAL, 24);
+        let q = &dev.queues()[0];
+        let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
+        for i in 0..5u8 {
+            sock.send_to(&[i; 100], (PEER, 5354)).unwrap();
+        }
+        let mut rx = RecvBatch::new(q);
+        let mut bufs = vec![vec![0u8; HDR + 2048]; 16];
+        let mut lens = [0usize; 16];
+        let (mut ours, mut largest_batch) = (Vec::new(), 0);
+        // Other chatter may come first; at most a few batches hold the five datagrams.
+        for _ in 0..4 {
+            let got = rx.recv_many(q, &mut bufs, &mut lens, HDR, None).unwrap();
+            largest_batch = largest_batch.max(got.packets);
+            for i in 0..got.packets {
+                if let Some((_, _, _, 5354, data)) = parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]) {
+                    ours.push(data[0]);
+                }
+            }
+            if ours.len() == 5 {
+                break;
+            }
+        }
+        assert_eq!(ours, [0, 1, 2, 3, 4], "all five, in order");
+        assert!(largest_batch >= 5, "one batch took what was queued (largest batch {largest_batch})");
+
+        // Nothing more is queued: the next recv sleeps in the kernel until interrupted.
+        let q = dev.into_queues().pop().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut bufs = vec![vec![0u8; HDR + 2048]; 4];
+            let mut lens = [0usize; 4];
+            loop {
+                let got = rx.recv_many(&q, &mut bufs, &mut lens, HDR, None).unwrap();
+                if got.packets == 0 {
+                    return got;
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!reader.is_finished(), "the reader is asleep in a blocking read");
+        let woke = turbotun::wake::interrupt_until_finished(&reader, Duration::from_millis(5), Duration::from_secs(5))
+            .unwrap();
+        assert!(woke, "interrupt ends the blocking read");
+        assert_eq!(reader.join().unwrap().packets, 0);
+    });
+}

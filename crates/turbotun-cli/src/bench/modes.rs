@@ -13,7 +13,8 @@ pub const TURBOTUN_MODES: &[(&str, &[&str])] = &[
     ("passthrough", &["--mode", "passthrough"]),
     ("threads2", &["--mode", "offload", "--threads", "2"]),
     ("multiqueue", &["--mode", "offload", "--queues", "2"]),
-    ("uring", &["--mode", "offload", "--io", "uring"]),
+    ("plain-uring", &["--mode", "plain", "--io", "uring"]),
+    ("passthrough-uring", &["--mode", "passthrough", "--io", "uring"]),
     ("ring", &["--mode", "offload", "--ring"]),
     ("async", &["--mode", "offload", "--async"]),
 ];
@@ -299,7 +300,7 @@ mod tests {
     fn probe_flags() {
         assert!(fwd_accepts(HELP, &["--mode", "plain"]));
         assert!(fwd_accepts(HELP, &["--mode", "offload", "--threads", "2"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "offload", "--io", "uring"]));
+        assert!(!fwd_accepts(HELP, &["--mode", "plain", "--io", "uring"]));
         assert!(!fwd_accepts(HELP, &["--mode", "offload", "--ring"]));
         assert!(!fwd_accepts(HELP, &["--mode", "turbo"]));
         // `--threads` must not match `--thread`
@@ -314,7 +315,7 @@ mod tests {
         assert_eq!(&labels[..5], ["veth", "loopback", "turbotun-plain", "turbotun-offload", "turbotun-passthrough"]);
         assert!(labels.contains(&"turbotun-threads2"));
         assert!(labels.contains(&"wggo-offload"));
-        assert!(na.iter().any(|u| u.mode == "turbotun-uring"));
+        assert!(na.iter().any(|u| u.mode == "turbotun-plain-uring"));
         let sel = select_modes(&all, &na, &["tunrs-offload".into(), "veth".into(), "offload".into()]).unwrap();
         let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(sel, ["veth", "turbotun-offload", "tunrs-offload"]);
@@ -322,7 +323,7 @@ mod tests {
         assert_eq!(sel.len(), 2);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
         // unavailable: a note, not an error
-        assert!(select_modes(&all, &na, &["uring".into()]).unwrap().is_empty());
+        assert!(select_modes(&all, &na, &["plain-uring".into()]).unwrap().is_empty());
         let (all, na) = all_modes(exe, &Err("no fwd".into()), None);
         assert_eq!(all.len(), 2);
         assert_eq!(na.len(), TURBOTUN_MODES.len() + 6);

@@ -9,6 +9,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod bpf;
 pub mod ethtool;
+#[cfg(feature = "uring")]
+pub mod uring;
 
 /// `IFNAMSIZ`: interface names are at most 15 bytes plus the terminating NUL.
 pub const IFNAMSIZ: usize = libc::IFNAMSIZ;
@@ -363,4 +365,56 @@ pub fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<u
     // SAFETY: `IoSlice` is guaranteed ABI-compatible with `struct iovec` on Unix; the slices are live and only
     // read by the kernel for the duration of the call.
     cvt_size(unsafe { libc::writev(fd.as_raw_fd(), bufs.as_ptr().cast::<libc::iovec>(), count) })
+}
+
+/// One read like [`read2`] that never sleeps, even on a blocking fd (`preadv2` with `RWF_NOWAIT`; the tun
+/// driver honours `IOCB_NOWAIT` the way it honours `O_NONBLOCK`). `EOPNOTSUPP` on kernels or files without it.
+pub fn read2_nowait(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8]) -> io::Result<usize> {
+    let iov = [
+        libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: head.len() },
+        libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() },
+    ];
+    let count = if head.is_empty() { 1 } else { 2 };
+    let iov = &iov[2 - count..];
+    // SAFETY: the iovecs describe live, exclusively borrowed buffers of the stated lengths; offset -1 means
+    // "the current position", which a character device ignores.
+    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, libc::RWF_NOWAIT) })
+}
+
+/// The signal that interrupts a thread blocked in a read (see [`install_wake_handler`]). A real-time signal
+/// above the ones glibc keeps for itself, so that it does not collide with an application's SIGUSR1/2.
+pub fn wake_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 3
+}
+
+extern "C" fn wake_handler(_signo: libc::c_int) {
+    // Nothing to do: the point is that the interrupted system call returns EINTR.
+}
+
+/// Installs a do-nothing handler for [`wake_signal`] without `SA_RESTART`, so that a blocking read in the
+/// signalled thread returns `EINTR` instead of being restarted.
+pub fn install_wake_handler() -> io::Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags) that is filled in below.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = wake_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    action.sa_flags = 0;
+    // SAFETY: `action.sa_mask` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    // SAFETY: the handler is async-signal-safe (it does nothing) and `action` is fully initialised.
+    cvt(unsafe { libc::sigaction(wake_signal(), &action, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
+/// Sends [`wake_signal`] to one thread of this process.
+pub fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<()> {
+    use std::os::unix::thread::JoinHandleExt;
+    // SAFETY: the borrowed JoinHandle proves the thread has not been joined, so its pthread_t is still valid
+    // (a thread that has exited but is not joined keeps its id); the signal has a handler installed by
+    // `install_wake_handler` or is ignored by the caller's choice.
+    let rc = unsafe { libc::pthread_kill(thread.as_pthread_t(), wake_signal()) };
+    if rc == 0 || rc == libc::ESRCH {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
 }

@@ -1,0 +1,336 @@
+//! An io_uring that moves frames between two fds through buffers it owns: the unsafe half of
+//! [`crate::uring`].
+//!
+//! Reads are one multishot read (`IORING_OP_READ_MULTISHOT`, Linux 6.7) over a ring of provided buffers: one
+//! request that reads frame after frame, each into a buffer the kernel picks from the ring, and posts the
+//! completions in the order the frames were read. (Many single reads in flight on one tun fd are woken
+//! together and complete in no particular order: frames get reordered.)
+//!
+//! io_uring's safety rule is that a buffer handed to the kernel must stay valid, and must not be touched by us,
+//! until its completion has been reaped. Here the ring owns every buffer (one arena, a slot per buffer) and
+//! tracks each slot's state (in the provided ring, filled and ours, or being written), so the safe API can
+//! only lend out a slot the kernel is not using, and the memory is only freed once every operation has
+//! completed and the buffer ring is unregistered (or it is leaked if the kernel will not let go).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use io_uring::{opcode, types, IoUring};
+
+/// What a slot is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// In the provided-buffer ring: the kernel may read a frame into it at any time.
+    Provided,
+    /// Ours: a read completed into it.
+    Filled,
+    /// The kernel is writing its first bytes out.
+    Writing,
+}
+
+/// Which operation a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// One completion: the slot (for a failed read: none), the operation, and its result.
+#[derive(Debug)]
+pub struct Completion {
+    pub slot: Option<usize>,
+    pub op: Op,
+    pub result: io::Result<usize>,
+}
+
+const READ_TAG: u64 = 1 << 32;
+const WRITE_TAG: u64 = 2 << 32;
+/// user_data of the cancellation request made on drop.
+const CANCEL_TAG: u64 = u64::MAX;
+const BUFFER_GROUP: u16 = 0;
+const PAGE: usize = 4096;
+
+/// The provided-buffer ring's memory: `entries` descriptors, page aligned, shared with the kernel.
+struct BufRing {
+    base: std::ptr::NonNull<types::BufRingEntry>,
+    entries: u16,
+    /// Our copy of the tail (the kernel only reads it).
+    tail: u16,
+}
+
+impl BufRing {
+    fn layout(entries: u16) -> std::alloc::Layout {
+        let bytes = (usize::from(entries) * std::mem::size_of::<types::BufRingEntry>()).max(PAGE);
+        std::alloc::Layout::from_size_align(bytes, PAGE).expect("page-aligned layout of at most 512 KiB")
+    }
+
+    fn new(entries: u16) -> io::Result<Self> {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(entries)) };
+        let base = std::ptr::NonNull::new(ptr.cast()).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        Ok(BufRing { base, entries, tail: 0 })
+    }
+
+    /// Hands buffer `bid` (at `addr`, `len` bytes) to the kernel.
+    fn provide(&mut self, addr: *mut u8, len: u32, bid: u16) {
+        let index = usize::from(self.tail & (self.entries - 1));
+        // SAFETY: `index < entries`, so the descriptor is inside the allocation; the kernel does not read a
+        // descriptor past the published tail, so writing it before publishing races with nothing.
+        let entry = unsafe { &mut *self.base.as_ptr().add(index) };
+        entry.set_addr(addr as u64);
+        entry.set_len(len);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail lives in the first descriptor's reserved field, inside the allocation, naturally
+        // aligned for u16; the kernel reads it concurrently, hence the atomic release store that also
+        // publishes the descriptor written above.
+        let tail = unsafe { &*types::BufRingEntry::tail(self.base.as_ptr()).cast::<std::sync::atomic::AtomicU16>() };
+        tail.store(self.tail, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout; only dropped once unregistered (see ForwardRing's
+        // Drop, which leaks it otherwise).
+        unsafe { std::alloc::dealloc(self.base.as_ptr().cast(), Self::layout(self.entries)) };
+    }
+}
+
+/// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`.
+pub struct ForwardRing {
+    ring: IoUring,
+    src: OwnedFd,
+    dst: OwnedFd,
+    arena: Box<[u8]>,
+    bufs: std::mem::ManuallyDrop<BufRing>,
+    stride: usize,
+    states: Vec<SlotState>,
+    /// Whether the multishot read is armed (it ends on an error or when the ring ran out of buffers).
+    read_armed: bool,
+    writes_in_flight: usize,
+}
+
+impl std::fmt::Debug for ForwardRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardRing")
+            .field("depth", &self.states.len())
+            .field("stride", &self.stride)
+            .field("read_armed", &self.read_armed)
+            .field("writes_in_flight", &self.writes_in_flight)
+            .finish()
+    }
+}
+
+impl ForwardRing {
+    /// Sets up the ring (`depth` a power of two up to 32768) and provides every buffer; the fds are duplicated,
+    /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
+    /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
+    pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
+        if !depth.is_power_of_two() || depth > 32768 || stride == 0 || stride > u32::MAX as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ring depth must be a power of two up to 32768, with a positive stride",
+            ));
+        }
+        let entries = (depth as u32).max(8);
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(entries)
+            .or_else(|_| IoUring::builder().setup_coop_taskrun().build(entries))
+            .or_else(|_| IoUring::new(entries))?;
+        if !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring without IORING_FEAT_EXT_ARG (Linux < 5.11)",
+            ));
+        }
+        let mut bufs = BufRing::new(depth as u16)?;
+        // SAFETY: `bufs` is page aligned, `depth` descriptors long and lives until it is unregistered (Drop).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(bufs.base.as_ptr() as u64, depth as u16, BUFFER_GROUP, 0)
+        }
+        .map_err(|e| io::Error::new(e.kind(), format!("registering a provided-buffer ring (Linux 5.19+): {e}")))?;
+        let mut arena = vec![0u8; depth * stride].into_boxed_slice();
+        for slot in 0..depth {
+            bufs.provide(arena[slot * stride..].as_mut_ptr(), stride as u32, slot as u16);
+        }
+        Ok(ForwardRing {
+            ring,
+            src: src.try_clone_to_owned()?,
+            dst: dst.try_clone_to_owned()?,
+            arena,
+            bufs: std::mem::ManuallyDrop::new(bufs),
+            stride,
+            states: vec![SlotState::Provided; depth],
+            read_armed: false,
+            writes_in_flight: 0,
+        })
+    }
+
+    pub fn depth(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// The bytes of a filled slot (what its read brought), or `None` while the kernel may use it.
+    pub fn slot(&self, slot: usize) -> Option<&[u8]> {
+        (self.states.get(slot) == Some(&SlotState::Filled)).then(|| &self.arena[slot * self.stride..][..self.stride])
+    }
+
+    /// Mutable bytes of a filled slot.
+    pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        let stride = self.stride;
+        (self.states.get(slot) == Some(&SlotState::Filled)).then(|| &mut self.arena[slot * stride..][..stride])
+    }
+
+    /// Gives a filled slot back to the kernel for a later read.
+    pub fn recycle(&mut self, slot: usize) -> io::Result<()> {
+        self.check_filled(slot)?;
+        let addr = self.arena[slot * self.stride..].as_mut_ptr();
+        self.bufs.provide(addr, self.stride as u32, slot as u16);
+        self.states[slot] = SlotState::Provided;
+        Ok(())
+    }
+
+    /// Queues a write of the first `len` bytes of a filled slot; its completion names the slot, which is then
+    /// filled (ours) again, to recycle or to write again.
+    pub fn write_from(&mut self, slot: usize, len: usize) -> io::Result<()> {
+        self.check_filled(slot)?;
+        if len > self.stride {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write longer than the slot"));
+        }
+        let ptr = self.arena[slot * self.stride..].as_ptr();
+        let entry = opcode::Write::new(types::Fd(self.dst.as_raw_fd()), ptr, len as u32)
+            .offset(u64::MAX)
+            .build()
+            .user_data(WRITE_TAG | slot as u64);
+        // The entry points into `self.arena` at a slot now marked Writing, so safe code does not touch it (nor
+        // free it, see Drop) until the completion is reaped; the fd is owned by `self`.
+        self.push(&entry)?;
+        self.states[slot] = SlotState::Writing;
+        self.writes_in_flight += 1;
+        Ok(())
+    }
+
+    fn check_filled(&self, slot: usize) -> io::Result<()> {
+        match self.states.get(slot) {
+            Some(SlotState::Filled) => Ok(()),
+            Some(_) => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} is in use"))),
+            None => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no slot {slot}"))),
+        }
+    }
+
+    /// Pushes an entry, submitting first if the queue is full. Entries refer only to memory owned by `self`
+    /// and kept alive and untouched until their completions are reaped.
+    fn push(&mut self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+        if self.ring.submission().is_full() {
+            self.ring.submit()?;
+        }
+        // SAFETY: see the callers: every buffer an entry names is owned by `self` and marked in use.
+        unsafe { self.ring.submission().push(entry) }.map_err(|_| io::Error::other("io_uring submission queue full"))
+    }
+
+    fn arm_read(&mut self) -> io::Result<()> {
+        // Length 0: each read takes the whole provided buffer.
+        let entry = opcode::ReadMulti::new(types::Fd(self.src.as_raw_fd()), 0, BUFFER_GROUP)
+            .offset(u64::MAX)
+            .build()
+            .user_data(READ_TAG);
+        // The read writes only into buffers of the registered provided ring, all inside `self.arena` and marked
+        // Provided until a completion hands one back.
+        self.push(&entry)?;
+        self.read_armed = true;
+        Ok(())
+    }
+
+    /// Submits what is queued (arming the read if it is not, and buffers are provided) and waits up to
+    /// `timeout` for at least one completion. Returns false on timeout or when a signal interrupted the wait.
+    pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
+        if !self.read_armed && self.states.contains(&SlotState::Provided) {
+            self.arm_read()?;
+        }
+        if !self.ring.completion().is_empty() {
+            self.ring.submit()?;
+            return Ok(true);
+        }
+        let ts = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves every completion that is ready into `out`. A read's slot is filled (ours); a written slot is
+    /// filled again (recycle it, or write it again). `ENOBUFS` from the read (every buffer in use) is not
+    /// reported: the read is armed again once a buffer is recycled.
+    pub fn reap(&mut self, out: &mut Vec<Completion>) {
+        for cqe in self.ring.completion() {
+            let (data, res, flags) = (cqe.user_data(), cqe.result(), cqe.flags());
+            let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+            match data {
+                READ_TAG => {
+                    if !io_uring::cqueue::more(flags) {
+                        self.read_armed = false;
+                    }
+                    let slot = io_uring::cqueue::buffer_select(flags).map(usize::from);
+                    if let Some(s) = slot.filter(|&s| s < self.states.len()) {
+                        self.states[s] = SlotState::Filled;
+                    }
+                    if res == -libc::ENOBUFS {
+                        continue;
+                    }
+                    out.push(Completion { slot, op: Op::Read, result });
+                }
+                d if d & !u64::from(u32::MAX) == WRITE_TAG => {
+                    let slot = (d & u64::from(u32::MAX)) as usize;
+                    if let Some(state) = self.states.get_mut(slot) {
+                        *state = SlotState::Filled;
+                        self.writes_in_flight -= 1;
+                    }
+                    out.push(Completion { slot: Some(slot), op: Op::Write, result });
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for ForwardRing {
+    fn drop(&mut self) {
+        // Cancel everything and wait for the kernel to let go of every buffer before the memory is freed.
+        if self.read_armed || self.writes_in_flight > 0 {
+            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_TAG);
+            // SAFETY: a cancellation request refers to no memory of ours.
+            let _ = unsafe { self.ring.submission().push(&cancel) };
+            let mut scratch = Vec::new();
+            for _ in 0..100 {
+                if !self.read_armed && self.writes_in_flight == 0 {
+                    break;
+                }
+                let ts = types::Timespec::from(Duration::from_millis(10));
+                let args = types::SubmitArgs::new().timespec(&ts);
+                let _ = self.ring.submitter().submit_with_args(1, &args);
+                scratch.clear();
+                self.reap(&mut scratch);
+            }
+        }
+        let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok();
+        if self.read_armed || self.writes_in_flight > 0 || !unregistered {
+            // The kernel may still use a buffer: leaking the memory is the only way to stay memory-safe.
+            std::mem::forget(std::mem::take(&mut self.arena));
+            return;
+        }
+        // SAFETY: unregistered above and never used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.bufs) };
+    }
+}
