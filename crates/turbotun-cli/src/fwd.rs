@@ -76,6 +76,7 @@ struct Counters {
     reads: AtomicU64,
     writes: AtomicU64,
     super_packets: AtomicU64,
+    zero_copy_splits: AtomicU64,
     segments: AtomicU64,
     coalesced: AtomicU64,
     malformed: AtomicU64,
@@ -92,6 +93,7 @@ struct CountersJson {
     reads: u64,
     writes: u64,
     super_packets: u64,
+    zero_copy_splits: u64,
     segments: u64,
     coalesced: u64,
     malformed: u64,
@@ -290,6 +292,7 @@ fn print_counters(mode: FwdMode, c: &Counters) {
         reads: get(&c.reads),
         writes: get(&c.writes),
         super_packets: get(&c.super_packets),
+        zero_copy_splits: get(&c.zero_copy_splits),
         segments: get(&c.segments),
         coalesced: get(&c.coalesced),
         malformed: get(&c.malformed),
@@ -456,6 +459,7 @@ impl Accounting {
         c.packets.fetch_add(packets as u64, Ordering::Relaxed);
         c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         c.super_packets.fetch_add(r.super_packets - lr.super_packets, Ordering::Relaxed);
+        c.zero_copy_splits.fetch_add(r.zero_copy_splits - lr.zero_copy_splits, Ordering::Relaxed);
         c.segments.fetch_add(r.segments - lr.segments, Ordering::Relaxed);
         c.malformed.fetch_add(r.malformed - lr.malformed, Ordering::Relaxed);
         c.coalesced.fetch_add(t.coalesced - lt.coalesced, Ordering::Relaxed);

@@ -136,6 +136,8 @@ pub enum GsoError {
         /// Number of segments.
         count: usize,
     },
+    /// The splitter was built from the headers alone ([`crate::gso::Splitter::from_head`]) and holds no payload.
+    HeadOnly,
     /// The output buffer cannot hold the segment.
     BufferTooSmall {
         /// Bytes needed.
@@ -155,6 +157,7 @@ impl fmt::Display for GsoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             GsoError::Wire(e) => write!(f, "malformed super-packet: {e}"),
+            GsoError::HeadOnly => write!(f, "this splitter holds only the headers: give each segment's payload"),
             GsoError::UnsupportedGsoType(t) => {
                 write!(f, "virtio gso_type {t:#04x} unsupported (only NONE, TCPV4, TCPV6, UDP_L4)")
             }

@@ -37,7 +37,10 @@ enum Kind {
 /// A validated super-packet. Construction checks every offset; afterwards nothing can panic.
 #[derive(Debug, Clone)]
 pub struct Splitter<'a> {
+    /// The whole packet, or only its headers (see [`Splitter::from_head`]).
     packet: &'a [u8],
+    /// Length of the whole packet.
+    len: usize,
     kind: Kind,
     v6: bool,
     l3: usize,
@@ -143,9 +146,32 @@ fn trunc(what: &'static str, need: usize, have: usize) -> GsoError {
 impl<'a> Splitter<'a> {
     /// Validates a super-packet (`packet` starts after the virtio header, at the IP or Ethernet header).
     pub fn new(hdr: &VirtioNetHdrRepr, packet: &'a [u8], framing: Framing) -> Result<Self, GsoError> {
-        let len = packet.len();
+        Self::parse(hdr, packet, packet.len(), framing)
+    }
+
+    /// Validates a GSO super-packet of `total_len` bytes from its headers alone, for a caller that already has
+    /// the payload where the segments need it (a read scattered straight into per-segment buffers): `head`
+    /// must hold exactly the headers. Only [`Self::write_header`] can be used on the result.
+    pub fn from_head(
+        hdr: &VirtioNetHdrRepr,
+        head: &'a [u8],
+        total_len: usize,
+        framing: Framing,
+    ) -> Result<Self, GsoError> {
+        if total_len < head.len() {
+            return Err(trunc("super-packet", head.len(), total_len));
+        }
+        let s = Self::parse(hdr, head, total_len, framing)?;
+        if !s.is_gso() || s.hdr_len != head.len() {
+            return Err(GsoError::HeadOnly);
+        }
+        Ok(s)
+    }
+
+    fn parse(hdr: &VirtioNetHdrRepr, packet: &'a [u8], len: usize, framing: Framing) -> Result<Self, GsoError> {
         let mut s = Splitter {
             packet,
+            len,
             kind: Kind::Plain,
             v6: false,
             l3: 0,
@@ -223,6 +249,9 @@ impl<'a> Splitter<'a> {
             udp::HEADER_LEN
         };
         let hdr_len = l4 + l4_hdr;
+        if packet.len() < hdr_len {
+            return Err(trunc("headers", hdr_len, packet.len()));
+        }
         if needs_csum {
             let expected = if tcp { tcp::CHECKSUM_OFFSET } else { udp::CHECKSUM_OFFSET };
             if cs + co + 2 > hdr_len || co != expected {
@@ -299,7 +328,7 @@ impl<'a> Splitter<'a> {
 
     fn payload_range(&self, index: usize) -> (usize, usize) {
         let start = self.hdr_len + index * self.gso_size;
-        let end = (start + self.gso_size).min(self.packet.len());
+        let end = (start + self.gso_size).min(self.len);
         (start.min(end), end)
     }
 
@@ -309,7 +338,7 @@ impl<'a> Splitter<'a> {
             return 0;
         }
         match self.kind {
-            Kind::Plain | Kind::Partial { .. } => self.packet.len(),
+            Kind::Plain | Kind::Partial { .. } => self.len,
             Kind::Tcp | Kind::Udp => {
                 let (s, e) = self.payload_range(index);
                 self.hdr_len + (e - s)
@@ -366,9 +395,54 @@ impl<'a> Splitter<'a> {
         Ok(())
     }
 
+    fn check_payload_held(&self) -> Result<(), GsoError> {
+        if self.packet.len() < self.len {
+            return Err(GsoError::HeadOnly);
+        }
+        Ok(())
+    }
+
+    /// Length of segment `index`'s payload (0 when out of range or not GSO).
+    pub fn segment_payload_len(&self, index: usize) -> usize {
+        match self.kind {
+            Kind::Tcp | Kind::Udp if index < self.count => {
+                let (s, e) = self.payload_range(index);
+                e - s
+            }
+            _ => 0,
+        }
+    }
+
+    /// Writes the patched headers of GSO segment `index` into `out` (at least [`Self::hdr_len`] bytes), with
+    /// the L4 checksum over `payload`, which must be that segment's payload (length
+    /// [`Self::segment_payload_len`]) wherever the caller keeps it. The zero-copy split: no payload byte is
+    /// copied, each is read once for the checksum.
+    pub fn write_header(&self, index: usize, payload: &[u8], out: &mut [u8]) -> Result<(), GsoError> {
+        self.check_index(index)?;
+        if !self.is_gso() {
+            return Err(GsoError::HeadOnly);
+        }
+        let want = self.segment_payload_len(index);
+        if payload.len() != want {
+            return Err(GsoError::Wire(WireError::BadLength {
+                what: "segment payload",
+                field: want,
+                actual: payload.len(),
+            }));
+        }
+        let hl = self.hdr_len;
+        let Some(h) = out.get_mut(..hl) else {
+            return Err(GsoError::BufferTooSmall { need: hl, have: out.len() });
+        };
+        h.copy_from_slice(&self.packet[..hl]);
+        self.patch(index, h, payload.len(), checksum::sum(payload, 0));
+        Ok(())
+    }
+
     /// Writes segment `index` (headers patched, checksums complete) into `out`, returns its length.
     pub fn write_segment(&self, index: usize, out: &mut [u8]) -> Result<usize, GsoError> {
         self.check_index(index)?;
+        self.check_payload_held()?;
         let n = self.segment_len(index);
         if out.len() < n {
             return Err(GsoError::BufferTooSmall { need: n, have: out.len() });
@@ -398,6 +472,7 @@ impl<'a> Splitter<'a> {
     /// [`MAX_HEADER_LEN`].
     pub fn segment_view(&self, index: usize) -> Result<SegmentView<'a>, GsoError> {
         self.check_index(index)?;
+        self.check_payload_held()?;
         let mut v = SegmentView { header: [0u8; MAX_HEADER_LEN], header_len: 0, payload: self.packet };
         match self.kind {
             Kind::Plain => {}
@@ -533,6 +608,39 @@ mod tests {
             let pseudo = checksum::pseudo_header_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, (n - 20) as u32);
             assert_eq!(checksum::fold(v.sum_from(20, pseudo)), 0xffff);
         }
+    }
+
+    /// The zero-copy split (headers from `from_head`, payload where the caller has it) gives the same bytes
+    /// as `write_segment`, for every segment including the short last one.
+    #[test]
+    fn write_header_equals_write_segment() {
+        for (payload_len, gso_size) in [(4000, 1000), (4001, 1000), (999, 1000), (65535 - 40, 1448)] {
+            let (hdr, pkt) = tcp4_super(payload_len, gso_size);
+            let full = Splitter::new(&hdr, &pkt, Framing::Ip).unwrap();
+            let hl = full.hdr_len();
+            let head = Splitter::from_head(&hdr, &pkt[..hl], pkt.len(), Framing::Ip).unwrap();
+            assert_eq!(head.segment_count(), full.segment_count());
+            for i in 0..full.segment_count() {
+                let mut want = vec![0u8; 2048];
+                let n = full.write_segment(i, &mut want).unwrap();
+                let start = hl + i * gso_size as usize;
+                let payload = &pkt[start..start + head.segment_payload_len(i)];
+                let mut got = vec![0u8; hl];
+                head.write_header(i, payload, &mut got).unwrap();
+                got.extend_from_slice(payload);
+                assert_eq!(got, want[..n], "segment {i} of {payload_len}/{gso_size}");
+            }
+            // A head-only splitter has no payload to copy or view, and refuses a payload of the wrong size.
+            assert_eq!(head.write_segment(0, &mut [0u8; 2048]), Err(GsoError::HeadOnly));
+            assert!(head.segment_view(0).is_err());
+            assert!(head.write_header(0, &pkt[hl..hl + 1], &mut [0u8; 256]).is_err());
+        }
+        // Too short a head, or one that is not exactly the headers, is an error, never a panic.
+        let (hdr, pkt) = tcp4_super(4000, 1000);
+        for cut in [0, 10, 20, 39, 41] {
+            assert!(Splitter::from_head(&hdr, &pkt[..cut], pkt.len(), Framing::Ip).is_err(), "cut {cut}");
+        }
+        assert!(Splitter::from_head(&hdr, &pkt[..40], 30, Framing::Ip).is_err());
     }
 
     #[test]

@@ -39,6 +39,9 @@ fn framing(mode: Mode) -> Framing {
 pub struct BatchStats {
     /// Reads that returned a GSO super-packet.
     pub super_packets: u64,
+    /// Of those, the ones split without copying a payload byte: the read scattered each segment's payload into
+    /// its own buffer (the previous super-packet's header length and gso_size held).
+    pub zero_copy_splits: u64,
     /// Packets handed to the caller (segments of super-packets included).
     pub segments: u64,
     /// Reads dropped because the packet was malformed (bad virtio header or offsets).
@@ -87,6 +90,19 @@ pub struct RecvBatch {
     /// after one comes back empty the next 1, 2, 4 ... 16 batches take one read each (e.g. a stream of ACKs).
     skip_further: u8,
     next_skip: u8,
+    /// Header length and gso_size of the last super-packet: the next read is scattered so that, if they hold,
+    /// each segment's payload lands in its own buffer right behind room for its header (zero-copy split).
+    predicted: Option<(usize, usize)>,
+}
+
+/// Where [`RecvBatch::recv_scattered`] left a frame.
+enum Scattered {
+    /// Split (or delivered) into the caller's buffers.
+    Done(Received),
+    /// Reassembled in `scratch[..len]` for the copying split (the prediction did not hold).
+    InScratch { hdr: VirtioNetHdrRepr, len: usize },
+    /// Dropped as malformed (counted).
+    Malformed,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -108,6 +124,7 @@ impl RecvBatch {
             nowait: true,
             skip_further: 0,
             next_skip: 1,
+            predicted: None,
         }
     }
 
@@ -147,40 +164,33 @@ impl RecvBatch {
             if !self.receives_super_packets {
                 return self.recv_direct(queue, bufs, lens, offset, nowait);
             }
-            let mut head = [0u8; MAX_VNET_HDR];
-            let head = &mut head[..self.vnet_hdr_len];
-            let read = if nowait { sys::read2_nowait } else { sys::read2 };
-            let n =
-                read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
-            let Some(len) = n.checked_sub(head.len()) else {
-                self.stats.malformed += 1;
-                continue;
+            let scattered = match self.predicted {
+                Some((h, g)) if bufs.len() >= 2 => self.recv_scattered(queue, bufs, lens, offset, nowait, h, g)?,
+                _ => self.read_into_scratch(queue, nowait)?,
             };
-            queue.count_rx(1, len as u64);
-            let hdr = match VirtioNetHdrRepr::parse(head) {
-                Ok(hdr) => hdr,
-                Err(_) => {
-                    self.stats.malformed += 1;
-                    continue;
-                }
+            let (hdr, len) = match scattered {
+                Scattered::Done(received) => return Ok(received),
+                Scattered::InScratch { hdr, len } => (hdr, len),
+                Scattered::Malformed => continue,
             };
-            if hdr.gso_type & !gso::ECN != gso::NONE {
-                self.stats.super_packets += 1;
-            }
             // Validated once here; only segments left for a later call are split from `Pending` again.
-            let progress = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
-                Ok(splitter) => match splitter.split_into(0, bufs, lens, offset) {
-                    Ok(progress) => progress,
-                    Err(e) => {
-                        // Buffers too small: keep the super-packet for a call with larger ones.
-                        self.pending = Some(Pending { hdr, len, next: 0 });
-                        return Err(split_error(e));
-                    }
-                },
+            let splitter = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
+                Ok(splitter) => splitter,
                 Err(e) => {
                     self.stats.malformed += 1;
                     tracing::debug!("{}: dropping malformed packet: {e}", queue.name());
                     continue;
+                }
+            };
+            if splitter.is_gso() {
+                self.predicted = Some((splitter.hdr_len(), splitter.gso_size()));
+            }
+            let progress = match splitter.split_into(0, bufs, lens, offset) {
+                Ok(progress) => progress,
+                Err(e) => {
+                    // Buffers too small: keep the super-packet for a call with larger ones.
+                    self.pending = Some(Pending { hdr, len, next: 0 });
+                    return Err(split_error(e));
                 }
             };
             if !progress.is_done() {
@@ -188,6 +198,138 @@ impl RecvBatch {
             }
             return Ok(self.received(&hdr, progress));
         }
+    }
+
+    /// Reads one frame scattered for a super-packet of header length `h` and gso_size `g`: the virtio header,
+    /// then `h + g` bytes into `bufs[0]` at `offset`, then `g` bytes into each further buffer at `offset + h`
+    /// (behind room for that segment's header), and anything beyond into `scratch`. When the frame is such a
+    /// super-packet, each segment only needs its header written: no payload byte is copied. Any other frame is
+    /// delivered as is when it fits the first buffer, or reassembled in `scratch` for the copying split.
+    #[allow(clippy::too_many_arguments)]
+    fn recv_scattered<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        nowait: bool,
+        h: usize,
+        g: usize,
+    ) -> Result<Scattered> {
+        let vlen = self.vnet_hdr_len;
+        let k = bufs.len().min(lens.len()).min(sys::MAX_SCATTER - 2);
+        // Every buffer must have room for its part; otherwise the copying split (which reports small buffers).
+        let first_end = offset + h + g;
+        if bufs[..k].iter_mut().any(|b| b.as_mut().len() < first_end) {
+            self.predicted = None;
+            return self.read_into_scratch(queue, nowait);
+        }
+        let mut head = [0u8; MAX_VNET_HDR];
+        let parts = std::iter::once(&mut head[..vlen])
+            .chain(bufs[..k].iter_mut().enumerate().map(|(i, b)| {
+                let start = if i == 0 { offset } else { offset + h };
+                &mut b.as_mut()[start..first_end]
+            }))
+            .chain(std::iter::once(&mut self.scratch[..]));
+        let n =
+            sys::read_scattered(queue.as_fd(), parts, nowait).map_err(|e| queue_io_error(queue.name(), "read", e))?;
+        let Some(len) = n.checked_sub(vlen) else {
+            self.stats.malformed += 1;
+            return Ok(Scattered::Malformed);
+        };
+        queue.count_rx(1, len as u64);
+        let Ok(hdr) = VirtioNetHdrRepr::parse(&head[..vlen]) else {
+            self.stats.malformed += 1;
+            return Ok(Scattered::Malformed);
+        };
+        let in_bufs = h + g + (k - 1) * g;
+        if hdr.gso_type & !gso::ECN == gso::NONE {
+            if len > h + g {
+                self.reassemble(bufs, offset, h, g, k, len);
+                return Ok(Scattered::InScratch { hdr, len });
+            }
+            // The whole packet is in the first buffer, where it belongs.
+            let packet = &mut bufs[0].as_mut()[offset..offset + len];
+            let mut valid = hdr.flags & flags::DATA_VALID != 0;
+            if hdr.flags & flags::NEEDS_CSUM != 0 {
+                if turbotun_wire::checksum::complete_partial(packet, hdr.csum_start.into(), hdr.csum_offset.into())
+                    .is_err()
+                {
+                    self.stats.malformed += 1;
+                    return Ok(Scattered::Malformed);
+                }
+                valid = true;
+            }
+            lens[0] = len;
+            self.stats.segments += 1;
+            return Ok(Scattered::Done(Received { packets: 1, pending: 0, checksums_valid: valid }));
+        }
+        self.stats.super_packets += 1;
+        if len >= h && len <= in_bufs {
+            let mut template = [0u8; turbotun_wire::gso::MAX_HEADER_LEN];
+            let template = &mut template[..h.min(turbotun_wire::gso::MAX_HEADER_LEN)];
+            template.copy_from_slice(&bufs[0].as_mut()[offset..offset + template.len()]);
+            if let Ok(splitter) = Splitter::from_head(&hdr, template, len, self.framing) {
+                if splitter.gso_size() == g && splitter.segment_count() <= k {
+                    for i in 0..splitter.segment_count() {
+                        let plen = splitter.segment_payload_len(i);
+                        let (front, back) = bufs[i].as_mut().split_at_mut(offset + h);
+                        if splitter.write_header(i, &back[..plen], &mut front[offset..]).is_err() {
+                            // Cannot happen for a validated splitter; never leave half-written segments.
+                            self.stats.malformed += 1;
+                            return Ok(Scattered::Malformed);
+                        }
+                        lens[i] = h + plen;
+                    }
+                    let total = splitter.segment_count();
+                    self.stats.zero_copy_splits += 1;
+                    let progress = SplitProgress { produced: total, next: total, total };
+                    return Ok(Scattered::Done(self.received(&hdr, progress)));
+                }
+            }
+        }
+        // Another header length, gso_size or size: put the frame back together and split it by copying.
+        self.reassemble(bufs, offset, h, g, k, len);
+        Ok(Scattered::InScratch { hdr, len })
+    }
+
+    /// Moves a scattered frame of `len` bytes (see [`Self::recv_scattered`]) into `scratch[..len]`.
+    fn reassemble<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], offset: usize, h: usize, g: usize, k: usize, len: usize) {
+        let in_bufs = (h + g + (k - 1) * g).min(len);
+        // What overflowed into scratch goes behind the part that was in the buffers.
+        self.scratch.copy_within(..len - in_bufs, in_bufs);
+        let mut at = 0;
+        for (i, b) in bufs[..k].iter_mut().enumerate() {
+            if at >= in_bufs {
+                break;
+            }
+            let start = if i == 0 { offset } else { offset + h };
+            let part = if i == 0 { h + g } else { g };
+            let n = part.min(in_bufs - at);
+            self.scratch[at..at + n].copy_from_slice(&b.as_mut()[start..start + n]);
+            at += n;
+        }
+    }
+
+    /// The plain read into `scratch` (no prediction to scatter by).
+    fn read_into_scratch(&mut self, queue: &Queue, nowait: bool) -> Result<Scattered> {
+        let mut head = [0u8; MAX_VNET_HDR];
+        let head = &mut head[..self.vnet_hdr_len];
+        let read = if nowait { sys::read2_nowait } else { sys::read2 };
+        let n = read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
+        let Some(len) = n.checked_sub(head.len()) else {
+            self.stats.malformed += 1;
+            return Ok(Scattered::Malformed);
+        };
+        queue.count_rx(1, len as u64);
+        let Ok(hdr) = VirtioNetHdrRepr::parse(head) else {
+            self.stats.malformed += 1;
+            return Ok(Scattered::Malformed);
+        };
+        if hdr.gso_type & !gso::ECN != gso::NONE {
+            self.stats.super_packets += 1;
+        }
+        Ok(Scattered::InScratch { hdr, len })
     }
 
     /// Accounts for what one split produced.

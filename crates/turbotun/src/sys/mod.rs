@@ -418,3 +418,26 @@ pub fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<()> {
         Err(io::Error::from_raw_os_error(rc))
     }
 }
+
+/// Most slices [`read_scattered`] takes (the kernel's limit is `UIO_MAXIOV`, 1024).
+pub const MAX_SCATTER: usize = 128;
+
+/// One read scattered over `parts` in order (at most [`MAX_SCATTER`]); with `nowait` it never sleeps
+/// (`RWF_NOWAIT`, see [`read2_nowait`]).
+pub fn read_scattered<'a>(
+    fd: BorrowedFd<'_>,
+    parts: impl IntoIterator<Item = &'a mut [u8]>,
+    nowait: bool,
+) -> io::Result<usize> {
+    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_SCATTER];
+    let mut count = 0;
+    for part in parts {
+        let slot = iov.get_mut(count).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "too many slices"))?;
+        *slot = libc::iovec { iov_base: part.as_mut_ptr().cast(), iov_len: part.len() };
+        count += 1;
+    }
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    // SAFETY: the first `count` iovecs describe the exclusively borrowed slices yielded above, which stay
+    // borrowed (lifetime 'a) for the duration of the call; offset -1 means the current position.
+    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, flags) })
+}
