@@ -395,6 +395,26 @@ pub fn gso_split(data: &[u8]) {
     }
     if s.is_gso() && n <= 256 {
         assert_eq!(total_payload, pkt.len() - s.hdr_len());
+        // The zero-copy split (headers alone + each payload where it lies) gives the same bytes.
+        let hl = s.hdr_len();
+        let head = Splitter::from_head(&hdr, &pkt[..hl], pkt.len(), framing).expect("headers of a valid packet");
+        assert_eq!(head.segment_count(), n);
+        let mut header = [0u8; crate::gso::MAX_HEADER_LEN];
+        for i in 0..n {
+            let len = s.write_segment(i, &mut out).expect("segment fits");
+            let start = hl + i * s.gso_size();
+            let payload = &pkt[start..start + head.segment_payload_len(i)];
+            head.write_header(i, payload, &mut header).expect("header fits");
+            assert_eq!(&header[..hl], &out[..hl], "segment {i} header");
+            assert_eq!(payload, &out[hl..len], "segment {i} payload");
+        }
+    }
+    // Any cut of the packet handed to from_head is an error or a consistent splitter, never a panic.
+    if let Some(&cut) = data.get(10) {
+        let cut = (cut as usize).min(pkt.len());
+        if let Ok(head) = Splitter::from_head(&hdr, &pkt[..cut], pkt.len(), framing) {
+            assert_eq!(head.hdr_len(), cut);
+        }
     }
     let mut bufs = vec![vec![0u8; 2048]; 4];
     let mut lens = [0usize; 4];
