@@ -437,6 +437,9 @@ fn send_raw_waiting(dst: &Queue, frame: &[u8], stop: &AtomicBool) -> Result<(), 
             Err(e) if turbotun::queue::is_would_block(&e) && !stop.load(Ordering::Relaxed) => {
                 dst.wait_writable(Some(POLL))?;
             }
+            // A blocking write (only with a limited TUNSETSNDBUF) woken by the stop signal: try once more unless
+            // stopping.
+            Err(e) if turbotun::queue::is_interrupted(&e) && !stop.load(Ordering::Relaxed) => {}
             Err(e) => return Err(e),
         }
     }

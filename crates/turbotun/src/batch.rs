@@ -233,7 +233,9 @@ impl RecvBatch {
             .chain(std::iter::once(&mut self.scratch[..]));
         let n =
             sys::read_scattered(queue.as_fd(), parts, nowait).map_err(|e| queue_io_error(queue.name(), "read", e))?;
-        let Some(len) = n.checked_sub(vlen) else {
+        // A frame longer than the room offered (the kernel may report a truncated frame's full length) cannot
+        // be reassembled: dropped as malformed.
+        let Some(len) = n.checked_sub(vlen).filter(|&len| len <= self.scratch.len()) else {
             self.stats.malformed += 1;
             return Ok(Scattered::Malformed);
         };
@@ -317,7 +319,7 @@ impl RecvBatch {
         let head = &mut head[..self.vnet_hdr_len];
         let read = if nowait { sys::read2_nowait } else { sys::read2 };
         let n = read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
-        let Some(len) = n.checked_sub(head.len()) else {
+        let Some(len) = n.checked_sub(head.len()).filter(|&len| len <= self.scratch.len()) else {
             self.stats.malformed += 1;
             return Ok(Scattered::Malformed);
         };
@@ -412,6 +414,8 @@ impl RecvBatch {
                     self.nowait = false;
                     break;
                 }
+                // What this batch already holds is handed over; the next call meets the error again.
+                Err(_) if total.packets > 0 => break,
                 Err(e) => return Err(e),
             }
         }

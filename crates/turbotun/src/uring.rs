@@ -28,9 +28,10 @@ pub struct UringStats {
     pub bytes: u64,
     /// Frames that carried a GSO super-packet (a virtio header with a GSO type).
     pub super_packets: u64,
-    /// Frames not written: the destination was down (`EIO`) or refused the frame (`EINVAL`).
+    /// Frames not written: the destination was down (`EIO`), refused the frame (`EINVAL`), or the frame was
+    /// larger than a buffer.
     pub drops: u64,
-    /// Of the drops, those refused as malformed.
+    /// Of the drops, those refused as malformed or too large.
     pub errors: u64,
 }
 
@@ -88,61 +89,84 @@ impl UringForwarder {
         let ready = self.ring.submit_and_wait(timeout).map_err(|e| self.ring_error(e))?;
         self.completions.clear();
         self.ring.reap(&mut self.completions);
+        // Every completion is handled (its slot written or recycled) even after an error, so that no slot is
+        // stranded; the first error is returned at the end.
+        let mut first_error = None;
         for i in 0..self.completions.len() {
             let Completion { slot, op, ref result } = self.completions[i];
             let result = result.as_ref().map(|&n| n).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
-            match (op, slot, result) {
-                (Op::Read, Some(slot), Ok(n)) => {
-                    self.stats.reads += 1;
-                    // Byte 1 of the virtio header is gso_type; anything but NONE (0) is a super-packet.
-                    if self.vnet_hdr_len > 0
-                        && n > self.vnet_hdr_len
-                        && self.ring.slot(slot).is_some_and(|b| b[1] & 0x7f != 0)
-                    {
-                        self.stats.super_packets += 1;
-                    }
-                    if n == 0 {
-                        self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
-                    } else {
-                        self.lens[slot] = n;
-                        self.ring.write_from(slot, n).map_err(|e| self.ring_error(e))?;
-                    }
-                }
-                (Op::Read, slot, Err(errno)) => {
-                    if let Some(slot) = slot {
-                        self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
-                    }
-                    // EAGAIN/EINTR end the multishot read; it is armed again on the next round.
-                    if !matches!(errno, libc::EAGAIN | libc::EINTR) {
-                        return Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)));
-                    }
-                }
-                (Op::Read, None, Ok(_)) => {}
-                (Op::Write, Some(slot), Ok(_)) => {
-                    self.stats.writes += 1;
-                    self.stats.bytes += self.lens[slot].saturating_sub(self.vnet_hdr_len) as u64;
-                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
-                }
-                (Op::Write, Some(slot), Err(errno)) => match errno {
-                    libc::EAGAIN | libc::EINTR => {
-                        // Backpressure, not a drop: the same frame is written again.
-                        self.ring.write_from(slot, self.lens[slot]).map_err(|e| self.ring_error(e))?;
-                    }
-                    libc::EIO | libc::EINVAL => {
-                        self.stats.drops += 1;
-                        if errno == libc::EINVAL {
-                            self.stats.errors += 1;
-                        }
-                        self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
-                    }
-                    _ => {
-                        return Err(queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno)));
-                    }
-                },
-                (Op::Write, None, _) => {}
+            if let Err(e) = self.handle(op, slot, result) {
+                first_error.get_or_insert(e);
             }
         }
-        Ok(ready && !self.completions.is_empty())
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(ready && !self.completions.is_empty()),
+        }
+    }
+
+    fn handle(&mut self, op: Op, slot: Option<usize>, result: std::result::Result<usize, i32>) -> Result<()> {
+        let Some(slot) = slot else {
+            // A read that ended without a buffer: EAGAIN/EINTR end the multishot read, which the next round arms
+            // again; anything else is the device's error.
+            return match result {
+                Err(errno) if !matches!(errno, libc::EAGAIN | libc::EINTR) => {
+                    Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
+                }
+                _ => Ok(()),
+            };
+        };
+        match (op, result) {
+            (Op::Read, Ok(n)) => {
+                self.stats.reads += 1;
+                if n == 0 || n > self.ring.stride() {
+                    // Nothing, or a frame the buffer could not hold (the kernel reports its full length): dropped.
+                    if n > 0 {
+                        self.stats.drops += 1;
+                        self.stats.errors += 1;
+                    }
+                    return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
+                }
+                // Byte 1 of the virtio header is gso_type; anything but NONE (0) is a super-packet.
+                if self.vnet_hdr_len > 0
+                    && n > self.vnet_hdr_len
+                    && self.ring.slot(slot).is_some_and(|b| b[1] & 0x7f != 0)
+                {
+                    self.stats.super_packets += 1;
+                }
+                self.lens[slot] = n;
+                self.ring.write_from(slot, n).map_err(|e| self.ring_error(e))
+            }
+            (Op::Read, Err(errno)) => {
+                self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
+                if matches!(errno, libc::EAGAIN | libc::EINTR) {
+                    return Ok(());
+                }
+                Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
+            }
+            (Op::Write, Ok(_)) => {
+                self.stats.writes += 1;
+                self.stats.bytes += self.lens[slot].saturating_sub(self.vnet_hdr_len) as u64;
+                self.ring.recycle(slot).map_err(|e| self.ring_error(e))
+            }
+            (Op::Write, Err(errno)) => match errno {
+                // Backpressure, not a drop: the same frame is written again.
+                libc::EAGAIN | libc::EINTR => {
+                    self.ring.write_from(slot, self.lens[slot]).map_err(|e| self.ring_error(e))
+                }
+                libc::EIO | libc::EINVAL => {
+                    self.stats.drops += 1;
+                    if errno == libc::EINVAL {
+                        self.stats.errors += 1;
+                    }
+                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))
+                }
+                _ => {
+                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
+                    Err(queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno)))
+                }
+            },
+        }
     }
 
     fn ring_error(&self, e: std::io::Error) -> Error {

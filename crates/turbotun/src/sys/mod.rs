@@ -394,6 +394,20 @@ extern "C" fn wake_handler(_signo: libc::c_int) {
 /// Installs a do-nothing handler for [`wake_signal`] without `SA_RESTART`, so that a blocking read in the
 /// signalled thread returns `EINTR` instead of being restarted.
 pub fn install_wake_handler() -> io::Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags), filled in by the kernel below.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only reads the current one into `old`, a valid sigaction owned by this frame.
+    cvt(unsafe { libc::sigaction(wake_signal(), std::ptr::null(), &mut old) })?;
+    let ours = wake_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != ours {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "signal SIGRTMIN+3 ({}) already has a handler: turbotun uses it to wake blocked readers",
+                wake_signal()
+            ),
+        ));
+    }
     // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags) that is filled in below.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
     action.sa_sigaction = wake_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -405,12 +419,12 @@ pub fn install_wake_handler() -> io::Result<()> {
     Ok(())
 }
 
-/// Sends [`wake_signal`] to one thread of this process.
-pub fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<()> {
+/// Sends [`wake_signal`] to one thread of this process. Only after [`install_wake_handler`] succeeded (the
+/// default action of a real-time signal ends the process): `crate::wake` makes sure of it.
+pub(crate) fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<()> {
     use std::os::unix::thread::JoinHandleExt;
     // SAFETY: the borrowed JoinHandle proves the thread has not been joined, so its pthread_t is still valid
-    // (a thread that has exited but is not joined keeps its id); the signal has a handler installed by
-    // `install_wake_handler` or is ignored by the caller's choice.
+    // (a thread that has exited but is not joined keeps its id); the caller installed the handler first.
     let rc = unsafe { libc::pthread_kill(thread.as_pthread_t(), wake_signal()) };
     if rc == 0 || rc == libc::ESRCH {
         Ok(())

@@ -103,7 +103,9 @@ pub struct ForwardRing {
     ring: IoUring,
     src: OwnedFd,
     dst: OwnedFd,
-    arena: Box<[u8]>,
+    /// The buffers, `depth * stride` bytes from `Box::into_raw`. Kept as a raw pointer: the kernel writes into
+    /// provided slots at any time, so no Rust reference may cover the whole arena, only a slot that is ours.
+    arena: std::ptr::NonNull<u8>,
     bufs: std::mem::ManuallyDrop<BufRing>,
     stride: usize,
     states: Vec<SlotState>,
@@ -147,20 +149,26 @@ impl ForwardRing {
                 "io_uring without IORING_FEAT_EXT_ARG (Linux < 5.11)",
             ));
         }
+        let (src, dst) = (src.try_clone_to_owned()?, dst.try_clone_to_owned()?);
         let mut bufs = BufRing::new(depth as u16)?;
-        // SAFETY: `bufs` is page aligned, `depth` descriptors long and lives until it is unregistered (Drop).
+        // SAFETY: `bufs` is page aligned, `depth` descriptors long and lives until it is unregistered (Drop;
+        // nothing fails between here and the construction of `Self`, which owns it).
         unsafe {
             ring.submitter().register_buf_ring_with_flags(bufs.base.as_ptr() as u64, depth as u16, BUFFER_GROUP, 0)
         }
         .map_err(|e| io::Error::new(e.kind(), format!("registering a provided-buffer ring (Linux 5.19+): {e}")))?;
-        let mut arena = vec![0u8; depth * stride].into_boxed_slice();
+        let arena = Box::into_raw(vec![0u8; depth * stride].into_boxed_slice()).cast::<u8>();
+        let Some(arena) = std::ptr::NonNull::new(arena) else {
+            unreachable!("Box::into_raw never returns null");
+        };
         for slot in 0..depth {
-            bufs.provide(arena[slot * stride..].as_mut_ptr(), stride as u32, slot as u16);
+            // SAFETY: slot * stride < depth * stride: inside the allocation.
+            bufs.provide(unsafe { arena.as_ptr().add(slot * stride) }, stride as u32, slot as u16);
         }
         Ok(ForwardRing {
             ring,
-            src: src.try_clone_to_owned()?,
-            dst: dst.try_clone_to_owned()?,
+            src,
+            dst,
             arena,
             bufs: std::mem::ManuallyDrop::new(bufs),
             stride,
@@ -178,21 +186,32 @@ impl ForwardRing {
         self.stride
     }
 
+    /// Start of a slot's buffer (`slot < depth`, checked by the callers).
+    fn slot_ptr(&self, slot: usize) -> *mut u8 {
+        debug_assert!(slot < self.states.len());
+        // SAFETY: callers pass slot < depth, so the offset stays inside the `depth * stride` allocation.
+        unsafe { self.arena.as_ptr().add(slot * self.stride) }
+    }
+
     /// The bytes of a filled slot (what its read brought), or `None` while the kernel may use it.
     pub fn slot(&self, slot: usize) -> Option<&[u8]> {
-        (self.states.get(slot) == Some(&SlotState::Filled)).then(|| &self.arena[slot * self.stride..][..self.stride])
+        self.check_filled(slot).ok()?;
+        // SAFETY: a Filled slot is ours: the kernel neither reads nor writes it until we queue a write (which
+        // takes `&mut self`, ending this borrow) or recycle it; the range lies inside the allocation.
+        Some(unsafe { std::slice::from_raw_parts(self.slot_ptr(slot), self.stride) })
     }
 
     /// Mutable bytes of a filled slot.
     pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
-        let stride = self.stride;
-        (self.states.get(slot) == Some(&SlotState::Filled)).then(|| &mut self.arena[slot * stride..][..stride])
+        self.check_filled(slot).ok()?;
+        // SAFETY: as in `slot`, and `&mut self` makes this the only reference to the slot.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), self.stride) })
     }
 
     /// Gives a filled slot back to the kernel for a later read.
     pub fn recycle(&mut self, slot: usize) -> io::Result<()> {
         self.check_filled(slot)?;
-        let addr = self.arena[slot * self.stride..].as_mut_ptr();
+        let addr = self.slot_ptr(slot);
         self.bufs.provide(addr, self.stride as u32, slot as u16);
         self.states[slot] = SlotState::Provided;
         Ok(())
@@ -205,12 +224,12 @@ impl ForwardRing {
         if len > self.stride {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "write longer than the slot"));
         }
-        let ptr = self.arena[slot * self.stride..].as_ptr();
+        let ptr = self.slot_ptr(slot).cast_const();
         let entry = opcode::Write::new(types::Fd(self.dst.as_raw_fd()), ptr, len as u32)
             .offset(u64::MAX)
             .build()
             .user_data(WRITE_TAG | slot as u64);
-        // The entry points into `self.arena` at a slot now marked Writing, so safe code does not touch it (nor
+        // The entry points into the arena at a slot now marked Writing, so safe code does not touch it (nor
         // free it, see Drop) until the completion is reaped; the fd is owned by `self`.
         self.push(&entry)?;
         self.states[slot] = SlotState::Writing;
@@ -242,7 +261,7 @@ impl ForwardRing {
             .offset(u64::MAX)
             .build()
             .user_data(READ_TAG);
-        // The read writes only into buffers of the registered provided ring, all inside `self.arena` and marked
+        // The read writes only into buffers of the registered provided ring, all inside the arena and marked
         // Provided until a completion hands one back.
         self.push(&entry)?;
         self.read_armed = true;
@@ -327,10 +346,13 @@ impl Drop for ForwardRing {
         let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok();
         if self.read_armed || self.writes_in_flight > 0 || !unregistered {
             // The kernel may still use a buffer: leaking the memory is the only way to stay memory-safe.
-            std::mem::forget(std::mem::take(&mut self.arena));
             return;
         }
         // SAFETY: unregistered above and never used again.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.bufs) };
+        let len = self.states.len() * self.stride;
+        // SAFETY: `arena` came from `Box::into_raw` of a `len`-byte boxed slice in `new`, and no operation is in
+        // flight any more (checked above), so nothing else refers to it.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.arena.as_ptr(), len)) });
     }
 }
