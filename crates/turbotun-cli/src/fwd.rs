@@ -31,8 +31,9 @@ pub enum IoKind {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry (a failed read, a poll and the read again).
     Poll,
-    /// io_uring (plain and passthrough): `--depth` reads in flight per direction, frames written from the buffer
-    /// they were read into, one `io_uring_enter` submitting the writes and waiting for the next reads.
+    /// io_uring (plain and passthrough; Linux 6.7): one multishot read per direction over `--depth` buffers,
+    /// frames written from the buffer they were read into, one `io_uring_enter` submitting the writes and
+    /// waiting for the next reads.
     Uring,
 }
 
@@ -56,7 +57,8 @@ pub struct FwdArgs {
     /// Run the workers as tokio tasks over `turbotun::tokio::AsyncQueue` (offload mode).
     #[arg(long = "async")]
     pub async_io: bool,
-    /// How the workers wait for packets (threads only; `--async` uses tokio's readiness).
+    /// How the workers wait for packets (threads only; `--async` uses tokio's readiness). Default: `uring` for
+    /// plain and passthrough where the kernel has it (else `block`, with a note), `block` for offload.
     #[arg(long, value_enum)]
     pub io: Option<IoKind>,
     /// Frames in flight per direction with `--io uring` (each slot holds a 64 KiB frame; only touched pages
@@ -88,6 +90,7 @@ struct Counters {
 #[derive(Debug, Serialize)]
 struct CountersJson {
     mode: &'static str,
+    io: &'static str,
     packets: u64,
     bytes: u64,
     reads: u64,
@@ -139,6 +142,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     if args.dev_a == args.dev_b {
         bail!("the two devices must differ (both are {})", args.dev_a);
     }
+    let io = resolve_io(args)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -146,8 +150,8 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     if !args.async_io {
         turbotun::wake::prepare()?;
     }
-    let a = open(&args.dev_a, args)?;
-    let b = open(&args.dev_b, args)?;
+    let a = open(&args.dev_a, args, io)?;
+    let b = open(&args.dev_b, args, io)?;
     for note in a.notes().iter().chain(b.notes()) {
         eprintln!("turbotun fwd: {note}");
     }
@@ -178,8 +182,8 @@ pub fn run(args: &FwdArgs) -> Result<()> {
             }
         }
         drop(done_tx);
-        let result = supervise(&stop, &done_rx, args.mode, &counters);
-        print_counters(args.mode, &counters);
+        let result = supervise(&stop, &done_rx, args.mode, io, &counters);
+        print_counters(args.mode, io, &counters);
         // The tasks never finish on their own; dropping the runtime would wait for reads, so leak it.
         std::mem::forget(runtime);
         return result;
@@ -192,14 +196,14 @@ pub fn run(args: &FwdArgs) -> Result<()> {
             for t in 0..args.threads {
                 let (src, dst, stop, counters, done) =
                     (src.clone(), dst.clone(), stop.clone(), counters.clone(), done_tx.clone());
-                let (mode, batch, io, depth) = (args.mode, args.batch, args.io, args.depth);
+                let (mode, batch, depth) = (args.mode, args.batch, args.depth);
                 let label = format!("{}->{} q{q} t{t}", src.name(), dst.name());
                 handles.push(
                     std::thread::Builder::new()
                         .name(format!("fwd-{q}-{t}"))
                         .spawn(move || {
                             let result = match mode {
-                                _ if io == Some(IoKind::Uring) => forward_uring(&src, &dst, &stop, &counters, depth),
+                                _ if io == Io::Uring => forward_uring(&src, &dst, &stop, &counters, depth),
                                 FwdMode::Plain | FwdMode::Passthrough => forward_raw(&src, &dst, &stop, &counters),
                                 FwdMode::Offload => forward_offload(&src, &dst, &stop, &counters, batch),
                             };
@@ -211,7 +215,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
         }
     }
     drop(done_tx);
-    supervise(&stop, &done_rx, args.mode, &counters)?;
+    supervise(&stop, &done_rx, args.mode, io, &counters)?;
     // Workers see the stop flag within one poll interval (or when a signal interrupts their blocking read) and
     // add what they still hold before they return.
     for h in handles {
@@ -225,7 +229,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
             Err(e) => eprintln!("turbotun fwd: {e}"),
         }
     }
-    print_counters(args.mode, &counters);
+    print_counters(args.mode, io, &counters);
     Ok(())
 }
 
@@ -236,6 +240,7 @@ fn supervise(
     stop: &AtomicBool,
     done_rx: &mpsc::Receiver<(String, Result<(), Error>)>,
     mode: FwdMode,
+    io: Io,
     counters: &Counters,
 ) -> Result<()> {
     let mut failure = None;
@@ -252,18 +257,62 @@ fn supervise(
     }
     stop.store(true, Ordering::Relaxed);
     if let Some(why) = failure {
-        print_counters(mode, counters);
+        print_counters(mode, io, counters);
         eprintln!("turbotun fwd: {why}");
         std::process::exit(1);
     }
     Ok(())
 }
 
-fn open(name: &str, args: &FwdArgs) -> Result<turbotun::Device> {
+/// How the workers of this run wait: `--io`, or the default for the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Io {
+    Block,
+    Poll,
+    Uring,
+    Async,
+}
+
+impl Io {
+    fn label(self) -> &'static str {
+        match self {
+            Io::Block => "block",
+            Io::Poll => "poll",
+            Io::Uring => "uring",
+            Io::Async => "async",
+        }
+    }
+}
+
+/// `--io` as given (io_uring checked against the kernel), or the fastest the mode and kernel allow: io_uring
+/// for plain and passthrough with one worker per queue, blocking reads otherwise.
+fn resolve_io(args: &FwdArgs) -> Result<Io> {
+    if args.async_io {
+        return Ok(Io::Async);
+    }
+    match args.io {
+        Some(IoKind::Block) => Ok(Io::Block),
+        Some(IoKind::Poll) => Ok(Io::Poll),
+        Some(IoKind::Uring) => {
+            turbotun::uring::supported()?;
+            Ok(Io::Uring)
+        }
+        None if args.mode == FwdMode::Offload || args.threads > 1 => Ok(Io::Block),
+        None => match turbotun::uring::supported() {
+            Ok(()) => Ok(Io::Uring),
+            Err(e) => {
+                eprintln!("turbotun fwd: {e}; using blocking reads");
+                Ok(Io::Block)
+            }
+        },
+    }
+}
+
+fn open(name: &str, args: &FwdArgs, io: Io) -> Result<turbotun::Device> {
     let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
         .name(name)
         .queues(args.queues)
-        .nonblocking(args.async_io || args.io == Some(IoKind::Poll));
+        .nonblocking(matches!(io, Io::Async | Io::Poll));
     if args.mode != FwdMode::Plain {
         builder = builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL);
     }
@@ -279,7 +328,7 @@ fn open(name: &str, args: &FwdArgs) -> Result<turbotun::Device> {
     Ok(device)
 }
 
-fn print_counters(mode: FwdMode, c: &Counters) {
+fn print_counters(mode: FwdMode, io: Io, c: &Counters) {
     let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
     let json = CountersJson {
         mode: match mode {
@@ -287,6 +336,7 @@ fn print_counters(mode: FwdMode, c: &Counters) {
             FwdMode::Offload => "offload",
             FwdMode::Passthrough => "passthrough",
         },
+        io: io.label(),
         packets: get(&c.packets),
         bytes: get(&c.bytes),
         reads: get(&c.reads),

@@ -242,6 +242,13 @@ fn run_matrix_with(test: &str, mode: &str, tap: bool, extra: &[&str], checks: &[
     }
     let counters = topo.stop();
     assert_eq!(counters["mode"], mode);
+    let io = match extra.iter().position(|a| *a == "--io") {
+        Some(i) => extra[i + 1],
+        None if extra.contains(&"--async") => "async",
+        None if mode == "offload" || extra.contains(&"--threads") => "block",
+        None => "uring",
+    };
+    assert_eq!(counters["io"], io, "{counters}");
     // Every check moves at least one 8 MiB TCP stream (passthrough counts a super-packet as one packet).
     assert!(counters["bytes"].as_u64().unwrap() >= 8 << 20, "{counters}");
     assert_eq!(counters["errors"], 0, "{counters}");
@@ -274,6 +281,8 @@ fn fwd_passthrough_tun() {
 fn fwd_plain_tun_and_tap() {
     run_matrix("fwd_plain_tun", "plain", false, &["tcp4", "udp4", "udp6"]);
     run_matrix("fwd_plain_tap", "plain", true, &["tcp4", "udp4"]);
+    run_matrix_with("fwd_plain_tun_block", "plain", false, &["--io", "block"], &["tcp4", "udp4", "udp6"]);
+    run_matrix_with("fwd_passthrough_block", "passthrough", false, &["--io", "block"], &["tcp4", "uso4"]);
 }
 
 #[test]
@@ -307,7 +316,7 @@ fn fwd_exits_when_a_device_disappears() {
     if !privileged("fwd_exits_when_a_device_disappears") {
         return;
     }
-    for extra in [&[][..], &["--io", "poll"], &["--mode", "plain", "--io", "uring"]] {
+    for extra in [&[][..], &["--io", "poll"], &["--mode", "plain"], &["--mode", "plain", "--io", "block"]] {
         exits_when_a_device_disappears(extra);
     }
 }

@@ -19,6 +19,16 @@ use crate::error::{queue_io_error, Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::sys::uring::{Completion, ForwardRing, Op};
 
+/// Whether this kernel can run a [`UringForwarder`] (io_uring with multishot reads, Linux 6.7); probed once.
+/// The error says what is missing, so that a caller can fall back to blocking reads and say why.
+pub fn supported() -> Result<()> {
+    static PROBED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    PROBED
+        .get_or_init(|| crate::sys::uring::probe_forward_ring().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|why| Error::io("io_uring forwarding", std::io::Error::new(std::io::ErrorKind::Unsupported, why)))
+}
+
 /// Counts of what one forwarder moved (cumulative).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UringStats {

@@ -13,8 +13,9 @@ pub const TURBOTUN_MODES: &[(&str, &[&str])] = &[
     ("passthrough", &["--mode", "passthrough"]),
     ("threads2", &["--mode", "offload", "--threads", "2"]),
     ("multiqueue", &["--mode", "offload", "--queues", "2"]),
-    ("plain-uring", &["--mode", "plain", "--io", "uring"]),
-    ("passthrough-uring", &["--mode", "passthrough", "--io", "uring"]),
+    // plain and passthrough use io_uring by default where the kernel has it; these are the blocking paths.
+    ("plain-block", &["--mode", "plain", "--io", "block"]),
+    ("passthrough-block", &["--mode", "passthrough", "--io", "block"]),
     ("ring", &["--mode", "offload", "--ring"]),
     ("async", &["--mode", "offload", "--async"]),
 ];
@@ -300,7 +301,7 @@ mod tests {
     fn probe_flags() {
         assert!(fwd_accepts(HELP, &["--mode", "plain"]));
         assert!(fwd_accepts(HELP, &["--mode", "offload", "--threads", "2"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "plain", "--io", "uring"]));
+        assert!(!fwd_accepts(HELP, &["--mode", "plain", "--io", "block"]));
         assert!(!fwd_accepts(HELP, &["--mode", "offload", "--ring"]));
         assert!(!fwd_accepts(HELP, &["--mode", "turbo"]));
         // `--threads` must not match `--thread`
@@ -315,7 +316,7 @@ mod tests {
         assert_eq!(&labels[..5], ["veth", "loopback", "turbotun-plain", "turbotun-offload", "turbotun-passthrough"]);
         assert!(labels.contains(&"turbotun-threads2"));
         assert!(labels.contains(&"wggo-offload"));
-        assert!(na.iter().any(|u| u.mode == "turbotun-plain-uring"));
+        assert!(na.iter().any(|u| u.mode == "turbotun-plain-block"));
         let sel = select_modes(&all, &na, &["tunrs-offload".into(), "veth".into(), "offload".into()]).unwrap();
         let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(sel, ["veth", "turbotun-offload", "tunrs-offload"]);
@@ -323,7 +324,7 @@ mod tests {
         assert_eq!(sel.len(), 2);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
         // unavailable: a note, not an error
-        assert!(select_modes(&all, &na, &["plain-uring".into()]).unwrap().is_empty());
+        assert!(select_modes(&all, &na, &["plain-block".into()]).unwrap().is_empty());
         let (all, na) = all_modes(exe, &Err("no fwd".into()), None);
         assert_eq!(all.len(), 2);
         assert_eq!(na.len(), TURBOTUN_MODES.len() + 6);

@@ -98,6 +98,21 @@ impl Drop for BufRing {
     }
 }
 
+/// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG` and the multishot
+/// read opcode (Linux 6.7; provided-buffer rings came in 5.19).
+pub fn probe_forward_ring() -> io::Result<()> {
+    let ring = IoUring::new(8)?;
+    if !ring.params().is_feature_ext_arg() {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without IORING_FEAT_EXT_ARG (Linux < 5.11)"));
+    }
+    let mut probe = io_uring::Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    if !probe.is_supported(opcode::ReadMulti::CODE) {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without multishot read (Linux < 6.7)"));
+    }
+    Ok(())
+}
+
 /// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`.
 pub struct ForwardRing {
     ring: IoUring,
