@@ -233,15 +233,7 @@ impl RecvBatch {
             .chain(std::iter::once(&mut self.scratch[..]));
         let n =
             sys::read_scattered(queue.as_fd(), parts, nowait).map_err(|e| queue_io_error(queue.name(), "read", e))?;
-        // A frame longer than the room offered (the kernel may report a truncated frame's full length) cannot
-        // be reassembled: dropped as malformed.
-        let Some(len) = n.checked_sub(vlen).filter(|&len| len <= self.scratch.len()) else {
-            self.stats.malformed += 1;
-            return Ok(Scattered::Malformed);
-        };
-        queue.count_rx(1, len as u64);
-        let Ok(hdr) = VirtioNetHdrRepr::parse(&head[..vlen]) else {
-            self.stats.malformed += 1;
+        let Some((hdr, len)) = self.frame(queue, &head[..vlen], n) else {
             return Ok(Scattered::Malformed);
         };
         let in_bufs = h + g + (k - 1) * g;
@@ -251,22 +243,9 @@ impl RecvBatch {
                 return Ok(Scattered::InScratch { hdr, len });
             }
             // The whole packet is in the first buffer, where it belongs.
-            let packet = &mut bufs[0].as_mut()[offset..offset + len];
-            let mut valid = hdr.flags & flags::DATA_VALID != 0;
-            if hdr.flags & flags::NEEDS_CSUM != 0 {
-                if turbotun_wire::checksum::complete_partial(packet, hdr.csum_start.into(), hdr.csum_offset.into())
-                    .is_err()
-                {
-                    self.stats.malformed += 1;
-                    return Ok(Scattered::Malformed);
-                }
-                valid = true;
-            }
-            lens[0] = len;
-            self.stats.segments += 1;
-            return Ok(Scattered::Done(Received { packets: 1, pending: 0, checksums_valid: valid }));
+            let received = self.deliver_whole(&hdr, &mut bufs[0].as_mut()[offset..offset + len], &mut lens[0]);
+            return Ok(if received.packets == 0 { Scattered::Malformed } else { Scattered::Done(received) });
         }
-        self.stats.super_packets += 1;
         if len >= h && len <= in_bufs {
             let mut template = [0u8; turbotun_wire::gso::MAX_HEADER_LEN];
             let template = &mut template[..h.min(turbotun_wire::gso::MAX_HEADER_LEN)];
@@ -319,19 +298,10 @@ impl RecvBatch {
         let head = &mut head[..self.vnet_hdr_len];
         let read = if nowait { sys::read2_nowait } else { sys::read2 };
         let n = read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
-        let Some(len) = n.checked_sub(head.len()).filter(|&len| len <= self.scratch.len()) else {
-            self.stats.malformed += 1;
-            return Ok(Scattered::Malformed);
-        };
-        queue.count_rx(1, len as u64);
-        let Ok(hdr) = VirtioNetHdrRepr::parse(head) else {
-            self.stats.malformed += 1;
-            return Ok(Scattered::Malformed);
-        };
-        if hdr.gso_type & !gso::ECN != gso::NONE {
-            self.stats.super_packets += 1;
-        }
-        Ok(Scattered::InScratch { hdr, len })
+        Ok(match self.frame(queue, head, n) {
+            Some((hdr, len)) => Scattered::InScratch { hdr, len },
+            None => Scattered::Malformed,
+        })
     }
 
     /// Accounts for what one split produced.
@@ -436,23 +406,40 @@ impl RecvBatch {
             return Err(Error::BufferTooSmall { have: buf.len(), need: offset + 1 });
         };
         let (hdr, len) = queue.recv_with_hdr_inner(data, nowait)?;
+        Ok(self.deliver_whole(&hdr, &mut data[..len], &mut lens[0]))
+    }
+
+    /// Hands over a GSO_NONE packet that already sits where it belongs, its checksum completed if partial.
+    fn deliver_whole(&mut self, hdr: &VirtioNetHdrRepr, packet: &mut [u8], len: &mut usize) -> Received {
         let mut valid = hdr.flags & flags::DATA_VALID != 0;
         if hdr.flags & flags::NEEDS_CSUM != 0 {
-            if turbotun_wire::checksum::complete_partial(
-                &mut data[..len],
-                hdr.csum_start.into(),
-                hdr.csum_offset.into(),
-            )
-            .is_err()
-            {
+            let (start, offset) = (hdr.csum_start.into(), hdr.csum_offset.into());
+            if turbotun_wire::checksum::complete_partial(packet, start, offset).is_err() {
                 self.stats.malformed += 1;
-                return Ok(Received { packets: 0, pending: 0, checksums_valid: false });
+                return Received { packets: 0, pending: 0, checksums_valid: false };
             }
             valid = true;
         }
-        lens[0] = len;
+        *len = packet.len();
         self.stats.segments += 1;
-        Ok(Received { packets: 1, pending: 0, checksums_valid: valid })
+        Received { packets: 1, pending: 0, checksums_valid: valid }
+    }
+
+    /// Accounts for one read of `n` bytes whose virtio header is `head`: its length after the header, and the
+    /// header, or `None` (counted as malformed) for a short read, a length beyond the scratch buffer (a
+    /// truncated frame can report its full length) or a bad header.
+    fn frame(&mut self, queue: &Queue, head: &[u8], n: usize) -> Option<(VirtioNetHdrRepr, usize)> {
+        let parsed = n
+            .checked_sub(head.len())
+            .filter(|&len| len <= self.scratch.len())
+            .inspect(|&len| queue.count_rx(1, len as u64))
+            .and_then(|len| Some((VirtioNetHdrRepr::parse(head).ok()?, len)));
+        match parsed {
+            Some((hdr, _)) if hdr.gso_type & !gso::ECN != gso::NONE => self.stats.super_packets += 1,
+            Some(_) => {}
+            None => self.stats.malformed += 1,
+        }
+        parsed
     }
 
     fn split_pending<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], lens: &mut [usize], offset: usize) -> Result<Received> {

@@ -73,15 +73,20 @@ pub fn ipv4_udp(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, payload: &
     p[22..24].copy_from_slice(&dport.to_be_bytes());
     p[24..26].copy_from_slice(&(udp_len as u16).to_be_bytes());
     p[28..].copy_from_slice(payload);
-    let mut pseudo = Vec::with_capacity(12);
-    pseudo.extend_from_slice(&src.octets());
-    pseudo.extend_from_slice(&dst.octets());
-    pseudo.extend_from_slice(&[0, 17]);
-    pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    let c = inet_checksum(&[&pseudo, &p[20..]]);
+    let c = udp4_checksum(&p);
     let c = if c == 0 { 0xffff } else { c };
     p[26..28].copy_from_slice(&c.to_be_bytes());
     p
+}
+
+/// The one's-complement sum over the UDP pseudo-header and datagram of an IPv4/UDP packet without options:
+/// 0 when the packet's UDP checksum field is right (or, with the field zeroed, the checksum to put there).
+pub fn udp4_checksum(p: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(&p[12..20]);
+    pseudo.extend_from_slice(&[0, 17]);
+    pseudo.extend_from_slice(&((p.len() - 20) as u16).to_be_bytes());
+    inet_checksum(&[&pseudo, &p[20..]])
 }
 
 /// Fields of an IPv4/UDP packet, if `p` is one (no options).
