@@ -301,6 +301,8 @@ fn fwd_io_uring_plain_and_passthrough() {
     run_matrix_with("fwd_plain_uring", "plain", false, &["--io", "uring"], &["tcp4", "tcp6", "udp4", "udp6"]);
     run_matrix_with("fwd_plain_uring_tap", "plain", true, &["--io", "uring", "--depth", "4"], &["tcp4", "udp4"]);
     run_matrix_with("fwd_passthrough_uring", "passthrough", false, &["--io", "uring"], &["tcp4", "tcp6", "uso4"]);
+    // One ring per queue and direction, the flow steered to one queue (default I/O for plain: io_uring).
+    run_matrix_with("fwd_plain_uring_queues2", "plain", false, &["--queues", "2"], &["tcp4", "udp4"]);
 }
 
 #[test]
