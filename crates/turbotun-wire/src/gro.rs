@@ -216,7 +216,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
                 return None;
             }
             let hl = f.header_len();
-            fields.l2[..hl].copy_from_slice(&pkt[..hl]);
+            crate::small_copy::copy(&mut fields.l2[..hl], &pkt[..hl]);
             fields.l2_len = hl as u8;
             hl
         }
@@ -285,7 +285,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
             c.key.ack = t.ack_number();
             c.fields.l4_hdr_len = hl as u8;
             c.fields.tcp_res = t.reserved_bits();
-            c.opts[..hl - tcp::MIN_HEADER_LEN].copy_from_slice(t.options());
+            crate::small_copy::copy(&mut c.opts[..hl - tcp::MIN_HEADER_LEN], t.options());
             c.seq = t.seq_number();
             c.psh = t.flags() & tcp::flags::PSH != 0;
         }

@@ -434,7 +434,7 @@ impl<'a> Splitter<'a> {
         let Some(h) = out.get_mut(..hl) else {
             return Err(GsoError::BufferTooSmall { need: hl, have: out.len() });
         };
-        h.copy_from_slice(&self.packet[..hl]);
+        crate::small_copy::copy(h, &self.packet[..hl]);
         self.patch(index, h, payload.len(), checksum::sum(payload, 0));
         Ok(())
     }
@@ -458,7 +458,7 @@ impl<'a> Splitter<'a> {
                 let (s, e) = self.payload_range(index);
                 let payload = &self.packet[s..e];
                 let (h, p) = out.split_at_mut(self.hdr_len);
-                h.copy_from_slice(&self.packet[..self.hdr_len]);
+                crate::small_copy::copy(h, &self.packet[..self.hdr_len]);
                 let payload_sum = checksum::copy_and_sum(p, payload, 0);
                 self.patch(index, h, payload.len(), payload_sum);
             }

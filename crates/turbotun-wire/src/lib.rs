@@ -43,6 +43,7 @@ pub mod gro;
 pub mod gso;
 pub mod ipv4;
 pub mod ipv6;
+mod small_copy;
 pub mod tcp;
 pub mod udp;
 pub mod virtio_net;
