@@ -61,8 +61,8 @@ pub struct FwdArgs {
     /// plain and passthrough where the kernel has it (else `block`, with a note), `block` for offload.
     #[arg(long, value_enum)]
     pub io: Option<IoKind>,
-    /// Frames in flight per direction with `--io uring` (each slot holds a 64 KiB frame; only touched pages
-    /// become resident).
+    /// Buffers given to the kernel per direction with `--io uring`, a power of two: frames read and not yet
+    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
     #[arg(long, default_value_t = turbotun::uring::UringForwarder::DEFAULT_DEPTH)]
     pub depth: usize,
     /// Packets per batch in offload mode (at most 64).
