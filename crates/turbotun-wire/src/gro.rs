@@ -193,21 +193,51 @@ impl Iterator for Pieces<'_> {
     }
 }
 
-#[inline(always)]
+impl Cand {
+    const EMPTY: Cand = Cand {
+        key: FlowKey { addrs: [0; 32], ports: 0, ack: 0, v6: false, udp: false },
+        fields: Fields {
+            l2: [0; ethernet::MAX_HEADER_LEN],
+            l2_len: 0,
+            tos: 0,
+            ttl: 0,
+            frag_bits: 0,
+            flow_label: 0,
+            l4_hdr_len: 0,
+            tcp_res: 0,
+        },
+        opts: [0; 40],
+        l3: 0,
+        l4: 0,
+        hdr_len: 0,
+        payload_len: 0,
+        addr_sum: 0,
+        seq: 0,
+        psh: false,
+        ident: 0,
+        df: false,
+    };
+}
+
+#[cfg(test)]
 fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> Option<Cand> {
+    let mut c = Cand::EMPTY;
+    parse_candidate_into(pkt, framing, tcp_on, udp_on, &mut c)?;
+    Some(c)
+}
+
+/// Parses `pkt` into `c` (reused across packets, so that the ~200-byte candidate is written in place rather
+/// than built and moved with `memcpy` per packet); `None` if it is not a GRO candidate. Every field that is
+/// compared whole is reset; `opts` is only ever compared up to the option length, which is set.
+#[inline(always)]
+fn parse_candidate_into(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool, c: &mut Cand) -> Option<()> {
     if pkt.len() > MAX_PACKET_LEN {
         return None;
     }
-    let mut fields = Fields {
-        l2: [0; ethernet::MAX_HEADER_LEN],
-        l2_len: 0,
-        tos: 0,
-        ttl: 0,
-        frag_bits: 0,
-        flow_label: 0,
-        l4_hdr_len: 0,
-        tcp_res: 0,
-    };
+    c.key = Cand::EMPTY.key;
+    c.fields = Cand::EMPTY.fields;
+    c.psh = false;
+    c.seq = 0;
     let l3 = match framing {
         Framing::Ip => 0,
         Framing::Ethernet => {
@@ -216,13 +246,12 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
                 return None;
             }
             let hl = f.header_len();
-            crate::small_copy::copy(&mut fields.l2[..hl], &pkt[..hl]);
-            fields.l2_len = hl as u8;
+            crate::small_copy::copy(&mut c.fields.l2[..hl], &pkt[..hl]);
+            c.fields.l2_len = hl as u8;
             hl
         }
     };
     let ip = &pkt[l3..];
-    let mut key = FlowKey { addrs: [0; 32], ports: 0, ack: 0, v6: false, udp: false };
     let (proto, l4, addr_sum, ident, df) = match ip.first()? >> 4 {
         4 => {
             let p = ipv4::Packet::new_checked(ip).ok()?;
@@ -233,11 +262,11 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
             {
                 return None;
             }
-            key.addrs[..4].copy_from_slice(&p.src_addr());
-            key.addrs[16..20].copy_from_slice(&p.dst_addr());
-            fields.tos = p.tos();
-            fields.ttl = p.ttl();
-            fields.frag_bits = p.flags_frag() & (ipv4::FLAG_DF | ipv4::FLAG_RESERVED);
+            c.key.addrs[..4].copy_from_slice(&p.src_addr());
+            c.key.addrs[16..20].copy_from_slice(&p.dst_addr());
+            c.fields.tos = p.tos();
+            c.fields.ttl = p.ttl();
+            c.fields.frag_bits = p.flags_frag() & (ipv4::FLAG_DF | ipv4::FLAG_RESERVED);
             let sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
             (p.protocol(), l3 + ipv4::MIN_HEADER_LEN, sum, p.ident(), p.dont_frag())
         }
@@ -246,32 +275,19 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
             if p.payload_len() as usize + ipv6::HEADER_LEN != ip.len() {
                 return None;
             }
-            key.v6 = true;
-            key.addrs[..16].copy_from_slice(&p.src_addr());
-            key.addrs[16..].copy_from_slice(&p.dst_addr());
-            fields.tos = p.traffic_class();
-            fields.ttl = p.hop_limit();
-            fields.flow_label = p.flow_label();
+            c.key.v6 = true;
+            c.key.addrs[..16].copy_from_slice(&p.src_addr());
+            c.key.addrs[16..].copy_from_slice(&p.dst_addr());
+            c.fields.tos = p.traffic_class();
+            c.fields.ttl = p.hop_limit();
+            c.fields.flow_label = p.flow_label();
             let sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), p.next_header(), 0);
             (p.next_header(), l3 + ipv6::HEADER_LEN, sum, 0, false)
         }
         _ => return None,
     };
     let l4b = &pkt[l4..];
-    let mut c = Cand {
-        key,
-        fields,
-        opts: [0; 40],
-        l3,
-        l4,
-        hdr_len: 0,
-        payload_len: 0,
-        addr_sum,
-        seq: 0,
-        psh: false,
-        ident,
-        df,
-    };
+    (c.l3, c.l4, c.addr_sum, c.ident, c.df) = (l3, l4, addr_sum, ident, df);
     match proto {
         IPPROTO_TCP if tcp_on => {
             let t = tcp::Packet::new_checked(l4b).ok()?;
@@ -305,7 +321,7 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
     if c.payload_len == 0 {
         return None;
     }
-    Some(c)
+    Some(())
 }
 
 /// Verifies the L4 checksum of `pkt` (an IPv4 UDP checksum of 0 means "none" and is valid).
@@ -447,6 +463,7 @@ impl Gro {
         let mut stats = GroStats { packets: n, ..GroStats::default() };
         let headers_ok = vlen >= VIRTIO_NET_HDR_LEN && offset >= vlen;
         let (tcp_on, udp_on) = (self.config.tcp && headers_ok, self.config.udp && headers_ok);
+        let mut cand = Cand::EMPTY;
         for i in 0..n {
             self.slots.push(Slot::Pass);
             let buf_len = bufs[i].as_ref().len();
@@ -454,10 +471,11 @@ impl Gro {
                 stats.malformed += 1;
                 continue;
             }
-            let Some(c) = parse_candidate(packet(bufs, lens, i, offset), self.config.framing, tcp_on, udp_on) else {
+            let pkt = packet(bufs, lens, i, offset);
+            if parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand).is_none() {
                 continue;
-            };
-            self.insert(i, &c, bufs, lens, offset, checksums_valid, &mut stats);
+            }
+            self.insert(i, &cand, bufs, lens, offset, checksums_valid, &mut stats);
         }
         for i in 0..n {
             let slot = self.slots[i];
