@@ -1,5 +1,6 @@
 //! IPv4 header view (RFC 791) with options, fragment fields and the header checksum.
 
+use crate::bytes::{be16, put_be16};
 use crate::{checksum, WireError};
 
 /// Length of a header without options.
@@ -34,10 +35,6 @@ pub const FLAG_RESERVED: u16 = 0x8000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
-}
-
-fn be16(b: &[u8], r: std::ops::Range<usize>) -> u16 {
-    u16::from_be_bytes([b[r.start], b[r.start + 1]])
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
@@ -165,9 +162,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn put16(&mut self, r: std::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes())
-    }
     /// Sets version 4 and the header length (a multiple of 4 in 20..=60).
     pub fn set_version_and_header_len(&mut self, header_len: usize) {
         self.buffer.as_mut()[field::VER_IHL] = 0x40 | ((header_len / 4) as u8 & 0x0f);
@@ -178,15 +172,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
     /// Sets the total length.
     pub fn set_total_len(&mut self, v: u16) {
-        self.put16(field::LENGTH, v)
+        put_be16(self.buffer.as_mut(), field::LENGTH, v)
     }
     /// Sets the identification.
     pub fn set_ident(&mut self, v: u16) {
-        self.put16(field::IDENT, v)
+        put_be16(self.buffer.as_mut(), field::IDENT, v)
     }
     /// Sets the flags/fragment-offset word.
     pub fn set_flags_frag(&mut self, v: u16) {
-        self.put16(field::FLG_OFF, v)
+        put_be16(self.buffer.as_mut(), field::FLG_OFF, v)
     }
     /// Sets the TTL.
     pub fn set_ttl(&mut self, v: u8) {
@@ -198,7 +192,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, v: u16) {
-        self.put16(field::CHECKSUM, v)
+        put_be16(self.buffer.as_mut(), field::CHECKSUM, v)
     }
     /// Sets the source address.
     pub fn set_src_addr(&mut self, a: [u8; 4]) {

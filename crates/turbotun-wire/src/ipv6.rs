@@ -1,6 +1,7 @@
 //! IPv6 header view (RFC 8200) and a walker over extension headers (hop-by-hop, routing, destination options,
 //! fragment, AH) that finds the transport protocol and its offset.
 
+use crate::bytes::{be16, be32, put_be16, put_be32};
 use crate::WireError;
 
 /// Length of the fixed header.
@@ -87,8 +88,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     fn word0(&self) -> u32 {
-        let b = self.buffer.as_ref();
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+        be32(self.buffer.as_ref(), field::VER_TC_FLOW)
     }
     /// Version (6).
     pub fn version(&self) -> u8 {
@@ -104,8 +104,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// Payload length field.
     pub fn payload_len(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[4], b[5]])
+        be16(self.buffer.as_ref(), field::PAYLOAD_LEN)
     }
     /// Next header of the fixed header.
     pub fn next_header(&self) -> u8 {
@@ -170,7 +169,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     fn set_word0(&mut self, w: u32) {
-        self.buffer.as_mut()[field::VER_TC_FLOW].copy_from_slice(&w.to_be_bytes())
+        put_be32(self.buffer.as_mut(), field::VER_TC_FLOW, w)
     }
     /// Sets the version to 6.
     pub fn set_version(&mut self) {
@@ -189,7 +188,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
     /// Sets the payload length.
     pub fn set_payload_len(&mut self, v: u16) {
-        self.buffer.as_mut()[field::PAYLOAD_LEN].copy_from_slice(&v.to_be_bytes())
+        put_be16(self.buffer.as_mut(), field::PAYLOAD_LEN, v)
     }
     /// Sets the next header.
     pub fn set_next_header(&mut self, v: u8) {

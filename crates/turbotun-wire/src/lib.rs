@@ -34,6 +34,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod bytes;
 pub mod checksum;
 mod error;
 pub mod ethernet;

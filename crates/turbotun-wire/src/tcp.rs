@@ -1,5 +1,6 @@
 //! TCP header view (RFC 9293) with an option iterator.
 
+use crate::bytes::{be16, be32, put_be16, put_be32};
 use crate::WireError;
 
 /// Header length without options.
@@ -43,13 +44,6 @@ pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 impl<T: AsRef<[u8]>> Packet<T> {
     /// Wraps without checking.
     pub const fn new_unchecked(buffer: T) -> Self {
@@ -79,19 +73,19 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Source port.
     pub fn src_port(&self) -> u16 {
-        be16(self.buffer.as_ref(), 0)
+        be16(self.buffer.as_ref(), field::SRC_PORT)
     }
     /// Destination port.
     pub fn dst_port(&self) -> u16 {
-        be16(self.buffer.as_ref(), 2)
+        be16(self.buffer.as_ref(), field::DST_PORT)
     }
     /// Sequence number.
     pub fn seq_number(&self) -> u32 {
-        be32(self.buffer.as_ref(), 4)
+        be32(self.buffer.as_ref(), field::SEQ_NUM)
     }
     /// Acknowledgment number.
     pub fn ack_number(&self) -> u32 {
-        be32(self.buffer.as_ref(), 8)
+        be32(self.buffer.as_ref(), field::ACK_NUM)
     }
     /// Header length in bytes (data offset * 4).
     pub fn header_len(&self) -> usize {
@@ -107,15 +101,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
     /// Window.
     pub fn window(&self) -> u16 {
-        be16(self.buffer.as_ref(), 14)
+        be16(self.buffer.as_ref(), field::WIN_SIZE)
     }
     /// Checksum field.
     pub fn checksum(&self) -> u16 {
-        be16(self.buffer.as_ref(), 16)
+        be16(self.buffer.as_ref(), field::CHECKSUM)
     }
     /// Urgent pointer.
     pub fn urgent(&self) -> u16 {
-        be16(self.buffer.as_ref(), 18)
+        be16(self.buffer.as_ref(), field::URGENT)
     }
     /// Option bytes.
     pub fn options(&self) -> &[u8] {
@@ -132,27 +126,21 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn put16(&mut self, r: std::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes())
-    }
-    fn put32(&mut self, r: std::ops::Range<usize>, v: u32) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes())
-    }
     /// Sets the source port.
     pub fn set_src_port(&mut self, v: u16) {
-        self.put16(field::SRC_PORT, v)
+        put_be16(self.buffer.as_mut(), field::SRC_PORT, v)
     }
     /// Sets the destination port.
     pub fn set_dst_port(&mut self, v: u16) {
-        self.put16(field::DST_PORT, v)
+        put_be16(self.buffer.as_mut(), field::DST_PORT, v)
     }
     /// Sets the sequence number.
     pub fn set_seq_number(&mut self, v: u32) {
-        self.put32(field::SEQ_NUM, v)
+        put_be32(self.buffer.as_mut(), field::SEQ_NUM, v)
     }
     /// Sets the acknowledgment number.
     pub fn set_ack_number(&mut self, v: u32) {
-        self.put32(field::ACK_NUM, v)
+        put_be32(self.buffer.as_mut(), field::ACK_NUM, v)
     }
     /// Sets the header length (multiple of 4, 20..=60), keeping the reserved bits.
     pub fn set_header_len(&mut self, len: usize) {
@@ -165,15 +153,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
     /// Sets the window.
     pub fn set_window(&mut self, v: u16) {
-        self.put16(field::WIN_SIZE, v)
+        put_be16(self.buffer.as_mut(), field::WIN_SIZE, v)
     }
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, v: u16) {
-        self.put16(field::CHECKSUM, v)
+        put_be16(self.buffer.as_mut(), field::CHECKSUM, v)
     }
     /// Sets the urgent pointer.
     pub fn set_urgent(&mut self, v: u16) {
-        self.put16(field::URGENT, v)
+        put_be16(self.buffer.as_mut(), field::URGENT, v)
     }
     /// Mutable option bytes.
     pub fn options_mut(&mut self) -> &mut [u8] {
@@ -240,7 +228,7 @@ impl<'a> Iterator for OptionIter<'a> {
             (3, 1) => TcpOption::WindowScale(data[0]),
             (4, 0) => TcpOption::SackPermitted,
             (5, _) => TcpOption::Sack(data),
-            (8, 8) => TcpOption::Timestamps(be32(data, 0), be32(data, 4)),
+            (8, 8) => TcpOption::Timestamps(be32(data, 0..4), be32(data, 4..8)),
             _ => TcpOption::Unknown(kind, data),
         }))
     }

@@ -1,5 +1,6 @@
 //! UDP header view (RFC 768).
 
+use crate::bytes::{be16, put_be16};
 use crate::WireError;
 
 /// Header length.
@@ -52,26 +53,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn get16(&self, r: std::ops::Range<usize>) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[r.start], b[r.start + 1]])
-    }
     /// Source port.
     pub fn src_port(&self) -> u16 {
-        self.get16(field::SRC_PORT)
+        be16(self.buffer.as_ref(), field::SRC_PORT)
     }
     /// Destination port.
     pub fn dst_port(&self) -> u16 {
-        self.get16(field::DST_PORT)
+        be16(self.buffer.as_ref(), field::DST_PORT)
     }
     /// Length field (header + payload).
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u16 {
-        self.get16(field::LENGTH)
+        be16(self.buffer.as_ref(), field::LENGTH)
     }
     /// Checksum field (0 = none over IPv4).
     pub fn checksum(&self) -> u16 {
-        self.get16(field::CHECKSUM)
+        be16(self.buffer.as_ref(), field::CHECKSUM)
     }
     /// Payload (everything after the header in the buffer).
     pub fn payload(&self) -> &[u8] {
@@ -80,24 +77,21 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn put16(&mut self, r: std::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes())
-    }
     /// Sets the source port.
     pub fn set_src_port(&mut self, v: u16) {
-        self.put16(field::SRC_PORT, v)
+        put_be16(self.buffer.as_mut(), field::SRC_PORT, v)
     }
     /// Sets the destination port.
     pub fn set_dst_port(&mut self, v: u16) {
-        self.put16(field::DST_PORT, v)
+        put_be16(self.buffer.as_mut(), field::DST_PORT, v)
     }
     /// Sets the length field.
     pub fn set_len(&mut self, v: u16) {
-        self.put16(field::LENGTH, v)
+        put_be16(self.buffer.as_mut(), field::LENGTH, v)
     }
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, v: u16) {
-        self.put16(field::CHECKSUM, v)
+        put_be16(self.buffer.as_mut(), field::CHECKSUM, v)
     }
     /// Mutable payload.
     pub fn payload_mut(&mut self) -> &mut [u8] {
