@@ -144,6 +144,27 @@ struct Item {
     dead: bool,
 }
 
+impl Item {
+    /// A flow's first packet, `c` in buffer `buf` of length `len` (not verified, not dead).
+    fn first(c: &Cand, hash: u64, buf: usize, len: usize) -> Item {
+        Item {
+            hash,
+            last: buf,
+            vlen: len,
+            c: *c,
+            buf,
+            gso_size: c.payload_len,
+            segs: 1,
+            last_len: c.payload_len,
+            payload_total: c.payload_len,
+            psh: c.psh,
+            id_mode: IdMode::Unknown,
+            verified: false,
+            dead: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Pass,
@@ -616,21 +637,7 @@ impl Gro {
             return;
         }
         self.slots[i] = Slot::Head(self.items.len());
-        self.items.push(Item {
-            hash,
-            last: i,
-            vlen: lens[i],
-            c: *c,
-            buf: i,
-            gso_size: c.payload_len,
-            segs: 1,
-            last_len: c.payload_len,
-            payload_total: c.payload_len,
-            psh: c.psh,
-            id_mode: IdMode::Unknown,
-            verified: pkt_ok == Some(true),
-            dead,
-        });
+        self.items.push(Item { verified: pkt_ok == Some(true), dead, ..Item::first(c, hash, i, lens[i]) });
     }
 
     fn can_merge(&self, it: &Item, c: &Cand) -> Option<(Merge, IdMode)> {
@@ -710,21 +717,7 @@ mod tests {
     }
 
     fn item(c: Cand) -> Item {
-        Item {
-            hash: c.key.hash(),
-            last: 0,
-            vlen: c.hdr_len + c.payload_len,
-            c,
-            buf: 0,
-            gso_size: c.payload_len,
-            segs: 1,
-            last_len: c.payload_len,
-            payload_total: c.payload_len,
-            psh: c.psh,
-            id_mode: IdMode::Unknown,
-            verified: true,
-            dead: false,
-        }
+        Item { verified: true, ..Item::first(&c, c.key.hash(), 0, c.hdr_len + c.payload_len) }
     }
 
     #[test]
