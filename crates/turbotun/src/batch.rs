@@ -165,7 +165,9 @@ impl RecvBatch {
                 return self.recv_direct(queue, bufs, lens, offset, nowait);
             }
             let scattered = match self.predicted {
-                Some((h, g)) if bufs.len() >= 2 => self.recv_scattered(queue, bufs, lens, offset, nowait, h, g)?,
+                Some(prediction) if bufs.len() >= 2 => {
+                    self.recv_scattered(queue, bufs, lens, offset, nowait, prediction)?
+                }
                 _ => self.read_into_scratch(queue, nowait)?,
             };
             let (hdr, len) = match scattered {
@@ -205,7 +207,6 @@ impl RecvBatch {
     /// (behind room for that segment's header), and anything beyond into `scratch`. When the frame is such a
     /// super-packet, each segment only needs its header written: no payload byte is copied. Any other frame is
     /// delivered as is when it fits the first buffer, or reassembled in `scratch` for the copying split.
-    #[allow(clippy::too_many_arguments)]
     fn recv_scattered<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
@@ -213,8 +214,7 @@ impl RecvBatch {
         lens: &mut [usize],
         offset: usize,
         nowait: bool,
-        h: usize,
-        g: usize,
+        (h, g): (usize, usize),
     ) -> Result<Scattered> {
         let vlen = self.vnet_hdr_len;
         let k = bufs.len().min(lens.len()).min(sys::MAX_SCATTER - 2);

@@ -433,8 +433,9 @@ pub(crate) fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<
     }
 }
 
-/// Most slices [`read_scattered`] takes (the kernel's limit is `UIO_MAXIOV`, 1024).
-pub const MAX_SCATTER: usize = 128;
+/// Most slices [`read_scattered`] takes: a batch of 64 buffers plus the virtio header and the overflow buffer
+/// (the kernel's limit is `UIO_MAXIOV`, 1024). The iovec array lives on the stack, filled per read.
+pub const MAX_SCATTER: usize = 66;
 
 /// One read scattered over `parts` in order (at most [`MAX_SCATTER`]); with `nowait` it never sleeps
 /// (`RWF_NOWAIT`, see [`read2_nowait`]).

@@ -193,10 +193,6 @@ impl ForwardRing {
         })
     }
 
-    pub fn depth(&self) -> usize {
-        self.states.len()
-    }
-
     pub fn stride(&self) -> usize {
         self.stride
     }
@@ -214,13 +210,6 @@ impl ForwardRing {
         // SAFETY: a Filled slot is ours: the kernel neither reads nor writes it until we queue a write (which
         // takes `&mut self`, ending this borrow) or recycle it; the range lies inside the allocation.
         Some(unsafe { std::slice::from_raw_parts(self.slot_ptr(slot), self.stride) })
-    }
-
-    /// Mutable bytes of a filled slot.
-    pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
-        self.check_filled(slot).ok()?;
-        // SAFETY: as in `slot`, and `&mut self` makes this the only reference to the slot.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), self.stride) })
     }
 
     /// Gives a filled slot back to the kernel for a later read.
