@@ -5,9 +5,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 use turbotun_wire::checksum;
-use turbotun_wire::fuzzing::{payload, Spec};
+use turbotun_wire::fuzzing::{load, payload, time_after_reset, Spec};
 use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 
 const OFF: usize = 12;
@@ -122,10 +121,7 @@ fn bench_coalesce(c: &mut Criterion) {
         }
     };
     // Same work: both produce one identical super-packet.
-    for (i, p) in pkts.iter().enumerate() {
-        bufs[i][OFF..OFF + p.len()].copy_from_slice(p);
-        lens[i] = p.len();
-    }
+    load(&pkts, &mut bufs, &mut lens, OFF);
     gro.coalesce(&mut bufs, &mut lens, OFF, false, &mut tw);
     reset_tunrs(&mut tbufs);
     table.apply_gro(&mut tbufs, OFF, true).unwrap();
@@ -136,30 +132,27 @@ fn bench_coalesce(c: &mut Criterion) {
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("turbotun", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                for (i, p) in pkts.iter().enumerate() {
-                    bufs[i][OFF..OFF + p.len()].copy_from_slice(p);
-                    lens[i] = p.len();
-                }
-                let t = Instant::now();
-                black_box(gro.coalesce(&mut bufs, &mut lens, OFF, false, &mut tw));
-                total += t.elapsed();
-            }
-            total
+            time_after_reset(
+                iters,
+                &mut (&mut bufs, &mut lens),
+                |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                |(bufs, lens)| {
+                    black_box(gro.coalesce(bufs, lens, OFF, false, &mut tw));
+                },
+            )
         })
     });
     g.bench_function("tun-rs", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                reset_tunrs(&mut tbufs);
-                let t = Instant::now();
-                table.apply_gro(&mut tbufs, OFF, true).unwrap();
-                black_box(&tbufs);
-                total += t.elapsed();
-            }
-            total
+            time_after_reset(
+                iters,
+                &mut tbufs,
+                |t| reset_tunrs(t),
+                |t| {
+                    table.apply_gro(t, OFF, true).unwrap();
+                    black_box(&t);
+                },
+            )
         })
     });
     g.finish();

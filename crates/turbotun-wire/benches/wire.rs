@@ -4,9 +4,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 use turbotun_wire::checksum;
-use turbotun_wire::fuzzing::{payload, Spec};
+use turbotun_wire::fuzzing::{load, payload, time_after_reset, Spec};
 use turbotun_wire::{Framing, Gro, GroConfig, Splitter};
 
 const OFF: usize = 12;
@@ -82,16 +81,14 @@ fn bench_coalesce(c: &mut Criterion) {
         let name = if valid { "checksums_valid" } else { "verify_checksums" };
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    for (i, p) in pkts.iter().enumerate() {
-                        bufs[i][OFF..OFF + p.len()].copy_from_slice(p);
-                        lens[i] = p.len();
-                    }
-                    let t = Instant::now();
-                    black_box(gro.coalesce(&mut bufs, &mut lens, OFF, valid, &mut tw));
-                    total += t.elapsed();
-                }
+                let total = time_after_reset(
+                    iters,
+                    &mut (&mut bufs, &mut lens),
+                    |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                    |(bufs, lens)| {
+                        black_box(gro.coalesce(bufs, lens, OFF, valid, &mut tw));
+                    },
+                );
                 assert_eq!(tw, vec![0]);
                 total
             })

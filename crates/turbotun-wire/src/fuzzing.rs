@@ -472,3 +472,29 @@ pub fn gro_coalesce(data: &[u8]) {
     // Reuse with the same engine must not panic either.
     let _ = gro.coalesce(&mut bufs, &mut lens, offset, checksums_valid, &mut to_write);
 }
+
+/// For criterion's `iter_custom`: runs `reset` then `work` on `state` `iters` times and returns the time spent
+/// in `work` alone (coalescing changes its input, which must be rebuilt outside the measurement).
+pub fn time_after_reset<S>(
+    iters: u64,
+    state: &mut S,
+    mut reset: impl FnMut(&mut S),
+    mut work: impl FnMut(&mut S),
+) -> std::time::Duration {
+    let mut total = std::time::Duration::ZERO;
+    for _ in 0..iters {
+        reset(state);
+        let t = std::time::Instant::now();
+        work(state);
+        total += t.elapsed();
+    }
+    total
+}
+
+/// Copies `pkts` into `bufs[i][off..]` and sets `lens` (a batch to coalesce, rebuilt before each run).
+pub fn load(pkts: &[Vec<u8>], bufs: &mut [Vec<u8>], lens: &mut [usize], off: usize) {
+    for (i, p) in pkts.iter().enumerate() {
+        bufs[i][off..off + p.len()].copy_from_slice(p);
+        lens[i] = p.len();
+    }
+}
