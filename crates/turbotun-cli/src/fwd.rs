@@ -10,6 +10,7 @@ use serde::Serialize;
 use turbotun::batch::{BatchStats, RecvBatch, SendBatch, BATCH_SIZE};
 use turbotun::queue::MAX_PACKET;
 use turbotun::tokio::AsyncQueue;
+use turbotun::wire::virtio_net::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 use turbotun::{DeviceBuilder, Error, Mode, Offloads, Queue};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -106,7 +107,7 @@ struct CountersJson {
 }
 
 /// Virtio header room in front of every buffer.
-const VNET_HDR: usize = 10;
+const VNET_HDR: usize = VIRTIO_NET_HDR_LEN;
 /// How long a worker waits for a packet before it looks at the stop flag again.
 const POLL: Duration = Duration::from_millis(100);
 /// How often a worker asleep in a blocking read is signalled at shutdown (a signal can land just before it
@@ -414,7 +415,7 @@ fn forward_raw_loop(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, t
             Err(e) => return Err(e),
         };
         t.reads += 1;
-        if hdr > 0 && n > hdr && buf[1] != 0 {
+        if hdr > 0 && n > hdr && VirtioNetHdr::new_unchecked(&buf[..n]).is_gso() {
             t.super_packets += 1;
         }
         match send_raw_waiting(dst, &buf[..n], stop) {
@@ -495,32 +496,51 @@ fn send_raw_waiting(dst: &Queue, frame: &[u8], stop: &AtomicBool) -> Result<(), 
     }
 }
 
-/// Turns the batch layer's cumulative counters into the shared ones, once per batch.
-#[derive(Debug, Default)]
+/// Turns the batch layer's cumulative counters into the shared ones every `flush_every` packets (and at the end):
+/// the shared atomics sit on one cache line that both directions write, so a batch of one small packet would
+/// otherwise pay a dozen contended adds.
+#[derive(Debug)]
 struct Accounting {
     last_rx: BatchStats,
     last_tx: BatchStats,
-    last_reads: u64,
+    packets: u64,
+    bytes: u64,
+    flush_every: u64,
 }
 
 impl Accounting {
-    fn record(&mut self, c: &Counters, src: &Queue, packets: usize, bytes: usize, rx: &RecvBatch, tx: &SendBatch) {
+    fn new(flush_every: u64) -> Self {
+        Accounting { last_rx: BatchStats::default(), last_tx: BatchStats::default(), packets: 0, bytes: 0, flush_every }
+    }
+
+    fn record(&mut self, c: &Counters, packets: usize, bytes: usize, rx: &RecvBatch, tx: &SendBatch) {
+        self.packets += packets as u64;
+        self.bytes += bytes as u64;
+        if self.packets >= self.flush_every {
+            self.flush(c, rx, tx);
+        }
+    }
+
+    fn flush(&mut self, c: &Counters, rx: &RecvBatch, tx: &SendBatch) {
         let (r, t, lr, lt) = (rx.stats(), tx.stats(), self.last_rx, self.last_tx);
-        let reads = src.stats().rx_packets;
-        c.reads.fetch_add(reads - self.last_reads, Ordering::Relaxed);
-        self.last_reads = reads;
-        c.packets.fetch_add(packets as u64, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        c.super_packets.fetch_add(r.super_packets - lr.super_packets, Ordering::Relaxed);
-        c.zero_copy_splits.fetch_add(r.zero_copy_splits - lr.zero_copy_splits, Ordering::Relaxed);
-        c.segments.fetch_add(r.segments - lr.segments, Ordering::Relaxed);
-        c.malformed.fetch_add(r.malformed - lr.malformed, Ordering::Relaxed);
-        c.coalesced.fetch_add(t.coalesced - lt.coalesced, Ordering::Relaxed);
-        c.writes.fetch_add(t.writes - lt.writes, Ordering::Relaxed);
-        c.drops.fetch_add(t.dropped - lt.dropped, Ordering::Relaxed);
-        c.gro_fallbacks.fetch_add(t.gro_fallbacks - lt.gro_fallbacks, Ordering::Relaxed);
-        self.last_rx = r;
-        self.last_tx = t;
+        for (shared, local) in [
+            (&c.reads, r.reads - lr.reads),
+            (&c.packets, self.packets),
+            (&c.bytes, self.bytes),
+            (&c.super_packets, r.super_packets - lr.super_packets),
+            (&c.zero_copy_splits, r.zero_copy_splits - lr.zero_copy_splits),
+            (&c.segments, r.segments - lr.segments),
+            (&c.malformed, r.malformed - lr.malformed),
+            (&c.coalesced, t.coalesced - lt.coalesced),
+            (&c.writes, t.writes - lt.writes),
+            (&c.drops, t.dropped - lt.dropped),
+            (&c.gro_fallbacks, t.gro_fallbacks - lt.gro_fallbacks),
+        ] {
+            if local > 0 {
+                shared.fetch_add(local, Ordering::Relaxed);
+            }
+        }
+        (self.last_rx, self.last_tx, self.packets, self.bytes) = (r, t, 0, 0);
     }
 }
 
@@ -536,17 +556,22 @@ fn forward_offload(src: &Queue, dst: &Queue, stop: &AtomicBool, c: &Counters, ba
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; batch];
     let (mut rx, mut tx) = (RecvBatch::new(src), SendBatch::new(dst));
-    let mut accounting = Accounting::default();
-    while !stop.load(Ordering::Relaxed) {
-        let got = rx.recv_many(src, &mut bufs, &mut lens, VNET_HDR, Some(POLL))?;
-        if got.packets == 0 {
-            continue;
+    let mut accounting = Accounting::new(Tally::FLUSH_EVERY);
+    let result = (|| {
+        while !stop.load(Ordering::Relaxed) {
+            let got = rx.recv_many(src, &mut bufs, &mut lens, VNET_HDR, Some(POLL))?;
+            if got.packets == 0 {
+                accounting.flush(c, &rx, &tx);
+                continue;
+            }
+            let bytes: usize = lens[..got.packets].iter().sum();
+            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
+            accounting.record(c, got.packets, bytes, &rx, &tx);
         }
-        let bytes: usize = lens[..got.packets].iter().sum();
-        tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
-        accounting.record(c, src, got.packets, bytes, &rx, &tx);
-    }
-    Ok(())
+        Ok(())
+    })();
+    accounting.flush(c, &rx, &tx);
+    result
 }
 
 /// The same loop as [`forward_offload`], awaiting readiness through tokio.
@@ -555,7 +580,8 @@ async fn forward_offload_async(src: &AsyncQueue, dst: &AsyncQueue, c: &Counters,
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; batch];
     let (mut rx, mut tx) = (RecvBatch::new(src.get_ref()), SendBatch::new(dst.get_ref()));
-    let mut accounting = Accounting::default();
+    // The tasks are never joined (see `run`), so they add their counts after every batch.
+    let mut accounting = Accounting::new(1);
     loop {
         let got = src.recv_batch(&mut rx, &mut bufs, &mut lens, VNET_HDR).await?;
         if got.packets == 0 {
@@ -563,6 +589,6 @@ async fn forward_offload_async(src: &AsyncQueue, dst: &AsyncQueue, c: &Counters,
         }
         let bytes: usize = lens[..got.packets].iter().sum();
         dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
-        accounting.record(c, src.get_ref(), got.packets, bytes, &rx, &tx);
+        accounting.record(c, got.packets, bytes, &rx, &tx);
     }
 }

@@ -266,7 +266,7 @@ pub fn create(args: &CreateArgs) -> Result<()> {
         builder = builder.queues(2);
     }
     if args.vnet_hdr {
-        builder = builder.vnet_hdr(10);
+        builder = builder.vnet_hdr(turbotun::wire::virtio_net::VIRTIO_NET_HDR_LEN);
     }
     if let Some(uid) = args.owner {
         builder = builder.owner(uid);
@@ -304,7 +304,7 @@ pub fn delete(args: &DeleteArgs) -> Result<()> {
         .packet_info(!has("no_pi"))
         .queues(if has("multi_queue") { 2 } else { 1 });
     if has("vnet_hdr") {
-        builder = builder.vnet_hdr(10);
+        builder = builder.vnet_hdr(turbotun::wire::virtio_net::VIRTIO_NET_HDR_LEN);
     }
     let device = builder.open()?;
     device.set_persist(false)?;

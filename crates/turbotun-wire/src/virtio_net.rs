@@ -91,6 +91,10 @@ impl<T: AsRef<[u8]>> VirtioNetHdr<T> {
     pub fn gso_type(&self) -> u8 {
         self.buffer.as_ref()[field::GSO_TYPE]
     }
+    /// Whether the packet behind this header is a GSO super-packet (any gso_type but NONE, ECN bit aside).
+    pub fn is_gso(&self) -> bool {
+        self.gso_type() & !gso::ECN != gso::NONE
+    }
     /// `hdr_len` (not trustworthy: see [`crate::gso`]).
     pub fn hdr_len(&self) -> u16 {
         le16(self.buffer.as_ref(), field::HDR_LEN)
@@ -215,6 +219,11 @@ impl VirtioNetHdrRepr {
     /// `gso_type` without the ECN bit.
     pub fn gso_kind(&self) -> u8 {
         self.gso_type & !gso::ECN
+    }
+
+    /// Whether this is a GSO super-packet's header (any gso_type but NONE, ECN bit aside).
+    pub fn is_gso(&self) -> bool {
+        self.gso_kind() != gso::NONE
     }
 
     /// Whether `NEEDS_CSUM` is set.

@@ -37,6 +37,8 @@ fn framing(mode: Mode) -> Framing {
 /// Counters of the batch layer (the queue's own counters count fd reads and writes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchStats {
+    /// Reads that returned a frame (this batch object's own, however many threads share the queue).
+    pub reads: u64,
     /// Reads that returned a GSO super-packet.
     pub super_packets: u64,
     /// Of those, the ones split without copying a payload byte: the read scattered each segment's payload into
@@ -237,7 +239,7 @@ impl RecvBatch {
             return Ok(Scattered::Malformed);
         };
         let in_bufs = h + g + (k - 1) * g;
-        if hdr.gso_type & !gso::ECN == gso::NONE {
+        if !hdr.is_gso() {
             if len > h + g {
                 self.reassemble(bufs, offset, h, g, k, len);
                 return Ok(Scattered::InScratch { hdr, len });
@@ -406,6 +408,7 @@ impl RecvBatch {
             return Err(Error::BufferTooSmall { have: buf.len(), need: offset + 1 });
         };
         let (hdr, len) = queue.recv_with_hdr_inner(data, nowait)?;
+        self.stats.reads += 1;
         Ok(self.deliver_whole(&hdr, &mut data[..len], &mut lens[0]))
     }
 
@@ -429,13 +432,14 @@ impl RecvBatch {
     /// header, or `None` (counted as malformed) for a short read, a length beyond the scratch buffer (a
     /// truncated frame can report its full length) or a bad header.
     fn frame(&mut self, queue: &Queue, head: &[u8], n: usize) -> Option<(VirtioNetHdrRepr, usize)> {
+        self.stats.reads += 1;
         let parsed = n
             .checked_sub(head.len())
             .filter(|&len| len <= self.scratch.len())
             .inspect(|&len| queue.count_rx(1, len as u64))
             .and_then(|len| Some((VirtioNetHdrRepr::parse(head).ok()?, len)));
         match parsed {
-            Some((hdr, _)) if hdr.gso_type & !gso::ECN != gso::NONE => self.stats.super_packets += 1,
+            Some((hdr, _)) if hdr.is_gso() => self.stats.super_packets += 1,
             Some(_) => {}
             None => self.stats.malformed += 1,
         }
@@ -777,7 +781,7 @@ impl SendBatch {
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.vnet_hdr_len > 0 => {
                 let hdr = VirtioNetHdrRepr::parse(&frame[..self.vnet_hdr_len]).unwrap_or_default();
-                let kind = hdr.gso_type & !gso::ECN;
+                let kind = hdr.gso_kind();
                 if kind == gso::NONE {
                     self.drop_one(queue, "kernel refused the packet (EINVAL)", e);
                     return Ok(());

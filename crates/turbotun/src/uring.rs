@@ -15,6 +15,8 @@
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+use turbotun_wire::virtio_net::VirtioNetHdr;
+
 use crate::error::{queue_io_error, Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::sys::uring::{Completion, ForwardRing, Op};
@@ -137,10 +139,9 @@ impl UringForwarder {
                     }
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                // Byte 1 of the virtio header is gso_type; anything but NONE (0) is a super-packet.
                 if self.vnet_hdr_len > 0
                     && n > self.vnet_hdr_len
-                    && self.ring.slot(slot).is_some_and(|b| b[1] & 0x7f != 0)
+                    && self.ring.slot(slot).is_some_and(|b| VirtioNetHdr::new_unchecked(b).is_gso())
                 {
                     self.stats.super_packets += 1;
                 }
