@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
-use crate::error::{validate_ifname, Error, Result};
+use crate::error::{permission_or_io, validate_ifname, Error, Result};
 use crate::queue::Queue;
 use crate::sys::{self, iff, tun_f};
 
@@ -214,25 +214,15 @@ impl Capabilities {
 
 fn scratch_device(flags: u16) -> Result<OwnedFd> {
     let fd = open_tun(false)?;
-    sys::tun_set_iff(fd.as_fd(), "ttprobe%d", flags).map_err(|e| create_error("creating a probe device", e))?;
+    sys::tun_set_iff(fd.as_fd(), "ttprobe%d", flags).map_err(|e| permission_or_io("creating a probe device", e))?;
     Ok(fd)
 }
 
 pub(crate) fn open_tun(nonblocking: bool) -> Result<OwnedFd> {
     sys::open_rdwr(c"/dev/net/tun", nonblocking).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENXIO) | Some(libc::ENODEV) => Error::NoTunDevice,
-        Some(libc::EACCES) | Some(libc::EPERM) => {
-            Error::PermissionDenied { action: "opening /dev/net/tun".into(), source: e }
-        }
-        _ => Error::io("opening /dev/net/tun", e),
+        _ => permission_or_io("opening /dev/net/tun", e),
     })
-}
-
-fn create_error(action: &str, e: io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: action.to_string(), source: e },
-        _ => Error::io(action, e),
-    }
 }
 
 /// Builds and opens a TUN or TAP device. Defaults: `IFF_NO_PI`, no virtio header, one queue, kernel-chosen name,
@@ -494,13 +484,13 @@ impl DeviceBuilder {
             }
         }
         if let Some(persist) = self.persist {
-            sys::tun_set_persist(ctl, persist).map_err(|e| create_error("TUNSETPERSIST", e))?;
+            sys::tun_set_persist(ctl, persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))?;
         }
         if let Some(uid) = self.owner {
-            sys::tun_set_owner(ctl, uid).map_err(|e| create_error("TUNSETOWNER", e))?;
+            sys::tun_set_owner(ctl, uid).map_err(|e| permission_or_io("TUNSETOWNER", e))?;
         }
         if let Some(gid) = self.group {
-            sys::tun_set_group(ctl, gid).map_err(|e| create_error("TUNSETGROUP", e))?;
+            sys::tun_set_group(ctl, gid).map_err(|e| permission_or_io("TUNSETGROUP", e))?;
         }
         if let Some(bytes) = self.sndbuf {
             for fd in &fds {
@@ -595,7 +585,7 @@ impl Device {
         &self.notes
     }
     pub fn set_persist(&self, persist: bool) -> Result<()> {
-        sys::tun_set_persist(self.ctl(), persist).map_err(|e| create_error("TUNSETPERSIST", e))
+        sys::tun_set_persist(self.ctl(), persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))
     }
     pub fn set_carrier(&self, carrier: bool) -> Result<()> {
         sys::tun_set_carrier(self.ctl(), carrier).map_err(|e| Error::io("TUNSETCARRIER", e))
@@ -606,7 +596,7 @@ impl Device {
     }
     /// The network namespace the device lives in now (`TUNGETDEVNETNS`), as an fd usable with `setns`.
     pub fn netns(&self) -> Result<OwnedFd> {
-        sys::tun_get_dev_netns(self.ctl()).map_err(|e| create_error("TUNGETDEVNETNS", e))
+        sys::tun_get_dev_netns(self.ctl()).map_err(|e| permission_or_io("TUNGETDEVNETNS", e))
     }
     /// The virtio header size as the kernel reports it now (`TUNGETVNETHDRSZ`).
     pub fn kernel_vnet_hdr_len(&self) -> Result<usize> {

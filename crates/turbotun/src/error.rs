@@ -50,15 +50,17 @@ pub enum Error {
     #[error("netlink {context}: {source}")]
     Netlink { context: String, source: io::Error },
 
+    /// `context` is borrowed for the would-block and interrupted errors a non-blocking or woken queue returns
+    /// all the time, so that they allocate nothing.
     #[error("{context}: {source}")]
-    Io { context: String, source: io::Error },
+    Io { context: std::borrow::Cow<'static, str>, source: io::Error },
 }
 
 /// Shorthand for `Result<T, turbotun::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<std::borrow::Cow<'static, str>>, source: io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
 
@@ -86,7 +88,18 @@ pub(crate) fn queue_io_error(name: &str, op: &'static str, err: io::Error) -> Er
         // A reader asleep on a blocking queue is woken with EFAULT when the device is deleted under it.
         Some(libc::EFAULT) if op == "read" => Error::DeviceGone { name: name.to_string() },
         Some(libc::EIO) if op == "write" => Error::DeviceDown { name: name.to_string() },
+        // "Try again" is not a failure: the caller checks it and moves on, so the context names only the call.
+        _ if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Error::io(op, err),
         _ => Error::io(format!("{op} on {name}"), err),
+    }
+}
+
+/// EPERM/EACCES as [`Error::PermissionDenied`] (the action needs CAP_NET_ADMIN or the device's owner), anything
+/// else as an I/O error with the same context.
+pub(crate) fn permission_or_io(action: impl Into<String>, e: io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: action.into(), source: e },
+        _ => Error::io(action.into(), e),
     }
 }
 

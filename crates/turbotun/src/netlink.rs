@@ -140,7 +140,10 @@ impl Netlink {
             scope
                 .spawn(|| {
                     sys::setns_net(ns.as_fd()).map_err(|e| {
-                        permission_or_io(format!("entering network namespace {}", netns_file.display()), e)
+                        crate::error::permission_or_io(
+                            format!("entering network namespace {}", netns_file.display()),
+                            e,
+                        )
                     })?;
                     Netlink::new()
                 })
@@ -211,7 +214,7 @@ impl Netlink {
 
     /// The hardware address (TAP devices; a TUN device has none and the kernel refuses).
     pub fn set_mac(&mut self, name: &str, mac: [u8; 6]) -> Result<()> {
-        let context = format!("setting the MAC address of {name} to {}", format_mac(&mac));
+        let context = format!("setting the MAC address of {name} to {}", mac_to_string(&mac));
         self.set_link_attribute(name, LinkAttribute::Address(mac.to_vec()), &context)
     }
 
@@ -390,22 +393,11 @@ fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
     sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
 }
 
-fn permission_or_io(context: String, e: std::io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context, source: e },
-        _ => Error::io(context, e),
-    }
-}
-
 fn netlink_error(context: &str, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context.to_string(), source: e },
         _ => Error::Netlink { context: context.to_string(), source: e },
     }
-}
-
-fn format_mac(mac: &[u8]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 fn link_info(msg: &LinkMessage) -> LinkInfo {
@@ -457,5 +449,5 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
 
 /// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
 pub fn mac_to_string(mac: &[u8; 6]) -> String {
-    format_mac(mac)
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
