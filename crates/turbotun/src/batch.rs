@@ -298,8 +298,8 @@ impl RecvBatch {
     fn read_into_scratch(&mut self, queue: &Queue, nowait: bool) -> Result<Scattered> {
         let mut head = [0u8; MAX_VNET_HDR];
         let head = &mut head[..self.vnet_hdr_len];
-        let read = if nowait { sys::read2_nowait } else { sys::read2 };
-        let n = read(queue.as_fd(), head, &mut self.scratch).map_err(|e| queue_io_error(queue.name(), "read", e))?;
+        let n = sys::read2(queue.as_fd(), head, &mut self.scratch, nowait)
+            .map_err(|e| queue_io_error(queue.name(), "read", e))?;
         Ok(match self.frame(queue, head, n) {
             Some((hdr, len)) => Scattered::InScratch { hdr, len },
             None => Scattered::Malformed,

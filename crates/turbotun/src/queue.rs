@@ -147,8 +147,7 @@ impl Queue {
         }
         let mut head = [0u8; MAX_VNET_HDR];
         let head = &mut head[..self.vnet_hdr_len];
-        let read = if nowait { sys::read2_nowait } else { sys::read2 };
-        let n = read(self.fd.as_fd(), head, buf).map_err(|e| self.rx_error("read", e))?;
+        let n = sys::read2(self.fd.as_fd(), head, buf, nowait).map_err(|e| self.rx_error("read", e))?;
         if n < head.len() {
             self.rx.errors.fetch_add(1, Ordering::Relaxed);
             return Err(Error::MalformedPacket(format!("{}: short read of {n} bytes", self.name)));
@@ -169,7 +168,7 @@ impl Queue {
     /// Like [`Self::recv_raw`], but returns a would-block error instead of sleeping even on a blocking queue
     /// (`RWF_NOWAIT`). Kernels without it give an error for which [`is_nowait_unsupported`] is true.
     pub fn try_recv_raw(&self, buf: &mut [u8]) -> Result<usize> {
-        let n = sys::read2_nowait(self.fd.as_fd(), &mut [], buf).map_err(|e| self.rx_error("read", e))?;
+        let n = sys::read2(self.fd.as_fd(), &mut [], buf, true).map_err(|e| self.rx_error("read", e))?;
         self.rx.add(1, n as u64);
         Ok(n)
     }

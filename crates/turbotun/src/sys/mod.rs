@@ -231,24 +231,25 @@ pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
 }
 
-/// One read scattered into a small header buffer and a data buffer (the virtio header and the packet).
-pub fn read2(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8]) -> io::Result<usize> {
+/// One read scattered into a small header buffer (may be empty) and a data buffer (the virtio header and the
+/// packet). With `nowait` it never sleeps, even on a blocking fd (`preadv2` with `RWF_NOWAIT`; the tun driver
+/// honours `IOCB_NOWAIT` the way it honours `O_NONBLOCK`): `EOPNOTSUPP` on kernels or files without it.
+pub fn read2(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8], nowait: bool) -> io::Result<usize> {
     let iov = [
         libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: head.len() },
         libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() },
     ];
-    // SAFETY: both iovecs describe live, exclusively borrowed buffers of the stated lengths.
-    cvt_size(unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), 2) })
+    let count = if head.is_empty() { 1 } else { 2 };
+    let iov = &iov[2 - count..];
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    // SAFETY: the iovecs describe live, exclusively borrowed buffers of the stated lengths; offset -1 means
+    // "the current position", which a character device ignores.
+    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, flags) })
 }
 
 /// One write gathered from a header and a data buffer.
 pub fn write2(fd: BorrowedFd<'_>, head: &[u8], data: &[u8]) -> io::Result<usize> {
-    let iov = [
-        libc::iovec { iov_base: head.as_ptr() as *mut libc::c_void, iov_len: head.len() },
-        libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() },
-    ];
-    // SAFETY: both iovecs describe live buffers of the stated lengths; writev only reads them.
-    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) })
+    writev(fd, &[std::io::IoSlice::new(head), std::io::IoSlice::new(data)])
 }
 
 /// Readiness a caller can wait for with [`poll`].
@@ -367,20 +368,6 @@ pub fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<u
     cvt_size(unsafe { libc::writev(fd.as_raw_fd(), bufs.as_ptr().cast::<libc::iovec>(), count) })
 }
 
-/// One read like [`read2`] that never sleeps, even on a blocking fd (`preadv2` with `RWF_NOWAIT`; the tun
-/// driver honours `IOCB_NOWAIT` the way it honours `O_NONBLOCK`). `EOPNOTSUPP` on kernels or files without it.
-pub fn read2_nowait(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8]) -> io::Result<usize> {
-    let iov = [
-        libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: head.len() },
-        libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() },
-    ];
-    let count = if head.is_empty() { 1 } else { 2 };
-    let iov = &iov[2 - count..];
-    // SAFETY: the iovecs describe live, exclusively borrowed buffers of the stated lengths; offset -1 means
-    // "the current position", which a character device ignores.
-    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, libc::RWF_NOWAIT) })
-}
-
 /// The signal that interrupts a thread blocked in a read (see [`install_wake_handler`]). A real-time signal
 /// above the ones glibc keeps for itself, so that it does not collide with an application's SIGUSR1/2.
 pub fn wake_signal() -> libc::c_int {
@@ -438,7 +425,7 @@ pub(crate) fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<
 pub const MAX_SCATTER: usize = 66;
 
 /// One read scattered over `parts` in order (at most [`MAX_SCATTER`]); with `nowait` it never sleeps
-/// (`RWF_NOWAIT`, see [`read2_nowait`]).
+/// (`RWF_NOWAIT`, see [`read2`]).
 pub fn read_scattered<'a>(
     fd: BorrowedFd<'_>,
     parts: impl IntoIterator<Item = &'a mut [u8]>,
