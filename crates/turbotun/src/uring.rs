@@ -105,8 +105,7 @@ impl UringForwarder {
         // stranded; the first error is returned at the end.
         let mut first_error = None;
         for i in 0..self.completions.len() {
-            let Completion { slot, op, ref result } = self.completions[i];
-            let result = result.as_ref().map(|&n| n).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+            let Completion { slot, op, result } = self.completions[i];
             if let Err(e) = self.handle(op, slot, result) {
                 first_error.get_or_insert(e);
             }

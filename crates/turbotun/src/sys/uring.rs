@@ -36,12 +36,12 @@ pub enum Op {
     Write,
 }
 
-/// One completion: the slot (for a failed read: none), the operation, and its result.
+/// One completion: the slot (for a failed read: none), the operation, and its result: bytes moved, or the errno.
 #[derive(Debug)]
 pub struct Completion {
     pub slot: Option<usize>,
     pub op: Op,
-    pub result: io::Result<usize>,
+    pub result: Result<usize, i32>,
 }
 
 const READ_TAG: u64 = 1 << 32;
@@ -299,7 +299,7 @@ impl ForwardRing {
     pub fn reap(&mut self, out: &mut Vec<Completion>) {
         for cqe in self.ring.completion() {
             let (data, res, flags) = (cqe.user_data(), cqe.result(), cqe.flags());
-            let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+            let result = if res < 0 { Err(-res) } else { Ok(res as usize) };
             match data {
                 READ_TAG => {
                     if !io_uring::cqueue::more(flags) {
