@@ -4,10 +4,8 @@
 //! The API is synchronous: one `NETLINK_ROUTE` socket, one request at a time, each acknowledged before the call
 //! returns, so an error names the request that failed.
 
-use std::ffi::CString;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use netlink_packet_core::{
@@ -22,7 +20,6 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::error::{Error, Result};
-use crate::sys;
 
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
 /// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
@@ -135,21 +132,7 @@ impl Netlink {
     /// A socket stays in the namespace it was created in, so a short-lived thread enters the namespace, opens it
     /// and exits; the caller's own namespace is never changed.
     pub fn in_netns(netns_file: &Path) -> Result<Self> {
-        let ns = open_netns(netns_file)?;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    sys::setns_net(ns.as_fd()).map_err(|e| {
-                        crate::error::permission_or_io(
-                            format!("entering network namespace {}", netns_file.display()),
-                            e,
-                        )
-                    })?;
-                    Netlink::new()
-                })
-                .join()
-                .unwrap_or_else(|_| Err(Error::InvalidConfig("netlink thread panicked".into())))
-        })
+        crate::netns::with_netns(netns_file, Netlink::new)?
     }
 
     /// The index of the interface with this name.
@@ -221,7 +204,7 @@ impl Netlink {
     /// Moves the interface into the network namespace named by `netns_file`. The kernel flushes its addresses and
     /// sets it down; configure it again inside the namespace. Open queue fds stay attached.
     pub fn move_to_netns(&mut self, name: &str, netns_file: &Path) -> Result<()> {
-        let ns = open_netns(netns_file)?;
+        let ns = crate::netns::open_netns(netns_file)?;
         let context = format!("moving {name} to network namespace {}", netns_file.display());
         self.set_link_attribute(name, LinkAttribute::NetNsFd(ns.as_raw_fd()), &context)
     }
@@ -385,12 +368,6 @@ fn family(addr: IpAddr) -> AddressFamily {
         IpAddr::V4(_) => AddressFamily::Inet,
         IpAddr::V6(_) => AddressFamily::Inet6,
     }
-}
-
-fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::InvalidConfig(format!("namespace path {} contains a NUL byte", path.display())))?;
-    sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
 }
 
 fn netlink_error(context: &str, e: std::io::Error) -> Error {

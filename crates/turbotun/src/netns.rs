@@ -41,21 +41,22 @@ where
     F: FnOnce() -> R + Send,
     R: Send,
 {
-    let c = std::ffi::CString::new(netns_file.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::InvalidConfig(format!("{} contains a NUL byte", netns_file.display())))?;
-    let ns = sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening {}", netns_file.display()), e))?;
+    let ns = open_netns(netns_file)?;
     run_on_thread(
         || {
-            sys::setns_net(ns.as_fd()).map_err(|e| match e.raw_os_error() {
-                Some(libc::EPERM) => Error::PermissionDenied {
-                    action: format!("entering network namespace {}", netns_file.display()),
-                    source: e,
-                },
-                _ => Error::io(format!("setns {}", netns_file.display()), e),
+            sys::setns_net(ns.as_fd()).map_err(|e| {
+                crate::error::permission_or_io(format!("entering network namespace {}", netns_file.display()), e)
             })
         },
         f,
     )
+}
+
+/// Opens a namespace file (`/run/netns/NAME`, `/proc/PID/ns/net`) for `setns` or `IFLA_NET_NS_FD`.
+pub(crate) fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::InvalidConfig(format!("namespace path {} contains a NUL byte", path.display())))?;
+    sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
 }
 
 fn run_on_thread<S, F, R>(setup: S, f: F) -> Result<R>
