@@ -17,7 +17,7 @@ mod topo;
 
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -219,15 +219,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             for m in &selected {
                 pb.set_message(format!("rep {rep}/{reps} {} {}", t.label, m.label));
                 let rec = if let Some((_, why)) = broken.iter().find(|(b, _)| *b == m.label) {
-                    RunRecord {
-                        mode: m.label.clone(),
-                        family: m.family.into(),
-                        traffic: t.label.into(),
-                        rep,
-                        ipv6: args.ipv6,
-                        error: Some(format!("skipped: {why}")),
-                        ..Default::default()
-                    }
+                    RunRecord { error: Some(format!("skipped: {why}")), ..run_record(m, t, rep, args.ipv6) }
                 } else {
                     match run_one(&mut ctx, m, t, rep, None) {
                         Ok(r) => r,
@@ -241,15 +233,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                             if m.is_forwarder() && (msg.contains("before `ready`") || msg.contains("print `ready`")) {
                                 broken.push((m.label.clone(), msg.clone()));
                             }
-                            RunRecord {
-                                mode: m.label.clone(),
-                                family: m.family.into(),
-                                traffic: t.label.into(),
-                                rep,
-                                ipv6: args.ipv6,
-                                error: Some(msg),
-                                ..Default::default()
-                            }
+                            RunRecord { error: Some(msg), ..run_record(m, t, rep, args.ipv6) }
                         }
                     }
                 };
@@ -297,7 +281,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ipv6: args.ipv6,
         modes: mode_list.iter().map(|m| m.0.clone()).collect(),
         traffic: traffic.iter().map(|t| t.label.to_string()).collect(),
-        not_available: unavailable.iter().map(Into::into).collect(),
+        not_available: unavailable.clone(),
         runs,
         summary,
     };
@@ -404,8 +388,7 @@ fn run_in_ns(
     timeout: Duration,
     stop: &AtomicBool,
 ) -> Result<(String, std::process::ExitStatus)> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns])
+    let mut child = topo::ns_command(ns)
         .args(cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -429,19 +412,24 @@ fn run_in_ns(
     Ok((out.join().unwrap_or_default(), status))
 }
 
+/// The record of one (mode, traffic, repetition), before anything is measured.
+fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
+    RunRecord {
+        mode: mode.label.clone(),
+        family: mode.family.into(),
+        traffic: t.label.into(),
+        rep,
+        ipv6,
+        ..Default::default()
+    }
+}
+
 /// One run: topology, forwarder, iperf3 server and client, samples before and after the window.
 fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
     let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
-    let mut rec = RunRecord {
-        mode: mode.label.clone(),
-        family: mode.family.into(),
-        traffic: t.label.into(),
-        rep,
-        ipv6: ctx.ipv6,
-        ..Default::default()
-    };
+    let mut rec = run_record(mode, t, rep, ctx.ipv6);
 
     // Server in B bound to B's address: iperf3 for one test, or our UDP sink.
     let srv_log = std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
@@ -460,8 +448,7 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
     } else {
         vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
     };
-    let mut server = Command::new("ip")
-        .args(["netns", "exec", &topo.ns_b])
+    let mut server = topo::ns_command(&topo.ns_b)
         .args(&server_cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

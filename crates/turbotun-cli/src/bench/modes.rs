@@ -64,7 +64,7 @@ impl Mode {
 }
 
 /// A mode the bench knows about but cannot run here, and why.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Unavailable {
     pub mode: String,
     pub reason: String,

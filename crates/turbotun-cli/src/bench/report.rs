@@ -112,21 +112,9 @@ pub struct Report {
     pub ipv6: bool,
     pub modes: Vec<String>,
     pub traffic: Vec<String>,
-    pub not_available: Vec<UnavailableJson>,
+    pub not_available: Vec<Unavailable>,
     pub runs: Vec<RunRecord>,
     pub summary: Vec<Summary>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct UnavailableJson {
-    pub mode: String,
-    pub reason: String,
-}
-
-impl From<&Unavailable> for UnavailableJson {
-    fn from(u: &Unavailable) -> Self {
-        UnavailableJson { mode: u.mode.clone(), reason: u.reason.clone() }
-    }
 }
 
 fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Option<Spread> {
@@ -397,7 +385,7 @@ mod tests {
             ipv6: false,
             modes: modes.iter().map(|m| m.0.clone()).collect(),
             traffic: vec!["tcp".into(), "udp64".into()],
-            not_available: vec![UnavailableJson { mode: "turbotun-uring".into(), reason: "no --io".into() }],
+            not_available: vec![Unavailable { mode: "turbotun-uring".into(), reason: "no --io".into() }],
             runs,
             summary,
         };

@@ -53,6 +53,13 @@ pub fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `ip netns exec NS`, to which the caller adds the command.
+pub fn ns_command(ns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]);
+    c
+}
+
 /// Run a command inside a namespace (`ip netns exec NS ...`).
 pub fn ns_exec(ns: &str, args: &[&str]) -> Result<String> {
     let mut a = vec!["netns", "exec", ns];
