@@ -29,7 +29,7 @@ build_tunrs() {
     if up_to_date "$out" "$dir/Cargo.toml" "$dir/Cargo.lock" "$dir/src"; then
         echo "tunrs-fwd: up to date ($out)" >&2; return 0
     fi
-    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain (rustup) to build the tun-rs peer"
+    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain (https://rustup.rs) to build the tun-rs peer"
     echo "tunrs-fwd: building (cargo build --release, nice)..." >&2
     (cd "$dir" && CARGO_TARGET_DIR="$dir/target" nice -n 15 cargo build --release --locked --quiet) \
         || die "tunrs-fwd: cargo build failed"
@@ -42,7 +42,7 @@ build_wggo() {
     if up_to_date "$out" "$dir/go.mod" "$dir/go.sum" $(find "$dir" -maxdepth 1 -name '*.go'); then
         echo "wggo-fwd: up to date ($out)" >&2; return 0
     fi
-    command -v go >/dev/null 2>&1 || die "go not found: install a Go toolchain to build the wireguard-go peer"
+    command -v go >/dev/null 2>&1 || die "go not found: \`apt-get install golang-go\` to build the wireguard-go peer"
     echo "wggo-fwd: building (go build, nice)..." >&2
     (cd "$dir" && nice -n 15 go build -mod=readonly -trimpath -buildvcs=false -o "$out.tmp" .) \
         || die "wggo-fwd: go build failed"

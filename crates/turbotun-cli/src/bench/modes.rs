@@ -258,17 +258,12 @@ pub fn ensure_peers_built(
             _ => false,
         };
         if missing {
-            let need = match m.family {
-                "wggo" if which("go").is_none() && !Path::new("/usr/local/go/bin/go").is_file() => {
-                    "Go is not installed: `apt-get install golang-go`".to_string()
-                }
-                "tunrs" if which("cargo").is_none() => "cargo is not installed (https://rustup.rs)".to_string(),
-                f => notes
-                    .iter()
-                    .find(|(n, _)| *n == f)
-                    .map(|(_, s)| s.clone())
-                    .unwrap_or_else(|| "peer binary missing".into()),
-            };
+            // build.sh looks for the toolchains where they usually are and names what to install.
+            let need = notes
+                .iter()
+                .find(|(n, _)| *n == m.family)
+                .map(|(_, s)| s.clone())
+                .unwrap_or_else(|| "peer binary missing".into());
             if !unavailable.iter().any(|u| u.mode == m.label) {
                 eprintln!("turbotun bench: skipping {}: {need}", m.label);
                 unavailable.push(Unavailable { mode: m.label, reason: need });
