@@ -756,14 +756,18 @@ impl SendBatch {
                 queue.count_tx(1, (total - self.vnet_hdr_len) as u64);
                 Ok(())
             }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EIO)) => {
-                // The refused-offload and device-down paths work on one contiguous frame.
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                self.drop_one(queue, "device down", e);
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Re-splitting a refused coalesced packet works on one contiguous frame.
                 let mut joined = std::mem::take(&mut self.joined);
                 joined.clear();
                 for piece in &iov[..count] {
                     joined.extend_from_slice(piece);
                 }
-                let result = self.write_one(queue, &joined);
+                let result = self.write_failed(queue, &joined, e);
                 self.joined = joined;
                 result
             }
@@ -779,7 +783,15 @@ impl SendBatch {
                 queue.count_tx(1, (frame.len() - self.vnet_hdr_len) as u64);
                 Ok(())
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.vnet_hdr_len > 0 => {
+            Err(e) => self.write_failed(queue, frame, e),
+        }
+    }
+
+    /// What a refused write of `frame` becomes: EINVAL on a coalesced frame turns that GRO kind off and re-splits
+    /// it, EINVAL on a plain one and EIO (device down) are counted drops; anything else is the caller's error.
+    fn write_failed(&mut self, queue: &Queue, frame: &[u8], e: io::Error) -> Result<()> {
+        match e {
+            e if e.raw_os_error() == Some(libc::EINVAL) && self.vnet_hdr_len > 0 => {
                 let hdr = VirtioNetHdrRepr::parse(&frame[..self.vnet_hdr_len]).unwrap_or_default();
                 let kind = hdr.gso_kind();
                 if kind == gso::NONE {
@@ -797,11 +809,11 @@ impl SendBatch {
                 self.rebuild_gro();
                 self.write_resplit(queue, &hdr, &frame[self.vnet_hdr_len..])
             }
-            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+            e if e.raw_os_error() == Some(libc::EIO) => {
                 self.drop_one(queue, "device down", e);
                 Ok(())
             }
-            Err(e) => Err(queue_io_error(queue.name(), "write", e)),
+            e => Err(queue_io_error(queue.name(), "write", e)),
         }
     }
 
