@@ -57,6 +57,43 @@ fn color(family: &str, index_in_family: usize) -> RGBColor {
     }
 }
 
+/// One bar: median, min and max of the headline metric (none where the mode has no result).
+type Bar = Option<(f64, f64, f64)>;
+
+/// Each mode's bar for one traffic kind, and the panel's y range.
+fn panel_values(modes: &[(&str, &str)], summary: &[Summary], t: &Traffic) -> (Vec<Bar>, f64) {
+    let vals: Vec<Bar> = modes
+        .iter()
+        .map(|(m, _)| {
+            summary
+                .iter()
+                .find(|s| s.mode == *m && s.traffic == t.label)
+                .and_then(|s| s.headline(t.udp))
+                .map(|s| (s.median, s.min, s.max))
+        })
+        .collect();
+    let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
+    (vals, ymax)
+}
+
+/// Each mode's bar colour: its family's hue, a shade per mode within the family.
+fn mode_colors(modes: &[(&str, &str)]) -> Vec<RGBColor> {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    modes
+        .iter()
+        .map(|(_, family)| match seen.iter_mut().find(|(f, _)| f == family) {
+            Some((_, n)) => {
+                *n += 1;
+                color(family, *n)
+            }
+            None => {
+                seen.push((family, 0));
+                color(family, 0)
+            }
+        })
+        .collect()
+}
+
 /// Write the chart to `path` (.svg or .png).
 pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
     let font = register_font();
@@ -107,15 +144,12 @@ where
     DB::ErrorType: 'static,
 {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("chart: {e:?}");
+    let colors = mode_colors(modes);
     root.fill(&WHITE).map_err(e)?;
     let root = root.titled(title, ("sans-serif", 22)).map_err(e)?;
     let panels = root.split_evenly((traffic.len(), 1));
     for (panel, t) in panels.iter().zip(traffic) {
-        let cells: Vec<Option<&Summary>> =
-            modes.iter().map(|(m, _)| summary.iter().find(|s| s.mode == *m && s.traffic == t.label)).collect();
-        let vals: Vec<Option<(f64, f64, f64)>> =
-            cells.iter().map(|c| c.and_then(|s| s.headline(t.udp)).map(|s| (s.median, s.min, s.max))).collect();
-        let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
+        let (vals, ymax) = panel_values(modes, summary, t);
         let unit = if t.udp { "received kpps" } else { "Gbps" };
         let n = modes.len();
         let mut chart = ChartBuilder::on(panel)
@@ -138,22 +172,11 @@ where
             .y_desc(unit)
             .draw()
             .map_err(e)?;
-        let mut fam_idx: Vec<(&str, usize)> = Vec::new();
-        for (i, ((_, family), v)) in modes.iter().zip(&vals).enumerate() {
-            let k = match fam_idx.iter_mut().find(|(f, _)| f == family) {
-                Some((_, c)) => {
-                    *c += 1;
-                    *c
-                }
-                None => {
-                    fam_idx.push((family, 0));
-                    0
-                }
-            };
+        for (i, ((_, _), v)) in modes.iter().zip(&vals).enumerate() {
             let Some((median, min, max)) = *v else {
                 continue;
             };
-            let c = color(family, k);
+            let c = colors[i];
             let mut bar =
                 Rectangle::new([(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), median)], c.filled());
             bar.set_margin(0, 0, 10, 10);
@@ -193,6 +216,7 @@ fn xml_escape(s: &str) -> String {
 fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], title: &str) -> String {
     use std::fmt::Write as _;
     let n = modes.len();
+    let colors = mode_colors(modes);
     let (left, bar_w, gap, panel_h, plot_h) = (70.0, 80.0, 30.0, 360.0, 260.0);
     let width = (left + n as f64 * (bar_w + gap) + 40.0).max(640.0);
     let height = 40.0 + panel_h * traffic.len() as f64;
@@ -211,17 +235,7 @@ fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], t
     for (p, t) in traffic.iter().enumerate() {
         let top = 40.0 + p as f64 * panel_h + 30.0;
         let base = top + plot_h;
-        let vals: Vec<Option<(f64, f64, f64)>> = modes
-            .iter()
-            .map(|(m, _)| {
-                summary
-                    .iter()
-                    .find(|s| s.mode == *m && s.traffic == t.label)
-                    .and_then(|s| s.headline(t.udp))
-                    .map(|s| (s.median, s.min, s.max))
-            })
-            .collect();
-        let ymax = vals.iter().flatten().map(|v| v.2).fold(0.0f64, f64::max).max(1e-3) * 1.15;
+        let (vals, ymax) = panel_values(modes, summary, t);
         let y = |v: f64| base - v / ymax * plot_h;
         let unit = if t.udp { "received kpps" } else { "Gbps" };
         let _ = writeln!(
@@ -243,18 +257,7 @@ fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], t
                 super::stats::fmt_num(v)
             );
         }
-        let mut fam_idx: Vec<(&str, usize)> = Vec::new();
-        for (i, ((mode, family), v)) in modes.iter().zip(&vals).enumerate() {
-            let k = match fam_idx.iter_mut().find(|(f, _)| f == family) {
-                Some((_, c)) => {
-                    *c += 1;
-                    *c
-                }
-                None => {
-                    fam_idx.push((family, 0));
-                    0
-                }
-            };
+        for (i, ((mode, _), v)) in modes.iter().zip(&vals).enumerate() {
             let x = left + gap / 2.0 + i as f64 * (bar_w + gap);
             let cx = x + bar_w / 2.0;
             let _ = writeln!(
@@ -266,7 +269,7 @@ fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], t
             let Some((median, min, max)) = *v else {
                 continue;
             };
-            let c = color(family, k);
+            let c = colors[i];
             let _ = writeln!(
                 o,
                 r#"<rect x="{x}" y="{}" width="{bar_w}" height="{}" fill="rgb({},{},{})"/>"#,
