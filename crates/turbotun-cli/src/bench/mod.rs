@@ -230,7 +230,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         }
                         Err(e) => {
                             let msg = format!("{e:#}");
-                            if m.is_forwarder() && (msg.contains("before `ready`") || msg.contains("print `ready`")) {
+                            if e.chain().any(|c| c.downcast_ref::<topo::NotReady>().is_some()) {
                                 broken.push((m.label.clone(), msg.clone()));
                             }
                             RunRecord { error: Some(msg), ..run_record(m, t, rep, args.ipv6) }

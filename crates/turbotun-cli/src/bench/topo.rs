@@ -119,6 +119,19 @@ pub struct FwdExit {
     pub stderr_tail: String,
 }
 
+/// A forwarder that exited or stayed silent instead of printing `ready`: the mode is broken, not the run, so
+/// the bench skips its later runs (found in an error chain with `downcast_ref`).
+#[derive(Debug)]
+pub struct NotReady(pub String);
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotReady {}
+
 fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -169,23 +182,25 @@ impl Forwarder {
                     if matches!(fwd.child.try_wait(), Ok(Some(_))) =>
                 {
                     let st = fwd.child.wait().ok();
-                    bail!(
+                    return Err(NotReady(format!(
                         "{} exited before `ready` ({}): {}",
                         mode.label,
                         st.map(|s| s.to_string()).unwrap_or_default(),
                         tail(&fwd.stderr_log, 3)
-                    );
+                    ))
+                    .into());
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(20)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             if Instant::now() >= end {
-                bail!(
+                return Err(NotReady(format!(
                     "{} did not print `ready` within {}s: {}",
                     mode.label,
                     READY_TIMEOUT.as_secs(),
                     tail(&fwd.stderr_log, 3)
-                );
+                ))
+                .into());
             }
         }
     }
