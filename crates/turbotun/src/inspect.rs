@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use crate::device::{Mode, Offloads};
 use crate::error::{Error, Result};
-use crate::netlink::{LinkStats, Netlink};
+use crate::netlink::{LinkInfo, LinkStats, Netlink};
 use crate::sys::{self, iff};
 
 /// One TUN/TAP device as the kernel describes it.
@@ -116,6 +116,12 @@ pub fn queue_holders(name: &str) -> Vec<u32> {
 /// Reports one device by name.
 pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
     let link = netlink.link(name)?;
+    report(netlink, link)
+}
+
+/// The report of a device whose link attributes are at hand.
+fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
+    let name = link.name.as_str();
     let tun = link
         .tun
         .ok_or_else(|| Error::InvalidConfig(format!("{name} is not a TUN/TAP device (link kind {:?})", link.kind)))?;
@@ -152,7 +158,7 @@ pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
         up: link.is_up(),
         oper_state: link.oper_state.clone(),
         mac: if mode == Mode::Tap { link.mac } else { None },
-        addresses: netlink.addresses(name)?,
+        addresses: netlink.addresses_of(link.index)?,
         stats: link.stats,
         offloads: device_offloads(name).ok(),
     })
@@ -163,12 +169,8 @@ pub fn inspect_all(netlink: &mut Netlink) -> Result<Vec<DeviceReport>> {
     let mut out = Vec::new();
     for link in netlink.links()? {
         if link.tun.is_some() {
-            match inspect(netlink, &link.name) {
-                Ok(report) => out.push(report),
-                // Deleted between the dump and the look-up: not an error for a listing.
-                Err(Error::NoSuchDevice { .. }) => {}
-                Err(e) => return Err(e),
-            }
+            // Built from the dump itself: a device deleted since is reported as it was, never looked up again.
+            out.push(report(netlink, link)?);
         }
     }
     out.sort_by_key(|r| r.index);

@@ -234,10 +234,15 @@ impl Netlink {
     /// The addresses on an interface, with their prefix lengths.
     pub fn addresses(&mut self, name: &str) -> Result<Vec<(IpAddr, u8)>> {
         let index = self.link_index(name)?;
+        self.addresses_of(index)
+    }
+
+    /// The addresses of the interface with this index (for a caller that has its [`LinkInfo`] already).
+    pub fn addresses_of(&mut self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
         let replies = self.request(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
             NLM_F_REQUEST | NLM_F_DUMP,
-            &format!("listing addresses of {name}"),
+            &format!("listing addresses of interface {index}"),
         )?;
         let mut out = Vec::new();
         for reply in replies {
