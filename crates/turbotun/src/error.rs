@@ -41,11 +41,35 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
 
-    #[error("malformed packet: {0}")]
-    MalformedPacket(String),
+    #[error("malformed packet from {device} (at byte {offset}): {reason}")]
+    MalformedPacket {
+        /// The device it was read from.
+        device: String,
+        /// What is wrong with it.
+        reason: Malformed,
+        /// Where in the frame (after the virtio header) the problem lies, as far as the reason tells.
+        offset: usize,
+    },
 
     #[error("buffer of {have} bytes is too small: {need} bytes needed")]
     BufferTooSmall { have: usize, need: usize },
+
+    #[error("{worker}: {source}")]
+    Worker {
+        /// Which worker (its queues and direction).
+        worker: String,
+        /// What ended it.
+        #[source]
+        source: Box<Error>,
+    },
+
+    #[error("{worker} panicked: {message}")]
+    WorkerPanicked {
+        /// Which worker (its queues and direction).
+        worker: String,
+        /// The panic's message.
+        message: String,
+    },
 
     #[error("netlink {context}: {source}")]
     Netlink { context: String, source: io::Error },
@@ -54,6 +78,56 @@ pub enum Error {
     /// all the time, so that they allocate nothing.
     #[error("{context}: {source}")]
     Io { context: std::borrow::Cow<'static, str>, source: io::Error },
+}
+
+/// Why a frame read from a device cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Malformed {
+    /// The read returned fewer bytes than the virtio header.
+    ShortRead,
+    /// The virtio header does not parse.
+    VirtioHeader(turbotun_wire::WireError),
+    /// A partial checksum (`NEEDS_CSUM`) whose offsets lie outside the packet.
+    PartialChecksum(turbotun_wire::WireError),
+    /// A super-packet that cannot be split.
+    Gso(turbotun_wire::GsoError),
+}
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Malformed::ShortRead => f.write_str("read shorter than the virtio header"),
+            Malformed::VirtioHeader(e) => write!(f, "bad virtio header: {e}"),
+            Malformed::PartialChecksum(e) => write!(f, "partial checksum cannot be completed: {e}"),
+            Malformed::Gso(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl Malformed {
+    /// The byte offset in the packet that the reason points at (0 when it names none).
+    pub fn offset(&self) -> usize {
+        use turbotun_wire::{GsoError, WireError};
+        let wire = |e: &WireError| match *e {
+            WireError::Truncated { have, .. } => have,
+            WireError::BadLength { actual, .. } => actual,
+            WireError::ChecksumOutOfRange { start, offset, .. } => start + offset,
+            _ => 0,
+        };
+        match self {
+            Malformed::ShortRead => 0,
+            Malformed::VirtioHeader(e) | Malformed::PartialChecksum(e) => wire(e),
+            Malformed::Gso(e) => match *e {
+                GsoError::Wire(ref w) => wire(w),
+                GsoError::CsumStartBeyond { csum_start, .. } | GsoError::CsumStartMismatch { csum_start, .. } => {
+                    csum_start
+                }
+                GsoError::BadCsumOffset { csum_start, csum_offset, .. } => csum_start + csum_offset,
+                _ => 0,
+            },
+        }
+    }
 }
 
 /// Shorthand for `Result<T, turbotun::Error>`.
@@ -71,13 +145,22 @@ impl Error {
             | Error::FlagsMismatch { source, .. }
             | Error::Netlink { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
+            Error::Worker { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
 
+    pub(crate) fn malformed(device: &str, reason: Malformed) -> Self {
+        Error::MalformedPacket { device: device.to_string(), offset: reason.offset(), reason }
+    }
+
     /// Whether the device this error came from no longer exists.
     pub fn is_device_gone(&self) -> bool {
-        matches!(self, Error::DeviceGone { .. })
+        match self {
+            Error::DeviceGone { .. } => true,
+            Error::Worker { source, .. } => source.is_device_gone(),
+            _ => false,
+        }
     }
 }
 

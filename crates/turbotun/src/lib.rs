@@ -32,19 +32,31 @@
 pub mod batch;
 pub mod device;
 pub mod error;
+pub mod forward;
 pub mod inspect;
 pub mod netlink;
 pub mod netns;
 pub mod queue;
+pub mod socket;
+pub mod stats;
 pub mod steering;
-pub mod sys;
+pub mod stop;
+mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 #[cfg(feature = "uring")]
 pub mod uring;
 pub mod wake;
+mod write_policy;
 
 pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
-pub use error::{validate_ifname, Error, Result};
+pub use error::{validate_ifname, Error, Malformed, Result};
+pub use forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
 pub use queue::{Queue, QueueStats};
+pub use stats::{Counters, DropReason, Drops, WhenFull};
+pub use stop::StopHandle;
+/// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
+pub use sys::effective_capabilities;
+/// `TUNSETIFF` request flags (`IFF_*`), e.g. to read [`Device::kernel_flags`].
+pub use sys::iff;
 pub use turbotun_wire as wire;

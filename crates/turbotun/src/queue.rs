@@ -11,7 +11,7 @@ use std::time::Duration;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::device::{Mode, Offloads};
-use crate::error::{queue_io_error, Error, Result};
+use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::sys::{self, iff, Interest};
 
 /// Largest packet the tun driver hands over after the virtio header (a GSO super-packet).
@@ -129,30 +129,25 @@ impl Queue {
         let (hdr, len) = self.recv_with_hdr(buf)?;
         if hdr.flags & turbotun_wire::virtio_net::flags::NEEDS_CSUM != 0 {
             turbotun_wire::checksum::complete_partial(&mut buf[..len], hdr.csum_start.into(), hdr.csum_offset.into())
-                .map_err(|e| Error::MalformedPacket(format!("{}: {e}", self.name)))?;
+                .map_err(|e| Error::malformed(&self.name, Malformed::PartialChecksum(e)))?;
         }
         Ok(len)
     }
 
     /// Reads one packet and its virtio header (the header is read into a separate array by `readv`).
     pub fn recv_with_hdr(&self, buf: &mut [u8]) -> Result<(VirtioNetHdrRepr, usize)> {
-        self.recv_with_hdr_inner(buf, false)
-    }
-
-    /// [`Self::recv_with_hdr`]; with `nowait` it never sleeps (see [`Self::try_recv_raw`]).
-    pub(crate) fn recv_with_hdr_inner(&self, buf: &mut [u8], nowait: bool) -> Result<(VirtioNetHdrRepr, usize)> {
         if self.vnet_hdr_len == 0 {
-            let n = if nowait { self.try_recv_raw(buf)? } else { self.recv_raw(buf)? };
-            return Ok((VirtioNetHdrRepr::default(), n));
+            return Ok((VirtioNetHdrRepr::default(), self.recv_raw(buf)?));
         }
         let mut head = [0u8; MAX_VNET_HDR];
         let head = &mut head[..self.vnet_hdr_len];
-        let n = sys::read2(self.fd.as_fd(), head, buf, nowait).map_err(|e| self.rx_error("read", e))?;
+        let n = sys::read2(self.fd.as_fd(), head, buf, false).map_err(|e| self.rx_error("read", e))?;
         if n < head.len() {
             self.rx.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::MalformedPacket(format!("{}: short read of {n} bytes", self.name)));
+            return Err(Error::malformed(&self.name, Malformed::ShortRead));
         }
-        let hdr = VirtioNetHdrRepr::parse(head).map_err(|e| Error::MalformedPacket(format!("{}: {e}", self.name)))?;
+        let hdr =
+            VirtioNetHdrRepr::parse(head).map_err(|e| Error::malformed(&self.name, Malformed::VirtioHeader(e)))?;
         let len = n - head.len();
         self.rx.add(1, len as u64);
         Ok((hdr, len))
@@ -201,6 +196,12 @@ impl Queue {
         Ok(n)
     }
 
+    /// The fd's send buffer (`TUNGETSNDBUF`; `i32::MAX` means unlimited, the default).
+    pub fn sndbuf(&self) -> Result<i32> {
+        sys::tun_get_sndbuf(self.fd.as_fd()).map_err(|e| Error::io("TUNGETSNDBUF", e))
+    }
+
+    /// Switches the fd between blocking and non-blocking reads and writes.
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
         sys::set_nonblocking(self.fd.as_fd(), nonblocking).map_err(|e| Error::io("fcntl(O_NONBLOCK)", e))
     }
@@ -215,9 +216,13 @@ impl Queue {
         self.wait(Interest::Writable, timeout)
     }
 
+    /// A signal (e.g. [`crate::wake`]) ends the wait early, like a timeout: the caller looks at its flags.
     fn wait(&self, interest: Interest, timeout: Option<Duration>) -> Result<bool> {
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        sys::poll(self.fd.as_fd(), interest, ms).map_err(|e| Error::io("poll", e))
+        match sys::poll(self.fd.as_fd(), interest, ms) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
+            other => other.map_err(|e| Error::io("poll", e)),
+        }
     }
 
     /// Detaches this queue from a multiqueue device (`TUNSETQUEUE`): the kernel stops steering packets to it.
@@ -265,6 +270,9 @@ impl Queue {
         queue_io_error(&self.name, op, e)
     }
 }
+
+// A queue owns its fd from creation to drop.
+impl sys::StableFd for Queue {}
 
 impl AsFd for Queue {
     fn as_fd(&self) -> BorrowedFd<'_> {

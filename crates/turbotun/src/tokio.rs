@@ -17,12 +17,17 @@ use crate::queue::{is_would_block, Queue};
 /// A queue driven by tokio. Cheap to share (`Clone`): one task may read while another writes.
 #[derive(Debug, Clone)]
 pub struct AsyncQueue {
-    inner: Arc<AsyncFd<Queue>>,
+    inner: Arc<AsyncFd<Arc<Queue>>>,
 }
 
 impl AsyncQueue {
     /// Switches the queue to non-blocking mode and registers it with the current tokio runtime.
     pub fn new(queue: Queue) -> Result<Self> {
+        Self::from_shared(Arc::new(queue))
+    }
+
+    /// Like [`Self::new`] for a queue that other owners share (e.g. the forwarding engine's).
+    pub fn from_shared(queue: Arc<Queue>) -> Result<Self> {
         queue.set_nonblocking(true)?;
         let fd = crate::sys::register_readable(queue).map_err(|e| Error::io("registering the queue with tokio", e))?;
         Ok(AsyncQueue { inner: Arc::new(fd) })
@@ -75,7 +80,7 @@ impl AsyncQueue {
     async fn read_with<T>(&self, mut op: impl FnMut(&Queue) -> Result<T>) -> Result<T> {
         loop {
             let mut guard = self.inner.readable().await.map_err(|e| Error::io("waiting for readiness", e))?;
-            match op(guard.get_inner()) {
+            match op(guard.get_inner().as_ref()) {
                 Err(e) if is_would_block(&e) => guard.clear_ready(),
                 other => return other,
             }

@@ -19,7 +19,9 @@ use turbotun_wire::virtio_net::VirtioNetHdr;
 
 use crate::error::{queue_io_error, Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
+use crate::stats::{Counters, DropReason, WhenFull};
 use crate::sys::uring::{Completion, ForwardRing, Op};
+use crate::write_policy::{on_write_error, WriteFailure};
 
 /// Whether this kernel can run a [`UringForwarder`] (io_uring with multishot reads, Linux 6.7); probed once.
 /// The error says what is missing, so that a caller can fall back to blocking reads and say why.
@@ -31,22 +33,6 @@ pub fn supported() -> Result<()> {
         .map_err(|why| Error::io("io_uring forwarding", std::io::Error::new(std::io::ErrorKind::Unsupported, why)))
 }
 
-/// Counts of what one forwarder moved (cumulative).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UringStats {
-    pub reads: u64,
-    pub writes: u64,
-    /// Bytes written, virtio header excluded.
-    pub bytes: u64,
-    /// Frames that carried a GSO super-packet (a virtio header with a GSO type).
-    pub super_packets: u64,
-    /// Frames not written: the destination was down (`EIO`), refused the frame (`EINVAL`), or the frame was
-    /// larger than a buffer.
-    pub drops: u64,
-    /// Of the drops, those refused as malformed or too large.
-    pub errors: u64,
-}
-
 /// One direction, `src` to `dst`, over a ring of its own.
 #[derive(Debug)]
 pub struct UringForwarder {
@@ -56,7 +42,8 @@ pub struct UringForwarder {
     vnet_hdr_len: usize,
     lens: Vec<usize>,
     completions: Vec<Completion>,
-    stats: UringStats,
+    stats: Counters,
+    when_full: WhenFull,
 }
 
 impl UringForwarder {
@@ -86,11 +73,19 @@ impl UringForwarder {
             vnet_hdr_len: src.vnet_hdr_len(),
             lens: vec![0; depth],
             completions: Vec::with_capacity(depth),
-            stats: UringStats::default(),
+            stats: Counters::default(),
+            when_full: WhenFull::default(),
         })
     }
 
-    pub fn stats(&self) -> UringStats {
+    /// What to do when the destination is full (default: write the frame again until it is taken).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// What this forwarder moved (reads, packets = frames written, bytes, super-packets, drops by reason).
+    pub fn stats(&self) -> Counters {
         self.stats
     }
 
@@ -116,6 +111,21 @@ impl UringForwarder {
         }
     }
 
+    /// Waits up to `timeout` for the writes already submitted to complete (reads that complete meanwhile are
+    /// written too), so that a forwarder that stops counts what it read as written or dropped. Returns how many
+    /// writes are still in flight.
+    pub fn drain(&mut self, timeout: Duration) -> Result<usize> {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.ring.writes_in_flight() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.poll(left)?;
+        }
+        Ok(self.ring.writes_in_flight())
+    }
+
     fn handle(&mut self, op: Op, slot: Option<usize>, result: std::result::Result<usize, i32>) -> Result<()> {
         let Some(slot) = slot else {
             // A read that ended without a buffer: EAGAIN/EINTR end the multishot read, which the next round arms
@@ -133,8 +143,7 @@ impl UringForwarder {
                 if n == 0 || n > self.ring.stride() {
                     // Nothing, or a frame the buffer could not hold (the kernel reports its full length): dropped.
                     if n > 0 {
-                        self.stats.drops += 1;
-                        self.stats.errors += 1;
+                        self.stats.drops.add(DropReason::TooBig, 1);
                     }
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
@@ -144,6 +153,7 @@ impl UringForwarder {
                 {
                     self.stats.super_packets += 1;
                 }
+                self.stats.segments += 1;
                 self.lens[slot] = n;
                 self.ring.write_from(slot, n).map_err(|e| self.ring_error(e))
             }
@@ -156,22 +166,21 @@ impl UringForwarder {
             }
             (Op::Write, Ok(_)) => {
                 self.stats.writes += 1;
+                self.stats.packets += 1;
                 self.stats.bytes += self.lens[slot].saturating_sub(self.vnet_hdr_len) as u64;
                 self.ring.recycle(slot).map_err(|e| self.ring_error(e))
             }
-            (Op::Write, Err(errno)) => match errno {
+            // Frames move as they came: a refusal of a super-packet is not one we built, so never re-split.
+            (Op::Write, Err(errno)) => match on_write_error(Some(errno), false, self.when_full) {
                 // Backpressure, not a drop: the same frame is written again.
-                libc::EAGAIN | libc::EINTR => {
+                WriteFailure::WaitWritable | WriteFailure::Retry => {
                     self.ring.write_from(slot, self.lens[slot]).map_err(|e| self.ring_error(e))
                 }
-                libc::EIO | libc::EINVAL => {
-                    self.stats.drops += 1;
-                    if errno == libc::EINVAL {
-                        self.stats.errors += 1;
-                    }
+                WriteFailure::Drop(reason) => {
+                    self.stats.drops.add(reason, 1);
                     self.ring.recycle(slot).map_err(|e| self.ring_error(e))
                 }
-                _ => {
+                WriteFailure::Resplit | WriteFailure::Fatal => {
                     self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
                     Err(queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno)))
                 }

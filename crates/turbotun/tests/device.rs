@@ -24,8 +24,8 @@ fn tun_roundtrip_kernel_socket() {
         assert_eq!(dev.name(), name);
         assert_eq!(dev.mode(), Mode::Tun);
         let flags = dev.kernel_flags();
-        assert_ne!(flags & turbotun::sys::iff::TUN, 0);
-        assert_ne!(flags & turbotun::sys::iff::NO_PI, 0);
+        assert_ne!(flags & turbotun::iff::TUN, 0);
+        assert_ne!(flags & turbotun::iff::NO_PI, 0);
         configure_v4(&name, LOCAL, 24);
 
         let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
@@ -179,7 +179,7 @@ fn multiqueue_four_queues_detach_attach() {
         let name = unique_name("tm");
         let dev = DeviceBuilder::tun().name(&name).queues(4).nonblocking(true).open().expect("open 4 queues");
         assert_eq!(dev.queues().len(), 4);
-        assert_ne!(dev.kernel_flags() & turbotun::sys::iff::MULTI_QUEUE, 0);
+        assert_ne!(dev.kernel_flags() & turbotun::iff::MULTI_QUEUE, 0);
         assert_eq!(inspect::queue_holders(&name).len(), 4, "four fds attached, as /proc fdinfo shows");
         let mut nl = Netlink::new().unwrap();
         let report = inspect::inspect(&mut nl, &name).unwrap();
@@ -428,14 +428,14 @@ fn ns_inode(fd: &std::os::fd::OwnedFd) -> u64 {
 #[test]
 fn error_missing_cap_net_admin() {
     if std::env::var("TURBOTUN_TEST_NO_NET_ADMIN").is_ok() {
-        let caps = turbotun::sys::effective_capabilities().unwrap();
+        let caps = turbotun::effective_capabilities().unwrap();
         assert_eq!(caps & (1 << 12), 0, "child must run without CAP_NET_ADMIN");
         let err = DeviceBuilder::tun().name("ttnocap0").open().unwrap_err();
         assert!(matches!(err, Error::PermissionDenied { .. }), "{err}");
         assert!(err.to_string().contains("CAP_NET_ADMIN"), "{err}");
         return;
     }
-    let caps = turbotun::sys::effective_capabilities().unwrap_or(0);
+    let caps = turbotun::effective_capabilities().unwrap_or(0);
     if caps & (1 << 12) == 0 {
         // Already unprivileged: the child's assertions hold here directly.
         let err = DeviceBuilder::tun().name("ttnocap0").open().unwrap_err();
@@ -483,7 +483,7 @@ fn parse_release(s: &str) -> (u32, u32) {
 #[test]
 fn napi_carrier_sndbuf_link_type() {
     in_netns("napi_carrier_sndbuf_link_type", || {
-        use turbotun::sys::iff;
+        use turbotun::iff;
         let name = unique_name("tz");
         let dev = DeviceBuilder::tap().name(&name).napi(true).napi_frags(true).no_carrier(true).open().unwrap();
         let flags = dev.kernel_flags();
@@ -498,7 +498,7 @@ fn napi_carrier_sndbuf_link_type() {
 
         let tun = unique_name("ty");
         let dev = DeviceBuilder::tun().name(&tun).sndbuf(1 << 20).open().unwrap();
-        assert_eq!(turbotun::sys::tun_get_sndbuf(std::os::fd::AsFd::as_fd(&dev.queues()[0])).unwrap(), 1 << 20);
+        assert_eq!(dev.queues()[0].sndbuf().unwrap(), 1 << 20);
         // TUNSETLINK: the link type of a down device; ARPHRD_PPP (512) instead of the default ARPHRD_NONE.
         assert_eq!(nl.link(&tun).unwrap().link_type, 0xfffe);
         dev.set_link_type(512).unwrap();

@@ -38,7 +38,6 @@ pub mod tun_f {
     pub const TSO4: u32 = libc::TUN_F_TSO4;
     pub const TSO6: u32 = libc::TUN_F_TSO6;
     pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
-    pub const UFO: u32 = libc::TUN_F_UFO;
     pub const USO4: u32 = libc::TUN_F_USO4;
     pub const USO6: u32 = libc::TUN_F_USO6;
 }
@@ -260,22 +259,16 @@ pub enum Interest {
 }
 
 /// Waits until `fd` is ready or the timeout (milliseconds, -1 = forever) passes. Returns false on timeout.
-/// Also returns true on POLLERR/POLLHUP so that the next read or write reports the error.
+/// Also returns true on POLLERR/POLLHUP so that the next read or write reports the error. A signal ends the
+/// wait with an `Interrupted` error (not retried: a worker woken to stop must see its flag at once).
 pub fn poll(fd: BorrowedFd<'_>, interest: Interest, timeout_ms: i32) -> io::Result<bool> {
     let events = match interest {
         Interest::Readable => libc::POLLIN,
         Interest::Writable => libc::POLLOUT,
     };
     let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
-    loop {
-        // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-        match cvt(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+    cvt(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }).map(|ready| ready > 0)
 }
 
 /// Moves the calling thread into the network namespace `ns` (an fd of `/run/netns/NAME` or `/proc/PID/ns/net`).
@@ -351,12 +344,18 @@ pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> 
     Ok(())
 }
 
-/// Registers a queue with tokio's reactor for readable readiness.
+/// A value that owns one fd for its whole life: `as_raw_fd` returns the same open descriptor from creation to
+/// drop (it is never replaced or closed early). What tokio's reactor needs of a registered fd.
+pub trait StableFd: AsRawFd {}
+
+impl<T: StableFd> StableFd for std::sync::Arc<T> {}
+
+/// Registers an fd owner with tokio's reactor for readable readiness.
 #[cfg(feature = "tokio")]
-pub fn register_readable(queue: crate::queue::Queue) -> io::Result<::tokio::io::unix::AsyncFd<crate::queue::Queue>> {
-    // SAFETY: a `Queue` owns its `OwnedFd` for its whole life, never replaces it and never closes it early, so
-    // `as_raw_fd` returns the same open descriptor for as long as the `AsyncFd` owns the queue.
-    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(queue, ::tokio::io::Interest::READABLE) }
+pub fn register_readable<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `T: StableFd` keeps its descriptor open and unchanged for as long as it lives, and the `AsyncFd`
+    // owns it, so the registration never outlives the fd nor refers to a reused number.
+    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(owner, ::tokio::io::Interest::READABLE) }
         .map_err(io::Error::from)
 }
 

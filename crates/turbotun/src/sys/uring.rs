@@ -274,6 +274,11 @@ impl ForwardRing {
 
     /// Submits what is queued (arming the read if it is not, and buffers are provided) and waits up to
     /// `timeout` for at least one completion. Returns false on timeout or when a signal interrupted the wait.
+    /// Writes submitted and not yet completed.
+    pub fn writes_in_flight(&self) -> usize {
+        self.states.iter().filter(|&&s| s == SlotState::Writing).count()
+    }
+
     pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
         if !self.read_armed && self.states.contains(&SlotState::Provided) {
             self.arm_read()?;

@@ -1,0 +1,497 @@
+//! The receive half: one read per call, split into the caller's buffers.
+//!
+//! Every read goes through [`RecvBatch::read_frame`]; what differs between reads is only where the bytes land
+//! (the [`Layout`]): straight into the caller's first buffer (a queue that never receives super-packets), into
+//! the scratch buffer (a super-packet is split from there by copying), or scattered so that each segment's
+//! payload lands in its own buffer behind room for its header (the zero-copy split).
+
+use std::os::fd::AsFd;
+
+use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
+use turbotun_wire::virtio_net::{flags, VirtioNetHdrRepr};
+use turbotun_wire::Framing;
+
+use super::framing;
+use crate::error::{queue_io_error, Error, Malformed, Result};
+use crate::queue::{is_interrupted, is_nowait_unsupported, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
+use crate::stats::{Counters, DropReason};
+use crate::sys;
+
+/// What one [`RecvBatch::recv`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    /// Packets written to `bufs[..packets]`.
+    pub packets: usize,
+    /// Segments of the last super-packet that did not fit and will be returned by the next call (no read).
+    pub pending: usize,
+    /// Whether the L4 checksums of these packets are known to be correct (we completed or computed them, or the
+    /// kernel marked them `DATA_VALID`): a coalescer need not verify them again.
+    pub checksums_valid: bool,
+}
+
+impl Received {
+    const NOTHING: Received = Received { packets: 0, pending: 0, checksums_valid: false };
+}
+
+/// A super-packet read earlier whose remaining segments did not fit the caller's buffers.
+struct Pending {
+    hdr: VirtioNetHdrRepr,
+    len: usize,
+    next: usize,
+    total: usize,
+}
+
+/// Where one read puts the frame after its virtio header.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// Into the first buffer at `offset` (the queue never receives super-packets: nothing to split).
+    Direct,
+    /// Into the scratch buffer, to be split by copying.
+    Scratch,
+    /// `h + g` bytes into the first buffer at `offset`, `g` bytes into each of the next `k - 1` buffers at
+    /// `offset + h`, the rest into scratch: the shape of a super-packet of header length `h` and gso_size `g`.
+    Scattered { h: usize, g: usize, k: usize },
+}
+
+impl Layout {
+    /// Bytes this layout can take after the virtio header.
+    fn capacity(self, first_buf: usize, scratch: usize) -> usize {
+        match self {
+            Layout::Direct => first_buf,
+            Layout::Scratch => scratch,
+            // A scattered frame is reassembled in scratch when it is not the predicted super-packet.
+            Layout::Scattered { .. } => scratch,
+        }
+    }
+}
+
+/// The receive side: reads one packet or super-packet per call and splits it into the caller's buffers.
+pub struct RecvBatch {
+    framing: Framing,
+    vnet_hdr_len: usize,
+    receives_super_packets: bool,
+    /// Where super-packets land before they are split (only used on queues with segmentation offloads).
+    scratch: Box<[u8]>,
+    pending: Option<Pending>,
+    stats: Counters,
+    /// Whether reads after the first of a batch can be made non-sleeping with `RWF_NOWAIT` (probed on use).
+    nowait: bool,
+    /// Batches left that skip the further reads, and the next such pause: a further read that finds the queue
+    /// empty costs a system call and saves none (the next batch's first read would have taken the packet), so
+    /// after one comes back empty the next 1, 2, 4 ... 16 batches take one read each (e.g. a stream of ACKs).
+    skip_further: u8,
+    next_skip: u8,
+    /// Header length and gso_size of the last super-packet: the next read is scattered so that, if they hold,
+    /// each segment's payload lands in its own buffer right behind room for its header (zero-copy split).
+    predicted: Option<(usize, usize)>,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch").field("framing", &self.framing).field("stats", &self.stats).finish()
+    }
+}
+
+impl RecvBatch {
+    /// A receive half for `queue` (its mode, virtio header size and offloads decide how reads are laid out).
+    pub fn new(queue: &Queue) -> Self {
+        let receives_super_packets = queue.receives_super_packets();
+        RecvBatch {
+            framing: framing(queue.mode()),
+            vnet_hdr_len: queue.vnet_hdr_len(),
+            receives_super_packets,
+            scratch: vec![0u8; if receives_super_packets { MAX_PACKET } else { 0 }].into_boxed_slice(),
+            pending: None,
+            stats: Counters::default(),
+            nowait: true,
+            skip_further: 0,
+            next_skip: 1,
+            predicted: None,
+        }
+    }
+
+    /// What this receive half has read (reads, super-packets, segments, zero-copy splits, drops by reason).
+    pub fn stats(&self) -> Counters {
+        self.stats
+    }
+
+    /// Segments read (part of a super-packet) that the next call hands over without reading.
+    pub fn pending(&self) -> usize {
+        self.pending.as_ref().map_or(0, |p| p.total - p.next)
+    }
+
+    /// Fills `bufs` with MTU-sized packets from one read (or from the segments left over from the last one).
+    /// Blocks if the queue is blocking and nothing is pending. A frame that cannot be used is counted as a drop
+    /// with its reason and skipped (the next read follows), so that one bad packet never stops a queue.
+    pub fn recv<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        self.recv_one(queue, bufs, lens, offset, false)
+    }
+
+    /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
+    /// queue), later ones only take what is there already. A batch ends after a super-packet (its segments, or
+    /// those that fit, with the rest pending for next time). Returns zero packets on timeout, or when a signal
+    /// interrupted a blocking read (see [`crate::wake`]), so that the caller can look at its flags.
+    pub fn recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Received> {
+        loop {
+            match self.try_recv_many(queue, bufs, lens, offset) {
+                Err(e) if is_interrupted(&e) => return Ok(Received::NOTHING),
+                Err(e) if is_would_block(&e) => {
+                    if !queue.wait_readable(timeout)? {
+                        return Ok(Received::NOTHING);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
+    /// would-block error (see [`crate::queue::is_would_block`]), which is what an event loop waits on. On a
+    /// blocking queue the first read sleeps until a packet comes; the later ones never do (`RWF_NOWAIT`), so a
+    /// batch holds what was already queued. A kernel without `RWF_NOWAIT` gets one read per batch on a blocking
+    /// queue.
+    pub fn try_recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        let mut total = Received { packets: 0, pending: 0, checksums_valid: true };
+        let n = bufs.len().min(lens.len());
+        let skip_further = self.skip_further > 0;
+        self.skip_further = self.skip_further.saturating_sub(1);
+        while total.packets < n {
+            let nowait = total.packets > 0;
+            if nowait && (!self.nowait || skip_further) {
+                break;
+            }
+            match self.recv_one(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset, nowait) {
+                Ok(r) => {
+                    if nowait {
+                        self.next_skip = 1;
+                    }
+                    total.packets += r.packets;
+                    total.checksums_valid &= r.checksums_valid;
+                    total.pending = r.pending;
+                    // A batch ends with a super-packet: its segments coalesce back into the buffer it started in,
+                    // so the only buffer that grows to 64 KiB is the one at the batch's start, instead of heads
+                    // wandering over every buffer (each would end up resident) as reads straddle batches.
+                    if r.pending > 0 || r.packets > 1 {
+                        break;
+                    }
+                }
+                Err(e) if is_would_block(&e) && total.packets > 0 => {
+                    self.skip_further = self.next_skip;
+                    self.next_skip = (self.next_skip * 2).min(16);
+                    break;
+                }
+                Err(e) if is_nowait_unsupported(&e) && total.packets > 0 => {
+                    self.nowait = false;
+                    break;
+                }
+                // What this batch already holds is handed over; the next call meets the error again.
+                Err(_) if total.packets > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// [`Self::recv`]; with `nowait` the read never sleeps, even on a blocking queue (a would-block error).
+    fn recv_one<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        nowait: bool,
+    ) -> Result<Received> {
+        if bufs.is_empty() || lens.len() < bufs.len() {
+            return Err(Error::InvalidConfig("recv needs at least one buffer and a length slot per buffer".into()));
+        }
+        let first = bufs[0].as_mut().len();
+        if first <= offset {
+            return Err(Error::BufferTooSmall { have: first, need: offset + 1 });
+        }
+        if self.pending.is_some() {
+            return self.split_pending(queue, bufs, lens, offset);
+        }
+        loop {
+            let layout = self.layout(bufs, offset);
+            let Some((hdr, len)) = self.read_frame(queue, bufs, offset, nowait, layout)? else {
+                continue;
+            };
+            let in_place = match layout {
+                Layout::Direct => Some(self.deliver_whole(&hdr, &mut bufs[0].as_mut()[offset..offset + len], lens)),
+                Layout::Scattered { h, g, k } => self.split_scattered(&hdr, len, bufs, lens, offset, (h, g, k)),
+                Layout::Scratch => None,
+            };
+            let received = match in_place {
+                Some(received) => received,
+                None => self.split_scratch(queue, hdr, len, bufs, lens, offset)?,
+            };
+            if received.packets > 0 {
+                return Ok(received);
+            }
+            // Dropped (counted): the next frame.
+        }
+    }
+
+    /// Where the next read should put its frame.
+    fn layout<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], offset: usize) -> Layout {
+        if !self.receives_super_packets {
+            return Layout::Direct;
+        }
+        let Some((h, g)) = self.predicted else {
+            return Layout::Scratch;
+        };
+        let k = bufs.len().min(sys::MAX_SCATTER - 2);
+        // Every buffer must have room for its part; otherwise the copying split (which reports small buffers).
+        if k < 2 || bufs[..k].iter_mut().any(|b| b.as_mut().len() < offset + h + g) {
+            self.predicted = None;
+            return Layout::Scratch;
+        }
+        Layout::Scattered { h, g, k }
+    }
+
+    /// The one read: the virtio header into a small array, the frame where `layout` says. Returns the header and
+    /// the frame's length after it, or `None` for a frame that cannot be used (counted as a drop with its
+    /// reason).
+    fn read_frame<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        offset: usize,
+        nowait: bool,
+        layout: Layout,
+    ) -> Result<Option<(VirtioNetHdrRepr, usize)>> {
+        let vlen = self.vnet_hdr_len;
+        let mut head = [0u8; MAX_VNET_HDR];
+        let first_buf = bufs[0].as_mut().len() - offset;
+        let head_part = std::iter::once(&mut head[..vlen]);
+        let read = match layout {
+            Layout::Direct => {
+                let parts = head_part.chain(std::iter::once(&mut bufs[0].as_mut()[offset..]));
+                sys::read_scattered(queue.as_fd(), parts, nowait)
+            }
+            Layout::Scratch => {
+                let parts = head_part.chain(std::iter::once(&mut self.scratch[..]));
+                sys::read_scattered(queue.as_fd(), parts, nowait)
+            }
+            Layout::Scattered { h, g, k } => {
+                let parts = head_part
+                    .chain(bufs[..k].iter_mut().enumerate().map(|(i, b)| {
+                        let start = if i == 0 { offset } else { offset + h };
+                        &mut b.as_mut()[start..offset + h + g]
+                    }))
+                    .chain(std::iter::once(&mut self.scratch[..]));
+                sys::read_scattered(queue.as_fd(), parts, nowait)
+            }
+        };
+        let n = read.map_err(|e| queue_io_error(queue.name(), "read", e))?;
+        self.stats.reads += 1;
+        let Some(len) = n.checked_sub(vlen) else {
+            return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::ShortRead.to_string()));
+        };
+        queue.count_rx(1, len as u64);
+        // A frame larger than the space it was read into was truncated (the kernel reports its full length).
+        if len > layout.capacity(first_buf, self.scratch.len()) {
+            return Ok(self.drop_frame(queue, DropReason::TooBig, format!("a {len}-byte frame")));
+        }
+        let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
+            Ok(hdr) => hdr,
+            Err(e) => return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::VirtioHeader(e).to_string())),
+        };
+        if hdr.is_gso() {
+            self.stats.super_packets += 1;
+        }
+        Ok(Some((hdr, len)))
+    }
+
+    fn drop_frame<T>(&mut self, queue: &Queue, reason: DropReason, what: String) -> Option<T> {
+        tracing::debug!("{}: dropping a frame ({reason}): {what}", queue.name());
+        self.stats.drops.add(reason, 1);
+        None
+    }
+
+    /// The frame sits scattered as [`Layout::Scattered`] put it. If it is the predicted super-packet, each
+    /// segment only needs its header written: no payload byte is copied. A plain packet that fits the first
+    /// buffer is delivered where it is. Anything else is reassembled in scratch (`None`: split by copying).
+    fn split_scattered<B: AsMut<[u8]>>(
+        &mut self,
+        hdr: &VirtioNetHdrRepr,
+        len: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        (h, g, k): (usize, usize, usize),
+    ) -> Option<Received> {
+        let in_bufs = h + g + (k - 1) * g;
+        if !hdr.is_gso() && len <= h + g {
+            return Some(self.deliver_whole(hdr, &mut bufs[0].as_mut()[offset..offset + len], lens));
+        }
+        if hdr.is_gso() && len >= h && len <= in_bufs {
+            if let Some(received) = self.split_in_place(hdr, len, bufs, lens, offset, (h, g, k)) {
+                return Some(received);
+            }
+        }
+        self.reassemble(bufs, offset, (h, g, k), len);
+        None
+    }
+
+    /// Writes each segment's header in front of its payload, which the scattered read already put in place.
+    fn split_in_place<B: AsMut<[u8]>>(
+        &mut self,
+        hdr: &VirtioNetHdrRepr,
+        len: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        (h, g, k): (usize, usize, usize),
+    ) -> Option<Received> {
+        let mut template = [0u8; MAX_HEADER_LEN];
+        let template = &mut template[..h.min(MAX_HEADER_LEN)];
+        template.copy_from_slice(&bufs[0].as_mut()[offset..offset + template.len()]);
+        let splitter = Splitter::from_head(hdr, template, len, self.framing).ok()?;
+        if splitter.gso_size() != g || splitter.segment_count() > k {
+            return None;
+        }
+        for i in 0..splitter.segment_count() {
+            let plen = splitter.segment_payload_len(i);
+            let (front, back) = bufs[i].as_mut().split_at_mut(offset + h);
+            // Cannot fail for a validated splitter; if it did, the frame is reassembled and split by copying.
+            splitter.write_header(i, &back[..plen], &mut front[offset..]).ok()?;
+            lens[i] = h + plen;
+        }
+        let total = splitter.segment_count();
+        self.stats.zero_copy_splits += 1;
+        Some(self.received(hdr, SplitProgress { produced: total, next: total, total }))
+    }
+
+    /// Moves a scattered frame of `len` bytes (see [`Layout::Scattered`]) into `scratch[..len]`.
+    fn reassemble<B: AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        offset: usize,
+        (h, g, k): (usize, usize, usize),
+        len: usize,
+    ) {
+        let in_bufs = (h + g + (k - 1) * g).min(len);
+        // What overflowed into scratch goes behind the part that was in the buffers.
+        self.scratch.copy_within(..len - in_bufs, in_bufs);
+        let mut at = 0;
+        for (i, b) in bufs[..k].iter_mut().enumerate() {
+            if at >= in_bufs {
+                break;
+            }
+            let start = if i == 0 { offset } else { offset + h };
+            let part = if i == 0 { h + g } else { g };
+            let n = part.min(in_bufs - at);
+            self.scratch[at..at + n].copy_from_slice(&b.as_mut()[start..start + n]);
+            at += n;
+        }
+    }
+
+    /// The copying split of a frame in `scratch[..len]`; segments that do not fit stay pending.
+    fn split_scratch<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        hdr: VirtioNetHdrRepr,
+        len: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        // Validated once here; only segments left for a later call are split from `Pending` again.
+        let splitter = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
+            Ok(splitter) => splitter,
+            Err(e) => {
+                let _: Option<()> = self.drop_frame(queue, DropReason::Malformed, Malformed::Gso(e).to_string());
+                return Ok(Received::NOTHING);
+            }
+        };
+        if splitter.is_gso() {
+            self.predicted = Some((splitter.hdr_len(), splitter.gso_size()));
+        }
+        let progress = match splitter.split_into(0, bufs, lens, offset) {
+            Ok(progress) => progress,
+            Err(e) => {
+                // Buffers too small: keep the super-packet for a call with larger ones.
+                self.pending = Some(Pending { hdr, len, next: 0, total: splitter.segment_count() });
+                return Err(split_error(queue, e));
+            }
+        };
+        if !progress.is_done() {
+            self.pending = Some(Pending { hdr, len, next: progress.next, total: progress.total });
+        }
+        Ok(self.received(&hdr, progress))
+    }
+
+    /// Accounts for what one split produced.
+    fn received(&mut self, hdr: &VirtioNetHdrRepr, progress: SplitProgress) -> Received {
+        self.stats.segments += progress.produced as u64;
+        // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.
+        let valid = hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0;
+        Received { packets: progress.produced, pending: progress.total - progress.next, checksums_valid: valid }
+    }
+
+    /// Hands over a GSO_NONE packet that already sits where it belongs (in the first buffer), its checksum
+    /// completed if partial.
+    fn deliver_whole(&mut self, hdr: &VirtioNetHdrRepr, packet: &mut [u8], lens: &mut [usize]) -> Received {
+        let mut valid = hdr.flags & flags::DATA_VALID != 0;
+        if hdr.flags & flags::NEEDS_CSUM != 0 {
+            let (start, offset) = (hdr.csum_start.into(), hdr.csum_offset.into());
+            if let Err(e) = turbotun_wire::checksum::complete_partial(packet, start, offset) {
+                tracing::debug!("dropping a frame: {}", Malformed::PartialChecksum(e));
+                self.stats.drops.add(DropReason::Malformed, 1);
+                return Received::NOTHING;
+            }
+            valid = true;
+        }
+        lens[0] = packet.len();
+        self.stats.segments += 1;
+        Received { packets: 1, pending: 0, checksums_valid: valid }
+    }
+
+    fn split_pending<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        let Some(p) = self.pending.as_mut() else {
+            return Ok(Received::NOTHING);
+        };
+        let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
+            .map_err(|e| Error::malformed(queue.name(), Malformed::Gso(e)))?;
+        let progress = splitter.split_into(p.next, bufs, lens, offset).map_err(|e| split_error(queue, e))?;
+        p.next = progress.next;
+        let hdr = p.hdr;
+        if progress.is_done() {
+            self.pending = None;
+        }
+        Ok(self.received(&hdr, progress))
+    }
+}
+
+fn split_error(queue: &Queue, e: turbotun_wire::GsoError) -> Error {
+    match e {
+        turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
+        other => Error::malformed(queue.name(), Malformed::Gso(other)),
+    }
+}

@@ -1,0 +1,410 @@
+//! The forwarding engine: packets from each queue of one device to the same queue of another, and back.
+//!
+//! ```no_run
+//! use turbotun::forward::{ForwardMode, ForwarderBuilder};
+//! use turbotun::Mode;
+//!
+//! # fn main() -> turbotun::Result<()> {
+//! let builder = ForwarderBuilder::new(ForwardMode::Offload);
+//! let a = builder.device(Mode::Tun).name("tun-a").open()?;
+//! let b = builder.device(Mode::Tun).name("tun-b").open()?;
+//! let forwarder = builder.build(a, b)?;
+//! let stop = forwarder.stop_handle(); // stop.stop() from anywhere (a signal handler's flag, another thread)
+//! let stats = forwarder.stats();     // readable while it runs
+//! # stop.stop();
+//! forwarder.run()?;
+//! println!("{:?}", stats.snapshot().total());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`ForwardMode`]: `Plain` (one packet per read and write), `Offload` (split every super-packet into
+//!   MTU-sized packets and coalesce them again, the work of a per-packet application such as a VPN),
+//!   `Passthrough` (super-packets forwarded whole with their virtio header, the VMM/bridge path).
+//! - [`IoKind`]: how workers wait. `Block` (a read sleeps in the kernel; the rest of a batch is read with
+//!   `RWF_NOWAIT`; workers are woken by a signal to stop), `Poll` (non-blocking fds and `poll`), `Uring`
+//!   (io_uring, plain and passthrough: one multishot read per direction, frames written from the buffer they
+//!   were read into), `Tokio` (tasks on a tokio runtime over [`crate::tokio::AsyncQueue`], feature `tokio`).
+//! - One worker per queue and direction (`threads(n)` puts `n` on each queue; they may reorder a flow); with
+//!   several queues a flow-hash steering eBPF program keeps each flow on one queue.
+//! - Counting: one [`Counters`] per direction, readable at any time through [`StatsHandle`]. Every packet read
+//!   is written or counted as a drop with a [`DropReason`](crate::stats::DropReason).
+//! - A packet the destination cannot take yet waits for room by default ([`WhenFull`]); the decision for every
+//!   failed write is made in one place for all I/O kinds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::device::{Device, DeviceBuilder, Mode, Offloads};
+use crate::error::{Error, Result};
+use crate::queue::Queue;
+use crate::stats::{Counters, SharedCounters, WhenFull};
+use crate::stop::StopHandle;
+
+mod run;
+#[cfg(feature = "tokio")]
+mod tasks;
+mod workers;
+
+/// What the engine does with a packet between reading and writing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ForwardMode {
+    /// One packet per read and write, no virtio header.
+    Plain,
+    /// Virtio header and offloads; every super-packet is split into MTU-sized packets and coalesced again.
+    Offload,
+    /// Super-packets forwarded with their virtio header untouched.
+    Passthrough,
+}
+
+impl ForwardMode {
+    /// The name used in counters output and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForwardMode::Plain => "plain",
+            ForwardMode::Offload => "offload",
+            ForwardMode::Passthrough => "passthrough",
+        }
+    }
+
+    /// Whether the devices need a virtio header for this mode.
+    pub fn uses_vnet_hdr(self) -> bool {
+        self != ForwardMode::Plain
+    }
+}
+
+/// How the workers wait for packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoKind {
+    /// Blocking fds: one system call per read; the rest of a batch with `RWF_NOWAIT`; woken by a signal to stop.
+    Block,
+    /// Non-blocking fds and `poll` when a queue runs dry.
+    Poll,
+    /// io_uring (plain and passthrough; Linux 6.7 multishot reads), one ring per queue and direction.
+    Uring,
+    /// tokio tasks over [`crate::tokio::AsyncQueue`] (feature `tokio`).
+    Tokio,
+}
+
+impl IoKind {
+    /// The name used in counters output and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoKind::Block => "block",
+            IoKind::Poll => "poll",
+            IoKind::Uring => "uring",
+            IoKind::Tokio => "tokio",
+        }
+    }
+
+    fn nonblocking(self) -> bool {
+        matches!(self, IoKind::Poll | IoKind::Tokio)
+    }
+}
+
+/// Configuration of a [`Forwarder`]; also hands out [`DeviceBuilder`]s set up for it.
+#[derive(Debug, Clone)]
+pub struct ForwarderBuilder {
+    mode: ForwardMode,
+    io: Option<IoKind>,
+    threads: usize,
+    batch: usize,
+    depth: usize,
+    when_full: WhenFull,
+}
+
+/// Virtio header size the engine uses for offload and passthrough.
+const VNET_HDR: usize = turbotun_wire::VIRTIO_NET_HDR_LEN;
+/// Most packets one batch handles.
+pub const MAX_BATCH: usize = crate::batch::BATCH_SIZE;
+/// Most io_uring buffers per direction.
+pub const MAX_DEPTH: usize = 1024;
+
+impl ForwarderBuilder {
+    /// Frames in flight per direction with io_uring by default: in `turbotun bench` (plain, TCP) 64 used the
+    /// least forwarder CPU per Gbps; 1 and 4 were slower than blocking reads, 256 lost to retransmits.
+    pub const DEFAULT_DEPTH: usize = 64;
+
+    /// A forwarder in `mode` with the defaults: the fastest I/O the mode and kernel allow, one worker per queue
+    /// and direction, batches of [`MAX_BATCH`], wait for room when a queue is full.
+    pub fn new(mode: ForwardMode) -> Self {
+        ForwarderBuilder {
+            mode,
+            io: None,
+            threads: 1,
+            batch: MAX_BATCH,
+            depth: Self::DEFAULT_DEPTH,
+            when_full: WhenFull::Wait,
+        }
+    }
+
+    /// How workers wait (default: io_uring for plain and passthrough with one worker per queue where the kernel
+    /// has it, blocking reads otherwise).
+    pub fn io(mut self, io: IoKind) -> Self {
+        self.io = Some(io);
+        self
+    }
+
+    /// Workers per queue and direction (they share the queue and may reorder packets of a flow).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Packets per batch in offload mode (1 to [`MAX_BATCH`]).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`]: frames read and not yet written at
+    /// most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    pub fn depth(mut self, depth: usize) -> Self {
+        self.depth = depth;
+        self
+    }
+
+    /// What to do when the destination queue is full (default: wait).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ForwardMode {
+        self.mode
+    }
+
+    /// A device builder with what this mode needs: a virtio header and every offload for offload and
+    /// passthrough, none for plain. Add the name, queues and the rest, then `open()`.
+    pub fn device(&self, mode: Mode) -> DeviceBuilder {
+        let builder = DeviceBuilder::new(mode);
+        match self.mode.uses_vnet_hdr() {
+            true => builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL),
+            false => builder,
+        }
+    }
+
+    /// Checks the options against each other and against this kernel for `queues` queues per device, before
+    /// any device is opened; returns the I/O kind the workers will use.
+    pub fn validate(&self, queues: usize) -> Result<IoKind> {
+        self.resolve(queues, &mut Vec::new())
+    }
+
+    /// Checks the options against each other and picks the I/O kind; a default that the kernel cannot run
+    /// falls back with a note.
+    fn resolve(&self, queues: usize, notes: &mut Vec<String>) -> Result<IoKind> {
+        let bad = |why: &str| Err(Error::InvalidConfig(why.to_string()));
+        if self.threads == 0 || queues == 0 {
+            return bad("threads and queues must be at least 1");
+        }
+        if self.threads > 1 && queues > 1 {
+            return bad("several threads per queue and several queues don't fit together: use one worker per queue (queues N) or N workers on one queue (threads N)");
+        }
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
+        }
+        if !self.depth.is_power_of_two() || self.depth > MAX_DEPTH {
+            return Err(Error::InvalidConfig(format!("depth must be a power of two between 1 and {MAX_DEPTH}")));
+        }
+        match self.io {
+            Some(IoKind::Uring) if self.mode == ForwardMode::Offload => {
+                bad("io_uring goes with plain or passthrough mode (offload splits and coalesces with blocking I/O)")
+            }
+            Some(IoKind::Uring) if self.threads > 1 => {
+                bad("io_uring runs one ring per queue and direction: use several queues rather than several threads")
+            }
+            Some(IoKind::Tokio) if self.threads > 1 => {
+                bad("tokio runs one task per queue and direction: use several queues rather than several threads")
+            }
+            Some(IoKind::Uring) => uring_supported().map(|()| IoKind::Uring),
+            Some(IoKind::Tokio) if !cfg!(feature = "tokio") => bad("tokio I/O needs turbotun's `tokio` feature"),
+            Some(io) => Ok(io),
+            None if self.mode == ForwardMode::Offload || self.threads > 1 => Ok(IoKind::Block),
+            None => match uring_supported() {
+                Ok(()) => Ok(IoKind::Uring),
+                Err(e) => {
+                    notes.push(format!("{e}; using blocking reads"));
+                    Ok(IoKind::Block)
+                }
+            },
+        }
+    }
+
+    /// A forwarder between all queues of `a` and `b` (queue `i` of one to queue `i` of the other). With several
+    /// queues, a flow-hash steering program is attached to both devices (a note says so if it cannot be).
+    pub fn build(self, a: Device, b: Device) -> Result<Forwarder> {
+        let mut notes: Vec<String> = a.notes().iter().chain(b.notes()).cloned().collect();
+        if a.queues().len() > 1 {
+            for dev in [&a, &b] {
+                if let Err(e) = steer_flows(dev) {
+                    notes.push(format!(
+                        "{}: no steering eBPF ({e}); the kernel's own flow steering is used",
+                        dev.name()
+                    ));
+                }
+            }
+        }
+        let mut forwarder = self.build_queues(a.into_queues(), b.into_queues())?;
+        forwarder.notes.splice(0..0, notes);
+        Ok(forwarder)
+    }
+
+    /// A forwarder between two sets of queues, pairwise (for queues opened elsewhere or a subset of them).
+    pub fn build_queues(self, a: Vec<Queue>, b: Vec<Queue>) -> Result<Forwarder> {
+        if a.len() != b.len() {
+            return Err(Error::InvalidConfig(format!("{} queues on one side and {} on the other", a.len(), b.len())));
+        }
+        if let (Some(qa), Some(qb)) = (a.first(), b.first()) {
+            if qa.name() == qb.name() {
+                return Err(Error::InvalidConfig(format!("the two devices must differ (both are {})", qa.name())));
+            }
+        }
+        let mut notes = Vec::new();
+        let io = self.resolve(a.len(), &mut notes)?;
+        for q in a.iter().chain(&b) {
+            check_framing(self.mode, q)?;
+            q.set_nonblocking(io.nonblocking())?;
+        }
+        if io != IoKind::Tokio {
+            crate::wake::prepare()?;
+        }
+        Ok(Forwarder {
+            config: self,
+            io,
+            a: a.into_iter().map(Arc::new).collect(),
+            b: b.into_iter().map(Arc::new).collect(),
+            stop: StopHandle::new(),
+            stats: StatsHandle::new(),
+            notes,
+        })
+    }
+}
+
+fn uring_supported() -> Result<()> {
+    #[cfg(feature = "uring")]
+    return crate::uring::supported();
+    #[cfg(not(feature = "uring"))]
+    return Err(Error::Unsupported { feature: "io_uring (turbotun was built without its `uring` feature)" });
+}
+
+fn steer_flows(dev: &Device) -> Result<()> {
+    let program = crate::steering::SteeringProgram::flow_hash()?;
+    program.attach(std::os::fd::AsFd::as_fd(&dev.queues()[0]))
+}
+
+/// The queues of a forwarder must carry what its mode expects: a virtio header for offload and passthrough
+/// (else super-packets cannot be told apart), none for plain (else the header would be forwarded as data).
+fn check_framing(mode: ForwardMode, q: &Queue) -> Result<()> {
+    match (mode, q.vnet_hdr_len()) {
+        (ForwardMode::Plain, 0) => Ok(()),
+        (ForwardMode::Plain, n) => Err(Error::InvalidConfig(format!(
+            "{} has a {n}-byte virtio header: plain mode forwards queues without one",
+            q.name()
+        ))),
+        (_, 0) => Err(Error::InvalidConfig(format!(
+            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({VNET_HDR}))",
+            q.name(),
+            mode.as_str()
+        ))),
+        (_, n) if n != VNET_HDR => Err(Error::InvalidConfig(format!(
+            "{} has a {n}-byte virtio header: the forwarder uses {VNET_HDR}-byte headers",
+            q.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A snapshot of a forwarder's counters, one [`Counters`] per direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ForwardStats {
+    /// From the first device to the second.
+    pub a_to_b: Counters,
+    /// From the second device to the first.
+    pub b_to_a: Counters,
+}
+
+impl ForwardStats {
+    /// Both directions added up.
+    pub fn total(&self) -> Counters {
+        let mut total = self.a_to_b;
+        total.add(&self.b_to_a);
+        total
+    }
+}
+
+/// The live counters of a forwarder: clone it before [`Forwarder::run`] and read it during or after the run.
+#[derive(Debug, Clone)]
+pub struct StatsHandle {
+    directions: Arc<[SharedCounters; 2]>,
+}
+
+impl StatsHandle {
+    fn new() -> Self {
+        StatsHandle { directions: Arc::new([SharedCounters::default(), SharedCounters::default()]) }
+    }
+
+    /// The counters as they are now (workers add theirs every 64 packets and whenever they go idle).
+    pub fn snapshot(&self) -> ForwardStats {
+        ForwardStats { a_to_b: self.directions[0].snapshot(), b_to_a: self.directions[1].snapshot() }
+    }
+
+    fn direction(&self, a_to_b: bool) -> &SharedCounters {
+        &self.directions[usize::from(!a_to_b)]
+    }
+}
+
+/// A forwarder ready to run (see [`ForwarderBuilder`]).
+#[derive(Debug)]
+pub struct Forwarder {
+    config: ForwarderBuilder,
+    io: IoKind,
+    a: Vec<Arc<Queue>>,
+    b: Vec<Arc<Queue>>,
+    stop: StopHandle,
+    stats: StatsHandle,
+    notes: Vec<String>,
+}
+
+/// How often a worker that waits for packets looks at the stop handle (poll and io_uring waits).
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+impl Forwarder {
+    /// Fires to end [`Self::run`]: workers finish what they hold and return.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// The forwarder's counters, readable while it runs.
+    pub fn stats(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ForwardMode {
+        self.config.mode
+    }
+
+    /// The I/O kind the workers use (the default resolved against this kernel).
+    pub fn io(&self) -> IoKind {
+        self.io
+    }
+
+    /// What the devices and the I/O choice had to say (a fallback taken, a multiqueue flag flipped, no
+    /// steering program).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The queues of each side, in pairs.
+    pub fn queues(&self) -> impl Iterator<Item = (&Queue, &Queue)> {
+        self.a.iter().zip(&self.b).map(|(a, b)| (&**a, &**b))
+    }
+
+    /// Forwards until the stop handle fires (`Ok` with the final counters) or a worker fails (the error, after
+    /// every other worker was stopped; the counters stay readable through [`Self::stats`]).
+    pub fn run(self) -> Result<ForwardStats> {
+        run::run(self)
+    }
+}

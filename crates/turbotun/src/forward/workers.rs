@@ -1,0 +1,243 @@
+//! The loops one worker runs, one per way of moving packets: split and coalesce (offload), one frame per read
+//! and write (plain and passthrough), and io_uring. Each counts into its own [`Counters`] and adds what changed
+//! to the forwarder's shared counters every [`FLUSH_EVERY`] packets and whenever it goes idle.
+
+use std::io::IoSlice;
+
+use turbotun_wire::virtio_net::VirtioNetHdr;
+
+use super::{ForwardMode, Forwarder, IoKind, StatsHandle, IDLE_WAIT, VNET_HDR};
+use crate::batch::{RecvBatch, SendBatch};
+use crate::error::{Malformed, Result};
+use crate::queue::{is_interrupted, is_would_block, Queue, MAX_PACKET};
+use crate::stats::{Counters, DropReason, SharedCounters, WhenFull};
+use crate::stop::StopHandle;
+use crate::write_policy::{Unit, Writer};
+
+/// Packets between two additions to the shared counters while busy: the shared atomics sit on a cache line
+/// that other threads read, so adding per packet would cost more than the packet.
+pub(super) const FLUSH_EVERY: u64 = 64;
+
+/// What a worker needs to know besides its two queues.
+#[derive(Debug, Clone)]
+pub(super) struct WorkerCtx {
+    pub mode: ForwardMode,
+    pub io: IoKind,
+    pub batch: usize,
+    pub depth: usize,
+    pub when_full: WhenFull,
+    pub stop: StopHandle,
+    pub stats: StatsHandle,
+    pub a_to_b: bool,
+}
+
+impl WorkerCtx {
+    pub fn new(fwd: &Forwarder, a_to_b: bool) -> Self {
+        WorkerCtx {
+            mode: fwd.config.mode,
+            io: fwd.io,
+            batch: fwd.config.batch,
+            depth: fwd.config.depth,
+            when_full: fwd.config.when_full,
+            stop: fwd.stop.clone(),
+            stats: fwd.stats.clone(),
+            a_to_b,
+        }
+    }
+
+    pub fn shared(&self) -> &SharedCounters {
+        self.stats.direction(self.a_to_b)
+    }
+
+    /// The write policy's writer for `dst`.
+    pub fn writer(&self, dst: &Queue) -> Writer {
+        Writer { vnet_hdr_len: dst.vnet_hdr_len(), when_full: self.when_full, stop: Some(self.stop.clone()) }
+    }
+}
+
+/// Adds a worker's cumulative counters to the shared ones, as differences since the last time.
+#[derive(Debug)]
+pub(super) struct Flusher<'a> {
+    shared: &'a SharedCounters,
+    last: Counters,
+}
+
+impl<'a> Flusher<'a> {
+    pub fn new(shared: &'a SharedCounters) -> Self {
+        Flusher { shared, last: Counters::default() }
+    }
+
+    /// Adds what changed since the last flush; returns it.
+    pub fn flush(&mut self, now: Counters) -> Counters {
+        let delta = now.since(&self.last);
+        self.shared.add(&delta);
+        self.last = now;
+        delta
+    }
+
+    /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush.
+    pub fn maybe_flush(&mut self, now: Counters) {
+        if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY {
+            self.flush(now);
+        }
+    }
+}
+
+pub(super) fn run_worker(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
+    match (ctx.io, ctx.mode) {
+        #[cfg(feature = "uring")]
+        (IoKind::Uring, _) => forward_uring(src, dst, ctx),
+        (_, ForwardMode::Offload) => forward_offload(src, dst, ctx),
+        _ => forward_raw(src, dst, ctx),
+    }
+}
+
+/// Buffers of one direction: one allocation made once, a stride per packet (only the pages a packet touches
+/// become resident).
+pub(super) fn arena(batch: usize) -> (Vec<u8>, usize) {
+    let stride = VNET_HDR + MAX_PACKET;
+    (vec![0u8; batch * stride], stride)
+}
+
+/// The counters of one direction's batch halves together (their fields do not overlap).
+pub(super) fn batch_counts(rx: &RecvBatch, tx: &SendBatch) -> Counters {
+    let mut c = rx.stats();
+    c.add(&tx.stats());
+    c
+}
+
+/// [`batch_counts`] at the end of a worker: segments still pending in the receive half were read and will not
+/// be written.
+pub(super) fn final_batch_counts(rx: &RecvBatch, tx: &SendBatch) -> Counters {
+    let mut c = batch_counts(rx, tx);
+    c.drops.add(DropReason::Stopped, rx.pending() as u64);
+    c
+}
+
+/// Offload: read and split into MTU-sized packets, coalesce, write.
+fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
+    let (mut arena, stride) = arena(ctx.batch);
+    let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
+    let mut lens = vec![0usize; ctx.batch];
+    let mut rx = RecvBatch::new(src);
+    let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
+    let mut flusher = Flusher::new(ctx.shared());
+    let result = (|| {
+        while !ctx.stop.is_stopped() {
+            let got = rx.recv_many(src, &mut bufs, &mut lens, VNET_HDR, Some(IDLE_WAIT))?;
+            if got.packets == 0 {
+                flusher.flush(batch_counts(&rx, &tx));
+                continue;
+            }
+            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
+            flusher.maybe_flush(batch_counts(&rx, &tx));
+        }
+        Ok(())
+    })();
+    flusher.flush(final_batch_counts(&rx, &tx));
+    result
+}
+
+/// Accounts for one frame read by a raw loop (plain or passthrough): `None` if it is to be dropped (counted).
+pub(super) fn raw_frame(
+    c: &mut Counters,
+    frame_len: usize,
+    capacity: usize,
+    vnet_hdr_len: usize,
+    head: &[u8],
+) -> Option<Unit> {
+    c.reads += 1;
+    if frame_len > capacity {
+        c.drops.add(DropReason::TooBig, 1);
+        return None;
+    }
+    if frame_len < vnet_hdr_len {
+        tracing::debug!("dropping a frame: {}", Malformed::ShortRead);
+        c.drops.add(DropReason::Malformed, 1);
+        return None;
+    }
+    if vnet_hdr_len > 0 && frame_len > vnet_hdr_len && VirtioNetHdr::new_unchecked(head).is_gso() {
+        c.super_packets += 1;
+    }
+    c.segments += 1;
+    Some(Unit { packets: 1, bytes: (frame_len - vnet_hdr_len) as u64 })
+}
+
+/// Plain and passthrough: one read, one write, the frame forwarded as it came (virtio header included).
+fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
+    let vnet_hdr_len = src.vnet_hdr_len();
+    let mut buf = vec![0u8; vnet_hdr_len + MAX_PACKET];
+    let writer = ctx.writer(dst);
+    let mut c = Counters::default();
+    let mut flusher = Flusher::new(ctx.shared());
+    let result = (|| {
+        while !ctx.stop.is_stopped() {
+            let n = match src.recv_raw(&mut buf) {
+                Ok(n) => n,
+                Err(e) if is_would_block(&e) => {
+                    flusher.flush(c);
+                    src.wait_readable(Some(IDLE_WAIT))?;
+                    continue;
+                }
+                Err(e) if is_interrupted(&e) => {
+                    flusher.flush(c);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(unit) = raw_frame(&mut c, n, buf.len(), vnet_hdr_len, &buf[..n.min(buf.len())]) else {
+                continue;
+            };
+            writer.write(dst, &[IoSlice::new(&buf[..n])], unit, false, &mut c)?;
+            flusher.maybe_flush(c);
+        }
+        Ok(())
+    })();
+    flusher.flush(c);
+    result
+}
+
+/// Plain and passthrough through io_uring. Drops on the write side are also added to the destination queue's
+/// `tx_dropped` (the ring has no queue to count them on).
+#[cfg(feature = "uring")]
+fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
+    let mut ring = crate::uring::UringForwarder::new(src, dst, ctx.depth)?.when_full(ctx.when_full);
+    let mut flusher = Flusher::new(ctx.shared());
+    let flush = |flusher: &mut Flusher, now: Counters| {
+        let delta = flusher.flush(now);
+        let write_side = delta.drops.total() - delta.drops.too_big - delta.drops.malformed;
+        if write_side > 0 {
+            dst.count_tx_drop(write_side);
+        }
+    };
+    let mut last_flushed_reads = 0;
+    let result = loop {
+        if ctx.stop.is_stopped() {
+            break Ok(());
+        }
+        match ring.poll(IDLE_WAIT) {
+            Ok(busy) => {
+                let now = ring.stats();
+                if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
+                    last_flushed_reads = now.reads;
+                    flush(&mut flusher, now);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    // Frames read and handed to the kernel for writing: wait for their completions; what is still in flight
+    // after that is counted as stopped.
+    let mut last = ring.stats();
+    if result.is_ok() {
+        match ring.drain(IDLE_WAIT) {
+            Ok(left) => {
+                last = ring.stats();
+                last.drops.add(DropReason::Stopped, left as u64);
+            }
+            Err(e) => tracing::debug!("draining io_uring writes: {e}"),
+        }
+    }
+    flush(&mut flusher, last);
+    result
+}

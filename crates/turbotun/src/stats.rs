@@ -1,0 +1,251 @@
+//! One set of counters for everything that moves packets: the batch layer, the io_uring backend and the
+//! forwarding engine all count into [`Counters`], and every packet that is read but not written is counted in
+//! [`Drops`] under a [`DropReason`].
+//!
+//! A worker keeps its own [`Counters`] (plain integers, no sharing) and adds what changed to a
+//! [`SharedCounters`] now and then; a reader takes a [`SharedCounters::snapshot`] at any time, also while the
+//! workers run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a packet that was read was not written. Every drop has one; none is silent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum DropReason {
+    /// A frame larger than the buffer it was read into (the kernel reports its full length).
+    TooBig,
+    /// A bad virtio header, offsets that do not fit the packet, or a super-packet that cannot be split.
+    Malformed,
+    /// The kernel refused the write (`EINVAL`): a packet the device cannot take.
+    KernelRefused,
+    /// The destination was down (`EIO`).
+    DeviceDown,
+    /// The destination's queue was full (`EAGAIN`) and the engine was told not to wait ([`WhenFull::Drop`]).
+    QueueFull,
+    /// Read but still held when the forwarder stopped or failed.
+    Stopped,
+}
+
+impl DropReason {
+    /// Every reason, in the order [`Drops`] lists them.
+    pub const ALL: [DropReason; 6] = [
+        DropReason::TooBig,
+        DropReason::Malformed,
+        DropReason::KernelRefused,
+        DropReason::DeviceDown,
+        DropReason::QueueFull,
+        DropReason::Stopped,
+    ];
+
+    /// The name used in counters output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::TooBig => "too_big",
+            DropReason::Malformed => "malformed",
+            DropReason::KernelRefused => "kernel_refused",
+            DropReason::DeviceDown => "device_down",
+            DropReason::QueueFull => "queue_full",
+            DropReason::Stopped => "stopped",
+        }
+    }
+
+    /// Whether this drop points at a fault (a bad packet or a refusal) rather than at the device's state.
+    pub fn is_fault(self) -> bool {
+        matches!(self, DropReason::TooBig | DropReason::Malformed | DropReason::KernelRefused)
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to do with a packet when the destination queue is full (`EAGAIN`; a tun queue is only ever full
+/// with a limited `TUNSETSNDBUF`, its default send buffer is unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait until the queue takes it (backpressure: the reader slows down, the kernel's ring holds the rest).
+    #[default]
+    Wait,
+    /// Count it as [`DropReason::QueueFull`] and go on.
+    Drop,
+}
+
+/// Packets not written, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Drops {
+    /// See [`DropReason::TooBig`].
+    pub too_big: u64,
+    /// See [`DropReason::Malformed`].
+    pub malformed: u64,
+    /// See [`DropReason::KernelRefused`].
+    pub kernel_refused: u64,
+    /// See [`DropReason::DeviceDown`].
+    pub device_down: u64,
+    /// See [`DropReason::QueueFull`].
+    pub queue_full: u64,
+    /// See [`DropReason::Stopped`].
+    pub stopped: u64,
+}
+
+impl Drops {
+    fn slot(&mut self, reason: DropReason) -> &mut u64 {
+        match reason {
+            DropReason::TooBig => &mut self.too_big,
+            DropReason::Malformed => &mut self.malformed,
+            DropReason::KernelRefused => &mut self.kernel_refused,
+            DropReason::DeviceDown => &mut self.device_down,
+            DropReason::QueueFull => &mut self.queue_full,
+            DropReason::Stopped => &mut self.stopped,
+        }
+    }
+
+    /// Counts `n` packets dropped for `reason`.
+    pub fn add(&mut self, reason: DropReason, n: u64) {
+        *self.slot(reason) += n;
+    }
+
+    /// Packets dropped for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        let mut copy = *self;
+        *copy.slot(reason)
+    }
+
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        DropReason::ALL.iter().map(|&r| self.get(r)).sum()
+    }
+
+    /// Drops that point at a fault (see [`DropReason::is_fault`]).
+    pub fn faults(&self) -> u64 {
+        DropReason::ALL.iter().filter(|r| r.is_fault()).map(|&r| self.get(r)).sum()
+    }
+}
+
+/// Declares [`Counters`] and the per-field operations over it once, so that adding a counter is one line.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $field:ident),* $(,)?) => {
+        /// What one direction (or one batch object, or the whole forwarder) moved. Cumulative.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        pub struct Counters {
+            $($(#[$doc])* pub $field: u64,)*
+            /// Packets read and not written, by reason.
+            pub drops: Drops,
+        }
+
+        impl Counters {
+            /// Adds every counter of `other` to this one.
+            pub fn add(&mut self, other: &Counters) {
+                $(self.$field += other.$field;)*
+                for reason in DropReason::ALL {
+                    self.drops.add(reason, other.drops.get(reason));
+                }
+            }
+
+            /// What changed since `earlier` (an older copy of the same cumulative counters).
+            pub fn since(&self, earlier: &Counters) -> Counters {
+                let mut delta = Counters { $($field: self.$field.saturating_sub(earlier.$field),)* ..Counters::default() };
+                for reason in DropReason::ALL {
+                    delta.drops.add(reason, self.drops.get(reason).saturating_sub(earlier.drops.get(reason)));
+                }
+                delta
+            }
+        }
+
+        /// [`Counters`] that several threads add to and anyone reads, on a cache line of its own.
+        #[repr(align(64))]
+        #[derive(Debug, Default)]
+        pub struct SharedCounters {
+            $($field: AtomicU64,)*
+            drops: [AtomicU64; DropReason::ALL.len()],
+        }
+
+        impl SharedCounters {
+            /// Adds `delta` (relaxed: counters need no ordering with the packets they count).
+            pub fn add(&self, delta: &Counters) {
+                $(if delta.$field > 0 { self.$field.fetch_add(delta.$field, Ordering::Relaxed); })*
+                for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+                    let n = delta.drops.get(reason);
+                    if n > 0 {
+                        self.drops[i].fetch_add(n, Ordering::Relaxed);
+                    }
+                }
+            }
+
+            /// The counters as they are now.
+            pub fn snapshot(&self) -> Counters {
+                let mut c = Counters { $($field: self.$field.load(Ordering::Relaxed),)* ..Counters::default() };
+                for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+                    c.drops.add(reason, self.drops[i].load(Ordering::Relaxed));
+                }
+                c
+            }
+        }
+    };
+}
+
+counters! {
+    /// Reads that returned a frame.
+    reads,
+    /// Packets written (or, where packets are split, handed to the application): segments of a split
+    /// super-packet count one each, a super-packet forwarded whole counts once.
+    packets,
+    /// Bytes of those packets, virtio header excluded.
+    bytes,
+    /// Reads that returned a GSO super-packet.
+    super_packets,
+    /// Super-packets split without copying a payload byte (the read scattered each segment's payload into its
+    /// own buffer).
+    zero_copy_splits,
+    /// Packets produced by reads: one per plain packet, one per segment of a split super-packet.
+    segments,
+    /// Packets merged into another before writing (written as part of it).
+    coalesced,
+    /// Writes issued.
+    writes,
+    /// Coalesced writes the kernel refused, after which that GRO kind was turned off and the packet re-split.
+    gro_fallbacks,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_add_since_and_snapshot_agree() {
+        let mut a = Counters { reads: 3, packets: 10, bytes: 1000, ..Counters::default() };
+        a.drops.add(DropReason::Malformed, 2);
+        a.drops.add(DropReason::DeviceDown, 1);
+        let earlier = a;
+        a.reads += 4;
+        a.drops.add(DropReason::Malformed, 5);
+        let delta = a.since(&earlier);
+        assert_eq!(delta.reads, 4);
+        assert_eq!(delta.packets, 0);
+        assert_eq!(delta.drops.malformed, 5);
+        assert_eq!(delta.drops.device_down, 0);
+
+        let shared = SharedCounters::default();
+        shared.add(&earlier);
+        shared.add(&delta);
+        assert_eq!(shared.snapshot(), a);
+        assert_eq!(a.drops.total(), 8);
+        assert_eq!(a.drops.faults(), 7);
+    }
+
+    #[test]
+    fn test_every_reason_has_its_own_slot() {
+        let mut d = Drops::default();
+        for (i, r) in DropReason::ALL.into_iter().enumerate() {
+            d.add(r, 1 << i);
+        }
+        for (i, r) in DropReason::ALL.into_iter().enumerate() {
+            assert_eq!(d.get(r), 1 << i, "{r}");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The one place that decides what happens to a packet the kernel did not take: wait, retry, re-split, drop
+//! (counted, with its reason) or give up on the queue. The batch writer, the raw forwarding loop and the
+//! io_uring backend all ask [`on_write_error`], so a given errno means the same thing on every path.
+
+use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use turbotun_wire::virtio_net::VirtioNetHdrRepr;
+
+use crate::error::{queue_io_error, Result};
+use crate::queue::Queue;
+use crate::stats::{Counters, DropReason, WhenFull};
+use crate::stop::StopHandle;
+use crate::sys;
+
+/// How long a write waiting for room sleeps before it looks at the stop handle again.
+const ROOM_POLL: Duration = Duration::from_millis(100);
+
+/// What to do after a write failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteFailure {
+    /// The queue is full: wait until it is writable, then write the same packet again (backpressure).
+    WaitWritable,
+    /// Interrupted before anything was written: write the same packet again.
+    Retry,
+    /// The kernel refused a coalesced (GSO) packet: turn that GRO kind off and write its segments one by one.
+    Resplit,
+    /// Count the packet as dropped for this reason and go on.
+    Drop(DropReason),
+    /// Not a per-packet problem (the device is gone, an fd error): the caller returns the error.
+    Fatal,
+}
+
+/// Classifies the errno of a failed write of one packet; `coalesced` says whether it was a GSO super-packet we
+/// built (a refusal of those is a kernel without that GRO kind, not a bad packet).
+pub(crate) fn on_write_error(errno: Option<i32>, coalesced: bool, when_full: WhenFull) -> WriteFailure {
+    match errno {
+        Some(libc::EAGAIN) => match when_full {
+            WhenFull::Wait => WriteFailure::WaitWritable,
+            WhenFull::Drop => WriteFailure::Drop(DropReason::QueueFull),
+        },
+        Some(libc::EINTR) => WriteFailure::Retry,
+        Some(libc::EIO) => WriteFailure::Drop(DropReason::DeviceDown),
+        Some(libc::EINVAL) if coalesced => WriteFailure::Resplit,
+        Some(libc::EINVAL) | Some(libc::EMSGSIZE) => WriteFailure::Drop(DropReason::KernelRefused),
+        _ => WriteFailure::Fatal,
+    }
+}
+
+/// The caller's packets one frame carries (a coalesced frame carries its merged members too) and their bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unit {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// How a write ended when it did not fail the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// The kernel took it (counted in `writes`, `packets`, `bytes`).
+    Yes,
+    /// Counted as a drop with its reason.
+    Dropped,
+    /// The kernel refused a coalesced packet: the caller re-splits it (see [`WriteFailure::Resplit`]).
+    Refused(VirtioNetHdrRepr),
+}
+
+/// Writes frames to one queue under the write policy: what a write that fails becomes, counted in the caller's
+/// [`Counters`] and the queue's `tx_dropped`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Writer {
+    pub vnet_hdr_len: usize,
+    pub when_full: WhenFull,
+    pub stop: Option<StopHandle>,
+}
+
+impl Writer {
+    /// Writes one frame (virtio header, if the queue has one, and packet, in pieces) until the kernel takes it
+    /// or the policy says otherwise. `may_resplit`: whether a refused GSO frame is ours to split again.
+    pub fn write(
+        &self,
+        queue: &Queue,
+        iov: &[IoSlice<'_>],
+        unit: Unit,
+        may_resplit: bool,
+        stats: &mut Counters,
+    ) -> Result<Written> {
+        loop {
+            let e = match sys::writev(queue.as_fd(), iov) {
+                Ok(n) => {
+                    queue.count_tx(1, n.saturating_sub(self.vnet_hdr_len) as u64);
+                    stats.writes += 1;
+                    stats.packets += unit.packets;
+                    stats.bytes += unit.bytes;
+                    return Ok(Written::Yes);
+                }
+                Err(e) => e,
+            };
+            let hdr = self.header_of(iov);
+            match on_write_error(e.raw_os_error(), may_resplit && hdr.is_gso(), self.when_full) {
+                WriteFailure::WaitWritable if self.wait_for_room(queue)? => {}
+                WriteFailure::Retry if !self.stopping() => {}
+                WriteFailure::WaitWritable | WriteFailure::Retry => {
+                    return Ok(self.drop(queue, DropReason::Stopped, unit.packets, &e, stats));
+                }
+                WriteFailure::Resplit => return Ok(Written::Refused(hdr)),
+                WriteFailure::Drop(reason) => return Ok(self.drop(queue, reason, unit.packets, &e, stats)),
+                WriteFailure::Fatal => return Err(queue_io_error(queue.name(), "write", e)),
+            }
+        }
+    }
+
+    /// Counts `packets` as dropped for `reason`, in `stats` and in the queue's `tx_dropped`.
+    pub fn drop(
+        &self,
+        queue: &Queue,
+        reason: DropReason,
+        packets: u64,
+        e: &io::Error,
+        stats: &mut Counters,
+    ) -> Written {
+        tracing::debug!("{}: dropped {packets} packet(s) ({reason}): {e}", queue.name());
+        stats.drops.add(reason, packets);
+        queue.count_tx_drop(packets);
+        Written::Dropped
+    }
+
+    /// The virtio header at the front of a frame (zeroed when the queue has none or it does not parse).
+    fn header_of(&self, iov: &[IoSlice<'_>]) -> VirtioNetHdrRepr {
+        match iov.first() {
+            Some(first) if self.vnet_hdr_len > 0 && first.len() >= self.vnet_hdr_len => {
+                VirtioNetHdrRepr::parse(&first[..self.vnet_hdr_len]).unwrap_or_default()
+            }
+            _ => VirtioNetHdrRepr::default(),
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.as_ref().is_some_and(StopHandle::is_stopped)
+    }
+
+    /// Waits until the queue can take a write; false if the stop handle fired first.
+    fn wait_for_room(&self, queue: &Queue) -> Result<bool> {
+        loop {
+            if self.stopping() {
+                return Ok(false);
+            }
+            if queue.wait_writable(Some(ROOM_POLL))? {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_every_errno_has_one_meaning() {
+        use WriteFailure::*;
+        let wait = WhenFull::Wait;
+        assert_eq!(on_write_error(Some(libc::EAGAIN), false, wait), WaitWritable);
+        assert_eq!(on_write_error(Some(libc::EAGAIN), true, WhenFull::Drop), Drop(DropReason::QueueFull));
+        assert_eq!(on_write_error(Some(libc::EINTR), true, wait), Retry);
+        assert_eq!(on_write_error(Some(libc::EIO), true, wait), Drop(DropReason::DeviceDown));
+        assert_eq!(on_write_error(Some(libc::EINVAL), true, wait), Resplit);
+        assert_eq!(on_write_error(Some(libc::EINVAL), false, wait), Drop(DropReason::KernelRefused));
+        assert_eq!(on_write_error(Some(libc::EBADFD), false, wait), Fatal);
+        assert_eq!(on_write_error(None, false, wait), Fatal);
+    }
+}
