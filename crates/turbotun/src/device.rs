@@ -29,84 +29,62 @@ impl fmt::Display for Mode {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Offloads(u32);
 
-impl Offloads {
-    pub const NONE: Offloads = Offloads(0);
-    /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
-    pub const CSUM: Offloads = Offloads(tun_f::CSUM);
-    pub const TSO4: Offloads = Offloads(tun_f::TSO4);
-    pub const TSO6: Offloads = Offloads(tun_f::TSO6);
-    /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
-    pub const TSO_ECN: Offloads = Offloads(tun_f::TSO_ECN);
-    /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
-    pub const USO4: Offloads = Offloads(tun_f::USO4);
-    pub const USO6: Offloads = Offloads(tun_f::USO6);
-    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
-    pub const TCP: Offloads = Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6);
-    /// Everything turbotun can split and coalesce.
-    pub const ALL: Offloads =
-        Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6 | tun_f::TSO_ECN | tun_f::USO4 | tun_f::USO6);
+bitflags::bitflags! {
+    impl Offloads: u32 {
+        /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
+        const CSUM = tun_f::CSUM;
+        const TSO4 = tun_f::TSO4;
+        const TSO6 = tun_f::TSO6;
+        /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
+        const TSO_ECN = tun_f::TSO_ECN;
+        /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
+        const USO4 = tun_f::USO4;
+        const USO6 = tun_f::USO6;
+    }
+}
 
-    const NAMES: [(u32, &'static str); 6] = [
-        (tun_f::CSUM, "csum"),
-        (tun_f::TSO4, "tso4"),
-        (tun_f::TSO6, "tso6"),
-        (tun_f::TSO_ECN, "tso_ecn"),
-        (tun_f::USO4, "uso4"),
-        (tun_f::USO6, "uso6"),
+impl Offloads {
+    pub const NONE: Offloads = Offloads::empty();
+    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
+    pub const TCP: Offloads = Offloads::CSUM.union(Offloads::TSO4).union(Offloads::TSO6);
+    /// Everything turbotun can split and coalesce.
+    pub const ALL: Offloads = Offloads::all();
+
+    /// The names `parse` accepts and `Display` writes, in kernel bit order. They are lower case, as the command
+    /// line takes them, so they are not the constants' names that `bitflags` knows.
+    const NAMES: [(Offloads, &'static str); 6] = [
+        (Offloads::CSUM, "csum"),
+        (Offloads::TSO4, "tso4"),
+        (Offloads::TSO6, "tso6"),
+        (Offloads::TSO_ECN, "tso_ecn"),
+        (Offloads::USO4, "uso4"),
+        (Offloads::USO6, "uso6"),
     ];
 
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-    pub const fn from_bits_truncate(bits: u32) -> Offloads {
-        Offloads(bits & Offloads::ALL.0)
-    }
-    pub const fn contains(self, other: Offloads) -> bool {
-        self.0 & other.0 == other.0
-    }
-    pub const fn intersects(self, other: Offloads) -> bool {
-        self.0 & other.0 != 0
-    }
-    pub const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-    pub const fn union(self, other: Offloads) -> Offloads {
-        Offloads(self.0 | other.0)
-    }
-    pub const fn difference(self, other: Offloads) -> Offloads {
-        Offloads(self.0 & !other.0)
-    }
     /// Names of the bits set, in kernel order (`csum`, `tso4`, ...).
     pub fn names(self) -> Vec<&'static str> {
-        Self::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, n)| *n).collect()
+        Self::NAMES.iter().filter(|(bit, _)| self.contains(*bit)).map(|(_, n)| *n).collect()
     }
-    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp` or `none`.
+    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso` or `none`.
     pub fn parse(list: &str) -> Result<Offloads> {
         let mut out = Offloads::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            out = out.union(match word {
+            out |= match word {
                 "all" => Offloads::ALL,
                 "tcp" => Offloads::TCP,
                 "none" => Offloads::NONE,
-                "uso" => Offloads::USO4.union(Offloads::USO6),
+                "uso" => Offloads::USO4 | Offloads::USO6,
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
-                    Some((bit, _)) => Offloads(*bit),
+                    Some((bit, _)) => *bit,
                     None => {
                         return Err(Error::InvalidConfig(format!(
                         "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
                     )))
                     }
                 },
-            });
+            };
         }
         Ok(out)
-    }
-}
-
-impl std::ops::BitOr for Offloads {
-    type Output = Offloads;
-    fn bitor(self, rhs: Offloads) -> Offloads {
-        self.union(rhs)
     }
 }
 
@@ -190,7 +168,7 @@ impl Capabilities {
                 Offloads::CSUM | Offloads::USO4 | Offloads::USO6,
             ] {
                 if sys::tun_set_offload(scratch.as_fd(), candidate.bits()).is_ok() {
-                    granted = granted | candidate;
+                    granted |= candidate;
                 }
             }
             caps.offloads = Some(granted);
@@ -642,5 +620,11 @@ mod tests {
         assert_eq!(Offloads::ALL.to_string(), "csum,tso4,tso6,tso_ecn,uso4,uso6");
         assert_eq!(Offloads::NONE.to_string(), "none");
         assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL);
+        assert_eq!(format!("{:?}", Offloads::TCP), "Offloads(csum,tso4,tso6)");
+        assert_eq!(Offloads::TCP.names(), ["csum", "tso4", "tso6"]);
+        assert_eq!(
+            Offloads::ALL.bits(),
+            tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6 | tun_f::TSO_ECN | tun_f::USO4 | tun_f::USO6
+        );
     }
 }
