@@ -257,6 +257,36 @@ fn error_busy_with_exclusive() {
     });
 }
 
+/// `multi_queue(true)` creates a multiqueue device with a single fd; further queues attach to it later, and an
+/// existing single-queue device is refused with the fix named.
+#[test]
+fn multi_queue_with_one_queue() {
+    in_netns("multi_queue_with_one_queue", || {
+        let mq_flag = libc::IFF_MULTI_QUEUE as u16;
+        let name = unique_name("tw");
+        let dev = DeviceBuilder::tun().name(&name).multi_queue(true).open().expect("multiqueue, one queue");
+        assert_eq!(dev.queues().len(), 1);
+        assert_ne!(dev.kernel_flags() & mq_flag, 0, "flags {:#x}", dev.kernel_flags());
+        assert!(dev.notes().is_empty(), "{:?}", dev.notes());
+        assert_eq!(inspect::queue_holders(&name).len(), 1, "one fd attached");
+        let mut nl = Netlink::new().unwrap();
+        let tun = nl.link(&name).unwrap().tun.expect("tun attributes");
+        assert!(tun.multi_queue, "{tun:?}");
+        assert_eq!(tun.num_queues, 1);
+
+        let second = DeviceBuilder::tun().name(&name).multi_queue(true).open().expect("a second queue attaches");
+        assert!(second.notes().is_empty(), "the flag matched, nothing to adapt: {:?}", second.notes());
+        assert_eq!(inspect::queue_holders(&name).len(), 2);
+
+        let single = unique_name("tv");
+        let plain = DeviceBuilder::tun().name(&single).open().unwrap();
+        assert_eq!(plain.kernel_flags() & mq_flag, 0);
+        let err = DeviceBuilder::tun().name(&single).multi_queue(true).open().unwrap_err();
+        assert!(err.to_string().contains("exists without multi_queue"), "{err}");
+        assert!(err.to_string().contains("multi_queue(false)"), "the error names the fix: {err}");
+    });
+}
+
 #[test]
 fn error_multiqueue_mismatch_and_flip() {
     in_netns("error_multiqueue_mismatch_and_flip", || {
