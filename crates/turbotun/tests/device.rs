@@ -257,6 +257,21 @@ fn error_busy_with_exclusive() {
     });
 }
 
+/// A private namespace comes with its loopback up: a datagram to 127.0.0.1 arrives.
+#[test]
+fn private_netns_loopback_up() {
+    in_netns("private_netns_loopback_up", || {
+        let lo = Netlink::new().unwrap().link("lo").unwrap();
+        assert!(lo.is_up(), "{lo:?}");
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        rx.set_read_timeout(Some(T)).unwrap();
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        tx.send_to(b"lo", rx.local_addr().unwrap()).unwrap();
+        let mut got = [0u8; 8];
+        assert_eq!(rx.recv(&mut got).unwrap(), 2);
+    });
+}
+
 /// `multi_queue(true)` creates a multiqueue device with a single fd; further queues attach to it later, and an
 /// existing single-queue device is refused with the fix named.
 #[test]
