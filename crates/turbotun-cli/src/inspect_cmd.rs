@@ -259,12 +259,11 @@ pub struct CreateArgs {
 }
 
 pub fn create(args: &CreateArgs) -> Result<()> {
-    let mut builder =
-        DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun }).name(&args.name).exclusive(true).persist(true);
-    if args.multi_queue {
-        // A multiqueue device is created by a multiqueue open; one queue is enough to create it.
-        builder = builder.queues(2);
-    }
+    let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
+        .name(&args.name)
+        .exclusive(true)
+        .persist(true)
+        .multi_queue(args.multi_queue);
     if args.vnet_hdr {
         builder = builder.vnet_hdr(turbotun::wire::virtio_net::VIRTIO_NET_HDR_LEN);
     }

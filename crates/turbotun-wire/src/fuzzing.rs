@@ -1,5 +1,5 @@
 //! Entry points shared by the cargo-fuzz targets and the corpus replay test, and packet builders for tests and
-//! benches. Not part of the public API; may change at any time.
+//! benches, compiled only with the `fuzzing` feature. Not part of the public API; may change at any time.
 #![allow(missing_docs)]
 
 use crate::checksum;

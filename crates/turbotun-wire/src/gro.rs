@@ -400,6 +400,15 @@ enum Merge {
     Prepend,
 }
 
+/// Outcome of [`Gro::try_merge`].
+enum Attempt {
+    Merged,
+    /// This item cannot take the packet (another item of the flow may, for TCP).
+    Refused,
+    /// The packet's own checksum failed: it merges with nothing.
+    BadPacket,
+}
+
 impl Gro {
     /// A GRO engine; allocates nothing until the first batch.
     pub fn new(config: GroConfig) -> Self {
@@ -526,6 +535,7 @@ impl Gro {
         stats
     }
 
+    /// Merges packet `i` (parsed as `c`) into an earlier packet of its flow, or makes it the head of a new item.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn insert<B: AsMut<[u8]> + AsRef<[u8]>>(
@@ -540,104 +550,144 @@ impl Gro {
     ) {
         let hash = c.key.hash();
         let mut pkt_ok: Option<bool> = if checksums_valid { Some(true) } else { None };
-        let mut k = self.items.len();
         let mut dead = false;
-        while k > 0 {
-            k -= 1;
+        // Newest first: a UDP packet may only join the newest item of its flow, a TCP packet any that fits.
+        for k in (0..self.items.len()).rev() {
             let it = &self.items[k];
             if it.hash != hash || it.c.key != c.key {
                 continue;
             }
-            if it.dead {
-                if c.key.udp {
+            match self.try_merge(k, i, c, bufs, lens, offset, &mut pkt_ok, stats) {
+                Attempt::Merged => return,
+                Attempt::BadPacket => {
+                    // Passes through unmerged; kept as a dead item so that UDP cannot merge across it.
+                    dead = true;
                     break;
                 }
-                continue;
+                Attempt::Refused if c.key.udp => break,
+                Attempt::Refused => {}
             }
-            let Some((how, id_mode)) = self.can_merge(it, c) else {
-                if c.key.udp {
-                    break; // UDP: only the newest item of the flow
-                }
-                continue;
-            };
-            let new_len = if self.gather { it.vlen } else { lens[it.buf] } + c.payload_len;
-            let dst = match how {
-                Merge::Append => it.buf,
-                Merge::Prepend => i,
-            };
-            // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
-            if new_len > MAX_PACKET_LEN || (!self.gather && bufs[dst].as_ref().len() < offset + new_len) {
-                if c.key.udp {
-                    break;
-                }
-                continue;
-            }
-            // Checksums: the item (if still a single unverified packet), then the packet.
-            if !it.verified {
-                let ok = l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c);
-                if !ok {
-                    self.items[k].dead = true;
-                    stats.bad_checksum += 1;
-                    if c.key.udp {
-                        break;
-                    }
-                    continue;
-                }
-                self.items[k].verified = true;
-            }
-            let ok = *pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), c));
-            if !ok {
-                // Passes through unmerged; kept as a dead item so that UDP cannot merge across it.
-                stats.bad_checksum += 1;
-                dead = true;
-                break;
-            }
-            let it = &mut self.items[k];
-            match how {
-                Merge::Append => {
-                    if self.gather {
-                        self.next[it.last] = i;
-                        it.last = i;
-                        it.vlen = new_len;
-                    } else {
-                        let end = offset + lens[it.buf];
-                        copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
-                        lens[it.buf] += c.payload_len;
-                    }
-                    it.last_len = c.payload_len;
-                    it.psh |= c.psh;
-                    self.slots[i] = Slot::Merged;
-                }
-                Merge::Prepend => {
-                    let old = it.buf;
-                    if self.gather {
-                        self.next[i] = old;
-                        it.vlen = new_len;
-                    } else {
-                        let end = offset + lens[i];
-                        copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
-                        lens[i] += it.payload_total;
-                    }
-                    if it.segs == 1 {
-                        it.last_len = it.payload_total;
-                    }
-                    it.gso_size = c.payload_len;
-                    let keep = (it.psh, it.verified);
-                    it.c = *c;
-                    (it.psh, it.verified) = keep;
-                    it.buf = i;
-                    self.slots[old] = Slot::Merged;
-                    self.slots[i] = Slot::Head(k);
-                }
-            }
-            it.payload_total += c.payload_len;
-            it.segs += 1;
-            it.id_mode = id_mode;
-            stats.coalesced += 1;
-            return;
         }
         self.slots[i] = Slot::Head(self.items.len());
         self.items.push(Item { verified: pkt_ok == Some(true), dead, ..Item::first(c, hash, i, lens[i]) });
+    }
+
+    /// Tries to merge packet `i` into item `k` of the same flow. Checksums are verified only here, once a merge
+    /// is otherwise possible: the item's (if not yet verified) and the packet's (cached in `pkt_ok`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn try_merge<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        k: usize,
+        i: usize,
+        c: &Cand,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        pkt_ok: &mut Option<bool>,
+        stats: &mut GroStats,
+    ) -> Attempt {
+        let it = &self.items[k];
+        if it.dead {
+            return Attempt::Refused;
+        }
+        let Some((how, id_mode)) = self.can_merge(it, c) else {
+            return Attempt::Refused;
+        };
+        let new_len = if self.gather { it.vlen } else { lens[it.buf] } + c.payload_len;
+        let dst = match how {
+            Merge::Append => it.buf,
+            Merge::Prepend => i,
+        };
+        // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
+        if new_len > MAX_PACKET_LEN || (!self.gather && bufs[dst].as_ref().len() < offset + new_len) {
+            return Attempt::Refused;
+        }
+        if !it.verified {
+            if !l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c) {
+                self.items[k].dead = true;
+                stats.bad_checksum += 1;
+                return Attempt::Refused;
+            }
+            self.items[k].verified = true;
+        }
+        if !*pkt_ok.get_or_insert_with(|| l4_checksum_ok(packet(bufs, lens, i, offset), c)) {
+            stats.bad_checksum += 1;
+            return Attempt::BadPacket;
+        }
+        match how {
+            Merge::Append => self.append(k, i, c, new_len, bufs, lens, offset),
+            Merge::Prepend => self.prepend(k, i, c, new_len, bufs, lens, offset),
+        }
+        let it = &mut self.items[k];
+        it.payload_total += c.payload_len;
+        it.segs += 1;
+        it.id_mode = id_mode;
+        stats.coalesced += 1;
+        Attempt::Merged
+    }
+
+    /// Packet `i` follows item `k`: its payload goes after the item's (copied, or chained in gather mode).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn append<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        k: usize,
+        i: usize,
+        c: &Cand,
+        new_len: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) {
+        let it = &mut self.items[k];
+        if self.gather {
+            self.next[it.last] = i;
+            it.last = i;
+            it.vlen = new_len;
+        } else {
+            let end = offset + lens[it.buf];
+            copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
+            lens[it.buf] += c.payload_len;
+        }
+        it.last_len = c.payload_len;
+        it.psh |= c.psh;
+        self.slots[i] = Slot::Merged;
+    }
+
+    /// Packet `i` precedes item `k`: it becomes the head, with its headers, and the item's payload follows it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn prepend<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        k: usize,
+        i: usize,
+        c: &Cand,
+        new_len: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) {
+        let it = &mut self.items[k];
+        let old = it.buf;
+        if self.gather {
+            self.next[i] = old;
+            it.vlen = new_len;
+        } else {
+            let end = offset + lens[i];
+            copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
+            lens[i] += it.payload_total;
+        }
+        if it.segs == 1 {
+            it.last_len = it.payload_total;
+        }
+        it.gso_size = c.payload_len;
+        let keep = (it.psh, it.verified);
+        it.c = *c;
+        (it.psh, it.verified) = keep;
+        it.buf = i;
+        self.slots[old] = Slot::Merged;
+        self.slots[i] = Slot::Head(k);
     }
 
     fn can_merge(&self, it: &Item, c: &Cand) -> Option<(Merge, IdMode)> {

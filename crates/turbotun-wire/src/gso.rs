@@ -200,36 +200,29 @@ impl<'a> Splitter<'a> {
                     }
                     s.kind = Kind::Partial { start: cs, offset: co };
                 }
-                return Ok(s);
+                Ok(s)
             }
-            gso::TCPV4 | gso::TCPV6 | gso::UDP_L4 => {}
-            _ => return Err(GsoError::UnsupportedGsoType(hdr.gso_type)),
+            gso::TCPV4 | gso::TCPV6 | gso::UDP_L4 => {
+                s.parse_gso(hdr, gso_kind, framing)?;
+                Ok(s)
+            }
+            _ => Err(GsoError::UnsupportedGsoType(hdr.gso_type)),
         }
+    }
+
+    /// The rest of [`Self::parse`] for a TCP or UDP super-packet (`gso_kind` without the ECN bit): locates the
+    /// headers, checks them against the virtio header and precomputes the per-segment sums.
+    fn parse_gso(&mut self, hdr: &VirtioNetHdrRepr, gso_kind: u8, framing: Framing) -> Result<(), GsoError> {
+        let (packet, len) = (self.packet, self.len);
+        let needs_csum = hdr.needs_csum();
+        let (cs, co) = (hdr.csum_start as usize, hdr.csum_offset as usize);
         let tcp = gso_kind != gso::UDP_L4;
         let (l3, version) = locate_ip(packet, framing)?;
         match (gso_kind, version) {
             (gso::TCPV4, 4) | (gso::TCPV6, 6) | (gso::UDP_L4, _) => {}
             _ => return Err(GsoError::GsoTypeMismatch { gso_type: gso_kind, ip_version: version }),
         }
-        let ip = &packet[l3..];
-        let (proto, l4) = if version == 4 {
-            let p = ipv4::Packet::new_checked(ip)?;
-            if p.is_fragment() {
-                return Err(GsoError::Fragment);
-            }
-            s.ident = p.ident();
-            s.addr_sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
-            (p.protocol(), l3 + p.header_len())
-        } else {
-            let p = ipv6::Packet::new_checked(ip)?;
-            let info = p.l4_info()?;
-            if info.fragment {
-                return Err(GsoError::Fragment);
-            }
-            s.v6 = true;
-            s.addr_sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), info.protocol, 0);
-            (info.protocol, l3 + info.offset)
-        };
+        let (proto, l4) = self.parse_ip(l3, version)?;
         let want = if tcp { IPPROTO_TCP } else { IPPROTO_UDP };
         if proto != want {
             return Err(GsoError::ProtocolMismatch { gso_type: gso_kind, protocol: proto });
@@ -237,18 +230,7 @@ impl<'a> Splitter<'a> {
         if needs_csum && cs != l4 {
             return Err(GsoError::CsumStartMismatch { csum_start: cs, l4_offset: l4 });
         }
-        let l4_hdr = if tcp {
-            let t = tcp::Packet::new_checked(&packet[l4..])?;
-            s.seq = t.seq_number();
-            s.tcp_flags = t.flags();
-            t.header_len()
-        } else {
-            if len < l4 + udp::HEADER_LEN {
-                return Err(trunc("UDP header", l4 + udp::HEADER_LEN, len));
-            }
-            udp::HEADER_LEN
-        };
-        let hdr_len = l4 + l4_hdr;
+        let hdr_len = l4 + self.parse_l4(l4, tcp)?;
         if packet.len() < hdr_len {
             return Err(trunc("headers", hdr_len, packet.len()));
         }
@@ -274,14 +256,66 @@ impl<'a> Splitter<'a> {
                 actual: MAX_IP_LEN,
             }));
         }
-        // Precompute the header sums so that each segment only sums its payload.
-        let mut h = [0u8; MAX_HEADER_LEN];
-        h[..hdr_len].copy_from_slice(&packet[..hdr_len]);
+        self.kind = if tcp { Kind::Tcp } else { Kind::Udp };
+        self.l3 = l3;
+        self.l4 = l4;
+        self.hdr_len = hdr_len;
+        self.gso_size = gso_size;
+        self.count = payload.div_ceil(gso_size).max(1);
+        self.precompute_header_sums(version == 4, tcp);
+        Ok(())
+    }
+
+    /// Reads the IP header at `l3` (IP `version`): records the IPv4 ID and the pseudo-header address sum and
+    /// returns `(L4 protocol, L4 offset)`. Fragments cannot be segmented.
+    fn parse_ip(&mut self, l3: usize, version: u8) -> Result<(u8, usize), GsoError> {
+        let ip = &self.packet[l3..];
         if version == 4 {
+            let p = ipv4::Packet::new_checked(ip)?;
+            if p.is_fragment() {
+                return Err(GsoError::Fragment);
+            }
+            self.ident = p.ident();
+            self.addr_sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
+            Ok((p.protocol(), l3 + p.header_len()))
+        } else {
+            let p = ipv6::Packet::new_checked(ip)?;
+            let info = p.l4_info()?;
+            if info.fragment {
+                return Err(GsoError::Fragment);
+            }
+            self.v6 = true;
+            self.addr_sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), info.protocol, 0);
+            Ok((info.protocol, l3 + info.offset))
+        }
+    }
+
+    /// Reads the TCP or UDP header at `l4`: records the TCP sequence number and flags and returns the header's
+    /// length. The UDP header is checked against the whole packet's length, as `packet` may hold headers only.
+    fn parse_l4(&mut self, l4: usize, tcp: bool) -> Result<usize, GsoError> {
+        if tcp {
+            let t = tcp::Packet::new_checked(&self.packet[l4..])?;
+            self.seq = t.seq_number();
+            self.tcp_flags = t.flags();
+            Ok(t.header_len())
+        } else if self.len < l4 + udp::HEADER_LEN {
+            Err(trunc("UDP header", l4 + udp::HEADER_LEN, self.len))
+        } else {
+            Ok(udp::HEADER_LEN)
+        }
+    }
+
+    /// Sums the IP and L4 headers with the per-segment fields zeroed, so that each segment only sums its payload.
+    /// Needs `l3`, `l4` and `hdr_len` set and checked (`hdr_len <= MAX_HEADER_LEN`).
+    fn precompute_header_sums(&mut self, v4: bool, tcp: bool) {
+        let (l3, l4, hdr_len) = (self.l3, self.l4, self.hdr_len);
+        let mut h = [0u8; MAX_HEADER_LEN];
+        h[..hdr_len].copy_from_slice(&self.packet[..hdr_len]);
+        if v4 {
             let ip = &mut h[l3..l4];
             ip[2..6].fill(0);
             ip[10..12].fill(0);
-            s.ip_base = checksum::sum(ip, 0);
+            self.ip_base = checksum::sum(ip, 0);
         }
         let l4h = &mut h[l4..hdr_len];
         if tcp {
@@ -291,14 +325,7 @@ impl<'a> Splitter<'a> {
         } else {
             l4h[4..8].fill(0);
         }
-        s.l4_base = checksum::sum(l4h, 0);
-        s.kind = if tcp { Kind::Tcp } else { Kind::Udp };
-        s.l3 = l3;
-        s.l4 = l4;
-        s.hdr_len = hdr_len;
-        s.gso_size = gso_size;
-        s.count = payload.div_ceil(gso_size).max(1);
-        Ok(s)
+        self.l4_base = checksum::sum(l4h, 0);
     }
 
     /// Number of segments (1 for GSO_NONE).

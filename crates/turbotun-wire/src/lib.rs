@@ -38,6 +38,7 @@ mod bytes;
 pub mod checksum;
 mod error;
 pub mod ethernet;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gro;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
@@ -29,84 +29,62 @@ impl fmt::Display for Mode {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Offloads(u32);
 
-impl Offloads {
-    pub const NONE: Offloads = Offloads(0);
-    /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
-    pub const CSUM: Offloads = Offloads(tun_f::CSUM);
-    pub const TSO4: Offloads = Offloads(tun_f::TSO4);
-    pub const TSO6: Offloads = Offloads(tun_f::TSO6);
-    /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
-    pub const TSO_ECN: Offloads = Offloads(tun_f::TSO_ECN);
-    /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
-    pub const USO4: Offloads = Offloads(tun_f::USO4);
-    pub const USO6: Offloads = Offloads(tun_f::USO6);
-    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
-    pub const TCP: Offloads = Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6);
-    /// Everything turbotun can split and coalesce.
-    pub const ALL: Offloads =
-        Offloads(tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6 | tun_f::TSO_ECN | tun_f::USO4 | tun_f::USO6);
+bitflags::bitflags! {
+    impl Offloads: u32 {
+        /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
+        const CSUM = tun_f::CSUM;
+        const TSO4 = tun_f::TSO4;
+        const TSO6 = tun_f::TSO6;
+        /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
+        const TSO_ECN = tun_f::TSO_ECN;
+        /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
+        const USO4 = tun_f::USO4;
+        const USO6 = tun_f::USO6;
+    }
+}
 
-    const NAMES: [(u32, &'static str); 6] = [
-        (tun_f::CSUM, "csum"),
-        (tun_f::TSO4, "tso4"),
-        (tun_f::TSO6, "tso6"),
-        (tun_f::TSO_ECN, "tso_ecn"),
-        (tun_f::USO4, "uso4"),
-        (tun_f::USO6, "uso6"),
+impl Offloads {
+    pub const NONE: Offloads = Offloads::empty();
+    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
+    pub const TCP: Offloads = Offloads::CSUM.union(Offloads::TSO4).union(Offloads::TSO6);
+    /// Everything turbotun can split and coalesce.
+    pub const ALL: Offloads = Offloads::all();
+
+    /// The names `parse` accepts and `Display` writes, in kernel bit order. They are lower case, as the command
+    /// line takes them, so they are not the constants' names that `bitflags` knows.
+    const NAMES: [(Offloads, &'static str); 6] = [
+        (Offloads::CSUM, "csum"),
+        (Offloads::TSO4, "tso4"),
+        (Offloads::TSO6, "tso6"),
+        (Offloads::TSO_ECN, "tso_ecn"),
+        (Offloads::USO4, "uso4"),
+        (Offloads::USO6, "uso6"),
     ];
 
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-    pub const fn from_bits_truncate(bits: u32) -> Offloads {
-        Offloads(bits & Offloads::ALL.0)
-    }
-    pub const fn contains(self, other: Offloads) -> bool {
-        self.0 & other.0 == other.0
-    }
-    pub const fn intersects(self, other: Offloads) -> bool {
-        self.0 & other.0 != 0
-    }
-    pub const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-    pub const fn union(self, other: Offloads) -> Offloads {
-        Offloads(self.0 | other.0)
-    }
-    pub const fn difference(self, other: Offloads) -> Offloads {
-        Offloads(self.0 & !other.0)
-    }
     /// Names of the bits set, in kernel order (`csum`, `tso4`, ...).
     pub fn names(self) -> Vec<&'static str> {
-        Self::NAMES.iter().filter(|(bit, _)| self.0 & bit != 0).map(|(_, n)| *n).collect()
+        Self::NAMES.iter().filter(|(bit, _)| self.contains(*bit)).map(|(_, n)| *n).collect()
     }
-    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp` or `none`.
+    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso` or `none`.
     pub fn parse(list: &str) -> Result<Offloads> {
         let mut out = Offloads::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            out = out.union(match word {
+            out |= match word {
                 "all" => Offloads::ALL,
                 "tcp" => Offloads::TCP,
                 "none" => Offloads::NONE,
-                "uso" => Offloads::USO4.union(Offloads::USO6),
+                "uso" => Offloads::USO4 | Offloads::USO6,
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
-                    Some((bit, _)) => Offloads(*bit),
+                    Some((bit, _)) => *bit,
                     None => {
                         return Err(Error::InvalidConfig(format!(
                         "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
                     )))
                     }
                 },
-            });
+            };
         }
         Ok(out)
-    }
-}
-
-impl std::ops::BitOr for Offloads {
-    type Output = Offloads;
-    fn bitor(self, rhs: Offloads) -> Offloads {
-        self.union(rhs)
     }
 }
 
@@ -190,7 +168,7 @@ impl Capabilities {
                 Offloads::CSUM | Offloads::USO4 | Offloads::USO6,
             ] {
                 if sys::tun_set_offload(scratch.as_fd(), candidate.bits()).is_ok() {
-                    granted = granted | candidate;
+                    granted |= candidate;
                 }
             }
             caps.offloads = Some(granted);
@@ -226,7 +204,8 @@ pub(crate) fn open_tun(nonblocking: bool) -> Result<OwnedFd> {
 }
 
 /// Builds and opens a TUN or TAP device. Defaults: `IFF_NO_PI`, no virtio header, one queue, kernel-chosen name,
-/// blocking I/O. Names follow the kernel's ioctls: `queues` is `IFF_MULTI_QUEUE`, `offloads` is `TUNSETOFFLOAD`.
+/// blocking I/O. Names follow the kernel's ioctls: `multi_queue` (or `queues` above 1) is `IFF_MULTI_QUEUE`,
+/// `offloads` is `TUNSETOFFLOAD`.
 #[derive(Debug, Clone)]
 pub struct DeviceBuilder {
     mode: Mode,
@@ -235,6 +214,7 @@ pub struct DeviceBuilder {
     vnet_hdr: Option<usize>,
     offloads: Offloads,
     queues: usize,
+    multi_queue: bool,
     napi: bool,
     napi_frags: bool,
     no_carrier: bool,
@@ -255,6 +235,7 @@ impl DeviceBuilder {
             vnet_hdr: None,
             offloads: Offloads::NONE,
             queues: 1,
+            multi_queue: false,
             napi: false,
             napi_frags: false,
             no_carrier: false,
@@ -296,6 +277,13 @@ impl DeviceBuilder {
     /// Number of queues (fds); more than one sets `IFF_MULTI_QUEUE`.
     pub fn queues(mut self, n: usize) -> Self {
         self.queues = n;
+        self
+    }
+    /// `IFF_MULTI_QUEUE` whatever the number of [`Self::queues`] (one by default): a multiqueue device that more
+    /// queues can attach to later. An existing device created without the flag is refused. Without this option
+    /// one queue attaches to an existing device either way, and more than one needs the flag anyway.
+    pub fn multi_queue(mut self, on: bool) -> Self {
+        self.multi_queue = on;
         self
     }
     pub fn napi(mut self, on: bool) -> Self {
@@ -377,7 +365,7 @@ impl DeviceBuilder {
             }
         };
         need(self.vnet_hdr.is_some(), iff::VNET_HDR, "IFF_VNET_HDR (virtio net header)")?;
-        need(self.queues > 1, iff::MULTI_QUEUE, "IFF_MULTI_QUEUE (multiqueue devices)")?;
+        need(self.wants_multi_queue(), iff::MULTI_QUEUE, "IFF_MULTI_QUEUE (multiqueue devices)")?;
         need(self.napi, iff::NAPI, "IFF_NAPI")?;
         need(self.napi_frags, iff::NAPI_FRAGS, "IFF_NAPI_FRAGS")?;
         need(self.no_carrier, iff::NO_CARRIER, "IFF_NO_CARRIER")?;
@@ -407,82 +395,116 @@ impl DeviceBuilder {
         let features = sys::tun_get_features(first.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
         self.check_features(features)?;
 
-        let requested_name = self.name.clone().unwrap_or_default();
-        let display_name = if requested_name.is_empty() { format!("{}%d", self.mode) } else { requested_name.clone() };
         let mut notes = Vec::new();
-        let mut multi_queue = self.queues > 1;
-        let name = match sys::tun_set_iff(first.as_fd(), &requested_name, self.flags(multi_queue)) {
-            Ok(name) => name,
-            Err(e) => {
-                match e.raw_os_error() {
-                    Some(libc::EPERM) | Some(libc::EACCES) => {
-                        return Err(Error::PermissionDenied { action: format!("creating {display_name}"), source: e })
-                    }
-                    Some(libc::EBUSY) => return Err(Error::Busy { name: display_name }),
-                    Some(libc::EINVAL) if !requested_name.is_empty() => {}
-                    _ => return Err(Error::io(format!("TUNSETIFF {display_name}"), e)),
-                }
-                // EINVAL on an existing device: usually the multiqueue flag differs from how it was created.
-                if self.queues > 1 {
-                    return Err(Error::MultiQueueMismatch {
-                        name: display_name,
-                        existing: "without multi_queue",
-                        hint: "1",
-                    });
-                }
-                multi_queue = !multi_queue;
-                match sys::tun_set_iff(first.as_fd(), &requested_name, self.flags(multi_queue)) {
-                    Ok(name) => {
-                        notes.push(format!(
-                            "{name} exists {} multi_queue; attached with the flag {}",
-                            if multi_queue { "with" } else { "without" },
-                            if multi_queue { "set" } else { "cleared" }
-                        ));
-                        name
-                    }
-                    Err(e2) if e2.raw_os_error() == Some(libc::EBUSY) => {
-                        return Err(Error::Busy { name: display_name })
-                    }
-                    Err(_) => return Err(Error::FlagsMismatch { name: display_name, source: e }),
-                }
-            }
-        };
-        for note in &notes {
-            tracing::info!("{note}");
-        }
+        let (name, multi_queue) = self.create_or_attach(first.as_fd(), &mut notes)?;
+        let fds = self.attach_queues(first, &name, multi_queue)?;
+        let ctl = fds[0].as_fd();
+        let vnet_hdr_len = self.set_vnet_hdr(ctl)?;
+        let offloads = self.set_offloads(ctl, &name, &mut notes)?;
+        self.apply_settings(&fds)?;
 
+        let (_, kernel_flags) = sys::tun_get_iff(ctl).map_err(|e| Error::io("TUNGETIFF", e))?;
+        let name: Arc<str> = Arc::from(name);
+        let queues = fds
+            .into_iter()
+            .enumerate()
+            .map(|(index, fd)| Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads))
+            .collect();
+        Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, offloads, queues, notes })
+    }
+
+    /// Whether the device is to have `IFF_MULTI_QUEUE`: asked for, or needed for more than one queue.
+    fn wants_multi_queue(&self) -> bool {
+        self.multi_queue || self.queues > 1
+    }
+
+    /// `TUNSETIFF` on the first fd: creates the device or attaches to it. Returns the kernel's name for it and
+    /// whether it is multiqueue.
+    ///
+    /// An existing device refuses an attach whose `IFF_MULTI_QUEUE` differs from how it was created (EINVAL). A
+    /// plain one-queue open does not care, so it attaches again with the flag set (and says so in `notes`); an open
+    /// that needs multiqueue fails with the fix in the error.
+    fn create_or_attach(&self, fd: BorrowedFd<'_>, notes: &mut Vec<String>) -> Result<(String, bool)> {
+        let requested = self.name.as_deref().unwrap_or("");
+        let display_name = if requested.is_empty() { format!("{}%d", self.mode) } else { requested.to_string() };
+        let multi_queue = self.wants_multi_queue();
+        let err = match sys::tun_set_iff(fd, requested, self.flags(multi_queue)) {
+            Ok(name) => return Ok((name, multi_queue)),
+            Err(e) => e,
+        };
+        match err.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                return Err(Error::PermissionDenied { action: format!("creating {display_name}"), source: err })
+            }
+            Some(libc::EBUSY) => return Err(Error::Busy { name: display_name }),
+            Some(libc::EINVAL) if !requested.is_empty() => {}
+            _ => return Err(Error::io(format!("TUNSETIFF {display_name}"), err)),
+        }
+        // EINVAL on an existing device: usually the multiqueue flag differs from how it was created.
+        if self.queues > 1 {
+            return Err(Error::MultiQueueMismatch { name: display_name, existing: "without multi_queue", hint: "1" });
+        }
+        if self.multi_queue {
+            return Err(Error::InvalidConfig(format!(
+                "device {display_name} exists without multi_queue: open it with multi_queue(false), or delete it \
+                 and create it again with multi_queue(true)"
+            )));
+        }
+        match sys::tun_set_iff(fd, requested, self.flags(true)) {
+            Ok(name) => {
+                let note = format!("{name} exists with multi_queue; attached with the flag set");
+                tracing::info!("{note}");
+                notes.push(note);
+                Ok((name, true))
+            }
+            Err(e2) if e2.raw_os_error() == Some(libc::EBUSY) => Err(Error::Busy { name: display_name }),
+            Err(_) => Err(Error::FlagsMismatch { name: display_name, source: err }),
+        }
+    }
+
+    /// Attaches the queues after the first to the device `name`; returns all the fds, the first one first.
+    fn attach_queues(&self, first: OwnedFd, name: &str, multi_queue: bool) -> Result<Vec<OwnedFd>> {
         let mut fds = vec![first];
         for _ in 1..self.queues {
             let fd = open_tun(self.nonblocking)?;
             // IFF_TUN_EXCL guards the creating open only; the device is ours now, so further queues attach.
             let flags = self.flags(multi_queue) & !iff::TUN_EXCL;
-            sys::tun_set_iff(fd.as_fd(), &name, flags).map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => Error::Busy { name: name.clone() },
+            sys::tun_set_iff(fd.as_fd(), name, flags).map_err(|e| match e.raw_os_error() {
+                Some(libc::EBUSY) => Error::Busy { name: name.to_string() },
                 _ => Error::io(format!("attaching queue {} to {name}", fds.len()), e),
             })?;
             fds.push(fd);
         }
+        Ok(fds)
+    }
 
-        let ctl = fds[0].as_fd();
-        let vnet_hdr_len = match self.vnet_hdr {
-            Some(size) => {
-                sys::tun_set_vnet_hdr_sz(ctl, size as i32).map_err(|e| match e.raw_os_error() {
-                    Some(libc::EINVAL) => Error::Unsupported { feature: "this virtio header size" },
-                    _ => Error::io("TUNSETVNETHDRSZ", e),
-                })?;
-                size
-            }
-            None => 0,
-        };
+    /// `TUNSETVNETHDRSZ`; returns the header size in front of every packet (0 without a virtio header).
+    fn set_vnet_hdr(&self, ctl: BorrowedFd<'_>) -> Result<usize> {
+        let Some(size) = self.vnet_hdr else { return Ok(0) };
+        sys::tun_set_vnet_hdr_sz(ctl, size as i32).map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => Error::Unsupported { feature: "this virtio header size" },
+            _ => Error::io("TUNSETVNETHDRSZ", e),
+        })?;
+        Ok(size)
+    }
+
+    /// `TUNSETOFFLOAD`; returns what the kernel granted and notes what it refused.
+    fn set_offloads(&self, ctl: BorrowedFd<'_>, name: &str, notes: &mut Vec<String>) -> Result<Offloads> {
         // Always set the mask: a persistent device keeps the last owner's offloads, and a reader that asked for
         // none must not be handed super-packets.
-        let offloads = negotiate_offloads(ctl, &name, self.offloads)?;
+        let offloads = negotiate_offloads(ctl, name, self.offloads)?;
         if offloads != self.offloads && !self.offloads.is_empty() {
             let missing = self.offloads.difference(offloads).difference(Offloads::CSUM);
             if !missing.is_empty() {
                 notes.push(format!("{name}: kernel refused offloads {missing}; granted {offloads}"));
             }
         }
+        Ok(offloads)
+    }
+
+    /// Persistence, owner, group (on the device, through the first fd) and the send buffer (on every queue).
+    fn apply_settings(&self, fds: &[OwnedFd]) -> Result<()> {
+        let ctl = fds[0].as_fd();
         if let Some(persist) = self.persist {
             sys::tun_set_persist(ctl, persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))?;
         }
@@ -493,24 +515,17 @@ impl DeviceBuilder {
             sys::tun_set_group(ctl, gid).map_err(|e| permission_or_io("TUNSETGROUP", e))?;
         }
         if let Some(bytes) = self.sndbuf {
-            for fd in &fds {
+            for fd in fds {
                 sys::tun_set_sndbuf(fd.as_fd(), bytes).map_err(|e| Error::io("TUNSETSNDBUF", e))?;
             }
         }
-        let (_, kernel_flags) = sys::tun_get_iff(ctl).map_err(|e| Error::io("TUNGETIFF", e))?;
-        let name: Arc<str> = Arc::from(name);
-        let queues = fds
-            .into_iter()
-            .enumerate()
-            .map(|(index, fd)| Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads))
-            .collect();
-        Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, offloads, queues, notes })
+        Ok(())
     }
 }
 
 /// Asks for `wanted` (plus CSUM), falling back the way older kernels require: without USO (before 6.2), without
 /// TSO_ECN, then checksum only, then nothing. Returns what was granted.
-fn negotiate_offloads(fd: std::os::fd::BorrowedFd<'_>, name: &str, wanted: Offloads) -> Result<Offloads> {
+fn negotiate_offloads(fd: BorrowedFd<'_>, name: &str, wanted: Offloads) -> Result<Offloads> {
     if wanted.is_empty() {
         sys::tun_set_offload(fd, 0).map_err(|e| Error::io(format!("TUNSETOFFLOAD(0) on {name}"), e))?;
         return Ok(Offloads::NONE);
@@ -602,7 +617,7 @@ impl Device {
     pub fn kernel_vnet_hdr_len(&self) -> Result<usize> {
         sys::tun_get_vnet_hdr_sz(self.ctl()).map(|n| n as usize).map_err(|e| Error::io("TUNGETVNETHDRSZ", e))
     }
-    fn ctl(&self) -> std::os::fd::BorrowedFd<'_> {
+    fn ctl(&self) -> BorrowedFd<'_> {
         self.queues[0].as_fd()
     }
 }
@@ -618,6 +633,7 @@ mod tests {
         assert!(DeviceBuilder::tun().vnet_hdr(10).check_features(old).is_ok());
         for (builder, feature) in [
             (DeviceBuilder::tun().queues(2), "IFF_MULTI_QUEUE"),
+            (DeviceBuilder::tun().multi_queue(true), "IFF_MULTI_QUEUE"),
             (DeviceBuilder::tun().napi(true), "IFF_NAPI"),
             (DeviceBuilder::tap().napi(true).napi_frags(true), "IFF_NAPI"),
             (DeviceBuilder::tun().no_carrier(true), "IFF_NO_CARRIER"),
@@ -642,5 +658,11 @@ mod tests {
         assert_eq!(Offloads::ALL.to_string(), "csum,tso4,tso6,tso_ecn,uso4,uso6");
         assert_eq!(Offloads::NONE.to_string(), "none");
         assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL);
+        assert_eq!(format!("{:?}", Offloads::TCP), "Offloads(csum,tso4,tso6)");
+        assert_eq!(Offloads::TCP.names(), ["csum", "tso4", "tso6"]);
+        assert_eq!(
+            Offloads::ALL.bits(),
+            tun_f::CSUM | tun_f::TSO4 | tun_f::TSO6 | tun_f::TSO_ECN | tun_f::USO4 | tun_f::USO6
+        );
     }
 }

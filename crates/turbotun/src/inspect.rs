@@ -64,19 +64,19 @@ pub fn offloads_from_features(features: &[(String, bool)]) -> Offloads {
     let active = |name: &str| features.iter().any(|(n, on)| n == name && *on);
     let mut out = Offloads::NONE;
     if active("tx-checksum-ip-generic") {
-        out = out | Offloads::CSUM;
+        out |= Offloads::CSUM;
     }
     if active("tx-tcp-segmentation") {
-        out = out | Offloads::TSO4;
+        out |= Offloads::TSO4;
     }
     if active("tx-tcp6-segmentation") {
-        out = out | Offloads::TSO6;
+        out |= Offloads::TSO6;
     }
     if active("tx-tcp-ecn-segmentation") {
-        out = out | Offloads::TSO_ECN;
+        out |= Offloads::TSO_ECN;
     }
     if active("tx-udp-segmentation") {
-        out = out | Offloads::USO4 | Offloads::USO6;
+        out |= Offloads::USO4 | Offloads::USO6;
     }
     out
 }

@@ -79,6 +79,20 @@ impl TunInfo {
     }
 }
 
+/// `IFLA_TUN_*` attribute types (`linux/if_link.h`). netlink-packet-route 0.34 has no variants for them and
+/// hands every one over as `InfoTun::Other`.
+mod ifla_tun {
+    pub const OWNER: u16 = 1;
+    pub const GROUP: u16 = 2;
+    pub const TYPE: u16 = 3;
+    pub const PI: u16 = 4;
+    pub const VNET_HDR: u16 = 5;
+    pub const PERSIST: u16 = 6;
+    pub const MULTI_QUEUE: u16 = 7;
+    pub const NUM_QUEUES: u16 = 8;
+    pub const NUM_DISABLED_QUEUES: u16 = 9;
+}
+
 fn tun_info(attrs: &[netlink_packet_route::link::InfoTun]) -> TunInfo {
     use netlink_packet_core::Nla;
     let mut info = TunInfo::default();
@@ -88,16 +102,16 @@ fn tun_info(attrs: &[netlink_packet_route::link::InfoTun]) -> TunInfo {
         let u8v = value.first().copied().unwrap_or(0);
         let u32v = value.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0);
         match attr.kind() {
-            1 => info.owner = Some(u32v),
-            2 => info.group = Some(u32v),
-            3 => info.kind = u8v,
+            ifla_tun::OWNER => info.owner = Some(u32v),
+            ifla_tun::GROUP => info.group = Some(u32v),
+            ifla_tun::TYPE => info.kind = u8v,
             // IFLA_TUN_PI is 1 when the packet information header is on (IFF_NO_PI clear).
-            4 => info.no_pi = u8v == 0,
-            5 => info.vnet_hdr = u8v != 0,
-            6 => info.persist = u8v != 0,
-            7 => info.multi_queue = u8v != 0,
-            8 => info.num_queues = u32v,
-            9 => info.num_disabled_queues = u32v,
+            ifla_tun::PI => info.no_pi = u8v == 0,
+            ifla_tun::VNET_HDR => info.vnet_hdr = u8v != 0,
+            ifla_tun::PERSIST => info.persist = u8v != 0,
+            ifla_tun::MULTI_QUEUE => info.multi_queue = u8v != 0,
+            ifla_tun::NUM_QUEUES => info.num_queues = u32v,
+            ifla_tun::NUM_DISABLED_QUEUES => info.num_disabled_queues = u32v,
             _ => {}
         }
     }

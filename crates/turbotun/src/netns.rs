@@ -5,12 +5,20 @@
 //! thread ends and the last fd that refers to it (a socket, a tun queue) closes, the kernel destroys it with every
 //! device inside, persistent ones included. That is what makes it a safe sandbox for tests: nothing is left
 //! behind, even when the closure panics.
+//!
+//! This module only enters namespaces; configuring interfaces is [`crate::netlink`]'s job, which uses this one
+//! (never the other way round).
 
+use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
 
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
 use crate::error::{Error, Result};
-use crate::netlink::Netlink;
 use crate::sys;
 
 /// Runs `f` on a new thread inside a fresh, private network namespace whose loopback is up.
@@ -29,7 +37,12 @@ where
                 },
                 _ => Error::io("unshare(CLONE_NEWNET)", e),
             })?;
-            Netlink::new()?.set_up("lo", true)
+            loopback_up().map_err(|e| match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => {
+                    Error::PermissionDenied { action: "setting lo up in a new network namespace".into(), source: e }
+                }
+                _ => Error::Netlink { context: "setting lo up in a new network namespace".into(), source: e },
+            })
         },
         f,
     )
@@ -57,6 +70,36 @@ pub(crate) fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::InvalidConfig(format!("namespace path {} contains a NUL byte", path.display())))?;
     sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
+}
+
+/// Sets `lo` up in the calling thread's namespace: one `RTM_SETLINK` and its acknowledgement. A fresh
+/// namespace needs nothing else, so this is not worth a [`crate::netlink::Netlink`] (which builds on this module).
+fn loopback_up() -> io::Result<()> {
+    let mut link = LinkMessage::default();
+    link.header.flags = LinkFlags::Up;
+    link.header.change_mask = LinkFlags::Up;
+    link.attributes.push(LinkAttribute::IfName("lo".into()));
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = 1;
+    let mut request = NetlinkMessage::new(header, NetlinkPayload::from(RouteNetlinkMessage::SetLink(link)));
+    request.finalize();
+    let mut buf = vec![0u8; request.buffer_len()];
+    request.serialize(&mut buf);
+
+    let socket = Socket::new(NETLINK_ROUTE)?;
+    socket.send_to(&buf, &SocketAddr::new(0, 0), 0)?;
+    // The socket is new and sent one request, so the first message back is its acknowledgement.
+    let (reply, _) = socket.recv_from_full()?;
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    match reply.payload {
+        NetlinkPayload::Error(err) => match err.code {
+            None => Ok(()),
+            Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
+        },
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected reply {other:?}"))),
+    }
 }
 
 fn run_on_thread<S, F, R>(setup: S, f: F) -> Result<R>

@@ -257,6 +257,51 @@ fn error_busy_with_exclusive() {
     });
 }
 
+/// A private namespace comes with its loopback up: a datagram to 127.0.0.1 arrives.
+#[test]
+fn private_netns_loopback_up() {
+    in_netns("private_netns_loopback_up", || {
+        let lo = Netlink::new().unwrap().link("lo").unwrap();
+        assert!(lo.is_up(), "{lo:?}");
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        rx.set_read_timeout(Some(T)).unwrap();
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        tx.send_to(b"lo", rx.local_addr().unwrap()).unwrap();
+        let mut got = [0u8; 8];
+        assert_eq!(rx.recv(&mut got).unwrap(), 2);
+    });
+}
+
+/// `multi_queue(true)` creates a multiqueue device with a single fd; further queues attach to it later, and an
+/// existing single-queue device is refused with the fix named.
+#[test]
+fn multi_queue_with_one_queue() {
+    in_netns("multi_queue_with_one_queue", || {
+        let mq_flag = libc::IFF_MULTI_QUEUE as u16;
+        let name = unique_name("tw");
+        let dev = DeviceBuilder::tun().name(&name).multi_queue(true).open().expect("multiqueue, one queue");
+        assert_eq!(dev.queues().len(), 1);
+        assert_ne!(dev.kernel_flags() & mq_flag, 0, "flags {:#x}", dev.kernel_flags());
+        assert!(dev.notes().is_empty(), "{:?}", dev.notes());
+        assert_eq!(inspect::queue_holders(&name).len(), 1, "one fd attached");
+        let mut nl = Netlink::new().unwrap();
+        let tun = nl.link(&name).unwrap().tun.expect("tun attributes");
+        assert!(tun.multi_queue, "{tun:?}");
+        assert_eq!(tun.num_queues, 1);
+
+        let second = DeviceBuilder::tun().name(&name).multi_queue(true).open().expect("a second queue attaches");
+        assert!(second.notes().is_empty(), "the flag matched, nothing to adapt: {:?}", second.notes());
+        assert_eq!(inspect::queue_holders(&name).len(), 2);
+
+        let single = unique_name("tv");
+        let plain = DeviceBuilder::tun().name(&single).open().unwrap();
+        assert_eq!(plain.kernel_flags() & mq_flag, 0);
+        let err = DeviceBuilder::tun().name(&single).multi_queue(true).open().unwrap_err();
+        assert!(err.to_string().contains("exists without multi_queue"), "{err}");
+        assert!(err.to_string().contains("multi_queue(false)"), "the error names the fix: {err}");
+    });
+}
+
 #[test]
 fn error_multiqueue_mismatch_and_flip() {
     in_netns("error_multiqueue_mismatch_and_flip", || {
