@@ -17,7 +17,7 @@ mod topo;
 
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use iperf::{Traffic, TRAFFIC};
 use modes::{Mode, Unavailable};
+use netcfg::Netns;
 use report::{Report, RunRecord};
 use topo::{sleep_checked, terminate, wait_timeout, Topology};
 
@@ -188,7 +189,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))?;
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    topo::sweep_stale();
 
     let mut ctx =
         Ctx { exe: exe.clone(), prefix: format!("tt{pid}"), duration, ipv6: args.ipv6, log_dir, stop, run_counter: 0 };
@@ -354,7 +354,7 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    let mut tools = vec![("iperf3", "iperf3"), ("ip", "iproute2"), ("sysctl", "procps"), ("kill", "procps")];
+    let mut tools = vec![("iperf3", "iperf3")];
     if args.flamegraph.is_some() {
         tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }
@@ -381,20 +381,16 @@ fn collect_stdout(child: &mut Child) -> std::thread::JoinHandle<String> {
     })
 }
 
-/// Run `ip netns exec NS CMD..` to completion within `timeout`, returning its stdout.
+/// Run `CMD..` inside `ns` to completion within `timeout`, returning its stdout.
 fn run_in_ns(
-    ns: &str,
+    ns: &Netns,
     cmd: &[&str],
     timeout: Duration,
     stop: &AtomicBool,
 ) -> Result<(String, std::process::ExitStatus)> {
-    let mut child = topo::ns_command(ns)
-        .args(cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("start {}", cmd[0]))?;
+    let mut child = ns.spawn(
+        Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()),
+    )?;
     let out = collect_stdout(&mut child);
     let mut child = KillOnDrop(child);
     let deadline = Instant::now() + timeout;
@@ -448,12 +444,15 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
     } else {
         vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
     };
-    let mut server = topo::ns_command(&topo.ns_b)
-        .args(&server_cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(srv_log)
-        .spawn()
+    let mut server = topo
+        .server()
+        .spawn(
+            Command::new(server_cmd[0])
+                .args(&server_cmd[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(srv_log),
+        )
         .context("start the server")?;
     let server_out = collect_stdout(&mut server);
     let mut server = KillOnDrop(server);
