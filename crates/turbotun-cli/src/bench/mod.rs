@@ -105,6 +105,8 @@ struct Ctx {
     log_dir: PathBuf,
     stop: Arc<AtomicBool>,
     run_counter: u32,
+    /// Clock ticks per second of the forwarder's CPU times.
+    clk_tck: f64,
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -190,8 +192,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
 
-    let mut ctx =
-        Ctx { exe: exe.clone(), prefix: format!("tt{pid}"), duration, ipv6: args.ipv6, log_dir, stop, run_counter: 0 };
+    let mut ctx = Ctx {
+        exe: exe.clone(),
+        prefix: format!("tt{pid}"),
+        duration,
+        ipv6: args.ipv6,
+        log_dir,
+        stop,
+        run_counter: 0,
+        clk_tck: procfs::clk_tck()?,
+    };
     let profiled: Vec<&Mode> =
         if args.flamegraph.is_some() { selected.iter().filter(|m| m.is_forwarder()).collect() } else { Vec::new() };
     let total = reps as u64 * traffic.len() as u64 * selected.len() as u64 + profiled.len() as u64;
@@ -523,7 +533,7 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option
     let box1 = procfs::box_cpu()?;
     if let (Some(pid), Some(t0)) = (fwd_pid, ticks0) {
         if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
-            rec.fwd_cpu_percent = Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
+            rec.fwd_cpu_percent = Some((t1.saturating_sub(t0)) as f64 / ctx.clk_tck / window * 100.0);
         }
         rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
         if !rss_reset {
