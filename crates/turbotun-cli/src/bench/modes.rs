@@ -16,7 +16,6 @@ pub const TURBOTUN_MODES: &[(&str, &[&str])] = &[
     // plain and passthrough use io_uring by default where the kernel has it; these are the blocking paths.
     ("plain-block", &["--mode", "plain", "--io", "block"]),
     ("passthrough-block", &["--mode", "passthrough", "--io", "block"]),
-    ("ring", &["--mode", "offload", "--ring"]),
     ("async", &["--mode", "offload", "--async"]),
 ];
 
@@ -297,7 +296,6 @@ mod tests {
         assert!(fwd_accepts(HELP, &["--mode", "plain"]));
         assert!(fwd_accepts(HELP, &["--mode", "offload", "--threads", "2"]));
         assert!(!fwd_accepts(HELP, &["--mode", "plain", "--io", "block"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "offload", "--ring"]));
         assert!(!fwd_accepts(HELP, &["--mode", "turbo"]));
         // `--threads` must not match `--thread`
         assert!(!fwd_accepts(HELP, &["--thread", "2"]));

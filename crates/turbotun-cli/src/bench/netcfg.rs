@@ -120,7 +120,7 @@ pub fn configure(side: &Side<'_>) -> Result<()> {
 }
 
 /// The device's TX dropped counter (for a TUN device: packets the kernel dropped because the reader of the fd
-/// was too slow — the tun queue's tail drop).
+/// was too slow — the ring's tail drop).
 pub fn tx_dropped(ns: &Netns, dev: &str) -> Result<u64> {
     Ok(ns.netlink()?.stats(dev).with_context(|| format!("{}: stats of {dev}", ns.name))?.tx_dropped)
 }

@@ -326,7 +326,7 @@ impl Topology {
         self.ns_b.as_ref().unwrap_or(&self.ns_a)
     }
 
-    /// Sum of the TX dropped counters of the run's devices (tun: the queue's tail drop).
+    /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop).
     pub fn tx_dropped(&self) -> Option<u64> {
         let (dev_a, dev_b) = self.devices.as_ref()?;
         Some(netcfg::tx_dropped(&self.ns_a, dev_a).ok()? + netcfg::tx_dropped(self.server(), dev_b).ok()?)
