@@ -123,9 +123,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
-    let fwd_help = modes::probe_fwd_help(&exe);
     let peers_dir = modes::peers_dir(&exe);
-    let (all, mut unavailable) = modes::all_modes(&exe, &fwd_help, peers_dir.as_deref());
+    let (all, mut unavailable) = modes::all_modes(&exe, &modes::Support::probe(), peers_dir.as_deref());
 
     if args.list {
         print_list(&all, &unavailable, peers_dir.as_deref());
@@ -176,6 +175,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
     if selected.is_empty() {
         bail!("no runnable mode selected (see `turbotun bench --list`)");
+    }
+    for m in &selected {
+        if let Some(note) = &m.note {
+            eprintln!("turbotun bench: {}: {note}", m.label);
+        }
     }
 
     if cfg!(debug_assertions) && selected.iter().any(|m| m.family == "turbotun") {
@@ -335,9 +339,9 @@ fn print_list(all: &[Mode], unavailable: &[Unavailable], peers: Option<&Path>) {
     for m in all {
         let note = match &m.kind {
             modes::Kind::Forwarder { program, .. } if m.is_peer() && !program.is_file() => {
-                " (built on first use by bench/peers/build.sh)"
+                " (built on first use by bench/peers/build.sh)".to_string()
             }
-            _ => "",
+            _ => m.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
         };
         println!("  {:<24} {}{note}", m.label, m.family);
     }
