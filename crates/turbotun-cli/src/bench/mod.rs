@@ -1,5 +1,5 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
-//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback). See docs in ../shared/BENCH.md.
+//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
