@@ -1,6 +1,6 @@
-//! End-to-end smoke test of `turbotun bench`: builds the namespaces, runs iperf3 over the kernel baselines,
-//! writes the table, the JSON and the chart, and leaves no namespace behind. Figures are not asserted.
-//! Needs root (and iperf3, iproute2): skipped otherwise, except under CI=true where it fails.
+//! End-to-end smoke test of `turbotun bench`: builds the namespaces, runs iperf3 over the kernel baselines and
+//! turbotun's forwarder, writes the table, the JSON and the chart, and leaves no namespace or device behind.
+//! Figures are not asserted. Needs root (and iperf3): skipped otherwise, except under CI=true where it fails.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,8 +33,14 @@ struct BenchRun {
     chart: String,
 }
 
+/// Names in a directory (`/run/netns`, `/sys/class/net`) that start with `prefix`.
+fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+}
+
 /// Run `turbotun bench --quick --duration 1 ARGS --json F --chart F.svg`, assert it succeeded, produced the
-/// table, the JSON and the chart, and left no namespace with its prefix.
+/// table, the JSON and the chart, and left no named namespace or root-namespace device with its prefix.
 fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     let dir = std::env::temp_dir().join(format!("turbotun-bench-smoke-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -78,11 +84,13 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
     assert!(stdout.contains("| mode |"), "no table:\n{stdout}");
 
-    // No namespace left behind.
-    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    let list = String::from_utf8_lossy(&list.stdout);
+    // Nothing left behind. The bench's namespaces are private (no name under /run/netns) and go with their
+    // last fd, and its devices live in them; neither may show up here.
     let prefix = format!("tt{pid}r");
-    assert!(!list.lines().any(|l| l.starts_with(&prefix)), "namespaces left behind:\n{list}");
+    let named = entries_with_prefix("/run/netns", &prefix);
+    assert!(named.is_empty(), "named namespaces left behind: {named:?}");
+    let devices = entries_with_prefix("/sys/class/net", &prefix);
+    assert!(devices.is_empty(), "devices left in the root namespace: {devices:?}");
 
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let chart = std::fs::read_to_string(&chart).unwrap();

@@ -96,7 +96,8 @@ fn mode_colors(modes: &[(&str, &str)]) -> Vec<RGBColor> {
 
 /// Write the chart to `path` (.svg or .png).
 pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
-    let font = register_font();
+    // plotters lays text out with a TrueType font, for SVG as for PNG.
+    register_font()?;
     let mut modes: Vec<(&str, &str)> = Vec::new();
     for s in summary {
         if !modes.iter().any(|(m, _)| *m == s.mode) {
@@ -110,13 +111,6 @@ pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title:
     let panel_h = 360u32;
     let size = (panel_w, panel_h * traffic.len() as u32 + 40);
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-    let force_plain = std::env::var_os("TURBOTUN_CHART_PLAIN").is_some();
-    if (font.is_err() || force_plain) && ext == "svg" {
-        // SVG text needs no font file to display, only plotters' layout does: write the same chart by hand.
-        let svg = plain_svg(&modes, summary, traffic, title);
-        return std::fs::write(path, svg).with_context(|| format!("write {}", path.display()));
-    }
-    font?;
     match ext.as_str() {
         "svg" => {
             let root = SVGBackend::new(path, size).into_drawing_area();
@@ -198,103 +192,13 @@ where
     Ok(())
 }
 
-/// Check the chart path before spending minutes measuring.
+/// Check the chart path (and the font it needs) before spending minutes measuring.
 pub fn check_path(path: &Path) -> Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     match ext.as_str() {
-        "svg" => Ok(()),
-        "png" => register_font().context("--chart PNG"),
+        "svg" | "png" => register_font().context("--chart"),
         _ => bail!("--chart {}: the file name must end in .svg or .png", path.display()),
     }
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
-
-/// The chart as hand-written SVG (used when no TrueType font is installed for plotters' text layout).
-fn plain_svg(modes: &[(&str, &str)], summary: &[Summary], traffic: &[Traffic], title: &str) -> String {
-    use std::fmt::Write as _;
-    let n = modes.len();
-    let colors = mode_colors(modes);
-    let (left, bar_w, gap, panel_h, plot_h) = (70.0, 80.0, 30.0, 360.0, 260.0);
-    let width = (left + n as f64 * (bar_w + gap) + 40.0).max(640.0);
-    let height = 40.0 + panel_h * traffic.len() as f64;
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">"#
-    );
-    let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="26" font-size="20" text-anchor="middle">{}</text>"#,
-        width / 2.0,
-        xml_escape(title)
-    );
-    for (p, t) in traffic.iter().enumerate() {
-        let top = 40.0 + p as f64 * panel_h + 30.0;
-        let base = top + plot_h;
-        let (vals, ymax) = panel_values(modes, summary, t);
-        let y = |v: f64| base - v / ymax * plot_h;
-        let unit = if t.udp { "received kpps" } else { "Gbps" };
-        let _ = writeln!(
-            o,
-            r#"<text x="{left}" y="{}" font-size="15">{} — {} (median, min–max; {unit})</text>"#,
-            top - 12.0,
-            t.label,
-            xml_escape(t.description)
-        );
-        let _ = writeln!(o, r#"<line x1="{left}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#, width - 30.0);
-        let _ = writeln!(o, r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{base}" stroke="black"/>"#);
-        for k in 0..=4 {
-            let v = ymax / 1.15 * k as f64 / 4.0;
-            let _ = writeln!(
-                o,
-                r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{}</text>"#,
-                left - 6.0,
-                y(v) + 4.0,
-                super::stats::fmt_num(v)
-            );
-        }
-        for (i, ((mode, _), v)) in modes.iter().zip(&vals).enumerate() {
-            let x = left + gap / 2.0 + i as f64 * (bar_w + gap);
-            let cx = x + bar_w / 2.0;
-            let _ = writeln!(
-                o,
-                r#"<text x="{cx}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
-                base + 16.0,
-                xml_escape(mode)
-            );
-            let Some((median, min, max)) = *v else {
-                continue;
-            };
-            let c = colors[i];
-            let _ = writeln!(
-                o,
-                r#"<rect x="{x}" y="{}" width="{bar_w}" height="{}" fill="rgb({},{},{})"/>"#,
-                y(median),
-                base - y(median),
-                c.0,
-                c.1,
-                c.2
-            );
-            let _ = writeln!(
-                o,
-                r#"<line x1="{cx}" y1="{}" x2="{cx}" y2="{}" stroke="black" stroke-width="2"/>"#,
-                y(min),
-                y(max)
-            );
-            let _ = writeln!(
-                o,
-                r#"<text x="{cx}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
-                y(max.max(median)) - 4.0,
-                super::stats::fmt_num(median)
-            );
-        }
-    }
-    o.push_str("</svg>\n");
-    o
 }
 
 #[cfg(test)]
@@ -304,21 +208,45 @@ mod tests {
     use crate::bench::stats::Spread;
 
     #[test]
-    fn plain_svg_has_bars_and_labels() {
+    fn svg_has_bars_and_labels() {
         let traffic = vec![traffic_by_label("tcp").unwrap()];
-        let summary = vec![Summary {
-            mode: "veth".into(),
-            family: "baseline".into(),
-            traffic: "tcp".into(),
-            gbps: Spread::of([20.0, 22.0, 30.0]),
-            ..Default::default()
-        }];
-        let modes = [("veth", "baseline"), ("x<y", "turbotun")];
-        let svg = plain_svg(&modes, &summary, &traffic, "t & t");
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains(">veth</text>") && svg.contains("x&lt;y") && svg.contains("t &amp; t"));
-        // background + one bar (no data for the second mode)
-        assert_eq!(svg.matches("<rect").count(), 2);
-        assert!(svg.contains(">22.0</text>"));
+        let summary = vec![
+            Summary {
+                mode: "veth".into(),
+                family: "baseline".into(),
+                traffic: "tcp".into(),
+                gbps: Spread::of([20.0, 22.0, 30.0]),
+                ..Default::default()
+            },
+            // A mode without a result: a label and no bar.
+            Summary { mode: "x<y".into(), family: "turbotun".into(), traffic: "tcp".into(), ..Default::default() },
+        ];
+        let path = std::env::temp_dir().join(format!("turbotun-chart-test-{}.svg", std::process::id()));
+        let written = write_chart(&path, &summary, &traffic, "t & t");
+        if let Err(e) = register_font() {
+            // No font on this machine: the chart must say which package to install.
+            let err = written.unwrap_err();
+            assert!(format!("{err:#}").contains("fonts-dejavu-core"), "{err:#} ({e})");
+            return;
+        }
+        written.unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split_once('>')?.1.split("</text>").next()?.trim()))
+            .collect();
+        for label in ["t &amp; t", "veth", "x&lt;y", "Gbps"] {
+            assert!(texts.contains(&label), "no {label:?} in {texts:?}");
+        }
+        assert!(texts.contains(&"22.0"), "the median is printed on its bar: {texts:?}");
+    }
+
+    #[test]
+    fn chart_paths() {
+        assert!(check_path(Path::new("/tmp/c.jpg")).is_err());
+        assert_eq!(check_path(Path::new("/tmp/c.svg")).is_ok(), register_font().is_ok());
     }
 }

@@ -1,5 +1,5 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
-//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback). See docs in ../shared/BENCH.md.
+//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
@@ -12,15 +12,14 @@ mod modes;
 mod netcfg;
 mod procfs;
 mod report;
+mod runner;
 mod stats;
 mod topo;
 
-use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -29,7 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use iperf::{Traffic, TRAFFIC};
 use modes::{Mode, Unavailable};
 use report::{Report, RunRecord};
-use topo::{sleep_checked, terminate, wait_timeout, Topology};
+use runner::{interrupted, is_not_ready, run_one, run_record, Ctx};
 
 /// Arguments of `turbotun bench`.
 #[derive(Debug, Args)]
@@ -81,65 +80,41 @@ pub struct BenchArgs {
     pub udp_gso: u16,
 }
 
-/// UDP port of the generator's sink (iperf3 uses 5201).
-const SINK_PORT: u16 = 5202;
-
-/// Kills (SIGTERM, then SIGKILL) a child process when dropped.
+/// What to measure, from the arguments and the modes available.
 #[derive(Debug)]
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        terminate(&mut self.0, Duration::from_secs(1));
-    }
-}
-
-/// Everything a run needs besides the mode and traffic.
-#[derive(Debug)]
-struct Ctx {
-    exe: PathBuf,
-    prefix: String,
+struct Plan {
+    modes: Vec<Mode>,
+    traffic: Vec<Traffic>,
     duration: u64,
-    ipv6: bool,
-    log_dir: PathBuf,
-    stop: Arc<AtomicBool>,
-    run_counter: u32,
+    reps: u32,
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
-    if let Some(dest) = args.udp_gen {
-        let secs = args.duration.unwrap_or(10) as f64;
-        let r = gen::generate(dest, args.udp_len, args.udp_gso, secs)?;
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(());
-    }
-    if let Some(addr) = args.udp_sink {
-        let max = Duration::from_secs(args.duration.unwrap_or(10) + 10);
-        let r = gen::sink(addr, args.udp_len, Duration::from_secs(1), max)?;
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(());
-    }
-    let exe = std::env::current_exe().context("locate the turbotun executable")?;
-    let fwd_help = modes::probe_fwd_help(&exe);
-    let peers_dir = modes::peers_dir(&exe);
-    let (all, mut unavailable) = modes::all_modes(&exe, &fwd_help, peers_dir.as_deref());
-
-    if args.list {
-        print_list(&all, &unavailable, peers_dir.as_deref());
-        return Ok(());
+impl Plan {
+    fn new(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> Result<Plan> {
+        let mode_filter: Vec<String> = match (&args.modes, args.quick) {
+            (Some(m), _) => m.clone(),
+            (None, true) => modes::QUICK_MODES.iter().map(|s| s.to_string()).collect(),
+            (None, false) => all.iter().map(|m| m.label.clone()).collect(),
+        };
+        let plan = Plan {
+            modes: modes::select_modes(all, unavailable, &mode_filter)?,
+            traffic: select_traffic(args)?,
+            duration: args.duration.unwrap_or(if args.quick { 3 } else { 10 }),
+            reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }),
+        };
+        if plan.duration == 0 || plan.reps == 0 || plan.traffic.is_empty() {
+            bail!("nothing to do: --duration and --reps must be at least 1 and --traffic not empty");
+        }
+        Ok(plan)
     }
 
-    preflight(args)?;
+    fn runs(&self) -> u64 {
+        u64::from(self.reps) * self.traffic.len() as u64 * self.modes.len() as u64
+    }
+}
 
-    // Selection.
-    let quick_modes: Vec<String> = modes::QUICK_MODES.iter().map(|s| s.to_string()).collect();
-    let mode_filter = match (&args.modes, args.quick) {
-        (Some(m), _) => m.clone(),
-        (None, true) => quick_modes,
-        (None, false) => all.iter().map(|m| m.label.clone()).collect(),
-    };
-    let selected = modes::select_modes(&all, &unavailable, &mode_filter)?;
-    let traffic: Vec<Traffic> = match (&args.traffic, args.quick) {
+fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
+    match (&args.traffic, args.quick) {
         (Some(t), _) => t
             .iter()
             .map(|l| {
@@ -150,164 +125,64 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     )
                 })
             })
-            .collect::<Result<_>>()?,
-        (None, true) => ["tcp", "udp64"].iter().filter_map(|l| iperf::traffic_by_label(l)).collect(),
-        (None, false) => TRAFFIC.to_vec(),
-    };
-    let duration = args.duration.unwrap_or(if args.quick { 3 } else { 10 });
-    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
-    if duration == 0 || reps == 0 || traffic.is_empty() {
-        bail!("nothing to do: --duration and --reps must be at least 1 and --traffic not empty");
+            .collect(),
+        (None, true) => Ok(["tcp", "udp64"].iter().filter_map(|l| iperf::traffic_by_label(l)).collect()),
+        (None, false) => Ok(TRAFFIC.to_vec()),
     }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.udp_gen.is_some() || args.udp_sink.is_some() {
+        return run_generator_or_sink(args);
+    }
+    let exe = std::env::current_exe().context("locate the turbotun executable")?;
+    let peers_dir = modes::peers_dir(&exe);
+    let (all, mut unavailable) = modes::all_modes(&exe, &modes::Support::probe(), peers_dir.as_deref());
+    if args.list {
+        print_list(&all, &unavailable, peers_dir.as_deref());
+        return Ok(());
+    }
+
+    preflight(args)?;
+    let mut plan = Plan::new(args, &all, &unavailable)?;
     if let Some(c) = &args.chart {
         chart::check_path(c)?;
     }
     if let Some(d) = &args.flamegraph {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
-
     let pid = std::process::id();
     let log_dir = std::env::temp_dir().join(format!("turbotun-bench-{pid}"));
     std::fs::create_dir_all(&log_dir).context("create log directory")?;
     let (selected, build_failed) =
-        modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
-    if selected.is_empty() {
+        modes::ensure_peers_built(plan.modes, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
+    plan.modes = selected;
+    if plan.modes.is_empty() {
         bail!("no runnable mode selected (see `turbotun bench --list`)");
     }
+    warn_about(&plan.modes);
 
-    if cfg!(debug_assertions) && selected.iter().any(|m| m.family == "turbotun") {
-        eprintln!(
-            "turbotun bench: warning: this is a debug build, so turbotun's forwarder runs unoptimized; \
-             use `cargo run --release -p turbotun-cli -- bench ...` for figures"
-        );
-    }
-
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while tearing down exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))?;
-    }
-    topo::sweep_stale();
-
-    let mut ctx =
-        Ctx { exe: exe.clone(), prefix: format!("tt{pid}"), duration, ipv6: args.ipv6, log_dir, stop, run_counter: 0 };
-    let profiled: Vec<&Mode> =
-        if args.flamegraph.is_some() { selected.iter().filter(|m| m.is_forwarder()).collect() } else { Vec::new() };
-    let total = reps as u64 * traffic.len() as u64 * selected.len() as u64 + profiled.len() as u64;
-    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb.enable_steady_tick(Duration::from_millis(250));
-    eprintln!(
-        "turbotun bench: {} mode(s) × {} traffic kind(s) × {reps} rep(s), {duration} s each, IPv{} (~{} min)",
-        selected.len(),
-        traffic.len(),
-        if args.ipv6 { 6 } else { 4 },
-        (total * (duration + 1)).div_ceil(60)
-    );
-
+    let mut ctx = Ctx {
+        exe,
+        prefix: format!("tt{pid}"),
+        duration: plan.duration,
+        ipv6: args.ipv6,
+        log_dir,
+        stop: stop_on_signals()?,
+        run_counter: 0,
+        clk_tck: procfs::clk_tck()?,
+    };
     let started_unix =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let mut runs: Vec<RunRecord> = Vec::new();
-    let mut broken: Vec<(String, String)> = Vec::new();
-    let mut failures = 0usize;
-    for rep in 1..=reps {
-        for t in &traffic {
-            for m in &selected {
-                pb.set_message(format!("rep {rep}/{reps} {} {}", t.label, m.label));
-                let rec = if let Some((_, why)) = broken.iter().find(|(b, _)| *b == m.label) {
-                    RunRecord { error: Some(format!("skipped: {why}")), ..run_record(m, t, rep, args.ipv6) }
-                } else {
-                    match run_one(&mut ctx, m, t, rep, None) {
-                        Ok(r) => r,
-                        Err(e) if ctx.stop.load(Ordering::Relaxed) => {
-                            pb.finish_and_clear();
-                            let _ = std::fs::remove_dir_all(&ctx.log_dir);
-                            return Err(interrupted(e));
-                        }
-                        Err(e) => {
-                            let msg = format!("{e:#}");
-                            if e.chain().any(|c| c.downcast_ref::<topo::NotReady>().is_some()) {
-                                broken.push((m.label.clone(), msg.clone()));
-                            }
-                            RunRecord { error: Some(msg), ..run_record(m, t, rep, args.ipv6) }
-                        }
-                    }
-                };
-                if let Some(err) = &rec.error {
-                    failures += 1;
-                    pb.suspend(|| eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label));
-                }
-                runs.push(rec);
-                pb.inc(1);
-            }
+    let (runs, failures) = match measure(&mut ctx, &plan, args.flamegraph.as_deref()) {
+        Ok(measured) => measured,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&ctx.log_dir);
+            return Err(e);
         }
-    }
-    if let Some(dir) = &args.flamegraph {
-        let t = &traffic[0];
-        for m in profiled {
-            pb.set_message(format!("flamegraph {} {}", t.label, m.label));
-            // DIR/offload.svg for turbotun's modes, DIR/tunrs-offload.svg for the peers.
-            let name = if m.family == "turbotun" { m.short() } else { m.label.as_str() };
-            let svg = dir.join(format!("{name}.svg"));
-            match run_one(&mut ctx, m, t, 0, Some(&svg)) {
-                Ok(_) => pb.suspend(|| eprintln!("turbotun bench: wrote {}", svg.display())),
-                Err(e) if ctx.stop.load(Ordering::Relaxed) => {
-                    pb.finish_and_clear();
-                    let _ = std::fs::remove_dir_all(&ctx.log_dir);
-                    return Err(interrupted(e));
-                }
-                Err(e) => pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label)),
-            }
-            pb.inc(1);
-        }
-    }
-    pb.finish_and_clear();
-
-    let mode_list: Vec<(String, String)> = selected.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
-    let summary = report::summarize(&runs, &mode_list, &traffic);
-    let report = Report {
-        tool: "turbotun bench".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
-        started_unix,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        duration_s: duration,
-        reps,
-        ipv6: args.ipv6,
-        modes: mode_list.iter().map(|m| m.0.clone()).collect(),
-        traffic: traffic.iter().map(|t| t.label.to_string()).collect(),
-        not_available: unavailable.clone(),
-        runs,
-        summary,
     };
-    if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(p, text + "\n").with_context(|| format!("write {}", p.display()))?;
-        eprintln!("turbotun bench: wrote {}", p.display());
-    }
-    if let Some(p) = &args.chart {
-        let title = format!(
-            "turbotun bench — {} s × {} rep(s), IPv{}, {}",
-            duration,
-            reps,
-            if args.ipv6 { 6 } else { 4 },
-            report.kernel
-        );
-        chart::write_chart(p, &report.summary, &traffic, &title)?;
-        eprintln!("turbotun bench: wrote {}", p.display());
-    }
-    // Last, and without panicking when stdout is a closed pipe (`| head`): the files are written already.
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(report::markdown(&report, &traffic).as_bytes());
-        let _ = out.flush();
-    }
+    let report = build_report(&plan, args.ipv6, started_unix, unavailable, runs);
+    write_outputs(args, &report, &plan)?;
     if failures == 0 && !build_failed {
         let _ = std::fs::remove_dir_all(&ctx.log_dir);
     } else {
@@ -320,23 +195,219 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The hidden `--udp-gen` and `--udp-sink`: one side of the gso64 traffic, started by the bench inside a run's
+/// namespace; prints its report as one JSON line.
+fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
+    let secs = args.duration.unwrap_or(10);
+    let line = if let Some(dest) = args.udp_gen {
+        serde_json::to_string(&gen::generate(dest, args.udp_len, args.udp_gso, secs as f64)?)?
+    } else if let Some(addr) = args.udp_sink {
+        let max = Duration::from_secs(secs + 10);
+        serde_json::to_string(&gen::sink(addr, args.udp_len, Duration::from_secs(1), max)?)?
+    } else {
+        bail!("neither --udp-gen nor --udp-sink given");
+    };
+    println!("{line}");
+    Ok(())
+}
+
+/// Notes on the selected modes, and on a debug build, before minutes of measuring.
+fn warn_about(selected: &[Mode]) {
+    for m in selected {
+        if let Some(note) = &m.note {
+            eprintln!("turbotun bench: {}: {note}", m.label);
+        }
+    }
+    if cfg!(debug_assertions) && selected.iter().any(|m| m.family == "turbotun") {
+        eprintln!(
+            "turbotun bench: warning: this is a debug build, so turbotun's forwarder runs unoptimized; \
+             use `cargo run --release -p turbotun-cli -- bench ...` for figures"
+        );
+    }
+}
+
+/// A flag set by SIGINT or SIGTERM, so that the run in progress stops and tears down; a second signal while
+/// tearing down exits at once.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    Ok(stop)
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(Duration::from_millis(250));
+    pb
+}
+
+/// Every run of the plan, then the flamegraph runs if asked for: the records and how many runs failed. An
+/// error only when interrupted.
+fn measure(ctx: &mut Ctx, plan: &Plan, flamegraph: Option<&Path>) -> Result<(Vec<RunRecord>, usize)> {
+    let profiled: Vec<&Mode> =
+        if flamegraph.is_some() { plan.modes.iter().filter(|m| m.is_forwarder()).collect() } else { Vec::new() };
+    let total = plan.runs() + profiled.len() as u64;
+    eprintln!(
+        "turbotun bench: {} mode(s) × {} traffic kind(s) × {} rep(s), {} s each, IPv{} (~{} min)",
+        plan.modes.len(),
+        plan.traffic.len(),
+        plan.reps,
+        plan.duration,
+        if ctx.ipv6 { 6 } else { 4 },
+        (total * (plan.duration + 1)).div_ceil(60)
+    );
+    let pb = progress_bar(total);
+    let measured = measure_runs(ctx, plan, &pb).and_then(|measured| {
+        if let Some(dir) = flamegraph {
+            profile(ctx, &profiled, &plan.traffic[0], dir, &pb)?;
+        }
+        Ok(measured)
+    });
+    pb.finish_and_clear();
+    measured
+}
+
+/// The repetitions, interleaved round-robin: rep 1 of every traffic kind and mode, then rep 2, ...
+fn measure_runs(ctx: &mut Ctx, plan: &Plan, pb: &ProgressBar) -> Result<(Vec<RunRecord>, usize)> {
+    let mut runs = Vec::new();
+    let mut broken: Vec<(String, String)> = Vec::new();
+    let mut failures = 0;
+    for rep in 1..=plan.reps {
+        for t in &plan.traffic {
+            for m in &plan.modes {
+                pb.set_message(format!("rep {rep}/{} {} {}", plan.reps, t.label, m.label));
+                let rec = measure_one(ctx, m, t, rep, &mut broken)?;
+                if let Some(err) = &rec.error {
+                    failures += 1;
+                    pb.suspend(|| eprintln!("turbotun bench: {} {} rep {rep}: {err}", m.label, t.label));
+                }
+                runs.push(rec);
+                pb.inc(1);
+            }
+        }
+    }
+    Ok((runs, failures))
+}
+
+/// One run, or the record of its failure; an error only when interrupted. A mode whose forwarder never came up
+/// is `broken` and skipped from then on.
+fn measure_one(
+    ctx: &mut Ctx,
+    m: &Mode,
+    t: &Traffic,
+    rep: u32,
+    broken: &mut Vec<(String, String)>,
+) -> Result<RunRecord> {
+    let ipv6 = ctx.ipv6;
+    let failed = |msg: String| RunRecord { error: Some(msg), ..run_record(m, t, rep, ipv6) };
+    if let Some((_, why)) = broken.iter().find(|(b, _)| *b == m.label) {
+        return Ok(failed(format!("skipped: {why}")));
+    }
+    match run_one(ctx, m, t, rep, None) {
+        Ok(r) => Ok(r),
+        Err(e) if ctx.interrupted() => Err(interrupted(e)),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            if is_not_ready(&e) {
+                broken.push((m.label.clone(), msg.clone()));
+            }
+            Ok(failed(msg))
+        }
+    }
+}
+
+/// One extra run of traffic `t` per forwarder mode under perf, so that perf does not disturb the measured ones:
+/// DIR/offload.svg for turbotun's modes, DIR/tunrs-offload.svg for the peers.
+fn profile(ctx: &mut Ctx, modes: &[&Mode], t: &Traffic, dir: &Path, pb: &ProgressBar) -> Result<()> {
+    for m in modes {
+        pb.set_message(format!("flamegraph {} {}", t.label, m.label));
+        let name = if m.family == "turbotun" { m.short() } else { m.label.as_str() };
+        let svg = dir.join(format!("{name}.svg"));
+        match run_one(ctx, m, t, 0, Some(&svg)) {
+            Ok(_) => pb.suspend(|| eprintln!("turbotun bench: wrote {}", svg.display())),
+            Err(e) if ctx.interrupted() => return Err(interrupted(e)),
+            Err(e) => pb.suspend(|| eprintln!("turbotun bench: flamegraph of {}: {e:#}", m.label)),
+        }
+        pb.inc(1);
+    }
+    Ok(())
+}
+
+fn build_report(
+    plan: &Plan,
+    ipv6: bool,
+    started_unix: u64,
+    not_available: Vec<Unavailable>,
+    runs: Vec<RunRecord>,
+) -> Report {
+    let mode_list: Vec<(String, String)> = plan.modes.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
+    Report {
+        tool: "turbotun bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
+        started_unix,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        duration_s: plan.duration,
+        reps: plan.reps,
+        ipv6,
+        modes: mode_list.iter().map(|m| m.0.clone()).collect(),
+        traffic: plan.traffic.iter().map(|t| t.label.to_string()).collect(),
+        not_available,
+        summary: report::summarize(&runs, &mode_list, &plan.traffic),
+        runs,
+    }
+}
+
+/// The JSON and the chart if asked for, then the Markdown report on stdout.
+fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(report)?;
+        std::fs::write(p, text + "\n").with_context(|| format!("write {}", p.display()))?;
+        eprintln!("turbotun bench: wrote {}", p.display());
+    }
+    if let Some(p) = &args.chart {
+        let title = format!(
+            "turbotun bench — {} s × {} rep(s), IPv{}, {}",
+            plan.duration,
+            plan.reps,
+            if args.ipv6 { 6 } else { 4 },
+            report.kernel
+        );
+        chart::write_chart(p, &report.summary, &plan.traffic, &title)?;
+        eprintln!("turbotun bench: wrote {}", p.display());
+    }
+    // Last, and without panicking when stdout is a closed pipe (`| head`): the files are written already.
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(report::markdown(report, &plan.traffic).as_bytes());
+    let _ = out.flush();
+    Ok(())
+}
+
 fn print_list(all: &[Mode], unavailable: &[Unavailable], peers: Option<&Path>) {
     println!("modes:");
     for m in all {
         let note = match &m.kind {
             modes::Kind::Forwarder { program, .. } if m.is_peer() && !program.is_file() => {
-                " (built on first use by bench/peers/build.sh)"
+                " (built on first use by bench/peers/build.sh)".to_string()
             }
-            _ => "",
+            _ => m.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
         };
-        println!("  {:<24} {}{note}", m.label, m.family);
+        println!("  {:<27} {}{note}", m.label, m.family);
     }
     for u in unavailable {
-        println!("  {:<24} not available: {}", u.mode, u.reason);
+        println!("  {:<27} not available: {}", u.mode, u.reason);
     }
     println!("traffic kinds:");
     for t in TRAFFIC {
-        println!("  {:<24} {}", t.label, t.description);
+        println!("  {:<27} {}", t.label, t.description);
     }
     println!("quick modes: {}", modes::QUICK_MODES.join(", "));
     match peers {
@@ -354,7 +425,7 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    let mut tools = vec![("iperf3", "iperf3"), ("ip", "iproute2"), ("sysctl", "procps"), ("kill", "procps")];
+    let mut tools = vec![("iperf3", "iperf3")];
     if args.flamegraph.is_some() {
         tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }
@@ -367,209 +438,4 @@ fn preflight(args: &BenchArgs) -> Result<()> {
         bail!("missing tools: {}", missing.join(", "));
     }
     Ok(())
-}
-
-/// Read a child's stdout to a string on a thread (so a chatty child never blocks on a full pipe).
-fn collect_stdout(child: &mut Child) -> std::thread::JoinHandle<String> {
-    let out = child.stdout.take();
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(o) = out {
-            let _ = BufReader::new(o).read_to_string(&mut s);
-        }
-        s
-    })
-}
-
-/// Run `ip netns exec NS CMD..` to completion within `timeout`, returning its stdout.
-fn run_in_ns(
-    ns: &str,
-    cmd: &[&str],
-    timeout: Duration,
-    stop: &AtomicBool,
-) -> Result<(String, std::process::ExitStatus)> {
-    let mut child = topo::ns_command(ns)
-        .args(cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("start {}", cmd[0]))?;
-    let out = collect_stdout(&mut child);
-    let mut child = KillOnDrop(child);
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = wait_timeout(&mut child.0, Duration::from_millis(100)) {
-            break st;
-        }
-        if stop.load(Ordering::Relaxed) {
-            bail!("interrupted");
-        }
-        if Instant::now() >= deadline {
-            bail!("{} did not finish within {} s", cmd[0], timeout.as_secs());
-        }
-    };
-    Ok((out.join().unwrap_or_default(), status))
-}
-
-/// The record of one (mode, traffic, repetition), before anything is measured.
-fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
-    RunRecord {
-        mode: mode.label.clone(),
-        family: mode.family.into(),
-        traffic: t.label.into(),
-        rep,
-        ipv6,
-        ..Default::default()
-    }
-}
-
-/// One run: topology, forwarder, iperf3 server and client, samples before and after the window.
-fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
-    ctx.run_counter += 1;
-    let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
-    let mut rec = run_record(mode, t, rep, ctx.ipv6);
-
-    // Server in B bound to B's address: iperf3 for one test, or our UDP sink.
-    let srv_log = std::fs::File::create(ctx.log_dir.join(format!("server-{}.log", ctx.run_counter)))?;
-    let v6_socket = topo.server_addr.contains(':');
-    let sink_addr = if v6_socket {
-        format!("[{}]:{SINK_PORT}", topo.server_addr)
-    } else {
-        format!("{}:{SINK_PORT}", topo.server_addr)
-    };
-    let duration_s = ctx.duration.to_string();
-    let exe = ctx.exe.to_string_lossy().into_owned();
-    let len_s = t.payload.to_string();
-    let gso_s = t.gso.to_string();
-    let server_cmd: Vec<&str> = if t.gso > 0 {
-        vec![&exe, "bench", "--udp-sink", &sink_addr, "--udp-len", &len_s, "--duration", &duration_s]
-    } else {
-        vec!["iperf3", "-s", "-1", "-J", "-B", &topo.server_addr]
-    };
-    let mut server = topo::ns_command(&topo.ns_b)
-        .args(&server_cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(srv_log)
-        .spawn()
-        .context("start the server")?;
-    let server_out = collect_stdout(&mut server);
-    let mut server = KillOnDrop(server);
-    if t.gso > 0 {
-        topo.wait_bound(SINK_PORT, true, v6_socket, Duration::from_secs(5), &stop)?;
-    } else {
-        topo.wait_bound(5201, false, v6_socket, Duration::from_secs(5), &stop)?;
-    }
-
-    // Samples before the window.
-    let fwd_pid = topo.forwarder.as_ref().map(|f| f.pid);
-    let drops0 = topo.tx_dropped();
-    let rcvbuf0 = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
-    let rss_reset = fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false);
-    let ticks0 = fwd_pid.map(procfs::pid_cpu_ticks).transpose()?;
-    let box0 = procfs::box_cpu()?;
-    let t0 = Instant::now();
-    let perf = match (flamegraph, fwd_pid) {
-        (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
-        _ => None,
-    };
-
-    let timeout = Duration::from_secs(ctx.duration + 10);
-    let iperf = if t.gso > 0 {
-        let cmd = [
-            exe.as_str(),
-            "bench",
-            "--udp-gen",
-            &sink_addr,
-            "--udp-len",
-            &len_s,
-            "--udp-gso",
-            &gso_s,
-            "--duration",
-            &duration_s,
-        ];
-        let (text, status) = run_in_ns(&topo.ns_a, &cmd, timeout, &stop)?;
-        let g: gen::GenReport = serde_json::from_str(text.trim())
-            .with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))?;
-        // The sink stops 1 s after the last datagram.
-        if wait_timeout(&mut server.0, Duration::from_secs(5)).is_none() {
-            bail!("UDP sink did not finish");
-        }
-        let text = server_out.join().unwrap_or_default();
-        let sk: gen::SinkReport =
-            serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
-        gen::to_result(&g, &sk)
-    } else {
-        let client_args = t.client_args(&topo.server_addr, ctx.duration, v6_socket);
-        let mut cmd: Vec<&str> = vec!["iperf3"];
-        cmd.extend(client_args.iter().map(String::as_str));
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let (text, status) = run_in_ns(&topo.ns_a, &cmd, timeout, &stop)?;
-            match iperf::parse_client_json(&text) {
-                Ok(r) => break r,
-                Err(e) if attempt < 3 && format!("{e}").contains("connect") => {
-                    sleep_checked(Duration::from_millis(300), &stop)?;
-                }
-                Err(e) => return Err(e.context(format!("iperf3 client ({status})"))),
-            }
-        }
-    };
-
-    // Samples after the window.
-    let window = t0.elapsed().as_secs_f64();
-    let box1 = procfs::box_cpu()?;
-    if let (Some(pid), Some(t0)) = (fwd_pid, ticks0) {
-        if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
-            rec.fwd_cpu_percent = Some((t1.saturating_sub(t0)) as f64 / procfs::CLK_TCK / window * 100.0);
-        }
-        rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
-        if !rss_reset {
-            tracing::debug!("could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime");
-        }
-    }
-    rec.box_cpu_percent = box1.percent_since(&box0);
-    rec.window_seconds = window;
-    rec.dev_tx_dropped = match (drops0, topo.tx_dropped()) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
-    if t.udp {
-        rec.udp_rcvbuf_errors = match (rcvbuf0, topo.rcvbuf_errors(ctx.ipv6)) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        };
-    }
-    rec.iperf = Some(iperf);
-    if wait_timeout(&mut server.0, Duration::from_secs(5)).is_none() {
-        tracing::debug!("iperf3 server still running after the client finished; killing it");
-    }
-    drop(server);
-
-    let alive = topo.forwarder.as_mut().map(|f| f.is_running());
-    if let Some(fwd) = topo.forwarder.take() {
-        let exit = fwd.stop();
-        rec.fwd_counters = exit.counters;
-        rec.fwd_exit = exit.status;
-        if alive == Some(false) {
-            rec.error = Some(format!("forwarder died during the run: {}", exit.stderr_tail));
-        }
-    }
-    if let Some(rec_perf) = perf {
-        let svg = flamegraph.expect("perf implies flamegraph");
-        let title = format!("turbotun bench {} — {} {} s", mode.label, t.label, ctx.duration);
-        rec_perf.finish(Duration::from_secs(ctx.duration + 15), svg, &title)?;
-        let _ = std::fs::remove_file(svg.with_extension("perf.data"));
-        let _ = std::fs::remove_file(svg.with_extension("perf.log"));
-    }
-    drop(topo);
-    Ok(rec)
-}
-
-fn interrupted(e: anyhow::Error) -> anyhow::Error {
-    tracing::debug!("interrupted during: {e:#}");
-    anyhow!("interrupted: namespaces and processes torn down")
 }

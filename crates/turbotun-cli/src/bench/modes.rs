@@ -5,20 +5,92 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
-/// turbotun forwarder modes: (label, arguments after `fwd DEV_A DEV_B`). Adding a mode is one line; a mode
-/// whose flags `turbotun fwd --help` does not mention is listed as not available.
-pub const TURBOTUN_MODES: &[(&str, &[&str])] = &[
-    ("plain", &["--mode", "plain"]),
-    ("offload", &["--mode", "offload"]),
-    ("passthrough", &["--mode", "passthrough"]),
-    ("threads2", &["--mode", "offload", "--threads", "2"]),
-    ("multiqueue", &["--mode", "offload", "--queues", "2"]),
-    // plain and passthrough use io_uring by default where the kernel has it; these are the blocking paths.
-    ("plain-block", &["--mode", "plain", "--io", "block"]),
-    ("passthrough-block", &["--mode", "passthrough", "--io", "block"]),
-    ("ring", &["--mode", "offload", "--ring"]),
-    ("async", &["--mode", "offload", "--async"]),
+/// What a turbotun mode needs from the tun driver beyond a plain TUN device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `IFF_VNET_HDR`: the virtio header in front of every frame, and with it the offloads.
+    VnetHdr,
+    /// `IFF_MULTI_QUEUE`.
+    MultiQueue,
+}
+
+/// One of turbotun's forwarder modes: `turbotun fwd DEV_A DEV_B ARGS..`.
+#[derive(Debug, Clone, Copy)]
+pub struct TurbotunMode {
+    /// Label after `turbotun-`.
+    pub label: &'static str,
+    pub args: &'static [&'static str],
+    pub needs: &'static [Need],
+    /// Reads through io_uring where the kernel has it, blocking reads otherwise (`turbotun fwd`'s default for
+    /// plain and passthrough).
+    pub uring_by_default: bool,
+}
+
+const fn fwd(label: &'static str, args: &'static [&'static str], needs: &'static [Need]) -> TurbotunMode {
+    TurbotunMode { label, args, needs, uring_by_default: false }
+}
+
+/// turbotun's forwarder modes, in report order. Adding a mode is one line; that `turbotun fwd` accepts its
+/// arguments is a unit test, and what it needs from the kernel is checked with the library's probes.
+pub const TURBOTUN_MODES: &[TurbotunMode] = &[
+    TurbotunMode { uring_by_default: true, ..fwd("plain", &["--mode", "plain"], &[]) },
+    fwd("offload", &["--mode", "offload"], &[Need::VnetHdr]),
+    TurbotunMode { uring_by_default: true, ..fwd("passthrough", &["--mode", "passthrough"], &[Need::VnetHdr]) },
+    fwd("threads2", &["--mode", "offload", "--threads", "2"], &[Need::VnetHdr]),
+    fwd("multiqueue", &["--mode", "offload", "--queues", "2"], &[Need::VnetHdr, Need::MultiQueue]),
+    // The blocking paths of the two modes above that read through io_uring by default.
+    fwd("plain-block", &["--mode", "plain", "--io", "block"], &[]),
+    fwd("passthrough-block", &["--mode", "passthrough", "--io", "block"], &[Need::VnetHdr]),
+    fwd("async", &["--mode", "offload", "--async"], &[Need::VnetHdr]),
 ];
+
+/// What this kernel offers turbotun's modes, from the library's probes.
+#[derive(Debug, Clone)]
+pub struct Support {
+    /// The tun driver's optional features, or why there is no usable tun driver.
+    pub tun: Result<TunFeatures, String>,
+    /// Whether io_uring forwarding works here, or why not.
+    pub uring: Result<(), String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunFeatures {
+    pub vnet_hdr: bool,
+    pub multi_queue: bool,
+}
+
+impl Support {
+    /// `turbotun::Capabilities` and `turbotun::uring::supported`, both probed once per process.
+    pub fn probe() -> Support {
+        // The capability probe opens scratch devices: inside a private namespace when we may make one, so that
+        // none shows up in the root namespace even for a moment.
+        let caps = turbotun::netns::with_private_netns(turbotun::Capabilities::get)
+            .unwrap_or_else(|_| turbotun::Capabilities::get());
+        Support {
+            tun: caps
+                .map(|c| TunFeatures { vnet_hdr: c.vnet_hdr(), multi_queue: c.multi_queue() })
+                .map_err(|e| e.to_string()),
+            uring: turbotun::uring::supported().map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Why a mode with these needs cannot run here, if it cannot.
+    fn missing(&self, needs: &[Need]) -> Option<String> {
+        let tun = match &self.tun {
+            Ok(tun) => tun,
+            Err(e) => return Some(format!("no usable tun driver: {e}")),
+        };
+        let lacking: Vec<&str> = needs
+            .iter()
+            .filter_map(|n| match n {
+                Need::VnetHdr if !tun.vnet_hdr => Some("IFF_VNET_HDR"),
+                Need::MultiQueue if !tun.multi_queue => Some("IFF_MULTI_QUEUE"),
+                _ => None,
+            })
+            .collect();
+        (!lacking.is_empty()).then(|| format!("this kernel's tun driver lacks {}", lacking.join(" and ")))
+    }
+}
 
 /// Peers: (family, binary under bench/peers/bin, the package that builds it, modes).
 pub const PEERS: &[(&str, &str, &[&str])] = &[
@@ -46,6 +118,8 @@ pub struct Mode {
     /// `baseline`, `turbotun`, `tunrs`, `wggo`.
     pub family: &'static str,
     pub kind: Kind,
+    /// How it runs differently here than its name says (`--list` shows it, and the bench when it runs it).
+    pub note: Option<String>,
 }
 
 impl Mode {
@@ -70,44 +144,6 @@ pub struct Unavailable {
     pub reason: String,
 }
 
-/// Does `turbotun fwd --help` accept these arguments? Flags (`--x`) must appear in the help; the value after
-/// `--mode`/`--io` must appear too (clap lists possible values).
-pub fn fwd_accepts(help: &str, args: &[&str]) -> bool {
-    let has_word = |w: &str| help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).any(|x| x == w);
-    let mut prev_flag: Option<&str> = None;
-    for a in args {
-        if a.starts_with("--") {
-            if !has_word(a) {
-                return false;
-            }
-            prev_flag = Some(a);
-        } else {
-            if matches!(prev_flag, Some("--mode") | Some("--io")) && !has_word(a) {
-                return false;
-            }
-            prev_flag = None;
-        }
-    }
-    true
-}
-
-/// `<current exe> fwd --help`, or why it is not there.
-pub fn probe_fwd_help(exe: &Path) -> Result<String, String> {
-    let out = Command::new(exe)
-        .args(["fwd", "--help"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {} fwd --help: {e}", exe.display()))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "`turbotun fwd` is not available in this build ({})",
-            err.lines().next().unwrap_or("").trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The bench/peers directory: $TURBOTUN_PEERS_DIR, the source tree this binary was built from, or a
 /// `bench/peers` directory above the executable.
 pub fn peers_dir(exe: &Path) -> Option<PathBuf> {
@@ -123,30 +159,34 @@ pub fn peers_dir(exe: &Path) -> Option<PathBuf> {
 
 /// Every mode in report order, plus the ones that cannot run here. Peers are listed if their binary exists or
 /// `build.sh` could build it (checked later by [`ensure_peers_built`]).
-pub fn all_modes(exe: &Path, fwd_help: &Result<String, String>, peers: Option<&Path>) -> (Vec<Mode>, Vec<Unavailable>) {
+pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mode>, Vec<Unavailable>) {
     let mut modes = vec![
-        Mode { label: "veth".into(), family: "baseline", kind: Kind::Veth },
-        Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback },
+        Mode { label: "veth".into(), family: "baseline", kind: Kind::Veth, note: None },
+        Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback, note: None },
     ];
     let mut unavailable = Vec::new();
-    for (label, args) in TURBOTUN_MODES {
-        let label = format!("turbotun-{label}");
-        match fwd_help {
-            Ok(help) if fwd_accepts(help, args) => modes.push(Mode {
-                label,
-                family: "turbotun",
-                kind: Kind::Forwarder {
-                    program: exe.to_path_buf(),
-                    prefix_args: vec!["fwd".into()],
-                    args: args.iter().map(|s| s.to_string()).collect(),
-                },
-            }),
-            Ok(_) => unavailable.push(Unavailable {
-                mode: label,
-                reason: format!("`turbotun fwd` does not accept `{}` yet", args.join(" ")),
-            }),
-            Err(e) => unavailable.push(Unavailable { mode: label, reason: e.clone() }),
+    for m in TURBOTUN_MODES {
+        let label = format!("turbotun-{}", m.label);
+        if let Some(reason) = support.missing(m.needs) {
+            unavailable.push(Unavailable { mode: label, reason });
+            continue;
         }
+        let note = match &support.uring {
+            Err(why) if m.uring_by_default => {
+                Some(format!("io_uring forwarding unavailable ({why}): blocking reads, as turbotun-{}-block", m.label))
+            }
+            _ => None,
+        };
+        modes.push(Mode {
+            label,
+            family: "turbotun",
+            kind: Kind::Forwarder {
+                program: exe.to_path_buf(),
+                prefix_args: vec!["fwd".into()],
+                args: m.args.iter().map(|s| s.to_string()).collect(),
+            },
+            note,
+        });
     }
     for (family, bin, peer_modes) in PEERS {
         for m in *peer_modes {
@@ -160,6 +200,7 @@ pub fn all_modes(exe: &Path, fwd_help: &Result<String, String>, peers: Option<&P
                         prefix_args: vec![],
                         args: vec!["--mode".into(), m.to_string()],
                     },
+                    note: None,
                 }),
                 None => unavailable
                     .push(Unavailable { mode: label, reason: "bench/peers not found (set TURBOTUN_PEERS_DIR)".into() }),
@@ -287,41 +328,69 @@ pub fn which(name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
-    const HELP: &str = "Usage: turbotun fwd [OPTIONS] <DEV_A> <DEV_B>\n\nOptions:\n      --mode <MODE>  [default: \
-                        offload] [possible values: plain, offload, passthrough]\n      --threads <N>  workers\n  -h, \
-                        --help\n";
+    /// `turbotun fwd` as the bench starts it.
+    #[derive(Debug, Parser)]
+    struct Fwd {
+        #[command(flatten)]
+        args: crate::fwd::FwdArgs,
+    }
 
     #[test]
-    fn probe_flags() {
-        assert!(fwd_accepts(HELP, &["--mode", "plain"]));
-        assert!(fwd_accepts(HELP, &["--mode", "offload", "--threads", "2"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "plain", "--io", "block"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "offload", "--ring"]));
-        assert!(!fwd_accepts(HELP, &["--mode", "turbo"]));
-        // `--threads` must not match `--thread`
-        assert!(!fwd_accepts(HELP, &["--thread", "2"]));
+    fn turbotun_fwd_accepts_every_mode() {
+        for m in TURBOTUN_MODES {
+            let argv = ["fwd", "tta", "ttb"].into_iter().chain(m.args.iter().copied());
+            if let Err(e) = Fwd::try_parse_from(argv) {
+                panic!("turbotun-{}: `turbotun fwd` refuses {:?}: {e}", m.label, m.args);
+            }
+        }
+    }
+
+    fn support(vnet_hdr: bool, multi_queue: bool, uring: Result<(), String>) -> Support {
+        Support { tun: Ok(TunFeatures { vnet_hdr, multi_queue }), uring }
     }
 
     #[test]
     fn table_and_selection() {
         let exe = Path::new("/x/turbotun");
-        let (all, na) = all_modes(exe, &Ok(HELP.into()), Some(Path::new("/p")));
+        let (all, na) = all_modes(exe, &support(true, true, Ok(())), Some(Path::new("/p")));
         let labels: Vec<&str> = all.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(&labels[..5], ["veth", "loopback", "turbotun-plain", "turbotun-offload", "turbotun-passthrough"]);
-        assert!(labels.contains(&"turbotun-threads2"));
+        assert!(labels.contains(&"turbotun-threads2") && labels.contains(&"turbotun-plain-block"));
         assert!(labels.contains(&"wggo-offload"));
-        assert!(na.iter().any(|u| u.mode == "turbotun-plain-block"));
+        assert!(na.is_empty(), "{na:?}");
+        assert!(all.iter().all(|m| m.note.is_none()));
         let sel = select_modes(&all, &na, &["tunrs-offload".into(), "veth".into(), "offload".into()]).unwrap();
         let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(sel, ["veth", "turbotun-offload", "tunrs-offload"]);
         let sel = select_modes(&all, &na, &["wggo".into()]).unwrap();
         assert_eq!(sel.len(), 2);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
+    }
+
+    #[test]
+    fn availability_from_the_probes() {
+        let exe = Path::new("/x/turbotun");
+        // No multiqueue, no io_uring: multiqueue is not available, plain and passthrough say how they run.
+        let (all, na) = all_modes(exe, &support(true, false, Err("Linux < 6.7".into())), None);
+        assert_eq!(na.iter().filter(|u| u.mode.starts_with("turbotun-")).count(), 1);
+        let mq = na.iter().find(|u| u.mode == "turbotun-multiqueue").unwrap();
+        assert!(mq.reason.contains("IFF_MULTI_QUEUE") && !mq.reason.contains("IFF_VNET_HDR"), "{}", mq.reason);
+        let plain = all.iter().find(|m| m.label == "turbotun-plain").unwrap();
+        assert!(plain.note.as_deref().is_some_and(|n| n.contains("Linux < 6.7") && n.contains("plain-block")));
+        assert!(all.iter().find(|m| m.label == "turbotun-offload").unwrap().note.is_none());
         // unavailable: a note, not an error
-        assert!(select_modes(&all, &na, &["plain-block".into()]).unwrap().is_empty());
-        let (all, na) = all_modes(exe, &Err("no fwd".into()), None);
+        assert!(select_modes(&all, &na, &["multiqueue".into()]).unwrap().is_empty());
+        // Without the virtio header only the plain modes remain.
+        let (all, _) = all_modes(exe, &support(false, true, Ok(())), None);
+        let turbotun: Vec<&str> = all.iter().filter(|m| m.family == "turbotun").map(|m| m.label.as_str()).collect();
+        assert_eq!(turbotun, ["turbotun-plain", "turbotun-plain-block"]);
+        // No tun driver, no peers: the baselines only.
+        let none = Support { tun: Err("no /dev/net/tun".into()), uring: Ok(()) };
+        let (all, na) = all_modes(exe, &none, None);
         assert_eq!(all.len(), 2);
         assert_eq!(na.len(), TURBOTUN_MODES.len() + 6);
+        assert!(na[0].reason.contains("no /dev/net/tun"), "{:?}", na[0]);
     }
 }

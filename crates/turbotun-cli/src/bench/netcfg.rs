@@ -1,17 +1,86 @@
-//! Device configuration inside the run's namespaces through `turbotun::netlink::Netlink` (the library's own
-//! rtnetlink client, so the bench exercises it too). The only place that talks to the kernel's link, address
-//! and route tables.
+//! The run's namespaces and device configuration, through the library (`turbotun::netns` and
+//! `turbotun::netlink::Netlink`, so the bench exercises them too): no `ip` or `sysctl` processes. The only place
+//! that talks to the kernel's link, address and route tables.
+//!
+//! The namespaces are private: made with `unshare` on a short-lived thread and held by an fd, never mounted
+//! under `/run/netns`. The kernel destroys one, with every device in it, once its fd is closed and no process is
+//! left inside, so a bench that dies, even by SIGKILL, leaves no namespace to sweep.
 
+use std::fs::File;
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::process::{Child, Command};
 
 use anyhow::{Context, Result};
 use turbotun::netlink::Netlink;
 
+/// A private network namespace, alive while this value (or a process inside) is.
+#[derive(Debug)]
+pub struct Netns {
+    /// Label for messages and device names (`tt<pid>r<run>a`); the kernel knows no name for it.
+    pub name: String,
+    fd: OwnedFd,
+}
+
+impl Netns {
+    /// A fresh namespace with its loopback up.
+    pub fn new(name: String) -> Result<Netns> {
+        let file = turbotun::netns::with_private_netns(|| File::open("/proc/thread-self/ns/net"))
+            .with_context(|| format!("create network namespace {name}"))?
+            .with_context(|| format!("open network namespace {name}"))?;
+        Ok(Netns { name, fd: file.into() })
+    }
+
+    /// A path that names the namespace for `setns` and `IFLA_NET_NS_FD`: the magic link of our own fd, which
+    /// opens the namespace itself.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+
+    /// Runs `f` on a thread inside the namespace.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        turbotun::netns::with_netns(&self.path(), f).with_context(|| format!("enter network namespace {}", self.name))
+    }
+
+    /// Starts `cmd` inside the namespace: a child inherits the namespace of the thread that spawns it.
+    pub fn spawn(&self, cmd: &mut Command) -> Result<Child> {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        self.run(|| cmd.spawn())?.with_context(|| format!("start {program} in {}", self.name))
+    }
+
+    /// A file of the namespace's `/proc/net` (`snmp`, `tcp6`, ...). `/proc/net` is `/proc/self/net`, the
+    /// namespace of the process's main thread; `/proc/thread-self/net` is the calling thread's.
+    pub fn read_proc_net(&self, file: &str) -> Result<String> {
+        let path = format!("/proc/thread-self/net/{file}");
+        self.run(|| std::fs::read_to_string(&path))?.with_context(|| format!("{}: read /proc/net/{file}", self.name))
+    }
+
+    /// Writes sysctls (`net.ipv4.conf.all.rp_filter`, "0"): the `net.*` tree under `/proc/sys` belongs to the
+    /// namespace of the thread that opens it.
+    pub fn set_sysctls(&self, settings: &[(&str, &str)]) -> Result<()> {
+        self.run(|| {
+            for (key, value) in settings {
+                std::fs::write(sysctl_path(key), value)
+                    .with_context(|| format!("{}: sysctl {key}={value}", self.name))?;
+            }
+            Ok(())
+        })?
+    }
+
+    fn netlink(&self) -> Result<Netlink> {
+        Netlink::in_netns(&self.path()).with_context(|| format!("netlink socket in namespace {}", self.name))
+    }
+}
+
+fn sysctl_path(key: &str) -> PathBuf {
+    PathBuf::from("/proc/sys").join(key.replace('.', "/"))
+}
+
 /// One end of the path: a device in a namespace, its addresses and the routes through it.
 #[derive(Debug)]
 pub struct Side<'a> {
-    pub ns: &'a str,
+    pub ns: &'a Netns,
     pub dev: &'a str,
     pub addrs: Vec<(IpAddr, u8)>,
     /// Destination prefixes routed out of `dev` (the host part is masked off here).
@@ -20,24 +89,24 @@ pub struct Side<'a> {
 
 pub const MTU: u32 = 1500;
 
-fn netns_path(ns: &str) -> PathBuf {
-    PathBuf::from(format!("/run/netns/{ns}"))
+/// A veth pair from `dev_a` in `a` to `dev_b` in `b`: created in `a`, then one end moved.
+pub fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()> {
+    let mut nl = a.netlink()?;
+    nl.create_veth(dev_a, dev_b).with_context(|| format!("{}: veth {dev_a} to {dev_b}", a.name))?;
+    nl.move_to_netns(dev_b, &b.path()).with_context(|| format!("move {dev_b} from {} to {}", a.name, b.name))
 }
 
-fn in_netns(ns: &str) -> Result<Netlink> {
-    Netlink::in_netns(&netns_path(ns)).with_context(|| format!("netlink socket in namespace {ns}"))
-}
-
-/// Move a device from the root namespace into `/run/netns/NS`. Moving flushes its addresses and sets it down.
-pub fn move_to_netns(dev: &str, ns: &str) -> Result<()> {
-    let mut nl = Netlink::new().context("netlink socket")?;
-    nl.move_to_netns(dev, &netns_path(ns)).with_context(|| format!("move {dev} to {ns}"))
+/// Move a device between namespaces. Moving flushes its addresses and sets it down.
+pub fn move_to_netns(from: &Netns, dev: &str, to: &Netns) -> Result<()> {
+    from.netlink()?
+        .move_to_netns(dev, &to.path())
+        .with_context(|| format!("move {dev} from {} to {}", from.name, to.name))
 }
 
 /// MTU, addresses (IPv6 without DAD: the library adds them with IFA_F_NODAD), up, routes.
 pub fn configure(side: &Side<'_>) -> Result<()> {
-    let (ns, dev) = (side.ns, side.dev);
-    let mut nl = in_netns(ns)?;
+    let (ns, dev) = (&side.ns.name, side.dev);
+    let mut nl = side.ns.netlink()?;
     nl.set_mtu(dev, MTU).with_context(|| format!("{ns}: mtu of {dev}"))?;
     for (addr, len) in &side.addrs {
         nl.add_address(dev, *addr, *len).with_context(|| format!("{ns}: {addr}/{len} on {dev}"))?;
@@ -52,8 +121,8 @@ pub fn configure(side: &Side<'_>) -> Result<()> {
 
 /// The device's TX dropped counter (for a TUN device: packets the kernel dropped because the reader of the fd
 /// was too slow — the ring's tail drop).
-pub fn tx_dropped(ns: &str, dev: &str) -> Result<u64> {
-    Ok(in_netns(ns)?.stats(dev).with_context(|| format!("{ns}: stats of {dev}"))?.tx_dropped)
+pub fn tx_dropped(ns: &Netns, dev: &str) -> Result<u64> {
+    Ok(ns.netlink()?.stats(dev).with_context(|| format!("{}: stats of {dev}", ns.name))?.tx_dropped)
 }
 
 fn mask(addr: IpAddr, len: u8) -> IpAddr {
@@ -78,5 +147,10 @@ mod tests {
         assert_eq!(mask("10.0.2.1".parse().unwrap(), 24).to_string(), "10.0.2.0");
         assert_eq!(mask("fd00:2::1".parse().unwrap(), 64).to_string(), "fd00:2::");
         assert_eq!(mask("10.0.2.1".parse().unwrap(), 0).to_string(), "0.0.0.0");
+    }
+
+    #[test]
+    fn sysctl_paths() {
+        assert_eq!(sysctl_path("net.ipv4.conf.all.rp_filter"), PathBuf::from("/proc/sys/net/ipv4/conf/all/rp_filter"));
     }
 }

@@ -3,9 +3,14 @@
 
 use anyhow::{anyhow, Context, Result};
 
-/// Clock ticks per second for `/proc/PID/stat` times. `sysconf(_SC_CLK_TCK)` is 100 on every Linux
-/// architecture we run on (`getconf CLK_TCK` prints 100 here), and this crate forbids `unsafe`.
-pub const CLK_TCK: f64 = 100.0;
+/// Clock ticks per second, the unit of the times in `/proc/PID/stat` (`sysconf(_SC_CLK_TCK)`).
+pub fn clk_tck() -> Result<f64> {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => Ok(ticks as f64),
+        Ok(other) => Err(anyhow!("sysconf(_SC_CLK_TCK) returned {other:?}, not a tick rate")),
+        Err(e) => Err(anyhow!("sysconf(_SC_CLK_TCK): {e}")),
+    }
+}
 
 /// utime + stime of a process (all its threads: the thread-group leader's `/proc/PID/stat` aggregates them), in
 /// clock ticks.
@@ -121,6 +126,12 @@ mod tests {
 
     const STAT: &str = "6353 (cat) R 6346 6346 3647 0 -1 4194304 98 0 0 0 17 4 0 0 20 0 1 0 31032 3133440 389 \
                         18446744073709551615 94673442852864 94673442872745 140730528364928 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
+
+    #[test]
+    fn clock_ticks() {
+        // USER_HZ: 100 on the common architectures, never 0.
+        assert!(clk_tck().unwrap() >= 1.0);
+    }
 
     #[test]
     fn pid_stat_utime_stime() {

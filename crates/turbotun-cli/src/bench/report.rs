@@ -209,18 +209,32 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
         report.kernel,
         report.cpus
     );
-    let modes: Vec<&String> = {
-        let mut m: Vec<&String> = Vec::new();
-        for s in &report.summary {
-            if !m.contains(&&s.mode) {
-                m.push(&s.mode);
-            }
-        }
-        m
-    };
-    let find = |mode: &str, t: &str| report.summary.iter().find(|s| s.mode == mode && s.traffic == t);
+    let modes = report_modes(report);
+    overview(&mut o, report, &modes, traffic);
+    for t in traffic {
+        detail(&mut o, report, &modes, t);
+    }
+    notes(&mut o, report);
+    o
+}
 
-    // Overview.
+/// The modes of the summary, in its order.
+fn report_modes(report: &Report) -> Vec<&str> {
+    let mut modes: Vec<&str> = Vec::new();
+    for s in &report.summary {
+        if !modes.contains(&s.mode.as_str()) {
+            modes.push(&s.mode);
+        }
+    }
+    modes
+}
+
+fn find<'a>(report: &'a Report, mode: &str, traffic: &str) -> Option<&'a Summary> {
+    report.summary.iter().find(|s| s.mode == mode && s.traffic == traffic)
+}
+
+/// One row per mode, the headline metric of every traffic kind.
+fn overview(o: &mut String, report: &Report, modes: &[&str], traffic: &[Traffic]) {
     let _ = write!(o, "| mode |");
     for t in traffic {
         let unit = if t.udp { "rx kpps" } else { "Gbps" };
@@ -231,67 +245,73 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
         let _ = write!(o, "---|");
     }
     o.push('\n');
-    for m in &modes {
+    for m in modes {
         let _ = write!(o, "| {m} |");
         for t in traffic {
-            let c = find(m, t.label).map(|s| cell(s.headline(t.udp))).unwrap_or_else(|| "–".into());
+            let c = find(report, m, t.label).map(|s| cell(s.headline(t.udp))).unwrap_or_else(|| "–".into());
             let _ = write!(o, " {c} |");
         }
         o.push('\n');
     }
+}
 
-    for t in traffic {
-        let _ = writeln!(o, "\n### {} — {}\n", t.label, t.description);
-        if t.udp {
-            let _ = writeln!(
-                o,
-                "| mode | rx kpps | ×veth | ×best peer | Gbps | lost % | lost kpps | dev TX drop kpps | fwd drop kpps | rcvbuf err kpps | fwd CPU % | RSS MB | box CPU % |"
-            );
-            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-        } else {
-            let _ = writeln!(
-                o,
-                "| mode | Gbps | ×veth | ×best peer | retr | fwd CPU % | CPU %/Gbps | RSS MB | box CPU % | cc |"
-            );
-            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
-        }
-        for m in &modes {
-            let Some(s) = find(m, t.label) else { continue };
-            let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
-            if t.udp {
-                let _ = writeln!(
-                    o,
-                    "| {m}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    cell(s.rx_kpps),
-                    ratio(s.ratio_veth),
-                    ratio(s.ratio_best_peer),
-                    med(s.gbps),
-                    cell(s.lost_percent),
-                    med(s.lost_kpps),
-                    med(s.dev_tx_drop_kpps),
-                    med(s.fwd_drop_kpps),
-                    med(s.udp_rcvbuf_err_kpps),
-                    cell(s.fwd_cpu_percent),
-                    med(s.rss_mb),
-                    med(s.box_cpu_percent),
-                );
-            } else {
-                let _ = writeln!(
-                    o,
-                    "| {m}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    cell(s.gbps),
-                    ratio(s.ratio_veth),
-                    ratio(s.ratio_best_peer),
-                    med_count(s.retransmits),
-                    cell(s.fwd_cpu_percent),
-                    med(s.cpu_per_gbps),
-                    med(s.rss_mb),
-                    med(s.box_cpu_percent),
-                    s.congestion_control.as_deref().unwrap_or("–"),
-                );
-            }
-        }
+/// Everything measured for one traffic kind: losses and drops for UDP, retransmits and CPU per Gbps for TCP.
+fn detail(o: &mut String, report: &Report, modes: &[&str], t: &Traffic) {
+    let _ = writeln!(o, "\n### {} — {}\n", t.label, t.description);
+    if t.udp {
+        let _ = writeln!(
+            o,
+            "| mode | rx kpps | ×veth | ×best peer | Gbps | lost % | lost kpps | dev TX drop kpps | fwd drop kpps | rcvbuf err kpps | fwd CPU % | RSS MB | box CPU % |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    } else {
+        let _ = writeln!(
+            o,
+            "| mode | Gbps | ×veth | ×best peer | retr | fwd CPU % | CPU %/Gbps | RSS MB | box CPU % | cc |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
     }
+    for m in modes {
+        let Some(s) = find(report, m, t.label) else { continue };
+        let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
+        let cells = if t.udp { udp_cells(s) } else { tcp_cells(s) };
+        let _ = writeln!(o, "| {m}{failed} | {} |", cells.join(" | "));
+    }
+}
+
+fn udp_cells(s: &Summary) -> Vec<String> {
+    vec![
+        cell(s.rx_kpps),
+        ratio(s.ratio_veth),
+        ratio(s.ratio_best_peer),
+        med(s.gbps),
+        cell(s.lost_percent),
+        med(s.lost_kpps),
+        med(s.dev_tx_drop_kpps),
+        med(s.fwd_drop_kpps),
+        med(s.udp_rcvbuf_err_kpps),
+        cell(s.fwd_cpu_percent),
+        med(s.rss_mb),
+        med(s.box_cpu_percent),
+    ]
+}
+
+fn tcp_cells(s: &Summary) -> Vec<String> {
+    vec![
+        cell(s.gbps),
+        ratio(s.ratio_veth),
+        ratio(s.ratio_best_peer),
+        med_count(s.retransmits),
+        cell(s.fwd_cpu_percent),
+        med(s.cpu_per_gbps),
+        med(s.rss_mb),
+        med(s.box_cpu_percent),
+        s.congestion_control.clone().unwrap_or_else(|| "–".into()),
+    ]
+}
+
+/// What the columns mean, and the modes that could not run.
+fn notes(o: &mut String, report: &Report) {
     let best: Vec<String> = report
         .summary
         .iter()
@@ -317,7 +337,6 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
             let _ = writeln!(o, "- {}: {}", u.mode, u.reason);
         }
     }
-    o
 }
 
 #[cfg(test)]

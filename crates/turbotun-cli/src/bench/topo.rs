@@ -1,8 +1,10 @@
-//! The two-namespace topology of one run, the forwarder process, and their teardown.
+//! The topology of one run (two private namespaces, or one for loopback), the forwarder process, and their
+//! teardown.
 //!
-//! Everything created here is owned by a guard whose `Drop` deletes it: namespaces (which destroys the devices
-//! inside them) and child processes. Names are unique per bench process (`tt<pid>r<run>a`), so concurrent
-//! benches do not collide.
+//! Everything created here is owned by a value whose `Drop` removes it: child processes are stopped, and
+//! closing a namespace's fd lets the kernel destroy it with the devices inside. Names (`tt<pid>r<run>a`) are
+//! labels for messages and device names, unique per bench process so that logs of concurrent benches do not
+//! mix; the namespaces themselves have no name anywhere.
 
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::modes::{Kind, Mode};
-use super::netcfg;
+use super::netcfg::{self, Netns};
 
 pub const ADDR_A4: &str = "10.0.1.1";
 pub const ADDR_B4: &str = "10.0.2.1";
@@ -38,43 +40,12 @@ pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
     }
 }
 
-/// Run a command to completion; error with its stderr if it fails.
-pub fn run_cmd(program: &str, args: &[&str]) -> Result<String> {
-    let out =
-        Command::new(program).args(args).stdin(Stdio::null()).output().with_context(|| format!("run {program}"))?;
-    if !out.status.success() {
-        bail!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `ip netns exec NS`, to which the caller adds the command.
-pub fn ns_command(ns: &str) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns]);
-    c
-}
-
-/// Run a command inside a namespace (`ip netns exec NS ...`).
-pub fn ns_exec(ns: &str, args: &[&str]) -> Result<String> {
-    let mut a = vec!["netns", "exec", ns];
-    a.extend_from_slice(args);
-    run_cmd("ip", &a)
-}
-
-/// Read a file as seen from inside a namespace (/proc/net and /sys/class/net are per namespace).
-pub fn ns_read(ns: &str, path: &str) -> Result<String> {
-    ns_exec(ns, &["cat", path])
-}
-
-/// SIGTERM a process by pid (this crate forbids `unsafe`, so no libc::kill).
+/// SIGTERM a process by pid.
 pub fn send_sigterm(pid: u32) {
-    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    if let Ok(pid) = i32::try_from(pid) {
+        // It may have exited already: nothing to stop then.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
 }
 
 /// Wait for a child with a deadline; `None` if it is still running at the deadline.
@@ -142,22 +113,29 @@ fn tail(path: &Path, n: usize) -> String {
 }
 
 impl Forwarder {
-    /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` and wait for its `ready` line.
-    pub fn start(mode: &Mode, dev_a: &str, dev_b: &str, log_dir: &Path, stop: &AtomicBool) -> Result<Forwarder> {
+    /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` inside `ns` and wait for its `ready` line.
+    pub fn start(
+        mode: &Mode,
+        ns: &Netns,
+        dev_a: &str,
+        dev_b: &str,
+        log_dir: &Path,
+        stop: &AtomicBool,
+    ) -> Result<Forwarder> {
         let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
             bail!("{} is not a forwarder", mode.label);
         };
         let stderr_log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
         let errf = std::fs::File::create(&stderr_log).context("create forwarder log")?;
-        let mut child = Command::new(program)
-            .args(prefix_args)
-            .args([dev_a, dev_b])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(errf)
-            .spawn()
-            .with_context(|| format!("start {}", program.display()))?;
+        let mut child = ns.spawn(
+            Command::new(program)
+                .args(prefix_args)
+                .args([dev_a, dev_b])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(errf),
+        )?;
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -232,59 +210,56 @@ impl Drop for Forwarder {
     }
 }
 
-/// One run's namespaces and devices. Dropping it stops the forwarder and deletes the namespaces.
+/// One run's namespaces and devices. Dropping it stops the forwarder and closes the namespaces, which the kernel
+/// then destroys with their devices.
 #[derive(Debug)]
 pub struct Topology {
-    pub ns_a: String,
-    /// The server namespace (same as `ns_a` for loopback).
-    pub ns_b: String,
-    /// Devices whose TX drops are reported: (namespace, device).
-    pub devices: Vec<(String, String)>,
+    /// The client's namespace (the server's too for loopback).
+    pub ns_a: Netns,
+    /// The server's namespace; `None` for loopback.
+    ns_b: Option<Netns>,
+    /// The run's two devices, in A and in B, whose TX drops are reported.
+    devices: Option<(String, String)>,
     pub server_addr: String,
     pub forwarder: Option<Forwarder>,
-    created: Vec<String>,
 }
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        // The forwarder first: its devices go with it, before the namespaces are closed.
         self.forwarder.take();
-        for ns in self.created.drain(..).rev() {
-            let _ = Command::new("ip").args(["netns", "del", &ns]).stdout(Stdio::null()).stderr(Stdio::null()).status();
-        }
     }
 }
 
-fn sysctls(ipv6: bool) -> Vec<&'static str> {
-    let mut v = vec!["net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"];
+/// Sysctls of a run's namespaces, as (key, value).
+fn sysctls(ipv6: bool) -> Vec<(&'static str, &'static str)> {
+    let mut v = vec![("net.ipv4.conf.all.rp_filter", "0"), ("net.ipv4.conf.default.rp_filter", "0")];
     if ipv6 {
         v.extend([
-            "net.ipv6.conf.all.disable_ipv6=0",
-            "net.ipv6.conf.default.disable_ipv6=0",
-            "net.ipv6.conf.all.accept_dad=0",
-            "net.ipv6.conf.default.accept_dad=0",
-            "net.ipv6.conf.all.accept_ra=0",
-            "net.ipv6.conf.default.accept_ra=0",
-            "net.ipv6.conf.all.router_solicitations=0",
-            "net.ipv6.conf.default.router_solicitations=0",
+            ("net.ipv6.conf.all.disable_ipv6", "0"),
+            ("net.ipv6.conf.default.disable_ipv6", "0"),
+            ("net.ipv6.conf.all.accept_dad", "0"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+            ("net.ipv6.conf.all.accept_ra", "0"),
+            ("net.ipv6.conf.default.accept_ra", "0"),
+            ("net.ipv6.conf.all.router_solicitations", "0"),
+            ("net.ipv6.conf.default.router_solicitations", "0"),
         ]);
     } else {
         // No IPv6 autoconfiguration chatter (RS, MLD, DAD) across the forwarder.
-        v.extend(["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
+        v.extend([("net.ipv6.conf.all.disable_ipv6", "1"), ("net.ipv6.conf.default.disable_ipv6", "1")]);
     }
     v
 }
 
-impl Topology {
-    fn new_ns(&mut self, name: String, ipv6: bool) -> Result<String> {
-        run_cmd("ip", &["netns", "add", &name])?;
-        self.created.push(name.clone());
-        let mut args = vec!["sysctl", "-q", "-w"];
-        args.extend(sysctls(ipv6));
-        ns_exec(&name, &args)?;
-        run_cmd("ip", &["-n", &name, "link", "set", "lo", "up"])?;
-        Ok(name)
-    }
+/// A namespace for one end of the path: loopback up, the sysctls set.
+fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
+    let ns = Netns::new(name)?;
+    ns.set_sysctls(&sysctls(ipv6))?;
+    Ok(ns)
+}
 
+impl Topology {
     /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
     /// the mode has one.
     pub fn build(
@@ -295,58 +270,32 @@ impl Topology {
         log_dir: &Path,
         stop: &AtomicBool,
     ) -> Result<Topology> {
-        let mut t = Topology {
-            ns_a: String::new(),
-            ns_b: String::new(),
-            devices: Vec::new(),
-            server_addr: String::new(),
-            forwarder: None,
-            created: Vec::new(),
-        };
         let base = format!("{prefix}r{run}");
-        t.ns_a = t.new_ns(format!("{base}a"), ipv6)?;
+        let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
-            t.ns_b = t.ns_a.clone();
-            t.server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
-            return Ok(t);
+            let server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
+            return Ok(Topology { ns_a, ns_b: None, devices: None, server_addr, forwarder: None });
         }
-        t.ns_b = t.new_ns(format!("{base}b"), ipv6)?;
+        let ns_b = end_netns(format!("{base}b"), ipv6)?;
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
         anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
+        let mut t = Topology { ns_a, ns_b: Some(ns_b), devices: None, server_addr: String::new(), forwarder: None };
         match &mode.kind {
-            Kind::Veth => {
-                run_cmd(
-                    "ip",
-                    &[
-                        "link", "add", &dev_a, "netns", &t.ns_a, "type", "veth", "peer", "name", &dev_b, "netns",
-                        &t.ns_b,
-                    ],
-                )?;
-            }
+            Kind::Veth => netcfg::create_veth(&t.ns_a, &dev_a, t.server(), &dev_b)?,
             Kind::Forwarder { .. } => {
-                let fwd = Forwarder::start(mode, &dev_a, &dev_b, log_dir, stop)?;
-                t.forwarder = Some(fwd);
-                netcfg::move_to_netns(&dev_a, &t.ns_a)?;
-                netcfg::move_to_netns(&dev_b, &t.ns_b)?;
+                // The forwarder creates its devices in a namespace of its own, so that they never show in the
+                // root namespace; the process keeps that namespace alive after its fd is closed here.
+                let ns_fwd = Netns::new(format!("{base}f"))?;
+                t.forwarder = Some(Forwarder::start(mode, &ns_fwd, &dev_a, &dev_b, log_dir, stop)?);
+                netcfg::move_to_netns(&ns_fwd, &dev_a, &t.ns_a)?;
+                netcfg::move_to_netns(&ns_fwd, &dev_b, t.server())?;
             }
-            Kind::Loopback => unreachable!(),
+            Kind::Loopback => unreachable!("handled above"),
         }
-        let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
-        let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
-        // A: 10.0.1.1/24, route to B's subnet through the device; B the mirror image.
-        let mut side_a = netcfg::Side { ns: &t.ns_a, dev: &dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
-        let mut side_b = netcfg::Side { ns: &t.ns_b, dev: &dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
-        if ipv6 {
-            side_a.addrs.push((a6, 64));
-            side_a.routes.push((b6, 64));
-            side_b.addrs.push((b6, 64));
-            side_b.routes.push((a6, 64));
-        }
-        netcfg::configure(&side_a)?;
-        netcfg::configure(&side_b)?;
-        t.devices = vec![(t.ns_a.clone(), dev_a), (t.ns_b.clone(), dev_b)];
+        t.configure_ends(&dev_a, &dev_b, ipv6)?;
+        t.devices = Some((dev_a, dev_b));
         t.server_addr = if ipv6 { ADDR_B6 } else { ADDR_B4 }.into();
         if let Some(f) = t.forwarder.as_mut() {
             if !f.is_running() {
@@ -356,24 +305,39 @@ impl Topology {
         Ok(t)
     }
 
+    /// A: 10.0.1.1/24 on `dev_a`, with a route to B's subnet through it; B the mirror image (and the IPv6 pair).
+    fn configure_ends(&self, dev_a: &str, dev_b: &str, ipv6: bool) -> Result<()> {
+        let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
+        let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
+        let mut side_a = netcfg::Side { ns: &self.ns_a, dev: dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
+        let mut side_b = netcfg::Side { ns: self.server(), dev: dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
+        if ipv6 {
+            side_a.addrs.push((a6, 64));
+            side_a.routes.push((b6, 64));
+            side_b.addrs.push((b6, 64));
+            side_b.routes.push((a6, 64));
+        }
+        netcfg::configure(&side_a)?;
+        netcfg::configure(&side_b)
+    }
+
+    /// The server's namespace: B, or A itself for loopback.
+    pub fn server(&self) -> &Netns {
+        self.ns_b.as_ref().unwrap_or(&self.ns_a)
+    }
+
     /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop).
     pub fn tx_dropped(&self) -> Option<u64> {
-        if self.devices.is_empty() {
-            return None;
-        }
-        let mut sum = 0;
-        for (ns, dev) in &self.devices {
-            sum += netcfg::tx_dropped(ns, dev).ok()?;
-        }
-        Some(sum)
+        let (dev_a, dev_b) = self.devices.as_ref()?;
+        Some(netcfg::tx_dropped(&self.ns_a, dev_a).ok()? + netcfg::tx_dropped(self.server(), dev_b).ok()?)
     }
 
     /// UDP receive-buffer errors in the server namespace.
     pub fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
         if ipv6 {
-            super::procfs::parse_snmp6(&ns_read(&self.ns_b, "/proc/net/snmp6").ok()?, "Udp6RcvbufErrors")
+            super::procfs::parse_snmp6(&self.server().read_proc_net("snmp6").ok()?, "Udp6RcvbufErrors")
         } else {
-            super::procfs::parse_snmp(&ns_read(&self.ns_b, "/proc/net/snmp").ok()?, "Udp", "RcvbufErrors")
+            super::procfs::parse_snmp(&self.server().read_proc_net("snmp").ok()?, "Udp", "RcvbufErrors")
         }
     }
 
@@ -381,21 +345,25 @@ impl Topology {
     /// one.
     pub fn wait_bound(&self, port: u16, udp: bool, ipv6: bool, timeout: Duration, stop: &AtomicBool) -> Result<()> {
         let file = match (udp, ipv6) {
-            (false, false) => "/proc/net/tcp",
-            (false, true) => "/proc/net/tcp6",
-            (true, false) => "/proc/net/udp",
-            (true, true) => "/proc/net/udp6",
+            (false, false) => "tcp",
+            (false, true) => "tcp6",
+            (true, false) => "udp",
+            (true, true) => "udp6",
         };
         // TCP_LISTEN is 0A; an unconnected UDP socket shows TCP_CLOSE (07).
         let state = if udp { "07" } else { "0A" };
         let end = Instant::now() + timeout;
         loop {
-            let text = ns_read(&self.ns_b, file).unwrap_or_default();
+            let text = self.server().read_proc_net(file).unwrap_or_default();
             if proc_net_has_port(&text, port, state) {
                 return Ok(());
             }
             if Instant::now() >= end {
-                return Err(anyhow!("no server bound to port {port} in {} within {}s", self.ns_b, timeout.as_secs()));
+                return Err(anyhow!(
+                    "no server bound to port {port} in {} within {}s",
+                    self.server().name,
+                    timeout.as_secs()
+                ));
             }
             sleep_checked(Duration::from_millis(50), stop)?;
         }
@@ -409,32 +377,6 @@ fn proc_net_has_port(text: &str, port: u16, state: &str) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() > 3 && f[1].ends_with(&suffix) && f[3] == state
     })
-}
-
-/// Delete namespaces left by earlier bench processes that died without cleaning up (`tt<pid>r<n>a|b` whose
-/// pid no longer exists).
-pub fn sweep_stale() {
-    let Ok(list) = run_cmd("ip", &["netns", "list"]) else {
-        return;
-    };
-    for line in list.lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        if let Some(pid) = stale_pid(name) {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = run_cmd("ip", &["netns", "del", name]);
-            }
-        }
-    }
-}
-
-fn stale_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("tt")?;
-    let (pid, rest) = rest.split_once('r')?;
-    let run = rest.strip_suffix('a').or_else(|| rest.strip_suffix('b'))?;
-    if run.is_empty() || !run.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    pid.parse().ok()
 }
 
 #[cfg(test)]
@@ -455,18 +397,9 @@ mod tests {
     }
 
     #[test]
-    fn stale_names() {
-        assert_eq!(stale_pid("tt1234r5a"), Some(1234));
-        assert_eq!(stale_pid("tt1234r17b"), Some(1234));
-        assert_eq!(stale_pid("tt1234r5"), None);
-        assert_eq!(stale_pid("ttjson77"), None);
-        assert_eq!(stale_pid("foo"), None);
-    }
-
-    #[test]
     fn sysctl_sets() {
-        assert!(sysctls(false).contains(&"net.ipv6.conf.default.disable_ipv6=1"));
-        assert!(sysctls(true).contains(&"net.ipv6.conf.default.accept_dad=0"));
-        assert!(sysctls(true).iter().all(|s| !s.ends_with("disable_ipv6=1")));
+        assert!(sysctls(false).contains(&("net.ipv6.conf.default.disable_ipv6", "1")));
+        assert!(sysctls(true).contains(&("net.ipv6.conf.default.accept_dad", "0")));
+        assert!(sysctls(true).iter().all(|(k, v)| !(k.ends_with("disable_ipv6") && *v == "1")));
     }
 }

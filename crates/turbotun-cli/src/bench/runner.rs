@@ -1,0 +1,300 @@
+//! One run: the topology, the server in B, the client in A, and the samples taken around the measurement window.
+
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::flame;
+use super::gen;
+use super::iperf::{self, IperfResult, Traffic};
+use super::modes::Mode;
+use super::netcfg::Netns;
+use super::procfs::{self, BoxCpu};
+use super::report::RunRecord;
+use super::topo::{self, sleep_checked, terminate, wait_timeout, Topology};
+
+/// UDP port of the generator's sink (iperf3 uses 5201).
+const SINK_PORT: u16 = 5202;
+const IPERF_PORT: u16 = 5201;
+
+/// Everything a run needs besides the mode and traffic.
+#[derive(Debug)]
+pub struct Ctx {
+    pub exe: PathBuf,
+    /// Start of every namespace and device name of this bench process (`tt<pid>`).
+    pub prefix: String,
+    pub duration: u64,
+    pub ipv6: bool,
+    pub log_dir: PathBuf,
+    pub stop: Arc<AtomicBool>,
+    pub run_counter: u32,
+    /// Clock ticks per second of the forwarder's CPU times.
+    pub clk_tck: f64,
+}
+
+impl Ctx {
+    pub fn interrupted(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// Kills (SIGTERM, then SIGKILL) a child process when dropped.
+#[derive(Debug)]
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        terminate(&mut self.0, Duration::from_secs(1));
+    }
+}
+
+/// The record of one (mode, traffic, repetition), before anything is measured.
+pub fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
+    RunRecord {
+        mode: mode.label.clone(),
+        family: mode.family.into(),
+        traffic: t.label.into(),
+        rep,
+        ipv6,
+        ..Default::default()
+    }
+}
+
+/// One run: topology, forwarder, server and client, samples before and after the window. With `flamegraph`,
+/// the forwarder is profiled during the window and the flamegraph written there.
+pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
+    ctx.run_counter += 1;
+    let stop = Arc::clone(&ctx.stop);
+    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
+    let mut rec = run_record(mode, t, rep, ctx.ipv6);
+    let mut server = Server::start(ctx, &topo, t)?;
+
+    let before = Before::take(&topo, t, ctx.ipv6)?;
+    let perf = match (flamegraph, before.fwd_pid) {
+        (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
+        _ => None,
+    };
+    let result = if t.gso > 0 { run_generator(ctx, &topo, t, &mut server)? } else { run_iperf_client(ctx, &topo, t)? };
+    before.record_after(&mut rec, &topo, t, ctx)?;
+    rec.iperf = Some(result);
+
+    if wait_timeout(&mut server.child.0, Duration::from_secs(5)).is_none() {
+        tracing::debug!("the server still runs after the client finished; killing it");
+    }
+    drop(server);
+    stop_forwarder(&mut topo, &mut rec);
+    if let (Some(recording), Some(svg)) = (perf, flamegraph) {
+        let title = format!("turbotun bench {} — {} {} s", mode.label, t.label, ctx.duration);
+        recording.finish(Duration::from_secs(ctx.duration + 15), svg, &title)?;
+        let _ = std::fs::remove_file(svg.with_extension("perf.data"));
+        let _ = std::fs::remove_file(svg.with_extension("perf.log"));
+    }
+    Ok(rec)
+}
+
+/// Stops the forwarder and keeps its counters and exit status; a forwarder that died during the window fails
+/// the run.
+fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
+    let alive = topo.forwarder.as_mut().map(|f| f.is_running());
+    if let Some(fwd) = topo.forwarder.take() {
+        let exit = fwd.stop();
+        rec.fwd_counters = exit.counters;
+        rec.fwd_exit = exit.status;
+        if alive == Some(false) {
+            rec.error = Some(format!("forwarder died during the run: {}", exit.stderr_tail));
+        }
+    }
+}
+
+/// The server in B, bound to B's address: iperf3 for one test, or turbotun's UDP sink.
+#[derive(Debug)]
+struct Server {
+    child: KillOnDrop,
+    /// Taken when the sink's report is read.
+    stdout: Option<JoinHandle<String>>,
+}
+
+impl Server {
+    fn start(ctx: &Ctx, topo: &Topology, t: &Traffic) -> Result<Server> {
+        let log = ctx.log_dir.join(format!("server-{}.log", ctx.run_counter));
+        let log = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let mut cmd = if t.gso > 0 {
+            let mut c = Command::new(&ctx.exe);
+            c.args(["bench", "--udp-sink", &sink_addr(topo), "--udp-len", &t.payload.to_string()]);
+            c.args(["--duration", &ctx.duration.to_string()]);
+            c
+        } else {
+            let mut c = Command::new("iperf3");
+            c.args(["-s", "-1", "-J", "-B", &topo.server_addr]);
+            c
+        };
+        let mut child = topo
+            .server()
+            .spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log))
+            .context("start the server")?;
+        let stdout = collect_stdout(&mut child);
+        let server = Server { child: KillOnDrop(child), stdout: Some(stdout) };
+        let (port, udp) = if t.gso > 0 { (SINK_PORT, true) } else { (IPERF_PORT, false) };
+        topo.wait_bound(port, udp, server_is_v6(topo), Duration::from_secs(5), &ctx.stop)?;
+        Ok(server)
+    }
+}
+
+fn server_is_v6(topo: &Topology) -> bool {
+    topo.server_addr.contains(':')
+}
+
+/// The UDP sink's socket address.
+fn sink_addr(topo: &Topology) -> String {
+    if server_is_v6(topo) {
+        format!("[{}]:{SINK_PORT}", topo.server_addr)
+    } else {
+        format!("{}:{SINK_PORT}", topo.server_addr)
+    }
+}
+
+/// turbotun's UDP generator in A toward the sink in B; the result from both sides' reports.
+fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic, server: &mut Server) -> Result<IperfResult> {
+    let exe = ctx.exe.to_string_lossy();
+    let (sink, len, gso, secs) = (sink_addr(topo), t.payload.to_string(), t.gso.to_string(), ctx.duration.to_string());
+    let cmd = [&*exe, "bench", "--udp-gen", &sink, "--udp-len", &len, "--udp-gso", &gso, "--duration", &secs];
+    let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
+    let g: gen::GenReport =
+        serde_json::from_str(text.trim()).with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))?;
+    // The sink stops 1 s after the last datagram.
+    if wait_timeout(&mut server.child.0, Duration::from_secs(5)).is_none() {
+        bail!("UDP sink did not finish");
+    }
+    let text = server.stdout.take().and_then(|h| h.join().ok()).unwrap_or_default();
+    let sk: gen::SinkReport =
+        serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
+    Ok(gen::to_result(&g, &sk))
+}
+
+/// The iperf3 client in A; a refused connection (the server not quite ready) is tried again twice.
+fn run_iperf_client(ctx: &Ctx, topo: &Topology, t: &Traffic) -> Result<IperfResult> {
+    let client_args = t.client_args(&topo.server_addr, ctx.duration, server_is_v6(topo));
+    let mut cmd: Vec<&str> = vec!["iperf3"];
+    cmd.extend(client_args.iter().map(String::as_str));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
+        match iperf::parse_client_json(&text) {
+            Ok(r) => return Ok(r),
+            Err(e) if attempt < 3 && format!("{e}").contains("connect") => {
+                sleep_checked(Duration::from_millis(300), &ctx.stop)?;
+            }
+            Err(e) => return Err(e.context(format!("iperf3 client ({status})"))),
+        }
+    }
+}
+
+fn client_timeout(ctx: &Ctx) -> Duration {
+    Duration::from_secs(ctx.duration + 10)
+}
+
+/// What is sampled just before the measurement window, to subtract from the same sampled after it.
+#[derive(Debug)]
+struct Before {
+    fwd_pid: Option<u32>,
+    dev_tx_dropped: Option<u64>,
+    udp_rcvbuf_errors: Option<u64>,
+    /// Whether the forwarder's peak RSS was reset, so that it covers the window only.
+    rss_reset: bool,
+    fwd_ticks: Option<u64>,
+    box_cpu: BoxCpu,
+    start: Instant,
+}
+
+impl Before {
+    fn take(topo: &Topology, t: &Traffic, ipv6: bool) -> Result<Before> {
+        let fwd_pid = topo.forwarder.as_ref().map(|f| f.pid);
+        Ok(Before {
+            fwd_pid,
+            dev_tx_dropped: topo.tx_dropped(),
+            udp_rcvbuf_errors: if t.udp { topo.rcvbuf_errors(ipv6) } else { None },
+            rss_reset: fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false),
+            fwd_ticks: fwd_pid.map(procfs::pid_cpu_ticks).transpose()?,
+            box_cpu: procfs::box_cpu()?,
+            start: Instant::now(),
+        })
+    }
+
+    /// Samples after the window into `rec`, as differences from these.
+    fn record_after(self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<()> {
+        let window = self.start.elapsed().as_secs_f64();
+        let box_cpu = procfs::box_cpu()?;
+        if let (Some(pid), Some(t0)) = (self.fwd_pid, self.fwd_ticks) {
+            if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
+                rec.fwd_cpu_percent = Some(t1.saturating_sub(t0) as f64 / ctx.clk_tck / window * 100.0);
+            }
+            rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
+            if !self.rss_reset {
+                tracing::debug!("could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime");
+            }
+        }
+        rec.box_cpu_percent = box_cpu.percent_since(&self.box_cpu);
+        rec.window_seconds = window;
+        rec.dev_tx_dropped = difference(self.dev_tx_dropped, topo.tx_dropped());
+        if t.udp {
+            rec.udp_rcvbuf_errors = difference(self.udp_rcvbuf_errors, topo.rcvbuf_errors(ctx.ipv6));
+        }
+        Ok(())
+    }
+}
+
+fn difference(before: Option<u64>, after: Option<u64>) -> Option<u64> {
+    Some(after?.saturating_sub(before?))
+}
+
+/// Read a child's stdout to a string on a thread (so a chatty child never blocks on a full pipe).
+fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
+    let out = child.stdout.take();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out {
+            let _ = BufReader::new(o).read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+/// Run `CMD..` inside `ns` to completion within `timeout`, returning its stdout.
+fn run_in_ns(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<(String, ExitStatus)> {
+    let mut child = ns.spawn(
+        Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()),
+    )?;
+    let out = collect_stdout(&mut child);
+    let mut child = KillOnDrop(child);
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = wait_timeout(&mut child.0, Duration::from_millis(100)) {
+            break st;
+        }
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        if Instant::now() >= deadline {
+            bail!("{} did not finish within {} s", cmd[0], timeout.as_secs());
+        }
+    };
+    Ok((out.join().unwrap_or_default(), status))
+}
+
+/// What an interrupted bench reports, whatever step the signal cut short.
+pub fn interrupted(e: anyhow::Error) -> anyhow::Error {
+    tracing::debug!("interrupted during: {e:#}");
+    anyhow!("interrupted: namespaces and processes torn down")
+}
+
+/// A mode whose forwarder never said `ready` is broken, not the run: the bench skips its later runs.
+pub fn is_not_ready(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<topo::NotReady>().is_some())
+}
