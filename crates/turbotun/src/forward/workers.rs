@@ -24,6 +24,7 @@ pub(super) struct WorkerCtx {
     pub mode: ForwardMode,
     pub io: IoKind,
     pub batch: usize,
+    #[cfg_attr(not(feature = "uring"), allow(dead_code))]
     pub depth: usize,
     pub when_full: WhenFull,
     pub stop: StopHandle,

@@ -131,3 +131,115 @@ pub fn configure_v4(name: &str, addr: Ipv4Addr, prefix: u8) {
     nl.add_address(name, addr.into(), prefix).expect("add address");
     nl.set_up(name, true).expect("up");
 }
+
+/// A private network namespace kept alive by its fd (it vanishes with its devices when the fd closes).
+pub fn new_netns() -> std::os::fd::OwnedFd {
+    turbotun::netns::with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
+        .expect("private netns")
+}
+
+/// The path through which `with_netns` and netlink reach a namespace held by `fd`.
+pub fn ns_path(fd: &std::os::fd::OwnedFd) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Two namespaces A (10.0.1.1, fd00:1::1) and B (10.0.2.1, fd00:2::1), each with one end of a path through
+/// devices `dev_a` and `dev_b` that live in `ns_fwd` now: the devices are moved into A and B and configured,
+/// with routes to the other side through them.
+pub struct Sides {
+    pub a: std::os::fd::OwnedFd,
+    pub b: std::os::fd::OwnedFd,
+}
+
+pub const A4: &str = "10.0.1.1";
+pub const B4: &str = "10.0.2.1";
+pub const A6: &str = "fd00:1::1";
+pub const B6: &str = "fd00:2::1";
+
+impl Sides {
+    pub fn connect(ns_fwd: &std::os::fd::OwnedFd, dev_a: &str, dev_b: &str) -> Sides {
+        let sides = Sides { a: new_netns(), b: new_netns() };
+        let mut nl = turbotun::netlink::Netlink::in_netns(&ns_path(ns_fwd)).unwrap();
+        nl.move_to_netns(dev_a, &ns_path(&sides.a)).unwrap();
+        nl.move_to_netns(dev_b, &ns_path(&sides.b)).unwrap();
+        for (ns, dev, me4, peer4, me6, peer6) in
+            [(&sides.a, dev_a, A4, "10.0.2.0", A6, "fd00:2::"), (&sides.b, dev_b, B4, "10.0.1.0", B6, "fd00:1::")]
+        {
+            let mut nl = turbotun::netlink::Netlink::in_netns(&ns_path(ns)).unwrap();
+            // No IPv6 duplicate address detection: the address is usable at once.
+            turbotun::netns::with_netns(&ns_path(ns), || {
+                std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/accept_dad"), "0")
+            })
+            .unwrap()
+            .unwrap();
+            nl.add_address(dev, me4.parse().unwrap(), 24).unwrap();
+            nl.add_address(dev, me6.parse().unwrap(), 64).unwrap();
+            nl.set_up(dev, true).unwrap();
+            nl.add_route(peer4.parse().unwrap(), 24, dev).unwrap();
+            nl.add_route(peer6.parse().unwrap(), 64, dev).unwrap();
+        }
+        sides
+    }
+
+    pub fn in_a<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        turbotun::netns::with_netns(&ns_path(&self.a), f).unwrap()
+    }
+
+    pub fn in_b<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        turbotun::netns::with_netns(&ns_path(&self.b), f).unwrap()
+    }
+
+    /// A TCP stream of `len` bytes from A to B arrives intact (retrying the connect while a TAP path resolves
+    /// its neighbours).
+    pub fn tcp_intact(&self, dst: &str, len: usize) {
+        use std::io::{Read, Write};
+        let listener = self.in_b(|| std::net::TcpListener::bind((dst, 5001)).unwrap());
+        let data: Vec<u8> = (0..len as u32).map(|i| (i ^ (i >> 11)) as u8).collect();
+        let expected = data.clone();
+        let receiver = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            got
+        });
+        let target = std::net::SocketAddr::new(dst.parse().unwrap(), 5001);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut stream = loop {
+            match self.in_a(|| std::net::TcpStream::connect_timeout(&target, Duration::from_millis(500))) {
+                Ok(s) => break s,
+                Err(e) => assert!(Instant::now() < deadline, "connect to {target}: {e}"),
+            }
+        };
+        stream.write_all(&data).unwrap();
+        drop(stream);
+        assert!(receiver.join().unwrap() == expected, "TCP stream to {dst} arrived altered");
+    }
+
+    /// Datagrams of many sizes from A to B arrive complete and in order (each burst received before the next).
+    pub fn udp_intact(&self, src: &str, dst: &str) {
+        let rx = self.in_b(|| std::net::UdpSocket::bind((dst, 6001)).unwrap());
+        rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let tx = self.in_a(|| std::net::UdpSocket::bind((src, 0)).unwrap());
+        tx.connect((dst, 6001)).unwrap();
+        let mut buf = vec![0u8; 65536];
+        for burst in 0..10u32 {
+            let sent: Vec<Vec<u8>> = (0..8u32)
+                .map(|k| {
+                    let i = burst * 8 + k;
+                    let mut d: Vec<u8> = (0..4 + (i as usize * 37) % 1400).map(|j| (j as u32 ^ i) as u8).collect();
+                    d[..4].copy_from_slice(&i.to_be_bytes());
+                    d
+                })
+                .collect();
+            for d in &sent {
+                tx.send(d).unwrap();
+            }
+            for (k, d) in sent.iter().enumerate() {
+                let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("burst {burst} datagram {k} to {dst}: {e}"));
+                assert_eq!(&buf[..n], &d[..], "burst {burst} datagram {k} to {dst}");
+            }
+        }
+    }
+}

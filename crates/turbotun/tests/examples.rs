@@ -1,0 +1,141 @@
+//! The programs in `examples/` run against real devices, each in private network namespaces: the per-packet
+//! applications answer UDP (IPv4 and IPv6, single datagrams and a UDP GSO send that arrives as one
+//! super-packet), and the forwarder carries a TCP stream between two namespaces. `cargo test` builds the
+//! examples before it runs this.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use turbotun::netlink::Netlink;
+use turbotun::netns::{with_netns, with_private_netns};
+
+/// `target/<profile>/examples/NAME`, next to the directory of this test binary.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} was not built (cargo test builds examples; the tokio one needs --features tokio)",
+        path.display()
+    );
+    path
+}
+
+/// A child killed and reaped however the test ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `program args` in the calling thread's namespace and waits for its "ready" line.
+fn start(program: &PathBuf, args: &[&str]) -> Running {
+    let mut child = Command::new(program).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "{} announces readiness", program.display());
+    Running(child)
+}
+
+/// Datagrams to `peer` (an address routed into the device) come back from it with the same payload.
+fn udp_answered(local: &str, peer: &str) {
+    let sock = UdpSocket::bind((local, 0)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let target: SocketAddr = (peer.parse::<IpAddr>().unwrap(), 7).into();
+    let mut buf = vec![0u8; 65536];
+    for size in [1usize, 100, 1200, 1400] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+        sock.send_to(&payload, target).unwrap();
+        let (n, from) = sock.recv_from(&mut buf).unwrap_or_else(|e| panic!("answer to {size} bytes from {peer}: {e}"));
+        assert_eq!(from, target);
+        assert_eq!(&buf[..n], &payload[..], "{size}-byte answer from {peer}");
+    }
+    // 20 segments of 1000 bytes in one send: one super-packet into the device, split, answered, coalesced.
+    turbotun::socket::set_udp_segment(&sock, 1000).unwrap();
+    let burst: Vec<u8> = (0..20_000).map(|i| (i / 1000) as u8 ^ (i as u8)).collect();
+    sock.send_to(&burst, target).unwrap();
+    for k in 0..20 {
+        let (n, _) = sock.recv_from(&mut buf).unwrap_or_else(|e| panic!("segment {k} from {peer}: {e}"));
+        assert_eq!(&buf[..n], &burst[k * 1000..(k + 1) * 1000], "segment {k} from {peer}");
+    }
+}
+
+fn per_packet_answers(test: &str, name: &str) {
+    let program = example(name);
+    common::in_netns(test, || {
+        let dev = common::unique_name("ttex");
+        let _app = start(&program, &[&dev, "10.9.0.1/24", "fd00:9::1/64"]);
+        udp_answered("10.9.0.1", "10.9.0.2");
+        // IPv6 duplicate address detection must finish before the address can be bound.
+        for _ in 0..50 {
+            if UdpSocket::bind(("fd00:9::1", 0)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        udp_answered("fd00:9::1", "fd00:9::2");
+    });
+}
+
+#[test]
+fn example_per_packet_answers_udp() {
+    per_packet_answers("example_per_packet_answers_udp", "per_packet");
+}
+
+#[test]
+fn example_per_packet_tokio_answers_udp() {
+    per_packet_answers("example_per_packet_tokio_answers_udp", "per_packet_tokio");
+}
+
+fn ns_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn new_netns() -> OwnedFd {
+    with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into()).expect("netns")
+}
+
+#[test]
+fn example_forward_carries_tcp() {
+    let program = example("forward");
+    if common::in_netns("example_forward_carries_tcp", || ()).is_none() {
+        return;
+    }
+    let (ns_fwd, ns_a, ns_b) = (new_netns(), new_netns(), new_netns());
+    let (dev_a, dev_b) = (common::unique_name("ttxa"), common::unique_name("ttxb"));
+    let _fwd = with_netns(&ns_path(&ns_fwd), || start(&program, &[&dev_a, &dev_b])).unwrap();
+    let mut nl = Netlink::in_netns(&ns_path(&ns_fwd)).unwrap();
+    nl.move_to_netns(&dev_a, &ns_path(&ns_a)).unwrap();
+    nl.move_to_netns(&dev_b, &ns_path(&ns_b)).unwrap();
+    for (ns, dev, me, peer) in [(&ns_a, &dev_a, "10.0.1.1", "10.0.2.0"), (&ns_b, &dev_b, "10.0.2.1", "10.0.1.0")] {
+        let mut nl = Netlink::in_netns(&ns_path(ns)).unwrap();
+        nl.add_address(dev, me.parse().unwrap(), 24).unwrap();
+        nl.set_up(dev, true).unwrap();
+        nl.add_route(peer.parse().unwrap(), 24, dev).unwrap();
+    }
+    let listener = with_netns(&ns_path(&ns_b), || TcpListener::bind(("10.0.2.1", 5001)).unwrap()).unwrap();
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i ^ (i >> 9)) as u8).collect();
+    let expected = data.clone();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut s = with_netns(&ns_path(&ns_a), || {
+        TcpStream::connect_timeout(&"10.0.2.1:5001".parse().unwrap(), Duration::from_secs(5)).unwrap()
+    })
+    .unwrap();
+    s.write_all(&data).unwrap();
+    drop(s);
+    assert!(receiver.join().unwrap() == expected, "the TCP stream crossed the forwarder intact");
+}

@@ -1,0 +1,85 @@
+//! The forwarding engine in-process, every mode with every I/O kind on TUN and TAP: TCP and UDP over IPv4 and
+//! IPv6 cross it intact, and its counters account for every packet (written, or dropped with a reason).
+
+mod common;
+
+use common::{new_netns, ns_path, Sides, A4, A6, B4, B6};
+use turbotun::forward::{ForwardMode, ForwarderBuilder, IoKind};
+use turbotun::netns::with_netns;
+use turbotun::Mode;
+
+fn forward_intact(mode: ForwardMode, io: IoKind, dev_mode: Mode) {
+    let ns_fwd = new_netns();
+    let (dev_a, dev_b) = (common::unique_name("ttea"), common::unique_name("tteb"));
+    let builder = ForwarderBuilder::new(mode).io(io);
+    let (a, b) = with_netns(&ns_path(&ns_fwd), || {
+        (builder.device(dev_mode).name(&dev_a).open().unwrap(), builder.device(dev_mode).name(&dev_b).open().unwrap())
+    })
+    .unwrap();
+    let forwarder = builder.build(a, b).unwrap();
+    assert_eq!(forwarder.io(), io);
+    let (stop, stats) = (forwarder.stop_handle(), forwarder.stats());
+    let running = std::thread::spawn(move || forwarder.run());
+    let sides = Sides::connect(&ns_fwd, &dev_a, &dev_b);
+    sides.tcp_intact(B4, 2 << 20);
+    sides.tcp_intact(B6, 1 << 20);
+    sides.udp_intact(A4, B4);
+    sides.udp_intact(A6, B6);
+    stop.stop();
+    let final_stats = running.join().unwrap().unwrap_or_else(|e| panic!("{mode:?}/{io:?}/{dev_mode}: {e}"));
+    assert_eq!(final_stats, stats.snapshot(), "run() returns what the handle reads");
+    let what = format!("{mode:?}/{io:?}/{dev_mode}: {final_stats:?}");
+    let a_to_b = final_stats.a_to_b;
+    assert!(a_to_b.bytes >= 3 << 20, "{what}");
+    assert_eq!(final_stats.total().drops.faults(), 0, "{what}");
+    for d in [final_stats.a_to_b, final_stats.b_to_a] {
+        assert_eq!(d.packets + d.drops.total(), d.segments, "every packet read was written or counted: {what}");
+    }
+    match mode {
+        ForwardMode::Offload => assert!(a_to_b.super_packets > 0 && a_to_b.coalesced > 0, "{what}"),
+        ForwardMode::Passthrough => assert!(a_to_b.super_packets > 0 && a_to_b.coalesced == 0, "{what}"),
+        ForwardMode::Plain => assert!(a_to_b.super_packets == 0 && a_to_b.packets > 1000, "{what}"),
+    }
+}
+
+fn matrix(test: &str, dev_mode: Mode) {
+    if common::in_netns(test, || ()).is_none() {
+        return;
+    }
+    for mode in [ForwardMode::Plain, ForwardMode::Offload, ForwardMode::Passthrough] {
+        for io in [IoKind::Block, IoKind::Poll, IoKind::Uring, IoKind::Tokio] {
+            if mode == ForwardMode::Offload && io == IoKind::Uring {
+                continue;
+            }
+            forward_intact(mode, io, dev_mode);
+        }
+    }
+}
+
+#[test]
+fn engine_every_mode_and_io_on_tun() {
+    matrix("engine_every_mode_and_io_on_tun", Mode::Tun);
+}
+
+#[test]
+fn engine_every_mode_and_io_on_tap() {
+    matrix("engine_every_mode_and_io_on_tap", Mode::Tap);
+}
+
+#[test]
+fn engine_refuses_what_does_not_fit() {
+    let uring_offload = ForwarderBuilder::new(ForwardMode::Offload).io(IoKind::Uring).validate(1);
+    assert!(uring_offload.unwrap_err().to_string().contains("io_uring goes with plain or passthrough"));
+    let threads_and_queues = ForwarderBuilder::new(ForwardMode::Plain).threads(2).validate(2);
+    assert!(threads_and_queues.unwrap_err().to_string().contains("don't fit together"));
+    let batch = ForwarderBuilder::new(ForwardMode::Offload).batch(0).validate(1);
+    assert!(batch.unwrap_err().to_string().contains("batch must be between 1 and 64"));
+    common::in_netns("engine_refuses_what_does_not_fit", || {
+        // A plain forwarder over devices with a virtio header would forward the header as data.
+        let offload = ForwarderBuilder::new(ForwardMode::Offload);
+        let a = offload.device(Mode::Tun).name(common::unique_name("ttra")).open().unwrap();
+        let b = offload.device(Mode::Tun).name(common::unique_name("ttrb")).open().unwrap();
+        let err = ForwarderBuilder::new(ForwardMode::Plain).build(a, b).unwrap_err().to_string();
+        assert!(err.contains("virtio header: plain mode forwards queues without one"), "{err}");
+    });
+}
