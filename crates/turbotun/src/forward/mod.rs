@@ -42,6 +42,7 @@ use crate::stats::{Counters, SharedCounters, WhenFull};
 use crate::stop::StopHandle;
 
 mod run;
+mod supervise;
 #[cfg(feature = "tokio")]
 mod tasks;
 mod workers;
@@ -405,6 +406,10 @@ impl Forwarder {
     /// Forwards until the stop handle fires (`Ok` with the final counters) or a worker fails (the error, after
     /// every other worker was stopped; the counters stay readable through [`Self::stats`]).
     pub fn run(self) -> Result<ForwardStats> {
+        #[cfg(feature = "tokio")]
+        if self.io == IoKind::Tokio {
+            return tasks::run(self);
+        }
         run::run(self)
     }
 }

@@ -1,53 +1,22 @@
-//! Running a forwarder on threads: one worker per queue, direction and thread; a supervisor that waits for
-//! the stop handle or the first failure, then stops, wakes and joins every worker.
+//! Running a forwarder on threads: one worker per queue, direction and thread; when the stop handle fires or
+//! the first worker fails, every worker is stopped, woken and joined.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::supervise::{jobs, panic_message, supervise, Done};
 use super::workers::{run_worker, WorkerCtx};
-use super::{ForwardStats, Forwarder, IoKind, IDLE_WAIT};
+use super::{ForwardStats, Forwarder};
 use crate::error::{Error, Result};
-use crate::queue::Queue;
-use crate::stop::StopHandle;
 
 /// How often workers asleep in a blocking read are signalled at shutdown (a signal can land just before one
 /// enters the read), and for how long.
 const WAKE_EVERY: Duration = Duration::from_millis(5);
 const WAKE_LIMIT: Duration = Duration::from_secs(2);
 
-/// One worker's assignment.
-pub(super) struct Job {
-    pub src: Arc<Queue>,
-    pub dst: Arc<Queue>,
-    pub a_to_b: bool,
-    pub label: String,
-}
-
-/// Every worker: for each queue pair, both directions, `threads` each.
-pub(super) fn jobs(fwd: &Forwarder) -> Vec<Job> {
-    let mut jobs = Vec::new();
-    for (q, (a, b)) in fwd.a.iter().zip(&fwd.b).enumerate() {
-        for (src, dst, a_to_b) in [(a, b, true), (b, a, false)] {
-            for t in 0..fwd.config.threads {
-                let label = format!("{}->{} q{q} t{t}", src.name(), dst.name());
-                jobs.push(Job { src: src.clone(), dst: dst.clone(), a_to_b, label });
-            }
-        }
-    }
-    jobs
-}
-
-/// What a worker reports when it ends.
-pub(super) type Done = (String, Result<()>);
-
 pub(super) fn run(fwd: Forwarder) -> Result<ForwardStats> {
-    #[cfg(feature = "tokio")]
-    if fwd.io == IoKind::Tokio {
-        return super::tasks::run(fwd);
-    }
     let (done_tx, done_rx) = mpsc::channel::<Done>();
     let mut handles = Vec::new();
     let mut spawn_error = None;
@@ -80,33 +49,6 @@ pub(super) fn run(fwd: Forwarder) -> Result<ForwardStats> {
         Some(e) => Err(e),
         None => Ok(fwd.stats.snapshot()),
     }
-}
-
-/// Waits for the stop handle or the first worker to fail; returns that failure.
-pub(super) fn supervise(stop: &StopHandle, done_rx: &mpsc::Receiver<Done>) -> Option<Error> {
-    while !stop.is_stopped() {
-        match done_rx.recv_timeout(IDLE_WAIT) {
-            Ok((label, Err(e))) => return Some(worker_error(label, e)),
-            Ok((_, Ok(()))) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-        }
-    }
-    None
-}
-
-fn worker_error(label: String, e: Error) -> Error {
-    match e {
-        e @ Error::WorkerPanicked { .. } => e,
-        e => Error::Worker { worker: label, source: Box::new(e) },
-    }
-}
-
-pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Wakes every worker still asleep in a blocking call, all together and repeatedly (a signal can land just

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::run::{jobs, panic_message, supervise, Done};
+use super::supervise::{jobs, panic_message, supervise, Done};
 use super::workers::{arena, batch_counts, final_batch_counts, raw_frame, Flusher, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder, VNET_HDR};
 use crate::batch::{RecvBatch, SendBatch};
