@@ -6,11 +6,11 @@
 //! returns the value to store in a checksum field (`!fold`). A packet verifies when `fold(sum over it and its
 //! pseudo-header) == 0xffff`.
 //!
-//! Speed: the bulk of the data goes through [`sum_lanes`]/[`copy_sum_lanes`], which add 16-bit words into sixteen
-//! 32-bit lanes, 64 bytes per iteration: no carries to handle, and a shape that compilers turn into SIMD. The
-//! crate forbids `unsafe`, so the SIMD versions come from the `multiversion` crate, which compiles each of these
-//! functions for AVX-512BW, AVX2 and the baseline (SSE2 on x86-64) and picks one at run time from the CPU's
-//! features. Tests check every path against the scalar reference [`sum_reference`]. Because one's-complement
+//! Speed: [`sum`] and [`copy_and_sum`] pass the bulk of the data to two internal loops (`sum_lanes` and
+//! `copy_sum_lanes`), which add 16-bit words into sixteen 32-bit lanes, 64 bytes per iteration: no carries to
+//! handle, and a shape that compilers turn into SIMD. The crate forbids `unsafe`, so the SIMD versions come from
+//! the `multiversion` crate, which compiles each loop for AVX-512BW, AVX2 and the baseline (SSE2 on x86-64), or
+//! NEON on aarch64, and picks one at run time from the CPU's features. Tests check every path against the scalar reference [`sum_reference`]. Because one's-complement
 //! addition is byte-order independent (RFC 1071 §2(B)), the native-endian sum is byte swapped once at the end.
 
 use crate::WireError;

@@ -12,7 +12,9 @@ use crate::sys::{self, iff, tun_f};
 /// TUN carries IP packets (layer 3), TAP carries Ethernet frames (layer 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
+    /// `IFF_TUN`: IP packets, no link-layer header.
     Tun,
+    /// `IFF_TAP`: Ethernet frames.
     Tap,
 }
 
@@ -33,17 +35,21 @@ bitflags::bitflags! {
     impl Offloads: u32 {
         /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
         const CSUM = tun_f::CSUM;
+        /// TCP segmentation offload over IPv4 (`VIRTIO_NET_HDR_GSO_TCPV4`).
         const TSO4 = tun_f::TSO4;
+        /// TCP segmentation offload over IPv6 (`VIRTIO_NET_HDR_GSO_TCPV6`).
         const TSO6 = tun_f::TSO6;
         /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
         const TSO_ECN = tun_f::TSO_ECN;
-        /// UDP segmentation offload (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
+        /// UDP segmentation offload over IPv4 (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
         const USO4 = tun_f::USO4;
+        /// UDP segmentation offload over IPv6 (Linux 6.2+); see [`Offloads::USO4`].
         const USO6 = tun_f::USO6;
     }
 }
 
 impl Offloads {
+    /// No offload: every packet is read and written whole, with its checksums complete.
     pub const NONE: Offloads = Offloads::empty();
     /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
     pub const TCP: Offloads = Offloads::CSUM.union(Offloads::TSO4).union(Offloads::TSO6);
@@ -119,15 +125,19 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Whether the driver supports `IFF_VNET_HDR` (a virtio header in front of every packet).
     pub fn vnet_hdr(&self) -> bool {
         self.iff_features & u32::from(iff::VNET_HDR) != 0
     }
+    /// Whether the driver supports `IFF_MULTI_QUEUE` (more than one fd per device).
     pub fn multi_queue(&self) -> bool {
         self.iff_features & u32::from(iff::MULTI_QUEUE) != 0
     }
+    /// Whether the driver supports `IFF_NAPI` (written packets delivered through NAPI, in batches).
     pub fn napi(&self) -> bool {
         self.iff_features & u32::from(iff::NAPI) != 0
     }
+    /// Whether the driver supports `IFF_NAPI_FRAGS` (TAP writes as page fragments, with NAPI).
     pub fn napi_frags(&self) -> bool {
         self.iff_features & u32::from(iff::NAPI_FRAGS) != 0
     }
@@ -227,6 +237,7 @@ pub struct DeviceBuilder {
 }
 
 impl DeviceBuilder {
+    /// A builder for a device of `mode` with the defaults above.
     pub fn new(mode: Mode) -> Self {
         DeviceBuilder {
             mode,
@@ -247,9 +258,11 @@ impl DeviceBuilder {
             nonblocking: false,
         }
     }
+    /// A builder for a TUN device: `new(Mode::Tun)`.
     pub fn tun() -> Self {
         Self::new(Mode::Tun)
     }
+    /// A builder for a TAP device: `new(Mode::Tap)`.
     pub fn tap() -> Self {
         Self::new(Mode::Tap)
     }
@@ -286,14 +299,17 @@ impl DeviceBuilder {
         self.multi_queue = on;
         self
     }
+    /// `IFF_NAPI`: the kernel receives written packets through NAPI, in batches, instead of one at a time.
     pub fn napi(mut self, on: bool) -> Self {
         self.napi = on;
         self
     }
+    /// `IFF_NAPI_FRAGS`: writes are taken as page fragments. TAP only, and needs [`Self::napi`].
     pub fn napi_frags(mut self, on: bool) -> Self {
         self.napi_frags = on;
         self
     }
+    /// `IFF_NO_CARRIER`: create the device with its carrier off, until [`Device::set_carrier`] turns it on.
     pub fn no_carrier(mut self, on: bool) -> Self {
         self.no_carrier = on;
         self
@@ -303,14 +319,17 @@ impl DeviceBuilder {
         self.exclusive = on;
         self
     }
+    /// `TUNSETPERSIST`: whether the device outlives its last fd. Without this option the flag is left as is.
     pub fn persist(mut self, on: bool) -> Self {
         self.persist = Some(on);
         self
     }
+    /// `TUNSETOWNER`: the user that may attach to the device without CAP_NET_ADMIN.
     pub fn owner(mut self, uid: u32) -> Self {
         self.owner = Some(uid);
         self
     }
+    /// `TUNSETGROUP`: the group whose members may attach to the device without CAP_NET_ADMIN.
     pub fn group(mut self, gid: u32) -> Self {
         self.group = Some(gid);
         self
@@ -569,6 +588,7 @@ impl Device {
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// Whether it is a TUN or a TAP device.
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -585,9 +605,11 @@ impl Device {
     pub fn offloads(&self) -> Offloads {
         self.offloads
     }
+    /// The queues, one per fd, in the order they were opened.
     pub fn queues(&self) -> &[Queue] {
         &self.queues
     }
+    /// The queue at `index`, if there is one.
     pub fn queue(&self, index: usize) -> Option<&Queue> {
         self.queues.get(index)
     }
@@ -599,9 +621,11 @@ impl Device {
     pub fn notes(&self) -> &[String] {
         &self.notes
     }
+    /// `TUNSETPERSIST`: whether the device outlives its last fd (needs CAP_NET_ADMIN or to be its owner).
     pub fn set_persist(&self, persist: bool) -> Result<()> {
         sys::tun_set_persist(self.ctl(), persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))
     }
+    /// `TUNSETCARRIER`: turns the carrier on or off (the link shows `LOWER_UP` or `NO-CARRIER`).
     pub fn set_carrier(&self, carrier: bool) -> Result<()> {
         sys::tun_set_carrier(self.ctl(), carrier).map_err(|e| Error::io("TUNSETCARRIER", e))
     }

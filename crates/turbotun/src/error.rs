@@ -6,41 +6,92 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The kernel refused an operation that needs CAP_NET_ADMIN (EPERM or EACCES).
     #[error("{action} needs CAP_NET_ADMIN: run as root or grant the capability (e.g. setcap cap_net_admin+ep)")]
-    PermissionDenied { action: String, source: io::Error },
+    PermissionDenied {
+        /// What was attempted (e.g. `creating tun0`, `TUNSETPERSIST`).
+        action: String,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
 
+    /// `/dev/net/tun` cannot be opened because it does not exist (ENOENT, ENXIO or ENODEV).
     #[error(
         "/dev/net/tun is missing: load the tun module (modprobe tun) or create the node (mknod /dev/net/tun c 10 200)"
     )]
     NoTunDevice,
 
+    /// The interface name breaks one of the kernel's rules ([`validate_ifname`]).
     #[error("invalid interface name {name:?}: {reason}")]
-    InvalidName { name: String, reason: &'static str },
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// The rule it breaks.
+        reason: &'static str,
+    },
 
+    /// `TUNSETIFF` returned EBUSY.
     #[error("device {name} is busy (EBUSY): it was created with IFF_TUN_EXCL, or all its queues are attached already")]
-    Busy { name: String },
+    Busy {
+        /// The device's name.
+        name: String,
+    },
 
+    /// The device exists, and its `IFF_MULTI_QUEUE` flag does not fit the number of queues asked for.
     #[error("device {name} exists {existing}: open it with queues({hint})")]
-    MultiQueueMismatch { name: String, existing: &'static str, hint: &'static str },
+    MultiQueueMismatch {
+        /// The device's name.
+        name: String,
+        /// How the existing device was created (e.g. `without multi_queue`).
+        existing: &'static str,
+        /// The number of queues to ask for instead.
+        hint: &'static str,
+    },
 
+    /// The device exists, and `TUNSETIFF` refused the flags it was opened with.
     #[error("device {name} exists with different flags (TUN vs TAP, or packet info/vnet header): {source}")]
-    FlagsMismatch { name: String, source: io::Error },
+    FlagsMismatch {
+        /// The device's name.
+        name: String,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
 
+    /// The running kernel lacks something the configuration needs.
     #[error("this kernel does not support {feature}")]
-    Unsupported { feature: &'static str },
+    Unsupported {
+        /// What is missing (a flag, an ioctl, a system call).
+        feature: &'static str,
+    },
 
+    /// A queue's device no longer exists: a read or write failed with EBADFD, ENODEV or ENXIO, or a blocking read
+    /// was woken with EFAULT.
     #[error("device {name} is gone (deleted, or its namespace was destroyed)")]
-    DeviceGone { name: String },
+    DeviceGone {
+        /// The device's name.
+        name: String,
+    },
 
+    /// A write failed with EIO because the device is administratively down.
     #[error("device {name} is down (EIO): bring it up before sending")]
-    DeviceDown { name: String },
+    DeviceDown {
+        /// The device's name.
+        name: String,
+    },
 
+    /// No interface of that name exists in the current network namespace.
     #[error("no device named {name:?} in this network namespace")]
-    NoSuchDevice { name: String },
+    NoSuchDevice {
+        /// The name looked up.
+        name: String,
+    },
 
+    /// A request that cannot be carried out as given (options that contradict each other or the device); the
+    /// message says what to change.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
 
+    /// A frame read from a device cannot be parsed or split.
     #[error("malformed packet from {device} (at byte {offset}): {reason}")]
     MalformedPacket {
         /// The device it was read from.
@@ -51,9 +102,16 @@ pub enum Error {
         offset: usize,
     },
 
+    /// A caller's buffer cannot hold what has to go into it.
     #[error("buffer of {have} bytes is too small: {need} bytes needed")]
-    BufferTooSmall { have: usize, need: usize },
+    BufferTooSmall {
+        /// The buffer's size.
+        have: usize,
+        /// The size needed.
+        need: usize,
+    },
 
+    /// A forwarding worker stopped with an error.
     #[error("{worker}: {source}")]
     Worker {
         /// Which worker (its queues and direction).
@@ -63,6 +121,7 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A forwarding worker panicked.
     #[error("{worker} panicked: {message}")]
     WorkerPanicked {
         /// Which worker (its queues and direction).
@@ -71,13 +130,24 @@ pub enum Error {
         message: String,
     },
 
+    /// An rtnetlink request failed.
     #[error("netlink {context}: {source}")]
-    Netlink { context: String, source: io::Error },
+    Netlink {
+        /// The request and the interface it was about.
+        context: String,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
 
-    /// `context` is borrowed for the would-block and interrupted errors a non-blocking or woken queue returns
-    /// all the time, so that they allocate nothing.
+    /// Any other failed system call.
     #[error("{context}: {source}")]
-    Io { context: std::borrow::Cow<'static, str>, source: io::Error },
+    Io {
+        /// The call and what it was on. Borrowed for the would-block and interrupted errors a non-blocking or
+        /// woken queue returns all the time, so that they allocate nothing.
+        context: std::borrow::Cow<'static, str>,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
 }
 
 /// Why a frame read from a device cannot be used.

@@ -15,26 +15,41 @@ use crate::sys::{self, iff};
 /// One TUN/TAP device as the kernel describes it.
 #[derive(Debug, Clone)]
 pub struct DeviceReport {
+    /// The interface name.
     pub name: String,
+    /// The interface index.
     pub index: u32,
+    /// TUN or TAP.
     pub mode: Mode,
     /// `IFF_*` flags from `tun_flags` (the flags the device was created with).
     pub tun_flags: u32,
+    /// `tun_flags` by name ([`flag_names`]).
     pub flag_names: Vec<&'static str>,
+    /// The device outlives its last fd (`TUNSETPERSIST`).
     pub persist: bool,
+    /// The user allowed to attach without CAP_NET_ADMIN, if one was set.
     pub owner: Option<u32>,
+    /// The group allowed to attach without CAP_NET_ADMIN, if one was set.
     pub group: Option<u32>,
-    /// Queues attached now (`IFLA_TUN_NUM_QUEUES`) and detached ones.
+    /// Queues attached now (`IFLA_TUN_NUM_QUEUES`).
     pub queues: u32,
+    /// Queues detached with `TUNSETQUEUE` (`IFLA_TUN_NUM_DISABLED_QUEUES`).
     pub disabled_queues: u32,
     /// Pids of the processes holding a queue fd, one entry per fd, as far as `/proc` of this mount shows them.
     pub queue_holders: Vec<u32>,
+    /// The MTU in bytes.
     pub mtu: u32,
+    /// The length of the transmit queue, in packets.
     pub txqueuelen: u32,
+    /// Whether the interface is administratively up.
     pub up: bool,
+    /// RFC 2863 operational state (`UP`, `DOWN`, `UNKNOWN`, ...), see [`LinkInfo::oper_state`].
     pub oper_state: String,
+    /// The hardware address (TAP only).
     pub mac: Option<[u8; 6]>,
+    /// The addresses on the interface, with their prefix lengths.
     pub addresses: Vec<(IpAddr, u8)>,
+    /// The interface counters.
     pub stats: LinkStats,
     /// Offloads derived from the active netdev features (`None` if ethtool could not be asked).
     pub offloads: Option<Offloads>,

@@ -27,31 +27,46 @@ use crate::error::{Error, Result};
 /// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkStats {
+    /// Packets received by the interface (for TUN/TAP: written to a queue fd).
     pub rx_packets: u64,
+    /// Packets sent by the interface (for TUN/TAP: queued towards the reader of a fd).
     pub tx_packets: u64,
+    /// Bytes received, as counted with `rx_packets`.
     pub rx_bytes: u64,
+    /// Bytes sent, as counted with `tx_packets`.
     pub tx_bytes: u64,
+    /// Received packets the interface found faulty.
     pub rx_errors: u64,
+    /// Packets the interface failed to send.
     pub tx_errors: u64,
+    /// Received packets dropped.
     pub rx_dropped: u64,
+    /// Packets dropped on the way out (for TUN/TAP: the reader was too slow).
     pub tx_dropped: u64,
 }
 
 /// What `RTM_GETLINK` tells about one interface.
 #[derive(Debug, Clone, Default)]
 pub struct LinkInfo {
+    /// The interface index.
     pub index: u32,
+    /// The interface name.
     pub name: String,
+    /// The MTU in bytes.
     pub mtu: u32,
+    /// The length of the transmit queue, in packets.
     pub txqueuelen: u32,
     /// `IFF_*` interface flags (`IFF_UP` = 1, `IFF_RUNNING` = 0x40, ...).
     pub flags: u32,
     /// `ARPHRD_*` link type (1 Ethernet, 0xfffe none: a TUN device).
     pub link_type: u16,
+    /// The hardware address, if the interface has one of 6 bytes (TAP, veth; not TUN).
     pub mac: Option<[u8; 6]>,
     /// Link kind (`tun`, `veth`, ...), when the kernel reports one.
     pub kind: Option<String>,
+    /// RFC 2863 operational state in upper case (`UP`, `DOWN`, `UNKNOWN`, `LOWERLAYERDOWN`, ...).
     pub oper_state: String,
+    /// The interface counters.
     pub stats: LinkStats,
     /// The tun driver's own attributes (`IFLA_INFO_DATA` of kind `tun`), for TUN/TAP devices.
     pub tun: Option<TunInfo>,
@@ -63,19 +78,26 @@ pub struct LinkInfo {
 pub struct TunInfo {
     /// `IFF_TUN` (1) or `IFF_TAP` (2).
     pub kind: u8,
+    /// `IFF_NO_PI`: packets carry no packet information header.
     pub no_pi: bool,
+    /// `IFF_VNET_HDR`: packets carry a virtio header.
     pub vnet_hdr: bool,
+    /// The device outlives its last fd (`TUNSETPERSIST`).
     pub persist: bool,
+    /// `IFF_MULTI_QUEUE`.
     pub multi_queue: bool,
     /// Queues (fds) attached now.
     pub num_queues: u32,
     /// Queues detached with `TUNSETQUEUE`.
     pub num_disabled_queues: u32,
+    /// The user allowed to attach without CAP_NET_ADMIN (`TUNSETOWNER`), if one was set.
     pub owner: Option<u32>,
+    /// The group allowed to attach without CAP_NET_ADMIN (`TUNSETGROUP`), if one was set.
     pub group: Option<u32>,
 }
 
 impl TunInfo {
+    /// Whether it is a TAP device (`kind` is `IFF_TAP`).
     pub fn is_tap(&self) -> bool {
         self.kind == libc::IFF_TAP as u8
     }
@@ -121,6 +143,7 @@ fn tun_info(attrs: &[netlink_packet_route::link::InfoTun]) -> TunInfo {
 }
 
 impl LinkInfo {
+    /// Whether the interface is administratively up (`IFF_UP`).
     pub fn is_up(&self) -> bool {
         self.flags & libc::IFF_UP as u32 != 0
     }
@@ -196,6 +219,7 @@ impl Netlink {
         Ok(self.link(name)?.stats)
     }
 
+    /// Sets the interface up or down, as `ip link set NAME up|down` does.
     pub fn set_up(&mut self, name: &str, up: bool) -> Result<()> {
         let mut msg = self.link_message(name)?;
         msg.header.flags = if up { LinkFlags::Up } else { LinkFlags::empty() };
@@ -203,10 +227,12 @@ impl Netlink {
         self.ack(RouteNetlinkMessage::SetLink(msg), 0, &format!("setting {name} {}", if up { "up" } else { "down" }))
     }
 
+    /// Sets the MTU in bytes.
     pub fn set_mtu(&mut self, name: &str, mtu: u32) -> Result<()> {
         self.set_link_attribute(name, LinkAttribute::Mtu(mtu), &format!("setting the MTU of {name} to {mtu}"))
     }
 
+    /// Sets the length of the transmit queue, in packets (for TUN/TAP: how many the kernel holds for a reader).
     pub fn set_txqueuelen(&mut self, name: &str, len: u32) -> Result<()> {
         self.set_link_attribute(name, LinkAttribute::TxQueueLen(len), &format!("setting txqueuelen of {name} to {len}"))
     }
@@ -262,6 +288,7 @@ impl Netlink {
         )
     }
 
+    /// Removes an address, given with the prefix length it was added with.
     pub fn del_address(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> Result<()> {
         let msg = self.address_message(name, addr, prefix_len)?;
         self.ack(RouteNetlinkMessage::DelAddress(msg), 0, &format!("removing {addr}/{prefix_len} from {name}"))

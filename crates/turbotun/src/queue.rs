@@ -47,11 +47,17 @@ impl DirectionCounters {
 /// A snapshot of a queue's counters (what crossed the fd, as the kernel saw it: super-packets count once).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
+    /// Packets read from the fd.
     pub rx_packets: u64,
+    /// Bytes read from the fd, without the virtio headers.
     pub rx_bytes: u64,
+    /// Reads that failed, or returned less than a virtio header (would-block and interrupted reads not counted).
     pub rx_errors: u64,
+    /// Packets written to the fd.
     pub tx_packets: u64,
+    /// Bytes written to the fd, without the virtio headers.
     pub tx_bytes: u64,
+    /// Writes that failed (would-block and interrupted writes not counted).
     pub tx_errors: u64,
     /// Packets the caller asked to send that were not written (device down, malformed).
     pub tx_dropped: u64,
@@ -91,12 +97,15 @@ impl Queue {
         }
     }
 
+    /// The name of the device the queue belongs to.
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// The queue's position among the device's queues ([`crate::Device::queue`]).
     pub fn index(&self) -> usize {
         self.index
     }
+    /// Whether the device is TUN or TAP.
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -250,6 +259,7 @@ impl Queue {
         self.tx.add(packets, bytes);
     }
 
+    /// A snapshot of the queue's counters since it was opened.
     pub fn stats(&self) -> QueueStats {
         let (rx_packets, rx_bytes, rx_errors, _) = self.rx.snapshot();
         let (tx_packets, tx_bytes, tx_errors, tx_dropped) = self.tx.snapshot();

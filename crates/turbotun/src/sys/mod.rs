@@ -17,18 +17,31 @@ pub const IFNAMSIZ: usize = libc::IFNAMSIZ;
 
 /// Request flags of `TUNSETIFF` (`ifr_flags`), as the kernel's `if_tun.h` defines them.
 pub mod iff {
+    /// TUN device: IP packets.
     pub const TUN: u16 = libc::IFF_TUN as u16;
+    /// TAP device: Ethernet frames.
     pub const TAP: u16 = libc::IFF_TAP as u16;
+    /// Written packets are received through NAPI, in batches.
     pub const NAPI: u16 = libc::IFF_NAPI as u16;
+    /// Writes are taken as page fragments (TAP with `NAPI` only).
     pub const NAPI_FRAGS: u16 = libc::IFF_NAPI_FRAGS as u16;
+    /// The device is created with its carrier off.
     pub const NO_CARRIER: u16 = libc::IFF_NO_CARRIER as u16;
+    /// No 4-byte packet information header in front of packets.
     pub const NO_PI: u16 = libc::IFF_NO_PI as u16;
+    /// Obsolete: the kernel accepts it and ignores it.
     pub const ONE_QUEUE: u16 = libc::IFF_ONE_QUEUE as u16;
+    /// A virtio header in front of every packet.
     pub const VNET_HDR: u16 = libc::IFF_VNET_HDR as u16;
+    /// Fail with EBUSY if the device exists already.
     pub const TUN_EXCL: u16 = libc::IFF_TUN_EXCL as u16;
+    /// More than one fd (queue) may attach to the device.
     pub const MULTI_QUEUE: u16 = libc::IFF_MULTI_QUEUE as u16;
+    /// `TUNSETQUEUE`: attach a detached queue again.
     pub const ATTACH_QUEUE: u16 = libc::IFF_ATTACH_QUEUE as u16;
+    /// `TUNSETQUEUE`: detach a queue (it stops receiving packets, its fd stays open).
     pub const DETACH_QUEUE: u16 = libc::IFF_DETACH_QUEUE as u16;
+    /// The device outlives its last fd (as `tun_flags` reports it; set with `TUNSETPERSIST`).
     pub const PERSIST: u16 = libc::IFF_PERSIST as u16;
 }
 
