@@ -6,7 +6,7 @@
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
 //! - [`Capabilities`] says what this kernel supports, probed once.
-//! - `tokio` (feature `tokio`): [`tokio::AsyncQueue`], the same queues and batch core awaited.
+//! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //!
 //! ```no_run
 //! use turbotun::batch::{RecvBatch, SendBatch};
@@ -27,7 +27,9 @@
 //! ```
 //!
 //! Guarantees: no panics on anything the kernel or a peer sends; optional kernel features degrade (USO, NAPI,
-//! steering eBPF) instead of failing, and what was granted is reported; all `unsafe` code lives in [`sys`].
+//! steering eBPF) instead of failing, and what was granted is reported; all `unsafe` code lives in the private `sys` module.
+
+#![warn(missing_docs)]
 
 pub mod batch;
 pub mod device;

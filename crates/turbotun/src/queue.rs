@@ -282,6 +282,7 @@ impl Queue {
 }
 
 // A queue owns its fd from creation to drop.
+#[cfg(feature = "tokio")]
 impl sys::StableFd for Queue {}
 
 impl AsFd for Queue {

@@ -26,17 +26,21 @@ pub enum DropReason {
     QueueFull,
     /// Read but still held when the forwarder stopped or failed.
     Stopped,
+    /// Segments of a super-packet beyond [`MAX_SEGMENTS`](crate::batch::MAX_SEGMENTS): a tiny `gso_size` would
+    /// otherwise turn one read into tens of thousands of packets.
+    TooManySegments,
 }
 
 impl DropReason {
     /// Every reason, in the order [`Drops`] lists them.
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::TooBig,
         DropReason::Malformed,
         DropReason::KernelRefused,
         DropReason::DeviceDown,
         DropReason::QueueFull,
         DropReason::Stopped,
+        DropReason::TooManySegments,
     ];
 
     /// The name used in counters output.
@@ -48,12 +52,16 @@ impl DropReason {
             DropReason::DeviceDown => "device_down",
             DropReason::QueueFull => "queue_full",
             DropReason::Stopped => "stopped",
+            DropReason::TooManySegments => "too_many_segments",
         }
     }
 
     /// Whether this drop points at a fault (a bad packet or a refusal) rather than at the device's state.
     pub fn is_fault(self) -> bool {
-        matches!(self, DropReason::TooBig | DropReason::Malformed | DropReason::KernelRefused)
+        matches!(
+            self,
+            DropReason::TooBig | DropReason::Malformed | DropReason::KernelRefused | DropReason::TooManySegments
+        )
     }
 }
 
@@ -90,6 +98,8 @@ pub struct Drops {
     pub queue_full: u64,
     /// See [`DropReason::Stopped`].
     pub stopped: u64,
+    /// See [`DropReason::TooManySegments`].
+    pub too_many_segments: u64,
 }
 
 impl Drops {
@@ -101,6 +111,7 @@ impl Drops {
             DropReason::DeviceDown => &mut self.device_down,
             DropReason::QueueFull => &mut self.queue_full,
             DropReason::Stopped => &mut self.stopped,
+            DropReason::TooManySegments => &mut self.too_many_segments,
         }
     }
 

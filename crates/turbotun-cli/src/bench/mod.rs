@@ -152,8 +152,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
     let pid = std::process::id();
-    let log_dir = std::env::temp_dir().join(format!("turbotun-bench-{pid}"));
-    std::fs::create_dir_all(&log_dir).context("create log directory")?;
+    // A private directory (mode 0700, random name, created atomically): a predictable path in /tmp could be a
+    // link planted by another local user before a root bench writes there.
+    let log_dir = tempfile::Builder::new()
+        .prefix("turbotun-bench-")
+        .tempdir()
+        .context("create the bench's private log directory")?
+        .keep();
     let (selected, build_failed) =
         modes::ensure_peers_built(plan.modes, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
     plan.modes = selected;

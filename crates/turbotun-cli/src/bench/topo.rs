@@ -370,7 +370,7 @@ impl Topology {
     }
 }
 
-/// Does a /proc/net/{tcp,udp}[6] table hold a socket on local `port` in `state`?
+/// Does a `/proc/net/{tcp,udp}[6]` table hold a socket on local `port` in `state`?
 fn proc_net_has_port(text: &str, port: u16, state: &str) -> bool {
     let suffix = format!(":{port:04X}");
     text.lines().skip(1).any(|l| {

@@ -21,10 +21,16 @@ mod recv;
 mod send;
 
 pub use recv::{Received, RecvBatch};
-pub use send::{probe_gro_writes, GroWriteSupport, SendBatch, Sent};
+pub use send::{gro_write_support, probe_gro_writes, GroWriteSupport, SendBatch, Sent};
 
 /// How many packets one batch call handles at most: a 64 KiB super-packet of MSS 1448 splits into 46 segments.
 pub const BATCH_SIZE: usize = 64;
+
+/// Most segments one super-packet is split into; the rest are counted as
+/// [`DropReason::TooManySegments`](crate::stats::DropReason) drops. A 64 KiB TCP super-packet at the smallest MSS
+/// Linux sends by default (536 bytes) has 123 segments and a UDP one at most 128 (`UDP_MAX_SEGMENTS`); a
+/// `gso_size` of 1 would make 65,000.
+pub const MAX_SEGMENTS: usize = 1024;
 
 fn framing(mode: Mode) -> Framing {
     match mode {

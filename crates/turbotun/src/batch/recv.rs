@@ -11,7 +11,7 @@ use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
 use turbotun_wire::virtio_net::{flags, VirtioNetHdrRepr};
 use turbotun_wire::Framing;
 
-use super::framing;
+use super::{framing, MAX_SEGMENTS};
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{is_interrupted, is_nowait_unsupported, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason};
@@ -427,16 +427,28 @@ impl RecvBatch {
         if splitter.is_gso() {
             self.predicted = Some((splitter.hdr_len(), splitter.gso_size()));
         }
-        let progress = match splitter.split_into(0, bufs, lens, offset) {
+        let total = splitter.segment_count();
+        if total > MAX_SEGMENTS {
+            tracing::debug!(
+                "{}: a super-packet of {total} segments: the last {} dropped",
+                queue.name(),
+                total - MAX_SEGMENTS
+            );
+            self.stats.drops.add(DropReason::TooManySegments, (total - MAX_SEGMENTS) as u64);
+        }
+        let limit = total.min(MAX_SEGMENTS);
+        let room = bufs.len().min(limit);
+        let progress = match splitter.split_into(0, &mut bufs[..room], lens, offset) {
             Ok(progress) => progress,
             Err(e) => {
                 // Buffers too small: keep the super-packet for a call with larger ones.
-                self.pending = Some(Pending { hdr, len, next: 0, total: splitter.segment_count() });
+                self.pending = Some(Pending { hdr, len, next: 0, total: limit });
                 return Err(split_error(queue, e));
             }
         };
-        if !progress.is_done() {
-            self.pending = Some(Pending { hdr, len, next: progress.next, total: progress.total });
+        let progress = SplitProgress { total: limit, ..progress };
+        if progress.next < limit {
+            self.pending = Some(Pending { hdr, len, next: progress.next, total: limit });
         }
         Ok(self.received(&hdr, progress))
     }
@@ -479,10 +491,13 @@ impl RecvBatch {
         };
         let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
             .map_err(|e| Error::malformed(queue.name(), Malformed::Gso(e)))?;
-        let progress = splitter.split_into(p.next, bufs, lens, offset).map_err(|e| split_error(queue, e))?;
+        let room = bufs.len().min(p.total - p.next);
+        let progress =
+            splitter.split_into(p.next, &mut bufs[..room], lens, offset).map_err(|e| split_error(queue, e))?;
+        let progress = SplitProgress { total: p.total, ..progress };
         p.next = progress.next;
         let hdr = p.hdr;
-        if progress.is_done() {
+        if p.next >= p.total {
             self.pending = None;
         }
         Ok(self.received(&hdr, progress))

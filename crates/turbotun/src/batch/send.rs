@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use turbotun_wire::gro::{Gro, GroConfig};
 use turbotun_wire::gso::Splitter;
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Framing};
+use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Framing, VIRTIO_NET_HDR_LEN};
 
 use super::{framing, BATCH_SIZE};
 use crate::device::{Mode, Offloads};
@@ -43,6 +43,29 @@ pub struct GroWriteSupport {
     pub tcp: Option<bool>,
     /// Coalesced UDP (`GSO_UDP_L4`).
     pub udp: Option<bool>,
+}
+
+/// Whether this kernel accepts coalesced writes of each kind, probed once per process with
+/// [`probe_gro_writes`] on a scratch TUN device inside a private network namespace, where no bridge, capture or
+/// route can see the probe and from which the kernel removes the device when the probe ends. Without the
+/// privileges for a namespace the answer is "could not tell" (`None`), and [`SendBatch`] relies on its run-time
+/// fallback alone: a refused coalesced write turns that GRO kind off and is re-split, never lost.
+pub fn gro_write_support() -> GroWriteSupport {
+    static PROBED: std::sync::OnceLock<GroWriteSupport> = std::sync::OnceLock::new();
+    *PROBED.get_or_init(|| {
+        let probed = crate::netns::with_private_netns(|| -> Result<GroWriteSupport> {
+            let dev = crate::DeviceBuilder::tun().vnet_hdr(VIRTIO_NET_HDR_LEN).offloads(Offloads::ALL).open()?;
+            crate::netlink::Netlink::new()?.set_up(dev.name(), true)?;
+            Ok(probe_gro_writes(&dev.queues()[0]))
+        });
+        match probed {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) | Err(e) => {
+                tracing::debug!("GRO write probe not run ({e}); relying on the EINVAL fallback");
+                GroWriteSupport::default()
+            }
+        }
+    })
 }
 
 /// Writes one harmless coalesced packet of each kind (two segments, the second shorter than `gso_size`, the case
@@ -137,9 +160,8 @@ pub struct SendBatch {
     /// A coalesced packet joined from its pieces, for the rare paths that need one contiguous frame.
     joined: Vec<u8>,
     stats: Counters,
-    /// Probes left before giving up on learning what the kernel accepts (each needs the device up).
-    probes_left: u8,
-    probe_result: GroWriteSupport,
+    /// Whether the process-wide GRO write probe was consulted yet (at the first send, not at construction).
+    probed: bool,
     writer: Writer,
 }
 
@@ -176,8 +198,7 @@ impl SendBatch {
             scratch: Vec::new(),
             joined: Vec::new(),
             stats: Counters::default(),
-            probes_left: if gro_on { 8 } else { 0 },
-            probe_result: GroWriteSupport::default(),
+            probed: !gro_on,
             writer: Writer { vnet_hdr_len, ..Writer::default() },
         }
     }
@@ -194,9 +215,9 @@ impl SendBatch {
         self
     }
 
-    /// What the write probe found so far (see [`probe_gro_writes`]).
+    /// What the process-wide write probe found (see [`gro_write_support`]).
     pub fn gro_write_support(&self) -> GroWriteSupport {
-        self.probe_result
+        gro_write_support()
     }
 
     /// What this send half wrote (packets, bytes, writes, coalesced, GRO fallbacks, drops by reason).
@@ -225,8 +246,8 @@ impl SendBatch {
                 self.vnet_hdr_len
             )));
         }
-        if self.probes_left > 0 {
-            self.probe_once(queue);
+        if !self.probed {
+            self.apply_probe(queue);
         }
         let n = bufs.len().min(lens.len());
         let before = self.stats;
@@ -387,16 +408,11 @@ impl SendBatch {
         self.writer.drop(queue, reason, packets, e, &mut self.stats);
     }
 
-    /// Runs the GRO write probe until it gives an answer; turns off the kinds the kernel refuses.
-    fn probe_once(&mut self, queue: &Queue) {
-        self.probes_left -= 1;
-        let found = probe_gro_writes(queue);
-        self.probe_result = found;
-        if found.tcp.is_none() || found.udp.is_none() {
-            return;
-        }
-        self.probes_left = 0;
-        let (tcp, udp) = (self.gro_tcp && found.tcp == Some(true), self.gro_udp && found.udp == Some(true));
+    /// Turns off the GRO kinds the process-wide probe found refused.
+    fn apply_probe(&mut self, queue: &Queue) {
+        self.probed = true;
+        let found = gro_write_support();
+        let (tcp, udp) = (self.gro_tcp && found.tcp != Some(false), self.gro_udp && found.udp != Some(false));
         if (tcp, udp) != (self.gro_tcp, self.gro_udp) {
             tracing::warn!(
                 "{}: kernel refuses coalesced writes (tcp {:?}, udp {:?}); that GRO is off",

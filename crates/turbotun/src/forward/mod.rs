@@ -24,7 +24,7 @@
 //! - [`IoKind`]: how workers wait. `Block` (a read sleeps in the kernel; the rest of a batch is read with
 //!   `RWF_NOWAIT`; workers are woken by a signal to stop), `Poll` (non-blocking fds and `poll`), `Uring`
 //!   (io_uring, plain and passthrough: one multishot read per direction, frames written from the buffer they
-//!   were read into), `Tokio` (tasks on a tokio runtime over [`crate::tokio::AsyncQueue`], feature `tokio`).
+//!   were read into), `Tokio` (tasks on a tokio runtime over `tokio::AsyncQueue`, feature `tokio`).
 //! - One worker per queue and direction (`threads(n)` puts `n` on each queue; they may reorder a flow); with
 //!   several queues a flow-hash steering eBPF program keeps each flow on one queue.
 //! - Counting: one [`Counters`] per direction, readable at any time through [`StatsHandle`]. Every packet read
@@ -83,7 +83,7 @@ pub enum IoKind {
     Poll,
     /// io_uring (plain and passthrough; Linux 6.7 multishot reads), one ring per queue and direction.
     Uring,
-    /// tokio tasks over [`crate::tokio::AsyncQueue`] (feature `tokio`).
+    /// tokio tasks over `tokio::AsyncQueue` (feature `tokio`).
     Tokio,
 }
 

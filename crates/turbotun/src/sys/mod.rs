@@ -359,8 +359,10 @@ pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> 
 
 /// A value that owns one fd for its whole life: `as_raw_fd` returns the same open descriptor from creation to
 /// drop (it is never replaced or closed early). What tokio's reactor needs of a registered fd.
+#[cfg(feature = "tokio")]
 pub trait StableFd: AsRawFd {}
 
+#[cfg(feature = "tokio")]
 impl<T: StableFd> StableFd for std::sync::Arc<T> {}
 
 /// Registers an fd owner with tokio's reactor for readable readiness.

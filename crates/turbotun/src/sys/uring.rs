@@ -276,7 +276,7 @@ impl ForwardRing {
     /// `timeout` for at least one completion. Returns false on timeout or when a signal interrupted the wait.
     /// Writes submitted and not yet completed.
     pub fn writes_in_flight(&self) -> usize {
-        self.states.iter().filter(|&&s| s == SlotState::Writing).count()
+        self.writes_in_flight
     }
 
     pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
