@@ -36,6 +36,11 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A signal mask inherited from the parent could block the signals that stop the long-running commands.
+    let stop_signals = [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGTERM];
+    if let Err(e) = stop_signals.into_iter().collect::<nix::sys::signal::SigSet>().thread_unblock() {
+        eprintln!("turbotun: cannot unblock SIGINT/SIGTERM: {e}");
+    }
     let result = match cli.command {
         Command::Features(args) => inspect_cmd::features(&args),
         Command::Info(args) => inspect_cmd::info(&args),

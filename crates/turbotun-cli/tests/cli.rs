@@ -90,10 +90,44 @@ fn bad_input_gets_a_clear_error() {
             (&["create", "waytoolongname123"][..], "longer than 15 bytes"),
             (&["delete", "ttmissing0"][..], "no device named \"ttmissing0\""),
             (&["info", "lo"][..], "lo is not a TUN/TAP device"),
+            (&["fwd", "lo", "ttok0"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
+            (&["fwd", "tta0", "ttb0", "--queues", "1000"], "the kernel allows at most 256 (MAX_TAP_QUEUES)"),
+            (&["create", "ttown0", "--owner", "4294967295"], "TUNSETOWNER"),
         ] {
             let out = turbotun(args);
             assert!(!out.status.success(), "{args:?}");
             assert!(text(&out).contains(expect), "{args:?}: {}", text(&out));
         }
+        // A refused setting leaves no persistent device behind, and nothing else was created on the way.
+        let links = turbotun::netlink::Netlink::new().unwrap().links().unwrap();
+        let names: Vec<&str> = links.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["lo"], "nothing left behind");
+    });
+}
+
+/// A second forwarder that attaches to multiqueue devices another one holds, with other framing (no virtio
+/// header where the devices have one), is refused with the difference named: the kernel would give its queues
+/// the devices' framing and it would misread every frame.
+#[test]
+fn attaching_with_other_framing_is_refused() {
+    in_netns("attaching_with_other_framing_is_refused", || {
+        use std::io::BufRead;
+        let mut first = Command::new(env!("CARGO_BIN_EXE_turbotun"))
+            .args(["fwd", "ttmqa", "ttmqb", "--mode", "passthrough", "--tap", "--queues", "2"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(first.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let out = turbotun(&["fwd", "ttmqa", "ttmqb", "--mode", "plain", "--tap", "--queues", "2"]);
+        let _ = first.kill();
+        let _ = first.wait();
+        assert!(!out.status.success());
+        assert!(
+            text(&out).contains("device ttmqa exists with other framing: it has virtio header and 2 queue(s) attached, this open asks for none"),
+            "{}",
+            text(&out)
+        );
     });
 }

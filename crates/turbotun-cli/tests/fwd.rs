@@ -174,6 +174,26 @@ fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
 /// and every datagram must arrive complete and in order. With `uso`, each burst is one UDP GSO send of 40
 /// segments, which crosses the forwarder as a super-packet.
 /// `ordered` is false for several workers on one queue (`--threads`), which may reorder datagrams of a flow.
+/// The largest UDP super-packet the kernel hands a TAP device whole: the device's `gso_max_size` (65,536) counts
+/// the Ethernet header, so 65,494 bytes of payload (a 65,522-byte IP packet) make a 65,536-byte frame, one byte
+/// more than 65,535. It must arrive whole, never cut (segments of 1,400, the last one shorter).
+fn udp_largest_super_packet_intact(topo: &Topology, src: &str, dst: &str) {
+    let rx = topo.in_b(|| UdpSocket::bind((dst, 6002)).unwrap());
+    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
+    tx.connect((dst, 6002)).unwrap();
+    turbotun::socket::set_udp_segment(&tx, 1400).unwrap();
+    let mut buf = vec![0u8; 65536];
+    for send in 0..5u64 {
+        let data = pattern(65_494, 1000 + send);
+        tx.send(&data).unwrap();
+        for (k, want) in data.chunks(1400).enumerate() {
+            let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("send {send} segment {k}: {e}"));
+            assert_eq!(&buf[..n], want, "send {send} segment {k}");
+        }
+    }
+}
+
 fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool, ordered: bool) {
     let port = 6001;
     let rx = topo.in_b(|| UdpSocket::bind((dst, port)).unwrap());
@@ -237,6 +257,7 @@ fn run_matrix_with(test: &str, mode: &str, tap: bool, extra: &[&str], checks: &[
             "udp6" => udp_datagrams_intact(&topo, A6, B6, false, ordered),
             "uso4" => udp_datagrams_intact(&topo, A4, B4, true, ordered),
             "uso6" => udp_datagrams_intact(&topo, A6, B6, true, ordered),
+            "usomax4" => udp_largest_super_packet_intact(&topo, A4, B4),
             other => panic!("unknown check {other}"),
         }
     }
@@ -277,7 +298,13 @@ fn fwd_offload_tun_v4_v6_tcp_udp_uso() {
 
 #[test]
 fn fwd_offload_tap_v4_v6() {
-    run_matrix("fwd_offload_tap", "offload", true, &["tcp4", "tcp6", "udp4", "uso4"]);
+    run_matrix("fwd_offload_tap", "offload", true, &["tcp4", "tcp6", "udp4", "uso4", "usomax4"]);
+}
+
+#[test]
+fn fwd_passthrough_tap_largest_frames() {
+    run_matrix("fwd_passthrough_tap", "passthrough", true, &["tcp4", "usomax4"]);
+    run_matrix_with("fwd_passthrough_tap_uring", "passthrough", true, &["--io", "uring"], &["tcp4", "usomax4"]);
 }
 
 #[test]
@@ -332,7 +359,14 @@ fn fwd_exits_when_a_device_disappears() {
     if !privileged("fwd_exits_when_a_device_disappears") {
         return;
     }
-    for extra in [&[][..], &["--io", "poll"], &["--mode", "plain"], &["--mode", "plain", "--io", "block"]] {
+    for extra in [
+        &[][..],
+        &["--io", "poll"],
+        &["--async"],
+        &["--mode", "plain"],
+        &["--mode", "plain", "--io", "block"],
+        &["--mode", "plain", "--async"],
+    ] {
         exits_when_a_device_disappears(extra);
     }
 }
@@ -371,6 +405,40 @@ fn exits_when_a_device_disappears(extra: &[&str]) {
     // The promise is "within a second"; the bound leaves room for a loaded machine.
     assert!(started.elapsed() < Duration::from_secs(2), "{extra:?} exited promptly: {:?}", started.elapsed());
     assert!(err.contains("ttgone1") && err.contains("gone"), "{extra:?}: stderr names the device: {err}");
+}
+
+/// SIGINT stops every kind of worker promptly (a blocking read, poll, io_uring, tokio) and the counters are
+/// printed; the bound is generous for a loaded machine, the point is that no worker waits out a timeout.
+#[test]
+fn fwd_stops_promptly_on_sigint() {
+    if !privileged("fwd_stops_promptly_on_sigint") {
+        return;
+    }
+    for extra in [&["--io", "block"][..], &["--io", "poll"], &["--async"], &["--mode", "plain", "--io", "uring"]] {
+        let ns = new_netns();
+        let mut child = with_netns(&ns_path(&ns), || {
+            Command::new(env!("CARGO_BIN_EXE_turbotun"))
+                .args(["fwd", "ttstop0", "ttstop1"])
+                .args(extra)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let started = Instant::now();
+        assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+        let status = child.wait().unwrap();
+        let took = started.elapsed();
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(status.success(), "{extra:?}: {status:?}");
+        assert!(rest.contains("\"packets\""), "{extra:?}: counters printed: {rest}");
+        assert!(took < Duration::from_secs(1), "{extra:?} took {took:?} to stop");
+    }
 }
 
 #[test]

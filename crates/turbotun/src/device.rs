@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
+use crate::netlink::{LinkInfo, Netlink};
 use crate::queue::Queue;
 use crate::sys::{self, iff, tun_f};
 
@@ -368,6 +369,10 @@ impl DeviceBuilder {
         if self.queues == 0 {
             return Err(Error::InvalidConfig("queues(0): a device needs at least one queue".into()));
         }
+        if self.queues > MAX_QUEUES {
+            let name = self.name.clone().unwrap_or_else(|| format!("{}%d", self.mode));
+            return Err(Error::TooManyQueues { name, queues: self.queues, max: MAX_QUEUES });
+        }
         if self.napi_frags && (!self.napi || self.mode != Mode::Tap) {
             return Err(Error::InvalidConfig("napi_frags needs napi(true) on a TAP device".into()));
         }
@@ -447,13 +452,17 @@ impl DeviceBuilder {
         let requested = self.name.as_deref().unwrap_or("");
         let display_name = if requested.is_empty() { format!("{}%d", self.mode) } else { requested.to_string() };
         let multi_queue = self.wants_multi_queue();
+        let existing = existing_link(requested);
+        if let Some(link) = &existing {
+            self.check_existing(link)?;
+        }
         let err = match sys::tun_set_iff(fd, requested, self.flags(multi_queue)) {
             Ok(name) => return Ok((name, multi_queue)),
             Err(e) => e,
         };
         match err.raw_os_error() {
             Some(libc::EPERM) | Some(libc::EACCES) => {
-                return Err(Error::PermissionDenied { action: format!("creating {display_name}"), source: err })
+                return Err(permission_error(&display_name, existing.as_ref(), err))
             }
             Some(libc::EBUSY) => return Err(Error::Busy { name: display_name }),
             Some(libc::EINVAL) if !requested.is_empty() => {}
@@ -481,6 +490,49 @@ impl DeviceBuilder {
         }
     }
 
+    /// What an existing device of the requested name says about this open, before the kernel is asked: the
+    /// kernel answers a name that is not TUN/TAP with a bare EINVAL, and on a multiqueue device that has queues
+    /// already it ignores a newcomer's framing flags (virtio header, packet info), so the new queue would get
+    /// frames in the device's framing and misread every one.
+    fn check_existing(&self, link: &LinkInfo) -> Result<()> {
+        let name = link.name.clone();
+        let Some(tun) = &link.tun else {
+            let kind =
+                link.kind
+                    .clone()
+                    .unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
+            return Err(Error::NotTunTap { name, kind });
+        };
+        let differ = |difference: String| Err(Error::FramingMismatch { name: name.clone(), difference });
+        if tun.is_tap() != (self.mode == Mode::Tap) {
+            let (is, asked) = if tun.is_tap() { ("tap", "tun") } else { ("tun", "tap") };
+            return differ(format!("it is a {is} device, this open asks for {asked}"));
+        }
+        if tun.num_queues == 0 {
+            // No queue attached: the kernel applies this open's flags to the device.
+            return Ok(());
+        }
+        let has = |on: bool| if on { "has" } else { "has no" };
+        let wants = |on: bool| if on { "asks for one" } else { "asks for none" };
+        if tun.vnet_hdr != self.vnet_hdr.is_some() {
+            return differ(format!(
+                "it {} virtio header and {} queue(s) attached, this open {}",
+                has(tun.vnet_hdr),
+                tun.num_queues,
+                wants(self.vnet_hdr.is_some())
+            ));
+        }
+        if tun.no_pi == self.packet_info {
+            return differ(format!(
+                "it {} packet information header and {} queue(s) attached, this open {}",
+                has(!tun.no_pi),
+                tun.num_queues,
+                wants(self.packet_info)
+            ));
+        }
+        Ok(())
+    }
+
     /// Attaches the queues after the first to the device `name`; returns all the fds, the first one first.
     fn attach_queues(&self, first: OwnedFd, name: &str, multi_queue: bool) -> Result<Vec<OwnedFd>> {
         let mut fds = vec![first];
@@ -490,6 +542,9 @@ impl DeviceBuilder {
             let flags = self.flags(multi_queue) & !iff::TUN_EXCL;
             sys::tun_set_iff(fd.as_fd(), name, flags).map_err(|e| match e.raw_os_error() {
                 Some(libc::EBUSY) => Error::Busy { name: name.to_string() },
+                Some(libc::E2BIG) => {
+                    Error::TooManyQueues { name: name.to_string(), queues: self.queues, max: MAX_QUEUES }
+                }
                 _ => Error::io(format!("attaching queue {} to {name}", fds.len()), e),
             })?;
             fds.push(fd);
@@ -522,11 +577,9 @@ impl DeviceBuilder {
     }
 
     /// Persistence, owner, group (on the device, through the first fd) and the send buffer (on every queue).
+    /// Persistence comes last: a setting refused before it leaves no persistent device behind.
     fn apply_settings(&self, fds: &[OwnedFd]) -> Result<()> {
         let ctl = fds[0].as_fd();
-        if let Some(persist) = self.persist {
-            sys::tun_set_persist(ctl, persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))?;
-        }
         if let Some(uid) = self.owner {
             sys::tun_set_owner(ctl, uid).map_err(|e| permission_or_io("TUNSETOWNER", e))?;
         }
@@ -538,12 +591,51 @@ impl DeviceBuilder {
                 sys::tun_set_sndbuf(fd.as_fd(), bytes).map_err(|e| Error::io("TUNSETSNDBUF", e))?;
             }
         }
+        if let Some(persist) = self.persist {
+            sys::tun_set_persist(ctl, persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))?;
+        }
         Ok(())
     }
 }
 
 /// Asks for `wanted` (plus CSUM), falling back the way older kernels require: without USO (before 6.2), without
 /// TSO_ECN, then checksum only, then nothing. Returns what was granted.
+/// The kernel's limit on queues per TUN/TAP device (`MAX_TAP_QUEUES` in `drivers/net/tun.c`).
+pub const MAX_QUEUES: usize = 256;
+
+/// The link of that name in this namespace, if there is one (`None` too when netlink cannot tell: the open
+/// then goes ahead and the kernel's answer decides).
+fn existing_link(name: &str) -> Option<LinkInfo> {
+    if name.is_empty() || name.contains('%') {
+        return None;
+    }
+    match Netlink::new().and_then(|mut netlink| netlink.link(name)) {
+        Ok(link) => Some(link),
+        Err(Error::NoSuchDevice { .. }) => None,
+        Err(e) => {
+            tracing::debug!("looking up {name} before opening it: {e}");
+            None
+        }
+    }
+}
+
+/// EPERM from `TUNSETIFF`: a device that belongs to someone else says whom; otherwise creating or attaching
+/// needs CAP_NET_ADMIN.
+fn permission_error(name: &str, existing: Option<&LinkInfo>, source: io::Error) -> Error {
+    let tun = existing.and_then(|link| link.tun.as_ref());
+    let owner = match tun.map(|t| (t.owner, t.group)) {
+        Some((Some(uid), Some(gid))) => Some(format!("uid {uid} and gid {gid}")),
+        Some((Some(uid), None)) => Some(format!("uid {uid}")),
+        Some((None, Some(gid))) => Some(format!("gid {gid}")),
+        _ => None,
+    };
+    match (owner, existing) {
+        (Some(owner), _) => Error::NotOwner { name: name.to_string(), owner, source },
+        (None, Some(_)) => Error::PermissionDenied { action: format!("attaching to {name}"), source },
+        (None, None) => Error::PermissionDenied { action: format!("creating {name}"), source },
+    }
+}
+
 fn negotiate_offloads(fd: BorrowedFd<'_>, name: &str, wanted: Offloads) -> Result<Offloads> {
     if wanted.is_empty() {
         sys::tun_set_offload(fd, 0).map_err(|e| Error::io(format!("TUNSETOFFLOAD(0) on {name}"), e))?;

@@ -30,6 +30,47 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A device of that name exists and is not a TUN/TAP device.
+    #[error("{name} is not a TUN/TAP device (it is a {kind} device): choose another name")]
+    NotTunTap {
+        /// The device's name.
+        name: String,
+        /// Its link kind (`veth`, `bridge`, ... or `loopback`).
+        kind: String,
+    },
+
+    /// The device exists with other framing than this open asks for: the kernel would hand the new queue
+    /// frames in the device's framing, which the caller would misread.
+    #[error("device {name} exists with other framing: {difference}; open it with the same flags, or delete it first")]
+    FramingMismatch {
+        /// The device's name.
+        name: String,
+        /// What differs, in words.
+        difference: String,
+    },
+
+    /// Attaching to a device that belongs to another user or group.
+    #[error("device {name} belongs to {owner}: open it as that user or group, or with CAP_NET_ADMIN")]
+    NotOwner {
+        /// The device's name.
+        name: String,
+        /// Its owner and group as the kernel keeps them (`uid 1000`, `gid 100`, `uid 1000 and gid 100`).
+        owner: String,
+        /// The kernel's refusal.
+        source: io::Error,
+    },
+
+    /// More queues than the kernel allows on one device.
+    #[error("device {name}: {queues} queues asked for, the kernel allows at most {max} (MAX_TAP_QUEUES)")]
+    TooManyQueues {
+        /// The device's name.
+        name: String,
+        /// Queues asked for.
+        queues: usize,
+        /// The kernel's limit.
+        max: usize,
+    },
+
     /// `TUNSETIFF` returned EBUSY.
     #[error("device {name} is busy (EBUSY): it was created with IFF_TUN_EXCL, or all its queues are attached already")]
     Busy {
@@ -212,6 +253,7 @@ impl Error {
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Error::PermissionDenied { source, .. }
+            | Error::NotOwner { source, .. }
             | Error::FlagsMismatch { source, .. }
             | Error::Netlink { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),

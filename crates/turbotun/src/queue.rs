@@ -14,8 +14,11 @@ use crate::device::{Mode, Offloads};
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::sys::{self, iff, Interest};
 
-/// Largest packet the tun driver hands over after the virtio header (a GSO super-packet).
-pub const MAX_PACKET: usize = 65535;
+/// Largest frame the tun driver hands over after the virtio header: a GSO super-packet of up to 65,535 bytes
+/// of IP, and on a TAP device its Ethernet header with up to two VLAN tags in front. A buffer of this size never
+/// truncates a frame; a larger one (a device with a raised `gso_max_size`) is counted as a
+/// [`DropReason::TooBig`](crate::stats::DropReason) drop, never forwarded cut.
+pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
 /// Largest virtio header size.
 pub const MAX_VNET_HDR: usize = 20;
 

@@ -79,9 +79,11 @@ impl AsyncQueue {
     /// Runs `op` when the fd is readable; a would-block result clears the readiness and waits again.
     async fn read_with<T>(&self, mut op: impl FnMut(&Queue) -> Result<T>) -> Result<T> {
         loop {
-            let mut guard = self.inner.readable().await.map_err(|e| Error::io("waiting for readiness", e))?;
+            // Error readiness wakes the read too: it is how a deleted device shows (the read then says so).
+            let interest = ::tokio::io::Interest::READABLE.add(::tokio::io::Interest::ERROR);
+            let mut guard = self.inner.ready(interest).await.map_err(|e| Error::io("waiting for readiness", e))?;
             match op(guard.get_inner().as_ref()) {
-                Err(e) if is_would_block(&e) => guard.clear_ready(),
+                Err(e) if is_would_block(&e) => guard.clear_ready_matching(guard.ready()),
                 other => return other,
             }
         }

@@ -29,6 +29,12 @@ pub fn prepare() -> Result<()> {
     ensure_handler()
 }
 
+/// Makes sure the calling thread can be woken: unblocks the wake-up signal, which an inherited signal mask may
+/// block. Call it at the start of a thread that will sleep in blocking reads.
+pub fn unblock() -> Result<()> {
+    sys::unblock_wake_signal().map_err(|e| Error::io("unblocking the wake-up signal", e))
+}
+
 /// Interrupts whatever blocking system call `thread` is in (it returns `EINTR`); harmless if it is in none.
 pub fn interrupt<T>(thread: &JoinHandle<T>) -> Result<()> {
     ensure_handler()?;

@@ -24,10 +24,10 @@ pub(super) fn run(fwd: Forwarder) -> Result<ForwardStats> {
         let ctx = WorkerCtx::new(&fwd, job.a_to_b);
         let done = done_tx.clone();
         let spawned = std::thread::Builder::new().name(format!("fwd-{i}")).spawn(move || {
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| run_worker(&job.src, &job.dst, &ctx)))
-                .unwrap_or_else(|panic| {
-                    Err(Error::WorkerPanicked { worker: job.label.clone(), message: panic_message(&panic) })
-                });
+            let work = || crate::wake::unblock().and_then(|()| run_worker(&job.src, &job.dst, &ctx));
+            let result = std::panic::catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+                Err(Error::WorkerPanicked { worker: job.label.clone(), message: panic_message(&panic) })
+            });
             let _ = done.send((job.label, result));
         });
         match spawned {

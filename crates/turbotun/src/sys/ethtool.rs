@@ -30,8 +30,11 @@ fn socket() -> io::Result<OwnedFd> {
 /// Issues one `SIOCETHTOOL` request whose command buffer is `buf` (a u32 array starting with the command).
 fn ethtool(sock: &OwnedFd, ifname: &str, buf: &mut [u32]) -> io::Result<()> {
     let mut req = IfReqData { name: [0; libc::IFNAMSIZ], data: buf.as_mut_ptr().cast(), _pad: [0; 16] };
-    let n = ifname.len().min(libc::IFNAMSIZ - 1);
-    req.name[..n].copy_from_slice(&ifname.as_bytes()[..n]);
+    // A name cut to fit would ask about another device: refuse it.
+    if ifname.len() >= libc::IFNAMSIZ || ifname.as_bytes().contains(&0) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("interface name {ifname:?} is too long")));
+    }
+    req.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
     // SAFETY: `req` is a valid ifreq whose data pointer refers to `buf`, which is large enough for the command
     // (the callers size it from the counts the kernel reported) and lives for the duration of the call.
     let ret = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &mut req as *mut IfReqData) };

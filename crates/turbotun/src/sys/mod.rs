@@ -66,12 +66,19 @@ struct IfReq {
 }
 
 impl IfReq {
-    fn new(name: &str, flags: u16) -> Self {
+    /// A request for `name`; a name the kernel could not hold whole (over 15 bytes, or with a NUL) is refused
+    /// rather than cut, which would name another device.
+    fn new(name: &str, flags: u16) -> io::Result<Self> {
         let mut req = IfReq { name: [0; IFNAMSIZ], flags: flags as i16, _pad: [0; 22] };
         let bytes = name.as_bytes();
-        let n = bytes.len().min(IFNAMSIZ - 1);
-        req.name[..n].copy_from_slice(&bytes[..n]);
-        req
+        if bytes.len() >= IFNAMSIZ || bytes.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("interface name {name:?} is longer than 15 bytes or contains a NUL"),
+            ));
+        }
+        req.name[..bytes.len()].copy_from_slice(bytes);
+        Ok(req)
     }
 
     fn name(&self) -> String {
@@ -118,7 +125,7 @@ pub fn open_rdonly(path: &CStr) -> io::Result<OwnedFd> {
 
 /// `TUNSETIFF`: attaches the fd to the named device (creating it if allowed). Returns the name the kernel chose.
 pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<String> {
-    let mut req = IfReq::new(name, flags);
+    let mut req = IfReq::new(name, flags)?;
     // SAFETY: TUNSETIFF reads and writes a `struct ifreq`; `req` is a properly sized, initialized ifreq.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req as *mut IfReq) })?;
     Ok(req.name())
@@ -126,7 +133,7 @@ pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<Str
 
 /// `TUNGETIFF`: the attached device's name and its flags as the kernel reports them.
 pub fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
-    let mut req = IfReq::new("", 0);
+    let mut req = IfReq::new("", 0)?;
     // SAFETY: TUNGETIFF writes a `struct ifreq` into the pointed-to buffer, which is large enough.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETIFF, &mut req as *mut IfReq) })?;
     Ok((req.name(), req.flags as u16))
@@ -134,7 +141,7 @@ pub fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
 
 /// `TUNSETQUEUE`: attach (`IFF_ATTACH_QUEUE`) or detach (`IFF_DETACH_QUEUE`) this queue of a multiqueue device.
 pub fn tun_set_queue(fd: BorrowedFd<'_>, flags: u16) -> io::Result<()> {
-    let mut req = IfReq::new("", flags);
+    let mut req = IfReq::new("", flags)?;
     // SAFETY: TUNSETQUEUE reads a `struct ifreq`; `req` is valid for the call.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETQUEUE, &mut req as *mut IfReq) })?;
     Ok(())
@@ -365,13 +372,14 @@ pub trait StableFd: AsRawFd {}
 #[cfg(feature = "tokio")]
 impl<T: StableFd> StableFd for std::sync::Arc<T> {}
 
-/// Registers an fd owner with tokio's reactor for readable readiness.
+/// Registers an fd owner with tokio's reactor for readable and error readiness.
 #[cfg(feature = "tokio")]
 pub fn register_readable<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
+    // Error readiness too: a deleted device reports only EPOLLERR, which readable interest alone never sees.
+    let interest = ::tokio::io::Interest::READABLE.add(::tokio::io::Interest::ERROR);
     // SAFETY: `T: StableFd` keeps its descriptor open and unchanged for as long as it lives, and the `AsyncFd`
     // owns it, so the registration never outlives the fd nor refers to a reused number.
-    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(owner, ::tokio::io::Interest::READABLE) }
-        .map_err(io::Error::from)
+    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(owner, interest) }.map_err(io::Error::from)
 }
 
 /// One write gathered from several buffers (`writev`): a packet assembled from pieces without copying them.
@@ -400,7 +408,9 @@ pub fn install_wake_handler() -> io::Result<()> {
     // SAFETY: a null new action only reads the current one into `old`, a valid sigaction owned by this frame.
     cvt(unsafe { libc::sigaction(wake_signal(), std::ptr::null(), &mut old) })?;
     let ours = wake_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != ours {
+    // SIG_IGN is most often inherited across exec (a supervisor, nohup) rather than chosen by this program; it
+    // would make every wake-up a no-op, so it is replaced like the default action.
+    if ![libc::SIG_DFL, libc::SIG_IGN, ours].contains(&old.sa_sigaction) {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!(
@@ -418,6 +428,25 @@ pub fn install_wake_handler() -> io::Result<()> {
     // SAFETY: the handler is async-signal-safe (it does nothing) and `action` is fully initialised.
     cvt(unsafe { libc::sigaction(wake_signal(), &action, std::ptr::null_mut()) })?;
     Ok(())
+}
+
+/// Unblocks [`wake_signal`] in the calling thread (a mask inherited from the parent process or the spawning
+/// thread could block it, and a blocked wake-up never interrupts the read it is meant for).
+pub fn unblock_wake_signal() -> io::Result<()> {
+    // SAFETY: an all-zero sigset_t is a valid value, initialised by sigemptyset below.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame; the signal number is a valid real-time signal.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, wake_signal());
+    }
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
 }
 
 /// Sends [`wake_signal`] to one thread of this process. Only after [`install_wake_handler`] succeeded (the
