@@ -59,6 +59,9 @@ struct BufRing {
     tail: u16,
 }
 
+// `provide` writes descriptors by the kernel's layout of `struct io_uring_buf`.
+const _: () = assert!(std::mem::size_of::<types::BufRingEntry>() == 16);
+
 impl BufRing {
     fn layout(entries: u16) -> std::alloc::Layout {
         let bytes = (usize::from(entries) * std::mem::size_of::<types::BufRingEntry>()).max(PAGE);
@@ -73,14 +76,21 @@ impl BufRing {
     }
 
     /// Hands buffer `bid` (at `addr`, `len` bytes) to the kernel.
+    ///
+    /// The descriptor is written field by field through raw pointers, never through a reference: the memory is
+    /// shared with the kernel, and the first descriptor's last field is the ring's tail, which the kernel reads
+    /// at any time. The layout is `struct io_uring_buf { u64 addr; u32 len; u16 bid; u16 resv; }`.
     fn provide(&mut self, addr: *mut u8, len: u32, bid: u16) {
         let index = usize::from(self.tail & (self.entries - 1));
-        // SAFETY: `index < entries`, so the descriptor is inside the allocation; the kernel does not read a
-        // descriptor past the published tail, so writing it before publishing races with nothing.
-        let entry = unsafe { &mut *self.base.as_ptr().add(index) };
-        entry.set_addr(addr as u64);
-        entry.set_len(len);
-        entry.set_bid(bid);
+        // SAFETY: `index < entries`, so the descriptor is inside the allocation, which is page aligned, so each
+        // field is naturally aligned; the kernel does not read a descriptor past the published tail, so writing
+        // one before publishing it races with nothing; `resv` (the tail, for index 0) is not written here.
+        unsafe {
+            let entry = self.base.as_ptr().add(index).cast::<u8>();
+            entry.cast::<u64>().write(addr as u64);
+            entry.add(8).cast::<u32>().write(len);
+            entry.add(12).cast::<u16>().write(bid);
+        }
         self.tail = self.tail.wrapping_add(1);
         // SAFETY: the tail lives in the first descriptor's reserved field, inside the allocation, naturally
         // aligned for u16; the kernel reads it concurrently, hence the atomic release store that also
@@ -172,7 +182,13 @@ impl ForwardRing {
             ring.submitter().register_buf_ring_with_flags(bufs.base.as_ptr() as u64, depth as u16, BUFFER_GROUP, 0)
         }
         .map_err(|e| io::Error::new(e.kind(), format!("registering a provided-buffer ring (Linux 5.19+): {e}")))?;
-        let arena = Box::into_raw(vec![0u8; depth * stride].into_boxed_slice()).cast::<u8>();
+        let bytes = depth.checked_mul(stride).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{depth} buffers of {stride} bytes overflow the address space"),
+            )
+        })?;
+        let arena = Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast::<u8>();
         let Some(arena) = std::ptr::NonNull::new(arena) else {
             unreachable!("Box::into_raw never returns null");
         };
@@ -339,7 +355,16 @@ impl Drop for ForwardRing {
         if self.read_armed || self.writes_in_flight > 0 {
             let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_TAG);
             // SAFETY: a cancellation request refers to no memory of ours.
-            let _ = unsafe { self.ring.submission().push(&cancel) };
+            let mut queued = unsafe { self.ring.submission().push(&cancel) }.is_ok();
+            if !queued {
+                // A full submission queue: hand what is queued to the kernel and try once more.
+                let _ = self.ring.submit();
+                // SAFETY: as above.
+                queued = unsafe { self.ring.submission().push(&cancel) }.is_ok();
+            }
+            if !queued {
+                tracing::warn!("io_uring: the cancellation could not be queued; the buffers are leaked, not freed");
+            }
             let mut scratch = Vec::new();
             for _ in 0..100 {
                 if !self.read_armed && self.writes_in_flight == 0 {
