@@ -441,6 +441,35 @@ fn fwd_stops_promptly_on_sigint() {
     }
 }
 
+/// Signals the forwarder relies on are taken back when they come ignored from the parent (a supervisor, nohup):
+/// SIGTERM still stops it and its blocking workers are still woken.
+#[test]
+fn fwd_stops_with_inherited_ignored_signals() {
+    if !privileged("fwd_stops_with_inherited_ignored_signals") {
+        return;
+    }
+    let ns = new_netns();
+    let script =
+        format!("trap '' TERM INT RTMIN+3; exec {} fwd ttign0 ttign1 --io block", env!("CARGO_BIN_EXE_turbotun"));
+    let mut child = with_netns(&ns_path(&ns), || {
+        Command::new("bash").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    })
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    if line.trim() != "ready" {
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        panic!("forwarder did not start with ignored signals: {line:?} {err}");
+    }
+    let started = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+}
+
 #[test]
 fn fwd_rejects_options_that_do_not_fit() {
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun"))

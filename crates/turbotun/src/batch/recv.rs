@@ -314,6 +314,8 @@ impl RecvBatch {
         }
         let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
             Ok(hdr) => hdr,
+            // A queue without a virtio header: a plain packet, nothing to complete or split.
+            Err(_) if vlen == 0 => VirtioNetHdrRepr::default(),
             Err(e) => return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::VirtioHeader(e).to_string())),
         };
         if hdr.is_gso() {
@@ -508,5 +510,119 @@ fn split_error(queue: &Queue, e: turbotun_wire::GsoError) -> Error {
     match e {
         turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
         other => Error::malformed(queue.name(), Malformed::Gso(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Frames the kernel would never send, delivered through a datagram socket pair that stands in for a tun fd
+    //! (a read returns one whole message, as from a tun queue): each is counted with its reason, never a panic,
+    //! never a silent loss.
+
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixDatagram;
+
+    use turbotun_wire::virtio_net::{gso, VIRTIO_NET_HDR_LEN};
+    use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
+
+    use super::*;
+    use crate::device::{Mode, Offloads};
+
+    /// A queue whose reads return what `feed` sends: a TUN queue with a virtio header and every offload.
+    fn fake_queue() -> (Queue, UnixDatagram) {
+        let (ours, feed) = UnixDatagram::pair().unwrap();
+        let fd: OwnedFd = ours.into();
+        (Queue::new(fd, "fake0".into(), 0, Mode::Tun, VIRTIO_NET_HDR_LEN, Offloads::ALL), feed)
+    }
+
+    /// A TCP/IPv4 super-packet of `payload` bytes in segments of `gso_size`, its checksum left partial.
+    fn super_packet(payload: usize, gso_size: u16) -> Vec<u8> {
+        let (ip_len, tcp_len) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN);
+        let mut frame = vec![0u8; VIRTIO_NET_HDR_LEN + ip_len + tcp_len + payload];
+        VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV4,
+            hdr_len: (ip_len + tcp_len) as u16,
+            gso_size,
+            csum_start: ip_len as u16,
+            csum_offset: tcp::CHECKSUM_OFFSET as u16,
+        }
+        .emit(&mut frame[..VIRTIO_NET_HDR_LEN]);
+        let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
+        let ip = ipv4::Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            protocol: IPPROTO_TCP,
+            payload_len: (tcp_len + payload) as u16,
+            ttl: 64,
+            dont_frag: true,
+            ..ipv4::Repr::default()
+        };
+        ip.emit(packet).unwrap();
+        let seg = tcp::Repr { src_port: 1, dst_port: 2, seq: 1, ack: 1, flags: tcp::flags::ACK, window: 512 };
+        seg.emit(&mut packet[ip_len..]).unwrap();
+        frame
+    }
+
+    fn buffers(n: usize, size: usize) -> (Vec<Vec<u8>>, Vec<usize>) {
+        (vec![vec![0u8; size]; n], vec![0; n])
+    }
+
+    #[test]
+    fn test_a_tiny_gso_size_is_capped() {
+        let (queue, feed) = fake_queue();
+        let payload = MAX_SEGMENTS + 976;
+        feed.send(&super_packet(payload, 1)).unwrap();
+        let mut rx = RecvBatch::new(&queue);
+        let (mut bufs, mut lens) = buffers(64, VIRTIO_NET_HDR_LEN + 1500);
+        let mut delivered = 0;
+        while delivered < MAX_SEGMENTS {
+            let got = rx.recv(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).unwrap();
+            assert!(got.packets > 0);
+            assert!(lens[..got.packets].iter().all(|&len| len == 20 + 20 + 1), "one-byte segments");
+            delivered += got.packets;
+        }
+        assert_eq!(delivered, MAX_SEGMENTS);
+        assert_eq!(rx.pending(), 0, "nothing beyond the cap is pending");
+        let stats = rx.stats();
+        assert_eq!(stats.segments, MAX_SEGMENTS as u64);
+        assert_eq!(stats.drops.too_many_segments, 976, "the excess is counted with its reason");
+    }
+
+    #[test]
+    fn test_frames_that_cannot_be_used_are_counted_and_skipped() {
+        let (queue, feed) = fake_queue();
+        let mut rx = RecvBatch::new(&queue);
+        // A short read, a header with an unknown GSO type, a super-packet whose csum_start points nowhere,
+        // then a good one: the good one is delivered and each bad one counted.
+        feed.send(&[0u8; 4]).unwrap();
+        let mut unknown = super_packet(3000, 1000);
+        unknown[1] = 0x33;
+        feed.send(&unknown).unwrap();
+        let mut bad_offsets = super_packet(3000, 1000);
+        bad_offsets[6..8].copy_from_slice(&60000u16.to_le_bytes());
+        feed.send(&bad_offsets).unwrap();
+        feed.send(&super_packet(3000, 1000)).unwrap();
+        let (mut bufs, mut lens) = buffers(8, VIRTIO_NET_HDR_LEN + 1500);
+        let got = rx.recv(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).unwrap();
+        assert_eq!(got.packets, 3, "the good super-packet, split");
+        let stats = rx.stats();
+        assert_eq!(stats.reads, 4);
+        assert_eq!(stats.drops.malformed, 3, "{stats:?}");
+    }
+
+    #[test]
+    fn test_a_plain_queue_delivers_each_frame_in_place() {
+        let (ours, feed) = UnixDatagram::pair().unwrap();
+        // No virtio header, no super-packets: each frame is read straight into the caller's next buffer.
+        let queue = Queue::new(ours.into(), "fake1".into(), 0, Mode::Tun, 0, Offloads::NONE);
+        let mut rx = RecvBatch::new(&queue);
+        feed.send(&[0x45; 100]).unwrap();
+        feed.send(&[0x60; 60]).unwrap();
+        let (mut bufs, mut lens) = buffers(4, 1500);
+        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, 0).unwrap();
+        assert_eq!((got.packets, lens[0], lens[1]), (2, 100, 60));
+        assert_eq!((bufs[0][0], bufs[1][0]), (0x45, 0x60));
+        assert_eq!(rx.stats().drops.total(), 0);
     }
 }
