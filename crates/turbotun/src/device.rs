@@ -1,6 +1,5 @@
 //! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd), and [`Capabilities`].
 
-use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
@@ -8,107 +7,9 @@ use std::sync::{Arc, OnceLock};
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
 use crate::netlink::{LinkInfo, Netlink};
 use crate::queue::Queue;
-use crate::sys::{self, iff, tun_f};
+use crate::sys::{self, iff};
 
-/// TUN carries IP packets (layer 3), TAP carries Ethernet frames (layer 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// `IFF_TUN`: IP packets, no link-layer header.
-    Tun,
-    /// `IFF_TAP`: Ethernet frames.
-    Tap,
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Tun => "tun",
-            Mode::Tap => "tap",
-        })
-    }
-}
-
-/// A set of `TUNSETOFFLOAD` bits: what the kernel may hand us (and accept from us) as GSO super-packets.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Offloads(u32);
-
-bitflags::bitflags! {
-    impl Offloads: u32 {
-        /// Partial checksums (`NEEDS_CSUM`); required for every other offload.
-        const CSUM = tun_f::CSUM;
-        /// TCP segmentation offload over IPv4 (`VIRTIO_NET_HDR_GSO_TCPV4`).
-        const TSO4 = tun_f::TSO4;
-        /// TCP segmentation offload over IPv6 (`VIRTIO_NET_HDR_GSO_TCPV6`).
-        const TSO6 = tun_f::TSO6;
-        /// TSO frames with CWR set (`VIRTIO_NET_HDR_GSO_ECN`).
-        const TSO_ECN = tun_f::TSO_ECN;
-        /// UDP segmentation offload over IPv4 (Linux 6.2+); the kernel accepts USO4 and USO6 only together.
-        const USO4 = tun_f::USO4;
-        /// UDP segmentation offload over IPv6 (Linux 6.2+); see [`Offloads::USO4`].
-        const USO6 = tun_f::USO6;
-    }
-}
-
-impl Offloads {
-    /// No offload: every packet is read and written whole, with its checksums complete.
-    pub const NONE: Offloads = Offloads::empty();
-    /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
-    pub const TCP: Offloads = Offloads::CSUM.union(Offloads::TSO4).union(Offloads::TSO6);
-    /// Everything turbotun can split and coalesce.
-    pub const ALL: Offloads = Offloads::all();
-
-    /// The names `parse` accepts and `Display` writes, in kernel bit order. They are lower case, as the command
-    /// line takes them, so they are not the constants' names that `bitflags` knows.
-    const NAMES: [(Offloads, &'static str); 6] = [
-        (Offloads::CSUM, "csum"),
-        (Offloads::TSO4, "tso4"),
-        (Offloads::TSO6, "tso6"),
-        (Offloads::TSO_ECN, "tso_ecn"),
-        (Offloads::USO4, "uso4"),
-        (Offloads::USO6, "uso6"),
-    ];
-
-    /// Names of the bits set, in kernel order (`csum`, `tso4`, ...).
-    pub fn names(self) -> Vec<&'static str> {
-        Self::NAMES.iter().filter(|(bit, _)| self.contains(*bit)).map(|(_, n)| *n).collect()
-    }
-    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso` or `none`.
-    pub fn parse(list: &str) -> Result<Offloads> {
-        let mut out = Offloads::NONE;
-        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-            out |= match word {
-                "all" => Offloads::ALL,
-                "tcp" => Offloads::TCP,
-                "none" => Offloads::NONE,
-                "uso" => Offloads::USO4 | Offloads::USO6,
-                _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
-                    Some((bit, _)) => *bit,
-                    None => {
-                        return Err(Error::InvalidConfig(format!(
-                        "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
-                    )))
-                    }
-                },
-            };
-        }
-        Ok(out)
-    }
-}
-
-impl fmt::Display for Offloads {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_empty() {
-            return f.write_str("none");
-        }
-        f.write_str(&self.names().join(","))
-    }
-}
-
-impl fmt::Debug for Offloads {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Offloads({self})")
-    }
-}
+pub use crate::kind::{Mode, Offloads};
 
 /// What this kernel's tun driver supports, probed once per process ([`Capabilities::get`]).
 #[derive(Debug, Clone)]
@@ -741,6 +642,7 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::tun_f;
 
     /// An old kernel's TUNGETFEATURES (2.6.x: tun, tap, no_pi, one_queue, vnet_hdr) refuses what it lacks by name.
     #[test]

@@ -7,8 +7,8 @@
 use std::fs;
 use std::net::IpAddr;
 
-use crate::device::{Mode, Offloads};
 use crate::error::{Error, Result};
+use crate::kind::{Mode, Offloads};
 use crate::netlink::{LinkInfo, LinkStats, Netlink};
 use crate::sys::{self, iff};
 

@@ -36,6 +36,7 @@ pub mod device;
 pub mod error;
 pub mod forward;
 pub mod inspect;
+mod kind;
 pub mod netlink;
 pub mod netns;
 pub mod queue;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
-use crate::device::{Mode, Offloads};
 use crate::error::{queue_io_error, Error, Malformed, Result};
+use crate::kind::{Mode, Offloads};
 use crate::sys::{self, iff, Interest};
 
 /// Largest frame the tun driver hands over after the virtio header: a GSO super-packet of up to 65,535 bytes

@@ -15,7 +15,7 @@
 
 use turbotun_wire::Framing;
 
-use crate::device::Mode;
+use crate::kind::Mode;
 
 mod recv;
 mod send;

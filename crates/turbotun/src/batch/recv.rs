@@ -526,7 +526,7 @@ mod tests {
     use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
 
     use super::*;
-    use crate::device::{Mode, Offloads};
+    use crate::kind::{Mode, Offloads};
 
     /// A queue whose reads return what `feed` sends: a TUN queue with a virtio header and every offload.
     fn fake_queue() -> (Queue, UnixDatagram) {

@@ -12,8 +12,8 @@ use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Framing, VIRTIO_NET_HDR_LEN};
 
 use super::{framing, BATCH_SIZE};
-use crate::device::{Mode, Offloads};
 use crate::error::{Error, Result};
+use crate::kind::{Mode, Offloads};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::{Counters, DropReason, WhenFull};
 use crate::stop::StopHandle;
