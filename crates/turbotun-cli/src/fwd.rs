@@ -2,8 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use turbotun::forward::{ForwardMode, ForwardStats, ForwarderBuilder, IoKind, MAX_BATCH};
-use turbotun::Mode;
+use std::time::{Duration, Instant};
+
+use turbotun::forward::{ForwardMode, ForwardStats, ForwarderBuilder, IoKind, StatsHandle, MAX_BATCH};
+use turbotun::{Mode, ProcessUsage, StopHandle};
 
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -64,6 +66,10 @@ pub struct FwdArgs {
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = MAX_BATCH)]
     pub batch: usize,
+    /// Print a sample line every SECS seconds while forwarding: seconds since start, resident memory, open fds,
+    /// threads and the counters so far (one JSON object per line, before the final counters line).
+    #[arg(long, value_name = "SECS")]
+    pub stats_interval: Option<f64>,
 }
 
 pub fn run(args: &FwdArgs) -> Result<()> {
@@ -86,11 +92,38 @@ pub fn run(args: &FwdArgs) -> Result<()> {
         signal_hook::flag::register(sig, forwarder.stop_handle().as_flag().clone())
             .context("installing signal handlers")?;
     }
-    let (stats, mode, io) = (forwarder.stats(), forwarder.mode(), forwarder.io());
+    let (stats, mode, io, stop) = (forwarder.stats(), forwarder.mode(), forwarder.io(), forwarder.stop_handle());
     println!("ready");
+    let sampler = args.stats_interval.map(|secs| {
+        let (stats, stop) = (stats.clone(), stop.clone());
+        std::thread::spawn(move || print_samples(secs, &stats, &stop, mode, io))
+    });
     let result = forwarder.run();
+    if let Some(sampler) = sampler {
+        let _ = sampler.join();
+    }
     println!("{}", counters_line(mode, io, &stats.snapshot()));
     result.map(drop).map_err(anyhow::Error::from)
+}
+
+/// Every `secs` until the forwarder stops: one line with the time, the process's usage and the counters.
+fn print_samples(secs: f64, stats: &StatsHandle, stop: &StopHandle, mode: ForwardMode, io: IoKind) {
+    let every = Duration::from_secs_f64(secs.max(0.01));
+    let start = Instant::now();
+    let mut next = start + every;
+    while !stop.is_stopped() {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(20).min(next - Instant::now()));
+            continue;
+        }
+        next += every;
+        let mut line = counters_line(mode, io, &stats.snapshot());
+        line["t"] = start.elapsed().as_secs_f64().into();
+        if let Ok(usage) = ProcessUsage::now() {
+            line["usage"] = serde_json::to_value(usage).unwrap_or_default();
+        }
+        println!("{line}");
+    }
 }
 
 fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {

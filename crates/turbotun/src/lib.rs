@@ -56,7 +56,7 @@ pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
 pub use error::{validate_ifname, Error, Malformed, Result};
 pub use forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
 pub use queue::{Queue, QueueStats};
-pub use stats::{Counters, DropReason, Drops, WhenFull};
+pub use stats::{Counters, DropReason, Drops, ProcessUsage, WhenFull};
 pub use stop::StopHandle;
 /// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
 pub use sys::effective_capabilities;

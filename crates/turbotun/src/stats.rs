@@ -223,6 +223,39 @@ counters! {
     gro_fallbacks,
 }
 
+/// What this process holds right now: resident memory and open file descriptors (from `/proc/self`). Sampled
+/// over a long run, flat figures show that nothing leaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ProcessUsage {
+    /// Resident set size in KiB (`VmRSS`).
+    pub rss_kb: u64,
+    /// Highest resident set size so far in KiB (`VmHWM`).
+    pub peak_rss_kb: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// Threads.
+    pub threads: u64,
+}
+
+impl ProcessUsage {
+    /// Reads `/proc/self/status` and counts `/proc/self/fd`.
+    pub fn now() -> std::io::Result<ProcessUsage> {
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        // The directory handle used to list the fds is one of them.
+        let open_fds = std::fs::read_dir("/proc/self/fd")?.count().saturating_sub(1) as u64;
+        Ok(ProcessUsage { rss_kb: field("VmRSS:"), peak_rss_kb: field("VmHWM:"), open_fds, threads: field("Threads:") })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +280,15 @@ mod tests {
         assert_eq!(shared.snapshot(), a);
         assert_eq!(a.drops.total(), 8);
         assert_eq!(a.drops.faults(), 7);
+    }
+
+    #[test]
+    fn test_process_usage_reads_proc() {
+        let before = ProcessUsage::now().unwrap();
+        assert!(before.rss_kb > 0 && before.peak_rss_kb >= before.rss_kb && before.threads >= 1, "{before:?}");
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(ProcessUsage::now().unwrap().open_fds, before.open_fds + 1, "an fd opened is counted");
+        drop(file);
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! What the tests that run `turbotun fwd` as a process share: a forwarder between two private namespaces and
+//! data checks across it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use turbotun::netlink::Netlink;
+use turbotun::netns::{with_netns, with_private_netns};
+
+pub const A4: &str = "10.0.1.1";
+pub const B4: &str = "10.0.2.1";
+pub const A6: &str = "fd00:1::1";
+pub const B6: &str = "fd00:2::1";
+
+pub fn privileged(test: &str) -> bool {
+    match with_private_netns(|| ()) {
+        Ok(()) => true,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: needs root: {e}");
+            false
+        }
+    }
+}
+
+pub fn new_netns() -> OwnedFd {
+    with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
+        .expect("private netns")
+}
+
+pub fn ns_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// A running forwarder with its namespaces; killed and reaped on drop.
+pub struct Topology {
+    pub ns_a: OwnedFd,
+    pub ns_b: OwnedFd,
+    pub ns_fwd: OwnedFd,
+    pub dev_a: String,
+    pub dev_b: String,
+    pub child: Option<Child>,
+    pub stdout: Option<BufReader<ChildStdout>>,
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Topology {
+    pub fn start(mode: &str, tap: bool, extra: &[&str]) -> Topology {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let (dev_a, dev_b) = (format!("ttfa{n}"), format!("ttfb{n}"));
+        let (ns_a, ns_b, ns_fwd) = (new_netns(), new_netns(), new_netns());
+        let mut args = vec!["fwd".to_string(), dev_a.clone(), dev_b.clone(), "--mode".into(), mode.into()];
+        if tap {
+            args.push("--tap".into());
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut child = with_netns(&ns_path(&ns_fwd), || {
+            Command::new(env!("CARGO_BIN_EXE_turbotun"))
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn turbotun fwd")
+        })
+        .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "forwarder announces readiness");
+        let mut topo = Topology {
+            ns_a,
+            ns_b,
+            ns_fwd,
+            dev_a: dev_a.clone(),
+            dev_b: dev_b.clone(),
+            child: Some(child),
+            stdout: Some(stdout),
+        };
+
+        let mut nl = Netlink::in_netns(&ns_path(&topo.ns_fwd)).unwrap();
+        nl.move_to_netns(&dev_a, &ns_path(&topo.ns_a)).unwrap();
+        nl.move_to_netns(&dev_b, &ns_path(&topo.ns_b)).unwrap();
+        for (ns, dev, me4, peer4, me6, peer6) in
+            [(&topo.ns_a, &dev_a, A4, "10.0.2.0", A6, "fd00:2::"), (&topo.ns_b, &dev_b, B4, "10.0.1.0", B6, "fd00:1::")]
+        {
+            let mut nl = Netlink::in_netns(&ns_path(ns)).unwrap();
+            nl.add_address(dev, me4.parse().unwrap(), 24).unwrap();
+            nl.add_address(dev, me6.parse().unwrap(), 64).unwrap();
+            nl.set_up(dev, true).unwrap();
+            nl.add_route(peer4.parse().unwrap(), 24, dev).unwrap();
+            nl.add_route(peer6.parse().unwrap(), 64, dev).unwrap();
+        }
+        topo.wait_reachable();
+        topo
+    }
+
+    /// TAP needs ARP/ND to settle, and both directions need the devices up: retry a tiny TCP connect.
+    pub fn wait_reachable(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = self.in_b(|| TcpListener::bind((B4, 4999)).unwrap());
+        loop {
+            let ok = self.in_a(|| {
+                TcpStream::connect_timeout(&(B4.parse::<IpAddr>().unwrap(), 4999).into(), Duration::from_millis(500))
+                    .is_ok()
+            });
+            if ok {
+                let _ = listener.accept();
+                return;
+            }
+            assert!(Instant::now() < deadline, "B never became reachable through the forwarder");
+        }
+    }
+
+    pub fn in_a<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.ns_a), f).unwrap()
+    }
+    pub fn in_b<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.ns_b), f).unwrap()
+    }
+
+    /// The forwarder's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGTERM, then the counters line (the last line of its output); the forwarder must exit 0.
+    pub fn stop(mut self) -> serde_json::Value {
+        let mut child = self.child.take().unwrap();
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let mut rest = String::new();
+        self.stdout.take().unwrap().read_to_string(&mut rest).unwrap();
+        let exit = child.wait().unwrap();
+        assert!(exit.success(), "forwarder exits 0 after SIGTERM: {exit:?}");
+        let last = rest.trim().lines().last().unwrap_or_default();
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("counters JSON {last:?}: {e}"))
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
+    let port = 5001;
+    let listener = topo.in_b(|| TcpListener::bind((dst, port)).unwrap());
+    let data = pattern(len, len as u64);
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut got = Vec::with_capacity(len);
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let target: SocketAddr = (dst.parse::<IpAddr>().unwrap(), port).into();
+    let mut s = topo.in_a(|| TcpStream::connect_timeout(&target, Duration::from_secs(5)).unwrap());
+    s.write_all(&data).unwrap();
+    drop(s);
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), data.len(), "byte count over {dst}");
+    assert!(got == data, "byte stream over {dst} arrived altered");
+}
+
+/// Datagrams of many sizes in bursts; each burst is received before the next is sent, so no queue can overflow
+/// and every datagram must arrive complete and in order. With `uso`, each burst is one UDP GSO send of 40
+/// segments, which crosses the forwarder as a super-packet.
+/// `ordered` is false for several workers on one queue (`--threads`), which may reorder datagrams of a flow.
+/// The largest UDP super-packet the kernel hands a TAP device whole: the device's `gso_max_size` (65,536) counts
+/// the Ethernet header, so 65,494 bytes of payload (a 65,522-byte IP packet) make a 65,536-byte frame, one byte
+/// more than 65,535. It must arrive whole, never cut (segments of 1,400, the last one shorter).
+pub fn udp_largest_super_packet_intact(topo: &Topology, src: &str, dst: &str) {
+    let rx = topo.in_b(|| UdpSocket::bind((dst, 6002)).unwrap());
+    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
+    tx.connect((dst, 6002)).unwrap();
+    turbotun::socket::set_udp_segment(&tx, 1400).unwrap();
+    let mut buf = vec![0u8; 65536];
+    for send in 0..5u64 {
+        let data = pattern(65_494, 1000 + send);
+        tx.send(&data).unwrap();
+        for (k, want) in data.chunks(1400).enumerate() {
+            let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("send {send} segment {k}: {e}"));
+            assert_eq!(&buf[..n], want, "send {send} segment {k}");
+        }
+    }
+}
+
+pub fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool, ordered: bool) {
+    let port = 6001;
+    let rx = topo.in_b(|| UdpSocket::bind((dst, port)).unwrap());
+    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
+    tx.connect((dst, port)).unwrap();
+    let seg = 1200usize;
+    if uso {
+        turbotun::socket::set_udp_segment(&tx, seg as u16).unwrap();
+    }
+    let mut buf = vec![0u8; 65536];
+    let (bursts, per_burst) = if uso { (20u32, 40u32) } else { (50, 8) };
+    for burst in 0..bursts {
+        let mut expected = Vec::new();
+        let mut gso_send = Vec::new();
+        for k in 0..per_burst {
+            let i = burst * per_burst + k;
+            let size = if uso { seg } else { 4 + (i as usize * 37) % 1400 };
+            let mut d = pattern(size, u64::from(i));
+            d[..4].copy_from_slice(&i.to_be_bytes());
+            if uso {
+                gso_send.extend_from_slice(&d);
+            } else {
+                tx.send(&d).unwrap();
+            }
+            expected.push(d);
+        }
+        if uso {
+            tx.send(&gso_send).unwrap();
+        }
+        let mut got = Vec::with_capacity(expected.len());
+        for k in 0..expected.len() {
+            let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("burst {burst} datagram {k} over {dst}: {e}"));
+            got.push(buf[..n].to_vec());
+        }
+        if !ordered {
+            got.sort();
+            expected.sort();
+        }
+        for (k, (g, want)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, want, "burst {burst} datagram {k} over {dst} (uso {uso}, ordered {ordered})");
+        }
+    }
+}
