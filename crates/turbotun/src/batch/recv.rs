@@ -368,7 +368,9 @@ impl RecvBatch {
         if len > layout.capacity(first_buf, self.scratch.len()) {
             return Ok(self.drop_frame(queue, DropReason::TooBig, format!("a {len}-byte frame")));
         }
+        // A queue without a virtio header reads plain packets: nothing to parse, no offload to undo.
         let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
+            _ if vlen == 0 => VirtioNetHdrRepr::default(),
             Ok(hdr) => hdr,
             Err(e) => return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::VirtioHeader(e).to_string())),
         };
