@@ -11,6 +11,7 @@ have ethtool  || need+=(ethtool)
 have setpriv  || need+=(util-linux)
 have perf     || need+=(linux-perf)
 have ping     || need+=(iputils-ping)
+have arping   || need+=(arping)
 have sysctl   || need+=(procps)
 # PNG charts render their text with DejaVu Sans (SVG charts need no font).
 [[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)

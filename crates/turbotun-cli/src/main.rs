@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod echo_cmd;
 mod fwd;
 mod inspect_cmd;
 
@@ -26,6 +27,8 @@ enum Command {
     Delete(inspect_cmd::DeleteArgs),
     /// Forward packets between two devices (created if missing) until SIGINT/SIGTERM.
     Fwd(fwd::FwdArgs),
+    /// Answer what the kernel sends into a device (ARP, ND, ping, UDP; never TCP) until SIGINT/SIGTERM.
+    Echo(echo_cmd::EchoArgs),
     /// Benchmark forwarders between two network namespaces with iperf3.
     Bench(bench::BenchArgs),
 }
@@ -47,6 +50,7 @@ fn main() -> std::process::ExitCode {
         Command::Create(args) => inspect_cmd::create(&args),
         Command::Delete(args) => inspect_cmd::delete(&args),
         Command::Fwd(args) => fwd::run(&args),
+        Command::Echo(args) => echo_cmd::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

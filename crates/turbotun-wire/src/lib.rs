@@ -16,6 +16,8 @@
 //!
 //! # Supported
 //!
+//! * Header views: Ethernet (with VLAN tags), ARP, IPv4, IPv6, TCP, UDP, ICMP, ICMPv6 (with neighbour
+//!   discovery).
 //! * virtio_net_hdr of 10, 12 (v1, `num_buffers`) and 20 bytes (hash report), little-endian.
 //! * Framing: raw IP ([`Framing::Ip`], TUN with `IFF_NO_PI`) and Ethernet with up to two 802.1Q/802.1ad tags
 //!   ([`Framing::Ethernet`], TAP).
@@ -34,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arp;
 mod bytes;
 pub mod checksum;
 mod error;
@@ -43,6 +46,8 @@ pub mod ethernet;
 pub mod fuzzing;
 pub mod gro;
 pub mod gso;
+pub mod icmp;
+pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
 mod small_copy;

@@ -4,6 +4,7 @@
 //!   `IFF_MULTI_QUEUE`, `IFF_NAPI`, persist/owner/group) and reports what the kernel granted.
 //! - [`Queue`] is one fd: blocking or non-blocking single-packet and raw I/O.
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
+//! - [`echo::Echo`] answers what the kernel sends into a device (ARP, ND, ICMP and ICMPv6 echo, UDP).
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
@@ -33,6 +34,7 @@
 
 pub mod batch;
 pub mod device;
+pub mod echo;
 pub mod error;
 pub mod forward;
 pub mod inspect;

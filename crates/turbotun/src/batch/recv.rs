@@ -8,7 +8,7 @@
 use std::os::fd::AsFd;
 
 use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
-use turbotun_wire::virtio_net::{flags, VirtioNetHdrRepr};
+use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::Framing;
 
 use super::{framing, MAX_SEGMENTS};
@@ -84,6 +84,11 @@ pub struct RecvBatch {
     /// Header length and gso_size of the last super-packet: the next read is scattered so that, if they hold,
     /// each segment's payload lands in its own buffer right behind room for its header (zero-copy split).
     predicted: Option<(usize, usize)>,
+    /// Hand UDP super-packets over whole, each packet with its virtio header in front (see
+    /// [`RecvBatch::keep_udp_super_packets`]).
+    whole_udp: bool,
+    /// Whether the last frame was handed over whole: it ends the batch, like a split super-packet.
+    last_whole: bool,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -107,7 +112,24 @@ impl RecvBatch {
             skip_further: 0,
             next_skip: 1,
             predicted: None,
+            whole_udp: false,
+            last_whole: false,
         }
+    }
+
+    /// Hands UDP super-packets (`GSO_UDP_L4`) over whole instead of splitting them, for an application that
+    /// answers or forwards a datagram burst as it came (an echo swaps the outer headers and writes it back; the
+    /// pseudo-header checksum seed does not depend on the order of the addresses). Such a packet lands in the
+    /// first buffer at `offset` (which must hold `offset + 65535` bytes) and ends the batch.
+    ///
+    /// With this on, every packet handed over has its virtio header in the `vnet_hdr_len` bytes in front of it
+    /// (`offset` must leave room for them): the header as read for a whole super-packet (`gso_type`,
+    /// `gso_size`, `NEEDS_CSUM` and the checksum offsets, to be written back with it), a zeroed one for every
+    /// other packet (their checksums completed as usual). TCP super-packets are still split. Without a virtio
+    /// header this changes nothing.
+    pub fn keep_udp_super_packets(mut self, on: bool) -> Self {
+        self.whole_udp = on && self.vnet_hdr_len > 0;
+        self
     }
 
     /// What this receive half has read (reads, super-packets, segments, zero-copy splits, drops by reason).
@@ -187,6 +209,9 @@ impl RecvBatch {
                     total.packets += r.packets;
                     total.checksums_valid &= r.checksums_valid;
                     total.pending = r.pending;
+                    if self.last_whole {
+                        break;
+                    }
                     // A batch ends with a super-packet: its segments coalesce back into the buffer it started in,
                     // so the only buffer that grows to 64 KiB is the one at the batch's start, instead of heads
                     // wandering over every buffer (each would end up resident) as reads straddle batches.
@@ -227,6 +252,31 @@ impl RecvBatch {
         if first <= offset {
             return Err(Error::BufferTooSmall { have: first, need: offset + 1 });
         }
+        self.last_whole = false;
+        if self.whole_udp && offset < self.vnet_hdr_len {
+            return Err(Error::InvalidConfig(format!(
+                "offset {offset} leaves no room for the {}-byte virtio header in front of each packet",
+                self.vnet_hdr_len
+            )));
+        }
+        let received = self.recv_frame(queue, bufs, lens, offset, nowait)?;
+        if self.whole_udp && !self.last_whole {
+            for buf in bufs[..received.packets].iter_mut() {
+                buf.as_mut()[offset - self.vnet_hdr_len..offset].fill(0);
+            }
+        }
+        Ok(received)
+    }
+
+    /// [`Self::recv_one`] after its checks: the packets of one frame, or the pending segments of the last.
+    fn recv_frame<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        nowait: bool,
+    ) -> Result<Received> {
         if self.pending.is_some() {
             return self.split_pending(queue, bufs, lens, offset);
         }
@@ -235,6 +285,12 @@ impl RecvBatch {
             let Some((hdr, len)) = self.read_frame(queue, bufs, offset, nowait, layout)? else {
                 continue;
             };
+            if self.whole_udp && hdr.gso_kind() == gso::UDP_L4 {
+                match self.deliver_super_packet(queue, &hdr, len, layout, bufs, lens, offset) {
+                    Some(received) => return Ok(received),
+                    None => continue,
+                }
+            }
             let in_place = match layout {
                 Layout::Direct => Some(self.deliver_whole(&hdr, &mut bufs[0].as_mut()[offset..offset + len], lens)),
                 Layout::Scattered { h, g, k } => self.split_scattered(&hdr, len, bufs, lens, offset, (h, g, k)),
@@ -312,7 +368,9 @@ impl RecvBatch {
         if len > layout.capacity(first_buf, self.scratch.len()) {
             return Ok(self.drop_frame(queue, DropReason::TooBig, format!("a {len}-byte frame")));
         }
+        // A queue without a virtio header reads plain packets: nothing to parse, no offload to undo.
         let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
+            _ if vlen == 0 => VirtioNetHdrRepr::default(),
             Ok(hdr) => hdr,
             // A queue without a virtio header: a plain packet, nothing to complete or split.
             Err(_) if vlen == 0 => VirtioNetHdrRepr::default(),
@@ -328,6 +386,41 @@ impl RecvBatch {
         tracing::debug!("{}: dropping a frame ({reason}): {what}", queue.name());
         self.stats.drops.add(reason, 1);
         None
+    }
+
+    /// Hands a super-packet over whole (see [`Self::keep_udp_super_packets`]): moved into the first buffer if the
+    /// read put it elsewhere, its virtio header written in front of it. `None` if it was dropped (counted).
+    #[allow(clippy::too_many_arguments)]
+    fn deliver_super_packet<B: AsMut<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        hdr: &VirtioNetHdrRepr,
+        len: usize,
+        layout: Layout,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Option<Received> {
+        match layout {
+            Layout::Direct => {}
+            Layout::Scratch | Layout::Scattered { .. } => {
+                if let Layout::Scattered { h, g, k } = layout {
+                    self.reassemble(bufs, offset, (h, g, k), len);
+                }
+                let first = bufs[0].as_mut();
+                if first.len() < offset + len {
+                    let what = format!("a {len}-byte super-packet for a {}-byte buffer", first.len() - offset);
+                    return self.drop_frame(queue, DropReason::TooBig, what);
+                }
+                first[offset..offset + len].copy_from_slice(&self.scratch[..len]);
+            }
+        }
+        hdr.emit(&mut bufs[0].as_mut()[offset - self.vnet_hdr_len..offset]);
+        lens[0] = len;
+        self.stats.segments += 1;
+        self.last_whole = true;
+        // Its checksum is the partial one the header describes, to be completed by whoever takes the write.
+        Some(Received { packets: 1, pending: 0, checksums_valid: true })
     }
 
     /// The frame sits scattered as [`Layout::Scattered`] put it. If it is the predicted super-packet, each
