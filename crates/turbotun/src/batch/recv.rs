@@ -372,8 +372,6 @@ impl RecvBatch {
         let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
             _ if vlen == 0 => VirtioNetHdrRepr::default(),
             Ok(hdr) => hdr,
-            // A queue without a virtio header: a plain packet, nothing to complete or split.
-            Err(_) if vlen == 0 => VirtioNetHdrRepr::default(),
             Err(e) => return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::VirtioHeader(e).to_string())),
         };
         if hdr.is_gso() {
