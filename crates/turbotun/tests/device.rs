@@ -325,7 +325,8 @@ fn error_tun_vs_tap_mismatch() {
         let name = unique_name("tx");
         let _tun = DeviceBuilder::tun().name(&name).open().unwrap();
         let err = DeviceBuilder::tap().name(&name).open().unwrap_err();
-        assert!(matches!(err, Error::FlagsMismatch { .. }), "{err}");
+        assert!(matches!(err, Error::FramingMismatch { .. }), "{err}");
+        assert!(err.to_string().contains("it is a tun device, this open asks for tap"), "{err}");
     });
 }
 
