@@ -153,13 +153,12 @@ pub enum Error {
     },
 
     /// A forwarding worker stopped with an error.
-    #[error("{worker}: {source}")]
+    #[error("{worker}: {error}")]
     Worker {
         /// Which worker (its queues and direction).
         worker: String,
         /// What ended it.
-        #[source]
-        source: Box<Error>,
+        error: Box<Error>,
     },
 
     /// A forwarding worker panicked.
@@ -257,7 +256,7 @@ impl Error {
             | Error::FlagsMismatch { source, .. }
             | Error::Netlink { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
-            Error::Worker { source, .. } => source.raw_os_error(),
+            Error::Worker { error, .. } => error.raw_os_error(),
             _ => None,
         }
     }
@@ -270,7 +269,7 @@ impl Error {
     pub fn is_device_gone(&self) -> bool {
         match self {
             Error::DeviceGone { .. } => true,
-            Error::Worker { source, .. } => source.is_device_gone(),
+            Error::Worker { error, .. } => error.is_device_gone(),
             _ => false,
         }
     }

@@ -49,7 +49,7 @@ pub(super) fn supervise(stop: &StopHandle, done_rx: &mpsc::Receiver<Done>) -> Op
 fn worker_error(label: String, e: Error) -> Error {
     match e {
         e @ Error::WorkerPanicked { .. } => e,
-        e => Error::Worker { worker: label, source: Box::new(e) },
+        e => Error::Worker { worker: label, error: Box::new(e) },
     }
 }
 
