@@ -1,11 +1,17 @@
 //! `turbotun fwd`: the library's forwarding engine between two devices, until SIGINT/SIGTERM.
 
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use turbotun::forward::{ForwardMode, ForwardStats, ForwarderBuilder, IoKind, StatsHandle, MAX_BATCH};
-use turbotun::{Mode, ProcessUsage, StopHandle};
+use turbotun::forward::{ForwardMode, ForwardStats, Forwarder, ForwarderBuilder, IoKind, StatsHandle, MAX_BATCH};
+use turbotun::privilege::{drop_to, Identity, UserSpec};
+use turbotun::{Mode, ProcessUsage, Queue, StopHandle};
 
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -37,9 +43,23 @@ pub enum FwdIo {
 #[derive(Debug, Args)]
 pub struct FwdArgs {
     /// First device (created if missing).
-    pub dev_a: String,
+    #[arg(required_unless_present = "from_socket")]
+    pub dev_a: Option<String>,
     /// Second device (created if missing).
-    pub dev_b: String,
+    #[arg(required_unless_present = "from_socket")]
+    pub dev_b: Option<String>,
+    /// Become this user (name or uid) once the devices are open and configured, before forwarding starts:
+    /// supplementary groups, gid and uid (real, effective, saved) set, every capability cleared, no_new_privs.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// The group to become with --user (name or gid; default: the user's primary group).
+    #[arg(long, requires = "user")]
+    pub group: Option<String>,
+    /// Open no device: listen on this Unix socket path (which must not exist; put it in a private directory),
+    /// take the queues of two devices from two `turbotun open NAME --send-to PATH`, the first received as A,
+    /// and forward between them. Needs no privilege.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["dev_a", "dev_b", "tap"])]
+    pub from_socket: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = FwdMode::Offload)]
     pub mode: FwdMode,
     /// Workers per direction sharing each queue.
@@ -74,23 +94,35 @@ pub struct FwdArgs {
 
 pub fn run(args: &FwdArgs) -> Result<()> {
     let builder = forwarder_builder(args)?;
-    if args.dev_a == args.dev_b {
-        bail!("the two devices must differ (both are {})", args.dev_a);
-    }
-    // Options are checked before any device is created.
-    builder.validate(args.queues)?;
-    let mode = if args.tap { Mode::Tap } else { Mode::Tun };
-    let open = |name: &str| {
-        builder.device(mode).name(name).queues(args.queues).open().with_context(|| format!("opening {name}"))
+    // The user is looked up before any device is opened, so that a typo leaves nothing behind.
+    let identity = match &args.user {
+        Some(user) => {
+            let spec = UserSpec::new(user.as_str());
+            let spec = match &args.group {
+                Some(group) => spec.group(group.as_str()),
+                None => spec,
+            };
+            Some(spec.resolve().context("--user")?)
+        }
+        None => None,
     };
-    let (a, b) = (open(&args.dev_a)?, open(&args.dev_b)?);
-    let forwarder = builder.build(a, b)?;
+    let forwarder = match &args.from_socket {
+        Some(path) => {
+            builder.validate(1)?;
+            let (a, b) = receive_two_devices(path)?;
+            builder.build_queues(a, b)?
+        }
+        None => open_and_build(builder, args)?,
+    };
     for note in forwarder.notes() {
         eprintln!("turbotun fwd: {note}");
     }
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, forwarder.stop_handle().as_flag().clone())
             .context("installing signal handlers")?;
+    }
+    if let Some(identity) = &identity {
+        drop_privileges(&forwarder, identity)?;
     }
     let (stats, mode, io, stop) = (forwarder.stats(), forwarder.mode(), forwarder.io(), forwarder.stop_handle());
     println!("ready");
@@ -126,12 +158,105 @@ fn print_samples(secs: f64, stats: &StatsHandle, stop: &StopHandle, mode: Forwar
     }
 }
 
-fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
-    let mode = match args.mode {
-        FwdMode::Plain => ForwardMode::Plain,
-        FwdMode::Offload => ForwardMode::Offload,
-        FwdMode::Passthrough => ForwardMode::Passthrough,
+fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<Forwarder> {
+    let (Some(dev_a), Some(dev_b)) = (&args.dev_a, &args.dev_b) else {
+        bail!("give two devices, or --from-socket PATH");
     };
+    if dev_a == dev_b {
+        bail!("the two devices must differ (both are {dev_a})");
+    }
+    // Options are checked before any device is created.
+    builder.validate(args.queues)?;
+    let mode = if args.tap { Mode::Tap } else { Mode::Tun };
+    let open = |name: &str| {
+        builder.device(mode).name(name).queues(args.queues).open().with_context(|| format!("opening {name}"))
+    };
+    let (a, b) = (open(dev_a)?, open(dev_b)?);
+    // build() attaches the steering program (CAP_BPF), so it runs before any privilege is dropped.
+    Ok(builder.build(a, b)?)
+}
+
+/// Everything that needs a privilege is done by now (devices, steering program); the GRO write probe needs a
+/// private namespace, so it runs here (it is cached for the process), then the process becomes `identity`.
+fn drop_privileges(forwarder: &Forwarder, identity: &Identity) -> Result<()> {
+    if forwarder.mode() == ForwardMode::Offload {
+        turbotun::batch::gro_write_support();
+    }
+    drop_to(identity).with_context(|| format!("--user {}", identity.name))?;
+    eprintln!("turbotun fwd: running as {identity}, no capabilities, no_new_privs");
+    Ok(())
+}
+
+/// How long a connected `turbotun open` may take to send its message.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Removes the socket this process created, however `fwd` ends.
+struct RemoveOnDrop<'a>(&'a Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+/// Listens on `path` and takes the queues of two devices, one connection each, in the order they come.
+fn receive_two_devices(path: &Path) -> Result<(Vec<Queue>, Vec<Queue>)> {
+    if path.symlink_metadata().is_ok() {
+        bail!(
+            "{} exists: give --from-socket a path that does not, in a directory only you can write to (turbotun \
+             never replaces a file it did not create)",
+            path.display()
+        );
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+    let _remove = RemoveOnDrop(path);
+    eprintln!("turbotun fwd: waiting for the queues of two devices on {}", path.display());
+    let mut sides = Vec::with_capacity(2);
+    while sides.len() < 2 {
+        let (stream, _) = listener.accept().with_context(|| format!("accepting on {}", path.display()))?;
+        stream.set_read_timeout(Some(HANDOVER_TIMEOUT)).context("setting a receive timeout")?;
+        match turbotun::handover::recv_queues_with_header(&stream) {
+            Ok((header, queues)) => {
+                reply(&stream, "ok");
+                eprintln!(
+                    "turbotun fwd: received {} queue(s) of {} ({}, {}-byte virtio header, offloads {})",
+                    queues.len(),
+                    header.name,
+                    header.mode,
+                    header.vnet_hdr_len,
+                    queues[0].offloads()
+                );
+                sides.push(queues);
+            }
+            Err(e) => {
+                reply(&stream, &format!("error: {e}"));
+                return Err(anyhow::Error::from(e).context(format!("receiving queues on {}", path.display())));
+            }
+        }
+    }
+    let b = sides.pop().unwrap_or_default();
+    let a = sides.pop().unwrap_or_default();
+    Ok((a, b))
+}
+
+/// One line back to `turbotun open`, so that it can say whether the hand-over was taken.
+fn reply(mut stream: &UnixStream, line: &str) {
+    let _ = writeln!(stream, "{}", line.replace('\n', " "));
+}
+
+impl FwdMode {
+    /// The library's mode of that name.
+    pub fn forward_mode(self) -> ForwardMode {
+        match self {
+            FwdMode::Plain => ForwardMode::Plain,
+            FwdMode::Offload => ForwardMode::Offload,
+            FwdMode::Passthrough => ForwardMode::Passthrough,
+        }
+    }
+}
+
+fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
+    let mode = args.mode.forward_mode();
     let io = match (args.io, args.async_io) {
         (Some(FwdIo::Tokio) | None, true) => Some(IoKind::Tokio),
         (Some(_), true) => bail!("--io and --async don't fit together: --async is --io tokio"),

@@ -7,6 +7,7 @@ mod bench;
 mod echo_cmd;
 mod fwd;
 mod inspect_cmd;
+mod open;
 
 #[derive(Debug, Parser)]
 #[command(name = "turbotun", version, about = "Fast Linux TUN/TAP dataplane: inspect, create, forward, benchmark")]
@@ -29,6 +30,8 @@ enum Command {
     Fwd(fwd::FwdArgs),
     /// Answer what the kernel sends into a device (ARP, ND, ping, UDP; never TCP) until SIGINT/SIGTERM.
     Echo(echo_cmd::EchoArgs),
+    /// Open a device as root and hand its queues to `turbotun fwd --from-socket` over a Unix socket.
+    Open(open::OpenArgs),
     /// Benchmark forwarders between two network namespaces with iperf3.
     Bench(bench::BenchArgs),
 }
@@ -51,6 +54,7 @@ fn main() -> std::process::ExitCode {
         Command::Delete(args) => inspect_cmd::delete(&args),
         Command::Fwd(args) => fwd::run(&args),
         Command::Echo(args) => echo_cmd::run(&args),
+        Command::Open(args) => open::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -1,0 +1,418 @@
+//! Deploying without privileges: `turbotun fwd --user` (devices opened as root, then every privilege dropped)
+//! and `turbotun open --send-to` + `turbotun fwd --from-socket` (queues handed to a forwarder that never had a
+//! privilege). Each carries TCP and UDP between two namespaces, compared byte for byte, while the test reads the
+//! forwarder's identity from `/proc`.
+//!
+//! Every namespace here is private (never named in /run/netns) and vanishes with its devices when the test ends;
+//! the socket lives in a private temporary directory removed at the end.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use turbotun::netlink::Netlink;
+use turbotun::netns::{with_netns, with_private_netns};
+use turbotun::privilege::ThreadStatus;
+
+const A4: &str = "10.0.1.1";
+const B4: &str = "10.0.2.1";
+const A6: &str = "fd00:1::1";
+const B6: &str = "fd00:2::1";
+const NOBODY: u32 = 65534;
+
+fn privileged(test: &str) -> bool {
+    match with_private_netns(|| ()) {
+        Ok(()) => true,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: needs root: {e}");
+            false
+        }
+    }
+}
+
+fn new_netns() -> OwnedFd {
+    with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
+        .expect("private netns")
+}
+
+fn ns_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn turbotun() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_turbotun"))
+}
+
+/// A forwarder process between devices `dev_a` and `dev_b`, which it holds in `ns_fwd`; killed and reaped on drop.
+struct Topology {
+    ns_a: OwnedFd,
+    ns_b: OwnedFd,
+    ns_fwd: OwnedFd,
+    child: Option<Child>,
+    stdout: Option<BufReader<ChildStdout>>,
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Topology {
+    fn new() -> Topology {
+        Topology { ns_a: new_netns(), ns_b: new_netns(), ns_fwd: new_netns(), child: None, stdout: None }
+    }
+
+    /// Starts `cmd` (a `turbotun fwd`) inside the forwarder's namespace.
+    fn spawn(&mut self, mut cmd: Command) {
+        let child = with_netns(&ns_path(&self.ns_fwd), || {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn turbotun fwd")
+        })
+        .unwrap();
+        self.child = Some(child);
+    }
+
+    /// Waits for `ready`, then moves the devices into A and B and configures them.
+    fn connect(&mut self, dev_a: &str, dev_b: &str) {
+        let mut stdout = BufReader::new(self.child.as_mut().unwrap().stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "forwarder announces readiness");
+        self.stdout = Some(stdout);
+        let mut nl = Netlink::in_netns(&ns_path(&self.ns_fwd)).unwrap();
+        nl.move_to_netns(dev_a, &ns_path(&self.ns_a)).unwrap();
+        nl.move_to_netns(dev_b, &ns_path(&self.ns_b)).unwrap();
+        for (ns, dev, me4, peer4, me6, peer6) in
+            [(&self.ns_a, dev_a, A4, "10.0.2.0", A6, "fd00:2::"), (&self.ns_b, dev_b, B4, "10.0.1.0", B6, "fd00:1::")]
+        {
+            let mut nl = Netlink::in_netns(&ns_path(ns)).unwrap();
+            nl.add_address(dev, me4.parse().unwrap(), 24).unwrap();
+            nl.add_address(dev, me6.parse().unwrap(), 64).unwrap();
+            nl.set_up(dev, true).unwrap();
+            nl.add_route(peer4.parse().unwrap(), 24, dev).unwrap();
+            nl.add_route(peer6.parse().unwrap(), 64, dev).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = self.in_b(|| TcpListener::bind((B4, 4999)).unwrap());
+        loop {
+            let target: SocketAddr = (B4.parse::<IpAddr>().unwrap(), 4999).into();
+            if self.in_a(|| TcpStream::connect_timeout(&target, Duration::from_millis(500)).is_ok()) {
+                let _ = listener.accept();
+                return;
+            }
+            assert!(Instant::now() < deadline, "B never became reachable through the forwarder");
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn in_a<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.ns_a), f).unwrap()
+    }
+    fn in_b<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.ns_b), f).unwrap()
+    }
+
+    /// The status of the process and of each of its threads, as `/proc` shows them.
+    fn statuses(&self) -> Vec<(String, ThreadStatus)> {
+        let pid = self.pid();
+        let mut out = vec![(format!("/proc/{pid}/status"), ThreadStatus::read(format!("/proc/{pid}/status")).unwrap())];
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let path = task.unwrap().path().join("status");
+            // A thread may end between the listing and the read.
+            if let Ok(status) = ThreadStatus::read(&path) {
+                out.push((path.display().to_string(), status));
+            }
+        }
+        out
+    }
+
+    /// SIGTERM, then the counters line; the forwarder must exit 0.
+    fn stop(mut self) -> serde_json::Value {
+        let mut child = self.child.take().unwrap();
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let mut rest = String::new();
+        self.stdout.take().unwrap().read_to_string(&mut rest).unwrap();
+        let exit = child.wait().unwrap();
+        assert!(exit.success(), "forwarder exits 0 after SIGTERM: {exit:?}");
+        serde_json::from_str(rest.trim()).unwrap_or_else(|e| panic!("counters JSON {rest:?}: {e}"))
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sends `len` bytes from A to `dst` in B over TCP; while they flow, `during` runs (on the test's thread).
+fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize, during: impl FnOnce()) {
+    let port = 5001;
+    let listener = topo.in_b(|| TcpListener::bind((dst, port)).unwrap());
+    let data = pattern(len, len as u64);
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut got = Vec::with_capacity(len);
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let target: SocketAddr = (dst.parse::<IpAddr>().unwrap(), port).into();
+    let mut s = topo.in_a(|| TcpStream::connect_timeout(&target, Duration::from_secs(5)).unwrap());
+    let sender = {
+        let data = data.clone();
+        std::thread::spawn(move || {
+            s.write_all(&data).unwrap();
+        })
+    };
+    during();
+    sender.join().unwrap();
+    let got = receiver.join().unwrap();
+    assert_eq!(got.len(), data.len(), "byte count over {dst}");
+    assert!(got == data, "byte stream over {dst} arrived altered");
+}
+
+/// Bursts of datagrams of many sizes (or, with `uso`, UDP GSO sends of 40 segments that cross as
+/// super-packets); each burst is received before the next is sent, so every datagram must arrive, in order.
+fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool) {
+    let port = 6001;
+    let rx = topo.in_b(|| UdpSocket::bind((dst, port)).unwrap());
+    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
+    tx.connect((dst, port)).unwrap();
+    let seg = 1200usize;
+    if uso {
+        turbotun::socket::set_udp_segment(&tx, seg as u16).unwrap();
+    }
+    let mut buf = vec![0u8; 65536];
+    let (bursts, per_burst) = if uso { (10u32, 40u32) } else { (30, 8) };
+    for burst in 0..bursts {
+        let mut expected = Vec::new();
+        let mut gso_send = Vec::new();
+        for k in 0..per_burst {
+            let i = burst * per_burst + k;
+            let size = if uso { seg } else { 4 + (i as usize * 37) % 1400 };
+            let mut d = pattern(size, u64::from(i));
+            d[..4].copy_from_slice(&i.to_be_bytes());
+            if uso {
+                gso_send.extend_from_slice(&d);
+            } else {
+                tx.send(&d).unwrap();
+            }
+            expected.push(d);
+        }
+        if uso {
+            tx.send(&gso_send).unwrap();
+        }
+        for (k, want) in expected.iter().enumerate() {
+            let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("burst {burst} datagram {k} over {dst}: {e}"));
+            assert_eq!(&buf[..n], &want[..], "burst {burst} datagram {k} over {dst} (uso {uso})");
+        }
+    }
+}
+
+/// The checks every deployment must pass, with the forwarder's identity read while TCP flows.
+fn carry_traffic_and_check_identity(topo: &Topology, check: impl Fn(&str, &ThreadStatus)) {
+    let mut seen_threads = 0;
+    tcp_stream_intact(topo, B4, 16 << 20, || {
+        // The workers run by now (B was reachable through them): the process and every thread.
+        let statuses = topo.statuses();
+        seen_threads = statuses.len() - 1;
+        for (path, status) in &statuses {
+            check(path, status);
+        }
+        eprintln!("while forwarding: {:?}", statuses[0].1);
+    });
+    assert!(seen_threads >= 3, "the main thread and a worker per direction were checked ({seen_threads})");
+    tcp_stream_intact(topo, B6, 8 << 20, || {});
+    udp_datagrams_intact(topo, A4, B4, false);
+    udp_datagrams_intact(topo, A6, B6, false);
+    udp_datagrams_intact(topo, A4, B4, true);
+}
+
+fn check_counters(counters: &serde_json::Value, mode: &str) {
+    assert_eq!(counters["mode"], mode, "{counters}");
+    assert!(counters["bytes"].as_u64().unwrap() >= 24 << 20, "{counters}");
+    assert_eq!(counters["errors"], 0, "{counters}");
+    assert_eq!(counters["malformed"].as_u64().unwrap_or(0), 0, "{counters}");
+}
+
+/// `fwd --user nobody`: the devices are opened as root, then the process is nobody with no capability in any
+/// set and no_new_privs, in every thread, while it forwards TCP and UDP (offload mode: split and coalesce; and
+/// plain mode over io_uring, whose rings are set up after the drop).
+#[test]
+fn fwd_user_nobody_drops_every_privilege() {
+    if !privileged("fwd_user_nobody_drops_every_privilege") {
+        return;
+    }
+    for (mode, extra, devs) in
+        [("offload", &[][..], ("ttua0", "ttub0")), ("plain", &["--io", "uring"][..], ("ttua1", "ttub1"))]
+    {
+        let mut topo = Topology::new();
+        let mut cmd = turbotun();
+        cmd.args(["fwd", devs.0, devs.1, "--mode", mode, "--user", "nobody"]).args(extra);
+        topo.spawn(cmd);
+        topo.connect(devs.0, devs.1);
+        carry_traffic_and_check_identity(&topo, |path, status| {
+            assert!(status.is_dropped_to(NOBODY, NOBODY), "{mode}: {path}: {status:?}");
+            assert_eq!(status.groups, [NOBODY], "{mode}: {path}: only nobody's group is left");
+        });
+        check_counters(&topo.stop(), mode);
+    }
+}
+
+/// A user or group that does not exist is named in the error, and no device is left (none is created).
+#[test]
+fn fwd_unknown_user_fails_before_opening_anything() {
+    if !privileged("fwd_unknown_user_fails_before_opening_anything") {
+        return;
+    }
+    let ns = new_netns();
+    for (args, why) in [
+        (&["--user", "no-such-user-tt"][..], "no user named \"no-such-user-tt\""),
+        (&["--user", "nobody", "--group", "no-such-group-tt"], "no group named \"no-such-group-tt\""),
+        (&["--user", "root"], "keeps root's"),
+    ] {
+        let out = with_netns(&ns_path(&ns), || turbotun().args(["fwd", "ttbad0", "ttbad1"]).args(args).output())
+            .unwrap()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{args:?}: {err}");
+        let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
+        assert!(links.iter().all(|l| !l.name.starts_with("ttbad")), "no device left behind: {links:?}");
+    }
+}
+
+/// A private directory the unprivileged forwarder may create its socket in; removed with everything in it.
+fn socket_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("turbotun-handover-").tempdir().unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    dir
+}
+
+/// `turbotun open NAME --send-to PATH` in the forwarder's namespace, as root; must succeed.
+fn open_and_send(topo: &Topology, name: &str, mode: &str, socket: &Path) {
+    let out = with_netns(&ns_path(&topo.ns_fwd), || {
+        turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(socket).output().unwrap()
+    })
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "open {name}: {out:?}");
+    assert!(stdout.contains(&format!("handed {name}")), "{stdout}");
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while path.symlink_metadata().is_err() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Two `turbotun open` (root) hand their queues to `turbotun fwd --from-socket` running as uid 65534 from the
+/// start, with no capability: it forwards TCP and UDP between two namespaces.
+#[test]
+fn handover_to_an_unprivileged_forwarder() {
+    if !privileged("handover_to_an_unprivileged_forwarder") {
+        return;
+    }
+    for (mode, devs) in [("offload", ("ttha0", "tthb0")), ("passthrough", ("ttha1", "tthb1"))] {
+        let dir = socket_dir();
+        let socket = dir.path().join("queues.sock");
+        let mut topo = Topology::new();
+        let mut cmd = turbotun();
+        cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&socket).uid(NOBODY).gid(NOBODY);
+        topo.spawn(cmd);
+        wait_for(&socket);
+        open_and_send(&topo, devs.0, mode, &socket);
+        open_and_send(&topo, devs.1, mode, &socket);
+        topo.connect(devs.0, devs.1);
+        assert!(socket.symlink_metadata().is_err(), "the forwarder removed its socket once it had both devices");
+        carry_traffic_and_check_identity(&topo, |path, status| {
+            assert_eq!(status.uids, [NOBODY; 4], "{path}: {status:?}");
+            assert_eq!(status.gids, [NOBODY; 4], "{path}: {status:?}");
+            assert!(status.groups.is_empty(), "{path}: {status:?}");
+            assert_eq!((status.cap_eff, status.cap_prm, status.cap_amb), (0, 0, 0), "{path}: {status:?}");
+        });
+        check_counters(&topo.stop(), mode);
+    }
+}
+
+/// What the hand-over refuses, each with an error that says what to do.
+#[test]
+fn handover_refusals() {
+    if !privileged("handover_refusals") {
+        return;
+    }
+    let dir = socket_dir();
+    let ns = new_netns();
+    // `open` with nobody listening: a clear error, and no device is created.
+    let missing = dir.path().join("nobody-listens.sock");
+    let out = with_netns(&ns_path(&ns), || turbotun().args(["open", "ttref0", "--send-to"]).arg(&missing).output())
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing listens on"), "{out:?}");
+    assert!(Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap().iter().all(|l| l.name != "ttref0"));
+
+    // `fwd --from-socket` on an existing path: refused, the file untouched.
+    let existing = dir.path().join("existing");
+    std::fs::write(&existing, b"keep me").unwrap();
+    let out = turbotun().args(["fwd", "--from-socket"]).arg(&existing).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists: give --from-socket a path that does not"));
+    assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
+
+    // A device opened for plain mode handed to an offload forwarder: refused, and `open` says why.
+    let socket = dir.path().join("mismatch.sock");
+    let mut fwd = with_netns(&ns_path(&ns), || {
+        turbotun()
+            .args(["fwd", "--mode", "offload", "--from-socket"])
+            .arg(&socket)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    })
+    .unwrap();
+    wait_for(&socket);
+    let run_open = |name: &str, mode: &str| {
+        with_netns(&ns_path(&ns), || {
+            turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(&socket).output().unwrap()
+        })
+        .unwrap()
+    };
+    assert!(run_open("ttref1", "plain").status.success(), "the framing is checked once both devices are in");
+    let out = run_open("ttref2", "offload");
+    assert!(out.status.success(), "{out:?}");
+    let status = fwd.wait().unwrap();
+    let mut err = String::new();
+    fwd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("ttref1 has no virtio header: offload mode needs one"), "{err}");
+    assert!(socket.symlink_metadata().is_err(), "the socket was removed");
+    // Both devices went with the forwarder's fds.
+    let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
+    assert!(links.iter().all(|l| !l.name.starts_with("ttref")), "{links:?}");
+}
