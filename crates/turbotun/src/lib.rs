@@ -5,6 +5,7 @@
 //! - [`Queue`] is one fd: blocking or non-blocking single-packet and raw I/O.
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
+//! - [`load`]: a paced UDP generator and a sink that counts loss, reordering and duplicates per flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //! - `tokio` (feature `tokio`): [`tokio::AsyncQueue`], the same queues and batch core awaited.
 //!
@@ -34,6 +35,7 @@ pub mod device;
 pub mod error;
 pub mod forward;
 pub mod inspect;
+pub mod load;
 pub mod netlink;
 pub mod netns;
 pub mod queue;
