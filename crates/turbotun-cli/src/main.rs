@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod fwd;
 mod inspect_cmd;
+mod load_cmd;
 
 #[derive(Debug, Parser)]
 #[command(name = "turbotun", version, about = "Fast Linux TUN/TAP dataplane: inspect, create, forward, benchmark")]
@@ -26,6 +27,8 @@ enum Command {
     Delete(inspect_cmd::DeleteArgs),
     /// Forward packets between two devices (created if missing) until SIGINT/SIGTERM.
     Fwd(fwd::FwdArgs),
+    /// Paced UDP load: `load gen` sends, `load sink` counts loss, reordering and duplicates per flow.
+    Load(load_cmd::LoadArgs),
     /// Benchmark forwarders between two network namespaces with iperf3.
     Bench(bench::BenchArgs),
 }
@@ -42,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Command::Create(args) => inspect_cmd::create(&args),
         Command::Delete(args) => inspect_cmd::delete(&args),
         Command::Fwd(args) => fwd::run(&args),
+        Command::Load(args) => load_cmd::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

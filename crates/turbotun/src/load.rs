@@ -46,6 +46,10 @@ pub const MAX_SEQ: u64 = (1 << 48) - 1;
 /// works everywhere.
 pub const MAX_SEGMENTS: u16 = 64;
 
+/// The most a paced [`Generator`] catches up after falling behind (a late wake-up, a descheduled thread): the
+/// token bucket holds at most this long's worth of datagrams.
+pub const BURST: Duration = Duration::from_millis(10);
+
 /// Most flows of one generator (one socket each), and the sink's default limit on the flow ids it tracks.
 pub const MAX_FLOWS: usize = 1024;
 
@@ -279,7 +283,8 @@ pub struct GeneratorReport {
 /// Sends datagrams with a [`Header`] to one address at a paced rate. Built with the setters, started with
 /// [`Generator::run`], which returns when the duration is over or the stop handle fires.
 ///
-/// Pacing: a token bucket filled at the rate from the monotonic clock and capped at two batches. When it holds
+/// Pacing: a token bucket filled at the rate from the monotonic clock, holding at most [`BURST`] worth of
+/// datagrams (and at least two batches). When it holds
 /// less than one send, the generator sleeps until about a millisecond's worth (at most a batch) has
 /// accumulated, so it never spins; a send takes what the bucket holds, up to a batch. Batches go to the flows
 /// in turn.
@@ -422,7 +427,10 @@ impl Generator {
         };
         let rate = self.rate as f64;
         let batch_dgrams = (self.batch * seg) as f64;
-        let cap = 2.0 * batch_dgrams;
+        // Credit kept across a late wake-up: 10 ms of datagrams (at least two batches), so that a sleep that
+        // overruns on a busy machine is made up for instead of lowering the average rate, while a long stall
+        // is not followed by an unbounded burst.
+        let cap = (rate * BURST.as_secs_f64()).max(2.0 * batch_dgrams);
         // What to wait for when the bucket runs dry: about 1 ms of datagrams (at least one send, at most a
         // batch), so that low rates go out smoothly and high rates in full batches.
         let quantum = (rate * 1e-3).clamp(seg as f64, batch_dgrams);
