@@ -7,6 +7,7 @@ mod bench;
 mod echo_cmd;
 mod fwd;
 mod inspect_cmd;
+mod load_cmd;
 mod open;
 
 #[derive(Debug, Parser)]
@@ -32,6 +33,8 @@ enum Command {
     Echo(echo_cmd::EchoArgs),
     /// Open a device as root and hand its queues to `turbotun fwd --from-socket` over a Unix socket.
     Open(open::OpenArgs),
+    /// Paced UDP load: `load gen` sends, `load sink` counts loss, reordering and duplicates per flow.
+    Load(load_cmd::LoadArgs),
     /// Benchmark forwarders between two network namespaces with iperf3.
     Bench(bench::BenchArgs),
 }
@@ -55,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Fwd(args) => fwd::run(&args),
         Command::Echo(args) => echo_cmd::run(&args),
         Command::Open(args) => open::run(&args),
+        Command::Load(args) => load_cmd::run(&args),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -6,6 +6,7 @@
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
 //! - [`echo::Echo`] answers what the kernel sends into a device (ARP, ND, ICMP and ICMPv6 echo, UDP).
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
+//! - [`load`]: a paced UDP generator and a sink that counts loss, reordering and duplicates per flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //!
@@ -40,6 +41,7 @@ pub mod forward;
 pub mod handover;
 pub mod inspect;
 mod kind;
+pub mod load;
 pub mod netlink;
 pub mod netns;
 pub mod privilege;

@@ -72,7 +72,7 @@ pub struct BenchArgs {
     /// Internal: run the UDP sink on ADDR:PORT, print a JSON line.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub udp_sink: Option<std::net::SocketAddr>,
-    /// Internal: datagram payload length for --udp-gen/--udp-sink.
+    /// Internal: datagram payload length for --udp-gen (at least 16; --udp-sink reads each datagram's own).
     #[arg(long, hide = true, default_value_t = 64)]
     pub udp_len: usize,
     /// Internal: datagrams per GSO send for --udp-gen.
@@ -208,7 +208,7 @@ fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
         serde_json::to_string(&gen::generate(dest, args.udp_len, args.udp_gso, secs as f64)?)?
     } else if let Some(addr) = args.udp_sink {
         let max = Duration::from_secs(secs + 10);
-        serde_json::to_string(&gen::sink(addr, args.udp_len, Duration::from_secs(1), max)?)?
+        serde_json::to_string(&gen::sink(addr, Duration::from_secs(1), max)?)?
     } else {
         bail!("neither --udp-gen nor --udp-sink given");
     };

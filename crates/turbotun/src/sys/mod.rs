@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod bpf;
 pub mod ethtool;
+pub mod udp;
 #[cfg(feature = "uring")]
 pub mod uring;
 
