@@ -46,7 +46,7 @@ pub struct BenchArgs {
     /// Comma-separated traffic kinds (tcp, tcp4, udp64, udp1400, gso64; see --list). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub traffic: Option<Vec<String>>,
-    /// Seconds per run (default 10, 3 with --quick).
+    /// Seconds per run (default 10, 3 with --quick; --loss and --echo: 5, 2 with --quick).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
     /// Repetitions of every (mode, traffic) pair, interleaved round-robin (default 3, 1 with --quick).
