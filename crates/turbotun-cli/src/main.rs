@@ -35,7 +35,8 @@ enum Command {
     Open(open::OpenArgs),
     /// Paced UDP load: `load gen` sends, `load sink` counts loss, reordering and duplicates per flow.
     Load(load_cmd::LoadArgs),
-    /// Benchmark forwarders between two network namespaces with iperf3.
+    /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
+    /// no-drop rate; --echo: echo answers per second).
     Bench(bench::BenchArgs),
 }
 

@@ -1,6 +1,7 @@
 //! End-to-end smoke test of `turbotun bench`: builds the namespaces, runs iperf3 over the kernel baselines and
-//! turbotun's forwarder, writes the table, the JSON and the chart, and leaves no namespace or device behind.
-//! Figures are not asserted. Needs root (and iperf3): skipped otherwise, except under CI=true where it fails.
+//! turbotun's forwarder, the loss bench (`--loss`) and the echo bench (`--echo`), writes the tables, the JSON
+//! and the charts, and leaves no namespace, device or process behind. Figures are not asserted. Needs root (and
+//! iperf3): skipped otherwise, except under CI=true where it fails.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +38,20 @@ struct BenchRun {
 fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// Processes whose command line names one of the bench's devices (`tt<pid>r<run>x`): its forwarders and
+/// echoes. (Once the bench has exited its children would belong to init, so they are found by name.)
+fn processes_naming(prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(prefix).then_some(cmdline)
+        })
+        .collect()
 }
 
 /// Run `turbotun bench --quick --duration 1 ARGS --json F --chart F.svg`, assert it succeeded, produced the
@@ -82,7 +97,10 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     let stdout = out_reader.join().unwrap();
     let stderr = err_reader.join().unwrap();
     assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
-    assert!(stdout.contains("| mode |"), "no table:\n{stdout}");
+    assert!(
+        stdout.contains("| mode |") || stdout.contains("| offered kpps |") || stdout.contains("| echo |"),
+        "no table:\n{stdout}"
+    );
 
     // Nothing left behind. The bench's namespaces are private (no name under /run/netns) and go with their
     // last fd, and its devices live in them; neither may show up here.
@@ -91,6 +109,8 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     assert!(named.is_empty(), "named namespaces left behind: {named:?}");
     let devices = entries_with_prefix("/sys/class/net", &prefix);
     assert!(devices.is_empty(), "devices left in the root namespace: {devices:?}");
+    let left = processes_naming(&prefix);
+    assert!(left.is_empty(), "processes of the bench still running: {left:?}");
 
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let chart = std::fs::read_to_string(&chart).unwrap();
@@ -143,4 +163,71 @@ fn bench_quick_turbotun_forwarder() {
         assert!(run["fwd_counters"]["packets"].as_u64().unwrap() > 0, "{run}");
         assert!(run["dev_tx_dropped"].is_u64(), "{run}");
     }
+}
+
+#[test]
+fn bench_loss_quick_one_mode() {
+    if !privileged() {
+        return;
+    }
+    let r =
+        run_bench("loss", &["--loss", "--modes", "turbotun-offload", "--rates", "20,40", "--txqueuelen", "500,2000"]);
+    assert!(r.stdout.contains("### turbotun-offload, txqueuelen 500"), "{}", r.stdout);
+    assert!(r.stdout.contains("### turbotun-offload, txqueuelen 2000"), "{}", r.stdout);
+    assert!(r.stdout.contains("No-drop rate"), "{}", r.stdout);
+    let rows = r.json["rows"].as_array().unwrap();
+    let table: Vec<_> = rows.iter().filter(|r| r["phase"] == "table").collect();
+    assert_eq!(table.len(), 4, "two rates at two queue lengths: {rows:?}");
+    for row in &table {
+        assert!(row["error"].is_null(), "trial failed: {row}");
+        assert!(row["transmitted"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["received"].as_u64().unwrap() > 0, "{row}");
+        for key in ["lost", "dev_tx_dropped", "fwd_drops", "socket_drops"] {
+            assert!(row[key].is_u64(), "{key} missing: {row}");
+        }
+        assert!(row["gen_pps"].as_f64().unwrap() > 0.0 && row["sink_pps"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let no_drop = r.json["no_drop"].as_array().unwrap();
+    assert_eq!(no_drop.len(), 2, "{no_drop:?}");
+    for n in no_drop {
+        assert!(n["trials"].as_u64().unwrap() <= r.json["max_search_trials"].as_u64().unwrap(), "{n}");
+    }
+    assert!(r.chart.contains("turbotun-offload"), "chart has no line label");
+}
+
+#[test]
+fn bench_echo_quick_offload() {
+    if !privileged() {
+        return;
+    }
+    let r = run_bench("echo", &["--echo", "--modes", "naive,offload"]);
+    let rows = r.json["rows"].as_array().unwrap();
+    let cases: Vec<String> =
+        rows.iter().map(|r| format!("{} {}", r["echo"].as_str().unwrap(), r["traffic"].as_str().unwrap())).collect();
+    assert_eq!(
+        cases,
+        [
+            "naive udp64",
+            "naive udp1400",
+            "echo-offload udp64",
+            "echo-offload udp1400",
+            "echo-offload gso64",
+            "echo-offload gso1400"
+        ],
+        "{rows:?}"
+    );
+    for row in rows {
+        assert_eq!(row["failed"], 0, "{row}");
+        assert!(row["replies_kpps"]["median"].as_f64().unwrap() > 0.0, "no answers: {row}");
+    }
+    for run in r.json["runs"].as_array().unwrap() {
+        // The echo answered and said so in its counters line.
+        assert!(
+            run["fwd_counters"]["answered"].as_u64().unwrap_or(0) > 0
+                || run["fwd_counters"]["answered"]["udp"].as_u64().unwrap_or(0) > 0,
+            "{run}"
+        );
+    }
+    assert!(r.stdout.contains("| naive | udp64 |"), "{}", r.stdout);
+    assert!(r.json["goals"].as_array().is_some_and(|g| !g.is_empty()), "{}", r.json);
 }

@@ -29,6 +29,7 @@
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -298,6 +299,9 @@ pub struct Generator {
     segments: u16,
     batch: usize,
     stop: Option<StopHandle>,
+    /// Given by [`Generator::socket`]; shared so that the generator stays `Clone` and each run sends from a
+    /// handle of the same socket.
+    socket: Option<Arc<UdpSocket>>,
 }
 
 impl Generator {
@@ -316,6 +320,7 @@ impl Generator {
             segments: 1,
             batch: MAX_MMSG,
             stop: None,
+            socket: None,
         }
     }
 
@@ -361,6 +366,15 @@ impl Generator {
         self
     }
 
+    /// Sends from this socket (one flow) instead of opening one of its own; [`Self::run`] connects it to the
+    /// destination. With a second handle on a [`Sink`]'s socket ([`Sink::try_clone_socket`]) the answers of
+    /// an echo, which swaps addresses and ports, come back to that sink, and only they do: a connected
+    /// socket receives from its peer alone.
+    pub fn socket(mut self, socket: UdpSocket) -> Self {
+        self.socket = Some(Arc::new(socket));
+        self
+    }
+
     /// Checks the settings; [`Self::run`] does too, before opening anything.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidConfig(what));
@@ -372,6 +386,9 @@ impl Generator {
         }
         if self.flows == 0 || self.flows > MAX_FLOWS {
             return bad(format!("{} flows out of range: 1 to {MAX_FLOWS}", self.flows));
+        }
+        if self.socket.is_some() && self.flows != 1 {
+            return bad(format!("{} flows from one given socket: a flow is a socket, so one flow only", self.flows));
         }
         if self.segments == 0 || self.segments > MAX_SEGMENTS {
             return bad(format!("{} GSO segments out of range: 1 (no GSO) to {MAX_SEGMENTS}", self.segments));
@@ -394,8 +411,14 @@ impl Generator {
     }
 
     fn open_socket(&self) -> Result<UdpSocket> {
-        let any: SocketAddr = if self.dest.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("literal");
-        let sock = UdpSocket::bind(any).map_err(|e| Error::io(format!("binding a generator socket to {any}"), e))?;
+        let sock = match &self.socket {
+            Some(given) => given.try_clone().map_err(|e| Error::io("duplicating the generator's socket", e))?,
+            None => {
+                let any: SocketAddr =
+                    if self.dest.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("literal");
+                UdpSocket::bind(any).map_err(|e| Error::io(format!("binding a generator socket to {any}"), e))?
+            }
+        };
         sock.connect(self.dest).map_err(|e| Error::io(format!("connecting a generator socket to {}", self.dest), e))?;
         if self.segments > 1 {
             let gso = u16::try_from(self.size).expect("validated: size * segments <= 65507");
@@ -690,6 +713,13 @@ impl Sink {
     /// Whether `UDP_GRO` is on.
     pub fn gro(&self) -> bool {
         self.gro
+    }
+
+    /// A second handle on the sink's socket (`dup`), e.g. for [`Generator::socket`]: what the generator sends
+    /// from it and an echo answers comes back here. Connecting it (as the generator does) restricts what the
+    /// sink receives to that peer.
+    pub fn try_clone_socket(&self) -> Result<UdpSocket> {
+        self.sock.try_clone().map_err(|e| Error::io("duplicating the sink's socket", e))
     }
 
     /// The receive buffer the socket got, in bytes, and whether `SO_RCVBUFFORCE` set it.

@@ -1,4 +1,6 @@
-//! Grouped bar chart (one panel per traffic kind, one bar per mode with a min–max whisker) via plotters.
+//! Charts via plotters: the grouped bar chart (one panel per traffic kind, one bar per mode with a min–max
+//! whisker) and the loss bench's line chart (one panel per queue length, received against offered, one line
+//! per mode).
 
 use std::path::Path;
 
@@ -192,6 +194,92 @@ where
     Ok(())
 }
 
+/// One line of a [`LinePanel`]: a mode's points (x, y), coloured by its family.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub label: String,
+    pub family: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One panel of a line chart, with the line y = x drawn dashed as the ideal (everything offered received).
+#[derive(Debug, Clone)]
+pub struct LinePanel {
+    pub caption: String,
+    pub x_desc: String,
+    pub y_desc: String,
+    pub lines: Vec<Line>,
+}
+
+/// Write a line chart to `path` (.svg or .png): the panels stacked, a legend in each.
+pub fn write_line_chart(path: &Path, panels: &[LinePanel], title: &str) -> Result<()> {
+    register_font()?;
+    if panels.is_empty() || panels.iter().all(|p| p.lines.is_empty()) {
+        bail!("nothing to chart");
+    }
+    let size = (900u32, 480 * panels.len() as u32 + 40);
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    match ext.as_str() {
+        "svg" => {
+            let root = SVGBackend::new(path, size).into_drawing_area();
+            draw_lines(&root, panels, title)?;
+            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+        }
+        "png" => {
+            let root = BitMapBackend::new(path, size).into_drawing_area();
+            draw_lines(&root, panels, title)?;
+            root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+        }
+        _ => bail!("--chart: unknown extension {:?} (use .svg or .png)", path.display().to_string()),
+    }
+    Ok(())
+}
+
+fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, panels: &[LinePanel], title: &str) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("chart: {e:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let root = root.titled(title, ("sans-serif", 22)).map_err(e)?;
+    for (area, p) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        let modes: Vec<(&str, &str)> = p.lines.iter().map(|l| (l.label.as_str(), l.family.as_str())).collect();
+        let colors = mode_colors(&modes);
+        let max = p.lines.iter().flat_map(|l| &l.points).map(|&(x, y)| x.max(y)).fold(0.0f64, f64::max).max(1e-3);
+        let (xmax, ymax) = (max * 1.05, max * 1.1);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&p.caption, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
+            .map_err(e)?;
+        chart.configure_mesh().x_desc(&p.x_desc).y_desc(&p.y_desc).draw().map_err(e)?;
+        // The ideal: everything offered arrives.
+        chart
+            .draw_series(DashedLineSeries::new(vec![(0.0, 0.0), (xmax, xmax)], 6, 4, BLACK.mix(0.4).stroke_width(1)))
+            .map_err(e)?
+            .label("received = offered")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+        for (line, &c) in p.lines.iter().zip(&colors) {
+            chart
+                .draw_series(LineSeries::new(line.points.iter().copied(), c.stroke_width(2)).point_size(3))
+                .map_err(e)?
+                .label(line.label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(e)?;
+    }
+    Ok(())
+}
+
 /// Check the chart path (and the font it needs) before spending minutes measuring.
 pub fn check_path(path: &Path) -> Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
@@ -242,6 +330,40 @@ mod tests {
             assert!(texts.contains(&label), "no {label:?} in {texts:?}");
         }
         assert!(texts.contains(&"22.0"), "the median is printed on its bar: {texts:?}");
+    }
+
+    #[test]
+    fn line_chart_has_every_line_and_its_legend() {
+        let panels = vec![LinePanel {
+            caption: "received vs offered".into(),
+            x_desc: "offered kpps".into(),
+            y_desc: "received kpps".into(),
+            lines: vec![
+                Line {
+                    label: "turbotun-offload".into(),
+                    family: "turbotun".into(),
+                    points: vec![(50.0, 50.0), (150.0, 120.0)],
+                },
+                Line {
+                    label: "tunrs-offload".into(),
+                    family: "tunrs".into(),
+                    points: vec![(50.0, 49.0), (150.0, 90.0)],
+                },
+            ],
+        }];
+        let path = std::env::temp_dir().join(format!("turbotun-line-test-{}.svg", std::process::id()));
+        let written = write_line_chart(&path, &panels, "loss");
+        if register_font().is_err() {
+            assert!(written.is_err());
+            return;
+        }
+        written.unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        for label in ["turbotun-offload", "tunrs-offload", "received = offered", "offered kpps", "loss"] {
+            assert!(svg.contains(label), "no {label:?} in the chart");
+        }
+        assert!(write_line_chart(&path, &[], "x").is_err());
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! `segments × len` bytes leaves the socket as one super-packet that the kernel (or an offload-capable TUN
 //! reader) splits into `segments` datagrams of `len` bytes, so the offered rate is far above what the
 //! forwarders carry. The sink asks for `UDP_GRO` and counts each datagram by its header (flow, sequence).
+//!
+//! The loss bench paces the generator (`--udp-rate`) without GSO; the echo bench runs both in one process
+//! (`--udp-roundtrip`), the generator sending from a handle on the sink's socket so that the echo's answers
+//! (addresses and ports swapped) come back to the sink.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,6 +27,19 @@ pub struct GenReport {
     pub send_errors: u64,
     pub seconds: f64,
     pub segments: u16,
+    /// Datagrams the pacer released (`sent + send_errors`).
+    #[serde(default)]
+    pub attempted: u64,
+    /// The rate asked for, datagrams per second (0: unlimited).
+    #[serde(default)]
+    pub rate_pps: u64,
+}
+
+impl GenReport {
+    /// Datagrams the kernel took per second.
+    pub fn pps(&self) -> f64 {
+        self.sent as f64 / self.seconds.max(1e-9)
+    }
 }
 
 /// The sink's report, as the hidden `--udp-sink` prints it.
@@ -49,18 +66,76 @@ pub struct SinkReport {
     pub socket_drops: u64,
 }
 
-/// Send `len`-byte datagrams to `dest` for `secs` as fast as the kernel takes them, `segments` per send (1 =
-/// no GSO).
-pub fn generate(dest: SocketAddr, len: usize, segments: u16, secs: f64) -> Result<GenReport> {
+impl SinkReport {
+    /// Datagrams received per second, first to last.
+    pub fn pps(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.packets as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Both sides of one run of turbotun's generator: what the bench keeps of a `gso64`, loss or echo run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadResult {
+    pub gen: GenReport,
+    pub sink: SinkReport,
+}
+
+fn generator(dest: SocketAddr, len: usize, segments: u16, rate: u64, secs: f64) -> Result<Generator> {
     let secs = Duration::try_from_secs_f64(secs).with_context(|| format!("duration {secs}"))?;
-    let r = Generator::new(dest).size(len).gso(segments.max(1)).duration(secs).run()?;
-    Ok(GenReport { sent: r.sent, send_errors: r.send_errors, seconds: r.seconds, segments: r.segments })
+    Ok(Generator::new(dest).size(len).gso(segments.max(1)).rate(rate).duration(secs))
+}
+
+fn gen_report(r: &turbotun::load::GeneratorReport) -> GenReport {
+    GenReport {
+        sent: r.sent,
+        send_errors: r.send_errors,
+        seconds: r.seconds,
+        segments: r.segments,
+        attempted: r.attempted,
+        rate_pps: r.rate_pps,
+    }
+}
+
+/// Send `len`-byte datagrams to `dest` for `secs`, `segments` per send (1 = no GSO), at `rate` datagrams per
+/// second (0: as fast as the kernel takes them).
+pub fn generate(dest: SocketAddr, len: usize, segments: u16, rate: u64, secs: f64) -> Result<GenReport> {
+    Ok(gen_report(&generator(dest, len, segments, rate, secs)?.run()?))
+}
+
+/// Load toward an echo at `dest` and count its answers: a sink on the wildcard address, and the generator
+/// sending from a handle on the sink's socket (connected to `dest`, so the answers, addresses and ports
+/// swapped, arrive at the sink and nothing else does). The sink stops `idle` after the last answer, or
+/// `idle` after the generator if none came.
+pub fn roundtrip(
+    dest: SocketAddr,
+    len: usize,
+    segments: u16,
+    rate: u64,
+    secs: f64,
+    idle: Duration,
+) -> Result<LoadResult> {
+    let any: SocketAddr = if dest.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse()?;
+    let max = Duration::try_from_secs_f64(secs).with_context(|| format!("duration {secs}"))? + idle;
+    let sink = SinkBuilder::new(any).gro(true).idle_timeout(idle).duration(max).bind()?;
+    let socket = sink.try_clone_socket()?;
+    let receiving = std::thread::spawn(move || sink.run());
+    let sent = generator(dest, len, segments, rate, secs)?.socket(socket).run();
+    let received = receiving.join().map_err(|_| anyhow::anyhow!("the sink thread panicked"))??;
+    Ok(LoadResult { gen: gen_report(&sent?), sink: sink_report(&received) })
 }
 
 /// Receive on `addr` until `idle` passes without a datagram after the first one, or `max` in total.
 pub fn sink(addr: SocketAddr, idle: Duration, max: Duration) -> Result<SinkReport> {
     let r = SinkBuilder::new(addr).gro(true).idle_timeout(idle).duration(max).bind()?.run()?;
-    Ok(SinkReport {
+    Ok(sink_report(&r))
+}
+
+fn sink_report(r: &turbotun::load::SinkReport) -> SinkReport {
+    SinkReport {
         packets: r.datagrams,
         bytes: r.bytes,
         seconds: r.seconds,
@@ -70,7 +145,7 @@ pub fn sink(addr: SocketAddr, idle: Duration, max: Duration) -> Result<SinkRepor
         reordered: r.reordered,
         duplicated: r.duplicated,
         socket_drops: r.socket_drops,
-    })
+    }
 }
 
 /// Results of one generator run in iperf3's terms.
@@ -101,7 +176,7 @@ mod tests {
         drop(probe);
         let h = std::thread::spawn(move || sink(addr, Duration::from_millis(300), Duration::from_secs(5)).unwrap());
         std::thread::sleep(Duration::from_millis(100));
-        let g = generate(addr, 64, 16, 0.2).unwrap();
+        let g = generate(addr, 64, 16, 0, 0.2).unwrap();
         let s = h.join().unwrap();
         assert!(g.sent > 0 && g.sent % 16 == 0, "{g:?}");
         assert!(s.packets > 0 && s.packets <= g.sent, "{s:?} {g:?}");
@@ -115,7 +190,7 @@ mod tests {
 
     #[test]
     fn report_mapping() {
-        let g = GenReport { sent: 1000, send_errors: 0, seconds: 2.0, segments: 64 };
+        let g = GenReport { sent: 1000, send_errors: 0, seconds: 2.0, segments: 64, ..Default::default() };
         let s = SinkReport { packets: 600, bytes: 600 * 64, seconds: 1.9, reads: 10, gro: true, ..Default::default() };
         let r = to_result(&g, &s);
         assert_eq!((r.udp_received, r.udp_lost), (Some(600), Some(400)));

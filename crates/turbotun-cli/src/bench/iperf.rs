@@ -13,13 +13,23 @@ pub struct Traffic {
     pub streams: u32,
     /// UDP payload length (`-l`).
     pub payload: u32,
-    /// 0: iperf3. N > 0: turbotun's own UDP generator (N datagrams per GSO send) and GRO sink.
+    /// 0: iperf3. N > 0: turbotun's own UDP generator (N datagrams per GSO send; 1 = no GSO) and GRO sink.
     pub gso: u16,
+    /// turbotun's generator only: datagrams per second offered (0: as fast as the kernel takes them).
+    pub rate: u64,
 }
 
 /// Every traffic kind, in report order. Adding one is one entry.
 pub const TRAFFIC: &[Traffic] = &[
-    Traffic { label: "tcp", description: "TCP, one stream, -C cubic", udp: false, streams: 1, payload: 0, gso: 0 },
+    Traffic {
+        label: "tcp",
+        description: "TCP, one stream, -C cubic",
+        udp: false,
+        streams: 1,
+        payload: 0,
+        gso: 0,
+        rate: 0,
+    },
     Traffic {
         label: "tcp4",
         description: "TCP, four streams (-P 4), -C cubic",
@@ -27,6 +37,7 @@ pub const TRAFFIC: &[Traffic] = &[
         streams: 4,
         payload: 0,
         gso: 0,
+        rate: 0,
     },
     Traffic {
         label: "udp64",
@@ -35,6 +46,7 @@ pub const TRAFFIC: &[Traffic] = &[
         streams: 1,
         payload: 64,
         gso: 0,
+        rate: 0,
     },
     Traffic {
         label: "udp1400",
@@ -43,6 +55,7 @@ pub const TRAFFIC: &[Traffic] = &[
         streams: 1,
         payload: 1400,
         gso: 0,
+        rate: 0,
     },
     Traffic {
         label: "gso64",
@@ -51,6 +64,7 @@ pub const TRAFFIC: &[Traffic] = &[
         streams: 1,
         payload: 64,
         gso: 64,
+        rate: 0,
     },
 ];
 

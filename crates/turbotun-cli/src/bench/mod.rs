@@ -5,9 +5,11 @@
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
 
 mod chart;
+mod echo;
 mod flame;
 mod gen;
 mod iperf;
+mod loss;
 mod modes;
 mod netcfg;
 mod procfs;
@@ -44,7 +46,7 @@ pub struct BenchArgs {
     /// Comma-separated traffic kinds (tcp, tcp4, udp64, udp1400, gso64; see --list). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub traffic: Option<Vec<String>>,
-    /// Seconds per run (default 10, 3 with --quick).
+    /// Seconds per run (default 10, 3 with --quick; --loss and --echo: 5, 2 with --quick).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
     /// Repetitions of every (mode, traffic) pair, interleaved round-robin (default 3, 1 with --quick).
@@ -66,6 +68,24 @@ pub struct BenchArgs {
     /// List the modes (and whether they are available) and the traffic kinds, then exit.
     #[arg(long)]
     pub list: bool,
+    /// Loss instead of iperf3: paced 64-byte UDP through each forwarder at offered rates in steps, a
+    /// pktgen-style table of where datagrams were lost, then each forwarder's no-drop rate (RFC 2544 binary
+    /// search). Honours --quick, --modes, --duration (seconds per trial), --ipv6, --json, --chart.
+    #[arg(long, conflicts_with_all = ["echo", "traffic", "flamegraph", "reps"])]
+    pub loss: bool,
+    /// Echo instead of forwarding: UDP load routed into an echo device, answers per second of a naive echo
+    /// and of `turbotun echo --mode plain|offload`. Honours --quick, --modes (naive, plain, offload),
+    /// --duration, --reps, --ipv6, --json, --chart.
+    #[arg(long, conflicts_with_all = ["traffic", "flamegraph"])]
+    pub echo: bool,
+    /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),
+    /// e.g. 500,1000,10000. Default: the kernel's (500 for TUN).
+    #[arg(long, value_delimiter = ',', value_name = "N", requires = "loss")]
+    pub txqueuelen: Option<Vec<u32>>,
+    /// With --loss: the offered rates of the table, thousands of datagrams per second (default
+    /// 25,50,100,150,200,300; 50,150,300 with --quick). The no-drop search runs up to the highest.
+    #[arg(long, value_delimiter = ',', value_name = "KPPS", requires = "loss")]
+    pub rates: Option<Vec<u64>>,
     /// Internal: run the UDP generator toward ADDR:PORT for --duration seconds, print a JSON line.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub udp_gen: Option<std::net::SocketAddr>,
@@ -78,6 +98,17 @@ pub struct BenchArgs {
     /// Internal: datagrams per GSO send for --udp-gen.
     #[arg(long, hide = true, default_value_t = 64)]
     pub udp_gso: u16,
+    /// Internal: datagrams per second for --udp-gen and --udp-roundtrip (0: unlimited).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub udp_rate: u64,
+    /// Internal: the generator toward an echo at ADDR:PORT and a sink counting its answers, in one process;
+    /// prints both reports as one JSON line.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
+    pub udp_roundtrip: Option<std::net::SocketAddr>,
+    /// Internal: the naive echo on TUN device DEV (created): one packet per read and per write, no virtio
+    /// header; prints `ready`, and its counters as one JSON line when stopped.
+    #[arg(long, hide = true, value_name = "DEV")]
+    pub naive_echo: Option<String>,
 }
 
 /// What to measure, from the arguments and the modes available.
@@ -91,13 +122,8 @@ struct Plan {
 
 impl Plan {
     fn new(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> Result<Plan> {
-        let mode_filter: Vec<String> = match (&args.modes, args.quick) {
-            (Some(m), _) => m.clone(),
-            (None, true) => modes::QUICK_MODES.iter().map(|s| s.to_string()).collect(),
-            (None, false) => all.iter().map(|m| m.label.clone()).collect(),
-        };
         let plan = Plan {
-            modes: modes::select_modes(all, unavailable, &mode_filter)?,
+            modes: select_modes(args, all, unavailable)?,
             traffic: select_traffic(args)?,
             duration: args.duration.unwrap_or(if args.quick { 3 } else { 10 }),
             reps: args.reps.unwrap_or(if args.quick { 1 } else { 3 }),
@@ -111,6 +137,16 @@ impl Plan {
     fn runs(&self) -> u64 {
         u64::from(self.reps) * self.traffic.len() as u64 * self.modes.len() as u64
     }
+}
+
+/// The modes named by --modes, those of --quick, or every available one.
+fn select_modes(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> Result<Vec<Mode>> {
+    let mode_filter: Vec<String> = match (&args.modes, args.quick) {
+        (Some(m), _) => m.clone(),
+        (None, true) => modes::QUICK_MODES.iter().map(|s| s.to_string()).collect(),
+        (None, false) => all.iter().map(|m| m.label.clone()).collect(),
+    };
+    modes::select_modes(all, unavailable, &mode_filter)
 }
 
 fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
@@ -132,7 +168,10 @@ fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    if args.udp_gen.is_some() || args.udp_sink.is_some() {
+    if let Some(dev) = &args.naive_echo {
+        return echo::naive_echo(dev);
+    }
+    if args.udp_gen.is_some() || args.udp_sink.is_some() || args.udp_roundtrip.is_some() {
         return run_generator_or_sink(args);
     }
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
@@ -144,41 +183,42 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
 
     preflight(args)?;
-    let mut plan = Plan::new(args, &all, &unavailable)?;
     if let Some(c) = &args.chart {
         chart::check_path(c)?;
     }
+    if args.echo {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 2 } else { 5 }))?;
+        let failures = echo::run(&mut ctx, args)?;
+        finish(&ctx, failures, false);
+        return Ok(());
+    }
+    if args.loss {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 2 } else { 5 }))?;
+        let selected = select_modes(args, &all, &unavailable)?;
+        let (selected, build_failed) =
+            modes::ensure_peers_built(selected, peers_dir.as_deref(), &mut unavailable, &ctx.log_dir)?;
+        if selected.is_empty() {
+            bail!("no runnable mode selected (see `turbotun bench --list`)");
+        }
+        warn_about(&selected);
+        let failures = loss::run(&mut ctx, args, &selected, unavailable)?;
+        finish(&ctx, failures, build_failed);
+        return Ok(());
+    }
+    let mut plan = Plan::new(args, &all, &unavailable)?;
     if let Some(d) = &args.flamegraph {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
-    let pid = std::process::id();
-    // A private directory (mode 0700, random name, created atomically): a predictable path in /tmp could be a
-    // link planted by another local user before a root bench writes there.
-    let log_dir = tempfile::Builder::new()
-        .prefix("turbotun-bench-")
-        .tempdir()
-        .context("create the bench's private log directory")?
-        .keep();
+    let mut ctx = new_ctx(args, exe, plan.duration)?;
     let (selected, build_failed) =
-        modes::ensure_peers_built(plan.modes, peers_dir.as_deref(), &mut unavailable, &log_dir)?;
+        modes::ensure_peers_built(plan.modes, peers_dir.as_deref(), &mut unavailable, &ctx.log_dir)?;
     plan.modes = selected;
     if plan.modes.is_empty() {
         bail!("no runnable mode selected (see `turbotun bench --list`)");
     }
     warn_about(&plan.modes);
 
-    let mut ctx = Ctx {
-        exe,
-        prefix: format!("tt{pid}"),
-        duration: plan.duration,
-        ipv6: args.ipv6,
-        log_dir,
-        stop: stop_on_signals()?,
-        run_counter: 0,
-        clk_tck: procfs::clk_tck()?,
-    };
-    let started_unix =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let started_unix = now_unix();
     let (runs, failures) = match measure(&mut ctx, &plan, args.flamegraph.as_deref()) {
         Ok(measured) => measured,
         Err(e) => {
@@ -188,6 +228,41 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let report = build_report(&plan, args.ipv6, started_unix, unavailable, runs);
     write_outputs(args, &report, &plan)?;
+    finish(&ctx, failures, build_failed);
+    Ok(())
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// What every kind of bench run needs: a private log directory, the signal flag, names unique to this process.
+fn new_ctx(args: &BenchArgs, exe: PathBuf, duration: u64) -> Result<Ctx> {
+    if duration == 0 {
+        bail!("nothing to do: --duration must be at least 1");
+    }
+    // A private directory (mode 0700, random name, created atomically): a predictable path in /tmp could be a
+    // link planted by another local user before a root bench writes there.
+    let log_dir = tempfile::Builder::new()
+        .prefix("turbotun-bench-")
+        .tempdir()
+        .context("create the bench's private log directory")?
+        .keep();
+    Ok(Ctx {
+        exe,
+        prefix: format!("tt{}", std::process::id()),
+        duration,
+        ipv6: args.ipv6,
+        log_dir,
+        stop: stop_on_signals()?,
+        run_counter: 0,
+        clk_tck: procfs::clk_tck()?,
+        txqueuelen: None,
+    })
+}
+
+/// The logs go unless something failed, in which case the user is told where they are.
+fn finish(ctx: &Ctx, failures: usize, build_failed: bool) {
     if failures == 0 && !build_failed {
         let _ = std::fs::remove_dir_all(&ctx.log_dir);
     } else {
@@ -197,20 +272,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ctx.log_dir.display()
         );
     }
-    Ok(())
 }
 
-/// The hidden `--udp-gen` and `--udp-sink`: one side of the gso64 traffic, started by the bench inside a run's
-/// namespace; prints its report as one JSON line.
+/// How long a sink goes on after the last datagram: the queues on the way (at most a ring of 10,000 at a
+/// forwarder's 100 kpps) drain in far less.
+const SINK_IDLE: Duration = Duration::from_millis(500);
+
+/// The hidden `--udp-gen`, `--udp-sink` and `--udp-roundtrip`: one side of the generator's traffic (both for
+/// the echo), started by the bench inside a run's namespace; prints its report as one JSON line.
 fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
     let secs = args.duration.unwrap_or(10);
     let line = if let Some(dest) = args.udp_gen {
-        serde_json::to_string(&gen::generate(dest, args.udp_len, args.udp_gso, secs as f64)?)?
+        serde_json::to_string(&gen::generate(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64)?)?
     } else if let Some(addr) = args.udp_sink {
         let max = Duration::from_secs(secs + 10);
-        serde_json::to_string(&gen::sink(addr, Duration::from_secs(1), max)?)?
+        serde_json::to_string(&gen::sink(addr, SINK_IDLE, max)?)?
+    } else if let Some(dest) = args.udp_roundtrip {
+        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE)?;
+        serde_json::to_string(&r)?
     } else {
-        bail!("neither --udp-gen nor --udp-sink given");
+        bail!("neither --udp-gen, --udp-sink nor --udp-roundtrip given");
     };
     println!("{line}");
     Ok(())
@@ -355,10 +436,10 @@ fn build_report(
     Report {
         tool: "turbotun bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
+        build: build_kind().into(),
         started_unix,
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        kernel: kernel(),
+        cpus: cpus(),
         duration_s: plan.duration,
         reps: plan.reps,
         ipv6,
@@ -370,13 +451,46 @@ fn build_report(
     }
 }
 
-/// The JSON and the chart if asked for, then the Markdown report on stdout.
-fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
-    if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(report)?;
+/// The running kernel's release.
+fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string()
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// `release` or `debug`: turbotun's forwarder and echo are this same binary.
+fn build_kind() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// Writes the JSON document if asked for, and says so.
+fn write_json<T: serde::Serialize>(path: Option<&Path>, doc: &T) -> Result<()> {
+    if let Some(p) = path {
+        let text = serde_json::to_string_pretty(doc)?;
         std::fs::write(p, text + "\n").with_context(|| format!("write {}", p.display()))?;
         eprintln!("turbotun bench: wrote {}", p.display());
     }
+    Ok(())
+}
+
+/// The Markdown report on stdout, last, and without panicking when stdout is a closed pipe (`| head`): the
+/// files are written already.
+fn print_markdown(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// The JSON and the chart if asked for, then the Markdown report on stdout.
+fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
+    write_json(args.json.as_deref(), report)?;
     if let Some(p) = &args.chart {
         let title = format!(
             "turbotun bench — {} s × {} rep(s), IPv{}, {}",
@@ -388,11 +502,7 @@ fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
         chart::write_chart(p, &report.summary, &plan.traffic, &title)?;
         eprintln!("turbotun bench: wrote {}", p.display());
     }
-    // Last, and without panicking when stdout is a closed pipe (`| head`): the files are written already.
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(report::markdown(report, &plan.traffic).as_bytes());
-    let _ = out.flush();
+    print_markdown(&report::markdown(report, &plan.traffic));
     Ok(())
 }
 
@@ -430,7 +540,8 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    let mut tools = vec![("iperf3", "iperf3")];
+    // The loss and echo benches make their traffic with turbotun's own generator.
+    let mut tools = if args.loss || args.echo { vec![] } else { vec![("iperf3", "iperf3")] };
     if args.flamegraph.is_some() {
         tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }

@@ -85,6 +85,8 @@ pub struct Side<'a> {
     pub addrs: Vec<(IpAddr, u8)>,
     /// Destination prefixes routed out of `dev` (the host part is masked off here).
     pub routes: Vec<(IpAddr, u8)>,
+    /// The device's queue length (`IFLA_TXQLEN`), if it is to be set; for a TUN device, the ring's length.
+    pub txqueuelen: Option<u32>,
 }
 
 pub const MTU: u32 = 1500;
@@ -108,6 +110,9 @@ pub fn configure(side: &Side<'_>) -> Result<()> {
     let (ns, dev) = (&side.ns.name, side.dev);
     let mut nl = side.ns.netlink()?;
     nl.set_mtu(dev, MTU).with_context(|| format!("{ns}: mtu of {dev}"))?;
+    if let Some(len) = side.txqueuelen {
+        nl.set_txqueuelen(dev, len).with_context(|| format!("{ns}: txqueuelen {len} of {dev}"))?;
+    }
     for (addr, len) in &side.addrs {
         nl.add_address(dev, *addr, *len).with_context(|| format!("{ns}: {addr}/{len} on {dev}"))?;
     }

@@ -34,6 +34,9 @@ pub struct RunRecord {
     /// The forwarder's final counters line.
     pub fwd_counters: Option<serde_json::Value>,
     pub fwd_exit: Option<String>,
+    /// turbotun's generator and sink, when they made the traffic: both reports as they printed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<super::gen::LoadResult>,
 }
 
 impl RunRecord {

@@ -36,6 +36,8 @@ pub struct Ctx {
     pub run_counter: u32,
     /// Clock ticks per second of the forwarder's CPU times.
     pub clk_tck: f64,
+    /// The devices' queue length for the next runs (the loss bench's `--txqueuelen`); None: the kernel's.
+    pub txqueuelen: Option<u32>,
 }
 
 impl Ctx {
@@ -71,7 +73,7 @@ pub fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
 pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, &ctx.log_dir, &stop)?;
+    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, ctx.txqueuelen, &ctx.log_dir, &stop)?;
     let mut rec = run_record(mode, t, rep, ctx.ipv6);
     let mut server = Server::start(ctx, &topo, t)?;
 
@@ -80,7 +82,14 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
         (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
         _ => None,
     };
-    let result = if t.gso > 0 { run_generator(ctx, &topo, t, &mut server)? } else { run_iperf_client(ctx, &topo, t)? };
+    let result = if t.gso > 0 {
+        let load = run_generator(ctx, &topo, t, &mut server)?;
+        let result = gen::to_result(&load.gen, &load.sink);
+        rec.load = Some(load);
+        result
+    } else {
+        run_iperf_client(ctx, &topo, t)?
+    };
     before.record_after(&mut rec, &topo, t, ctx)?;
     rec.iperf = Some(result);
 
@@ -152,18 +161,31 @@ fn server_is_v6(topo: &Topology) -> bool {
 
 /// The UDP sink's socket address.
 fn sink_addr(topo: &Topology) -> String {
-    if server_is_v6(topo) {
-        format!("[{}]:{SINK_PORT}", topo.server_addr)
+    sink_addr_port(&topo.server_addr, SINK_PORT)
+}
+
+fn sink_addr_port(addr: &str, port: u16) -> String {
+    if addr.contains(':') {
+        format!("[{addr}]:{port}")
     } else {
-        format!("{}:{SINK_PORT}", topo.server_addr)
+        format!("{addr}:{port}")
     }
 }
 
-/// turbotun's UDP generator in A toward the sink in B; the result from both sides' reports.
-fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic, server: &mut Server) -> Result<IperfResult> {
+/// The generator's arguments after `turbotun bench --udp-gen|--udp-roundtrip ADDR:PORT`.
+fn generator_args(ctx: &Ctx, t: &Traffic) -> Vec<String> {
+    let (len, gso, rate, secs) =
+        (t.payload.to_string(), t.gso.to_string(), t.rate.to_string(), ctx.duration.to_string());
+    ["--udp-len", &len, "--udp-gso", &gso, "--udp-rate", &rate, "--duration", &secs].map(String::from).to_vec()
+}
+
+/// turbotun's UDP generator in A toward the sink in B; both sides' reports.
+fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic, server: &mut Server) -> Result<gen::LoadResult> {
     let exe = ctx.exe.to_string_lossy();
-    let (sink, len, gso, secs) = (sink_addr(topo), t.payload.to_string(), t.gso.to_string(), ctx.duration.to_string());
-    let cmd = [&*exe, "bench", "--udp-gen", &sink, "--udp-len", &len, "--udp-gso", &gso, "--duration", &secs];
+    let sink = sink_addr(topo);
+    let args = generator_args(ctx, t);
+    let mut cmd = vec![&*exe, "bench", "--udp-gen", &sink];
+    cmd.extend(args.iter().map(String::as_str));
     let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
     let g: gen::GenReport =
         serde_json::from_str(text.trim()).with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))?;
@@ -174,7 +196,54 @@ fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic, server: &mut Server) -
     let text = server.stdout.take().and_then(|h| h.join().ok()).unwrap_or_default();
     let sk: gen::SinkReport =
         serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
-    Ok(gen::to_result(&g, &sk))
+    Ok(gen::LoadResult { gen: g, sink: sk })
+}
+
+/// An echo responder the echo bench measures: `PROGRAM ARGV..` under the forwarder contract, `{dev}` standing
+/// for the device.
+#[derive(Debug, Clone)]
+pub struct EchoProgram {
+    pub label: String,
+    pub argv: Vec<&'static str>,
+}
+
+/// One run of the echo bench: a namespace with the echo's device, the generator and sink in one process there
+/// (`--udp-roundtrip`: the sink counts the answers), the echo's CPU and the device's TX drops over the window.
+pub fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Result<RunRecord> {
+    ctx.run_counter += 1;
+    let stop = Arc::clone(&ctx.stop);
+    let mut topo = Topology::build_echo(
+        &echo.label,
+        &ctx.exe,
+        &echo.argv,
+        &ctx.prefix,
+        ctx.run_counter,
+        ctx.ipv6,
+        &ctx.log_dir,
+        &stop,
+    )?;
+    let mut rec = RunRecord {
+        mode: echo.label.clone(),
+        family: "echo".into(),
+        traffic: t.label.into(),
+        rep,
+        ipv6: ctx.ipv6,
+        ..Default::default()
+    };
+    let dest = sink_addr_port(&topo.server_addr, SINK_PORT);
+    let exe = ctx.exe.to_string_lossy();
+    let args = generator_args(ctx, t);
+    let mut cmd = vec![&*exe, "bench", "--udp-roundtrip", &dest];
+    cmd.extend(args.iter().map(String::as_str));
+    let before = Before::take(&topo, t, ctx.ipv6)?;
+    let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
+    before.record_after(&mut rec, &topo, t, ctx)?;
+    let load: gen::LoadResult =
+        serde_json::from_str(text.trim()).with_context(|| format!("UDP round trip ({status}): {:?}", text.trim()))?;
+    rec.iperf = Some(gen::to_result(&load.gen, &load.sink));
+    rec.load = Some(load);
+    stop_forwarder(&mut topo, &mut rec);
+    Ok(rec)
 }
 
 /// The iperf3 client in A; a refused connection (the server not quite ready) is tried again twice.

@@ -23,6 +23,9 @@ pub const ADDR_A4: &str = "10.0.1.1";
 pub const ADDR_B4: &str = "10.0.2.1";
 pub const ADDR_A6: &str = "fd00:1::1";
 pub const ADDR_B6: &str = "fd00:2::1";
+/// Where the echo bench sends: an address of A's prefix that is not A's own, so routed into the echo's device.
+pub const ECHO_PEER4: &str = "10.0.1.2";
+pub const ECHO_PEER6: &str = "fd00:1::2";
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Interruptible sleep: returns an error as soon as `stop` is set.
@@ -125,17 +128,30 @@ impl Forwarder {
         let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
             bail!("{} is not a forwarder", mode.label);
         };
-        let stderr_log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
+        let argv: Vec<String> = prefix_args
+            .iter()
+            .cloned()
+            .chain([dev_a.to_string(), dev_b.to_string()])
+            .chain(args.iter().cloned())
+            .collect();
+        let log = log_dir.join(format!("{}-{dev_a}.stderr", mode.label));
+        Forwarder::spawn(&mode.label, program, &argv, ns, log, stop)
+    }
+
+    /// Start `PROGRAM ARGV..` inside `ns`, stderr to `stderr_log`, and wait for its `ready` line: any process
+    /// under the forwarder contract (docs/CONTRACTS.md), which `turbotun echo` and the bench's naive echo
+    /// follow too.
+    pub fn spawn(
+        label: &str,
+        program: &Path,
+        argv: &[String],
+        ns: &Netns,
+        stderr_log: PathBuf,
+        stop: &AtomicBool,
+    ) -> Result<Forwarder> {
         let errf = std::fs::File::create(&stderr_log).context("create forwarder log")?;
-        let mut child = ns.spawn(
-            Command::new(program)
-                .args(prefix_args)
-                .args([dev_a, dev_b])
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(errf),
-        )?;
+        let mut child =
+            ns.spawn(Command::new(program).args(argv).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(errf))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -161,8 +177,7 @@ impl Forwarder {
                 {
                     let st = fwd.child.wait().ok();
                     return Err(NotReady(format!(
-                        "{} exited before `ready` ({}): {}",
-                        mode.label,
+                        "{label} exited before `ready` ({}): {}",
                         st.map(|s| s.to_string()).unwrap_or_default(),
                         tail(&fwd.stderr_log, 3)
                     ))
@@ -173,8 +188,7 @@ impl Forwarder {
             }
             if Instant::now() >= end {
                 return Err(NotReady(format!(
-                    "{} did not print `ready` within {}s: {}",
-                    mode.label,
+                    "{label} did not print `ready` within {}s: {}",
                     READY_TIMEOUT.as_secs(),
                     tail(&fwd.stderr_log, 3)
                 ))
@@ -218,8 +232,9 @@ pub struct Topology {
     pub ns_a: Netns,
     /// The server's namespace; `None` for loopback.
     ns_b: Option<Netns>,
-    /// The run's two devices, in A and in B, whose TX drops are reported.
-    devices: Option<(String, String)>,
+    /// The run's devices whose TX drops are reported: the first in A, the second (if any) in the server's
+    /// namespace.
+    devices: Vec<String>,
     pub server_addr: String,
     pub forwarder: Option<Forwarder>,
 }
@@ -261,12 +276,14 @@ fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
 
 impl Topology {
     /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
-    /// the mode has one.
+    /// the mode has one; `txqueuelen` sets both devices' queue length (for a TUN device the length of the ring
+    /// the kernel fills and the forwarder drains), else they keep the kernel's default.
     pub fn build(
         mode: &Mode,
         prefix: &str,
         run: u32,
         ipv6: bool,
+        txqueuelen: Option<u32>,
         log_dir: &Path,
         stop: &AtomicBool,
     ) -> Result<Topology> {
@@ -274,14 +291,15 @@ impl Topology {
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
             let server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
-            return Ok(Topology { ns_a, ns_b: None, devices: None, server_addr, forwarder: None });
+            return Ok(Topology { ns_a, ns_b: None, devices: Vec::new(), server_addr, forwarder: None });
         }
         let ns_b = end_netns(format!("{base}b"), ipv6)?;
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
         anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
-        let mut t = Topology { ns_a, ns_b: Some(ns_b), devices: None, server_addr: String::new(), forwarder: None };
+        let mut t =
+            Topology { ns_a, ns_b: Some(ns_b), devices: Vec::new(), server_addr: String::new(), forwarder: None };
         match &mode.kind {
             Kind::Veth => netcfg::create_veth(&t.ns_a, &dev_a, t.server(), &dev_b)?,
             Kind::Forwarder { .. } => {
@@ -294,8 +312,8 @@ impl Topology {
             }
             Kind::Loopback => unreachable!("handled above"),
         }
-        t.configure_ends(&dev_a, &dev_b, ipv6)?;
-        t.devices = Some((dev_a, dev_b));
+        t.configure_ends(&dev_a, &dev_b, ipv6, txqueuelen)?;
+        t.devices = vec![dev_a, dev_b];
         t.server_addr = if ipv6 { ADDR_B6 } else { ADDR_B4 }.into();
         if let Some(f) = t.forwarder.as_mut() {
             if !f.is_running() {
@@ -306,11 +324,13 @@ impl Topology {
     }
 
     /// A: 10.0.1.1/24 on `dev_a`, with a route to B's subnet through it; B the mirror image (and the IPv6 pair).
-    fn configure_ends(&self, dev_a: &str, dev_b: &str, ipv6: bool) -> Result<()> {
+    fn configure_ends(&self, dev_a: &str, dev_b: &str, ipv6: bool, txqueuelen: Option<u32>) -> Result<()> {
         let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
         let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
-        let mut side_a = netcfg::Side { ns: &self.ns_a, dev: dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)] };
-        let mut side_b = netcfg::Side { ns: self.server(), dev: dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)] };
+        let mut side_a =
+            netcfg::Side { ns: &self.ns_a, dev: dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)], txqueuelen };
+        let mut side_b =
+            netcfg::Side { ns: self.server(), dev: dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)], txqueuelen };
         if ipv6 {
             side_a.addrs.push((a6, 64));
             side_a.routes.push((b6, 64));
@@ -321,15 +341,67 @@ impl Topology {
         netcfg::configure(&side_b)
     }
 
+    /// One namespace with an echo responder's device in it: `PROGRAM ARGV..` is started inside the namespace
+    /// with `{dev}` in `argv` replaced by the device name, creates the device and prints `ready`; then the device
+    /// gets A's address (10.0.1.1/24 or fd00:1::1/64), so that every other address of the prefix is routed
+    /// into it. `server_addr` is one of those (10.0.1.2, fd00:1::2): where the load goes to be answered.
+    #[allow(clippy::too_many_arguments)]
+    pub fn build_echo(
+        label: &str,
+        program: &Path,
+        argv: &[&str],
+        prefix: &str,
+        run: u32,
+        ipv6: bool,
+        log_dir: &Path,
+        stop: &AtomicBool,
+    ) -> Result<Topology> {
+        let base = format!("{prefix}r{run}");
+        let ns_a = end_netns(format!("{base}a"), ipv6)?;
+        let dev = format!("{base}e");
+        anyhow::ensure!(dev.len() <= 15, "device name {dev} longer than 15 bytes");
+        let argv: Vec<String> = argv.iter().map(|a| if *a == "{dev}" { dev.clone() } else { a.to_string() }).collect();
+        let log = log_dir.join(format!("{label}-{dev}.stderr"));
+        // Created inside A, so that the device never shows in the root namespace and needs no move.
+        let echo = Forwarder::spawn(label, program, &argv, &ns_a, log, stop)?;
+        let mut t = Topology {
+            ns_a,
+            ns_b: None,
+            devices: vec![dev.clone()],
+            server_addr: String::new(),
+            forwarder: Some(echo),
+        };
+        let (addr, peer, len): (IpAddr, &str, u8) =
+            if ipv6 { (ADDR_A6.parse()?, ECHO_PEER6, 64) } else { (ADDR_A4.parse()?, ECHO_PEER4, 24) };
+        netcfg::configure(&netcfg::Side {
+            ns: &t.ns_a,
+            dev: &dev,
+            addrs: vec![(addr, len)],
+            routes: vec![],
+            txqueuelen: None,
+        })?;
+        t.server_addr = peer.into();
+        if t.forwarder.as_mut().is_some_and(|f| !f.is_running()) {
+            bail!("{label} exited during set-up");
+        }
+        Ok(t)
+    }
+
     /// The server's namespace: B, or A itself for loopback.
     pub fn server(&self) -> &Netns {
         self.ns_b.as_ref().unwrap_or(&self.ns_a)
     }
 
-    /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop).
+    /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop); None without devices.
     pub fn tx_dropped(&self) -> Option<u64> {
-        let (dev_a, dev_b) = self.devices.as_ref()?;
-        Some(netcfg::tx_dropped(&self.ns_a, dev_a).ok()? + netcfg::tx_dropped(self.server(), dev_b).ok()?)
+        if self.devices.is_empty() {
+            return None;
+        }
+        let mut sum = 0;
+        for (dev, ns) in self.devices.iter().zip([&self.ns_a, self.server()]) {
+            sum += netcfg::tx_dropped(ns, dev).ok()?;
+        }
+        Some(sum)
     }
 
     /// UDP receive-buffer errors in the server namespace.

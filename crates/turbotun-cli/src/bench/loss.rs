@@ -1,0 +1,770 @@
+//! `turbotun bench --loss`: where datagrams are lost, and each forwarder's no-drop rate.
+//!
+//! Every trial is one run of the ordinary topology (fresh namespaces and forwarder, `runner::run_one`) with
+//! turbotun's generator paced at one offered rate of 64-byte datagrams, one flow, no GSO, toward the sink in
+//! B. A trial's row says what the generator offered and transmitted, what the sink received, and where the
+//! difference went: the devices' TX dropped (the tun ring's tail drop), the forwarder's own drop counter and
+//! the sink socket's drops (`SO_RXQ_OVFL`); the generator's and sink's own rates sit beside it, so that neither
+//! is taken for the bottleneck.
+//!
+//! The table runs every offered rate (step outer, forwarder inner, so that a slow phase of the machine hits
+//! every forwarder); then each forwarder's no-drop rate is searched for (RFC 2544 throughput: the highest
+//! offered rate whose trial loses at most [`LOSS_THRESHOLD_PERCENT`]) by bisection between the table's highest
+//! passing rate and its lowest failing one, at most a fixed number of further trials ([`search_no_drop`]).
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use super::chart;
+use super::iperf::Traffic;
+use super::modes::{Mode, Unavailable};
+use super::report::RunRecord;
+use super::runner::{interrupted, is_not_ready, run_one, Ctx};
+use super::stats::fmt_num;
+use super::BenchArgs;
+
+/// Offered rates of the table, thousands of datagrams per second.
+pub const STEPS_KPPS: &[u64] = &[25, 50, 100, 150, 200, 300];
+/// ... with `--quick`.
+pub const QUICK_STEPS_KPPS: &[u64] = &[50, 150, 300];
+/// A trial passes when it loses at most this share of what the generator transmitted.
+pub const LOSS_THRESHOLD_PERCENT: f64 = 0.1;
+/// Most trials of the no-drop search beyond the table's.
+pub const SEARCH_TRIALS: usize = 5;
+/// ... with `--quick`.
+pub const QUICK_SEARCH_TRIALS: usize = 3;
+/// The search stops once the passing and the failing rate are this close (datagrams per second).
+pub const RESOLUTION_PPS: u64 = 1000;
+/// UDP payload of every datagram.
+pub const PAYLOAD: u32 = 64;
+
+/// The traffic of one trial: 64-byte datagrams from turbotun's generator at `rate`, no GSO.
+fn paced(rate: u64) -> Traffic {
+    Traffic {
+        label: "udp64-paced",
+        description: "UDP, 64-byte datagrams from turbotun's generator at a paced rate, one flow, no GSO",
+        udp: true,
+        streams: 1,
+        payload: PAYLOAD,
+        gso: 1,
+        rate,
+    }
+}
+
+/// One trial, as a row of the table (and of the JSON).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LossRow {
+    pub mode: String,
+    pub family: String,
+    /// The devices' queue length; None: the kernel's default.
+    pub txqueuelen: Option<u32>,
+    /// `table` or `search`.
+    pub phase: String,
+    /// The rate asked of the generator, datagrams per second.
+    pub offered_pps: u64,
+    /// Datagrams the generator's kernel took.
+    pub transmitted: Option<u64>,
+    /// Datagrams the sink received.
+    pub received: Option<u64>,
+    /// `transmitted - received`.
+    pub lost: Option<u64>,
+    pub lost_percent: Option<f64>,
+    /// TX dropped of both devices over the trial (the tun ring's tail drop).
+    pub dev_tx_dropped: Option<u64>,
+    /// The forwarder's own drop counter (its counters line).
+    pub fwd_drops: Option<u64>,
+    /// The sink socket's drops (`SO_RXQ_OVFL`).
+    pub socket_drops: Option<u64>,
+    /// The generator's achieved rate: transmitted per second of its run.
+    pub gen_pps: Option<f64>,
+    /// The sink's rate: received per second, first to last datagram.
+    pub sink_pps: Option<f64>,
+    /// Received per second of the generator's run: what the chart plots against the offered rate.
+    pub received_pps: Option<f64>,
+    pub fwd_cpu_percent: Option<f64>,
+    /// Why the trial produced no result.
+    pub error: Option<String>,
+}
+
+impl LossRow {
+    /// The row of one trial's record.
+    pub fn from_run(rec: &RunRecord, offered_pps: u64, txqueuelen: Option<u32>, phase: &str) -> LossRow {
+        let mut row = LossRow {
+            mode: rec.mode.clone(),
+            family: rec.family.clone(),
+            txqueuelen,
+            phase: phase.into(),
+            offered_pps,
+            error: rec.error.clone(),
+            ..Default::default()
+        };
+        let Some(load) = rec.load.as_ref().filter(|_| rec.error.is_none()) else {
+            if row.error.is_none() {
+                row.error = Some("no report from the generator and sink".into());
+            }
+            return row;
+        };
+        let (g, s) = (&load.gen, &load.sink);
+        let lost = g.sent.saturating_sub(s.packets);
+        row.transmitted = Some(g.sent);
+        row.received = Some(s.packets);
+        row.lost = Some(lost);
+        row.lost_percent = (g.sent > 0).then(|| lost as f64 * 100.0 / g.sent as f64);
+        row.dev_tx_dropped = rec.dev_tx_dropped;
+        row.fwd_drops = rec.fwd_drops();
+        row.socket_drops = Some(s.socket_drops);
+        row.gen_pps = Some(g.pps());
+        row.sink_pps = Some(s.pps());
+        row.received_pps = Some(s.packets as f64 / g.seconds.max(1e-9));
+        row.fwd_cpu_percent = rec.fwd_cpu_percent;
+        row
+    }
+
+    /// Whether the trial lost at most `threshold` percent; a trial without a result or that transmitted
+    /// nothing does not pass.
+    pub fn passes(&self, threshold: f64) -> bool {
+        self.lost_percent.is_some_and(|p| p <= threshold)
+    }
+}
+
+/// What [`search_no_drop`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Search {
+    /// The highest rate that passed (in the search or the table); None if none did.
+    pub no_drop_pps: Option<u64>,
+    /// The lowest failing rate the search settled against; None when the top rate passed.
+    pub lowest_fail_pps: Option<u64>,
+    /// Trials run by the search.
+    pub trials: usize,
+    /// Whether the trial budget ran out before the resolution was reached.
+    pub budget_exhausted: bool,
+}
+
+/// RFC 2544's binary search for the highest rate that passes, up to `max_rate`, with at most `max_trials`
+/// calls of `pass` (a fixed-length trial at that rate). `known` holds trials already run (the table's rows:
+/// rate, passed). The search brackets the answer with the lowest known failing rate and the highest known
+/// passing rate below it (a pass above a failure is taken for noise); without a known failure it tries
+/// `max_rate` first, and stops there if that passes. Then it halves the bracket until it is at most
+/// `resolution` wide or the budget is spent. The result is always a rate that passed, so a noisy trial can make
+/// it low, never claim a rate that was not seen to pass.
+pub fn search_no_drop<E>(
+    max_rate: u64,
+    known: &[(u64, bool)],
+    max_trials: usize,
+    resolution: u64,
+    mut pass: impl FnMut(u64) -> std::result::Result<bool, E>,
+) -> std::result::Result<Search, E> {
+    let mut s = Search::default();
+    let known: Vec<(u64, bool)> = known.iter().copied().filter(|(r, _)| *r <= max_rate).collect();
+    let mut hi = match known.iter().filter(|(_, p)| !p).map(|(r, _)| *r).min() {
+        Some(fail) => fail,
+        None if known.iter().any(|&(r, p)| p && r == max_rate) => {
+            s.no_drop_pps = Some(max_rate);
+            return Ok(s);
+        }
+        None if max_trials == 0 => {
+            s.no_drop_pps = known.iter().filter(|(_, p)| *p).map(|(r, _)| *r).max();
+            s.budget_exhausted = true;
+            return Ok(s);
+        }
+        None => {
+            s.trials += 1;
+            if pass(max_rate)? {
+                s.no_drop_pps = Some(max_rate);
+                return Ok(s);
+            }
+            max_rate
+        }
+    };
+    s.no_drop_pps = known.iter().filter(|&&(r, p)| p && r < hi).map(|(r, _)| *r).max();
+    let mut lo = s.no_drop_pps.unwrap_or(0);
+    while hi - lo > resolution.max(1) {
+        if s.trials >= max_trials {
+            s.budget_exhausted = true;
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        s.trials += 1;
+        if pass(mid)? {
+            s.no_drop_pps = Some(mid);
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    s.lowest_fail_pps = Some(hi);
+    Ok(s)
+}
+
+/// One forwarder's no-drop rate at one queue length.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NoDrop {
+    pub mode: String,
+    pub family: String,
+    pub txqueuelen: Option<u32>,
+    #[serde(flatten)]
+    pub search: Search,
+    /// The generator's achieved rate in the trial that set the no-drop rate, where that trial was run.
+    pub gen_pps_at_no_drop: Option<f64>,
+}
+
+/// The JSON document of `--loss`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LossReport {
+    pub tool: String,
+    pub version: String,
+    pub build: String,
+    pub started_unix: u64,
+    pub kernel: String,
+    pub cpus: usize,
+    pub payload_bytes: u32,
+    pub trial_seconds: u64,
+    pub ipv6: bool,
+    pub steps_pps: Vec<u64>,
+    /// The queue lengths the table ran at (null: the kernel's default).
+    pub txqueuelens: Vec<Option<u32>>,
+    pub loss_threshold_percent: f64,
+    pub max_search_trials: usize,
+    pub resolution_pps: u64,
+    pub modes: Vec<String>,
+    pub not_available: Vec<Unavailable>,
+    /// Every trial, table and search.
+    pub rows: Vec<LossRow>,
+    pub no_drop: Vec<NoDrop>,
+    /// The raw record of every trial (generator and sink reports, forwarder counters).
+    pub runs: Vec<RunRecord>,
+}
+
+/// Runs the table and the searches, writes the JSON and chart if asked for and the Markdown on stdout; returns
+/// how many trials failed.
+pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
+    let steps: Vec<u64> = args
+        .rates
+        .clone()
+        .unwrap_or_else(|| if args.quick { QUICK_STEPS_KPPS } else { STEPS_KPPS }.to_vec())
+        .into_iter()
+        .map(|k| k * 1000)
+        .collect();
+    anyhow::ensure!(steps.iter().all(|&r| r > 0) && !steps.is_empty(), "--rates: give rates above 0 kpps");
+    let max_rate = steps.iter().copied().max().unwrap_or(0);
+    let max_trials = if args.quick { QUICK_SEARCH_TRIALS } else { SEARCH_TRIALS };
+    let txqueuelens: Vec<Option<u32>> = match &args.txqueuelen {
+        Some(v) => v.iter().map(|&n| Some(n)).collect(),
+        None => vec![None],
+    };
+    anyhow::ensure!(txqueuelens.iter().flatten().all(|&n| n > 0), "--txqueuelen: give lengths above 0");
+    let started_unix = super::now_unix();
+    let per_txq = (steps.len() + max_trials) * modes.len();
+    eprintln!(
+        "turbotun bench --loss: {} mode(s) × {} rate(s) + at most {max_trials} search trial(s), at {} queue \
+         length(s), {} s per trial (~{} min at most)",
+        modes.len(),
+        steps.len(),
+        txqueuelens.len(),
+        ctx.duration,
+        (per_txq as u64 * txqueuelens.len() as u64 * (ctx.duration + 2)).div_ceil(60)
+    );
+    let pb = super::progress_bar((per_txq * txqueuelens.len()) as u64);
+    let mut t = Trials { ctx: &mut *ctx, pb: &pb, rows: Vec::new(), runs: Vec::new(), broken: Vec::new(), failures: 0 };
+    let mut no_drop = Vec::new();
+    let measured = (|| -> Result<()> {
+        for &txq in &txqueuelens {
+            t.ctx.txqueuelen = txq;
+            for &rate in &steps {
+                for m in modes {
+                    t.trial(m, rate, "table")?;
+                }
+            }
+            for m in modes {
+                let known: Vec<(u64, bool)> = t
+                    .rows
+                    .iter()
+                    .filter(|r| r.mode == m.label && r.txqueuelen == txq)
+                    .map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT)))
+                    .collect();
+                let search = search_no_drop(max_rate, &known, max_trials, RESOLUTION_PPS, |rate| {
+                    Ok::<_, anyhow::Error>(t.trial(m, rate, "search")?.passes(LOSS_THRESHOLD_PERCENT))
+                })?;
+                // The bar counted the whole budget; give back what the search did not use.
+                pb.inc((max_trials - search.trials.min(max_trials)) as u64);
+                let gen_pps_at_no_drop = search.no_drop_pps.and_then(|rate| {
+                    t.rows
+                        .iter()
+                        .rev()
+                        .find(|r| r.mode == m.label && r.txqueuelen == txq && r.offered_pps == rate)
+                        .and_then(|r| r.gen_pps)
+                });
+                no_drop.push(NoDrop {
+                    mode: m.label.clone(),
+                    family: m.family.into(),
+                    txqueuelen: txq,
+                    search,
+                    gen_pps_at_no_drop,
+                });
+            }
+        }
+        Ok(())
+    })();
+    pb.finish_and_clear();
+    measured?;
+    let Trials { rows, runs, failures, .. } = t;
+    let report = LossReport {
+        tool: "turbotun bench --loss".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        build: super::build_kind().into(),
+        started_unix,
+        kernel: super::kernel(),
+        cpus: super::cpus(),
+        payload_bytes: PAYLOAD,
+        trial_seconds: ctx.duration,
+        ipv6: ctx.ipv6,
+        steps_pps: steps,
+        txqueuelens,
+        loss_threshold_percent: LOSS_THRESHOLD_PERCENT,
+        max_search_trials: max_trials,
+        resolution_pps: RESOLUTION_PPS,
+        modes: modes.iter().map(|m| m.label.clone()).collect(),
+        not_available,
+        rows,
+        no_drop,
+        runs,
+    };
+    super::write_json(args.json.as_deref(), &report)?;
+    if let Some(p) = &args.chart {
+        write_chart(p, &report)?;
+        eprintln!("turbotun bench: wrote {}", p.display());
+    }
+    super::print_markdown(&markdown(&report));
+    Ok(failures)
+}
+
+/// The trials run so far and what they need.
+struct Trials<'a> {
+    ctx: &'a mut Ctx,
+    pb: &'a indicatif::ProgressBar,
+    rows: Vec<LossRow>,
+    runs: Vec<RunRecord>,
+    /// Modes whose forwarder never came up, and why: their later trials are skipped.
+    broken: Vec<(String, String)>,
+    failures: usize,
+}
+
+impl Trials<'_> {
+    /// One trial of `m` at `rate` (a failed one is a row with its error); an error only when interrupted.
+    fn trial(&mut self, m: &Mode, rate: u64, phase: &str) -> Result<&LossRow> {
+        let txq = self.ctx.txqueuelen;
+        self.pb.set_message(format!(
+            "{phase} {} {} kpps{}",
+            m.label,
+            rate_kpps(rate),
+            txq.map(|n| format!(" txqueuelen {n}")).unwrap_or_default()
+        ));
+        let t = paced(rate);
+        let rec = match self.broken.iter().find(|(b, _)| *b == m.label) {
+            Some((_, why)) => RunRecord {
+                mode: m.label.clone(),
+                family: m.family.into(),
+                traffic: t.label.into(),
+                error: Some(format!("skipped: {why}")),
+                ..Default::default()
+            },
+            None => match run_one(self.ctx, m, &t, 1, None) {
+                Ok(r) => r,
+                Err(e) if self.ctx.interrupted() => return Err(interrupted(e)),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    if is_not_ready(&e) {
+                        self.broken.push((m.label.clone(), msg.clone()));
+                    }
+                    RunRecord {
+                        mode: m.label.clone(),
+                        family: m.family.into(),
+                        traffic: t.label.into(),
+                        ipv6: self.ctx.ipv6,
+                        error: Some(msg),
+                        ..Default::default()
+                    }
+                }
+            },
+        };
+        let row = LossRow::from_run(&rec, rate, txq, phase);
+        if let Some(err) = &row.error {
+            self.failures += 1;
+            self.pb.suspend(|| eprintln!("turbotun bench: {} at {rate} pps: {err}", m.label));
+        }
+        self.runs.push(rec);
+        self.rows.push(row);
+        self.pb.inc(1);
+        Ok(self.rows.last().expect("just pushed"))
+    }
+}
+
+fn opt_count(x: Option<u64>) -> String {
+    x.map(|x| x.to_string()).unwrap_or_else(|| "–".into())
+}
+
+fn opt_kpps(x: Option<f64>) -> String {
+    x.map(|x| fmt_num(x / 1000.0)).unwrap_or_else(|| "–".into())
+}
+
+/// A rate in kpps: whole thousands as integers (the steps), others with one decimal (the search's).
+fn rate_kpps(pps: u64) -> String {
+    if pps % 1000 == 0 {
+        (pps / 1000).to_string()
+    } else {
+        format!("{:.1}", pps as f64 / 1000.0)
+    }
+}
+
+fn txq_label(txq: Option<u32>) -> String {
+    match txq {
+        Some(n) => format!("txqueuelen {n}"),
+        None => "default txqueuelen".into(),
+    }
+}
+
+/// The table rows of one forwarder at one queue length, by offered rate.
+pub fn table_rows<'a>(rows: &'a [LossRow], mode: &str, txq: Option<u32>) -> Vec<&'a LossRow> {
+    let mut v: Vec<&LossRow> =
+        rows.iter().filter(|r| r.mode == mode && r.txqueuelen == txq && r.phase == "table").collect();
+    v.sort_by_key(|r| r.offered_pps);
+    v
+}
+
+/// One pktgen-style table per forwarder and queue length, then the no-drop rates.
+pub fn markdown(report: &LossReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "## turbotun bench --loss ({} build): {}-byte UDP, one flow, {} s trials, IPv{}, kernel {}, {} CPUs\n",
+        report.build,
+        report.payload_bytes,
+        report.trial_seconds,
+        if report.ipv6 { 6 } else { 4 },
+        report.kernel,
+        report.cpus
+    );
+    for &txq in &report.txqueuelens {
+        for mode in &report.modes {
+            let rows = table_rows(&report.rows, mode, txq);
+            if rows.is_empty() {
+                continue;
+            }
+            let _ = writeln!(o, "### {mode}, {}\n", txq_label(txq));
+            let _ = writeln!(
+                o,
+                "| offered kpps | transmitted | received | lost | lost % | dev TX drop | fwd drop | socket drop | gen kpps | sink kpps | fwd CPU % |"
+            );
+            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
+            for r in rows {
+                let _ = writeln!(o, "| {} |", row_cells(r).join(" | "));
+            }
+            o.push('\n');
+        }
+    }
+    let _ = writeln!(
+        o,
+        "### No-drop rate (loss ≤ {} %: binary search of {} s trials between the table's rates, at most {} more, \
+         resolution {} kpps)\n",
+        report.loss_threshold_percent,
+        report.trial_seconds,
+        report.max_search_trials,
+        fmt_num(report.resolution_pps as f64 / 1000.0)
+    );
+    let _ = writeln!(o, "| mode | txqueuelen | no-drop kpps | lowest failing kpps | search trials | gen kpps there |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|");
+    let top = report.steps_pps.iter().copied().max().unwrap_or(0);
+    for n in &report.no_drop {
+        let no_drop = match n.search.no_drop_pps {
+            Some(r) if r >= top => format!("≥ {} (the top rate)", rate_kpps(r)),
+            Some(r) => rate_kpps(r),
+            None => "none passed".into(),
+        };
+        let trials = format!("{}{}", n.search.trials, if n.search.budget_exhausted { " (budget spent)" } else { "" });
+        let _ = writeln!(
+            o,
+            "| {} | {} | {no_drop} | {} | {trials} | {} |",
+            n.mode,
+            n.txqueuelen.map(|t| t.to_string()).unwrap_or_else(|| "default".into()),
+            n.search.lowest_fail_pps.map(rate_kpps).unwrap_or_else(|| "–".into()),
+            opt_kpps(n.gen_pps_at_no_drop)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\noffered = the rate asked of turbotun's paced generator; transmitted = datagrams its kernel took; \
+         received = datagrams the sink counted; lost = transmitted − received. Where they were lost, in \
+         datagrams over the trial: dev TX drop = TX dropped of both devices (the tun ring's tail drop: the kernel \
+         had a datagram for the forwarder and its ring was full), fwd drop = the forwarder's own drop counter, \
+         socket drop = the sink socket's drops (SO_RXQ_OVFL). gen kpps and sink kpps are the generator's and the \
+         sink's achieved rates: a gen kpps below the offered rate means the generator, not the forwarder, set the \
+         pace. {}",
+        if report.txqueuelens.iter().any(Option::is_some) {
+            "txqueuelen is the length of each device's queue, for a TUN device its ring."
+        } else {
+            ""
+        }
+    );
+    if !report.not_available.is_empty() {
+        let _ = writeln!(o, "\nNot available:");
+        for u in &report.not_available {
+            let _ = writeln!(o, "- {}: {}", u.mode, u.reason);
+        }
+    }
+    o
+}
+
+/// The cells of one table row.
+pub fn row_cells(r: &LossRow) -> Vec<String> {
+    let offered = rate_kpps(r.offered_pps);
+    if let Some(err) = &r.error {
+        let mut cells = vec![offered, format!("failed: {}", err.replace('|', "/"))];
+        cells.extend(std::iter::repeat("–".to_string()).take(9));
+        return cells;
+    }
+    vec![
+        offered,
+        opt_count(r.transmitted),
+        opt_count(r.received),
+        opt_count(r.lost),
+        r.lost_percent.map(|p| format!("{p:.3}")).unwrap_or_else(|| "–".into()),
+        opt_count(r.dev_tx_dropped),
+        opt_count(r.fwd_drops),
+        opt_count(r.socket_drops),
+        opt_kpps(r.gen_pps),
+        opt_kpps(r.sink_pps),
+        r.fwd_cpu_percent.map(fmt_num).unwrap_or_else(|| "–".into()),
+    ]
+}
+
+/// Received against offered, one line per forwarder, one panel per queue length.
+fn write_chart(path: &std::path::Path, report: &LossReport) -> Result<()> {
+    let panels: Vec<chart::LinePanel> = report
+        .txqueuelens
+        .iter()
+        .map(|&txq| chart::LinePanel {
+            caption: format!("received vs offered, {}-byte UDP, {}", report.payload_bytes, txq_label(txq)),
+            x_desc: "offered kpps".into(),
+            y_desc: "received kpps".into(),
+            lines: report
+                .modes
+                .iter()
+                .filter_map(|mode| {
+                    let rows = table_rows(&report.rows, mode, txq);
+                    let points: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter_map(|r| Some((r.offered_pps as f64 / 1000.0, r.received_pps? / 1000.0)))
+                        .collect();
+                    let family = rows.first()?.family.clone();
+                    Some(chart::Line { label: mode.clone(), family, points })
+                })
+                .collect(),
+        })
+        .collect();
+    let title = format!("turbotun bench --loss — {} s trials, {}", report.trial_seconds, report.kernel);
+    chart::write_line_chart(path, &panels, &title)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::gen::{GenReport, LoadResult, SinkReport};
+
+    /// Runs a search whose trials are `curve(rate)`, counting the calls and checking each is inside the range.
+    fn search(max: u64, known: &[(u64, bool)], budget: usize, curve: impl Fn(u64) -> bool) -> (Search, Vec<u64>) {
+        let mut calls = Vec::new();
+        let s = search_no_drop(max, known, budget, RESOLUTION_PPS, |rate| {
+            assert!(rate <= max, "trial above the range: {rate}");
+            calls.push(rate);
+            Ok::<_, ()>(curve(rate))
+        })
+        .unwrap();
+        assert_eq!(s.trials, calls.len(), "{s:?}");
+        assert!(s.trials <= budget, "{s:?} over the budget of {budget}");
+        (s, calls)
+    }
+
+    fn table(steps: &[u64], curve: impl Fn(u64) -> bool) -> Vec<(u64, bool)> {
+        steps.iter().map(|&k| (k * 1000, curve(k * 1000))).collect()
+    }
+
+    #[test]
+    fn monotone_curve_converges_to_the_knee() {
+        let knee = 123_456;
+        let curve = |r: u64| r <= knee;
+        let known = table(STEPS_KPPS, curve);
+        let (s, calls) = search(300_000, &known, 20, curve);
+        let found = s.no_drop_pps.unwrap();
+        assert!(found <= knee && knee - found <= RESOLUTION_PPS, "{s:?}");
+        assert!(s.lowest_fail_pps.unwrap() > knee && s.lowest_fail_pps.unwrap() - found <= RESOLUTION_PPS);
+        assert!(!s.budget_exhausted);
+        // Bracketed by the table (100k passes, 150k fails): every trial inside, none repeated from the table.
+        assert!(calls.iter().all(|&c| c > 100_000 && c < 150_000), "{calls:?}");
+        assert!(calls.len() <= 6, "50k bracket to 1k takes 6 halvings: {calls:?}");
+        // Without a table it starts at the top rate.
+        let (s2, calls) = search(300_000, &[], 20, curve);
+        assert_eq!(calls[0], 300_000);
+        assert!(knee - s2.no_drop_pps.unwrap() <= RESOLUTION_PPS, "{s2:?}");
+    }
+
+    #[test]
+    fn bounded_trial_count() {
+        let curve = |r: u64| r <= 123_456;
+        for budget in 0..4 {
+            let (s, _) = search(300_000, &table(STEPS_KPPS, curve), budget, curve);
+            assert_eq!(s.trials, budget, "{s:?}");
+            assert!(s.budget_exhausted, "{s:?}");
+            // Whatever the budget, the answer passed and sits in the bracket.
+            let found = s.no_drop_pps.unwrap();
+            assert!((100_000..=123_456).contains(&found), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn noisy_curve_answers_a_rate_that_passed() {
+        // Mostly passes below 150k, but a pseudo-random 30 % of trials flip.
+        let noisy = |r: u64| {
+            let h = r.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % 100;
+            (r <= 150_000) != (h < 30)
+        };
+        let known = table(STEPS_KPPS, noisy);
+        let mut passed: Vec<u64> = known.iter().filter(|k| k.1).map(|k| k.0).collect();
+        let (s, calls) = search(300_000, &known, SEARCH_TRIALS, noisy);
+        passed.extend(calls.iter().copied().filter(|&c| noisy(c)));
+        if let Some(found) = s.no_drop_pps {
+            assert!(passed.contains(&found), "{found} never passed: {s:?}");
+            assert!(s.lowest_fail_pps.is_none_or(|f| found < f), "{s:?}");
+        }
+        if let Some(f) = s.lowest_fail_pps {
+            assert!(!noisy(f), "the bracket's top was seen to fail: {s:?}");
+        }
+    }
+
+    #[test]
+    fn all_fail_and_all_pass() {
+        let (s, calls) = search(300_000, &table(STEPS_KPPS, |_| false), SEARCH_TRIALS, |_| false);
+        assert_eq!(s.no_drop_pps, None, "{s:?}");
+        assert!(calls.iter().all(|&c| c < 25_000), "below the lowest failing step: {calls:?}");
+        assert!(s.lowest_fail_pps.unwrap() < 25_000);
+        let (s, calls) = search(300_000, &[], 3, |_| false);
+        assert_eq!((s.no_drop_pps, s.trials, s.budget_exhausted), (None, 3, true));
+        assert_eq!(calls, [300_000, 150_000, 75_000]);
+        // Every step passed, the top one too: nothing to search.
+        let (s, calls) = search(300_000, &table(STEPS_KPPS, |_| true), SEARCH_TRIALS, |_| true);
+        assert_eq!((s.no_drop_pps, s.lowest_fail_pps, s.trials), (Some(300_000), None, 0));
+        assert!(calls.is_empty());
+        // Nothing known: one trial at the top.
+        let (s, calls) = search(300_000, &[], SEARCH_TRIALS, |_| true);
+        assert_eq!((s.no_drop_pps, calls.as_slice()), (Some(300_000), &[300_000][..]));
+    }
+
+    fn record(sent: u64, received: u64, socket_drops: u64) -> RunRecord {
+        RunRecord {
+            mode: "turbotun-offload".into(),
+            family: "turbotun".into(),
+            traffic: "udp64-paced".into(),
+            dev_tx_dropped: Some(sent - received - socket_drops),
+            fwd_counters: Some(serde_json::json!({"packets": received, "drops": 0})),
+            fwd_cpu_percent: Some(55.0),
+            load: Some(LoadResult {
+                gen: GenReport {
+                    sent,
+                    seconds: 2.0,
+                    segments: 1,
+                    attempted: sent,
+                    rate_pps: sent / 2,
+                    ..Default::default()
+                },
+                sink: SinkReport { packets: received, seconds: 1.9, socket_drops, ..Default::default() },
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_from_records() {
+        let r = LossRow::from_run(&record(200_000, 199_900, 40), 100_000, Some(1000), "table");
+        assert_eq!((r.transmitted, r.received, r.lost), (Some(200_000), Some(199_900), Some(100)));
+        assert!((r.lost_percent.unwrap() - 0.05).abs() < 1e-12);
+        assert_eq!((r.dev_tx_dropped, r.fwd_drops, r.socket_drops), (Some(60), Some(0), Some(40)));
+        assert_eq!(r.gen_pps, Some(100_000.0));
+        assert!((r.sink_pps.unwrap() - 199_900.0 / 1.9).abs() < 1e-6);
+        assert_eq!(r.received_pps, Some(99_950.0));
+        assert!(r.passes(LOSS_THRESHOLD_PERCENT));
+        let lossy = LossRow::from_run(&record(200_000, 190_000, 0), 100_000, None, "table");
+        assert!(!lossy.passes(LOSS_THRESHOLD_PERCENT));
+        let cells = row_cells(&r);
+        assert_eq!(cells.len(), 11);
+        assert_eq!(cells[..6], ["100", "200000", "199900", "100", "0.050", "60"]);
+        // A failed trial: its error in the row, never a pass.
+        let failed = RunRecord { error: Some("forwarder died | x".into()), ..record(10, 10, 0) };
+        let f = LossRow::from_run(&failed, 50_000, None, "search");
+        assert!(f.transmitted.is_none() && !f.passes(100.0));
+        let cells = row_cells(&f);
+        assert_eq!(cells.len(), 11);
+        assert!(cells[1].contains("forwarder died / x"), "{cells:?}");
+    }
+
+    #[test]
+    fn markdown_has_a_table_per_forwarder_and_the_no_drop_rates() {
+        let mut rows = Vec::new();
+        for (i, rate) in [150_000u64, 50_000].into_iter().enumerate() {
+            let rec = record(rate * 2, rate * 2 - (i as u64) * 10, 0);
+            rows.push(LossRow::from_run(&rec, rate, None, "table"));
+        }
+        rows.push(LossRow::from_run(&record(10, 10, 0), 99_000, None, "search"));
+        let report = LossReport {
+            tool: "t".into(),
+            version: "0".into(),
+            build: "debug".into(),
+            started_unix: 0,
+            kernel: "6.18".into(),
+            cpus: 2,
+            payload_bytes: 64,
+            trial_seconds: 2,
+            ipv6: false,
+            steps_pps: vec![50_000, 150_000],
+            txqueuelens: vec![None],
+            loss_threshold_percent: 0.1,
+            max_search_trials: 3,
+            resolution_pps: 1000,
+            modes: vec!["turbotun-offload".into()],
+            not_available: vec![],
+            rows,
+            no_drop: vec![NoDrop {
+                mode: "turbotun-offload".into(),
+                family: "turbotun".into(),
+                txqueuelen: None,
+                search: Search {
+                    no_drop_pps: Some(150_000),
+                    lowest_fail_pps: None,
+                    trials: 0,
+                    budget_exhausted: false,
+                },
+                gen_pps_at_no_drop: Some(149_000.0),
+            }],
+            runs: vec![],
+        };
+        let md = markdown(&report);
+        assert!(md.contains("### turbotun-offload, default txqueuelen"), "{md}");
+        // Sorted by offered rate; the search trial is not in the table.
+        let first = md.find("| 50 | 100000 |").expect(&md);
+        let second = md.find("| 150 | 300000 | 300000 |").expect(&md);
+        assert!(first < second && !md.contains("| 99 |"), "{md}");
+        assert!(md.contains("| turbotun-offload | default | ≥ 150 (the top rate) | – | 0 | 149 |"), "{md}");
+        for block in md.split("\n\n") {
+            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
+            if let Some(h) = rows.first() {
+                for r in &rows {
+                    assert_eq!(r.matches('|').count(), h.matches('|').count(), "{r}");
+                }
+            }
+        }
+        let back: LossReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(back.rows.len(), report.rows.len());
+        assert_eq!(back.rows[0].received, report.rows[0].received);
+        assert_eq!(back.no_drop, report.no_drop);
+    }
+}
