@@ -9,6 +9,8 @@ use turbotun::echo::{EchoBuilder, EchoMode, EchoStats};
 use turbotun::netlink::Netlink;
 use turbotun::Mode;
 
+use crate::inspect_cmd::QueueingArgs;
+
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EchoModeArg {
@@ -35,6 +37,8 @@ pub struct EchoArgs {
     /// An address to give the device, ADDR/PREFIX (repeatable); every other address of the prefix answers.
     #[arg(long = "addr", value_name = "ADDR/PREFIX")]
     pub addrs: Vec<String>,
+    #[command(flatten)]
+    pub queueing: QueueingArgs,
 }
 
 pub fn run(args: &EchoArgs) -> Result<()> {
@@ -45,7 +49,8 @@ pub fn run(args: &EchoArgs) -> Result<()> {
     };
     let mut builder = EchoBuilder::new(mode);
     let device_mode = if args.tap { Mode::Tap } else { Mode::Tun };
-    let dev = builder.device(device_mode).name(&args.dev).open().with_context(|| format!("opening {}", args.dev))?;
+    let device = args.queueing.apply(builder.device(device_mode)).name(&args.dev);
+    let dev = device.open().with_context(|| format!("opening {}", args.dev))?;
     for note in dev.notes() {
         eprintln!("turbotun echo: {note}");
     }

@@ -13,6 +13,8 @@ use turbotun::forward::{ForwardMode, ForwardStats, Forwarder, ForwarderBuilder, 
 use turbotun::privilege::{drop_to, Identity, UserSpec};
 use turbotun::{Mode, ProcessUsage, Queue, StopHandle};
 
+use crate::inspect_cmd::QueueingArgs;
+
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FwdMode {
@@ -58,7 +60,7 @@ pub struct FwdArgs {
     /// Open no device: listen on this Unix socket path (which must not exist; put it in a private directory),
     /// take the queues of two devices from two `turbotun open NAME --send-to PATH`, the first received as A,
     /// and forward between them. Needs no privilege.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["dev_a", "dev_b", "tap"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["dev_a", "dev_b", "tap", "txqueuelen", "backpressure"])]
     pub from_socket: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = FwdMode::Offload)]
     pub mode: FwdMode,
@@ -90,6 +92,8 @@ pub struct FwdArgs {
     /// threads and the counters so far (one JSON object per line, before the final counters line).
     #[arg(long, value_name = "SECS")]
     pub stats_interval: Option<f64>,
+    #[command(flatten)]
+    pub queueing: QueueingArgs,
 }
 
 pub fn run(args: &FwdArgs) -> Result<()> {
@@ -169,7 +173,8 @@ fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<Forwarder
     builder.validate(args.queues)?;
     let mode = if args.tap { Mode::Tap } else { Mode::Tun };
     let open = |name: &str| {
-        builder.device(mode).name(name).queues(args.queues).open().with_context(|| format!("opening {name}"))
+        let device = args.queueing.apply(builder.device(mode)).name(name).queues(args.queues);
+        device.open().with_context(|| format!("opening {name}"))
     };
     let (a, b) = (open(dev_a)?, open(dev_b)?);
     // build() attaches the steering program (CAP_BPF), so it runs before any privilege is dropped.

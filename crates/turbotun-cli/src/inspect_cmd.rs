@@ -26,6 +26,7 @@ struct FeaturesJson {
     multi_queue: bool,
     napi: bool,
     napi_frags: bool,
+    backpressure: bool,
     steering_ebpf: bool,
     steering_ebpf_error: Option<String>,
     io_uring: bool,
@@ -45,6 +46,7 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
         multi_queue: caps.multi_queue(),
         napi: caps.napi(),
         napi_frags: caps.napi_frags(),
+        backpressure: caps.backpressure(),
         steering_ebpf: caps.steering_ebpf.is_ok(),
         steering_ebpf_error: caps.steering_ebpf.clone().err(),
         io_uring: caps.io_uring,
@@ -72,6 +74,11 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
     println!("  multiqueue        {}", yes(report.multi_queue));
     println!("  napi              {}", yes(report.napi));
     println!("  napi_frags        {}", yes(report.napi_frags));
+    if report.backpressure {
+        println!("  backpressure      yes (IFF_BACKPRESSURE: a full transmit ring stops the queue, nothing dropped)");
+    } else {
+        println!("  backpressure      no (no IFF_BACKPRESSURE: a full transmit ring tail-drops; see txqueuelen)");
+    }
     match &caps.steering_ebpf {
         Ok(()) => println!("  steering eBPF     yes"),
         Err(why) => println!("  steering eBPF     no ({why})"),
@@ -256,6 +263,32 @@ pub struct CreateArgs {
     /// Group gid allowed to attach without CAP_NET_ADMIN.
     #[arg(long)]
     pub group: Option<u32>,
+    #[command(flatten)]
+    pub queueing: QueueingArgs,
+}
+
+/// How the device queues packets for its reader; shared by `create`, `fwd` and `echo`.
+#[derive(Debug, Clone, Args)]
+pub struct QueueingArgs {
+    /// The device's transmit queue length: how many packets each queue's ring holds for the reader before the
+    /// kernel drops (interface `TX dropped`). Longer absorbs longer bursts, at the price of latency.
+    #[arg(long, value_name = "PACKETS")]
+    pub txqueuelen: Option<u32>,
+    /// Ask for IFF_BACKPRESSURE (a full ring stops the queue instead of dropping). Where the kernel does not
+    /// offer it (`turbotun features` says), the device opens without it and a note says so.
+    #[arg(long)]
+    pub backpressure: bool,
+}
+
+impl QueueingArgs {
+    /// The builder with these settings.
+    pub fn apply(&self, builder: DeviceBuilder) -> DeviceBuilder {
+        let builder = builder.backpressure(self.backpressure);
+        match self.txqueuelen {
+            Some(len) => builder.txqueuelen(len),
+            None => builder,
+        }
+    }
 }
 
 pub fn create(args: &CreateArgs) -> Result<()> {
@@ -273,7 +306,10 @@ pub fn create(args: &CreateArgs) -> Result<()> {
     if let Some(gid) = args.group {
         builder = builder.group(gid);
     }
-    let device = builder.open()?;
+    let device = args.queueing.apply(builder).open()?;
+    for note in device.notes() {
+        eprintln!("turbotun create: {note}");
+    }
     println!("created persistent {} device {}", device.mode(), device.name());
     Ok(())
 }

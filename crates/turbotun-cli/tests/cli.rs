@@ -39,6 +39,27 @@ fn features_json_reports_probed_support() {
         assert!(v["io_uring"].is_boolean() && v["steering_ebpf"].is_boolean());
         let human = turbotun(&["features"]);
         assert!(text(&human).contains("offload tso4      yes"), "{}", text(&human));
+        let backpressure = v["backpressure"].as_bool().expect("backpressure is reported");
+        let line = if backpressure { "backpressure      yes" } else { "backpressure      no" };
+        assert!(text(&human).contains(line), "{}", text(&human));
+    });
+}
+
+/// `--txqueuelen` sets the ring length the kernel reports; `--backpressure` is granted where the kernel offers
+/// it and otherwise noted, never silently ignored.
+#[test]
+fn create_with_txqueuelen_and_backpressure() {
+    in_netns("create_with_txqueuelen_and_backpressure", || {
+        let features: serde_json::Value = serde_json::from_slice(&turbotun(&["features", "--json"]).stdout).unwrap();
+        let offered = features["backpressure"].as_bool().unwrap();
+        let out = turbotun(&["create", "ttq0", "--txqueuelen", "777", "--backpressure"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(text(&out).contains("IFF_BACKPRESSURE is not in this kernel"), !offered, "{}", text(&out));
+        let info: serde_json::Value = serde_json::from_slice(&turbotun(&["info", "ttq0", "--json"]).stdout).unwrap();
+        assert_eq!(info[0]["txqueuelen"], 777);
+        let flags = info[0]["flags"].as_array().unwrap();
+        assert_eq!(flags.contains(&serde_json::json!("backpressure")), offered, "{flags:?}");
+        assert!(turbotun(&["delete", "ttq0"]).status.success());
     });
 }
 

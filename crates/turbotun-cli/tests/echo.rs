@@ -26,6 +26,9 @@ fn ns_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
+/// The ring length every echo here is started with (`--txqueuelen`), checked by one test.
+const ECHO_TXQUEUELEN: &str = "2345";
+
 /// `turbotun echo` running in a namespace of its own; killed and reaped on drop.
 struct Echo {
     ns: OwnedFd,
@@ -51,6 +54,7 @@ impl Echo {
         let ns = with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
             .expect("private netns");
         let mut args = vec!["echo", &dev, "--mode", mode, "--addr", "10.9.0.1/24", "--addr", "fd00:9::1/64"];
+        args.extend(["--txqueuelen", ECHO_TXQUEUELEN]);
         if tap {
             args.push("--tap");
         }
@@ -179,6 +183,8 @@ fn echo_sends_udp_back_unchanged() {
     }
     for mode in ["plain", "offload"] {
         let echo = Echo::start(mode, false);
+        let link = echo.run(|| turbotun::netlink::Netlink::new().unwrap().link(&echo.dev).unwrap());
+        assert_eq!(link.txqueuelen.to_string(), ECHO_TXQUEUELEN, "--txqueuelen");
         let gso = mode == "offload";
         echo.run(|| udp_answered("10.9.0.1", "10.9.0.2", gso));
         echo.run(|| udp_answered("fd00:9::1", "fd00:9::2", false));

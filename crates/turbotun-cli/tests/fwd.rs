@@ -269,3 +269,20 @@ fn fwd_rejects_options_that_do_not_fit() {
     let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "bad name", "b"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid interface name"), "{out:?}");
 }
+
+/// `fwd --txqueuelen` gives both devices that ring length (they keep it when moved to their namespaces), and
+/// traffic flows through them.
+#[test]
+fn fwd_sets_txqueuelen() {
+    if !privileged("fwd_sets_txqueuelen") {
+        return;
+    }
+    let topo = Topology::start("plain", false, &["--txqueuelen", "4321"]);
+    for (ns, dev) in [(&topo.ns_a, &topo.dev_a), (&topo.ns_b, &topo.dev_b)] {
+        let link = Netlink::in_netns(&ns_path(ns)).unwrap().link(dev).unwrap();
+        assert_eq!(link.txqueuelen, 4321, "{dev}");
+    }
+    udp_datagrams_intact(&topo, A4, B4, false, true);
+    let counters = topo.stop();
+    assert_eq!(counters["errors"], 0, "{counters}");
+}

@@ -43,6 +43,11 @@ impl Capabilities {
     pub fn napi_frags(&self) -> bool {
         self.iff_features & u32::from(iff::NAPI_FRAGS) != 0
     }
+    /// Whether the driver offers `IFF_BACKPRESSURE` (a full transmit ring stops the device's queue instead of
+    /// dropping). No released kernel does yet.
+    pub fn backpressure(&self) -> bool {
+        self.iff_features & u32::from(iff::BACKPRESSURE) != 0
+    }
     /// Whether UDP segmentation offload was granted on the scratch device.
     pub fn uso(&self) -> bool {
         self.offloads.is_some_and(|o| o.contains(Offloads::USO4 | Offloads::USO6))
@@ -130,11 +135,13 @@ pub struct DeviceBuilder {
     napi: bool,
     napi_frags: bool,
     no_carrier: bool,
+    backpressure: bool,
     exclusive: bool,
     persist: Option<bool>,
     owner: Option<u32>,
     group: Option<u32>,
     sndbuf: Option<i32>,
+    txqueuelen: Option<u32>,
     nonblocking: bool,
 }
 
@@ -152,11 +159,13 @@ impl DeviceBuilder {
             napi: false,
             napi_frags: false,
             no_carrier: false,
+            backpressure: false,
             exclusive: false,
             persist: None,
             owner: None,
             group: None,
             sndbuf: None,
+            txqueuelen: None,
             nonblocking: false,
         }
     }
@@ -236,7 +245,23 @@ impl DeviceBuilder {
         self.group = Some(gid);
         self
     }
-    /// `TUNSETSNDBUF`: bytes the device may queue towards the reader before the kernel drops (tail drop).
+    /// Asks for `IFF_BACKPRESSURE`: when the device's transmit ring (its txqueuelen) is full, the kernel stops
+    /// the queue and senders wait, instead of dropping the packet (counted as `TX dropped`). Where
+    /// `TUNGETFEATURES` does not list it, the device opens without it and [`Device::notes`] says so;
+    /// [`Device::backpressure`] tells what was granted.
+    pub fn backpressure(mut self, on: bool) -> Self {
+        self.backpressure = on;
+        self
+    }
+    /// The device's transmit queue length (rtnetlink `IFLA_TXQLEN`). For TUN/TAP it is the length of each
+    /// queue's ring of packets waiting for the reader: longer absorbs longer bursts before the kernel tail-drops,
+    /// at the price of latency under load.
+    pub fn txqueuelen(mut self, packets: u32) -> Self {
+        self.txqueuelen = Some(packets);
+        self
+    }
+    /// `TUNSETSNDBUF` on every queue: how many bytes of the packets this process writes may be in flight in the
+    /// kernel before a write waits (or fails with `EAGAIN`).
     pub fn sndbuf(mut self, bytes: i32) -> Self {
         self.sndbuf = Some(bytes);
         self
@@ -309,24 +334,35 @@ impl DeviceBuilder {
         flags |= on(self.napi, iff::NAPI);
         flags |= on(self.napi_frags, iff::NAPI_FRAGS);
         flags |= on(self.no_carrier, iff::NO_CARRIER);
+        flags |= on(self.backpressure, iff::BACKPRESSURE);
         flags |= on(self.exclusive, iff::TUN_EXCL);
         flags
     }
 
     /// Creates the device, or attaches to an existing one of that name, and applies every setting.
-    pub fn open(self) -> Result<Device> {
+    pub fn open(mut self) -> Result<Device> {
         self.check()?;
         let first = open_tun(self.nonblocking)?;
         let features = sys::tun_get_features(first.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
         self.check_features(features)?;
 
         let mut notes = Vec::new();
+        // The kernel ignores request flags it does not know, so IFF_BACKPRESSURE is asked for only where listed.
+        let wanted_backpressure = self.backpressure;
+        self.backpressure &= features & u32::from(iff::BACKPRESSURE) != 0;
+        if wanted_backpressure && !self.backpressure {
+            notes.push(
+                "IFF_BACKPRESSURE is not in this kernel's TUNGETFEATURES: opened without it, so a full transmit \
+                 ring drops (TX dropped); a longer txqueuelen absorbs longer bursts"
+                    .to_string(),
+            );
+        }
         let (name, multi_queue) = self.create_or_attach(first.as_fd(), &mut notes)?;
         let fds = self.attach_queues(first, &name, multi_queue)?;
         let ctl = fds[0].as_fd();
         let vnet_hdr_len = self.set_vnet_hdr(ctl)?;
         let offloads = self.set_offloads(ctl, &name, &mut notes)?;
-        self.apply_settings(&fds)?;
+        self.apply_settings(&fds, &name)?;
 
         let (_, kernel_flags) = sys::tun_get_iff(ctl).map_err(|e| Error::io("TUNGETIFF", e))?;
         let name: Arc<str> = Arc::from(name);
@@ -477,9 +513,10 @@ impl DeviceBuilder {
         Ok(offloads)
     }
 
-    /// Persistence, owner, group (on the device, through the first fd) and the send buffer (on every queue).
+    /// Owner, group (on the device, through the first fd), the send buffer (on every queue), the transmit queue
+    /// length (rtnetlink) and persistence.
     /// Persistence comes last: a setting refused before it leaves no persistent device behind.
-    fn apply_settings(&self, fds: &[OwnedFd]) -> Result<()> {
+    fn apply_settings(&self, fds: &[OwnedFd], name: &str) -> Result<()> {
         let ctl = fds[0].as_fd();
         if let Some(uid) = self.owner {
             sys::tun_set_owner(ctl, uid).map_err(|e| permission_or_io("TUNSETOWNER", e))?;
@@ -491,6 +528,9 @@ impl DeviceBuilder {
             for fd in fds {
                 sys::tun_set_sndbuf(fd.as_fd(), bytes).map_err(|e| Error::io("TUNSETSNDBUF", e))?;
             }
+        }
+        if let Some(len) = self.txqueuelen {
+            Netlink::new()?.set_txqueuelen(name, len)?;
         }
         if let Some(persist) = self.persist {
             sys::tun_set_persist(ctl, persist).map_err(|e| permission_or_io("TUNSETPERSIST", e))?;
@@ -598,6 +638,11 @@ impl Device {
     pub fn offloads(&self) -> Offloads {
         self.offloads
     }
+    /// Whether the device has `IFF_BACKPRESSURE` (asked for with [`DeviceBuilder::backpressure`] and offered by
+    /// the kernel).
+    pub fn backpressure(&self) -> bool {
+        self.kernel_flags & iff::BACKPRESSURE != 0
+    }
     /// The queues, one per fd, in the order they were opened.
     pub fn queues(&self) -> &[Queue] {
         &self.queues
@@ -664,6 +709,23 @@ mod tests {
         let ancient = u32::from(iff::TUN | iff::TAP | iff::NO_PI);
         let err = DeviceBuilder::tun().vnet_hdr(10).check_features(ancient).unwrap_err();
         assert!(err.to_string().contains("IFF_VNET_HDR"), "{err}");
+    }
+
+    /// IFF_BACKPRESSURE goes into the TUNSETIFF flags only when asked for; `open` clears the request first where
+    /// TUNGETFEATURES does not list the bit, because the kernel would ignore it without a word.
+    #[test]
+    fn test_backpressure_flag() {
+        assert_eq!(DeviceBuilder::tun().flags(false) & iff::BACKPRESSURE, 0);
+        let asked = DeviceBuilder::tun().backpressure(true);
+        assert_eq!(asked.flags(false) & iff::BACKPRESSURE, iff::BACKPRESSURE);
+        // Not a condition of opening: a kernel without it passes check_features, and the open degrades.
+        let old = u32::from(iff::TUN | iff::TAP | iff::NO_PI | iff::VNET_HDR);
+        assert!(asked.check_features(old).is_ok());
+        // The value is the proposed one and collides with no flag the kernel has.
+        assert_eq!(iff::BACKPRESSURE, 0x0080);
+        let known = iff::TUN | iff::TAP | iff::NAPI | iff::NAPI_FRAGS | iff::NO_CARRIER | iff::NO_PI | iff::ONE_QUEUE;
+        let known = known | iff::VNET_HDR | iff::TUN_EXCL | iff::MULTI_QUEUE | iff::PERSIST;
+        assert_eq!(known & iff::BACKPRESSURE, 0);
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub struct DeviceReport {
 /// Names of the `IFF_*` bits the tun driver keeps in `tun_flags`.
 pub fn flag_names(flags: u32) -> Vec<&'static str> {
     // IFF_NOFILTER shares its bit with IFF_NO_PI (it only means something for TUNSETTXFILTER), so it is not listed.
-    let table: [(u16, &'static str); 11] = [
+    let table: [(u16, &'static str); 12] = [
         (iff::TUN, "tun"),
         (iff::TAP, "tap"),
         (iff::NO_PI, "no_pi"),
@@ -70,6 +70,7 @@ pub fn flag_names(flags: u32) -> Vec<&'static str> {
         (iff::NO_CARRIER, "no_carrier"),
         (iff::TUN_EXCL, "tun_excl"),
         (iff::PERSIST, "persist"),
+        (iff::BACKPRESSURE, "backpressure"),
     ];
     table.iter().filter(|(bit, _)| flags & u32::from(*bit) != 0).map(|(_, n)| *n).collect()
 }

@@ -373,6 +373,25 @@ fn error_invalid_names_and_configs() {
     assert!(err.to_string().contains("queues(0)"), "{err}");
 }
 
+/// `backpressure(true)` opens on any kernel: granted where TUNGETFEATURES lists IFF_BACKPRESSURE, otherwise the
+/// device opens without it and a note says so; `txqueuelen` is the length rtnetlink reports afterwards.
+#[test]
+fn backpressure_requested_and_txqueuelen() {
+    in_netns("backpressure_requested_and_txqueuelen", || {
+        let name = unique_name("tb");
+        let dev = DeviceBuilder::tun().name(&name).backpressure(true).txqueuelen(321).open().unwrap();
+        let offered = turbotun::Capabilities::get().unwrap().backpressure();
+        assert_eq!(dev.backpressure(), offered);
+        let noted = dev.notes().iter().any(|n| n.contains("IFF_BACKPRESSURE is not in this kernel"));
+        assert_eq!(noted, !offered, "{:?}", dev.notes());
+        assert_eq!(Netlink::new().unwrap().link(&name).unwrap().txqueuelen, 321);
+        // Not asked for: never set, never noted.
+        let other = unique_name("tb");
+        let dev = DeviceBuilder::tun().name(&other).open().unwrap();
+        assert!(!dev.backpressure() && dev.notes().is_empty(), "{:?}", dev.notes());
+    });
+}
+
 /// Netlink configuration: MTU, txqueuelen, addresses v4/v6, routes, up/down, statistics.
 #[test]
 fn netlink_configuration() {

@@ -44,6 +44,10 @@ pub mod iff {
     pub const DETACH_QUEUE: u16 = libc::IFF_DETACH_QUEUE as u16;
     /// The device outlives its last fd (as `tun_flags` reports it; set with `TUNSETPERSIST`).
     pub const PERSIST: u16 = libc::IFF_PERSIST as u16;
+    /// `IFF_BACKPRESSURE`: opt-in flow control, proposed for tun after the series that stopped the device's
+    /// queue instead of tail-dropping was reverted. No released kernel has it, so libc does not name it; the
+    /// kernel ignores unknown request flags, which is why it is requested only when `TUNGETFEATURES` lists it.
+    pub const BACKPRESSURE: u16 = 0x0080;
 }
 
 /// Offload bits of `TUNSETOFFLOAD`.
