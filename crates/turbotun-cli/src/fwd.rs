@@ -126,7 +126,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
             .context("installing signal handlers")?;
     }
     if let Some(identity) = &identity {
-        drop_privileges(&forwarder, identity)?;
+        drop_privileges(identity)?;
     }
     let (stats, mode, io, stop) = (forwarder.stats(), forwarder.mode(), forwarder.io(), forwarder.stop_handle());
     println!("ready");
@@ -181,12 +181,10 @@ fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<Forwarder
     Ok(builder.build(a, b)?)
 }
 
-/// Everything that needs a privilege is done by now (devices, steering program); the GRO write probe needs a
-/// private namespace, so it runs here (it is cached for the process), then the process becomes `identity`.
-fn drop_privileges(forwarder: &Forwarder, identity: &Identity) -> Result<()> {
-    if forwarder.mode() == ForwardMode::Offload {
-        turbotun::batch::gro_write_support();
-    }
+/// Everything that needs a privilege is done by now (devices, steering program, and in offload mode the GRO
+/// write probe, which needs a private namespace and ran when the forwarder was built); the process becomes
+/// `identity`.
+fn drop_privileges(identity: &Identity) -> Result<()> {
     drop_to(identity).with_context(|| format!("--user {}", identity.name))?;
     eprintln!("turbotun fwd: running as {identity}, no capabilities, no_new_privs");
     Ok(())

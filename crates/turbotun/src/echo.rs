@@ -642,6 +642,10 @@ impl EchoBuilder {
             }
         }
         queue.set_nonblocking(true)?;
+        if self.mode == EchoMode::Offload {
+            // Probed now rather than at the first answer, which would wait tens of milliseconds for it.
+            crate::batch::gro_write_support();
+        }
         let mut responder = Responder::new(queue.mode()).with_mac(self.mac);
         for &(addr, prefix) in &self.own {
             responder = responder.with_own_address(addr, prefix);

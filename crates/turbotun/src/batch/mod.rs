@@ -21,7 +21,7 @@ mod recv;
 mod send;
 
 pub use recv::{Received, RecvBatch};
-pub use send::{gro_write_support, probe_gro_writes, GroWriteSupport, SendBatch, Sent};
+pub use send::{gro_write_support, gro_write_support_if_probed, probe_gro_writes, GroWriteSupport, SendBatch, Sent};
 
 /// How many packets one batch call handles at most: a 64 KiB super-packet of MSS 1448 splits into 46 segments.
 pub const BATCH_SIZE: usize = 64;

@@ -45,14 +45,22 @@ pub struct GroWriteSupport {
     pub udp: Option<bool>,
 }
 
+/// The answer of the process's GRO write probe, once it has run.
+static GRO_WRITE_PROBE: std::sync::OnceLock<GroWriteSupport> = std::sync::OnceLock::new();
+
+/// What [`gro_write_support`] found, if it has run in this process yet (it never runs as a side effect of this
+/// call): a program can check that the probe is behind it before traffic starts.
+pub fn gro_write_support_if_probed() -> Option<GroWriteSupport> {
+    GRO_WRITE_PROBE.get().copied()
+}
+
 /// Whether this kernel accepts coalesced writes of each kind, probed once per process with
 /// [`probe_gro_writes`] on a scratch TUN device inside a private network namespace, where no bridge, capture or
 /// route can see the probe and from which the kernel removes the device when the probe ends. Without the
 /// privileges for a namespace the answer is "could not tell" (`None`), and [`SendBatch`] relies on its run-time
 /// fallback alone: a refused coalesced write turns that GRO kind off and is re-split, never lost.
 pub fn gro_write_support() -> GroWriteSupport {
-    static PROBED: std::sync::OnceLock<GroWriteSupport> = std::sync::OnceLock::new();
-    *PROBED.get_or_init(|| {
+    *GRO_WRITE_PROBE.get_or_init(|| {
         let probed = crate::netns::with_private_netns(|| -> Result<GroWriteSupport> {
             let dev = crate::DeviceBuilder::tun().vnet_hdr(VIRTIO_NET_HDR_LEN).offloads(Offloads::ALL).open()?;
             crate::netlink::Netlink::new()?.set_up(dev.name(), true)?;
@@ -160,7 +168,9 @@ pub struct SendBatch {
     /// A coalesced packet joined from its pieces, for the rare paths that need one contiguous frame.
     joined: Vec<u8>,
     stats: Counters,
-    /// Whether the process-wide GRO write probe was consulted yet (at the first send, not at construction).
+    /// Whether the process-wide GRO write probe was consulted yet (at the first send, not at construction, so
+    /// that building one stays cheap; a program that cannot afford the probe's tens of milliseconds on its
+    /// first send calls [`gro_write_support`] before traffic starts, as the engine and the echo do).
     probed: bool,
     writer: Writer,
 }

@@ -270,6 +270,12 @@ impl ForwarderBuilder {
         if io != IoKind::Tokio {
             crate::wake::prepare()?;
         }
+        if self.mode == ForwardMode::Offload {
+            // The GRO write probe (a private namespace and a scratch device: tens of milliseconds) runs here,
+            // before traffic. Left to the first send it stalled that worker long enough for the source device's
+            // ring (500 packets by default) to overflow: every short loss trial lost a few hundred datagrams.
+            crate::batch::gro_write_support();
+        }
         Ok(Forwarder {
             config: self,
             io,
