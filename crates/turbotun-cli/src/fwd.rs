@@ -218,13 +218,25 @@ fn receive_two_devices(path: &Path) -> Result<(Vec<Queue>, Vec<Queue>)> {
     while sides.len() < 2 {
         let (stream, _) = listener.accept().with_context(|| format!("accepting on {}", path.display()))?;
         stream.set_read_timeout(Some(HANDOVER_TIMEOUT)).context("setting a receive timeout")?;
+        let peer = match turbotun::handover::check_peer(&stream) {
+            Ok(peer) => peer,
+            Err(e) => {
+                // Someone else's connection is refused and forgotten; the rightful sender can still come.
+                reply(&stream, &format!("error: {e}"));
+                eprintln!("turbotun fwd: {e}");
+                continue;
+            }
+        };
         match turbotun::handover::recv_queues_with_header(&stream) {
             Ok((header, queues)) => {
                 reply(&stream, "ok");
                 eprintln!(
-                    "turbotun fwd: received {} queue(s) of {} ({}, {}-byte virtio header, offloads {})",
+                    "turbotun fwd: received {} queue(s) of {} from pid {} uid {} ({}, {}-byte virtio header, \
+                     offloads {})",
                     queues.len(),
                     header.name,
+                    peer.pid,
+                    peer.uid,
                     header.mode,
                     header.vnet_hdr_len,
                     queues[0].offloads()

@@ -65,8 +65,41 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("turbotun: {err:#}");
+            eprintln!("turbotun: {}", error_text(&err));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, each separated by ": ", leaving out a cause whose text is already in
+/// the line: the library's errors name their cause in their own message (`TUNSETOWNER: Invalid argument`), so
+/// printing the chain as it is would say it twice.
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn test_error_text_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let err = anyhow::Error::from(turbotun::Error::Io { context: "TUNSETOWNER".into(), source: io })
+            .context("creating tt0");
+        assert_eq!(error_text(&err), "creating tt0: TUNSETOWNER: Invalid argument (os error 22)");
+        let err = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&err), "outer: inner");
     }
 }

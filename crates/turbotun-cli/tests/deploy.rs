@@ -403,6 +403,16 @@ fn handover_refusals() {
         })
         .unwrap()
     };
+    // A user other than root and the forwarder's own, let in by loose permissions, is refused (SO_PEERCRED); the
+    // forwarder goes on waiting for the rightful sender.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let intruder = with_netns(&ns_path(&ns), || {
+        turbotun().args(["open", "ttintr0", "--send-to"]).arg(&socket).uid(12345).gid(12345).output().unwrap()
+    })
+    .unwrap();
+    assert!(!intruder.status.success(), "{intruder:?}");
     assert!(run_open("ttref1", "plain").status.success(), "the framing is checked once both devices are in");
     let out = run_open("ttref2", "offload");
     assert!(out.status.success(), "{out:?}");
@@ -411,8 +421,88 @@ fn handover_refusals() {
     fwd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(!status.success());
     assert!(err.contains("ttref1 has no virtio header: offload mode needs one"), "{err}");
+    assert!(err.contains("(uid 12345): only root or uid 65534 (this process's user) may hand queues over"), "{err}");
     assert!(socket.symlink_metadata().is_err(), "the socket was removed");
     // Both devices went with the forwarder's fds.
     let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
     assert!(links.iter().all(|l| !l.name.starts_with("ttref")), "{links:?}");
+}
+
+/// `turbotun open NAME --send-to PATH` run inside `ns` (where the device is now), as root; must succeed.
+fn open_in_and_send(ns: &OwnedFd, name: &str, mode: &str, socket: &Path) {
+    let out = with_netns(&ns_path(ns), || {
+        turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(socket).output().unwrap()
+    })
+    .unwrap();
+    assert!(out.status.success(), "open {name}: {out:?}");
+}
+
+/// A forwarder killed with SIGKILL (no clean-up of its own) on persistent devices, then a new one: the devices
+/// outlive the first, keep their addresses and routes, and the second forwards again with data compared. The
+/// devices are opened where they live (after the move, in A and B) and handed over, the way a supervisor
+/// restarts an unprivileged forwarder; at the end they are deleted and nothing is left.
+#[test]
+fn sigkill_and_restart_on_persistent_devices() {
+    if !privileged("sigkill_and_restart_on_persistent_devices") {
+        return;
+    }
+    let (dev_a, dev_b, mode) = ("ttka0", "ttkb0", "offload");
+    let dir = socket_dir();
+    let mut topo = Topology::new();
+    for dev in [dev_a, dev_b] {
+        let out = with_netns(&ns_path(&topo.ns_fwd), || turbotun().args(["create", dev, "--vnet-hdr"]).output())
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success(), "create {dev}: {out:?}");
+    }
+    let first = dir.path().join("first.sock");
+    let mut cmd = turbotun();
+    cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&first).uid(NOBODY).gid(NOBODY);
+    topo.spawn(cmd);
+    wait_for(&first);
+    open_and_send(&topo, dev_a, mode, &first);
+    open_and_send(&topo, dev_b, mode, &first);
+    topo.connect(dev_a, dev_b);
+    tcp_stream_intact(&topo, B4, 4 << 20, || {});
+
+    // SIGKILL: the process gets no chance to clean up.
+    let mut killed = topo.child.take().unwrap();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    topo.stdout = None;
+    for (ns, dev, addr) in [(&topo.ns_a, dev_a, A4), (&topo.ns_b, dev_b, B4)] {
+        let mut nl = Netlink::in_netns(&ns_path(ns)).unwrap();
+        let link = nl.link(dev).unwrap_or_else(|e| panic!("{dev} outlives its forwarder: {e}"));
+        assert!(link.tun.as_ref().is_some_and(|t| t.persist), "{dev} is persistent");
+        assert!(nl.addresses(dev).unwrap().contains(&(addr.parse().unwrap(), 24)), "{dev} keeps its address");
+    }
+
+    // The restart: each device opened where it lives and handed to a new unprivileged forwarder.
+    let second = dir.path().join("second.sock");
+    let mut cmd = turbotun();
+    cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&second).uid(NOBODY).gid(NOBODY);
+    topo.spawn(cmd);
+    wait_for(&second);
+    open_in_and_send(&topo.ns_a, dev_a, mode, &second);
+    open_in_and_send(&topo.ns_b, dev_b, mode, &second);
+    let mut stdout = BufReader::new(topo.child.as_mut().unwrap().stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the new forwarder announces readiness");
+    topo.stdout = Some(stdout);
+    // The link was down for the kernel while no queue was attached; TCP retries until the path is back.
+    tcp_stream_intact(&topo, B4, 4 << 20, || {});
+    udp_datagrams_intact(&topo, A4, B4, true);
+    let (ns_a, ns_b) = (topo.ns_a.try_clone().unwrap(), topo.ns_b.try_clone().unwrap());
+    let counters = topo.stop();
+    assert_eq!(counters["errors"], 0, "{counters}");
+    assert!(counters["bytes"].as_u64().unwrap() >= 4 << 20, "{counters}");
+
+    // A single-queue device can be deleted only once its forwarder let go of it.
+    for (ns, dev) in [(&ns_a, dev_a), (&ns_b, dev_b)] {
+        let out = with_netns(&ns_path(ns), || turbotun().args(["delete", dev]).output()).unwrap().unwrap();
+        assert!(out.status.success(), "delete {dev}: {out:?}");
+        let links = Netlink::in_netns(&ns_path(ns)).unwrap().links().unwrap();
+        assert!(links.iter().all(|l| l.name != dev), "{dev} deleted");
+    }
 }

@@ -116,8 +116,29 @@ fn scratch_device(flags: u16) -> Result<OwnedFd> {
 pub(crate) fn open_tun(nonblocking: bool) -> Result<OwnedFd> {
     sys::open_rdwr(c"/dev/net/tun", nonblocking).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::ENXIO) | Some(libc::ENODEV) => Error::NoTunDevice,
+        Some(libc::EACCES) => Error::TunNodeDenied { node: describe_node("/dev/net/tun"), source: e },
         _ => permission_or_io("opening /dev/net/tun", e),
     })
+}
+
+/// A device node's mode and owner as `ls -l` shows them: `crw------- uid 0 gid 0`.
+fn describe_node(path: &str) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(meta) = std::fs::metadata(path) else { return "not readable".into() };
+    let kind = if meta.file_type().is_char_device() { 'c' } else { '?' };
+    let mode = meta.mode();
+    let bits: String = (0..9)
+        .map(|i| {
+            let on = mode & (0o400 >> i) != 0;
+            match (on, i % 3) {
+                (false, _) => '-',
+                (true, 0) => 'r',
+                (true, 1) => 'w',
+                (true, _) => 'x',
+            }
+        })
+        .collect();
+    format!("{kind}{bits} uid {} gid {}", meta.uid(), meta.gid())
 }
 
 /// Builds and opens a TUN or TAP device. Defaults: `IFF_NO_PI`, no virtio header, one queue, kernel-chosen name,
@@ -518,11 +539,22 @@ impl DeviceBuilder {
     /// Persistence comes last: a setting refused before it leaves no persistent device behind.
     fn apply_settings(&self, fds: &[OwnedFd], name: &str) -> Result<()> {
         let ctl = fds[0].as_fd();
+        // EINVAL: the id does not map into this user namespace (or is -1, which means "none").
         if let Some(uid) = self.owner {
-            sys::tun_set_owner(ctl, uid).map_err(|e| permission_or_io("TUNSETOWNER", e))?;
+            sys::tun_set_owner(ctl, uid).map_err(|e| match e.raw_os_error() {
+                Some(libc::EINVAL) => {
+                    Error::InvalidConfig(format!("TUNSETOWNER refused {uid}: not a valid uid in this user namespace"))
+                }
+                _ => permission_or_io("TUNSETOWNER", e),
+            })?;
         }
         if let Some(gid) = self.group {
-            sys::tun_set_group(ctl, gid).map_err(|e| permission_or_io("TUNSETGROUP", e))?;
+            sys::tun_set_group(ctl, gid).map_err(|e| match e.raw_os_error() {
+                Some(libc::EINVAL) => {
+                    Error::InvalidConfig(format!("TUNSETGROUP refused {gid}: not a valid gid in this user namespace"))
+                }
+                _ => permission_or_io("TUNSETGROUP", e),
+            })?;
         }
         if let Some(bytes) = self.sndbuf {
             for fd in fds {
@@ -726,6 +758,13 @@ mod tests {
         let known = iff::TUN | iff::TAP | iff::NAPI | iff::NAPI_FRAGS | iff::NO_CARRIER | iff::NO_PI | iff::ONE_QUEUE;
         let known = known | iff::VNET_HDR | iff::TUN_EXCL | iff::MULTI_QUEUE | iff::PERSIST;
         assert_eq!(known & iff::BACKPRESSURE, 0);
+    }
+
+    #[test]
+    fn test_describe_node() {
+        // /dev/null is crw-rw-rw- root's everywhere.
+        assert_eq!(describe_node("/dev/null"), "crw-rw-rw- uid 0 gid 0");
+        assert_eq!(describe_node("/nonexistent/node"), "not readable");
     }
 
     #[test]

@@ -21,6 +21,20 @@ pub enum Error {
     )]
     NoTunDevice,
 
+    /// `/dev/net/tun` exists but its mode does not let this user open it (EACCES on `open`): no capability
+    /// helps here, the file's permissions do.
+    #[error(
+        "/dev/net/tun is {node}, so this user cannot open it: run as root, or make the node 0666 as most \
+         distributions do (creating or attaching to a device is still checked: CAP_NET_ADMIN or the device's \
+         owner/group)"
+    )]
+    TunNodeDenied {
+        /// The node's mode and owner, as `ls -l` shows them (`crw------- root:root` as uid 0:0).
+        node: String,
+        /// The error the kernel returned.
+        source: io::Error,
+    },
+
     /// The interface name breaks one of the kernel's rules ([`validate_ifname`]).
     #[error("invalid interface name {name:?}: {reason}")]
     InvalidName {
@@ -252,6 +266,7 @@ impl Error {
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Error::PermissionDenied { source, .. }
+            | Error::TunNodeDenied { source, .. }
             | Error::NotOwner { source, .. }
             | Error::FlagsMismatch { source, .. }
             | Error::Netlink { source, .. }

@@ -317,6 +317,41 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     Ok(())
 }
 
+/// Who is at the other end of a connected Unix socket, as the kernel recorded it at `connect` (`SO_PEERCRED`):
+/// process id, user id, group id. Unforgeable by the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id when it connected.
+    pub pid: i32,
+    /// Its effective user id.
+    pub uid: u32,
+    /// Its effective group id.
+    pub gid: u32,
+}
+
+/// [`PeerCredentials`] of `socket`'s peer.
+pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
+    let cred = rustix::net::sockopt::socket_peercred(socket)
+        .map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e.into()))?;
+    Ok(PeerCredentials { pid: cred.pid.as_raw_nonzero().get(), uid: cred.uid.as_raw(), gid: cred.gid.as_raw() })
+}
+
+/// Takes queues only from a peer running as root or as this process's own (effective) user: a socket whose
+/// directory lets others connect must not let them hand in devices of their own choosing. Refuses anyone else
+/// with an error naming them.
+pub fn check_peer(socket: &UnixStream) -> Result<PeerCredentials> {
+    let own_uid = nix::unistd::geteuid().as_raw();
+    let peer = peer_credentials(socket)?;
+    if peer.uid != 0 && peer.uid != own_uid {
+        return Err(Error::InvalidConfig(format!(
+            "refusing queues from pid {} (uid {}): only root or uid {own_uid} (this process's user) may hand \
+             queues over; keep the socket in a directory only they can reach",
+            peer.pid, peer.uid
+        )));
+    }
+    Ok(peer)
+}
+
 /// Receives one device's queues sent by [`send_queues`]. Blocks until a message comes (set a read timeout on
 /// the socket to bound the wait). Everything in the message is checked (see the module documentation); every
 /// fd must be a queue of the device the header names, with its mode and header size. On any error every

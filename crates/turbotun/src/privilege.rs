@@ -150,6 +150,9 @@ pub fn drop_to(identity: &Identity) -> Result<()> {
     let step = |what: &str, e: nix::Error| {
         Error::io(format!("dropping privileges to {identity}: {what}"), std::io::Error::from(e))
     };
+    // The bounding set first: emptying it needs CAP_SETPCAP, which the uid change below takes away.
+    empty_bounding_set()
+        .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_CAPBSET_DROP (needs CAP_SETPCAP)"), e))?;
     nix::unistd::setgroups(&[gid]).map_err(|e| step("setgroups (needs CAP_SETGID: run as root)", e))?;
     nix::unistd::setresgid(gid, gid, gid).map_err(|e| step("setresgid (needs CAP_SETGID: run as root)", e))?;
     nix::unistd::setresuid(uid, uid, uid).map_err(|e| step("setresuid (needs CAP_SETUID: run as root)", e))?;
@@ -159,6 +162,23 @@ pub fn drop_to(identity: &Identity) -> Result<()> {
         Error::io(format!("dropping privileges to {identity}: PR_SET_NO_NEW_PRIVS"), std::io::Error::from(e))
     })?;
     verify(identity)
+}
+
+/// Removes every capability this kernel knows from the calling thread's bounding set, so that nothing executed
+/// later (a setuid-root or file-capability binary, were `no_new_privs` ever lifted) can gain one back. The kernel
+/// answers EINVAL for the first number past its last capability; that is where the loop ends.
+fn empty_bounding_set() -> std::io::Result<()> {
+    use rustix::thread::{capability_is_in_bounding_set, remove_capability_from_bounding_set, CapabilitySet};
+    for bit in 0..64 {
+        let cap = CapabilitySet::from_bits_retain(1 << bit);
+        match capability_is_in_bounding_set(cap) {
+            Ok(true) => remove_capability_from_bounding_set(cap)?,
+            Ok(false) => {}
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Empties all four capability sets of the calling thread (dropping is always allowed).
@@ -204,6 +224,7 @@ fn verify(identity: &Identity) -> Result<()> {
         cap_prm: 0,
         cap_eff: 0,
         cap_amb: 0,
+        cap_bnd: 0,
         no_new_privs: true,
     };
     if status != expected {
@@ -235,6 +256,8 @@ pub struct ThreadStatus {
     pub cap_eff: u64,
     /// `CapAmb:` the ambient set.
     pub cap_amb: u64,
+    /// `CapBnd:` the bounding set (the most any later `execve` could grant).
+    pub cap_bnd: u64,
     /// `NoNewPrivs: 1`.
     pub no_new_privs: bool,
 }
@@ -266,11 +289,13 @@ impl ThreadStatus {
             cap_prm: caps("CapPrm")?,
             cap_eff: caps("CapEff")?,
             cap_amb: caps("CapAmb")?,
+            cap_bnd: caps("CapBnd")?,
             no_new_privs: field("NoNewPrivs")? == "1",
         })
     }
 
-    /// Whether this is exactly `uid`/`gid` everywhere with no capability in any set and `no_new_privs` on.
+    /// Whether this is exactly `uid`/`gid` everywhere with no capability in any set (the bounding set included)
+    /// and `no_new_privs` on.
     pub fn is_dropped_to(&self, uid: u32, gid: u32) -> bool {
         self.uids == [uid; 4]
             && self.gids == [gid; 4]
@@ -279,6 +304,7 @@ impl ThreadStatus {
             && self.cap_prm == 0
             && self.cap_eff == 0
             && self.cap_amb == 0
+            && self.cap_bnd == 0
             && self.no_new_privs
     }
 }
@@ -312,12 +338,16 @@ mod tests {
     fn test_parse_status() {
         let text = "Name:\tturbotun\nUid:\t65534\t65534\t65534\t65534\nGid:\t65534\t65534\t65534\t65534\n\
                     Groups:\t65534 \nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n\
-                    CapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n\
+                    CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\n\
                     NoNewPrivs:\t1\n";
         let status = ThreadStatus::parse(text).unwrap();
         assert!(status.is_dropped_to(65534, 65534), "{status:?}");
         let root = text.replace("Uid:\t65534\t65534\t65534", "Uid:\t0\t65534\t65534");
         assert!(!ThreadStatus::parse(&root).unwrap().is_dropped_to(65534, 65534));
+        let bounding = text.replace("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff");
+        let bounding = ThreadStatus::parse(&bounding).unwrap();
+        assert_eq!(bounding.cap_bnd, 0x1ff_ffff_ffff);
+        assert!(!bounding.is_dropped_to(65534, 65534), "a full bounding set is not dropped");
         let caps = text.replace("CapEff:\t0000000000000000", "CapEff:\t0000000000001000");
         assert_eq!(ThreadStatus::parse(&caps).unwrap().cap_eff, 1 << 12);
         assert!(ThreadStatus::parse("Uid:\t1 2 3\n").is_none());
