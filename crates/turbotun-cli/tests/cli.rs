@@ -110,7 +110,7 @@ fn bad_input_gets_a_clear_error() {
             (&["create", "bad name"][..], "invalid interface name \"bad name\": contains whitespace"),
             (&["create", "waytoolongname123"][..], "longer than 15 bytes"),
             (&["delete", "ttmissing0"][..], "no device named \"ttmissing0\""),
-            (&["info", "lo"][..], "lo is not a TUN/TAP device"),
+            (&["info", "lo"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
             (&["fwd", "lo", "ttok0"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
             (&["fwd", "tta0", "ttb0", "--queues", "1000"], "the kernel allows at most 256 (MAX_TAP_QUEUES)"),
             (&["create", "ttown0", "--owner", "4294967295"], "TUNSETOWNER refused 4294967295: not a valid uid"),

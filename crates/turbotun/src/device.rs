@@ -455,11 +455,7 @@ impl DeviceBuilder {
     fn check_existing(&self, link: &LinkInfo) -> Result<()> {
         let name = link.name.clone();
         let Some(tun) = &link.tun else {
-            let kind =
-                link.kind
-                    .clone()
-                    .unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
-            return Err(Error::NotTunTap { name, kind });
+            return Err(not_tun_tap(link));
         };
         let differ = |difference: String| Err(Error::FramingMismatch { name: name.clone(), difference });
         if tun.is_tap() != (self.mode == Mode::Tap) {
@@ -575,6 +571,13 @@ impl DeviceBuilder {
 /// TSO_ECN, then checksum only, then nothing. Returns what was granted.
 /// The kernel's limit on queues per TUN/TAP device (`MAX_TAP_QUEUES` in `drivers/net/tun.c`).
 pub const MAX_QUEUES: usize = 256;
+
+/// The error for a link that exists and is not TUN/TAP, naming what it is.
+pub(crate) fn not_tun_tap(link: &LinkInfo) -> Error {
+    let kind =
+        link.kind.clone().unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
+    Error::NotTunTap { name: link.name.clone(), kind }
+}
 
 /// The link of that name in this namespace, if there is one (`None` too when netlink cannot tell: the open
 /// then goes ahead and the kernel's answer decides).

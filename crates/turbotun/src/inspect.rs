@@ -137,10 +137,10 @@ pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
 
 /// The report of a device whose link attributes are at hand.
 fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
+    let Some(tun) = link.tun.clone() else {
+        return Err(crate::device::not_tun_tap(&link));
+    };
     let name = link.name.as_str();
-    let tun = link
-        .tun
-        .ok_or_else(|| Error::InvalidConfig(format!("{name} is not a TUN/TAP device (link kind {:?})", link.kind)))?;
     // rtnetlink answers in the socket's namespace; sysfs only in the namespace that mounted /sys, and only it
     // has the flags netlink lacks (napi, napi_frags, no_carrier), so it adds to them when it sees this device.
     let sys_flags = read_sys(name, "ifindex")
