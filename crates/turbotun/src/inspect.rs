@@ -137,7 +137,7 @@ pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
 
 /// The report of a device whose link attributes are at hand.
 fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
-    let Some(tun) = link.tun.clone() else {
+    let Some(tun) = link.tun else {
         return Err(crate::device::not_tun_tap(&link));
     };
     let name = link.name.as_str();
