@@ -33,8 +33,9 @@ pub enum FwdIo {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry.
     Poll,
-    /// io_uring (plain and passthrough; Linux 6.7): one multishot read per direction over `--depth` buffers,
-    /// frames written from the buffer they were read into.
+    /// io_uring (Linux 6.7): one multishot read per direction over `--depth` buffers; plain and passthrough
+    /// write each frame from the buffer it was read into, offload splits, coalesces and submits a round's
+    /// gathered writes with one system call. Where io_uring is missing or denied: `block`, with a note.
     Uring,
     /// tokio tasks, one per queue and direction (the same as `--async`).
     Tokio,
@@ -76,13 +77,14 @@ pub struct FwdArgs {
     #[arg(long = "async")]
     pub async_io: bool,
     /// How the workers wait for packets. Default: `uring` for plain and passthrough where the kernel has it
-    /// (else `block`, with a note), `block` for offload.
+    /// (else `block`, with a note), `block` for offload. TURBOTUN_NO_URING=1 turns io_uring off.
     #[arg(long, value_enum)]
     pub io: Option<FwdIo>,
     /// Buffers given to the kernel per direction with `--io uring`, a power of two: frames read and not yet
-    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
-    #[arg(long, default_value_t = ForwarderBuilder::DEFAULT_DEPTH)]
-    pub depth: usize,
+    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident). Default: 64,
+    /// 16 in offload mode (where each frame is split as soon as it is read).
+    #[arg(long)]
+    pub depth: Option<usize>,
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = MAX_BATCH)]
     pub batch: usize,
@@ -267,7 +269,11 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
             FwdIo::Tokio => IoKind::Tokio,
         }),
     };
-    let builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch).depth(args.depth);
+    let builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch);
+    let builder = match args.depth {
+        Some(depth) => builder.depth(depth),
+        None => builder,
+    };
     Ok(match io {
         Some(io) => builder.io(io),
         None => builder,

@@ -17,18 +17,31 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
-use crate::error::{queue_io_error, Error, Result};
+use turbotun_wire::gso::Splitter;
+use turbotun_wire::virtio_net::{flags, VirtioNetHdrRepr};
+
+use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::{Counters, DropReason, WhenFull};
 use crate::sys::uring::{Completion, ForwardRing, Op};
 use crate::write_policy::{on_write_error, WriteFailure};
 
-/// Whether this kernel can run a [`UringForwarder`] (io_uring with multishot reads, Linux 6.7); probed once.
-/// The error says what is missing, so that a caller can fall back to blocking reads and say why.
+/// Environment variable that turns io_uring off for the process (any value but empty or `0`): every path
+/// that would use it falls back to blocking I/O and says so, as on a kernel or container without io_uring.
+pub const DISABLE_ENV: &str = "TURBOTUN_NO_URING";
+
+/// Whether this kernel can run a [`UringForwarder`] and a [`UringOffload`] (io_uring with multishot reads,
+/// `IORING_OP_WRITEV`, Linux 6.7); probed once. The error says what is missing, or that
+/// [`DISABLE_ENV`] turned io_uring off, so that a caller can fall back to blocking reads and say why.
 pub fn supported() -> Result<()> {
     static PROBED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
     PROBED
-        .get_or_init(|| crate::sys::uring::probe_forward_ring().map_err(|e| e.to_string()))
+        .get_or_init(|| {
+            if std::env::var_os(DISABLE_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+                return Err(format!("io_uring turned off by {DISABLE_ENV}"));
+            }
+            crate::sys::uring::probe_forward_ring().map_err(|e| e.to_string())
+        })
         .clone()
         .map_err(|why| Error::io("io_uring forwarding", std::io::Error::new(std::io::ErrorKind::Unsupported, why)))
 }
@@ -191,4 +204,566 @@ impl UringForwarder {
     fn ring_error(&self, e: std::io::Error) -> Error {
         Error::io(format!("io_uring {} -> {}", self.src_name, self.dst_name), e)
     }
+}
+
+/// A super-packet being split into spare slots, whose remaining segments wait for free spares.
+#[derive(Debug, Clone, Copy)]
+struct Splitting {
+    slot: u32,
+    hdr: VirtioNetHdrRepr,
+    len: usize,
+    next: usize,
+    total: usize,
+}
+
+/// One write in flight: its pieces (slot, byte range), the caller's packets it carries, and where its slots
+/// sit in the transmit ring.
+#[derive(Debug, Clone, Default)]
+struct Unit {
+    pieces: Vec<(u32, std::ops::Range<usize>)>,
+    packets: u64,
+    bytes: u64,
+    first_pos: u32,
+}
+
+/// Offload mode through io_uring, one direction: super-packets with their virtio header read by one multishot
+/// read into the slots of a [`SlotRing`](crate::ring::SlotRing) arena, split into MTU-sized packets, handed to
+/// the application as a batch, coalesced again (GRO) and written as gathered writes (`IORING_OP_WRITEV`), every
+/// write of a round submitted by the same `io_uring_enter` that waits for the next reads.
+///
+/// The arena has `depth` read slots (each a 64 KiB super-packet plus header, provided to the kernel) and spare
+/// slots that hold the segments of split super-packets. A packet that was not a super-packet is never copied:
+/// its read slot index moves to the transmit ring and it is written from where it was read. A coalesced
+/// packet is written from its pieces (the head segment and each member's payload, each in its own slot), so
+/// no payload byte is copied to coalesce; the split copies each segment's payload once into its slot.
+///
+/// A coalesced write the kernel refuses (`EINVAL`) turns that GRO kind off and is split again and written
+/// segment by segment (blocking writes, through the same write policy as the blocking path).
+pub struct UringOffload {
+    ring: ForwardRing,
+    rx: crate::ring::SlotRing,
+    tx: crate::ring::SlotRing,
+    spares: Vec<u32>,
+    splitting: Option<Splitting>,
+    framing: turbotun_wire::Framing,
+    batch_max: usize,
+    batch: Vec<u32>,
+    lens: Vec<usize>,
+    /// Whether every packet of the batch being built has a known-good L4 checksum.
+    all_valid: bool,
+    gro: Option<turbotun_wire::gro::Gro>,
+    gro_tcp: bool,
+    gro_udp: bool,
+    to_write: Vec<usize>,
+    units: Vec<Unit>,
+    completions: Vec<Completion>,
+    scratch: Vec<u8>,
+    src_name: String,
+    dst_name: String,
+    stats: Counters,
+    writer: crate::write_policy::Writer,
+}
+
+impl std::fmt::Debug for UringOffload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringOffload")
+            .field("ring", &self.ring)
+            .field("rx", &(self.rx.head(), self.rx.cur(), self.rx.tail()))
+            .field("tx", &(self.tx.head(), self.tx.cur(), self.tx.tail()))
+            .field("gro", &(self.gro_tcp, self.gro_udp))
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Offset of a packet in its slot: the virtio header in front of it.
+const OFFSET: usize = turbotun_wire::VIRTIO_NET_HDR_LEN;
+
+impl UringOffload {
+    /// An offload forwarder from `src` to `dst` with `depth` read slots (a power of two) and batches of up to
+    /// `batch` packets (twice as many spare slots, so that a batch can be split while the last one is written).
+    /// Both queues need the 10-byte virtio header.
+    pub fn new(src: &Queue, dst: &Queue, depth: usize, batch: usize) -> Result<Self> {
+        for q in [src, dst] {
+            if q.vnet_hdr_len() != OFFSET {
+                return Err(Error::InvalidConfig(format!(
+                    "{} has a {}-byte virtio header: offload through io_uring uses {OFFSET}-byte headers",
+                    q.name(),
+                    q.vnet_hdr_len()
+                )));
+            }
+        }
+        if batch == 0 || batch > crate::batch::BATCH_SIZE {
+            return Err(Error::InvalidConfig(format!("batch must be between 1 and {}", crate::batch::BATCH_SIZE)));
+        }
+        let spare = 2 * batch;
+        let stride = OFFSET + MAX_PACKET;
+        let ring = ForwardRing::with_spares(src.as_fd(), dst.as_fd(), depth, spare, stride)
+            .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
+        let slots = depth + spare;
+        let framing = match dst.mode() {
+            crate::Mode::Tun => turbotun_wire::Framing::Ip,
+            crate::Mode::Tap => turbotun_wire::Framing::Ethernet,
+        };
+        let vnet = dst.offloads().contains(crate::Offloads::CSUM);
+        let found = crate::batch::gro_write_support();
+        let gro_tcp = vnet && found.tcp != Some(false);
+        let gro_udp =
+            vnet && dst.offloads().contains(crate::Offloads::USO4 | crate::Offloads::USO6) && found.udp != Some(false);
+        let mut fwd = UringOffload {
+            ring,
+            rx: crate::ring::SlotRing::new(depth)?,
+            tx: crate::ring::SlotRing::new(slots.next_power_of_two())?,
+            spares: (depth as u32..slots as u32).rev().collect(),
+            splitting: None,
+            framing,
+            batch_max: batch,
+            batch: Vec::with_capacity(batch),
+            lens: Vec::with_capacity(batch),
+            all_valid: true,
+            gro: None,
+            gro_tcp,
+            gro_udp,
+            to_write: Vec::with_capacity(batch),
+            units: vec![Unit::default(); slots],
+            completions: Vec::with_capacity(slots),
+            scratch: Vec::new(),
+            src_name: src.name().to_string(),
+            dst_name: dst.name().to_string(),
+            stats: Counters::default(),
+            writer: crate::write_policy::Writer { vnet_hdr_len: OFFSET, ..Default::default() },
+        };
+        fwd.rebuild_gro();
+        Ok(fwd)
+    }
+
+    /// What to do when the destination is full (default: write the packet again until it is taken).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.writer.when_full = when_full;
+        self
+    }
+
+    /// A write re-split after a refusal and waiting for room gives up once `stop` fires.
+    pub fn stop_on(mut self, stop: crate::StopHandle) -> Self {
+        self.writer.stop = Some(stop);
+        self
+    }
+
+    /// What this forwarder moved (reads, super-packets, segments, packets and bytes written, writes, coalesced,
+    /// GRO fallbacks, drops by reason).
+    pub fn stats(&self) -> Counters {
+        self.stats
+    }
+
+    /// Which GRO kinds are on (TCP, UDP): a kind the kernel refused at run time is turned off.
+    pub fn gro_kinds(&self) -> (bool, bool) {
+        (self.gro_tcp, self.gro_udp)
+    }
+
+    /// Segments split or packets read that are neither written nor dropped yet.
+    pub fn held(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// One round, every packet sent on: see [`Self::poll_with`].
+    pub fn poll(&mut self, dst: &Queue, timeout: Duration) -> Result<bool> {
+        self.poll_with(dst, timeout, |_| {})
+    }
+
+    /// One round: one `io_uring_enter` submits the writes queued by the last round and waits up to `timeout`
+    /// for completions; reads that completed are split into batches, each packet is handed to `per_packet`
+    /// (IP or Ethernet header first, checksums complete; it may rewrite the bytes in place, keeping the length
+    /// and leaving the checksums correct),
+    /// and the batch is coalesced and queued for writing. `dst` is the queue the forwarder writes to (used only
+    /// by the re-split fallback). Returns false if nothing completed. A deleted device is
+    /// [`Error::DeviceGone`].
+    pub fn poll_with(&mut self, dst: &Queue, timeout: Duration, mut per_packet: impl FnMut(&mut [u8])) -> Result<bool> {
+        let ready = self.ring.submit_and_wait(timeout).map_err(|e| self.ring_error(e))?;
+        self.completions.clear();
+        self.ring.reap(&mut self.completions);
+        // Every completion is handled even after an error, so that no slot is stranded.
+        let mut first_error = None;
+        let completions = std::mem::take(&mut self.completions);
+        for c in &completions {
+            if let Err(e) = self.handle(dst, c) {
+                first_error.get_or_insert(e);
+            }
+        }
+        let busy = ready && !completions.is_empty();
+        self.completions = completions;
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        while self.next_batch()? {
+            self.run_batch(&mut per_packet)?;
+        }
+        Ok(busy)
+    }
+
+    /// Waits up to `timeout` for the writes in flight (reads that complete meanwhile are forwarded too);
+    /// returns how many of the packets read are neither written nor dropped, for the caller to count as
+    /// stopped.
+    pub fn drain(&mut self, dst: &Queue, timeout: Duration) -> Result<usize> {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.ring.writes_in_flight() > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            self.poll(dst, left)?;
+        }
+        Ok(self.units_in_flight())
+    }
+
+    fn units_in_flight(&self) -> usize {
+        // Slots in the transmit ring belong to writes in flight; their packets are what is not written yet.
+        let mut packets = 0u64;
+        let mut pos = self.tx.head();
+        while pos != self.tx.tail() {
+            if let Some(slot) = self.tx.get(pos) {
+                let unit = &self.units[slot.index as usize];
+                if unit.first_pos == pos && !unit.pieces.is_empty() {
+                    packets += unit.packets;
+                }
+            }
+            pos = pos.wrapping_add(1);
+        }
+        packets as usize
+    }
+
+    fn handle(&mut self, dst: &Queue, c: &Completion) -> Result<()> {
+        match (c.op, c.slot, c.result) {
+            (Op::Read, None, Err(errno)) if !matches!(errno, libc::EAGAIN | libc::EINTR) => {
+                Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
+            }
+            (Op::Read, None, _) => Ok(()),
+            (Op::Read, Some(slot), Ok(n)) => {
+                self.stats.reads += 1;
+                if n == 0 || n > self.ring.stride() || n < OFFSET {
+                    if n > self.ring.stride() {
+                        self.stats.drops.add(DropReason::TooBig, 1);
+                    } else if n > 0 {
+                        self.stats.drops.add(DropReason::Malformed, 1);
+                    }
+                    return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
+                }
+                let entry = crate::ring::Slot { index: slot as u32, len: n as u32 };
+                if let Err(entry) = self.rx.push(entry) {
+                    // Cannot happen (the receive ring has a place for every read slot); dropped, never lost.
+                    self.stats.drops.add(DropReason::Malformed, 1);
+                    return self.ring.recycle(entry.index as usize).map_err(|e| self.ring_error(e));
+                }
+                Ok(())
+            }
+            (Op::Read, Some(slot), Err(errno)) => {
+                self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
+                if matches!(errno, libc::EAGAIN | libc::EINTR) {
+                    return Ok(());
+                }
+                Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
+            }
+            (Op::Write, Some(head), result) => self.write_done(dst, head, result),
+            (Op::Write, None, _) => Ok(()),
+        }
+    }
+
+    /// A write completed: count it, or decide under the write policy what its failure becomes.
+    fn write_done(&mut self, dst: &Queue, head: usize, result: std::result::Result<usize, i32>) -> Result<()> {
+        let unit = std::mem::take(&mut self.units[head]);
+        let errno = match result {
+            Ok(_) => {
+                self.stats.writes += 1;
+                self.stats.packets += unit.packets;
+                self.stats.bytes += unit.bytes;
+                return self.finish(unit);
+            }
+            Err(errno) => errno,
+        };
+        let coalesced = unit.packets > 1;
+        match on_write_error(Some(errno), coalesced, self.writer.when_full) {
+            WriteFailure::WaitWritable | WriteFailure::Retry => {
+                // Backpressure, not a drop: the same pieces are written again.
+                let queued = self.ring.writev_from(&unit.pieces).map_err(|e| self.ring_error(e));
+                self.units[head] = unit;
+                queued
+            }
+            WriteFailure::Drop(reason) => {
+                self.stats.drops.add(reason, unit.packets);
+                dst.count_tx_drop(unit.packets);
+                self.finish(unit)
+            }
+            WriteFailure::Resplit => {
+                let result = self.resplit(dst, &unit);
+                self.finish(unit)?;
+                result
+            }
+            WriteFailure::Fatal => {
+                self.finish(unit)?;
+                Err(queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno)))
+            }
+        }
+    }
+
+    /// The slots of a finished write leave the transmit ring (in ring order, once every earlier write has
+    /// finished too): read slots go back to the kernel, spares to the spare list.
+    fn finish(&mut self, unit: Unit) -> Result<()> {
+        for k in 0..unit.pieces.len() {
+            self.tx.complete(unit.first_pos.wrapping_add(k as u32));
+        }
+        while let Some(slot) = self.tx.release_completed() {
+            self.give_back(slot.index)?;
+        }
+        Ok(())
+    }
+
+    fn give_back(&mut self, slot: u32) -> Result<()> {
+        if (slot as usize) < self.ring.depth() {
+            self.ring.recycle(slot as usize).map_err(|e| self.ring_error(e))
+        } else {
+            self.spares.push(slot);
+            Ok(())
+        }
+    }
+
+    /// The kernel refused a coalesced packet: that GRO kind goes off and the packet is split again and written
+    /// segment by segment with blocking writes, under the same policy as the blocking path.
+    fn resplit(&mut self, dst: &Queue, unit: &Unit) -> Result<()> {
+        self.stats.gro_fallbacks += 1;
+        let mut joined = std::mem::take(&mut self.scratch);
+        joined.clear();
+        for (slot, range) in &unit.pieces {
+            if let Some(bytes) = self.ring.slot(*slot as usize) {
+                joined.extend_from_slice(&bytes[range.clone()]);
+            }
+        }
+        let hdr = VirtioNetHdrRepr::parse(&joined[..OFFSET.min(joined.len())]).unwrap_or_default();
+        if hdr.gso_kind() == turbotun_wire::virtio_net::gso::UDP_L4 {
+            tracing::warn!("{}: kernel refused a coalesced UDP write; UDP GRO off", self.dst_name);
+            self.gro_udp = false;
+        } else {
+            tracing::warn!("{}: kernel refused a coalesced TCP write; TCP GRO off", self.dst_name);
+            self.gro_tcp = false;
+        }
+        self.rebuild_gro();
+        let result = crate::write_policy::write_split(
+            &self.writer,
+            dst,
+            self.framing,
+            &hdr,
+            &joined[OFFSET.min(joined.len())..],
+            unit.packets,
+            &mut self.stats,
+        );
+        self.scratch = joined;
+        result
+    }
+
+    fn rebuild_gro(&mut self) {
+        self.gro = (self.gro_tcp || self.gro_udp).then(|| {
+            turbotun_wire::gro::Gro::new(turbotun_wire::gro::GroConfig {
+                tcp: self.gro_tcp,
+                udp: self.gro_udp,
+                framing: self.framing,
+                vnet_hdr_len: OFFSET,
+            })
+            .with_gather(true)
+        });
+    }
+
+    /// Fills `batch` from the receive ring: packets that were not super-packets by moving their slot index,
+    /// super-packets split into spare slots. Returns whether the batch holds anything.
+    fn next_batch(&mut self) -> Result<bool> {
+        self.batch.clear();
+        self.lens.clear();
+        while self.batch.len() < self.batch_max {
+            if self.splitting.is_some() {
+                if !self.split_more()? {
+                    break;
+                }
+                continue;
+            }
+            // Room in the transmit ring for everything the batch may hold.
+            if self.tx.space() < self.batch.len() + 1 {
+                break;
+            }
+            let Some((_, entry)) = self.rx.take() else { break };
+            self.take_frame(entry)?;
+        }
+        Ok(!self.batch.is_empty())
+    }
+
+    /// One frame from the receive ring: into the batch as it is, or set up for splitting.
+    fn take_frame(&mut self, entry: crate::ring::Slot) -> Result<()> {
+        let (slot, n) = (entry.index, entry.len as usize);
+        let parsed = self.ring.slot_mut(slot as usize).map(|bytes| {
+            let hdr = VirtioNetHdrRepr::parse(&bytes[..OFFSET]);
+            (hdr, bytes)
+        });
+        let Some((hdr, bytes)) = parsed else {
+            return Err(self.ring_error(std::io::Error::other(format!("slot {slot} is not ours"))));
+        };
+        let hdr = match hdr {
+            Ok(hdr) => hdr,
+            Err(e) => {
+                tracing::debug!("{}: dropping a frame: {}", self.src_name, Malformed::VirtioHeader(e));
+                return self.drop_frame(DropReason::Malformed);
+            }
+        };
+        if !hdr.is_gso() {
+            // Moved, not copied: the read slot itself goes into the batch.
+            let packet = &mut bytes[OFFSET..n];
+            if hdr.flags & flags::NEEDS_CSUM != 0 {
+                let (start, at) = (hdr.csum_start.into(), hdr.csum_offset.into());
+                if let Err(e) = turbotun_wire::checksum::complete_partial(packet, start, at) {
+                    tracing::debug!("{}: dropping a frame: {}", self.src_name, Malformed::PartialChecksum(e));
+                    return self.drop_frame(DropReason::Malformed);
+                }
+            } else if hdr.flags & flags::DATA_VALID == 0 {
+                self.all_valid = false;
+            }
+            self.rx.release();
+            self.stats.segments += 1;
+            self.batch.push(slot);
+            self.lens.push(n - OFFSET);
+            return Ok(());
+        }
+        self.stats.super_packets += 1;
+        let total = match Splitter::new(&hdr, &bytes[OFFSET..n], self.framing) {
+            Ok(s) => s.segment_count(),
+            Err(e) => {
+                tracing::debug!("{}: dropping a frame: {}", self.src_name, Malformed::Gso(e));
+                return self.drop_frame(DropReason::Malformed);
+            }
+        };
+        if total > crate::batch::MAX_SEGMENTS {
+            self.stats.drops.add(DropReason::TooManySegments, (total - crate::batch::MAX_SEGMENTS) as u64);
+        }
+        let total = total.min(crate::batch::MAX_SEGMENTS);
+        self.splitting = Some(Splitting { slot, hdr, len: n - OFFSET, next: 0, total });
+        Ok(())
+    }
+
+    /// A frame taken from the receive ring that cannot be used: counted, its slot back to the kernel.
+    fn drop_frame(&mut self, reason: DropReason) -> Result<()> {
+        self.stats.drops.add(reason, 1);
+        match self.rx.release() {
+            Some(slot) => self.ring.recycle(slot.index as usize).map_err(|e| self.ring_error(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Splits the next segments of the super-packet being split into free spares; returns false if none could
+    /// be (no spare free, or the batch is full).
+    fn split_more(&mut self) -> Result<bool> {
+        let Some(s) = self.splitting else { return Ok(false) };
+        let room = (self.batch_max - self.batch.len()).min(self.spares.len()).min(s.total - s.next);
+        if room == 0 || self.tx.space() < self.batch.len() + room {
+            return Ok(false);
+        }
+        let first = self.batch.len();
+        let mut ids = Vec::with_capacity(room + 1);
+        ids.push(s.slot);
+        for _ in 0..room {
+            if let Some(spare) = self.spares.pop() {
+                ids.push(spare);
+            }
+        }
+        self.lens.resize(first + room, 0);
+        let (src_name, dst_name) = (&self.src_name, &self.dst_name);
+        let mut bufs = self.ring.slots_mut(&ids).map_err(|e| ring_error(src_name, dst_name, e))?;
+        let (src, outs) = bufs.split_at_mut(1);
+        let split = Splitter::new(&s.hdr, &src[0][OFFSET..OFFSET + s.len], self.framing)
+            .and_then(|splitter| splitter.split_into(s.next, outs, &mut self.lens[first..], OFFSET));
+        drop(bufs);
+        let progress = match split {
+            Ok(progress) => progress,
+            Err(e) => {
+                // Validated when it was taken; a failure here drops what is left of it.
+                tracing::debug!("{}: dropping a super-packet: {}", self.src_name, Malformed::Gso(e));
+                self.spares.extend_from_slice(&ids[1..]);
+                self.lens.truncate(first);
+                self.splitting = None;
+                return self.drop_frame(DropReason::Malformed).map(|()| true);
+            }
+        };
+        // Spares the split did not use go back.
+        self.spares.extend_from_slice(&ids[1 + progress.produced..]);
+        self.batch.extend_from_slice(&ids[1..1 + progress.produced]);
+        self.lens.truncate(first + progress.produced);
+        self.stats.segments += progress.produced as u64;
+        let next = s.next + progress.produced;
+        if next >= s.total || progress.produced == 0 {
+            self.splitting = None;
+            if let Some(slot) = self.rx.release() {
+                self.ring.recycle(slot.index as usize).map_err(|e| self.ring_error(e))?;
+            }
+        } else {
+            self.splitting = Some(Splitting { next, ..s });
+        }
+        Ok(true)
+    }
+
+    /// Hands the batch to the application, coalesces it and queues one write per coalesced packet.
+    fn run_batch(&mut self, per_packet: &mut impl FnMut(&mut [u8])) -> Result<()> {
+        let valid = std::mem::replace(&mut self.all_valid, true);
+        let (src_name, dst_name) = (&self.src_name, &self.dst_name);
+        let mut bufs = self.ring.slots_mut(&self.batch).map_err(|e| ring_error(src_name, dst_name, e))?;
+        for (buf, &len) in bufs.iter_mut().zip(&self.lens) {
+            per_packet(&mut buf[OFFSET..OFFSET + len]);
+        }
+        match self.gro.as_mut() {
+            Some(gro) => {
+                let stats = gro.coalesce(&mut bufs, &mut self.lens, OFFSET, valid, &mut self.to_write);
+                self.stats.coalesced += stats.coalesced as u64;
+            }
+            None => {
+                self.to_write.clear();
+                self.to_write.extend(0..bufs.len());
+                for buf in bufs.iter_mut() {
+                    buf[..OFFSET].fill(0);
+                }
+            }
+        }
+        drop(bufs);
+        for k in 0..self.to_write.len() {
+            let head = self.to_write[k];
+            let head_slot = self.batch[head] as usize;
+            let mut unit = std::mem::take(&mut self.units[head_slot]);
+            unit.pieces.clear();
+            unit.packets = 0;
+            unit.bytes = 0;
+            match self.gro.as_ref() {
+                Some(gro) => {
+                    for (b, range) in gro.pieces(head, &self.lens, OFFSET) {
+                        unit.pieces.push((self.batch[b], range));
+                        unit.packets += 1;
+                        unit.bytes += self.lens[b] as u64;
+                    }
+                }
+                None => {
+                    unit.pieces.push((self.batch[head], 0..OFFSET + self.lens[head]));
+                    unit.packets = 1;
+                    unit.bytes = self.lens[head] as u64;
+                }
+            }
+            unit.first_pos = self.tx.tail();
+            for (slot, range) in &unit.pieces {
+                let entry = crate::ring::Slot { index: *slot, len: range.len() as u32 };
+                let moved = self.tx.push(entry).is_ok() && self.tx.take().is_some();
+                debug_assert!(moved, "next_batch keeps room in the transmit ring for the whole batch");
+            }
+            let queued = self.ring.writev_from(&unit.pieces);
+            self.units[head_slot] = unit;
+            queued.map_err(|e| self.ring_error(e))?;
+        }
+        Ok(())
+    }
+
+    fn ring_error(&self, e: std::io::Error) -> Error {
+        ring_error(&self.src_name, &self.dst_name, e)
+    }
+}
+
+fn ring_error(src: &str, dst: &str, e: std::io::Error) -> Error {
+    Error::io(format!("io_uring {src} -> {dst}"), e)
 }

@@ -153,6 +153,44 @@ impl Writer {
     }
 }
 
+/// Splits a coalesced packet the kernel refused (`packet`, after its virtio header `hdr`) and writes its
+/// segments one by one, each with a zeroed virtio header, under the write policy. A packet that does not split
+/// is counted as malformed: `packets` of the caller's packets are dropped.
+#[cfg_attr(not(feature = "uring"), allow(dead_code))]
+pub(crate) fn write_split(
+    writer: &Writer,
+    queue: &Queue,
+    framing: turbotun_wire::Framing,
+    hdr: &VirtioNetHdrRepr,
+    packet: &[u8],
+    packets: u64,
+    stats: &mut Counters,
+) -> Result<()> {
+    let splitter = match turbotun_wire::gso::Splitter::new(hdr, packet, framing) {
+        Ok(s) => s,
+        Err(e) => {
+            writer.drop(queue, DropReason::Malformed, packets, &io::Error::other(e.to_string()), stats);
+            return Ok(());
+        }
+    };
+    let vlen = writer.vnet_hdr_len;
+    let mut frame = vec![0u8; vlen + crate::queue::MAX_PACKET];
+    for index in 0..splitter.segment_count() {
+        frame[..vlen].fill(0);
+        match splitter.write_segment(index, &mut frame[vlen..]) {
+            Ok(len) => {
+                let unit = Unit { packets: 1, bytes: len as u64 };
+                // Not coalesced, so never handed back for re-splitting: written, or dropped with its reason.
+                writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, stats)?;
+            }
+            Err(e) => {
+                writer.drop(queue, DropReason::Malformed, 1, &io::Error::other(e.to_string()), stats);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,8 +23,10 @@
 //!   `Passthrough` (super-packets forwarded whole with their virtio header, the VMM/bridge path).
 //! - [`IoKind`]: how workers wait. `Block` (a read sleeps in the kernel; the rest of a batch is read with
 //!   `RWF_NOWAIT`; workers are woken by a signal to stop), `Poll` (non-blocking fds and `poll`), `Uring`
-//!   (io_uring, plain and passthrough: one multishot read per direction, frames written from the buffer they
-//!   were read into), `Tokio` (tasks on a tokio runtime over `tokio::AsyncQueue`, feature `tokio`).
+//!   (io_uring: one multishot read per direction into the slots of a [`crate::ring`] arena; plain and
+//!   passthrough write each frame from the slot it was read into, offload splits, coalesces and submits the
+//!   gathered writes of a round together; falls back to `Block` with a note where io_uring is missing),
+//!   `Tokio` (tasks on a tokio runtime over `tokio::AsyncQueue`, feature `tokio`).
 //! - One worker per queue and direction (`threads(n)` puts `n` on each queue; they may reorder a flow); with
 //!   several queues a flow-hash steering eBPF program keeps each flow on one queue.
 //! - Counting: one [`Counters`] per direction, readable at any time through [`StatsHandle`]. Every packet read
@@ -81,7 +83,9 @@ pub enum IoKind {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry.
     Poll,
-    /// io_uring (plain and passthrough; Linux 6.7 multishot reads), one ring per queue and direction.
+    /// io_uring (Linux 6.7 multishot reads), one ring per queue and direction: frames written from the slot
+    /// they were read into (plain, passthrough), or split, coalesced and written as gathered writes from slots
+    /// of the same arena (offload). Where io_uring is missing the engine falls back to `Block` with a note.
     Uring,
     /// tokio tasks over `tokio::AsyncQueue` (feature `tokio`).
     Tokio,
@@ -110,7 +114,7 @@ pub struct ForwarderBuilder {
     io: Option<IoKind>,
     threads: usize,
     batch: usize,
-    depth: usize,
+    depth: Option<usize>,
     when_full: WhenFull,
 }
 
@@ -126,17 +130,14 @@ impl ForwarderBuilder {
     /// least forwarder CPU per Gbps; 1 and 4 were slower than blocking reads, 256 lost to retransmits.
     pub const DEFAULT_DEPTH: usize = 64;
 
+    /// Read slots per direction with io_uring in offload mode by default: a slot is filled with a 64 KiB
+    /// super-packet and split at once, so a few keep the read armed while a batch is split.
+    pub const DEFAULT_OFFLOAD_DEPTH: usize = 16;
+
     /// A forwarder in `mode` with the defaults: the fastest I/O the mode and kernel allow, one worker per queue
     /// and direction, batches of [`MAX_BATCH`], wait for room when a queue is full.
     pub fn new(mode: ForwardMode) -> Self {
-        ForwarderBuilder {
-            mode,
-            io: None,
-            threads: 1,
-            batch: MAX_BATCH,
-            depth: Self::DEFAULT_DEPTH,
-            when_full: WhenFull::Wait,
-        }
+        ForwarderBuilder { mode, io: None, threads: 1, batch: MAX_BATCH, depth: None, when_full: WhenFull::Wait }
     }
 
     /// How workers wait (default: io_uring for plain and passthrough with one worker per queue where the kernel
@@ -158,11 +159,20 @@ impl ForwarderBuilder {
         self
     }
 
-    /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`]: frames read and not yet written at
-    /// most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// io_uring read buffers per direction, a power of two up to [`MAX_DEPTH`]: frames read and not yet
+    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident). Default:
+    /// [`Self::DEFAULT_DEPTH`], or [`Self::DEFAULT_OFFLOAD_DEPTH`] in offload mode.
     pub fn depth(mut self, depth: usize) -> Self {
-        self.depth = depth;
+        self.depth = Some(depth);
         self
+    }
+
+    /// The io_uring read buffers per direction this forwarder uses.
+    pub fn depth_used(&self) -> usize {
+        self.depth.unwrap_or(match self.mode {
+            ForwardMode::Offload => Self::DEFAULT_OFFLOAD_DEPTH,
+            _ => Self::DEFAULT_DEPTH,
+        })
     }
 
     /// What to do when the destination queue is full (default: wait).
@@ -205,23 +215,30 @@ impl ForwarderBuilder {
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
         }
-        if !self.depth.is_power_of_two() || self.depth > MAX_DEPTH {
+        if !self.depth_used().is_power_of_two() || self.depth_used() > MAX_DEPTH {
             return Err(Error::InvalidConfig(format!("depth must be a power of two between 1 and {MAX_DEPTH}")));
         }
         match self.io {
-            Some(IoKind::Uring) if self.mode == ForwardMode::Offload => {
-                bad("io_uring goes with plain or passthrough mode (offload splits and coalesces with blocking I/O)")
-            }
             Some(IoKind::Uring) if self.threads > 1 => {
                 bad("io_uring runs one ring per queue and direction: use several queues rather than several threads")
             }
             Some(IoKind::Tokio) if self.threads > 1 => {
                 bad("tokio runs one task per queue and direction: use several queues rather than several threads")
             }
-            Some(IoKind::Uring) => uring_supported().map(|()| IoKind::Uring),
+            // Asked for and missing (no kernel support, denied by a container's seccomp policy, turned off
+            // with TURBOTUN_NO_URING, or compiled out): the blocking path, with a note saying why.
+            Some(IoKind::Uring) => match uring_supported() {
+                Ok(()) => Ok(IoKind::Uring),
+                Err(e) => {
+                    notes.push(format!("{e}; using blocking reads"));
+                    Ok(IoKind::Block)
+                }
+            },
             Some(IoKind::Tokio) if !cfg!(feature = "tokio") => bad("tokio I/O needs turbotun's `tokio` feature"),
             Some(io) => Ok(io),
-            None if self.mode == ForwardMode::Offload || self.threads > 1 => Ok(IoKind::Block),
+            None if (self.mode == ForwardMode::Offload && !URING_OFFLOAD_BY_DEFAULT) || self.threads > 1 => {
+                Ok(IoKind::Block)
+            }
             None => match uring_supported() {
                 Ok(()) => Ok(IoKind::Uring),
                 Err(e) => {
@@ -367,6 +384,10 @@ pub struct Forwarder {
     stats: StatsHandle,
     notes: Vec<String>,
 }
+
+/// Whether offload mode reads through io_uring by default where the kernel has it: decided by `turbotun bench`
+/// (offload through io_uring against the blocking offload path, side by side; see BENCHMARKS.md).
+const URING_OFFLOAD_BY_DEFAULT: bool = false;
 
 /// How often a worker that waits for packets looks at the stop handle (poll and io_uring waits).
 const IDLE_WAIT: Duration = Duration::from_millis(100);

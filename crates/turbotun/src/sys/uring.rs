@@ -6,6 +6,11 @@
 //! completions in the order the frames were read. (Many single reads in flight on one tun fd are woken
 //! together and complete in no particular order: frames get reordered.)
 //!
+//! Writes are `IORING_OP_WRITE` of one slot, or `IORING_OP_WRITEV` gathering pieces of several slots (a
+//! coalesced packet: virtio header and head packet, then each merged member's payload, each in its own slot).
+//! Slots past the first `depth` are spares: never provided for reads, lent to the caller for packets it
+//! builds (the segments of a split super-packet).
+//!
 //! io_uring's safety rule is that a buffer handed to the kernel must stay valid, and must not be touched by us,
 //! until its completion has been reaped. Here the ring owns every buffer (one arena, a slot per buffer) and
 //! tracks each slot's state (in the provided ring, filled and ours, or being written), so the safe API can
@@ -25,7 +30,7 @@ enum SlotState {
     Provided,
     /// Ours: a read completed into it.
     Filled,
-    /// The kernel is writing its first bytes out.
+    /// The kernel is writing from it (alone, or as one piece of a gathered write).
     Writing,
 }
 
@@ -120,10 +125,16 @@ pub fn probe_forward_ring() -> io::Result<()> {
     if !probe.is_supported(opcode::ReadMulti::CODE) {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without multishot read (Linux < 6.7)"));
     }
+    for (code, name) in [(opcode::Write::CODE, "IORING_OP_WRITE"), (opcode::Writev::CODE, "IORING_OP_WRITEV")] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("io_uring without {name}")));
+        }
+    }
     Ok(())
 }
 
-/// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`.
+/// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`, plus
+/// `spare` buffers of the same size that are never read into.
 pub struct ForwardRing {
     ring: IoUring,
     src: OwnedFd,
@@ -133,7 +144,17 @@ pub struct ForwardRing {
     arena: std::ptr::NonNull<u8>,
     bufs: std::mem::ManuallyDrop<BufRing>,
     stride: usize,
+    /// Slots `0..depth` are provided for reads; the rest are spares.
+    depth: usize,
     states: Vec<SlotState>,
+    /// Per slot that heads a write in flight: every slot the write reads from (itself included).
+    members: Vec<Vec<u32>>,
+    /// Per slot that heads a gathered write: its iovecs, kept here (at a stable heap address) until the write
+    /// completes, since the kernel may read them after submission when the write has to wait.
+    iovecs: Vec<Vec<libc::iovec>>,
+    /// Per slot: the pass in which [`Self::slots_mut`] last lent it (to refuse a slot named twice).
+    lent: Vec<u32>,
+    pass: u32,
     /// Whether the multishot read is armed (it ends on an error or when the ring ran out of buffers).
     read_armed: bool,
     writes_in_flight: usize,
@@ -155,13 +176,26 @@ impl ForwardRing {
     /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
     /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
     pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
-        if !depth.is_power_of_two() || depth > 32768 || stride == 0 || stride > u32::MAX as usize {
+        Self::with_spares(src, dst, depth, 0, stride)
+    }
+
+    /// [`Self::new`] with `spare` more slots, lent to the caller and never read into.
+    pub fn with_spares(
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        depth: usize,
+        spare: usize,
+        stride: usize,
+    ) -> io::Result<Self> {
+        if !depth.is_power_of_two() || depth > 32768 || spare > 32768 || stride == 0 || stride > u32::MAX as usize {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "ring depth must be a power of two up to 32768, with a positive stride",
             ));
         }
-        let entries = (depth as u32).max(8);
+        let slots = depth + spare;
+        // Room for the read, every write that can be in flight, and a cancellation.
+        let entries = ((slots + 2) as u32).next_power_of_two().max(8);
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
@@ -182,10 +216,10 @@ impl ForwardRing {
             ring.submitter().register_buf_ring_with_flags(bufs.base.as_ptr() as u64, depth as u16, BUFFER_GROUP, 0)
         }
         .map_err(|e| io::Error::new(e.kind(), format!("registering a provided-buffer ring (Linux 5.19+): {e}")))?;
-        let bytes = depth.checked_mul(stride).ok_or_else(|| {
+        let bytes = slots.checked_mul(stride).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{depth} buffers of {stride} bytes overflow the address space"),
+                format!("{slots} buffers of {stride} bytes overflow the address space"),
             )
         })?;
         let arena = Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast::<u8>();
@@ -196,6 +230,8 @@ impl ForwardRing {
             // SAFETY: slot * stride < depth * stride: inside the allocation.
             bufs.provide(unsafe { arena.as_ptr().add(slot * stride) }, stride as u32, slot as u16);
         }
+        let mut states = vec![SlotState::Provided; depth];
+        states.resize(slots, SlotState::Filled);
         Ok(ForwardRing {
             ring,
             src,
@@ -203,7 +239,12 @@ impl ForwardRing {
             arena,
             bufs: std::mem::ManuallyDrop::new(bufs),
             stride,
-            states: vec![SlotState::Provided; depth],
+            depth,
+            states,
+            members: vec![Vec::new(); slots],
+            iovecs: vec![Vec::new(); slots],
+            lent: vec![0; slots],
+            pass: 0,
             read_armed: false,
             writes_in_flight: 0,
         })
@@ -211,6 +252,52 @@ impl ForwardRing {
 
     pub fn stride(&self) -> usize {
         self.stride
+    }
+
+    /// Slots provided for reads (`0..depth`); the spares follow.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// The bytes of a filled slot, writable: a slot that is ours (a read completed into it, or a spare not
+    /// being written) is touched by nobody else until it is written or recycled, both of which take
+    /// `&mut self` and so end this borrow.
+    pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.check_filled(slot).ok()?;
+        // SAFETY: a Filled slot is ours (see `slot`); the range lies inside the allocation and no other
+        // reference to it exists while `&mut self` is borrowed.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), self.stride) })
+    }
+
+    /// A new stamp for the "named twice" check.
+    fn next_pass(&mut self) {
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass == 0 {
+            self.lent.fill(0);
+            self.pass = 1;
+        }
+    }
+
+    /// Several filled slots at once, writable, in the order given, each at most once (an error names a slot
+    /// that is not ours or is named twice).
+    pub fn slots_mut(&mut self, slots: &[u32]) -> io::Result<Vec<&mut [u8]>> {
+        self.next_pass();
+        for &s in slots {
+            let s = s as usize;
+            self.check_filled(s)?;
+            if self.lent[s] == self.pass {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {s} named twice")));
+            }
+            self.lent[s] = self.pass;
+        }
+        let (base, stride) = (self.arena.as_ptr(), self.stride);
+        Ok(slots
+            .iter()
+            // SAFETY: every slot was checked above to be Filled (ours, untouched by the kernel) and distinct,
+            // so the slices are disjoint ranges inside the allocation; they borrow `self` mutably, so no write
+            // or recycle can hand them to the kernel while they live.
+            .map(|&s| unsafe { std::slice::from_raw_parts_mut(base.add(s as usize * stride), stride) })
+            .collect())
     }
 
     /// Start of a slot's buffer (`slot < depth`, checked by the callers).
@@ -228,9 +315,12 @@ impl ForwardRing {
         Some(unsafe { std::slice::from_raw_parts(self.slot_ptr(slot), self.stride) })
     }
 
-    /// Gives a filled slot back to the kernel for a later read.
+    /// Gives a filled slot back to the kernel for a later read (spares are not read into: refused).
     pub fn recycle(&mut self, slot: usize) -> io::Result<()> {
         self.check_filled(slot)?;
+        if slot >= self.depth {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} is a spare")));
+        }
         let addr = self.slot_ptr(slot);
         self.bufs.provide(addr, self.stride as u32, slot as u16);
         self.states[slot] = SlotState::Provided;
@@ -253,6 +343,54 @@ impl ForwardRing {
         // free it, see Drop) until the completion is reaped; the fd is owned by `self`.
         self.push(&entry)?;
         self.states[slot] = SlotState::Writing;
+        self.members[slot].clear();
+        self.members[slot].push(slot as u32);
+        self.writes_in_flight += 1;
+        Ok(())
+    }
+
+    /// Queues one gathered write of `pieces` (slot, byte range), in order; its completion names the first
+    /// piece's slot, and every slot of the write is then filled (ours) again. Each slot must be filled and
+    /// appear once.
+    pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+        let Some(&(head, _)) = pieces.first() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a write of nothing"));
+        };
+        let head = head as usize;
+        self.next_pass();
+        for (s, range) in pieces {
+            let s = *s as usize;
+            self.check_filled(s)?;
+            if self.lent[s] == self.pass {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {s} named twice")));
+            }
+            self.lent[s] = self.pass;
+            if range.start > range.end || range.end > self.stride {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "piece outside its slot"));
+            }
+        }
+        let mut iov = std::mem::take(&mut self.iovecs[head]);
+        iov.clear();
+        iov.extend(pieces.iter().map(|(s, range)| libc::iovec {
+            iov_base: self.slot_ptr(*s as usize).wrapping_add(range.start).cast(),
+            iov_len: range.len(),
+        }));
+        let entry = opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), iov.as_ptr(), iov.len() as u32)
+            .offset(u64::MAX)
+            .build()
+            .user_data(WRITE_TAG | head as u64);
+        // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
+        // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
+        // until the completion is reaped; the fd is owned by `self`.
+        self.iovecs[head] = iov;
+        self.push(&entry)?;
+        let mut members = std::mem::take(&mut self.members[head]);
+        members.clear();
+        for (s, _) in pieces {
+            self.states[*s as usize] = SlotState::Writing;
+            members.push(*s);
+        }
+        self.members[head] = members;
         self.writes_in_flight += 1;
         Ok(())
     }
@@ -337,8 +475,10 @@ impl ForwardRing {
                 }
                 d if d & !u64::from(u32::MAX) == WRITE_TAG => {
                     let slot = (d & u64::from(u32::MAX)) as usize;
-                    if let Some(state) = self.states.get_mut(slot) {
-                        *state = SlotState::Filled;
+                    if slot < self.states.len() {
+                        for &m in &self.members[slot] {
+                            self.states[m as usize] = SlotState::Filled;
+                        }
                         self.writes_in_flight -= 1;
                     }
                     out.push(Completion { slot: Some(slot), op: Op::Write, result });
