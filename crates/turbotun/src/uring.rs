@@ -50,6 +50,12 @@ pub fn supported() -> Result<()> {
 #[derive(Debug)]
 pub struct UringForwarder {
     ring: ForwardRing,
+    /// Frames read, in read order (the kernel's side of the slot ring).
+    rx: crate::ring::SlotRing,
+    /// Frames handed back for writing: their writes are in flight until completed and released in order.
+    tx: crate::ring::SlotRing,
+    /// Per slot: its position in the transmit ring while it is being written.
+    tx_pos: Vec<u32>,
     src_name: String,
     dst_name: String,
     vnet_hdr_len: usize,
@@ -81,6 +87,9 @@ impl UringForwarder {
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         Ok(UringForwarder {
             ring,
+            rx: crate::ring::SlotRing::new(depth)?,
+            tx: crate::ring::SlotRing::new(depth)?,
+            tx_pos: vec![0; depth],
             src_name: src.name().to_string(),
             dst_name: dst.name().to_string(),
             vnet_hdr_len: src.vnet_hdr_len(),
@@ -115,6 +124,27 @@ impl UringForwarder {
         for i in 0..self.completions.len() {
             let Completion { slot, op, result } = self.completions[i];
             if let Err(e) = self.handle(op, slot, result) {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Forwarding moves indices: every frame read goes from the receive ring to the transmit ring and is
+        // written from the slot it was read into.
+        while let Some((_, frame)) = self.rx.take() {
+            self.rx.release();
+            let slot = frame.index as usize;
+            let queued = match self.tx.push(frame) {
+                Ok(()) => {
+                    let (pos, _) = self.tx.take().unwrap_or_default();
+                    self.tx_pos[slot] = pos;
+                    self.ring.write_from(slot, frame.len as usize).map_err(|e| self.ring_error(e))
+                }
+                // Cannot happen (the transmit ring has a place for every slot); dropped, never lost.
+                Err(_) => {
+                    self.stats.drops.add(DropReason::Malformed, 1);
+                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))
+                }
+            };
+            if let Err(e) = queued {
                 first_error.get_or_insert(e);
             }
         }
@@ -168,7 +198,12 @@ impl UringForwarder {
                 }
                 self.stats.segments += 1;
                 self.lens[slot] = n;
-                self.ring.write_from(slot, n).map_err(|e| self.ring_error(e))
+                if let Err(frame) = self.rx.push(crate::ring::Slot { index: slot as u32, len: n as u32 }) {
+                    // Cannot happen (the receive ring has a place for every slot); dropped, never lost.
+                    self.stats.drops.add(DropReason::Malformed, 1);
+                    return self.ring.recycle(frame.index as usize).map_err(|e| self.ring_error(e));
+                }
+                Ok(())
             }
             (Op::Read, Err(errno)) => {
                 self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
@@ -181,7 +216,7 @@ impl UringForwarder {
                 self.stats.writes += 1;
                 self.stats.packets += 1;
                 self.stats.bytes += self.lens[slot].saturating_sub(self.vnet_hdr_len) as u64;
-                self.ring.recycle(slot).map_err(|e| self.ring_error(e))
+                self.written(slot)
             }
             // Frames move as they came: a refusal of a super-packet is not one we built, so never re-split.
             (Op::Write, Err(errno)) => match on_write_error(Some(errno), false, self.when_full) {
@@ -191,14 +226,24 @@ impl UringForwarder {
                 }
                 WriteFailure::Drop(reason) => {
                     self.stats.drops.add(reason, 1);
-                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))
+                    self.written(slot)
                 }
                 WriteFailure::Resplit | WriteFailure::Fatal => {
-                    self.ring.recycle(slot).map_err(|e| self.ring_error(e))?;
+                    self.written(slot)?;
                     Err(queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno)))
                 }
             },
         }
+    }
+
+    /// A write finished (or its frame was dropped): the slot leaves the transmit ring, in ring order once every
+    /// earlier write has finished too, and goes back to the kernel for reading.
+    fn written(&mut self, slot: usize) -> Result<()> {
+        self.tx.complete(self.tx_pos[slot]);
+        while let Some(done) = self.tx.release_completed() {
+            self.ring.recycle(done.index as usize).map_err(|e| self.ring_error(e))?;
+        }
+        Ok(())
     }
 
     fn ring_error(&self, e: std::io::Error) -> Error {
