@@ -80,11 +80,11 @@ pub struct FwdArgs {
     /// (else `block`, with a note), `block` for offload. TURBOTUN_NO_URING=1 turns io_uring off.
     #[arg(long, value_enum)]
     pub io: Option<FwdIo>,
-    /// Buffers given to the kernel per direction with `--io uring`, a power of two: frames read and not yet
-    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident). Default: 64,
-    /// 16 in offload mode (where each frame is split as soon as it is read).
-    #[arg(long)]
-    pub depth: Option<usize>,
+    /// Buffers given to the kernel per direction with `--io uring` in plain and passthrough mode, a power of
+    /// two: frames read and not yet written at most (each buffer holds a 64 KiB frame; only touched pages
+    /// become resident). Offload through io_uring keeps one scattered read in flight instead.
+    #[arg(long, default_value_t = ForwarderBuilder::DEFAULT_DEPTH)]
+    pub depth: usize,
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = MAX_BATCH)]
     pub batch: usize,
@@ -269,11 +269,7 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
             FwdIo::Tokio => IoKind::Tokio,
         }),
     };
-    let builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch);
-    let builder = match args.depth {
-        Some(depth) => builder.depth(depth),
-        None => builder,
-    };
+    let builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch).depth(args.depth);
     Ok(match io {
         Some(io) => builder.io(io),
         None => builder,

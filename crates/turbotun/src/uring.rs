@@ -286,10 +286,14 @@ struct Unit {
 /// segment by segment (blocking writes, through the same write policy as the blocking path).
 pub struct UringOffload {
     ring: ForwardRing,
+    /// Reads scattered into spare slots (one in flight) instead of the multishot read.
+    scatter: Option<Scatter>,
     rx: crate::ring::SlotRing,
     tx: crate::ring::SlotRing,
     spares: Vec<u32>,
     splitting: Option<Splitting>,
+    /// Segments a scattered read left in place (slot, length), for the next batch.
+    ready_segments: Vec<(u32, usize)>,
     framing: turbotun_wire::Framing,
     batch_max: usize,
     batch: Vec<u32>,
@@ -321,6 +325,20 @@ impl std::fmt::Debug for UringOffload {
     }
 }
 
+/// The scattered read: where the read in flight puts the frame.
+#[derive(Debug, Default)]
+struct Scatter {
+    /// Header length and gso_size of the last super-packet: the next read puts each segment's payload in its
+    /// own slot behind room for its header, so that splitting only writes headers.
+    predicted: Option<(usize, usize)>,
+    /// The pieces of the read in flight: with a prediction, `k` segment slots then the overflow slot; without,
+    /// one slot for the whole frame.
+    plan: Vec<(u32, std::ops::Range<usize>)>,
+    predicted_for_plan: Option<(usize, usize)>,
+    /// A frame that missed the prediction, joined from its pieces.
+    joined: Vec<u8>,
+}
+
 /// Offset of a packet in its slot: the virtio header in front of it.
 const OFFSET: usize = turbotun_wire::VIRTIO_NET_HDR_LEN;
 
@@ -329,6 +347,10 @@ impl UringOffload {
     /// `batch` packets (twice as many spare slots, so that a batch can be split while the last one is written).
     /// Both queues need the 10-byte virtio header.
     pub fn new(src: &Queue, dst: &Queue, depth: usize, batch: usize) -> Result<Self> {
+        Self::build(src, dst, depth, batch, true)
+    }
+
+    fn build(src: &Queue, dst: &Queue, depth: usize, batch: usize, multishot: bool) -> Result<Self> {
         for q in [src, dst] {
             if q.vnet_hdr_len() != OFFSET {
                 return Err(Error::InvalidConfig(format!(
@@ -341,9 +363,10 @@ impl UringOffload {
         if batch == 0 || batch > crate::batch::BATCH_SIZE {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {}", crate::batch::BATCH_SIZE)));
         }
-        let spare = 2 * batch;
+        // Scattered reads take a batch of spares and one for the overflow while the last batch is written.
+        let spare = if multishot { 2 * batch } else { 2 * batch + 2 };
         let stride = OFFSET + MAX_PACKET;
-        let ring = ForwardRing::with_spares(src.as_fd(), dst.as_fd(), depth, spare, stride)
+        let ring = ForwardRing::with_spares(src.as_fd(), dst.as_fd(), depth, spare, stride, multishot)
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         let slots = depth + spare;
         let framing = match dst.mode() {
@@ -357,10 +380,12 @@ impl UringOffload {
             vnet && dst.offloads().contains(crate::Offloads::USO4 | crate::Offloads::USO6) && found.udp != Some(false);
         let mut fwd = UringOffload {
             ring,
+            scatter: None,
             rx: crate::ring::SlotRing::new(depth)?,
             tx: crate::ring::SlotRing::new(slots.next_power_of_two())?,
             spares: (depth as u32..slots as u32).rev().collect(),
             splitting: None,
+            ready_segments: Vec::with_capacity(batch),
             framing,
             batch_max: batch,
             batch: Vec::with_capacity(batch),
@@ -379,6 +404,19 @@ impl UringOffload {
             writer: crate::write_policy::Writer { vnet_hdr_len: OFFSET, ..Default::default() },
         };
         fwd.rebuild_gro();
+        Ok(fwd)
+    }
+
+    /// Like [`Self::new`], but reading with one scattered read in flight (`IORING_OP_READV`) instead of the
+    /// multishot read: once a super-packet was seen, the next read puts each segment's payload into its own
+    /// slot behind room for its header (the layout of the blocking path's zero-copy split), so that splitting
+    /// writes only headers and no payload byte is copied in user space. A frame of another shape is joined
+    /// and split by copying.
+    pub fn scattered(src: &Queue, dst: &Queue, batch: usize) -> Result<Self> {
+        let mut fwd = Self::build(src, dst, 1, batch, false)?;
+        fwd.scatter = Some(Scatter::default());
+        // Every slot is a spare: nothing is provided to the kernel.
+        fwd.spares = (0..(1 + 2 * batch + 2) as u32).rev().collect();
         Ok(fwd)
     }
 
@@ -423,6 +461,7 @@ impl UringOffload {
     /// by the re-split fallback). Returns false if nothing completed. A deleted device is
     /// [`Error::DeviceGone`].
     pub fn poll_with(&mut self, dst: &Queue, timeout: Duration, mut per_packet: impl FnMut(&mut [u8])) -> Result<bool> {
+        self.plan_read()?;
         let ready = self.ring.submit_and_wait(timeout).map_err(|e| self.ring_error(e))?;
         self.completions.clear();
         self.ring.reap(&mut self.completions);
@@ -442,7 +481,193 @@ impl UringOffload {
         while self.next_batch()? {
             self.run_batch(&mut per_packet)?;
         }
+        self.plan_read()?;
         Ok(busy)
+    }
+
+    /// Scattered reads: queues the next read (submitted by the next round's `io_uring_enter`) once the last one
+    /// was handled, laid out by the prediction if there is one and enough spares are free.
+    fn plan_read(&mut self) -> Result<()> {
+        let Some(sc) = self.scatter.as_mut() else { return Ok(()) };
+        if self.ring.readv_in_flight() > 0
+            || !self.rx.is_empty()
+            || self.splitting.is_some()
+            || !self.ready_segments.is_empty()
+        {
+            return Ok(());
+        }
+        let mut plan = std::mem::take(&mut sc.plan);
+        plan.clear();
+        let k = self.batch_max.min(crate::sys::MAX_SCATTER - 2).min(self.spares.len().saturating_sub(1));
+        let stride = self.ring.stride();
+        match sc.predicted {
+            Some((h, g)) if k >= 2 && OFFSET + h + g <= stride => {
+                for i in 0..k {
+                    let slot = self.spares.pop().unwrap_or_default();
+                    let start = if i == 0 { 0 } else { OFFSET + h };
+                    plan.push((slot, start..OFFSET + h + g));
+                }
+                let overflow = self.spares.pop().unwrap_or_default();
+                plan.push((overflow, OFFSET..stride));
+                sc.predicted_for_plan = Some((h, g));
+            }
+            _ => {
+                let Some(slot) = self.spares.pop() else {
+                    // Every spare is being written: the next round, after their completions.
+                    sc.plan = plan;
+                    return Ok(());
+                };
+                plan.push((slot, 0..stride));
+                sc.predicted_for_plan = None;
+            }
+        }
+        let queued = self.ring.readv_into(&plan);
+        if let Err(e) = queued {
+            self.spares.extend(plan.iter().map(|(slot, _)| *slot));
+            plan.clear();
+            if let Some(sc) = self.scatter.as_mut() {
+                sc.plan = plan;
+            }
+            return Err(self.ring_error(e));
+        }
+        if let Some(sc) = self.scatter.as_mut() {
+            sc.plan = plan;
+        }
+        Ok(())
+    }
+
+    /// A scattered read of `n` bytes completed: its frame goes into the receive ring as one slot holding the
+    /// virtio header and the whole frame, or, when it is the predicted super-packet, becomes segments whose
+    /// payload is already in place (only their headers are written).
+    fn scattered_read(&mut self, n: usize) -> Result<()> {
+        let Some(sc) = self.scatter.as_mut() else { return Ok(()) };
+        let mut plan = std::mem::take(&mut sc.plan);
+        let predicted = sc.predicted_for_plan.take();
+        let result = self.place_scattered(n, &plan, predicted);
+        plan.clear();
+        if let Some(sc) = self.scatter.as_mut() {
+            sc.plan = plan;
+        }
+        result
+    }
+
+    fn place_scattered(
+        &mut self,
+        n: usize,
+        plan: &[(u32, std::ops::Range<usize>)],
+        predicted: Option<(usize, usize)>,
+    ) -> Result<()> {
+        let all = |plan: &[(u32, std::ops::Range<usize>)]| plan.iter().map(|(s, _)| *s).collect::<Vec<u32>>();
+        if n < OFFSET || plan.is_empty() {
+            self.stats.drops.add(DropReason::Malformed, 1);
+            self.spares.extend(all(plan));
+            return Ok(());
+        }
+        let len = n - OFFSET;
+        let Some((h, g)) = predicted else {
+            // One slot holds the header and the whole frame: as the multishot read leaves it.
+            if self.rx.push(crate::ring::Slot { index: plan[0].0, len: n as u32 }).is_err() {
+                self.stats.drops.add(DropReason::Malformed, 1);
+                self.spares.extend(all(plan));
+            }
+            return Ok(());
+        };
+        let k = plan.len() - 1;
+        if self.zero_copy_split(len, plan, (h, g, k))? {
+            return Ok(());
+        }
+        // Not the predicted shape: join the pieces into the overflow slot (header and frame) and take it from the
+        // receive ring like any other frame.
+        let overflow = plan[k].0;
+        let in_segments = (h + g + (k - 1) * g).min(len);
+        let mut joined = self.scatter.as_mut().map(|sc| std::mem::take(&mut sc.joined)).unwrap_or_default();
+        joined.clear();
+        let mut at = 0;
+        for (i, (slot, _)) in plan[..k].iter().enumerate() {
+            if at >= in_segments {
+                break;
+            }
+            let Some(bytes) = self.ring.slot(*slot as usize) else { continue };
+            if i == 0 {
+                let take = (h + g).min(in_segments);
+                joined.extend_from_slice(&bytes[..OFFSET + take]);
+                at += take;
+            } else {
+                let take = g.min(in_segments - at);
+                joined.extend_from_slice(&bytes[OFFSET + h..OFFSET + h + take]);
+                at += take;
+            }
+        }
+        let rest = len - in_segments;
+        let (src_name, dst_name) = (&self.src_name, &self.dst_name);
+        let Some(overflow_bytes) = self.ring.slot_mut(overflow as usize) else {
+            return Err(ring_error(src_name, dst_name, std::io::Error::other("the overflow slot is not ours")));
+        };
+        overflow_bytes.copy_within(OFFSET..OFFSET + rest, OFFSET + in_segments);
+        overflow_bytes[..joined.len()].copy_from_slice(&joined);
+        if let Some(sc) = self.scatter.as_mut() {
+            sc.joined = joined;
+        }
+        self.spares.extend(plan[..k].iter().map(|(s, _)| *s));
+        if self.rx.push(crate::ring::Slot { index: overflow, len: n as u32 }).is_err() {
+            self.stats.drops.add(DropReason::Malformed, 1);
+            self.spares.push(overflow);
+        }
+        Ok(())
+    }
+
+    /// The predicted super-packet (or a packet that fits the first slot): each segment's payload already sits
+    /// in its own slot; only the headers are written. False if the frame has another shape.
+    fn zero_copy_split(
+        &mut self,
+        len: usize,
+        plan: &[(u32, std::ops::Range<usize>)],
+        (h, g, k): (usize, usize, usize),
+    ) -> Result<bool> {
+        let first = plan[0].0;
+        let Some(bytes) = self.ring.slot_mut(first as usize) else { return Ok(false) };
+        let Ok(hdr) = VirtioNetHdrRepr::parse(&bytes[..OFFSET]) else { return Ok(false) };
+        if !hdr.is_gso() {
+            if len > h + g {
+                return Ok(false);
+            }
+            // A packet that fits the first slot is delivered where it is (as a multishot read leaves it).
+            if self.rx.push(crate::ring::Slot { index: first, len: (OFFSET + len) as u32 }).is_err() {
+                return Ok(false);
+            }
+            self.spares.extend(plan[1..].iter().map(|(s, _)| *s));
+            return Ok(true);
+        }
+        if len < h || len > h + k * g || h > turbotun_wire::gso::MAX_HEADER_LEN {
+            return Ok(false);
+        }
+        let mut template = [0u8; turbotun_wire::gso::MAX_HEADER_LEN];
+        let template = &mut template[..h];
+        template.copy_from_slice(&bytes[OFFSET..OFFSET + h]);
+        let Ok(splitter) = Splitter::from_head(&hdr, template, len, self.framing) else { return Ok(false) };
+        let count = splitter.segment_count();
+        if splitter.gso_size() != g || count > k || count == 0 {
+            return Ok(false);
+        }
+        let ids: Vec<u32> = plan[..count].iter().map(|(s, _)| *s).collect();
+        let (src_name, dst_name) = (&self.src_name, &self.dst_name);
+        let mut bufs = self.ring.slots_mut(&ids).map_err(|e| ring_error(src_name, dst_name, e))?;
+        let mut lens = Vec::with_capacity(count);
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let plen = splitter.segment_payload_len(i);
+            let (front, back) = buf.split_at_mut(OFFSET + h);
+            if splitter.write_header(i, &back[..plen], &mut front[OFFSET..]).is_err() {
+                return Ok(false);
+            }
+            lens.push(h + plen);
+        }
+        drop(bufs);
+        self.ready_segments.extend(ids.into_iter().zip(lens));
+        self.spares.extend(plan[count..].iter().map(|(s, _)| *s));
+        self.stats.super_packets += 1;
+        self.stats.zero_copy_splits += 1;
+        self.stats.segments += count as u64;
+        Ok(true)
     }
 
     /// Waits up to `timeout` for the writes in flight (reads that complete meanwhile are forwarded too);
@@ -482,6 +707,20 @@ impl UringOffload {
                 Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
             }
             (Op::Read, None, _) => Ok(()),
+            (Op::Read, Some(_), Ok(n)) if self.scatter.is_some() => {
+                self.stats.reads += 1;
+                self.scattered_read(n)
+            }
+            (Op::Read, Some(_), Err(errno)) if self.scatter.is_some() => {
+                let plan = self.scatter.as_mut().map(|sc| std::mem::take(&mut sc.plan)).unwrap_or_default();
+                for (slot, _) in plan {
+                    self.spares.push(slot);
+                }
+                if matches!(errno, libc::EAGAIN | libc::EINTR | libc::ECANCELED) {
+                    return Ok(());
+                }
+                Err(queue_io_error(&self.src_name, "read", std::io::Error::from_raw_os_error(errno)))
+            }
             (Op::Read, Some(slot), Ok(n)) => {
                 self.stats.reads += 1;
                 if n == 0 || n > self.ring.stride() || n < OFFSET {
@@ -562,7 +801,7 @@ impl UringOffload {
     }
 
     fn give_back(&mut self, slot: u32) -> Result<()> {
-        if (slot as usize) < self.ring.depth() {
+        if self.scatter.is_none() && (slot as usize) < self.ring.depth() {
             self.ring.recycle(slot as usize).map_err(|e| self.ring_error(e))
         } else {
             self.spares.push(slot);
@@ -620,6 +859,16 @@ impl UringOffload {
     fn next_batch(&mut self) -> Result<bool> {
         self.batch.clear();
         self.lens.clear();
+        if !self.ready_segments.is_empty() {
+            // A scattered read's segments, in place (at most a batch: the read had a slot per segment).
+            if self.tx.space() < self.ready_segments.len() {
+                return Ok(false);
+            }
+            for (slot, len) in self.ready_segments.drain(..) {
+                self.batch.push(slot);
+                self.lens.push(len);
+            }
+        }
         while self.batch.len() < self.batch_max {
             if self.splitting.is_some() {
                 if !self.split_more()? {
@@ -674,7 +923,12 @@ impl UringOffload {
         }
         self.stats.super_packets += 1;
         let total = match Splitter::new(&hdr, &bytes[OFFSET..n], self.framing) {
-            Ok(s) => s.segment_count(),
+            Ok(s) => {
+                if let Some(sc) = self.scatter.as_mut() {
+                    sc.predicted = Some((s.hdr_len(), s.gso_size()));
+                }
+                s.segment_count()
+            }
             Err(e) => {
                 tracing::debug!("{}: dropping a frame: {}", self.src_name, Malformed::Gso(e));
                 return self.drop_frame(DropReason::Malformed);
@@ -692,7 +946,7 @@ impl UringOffload {
     fn drop_frame(&mut self, reason: DropReason) -> Result<()> {
         self.stats.drops.add(reason, 1);
         match self.rx.release() {
-            Some(slot) => self.ring.recycle(slot.index as usize).map_err(|e| self.ring_error(e)),
+            Some(slot) => self.give_back(slot.index),
             None => Ok(()),
         }
     }
@@ -740,7 +994,7 @@ impl UringOffload {
         if next >= s.total || progress.produced == 0 {
             self.splitting = None;
             if let Some(slot) = self.rx.release() {
-                self.ring.recycle(slot.index as usize).map_err(|e| self.ring_error(e))?;
+                self.give_back(slot.index)?;
             }
         } else {
             self.splitting = Some(Splitting { next, ..s });

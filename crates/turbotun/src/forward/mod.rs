@@ -114,7 +114,7 @@ pub struct ForwarderBuilder {
     io: Option<IoKind>,
     threads: usize,
     batch: usize,
-    depth: Option<usize>,
+    depth: usize,
     when_full: WhenFull,
 }
 
@@ -130,14 +130,17 @@ impl ForwarderBuilder {
     /// least forwarder CPU per Gbps; 1 and 4 were slower than blocking reads, 256 lost to retransmits.
     pub const DEFAULT_DEPTH: usize = 64;
 
-    /// Read slots per direction with io_uring in offload mode by default: a slot is filled with a 64 KiB
-    /// super-packet and split at once, so a few keep the read armed while a batch is split.
-    pub const DEFAULT_OFFLOAD_DEPTH: usize = 16;
-
     /// A forwarder in `mode` with the defaults: the fastest I/O the mode and kernel allow, one worker per queue
     /// and direction, batches of [`MAX_BATCH`], wait for room when a queue is full.
     pub fn new(mode: ForwardMode) -> Self {
-        ForwarderBuilder { mode, io: None, threads: 1, batch: MAX_BATCH, depth: None, when_full: WhenFull::Wait }
+        ForwarderBuilder {
+            mode,
+            io: None,
+            threads: 1,
+            batch: MAX_BATCH,
+            depth: Self::DEFAULT_DEPTH,
+            when_full: WhenFull::Wait,
+        }
     }
 
     /// How workers wait (default: io_uring for plain and passthrough with one worker per queue where the kernel
@@ -159,20 +162,12 @@ impl ForwarderBuilder {
         self
     }
 
-    /// io_uring read buffers per direction, a power of two up to [`MAX_DEPTH`]: frames read and not yet
-    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident). Default:
-    /// [`Self::DEFAULT_DEPTH`], or [`Self::DEFAULT_OFFLOAD_DEPTH`] in offload mode.
+    /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`], for plain and passthrough: frames
+    /// read and not yet written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// Offload through io_uring keeps one scattered read in flight and a batch's worth of slots instead.
     pub fn depth(mut self, depth: usize) -> Self {
-        self.depth = Some(depth);
+        self.depth = depth;
         self
-    }
-
-    /// The io_uring read buffers per direction this forwarder uses.
-    pub fn depth_used(&self) -> usize {
-        self.depth.unwrap_or(match self.mode {
-            ForwardMode::Offload => Self::DEFAULT_OFFLOAD_DEPTH,
-            _ => Self::DEFAULT_DEPTH,
-        })
     }
 
     /// What to do when the destination queue is full (default: wait).
@@ -215,7 +210,7 @@ impl ForwarderBuilder {
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
         }
-        if !self.depth_used().is_power_of_two() || self.depth_used() > MAX_DEPTH {
+        if !self.depth.is_power_of_two() || self.depth > MAX_DEPTH {
             return Err(Error::InvalidConfig(format!("depth must be a power of two between 1 and {MAX_DEPTH}")));
         }
         match self.io {

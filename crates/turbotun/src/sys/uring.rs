@@ -32,11 +32,15 @@ enum SlotState {
     Filled,
     /// The kernel is writing from it (alone, or as one piece of a gathered write).
     Writing,
+    /// The kernel may read a frame into it (one piece of a scattered read).
+    Reading,
 }
 
 /// Which operation a completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// The multishot read (its slot is the provided buffer it filled), or a scattered read (its slot is the
+    /// first piece's).
     Read,
     Write,
 }
@@ -51,6 +55,7 @@ pub struct Completion {
 
 const READ_TAG: u64 = 1 << 32;
 const WRITE_TAG: u64 = 2 << 32;
+const READV_TAG: u64 = 3 << 32;
 /// user_data of the cancellation request made on drop.
 const CANCEL_TAG: u64 = u64::MAX;
 const BUFFER_GROUP: u16 = 0;
@@ -157,7 +162,10 @@ pub struct ForwardRing {
     pass: u32,
     /// Whether the multishot read is armed (it ends on an error or when the ring ran out of buffers).
     read_armed: bool,
+    /// Whether the multishot read may be armed (false: the caller reads with [`ForwardRing::readv_into`]).
+    multishot: bool,
     writes_in_flight: usize,
+    readv_in_flight: usize,
 }
 
 impl std::fmt::Debug for ForwardRing {
@@ -176,16 +184,19 @@ impl ForwardRing {
     /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
     /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
     pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
-        Self::with_spares(src, dst, depth, 0, stride)
+        Self::with_spares(src, dst, depth, 0, stride, true)
     }
 
-    /// [`Self::new`] with `spare` more slots, lent to the caller and never read into.
+    /// [`Self::new`] with `spare` more slots, lent to the caller and never read into by the multishot read.
+    /// Without `multishot`, no slot is provided and the read is never armed: every slot is the caller's, and
+    /// frames are read with [`Self::readv_into`].
     pub fn with_spares(
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
         depth: usize,
         spare: usize,
         stride: usize,
+        multishot: bool,
     ) -> io::Result<Self> {
         if !depth.is_power_of_two() || depth > 32768 || spare > 32768 || stride == 0 || stride > u32::MAX as usize {
             return Err(io::Error::new(
@@ -226,11 +237,12 @@ impl ForwardRing {
         let Some(arena) = std::ptr::NonNull::new(arena) else {
             unreachable!("Box::into_raw never returns null");
         };
-        for slot in 0..depth {
+        for slot in 0..if multishot { depth } else { 0 } {
             // SAFETY: slot * stride < depth * stride: inside the allocation.
             bufs.provide(unsafe { arena.as_ptr().add(slot * stride) }, stride as u32, slot as u16);
         }
-        let mut states = vec![SlotState::Provided; depth];
+        let provided = if multishot { SlotState::Provided } else { SlotState::Filled };
+        let mut states = vec![provided; depth];
         states.resize(slots, SlotState::Filled);
         Ok(ForwardRing {
             ring,
@@ -246,7 +258,9 @@ impl ForwardRing {
             lent: vec![0; slots],
             pass: 0,
             read_armed: false,
+            multishot,
             writes_in_flight: 0,
+            readv_in_flight: 0,
         })
     }
 
@@ -349,14 +363,32 @@ impl ForwardRing {
         Ok(())
     }
 
-    /// Queues one gathered write of `pieces` (slot, byte range), in order; its completion names the first
-    /// piece's slot, and every slot of the write is then filled (ours) again. Each slot must be filled and
-    /// appear once.
-    pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+    /// Queues one read scattered over `pieces` (slot, byte range), in order: the next frame fills them one after
+    /// the other. Its completion names the first piece's slot, and every slot of the read is then filled
+    /// (ours) again. Each slot must be filled and appear once; only one such read should be in flight on a tun
+    /// fd at a time (several complete in no particular order).
+    pub fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+        let head = self.check_pieces(pieces)?;
+        let entry =
+            opcode::Readv::new(types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
+                .offset(u64::MAX)
+                .build()
+                .user_data(READV_TAG | head as u64);
+        // The iovecs live in `self.iovecs[head]` (not touched again until this read completes, since its head
+        // slot is marked Reading) and point into slots marked Reading, which safe code does not touch or free
+        // until the completion is reaped; the fd is owned by `self`.
+        self.push(&entry)?;
+        self.mark(pieces, SlotState::Reading);
+        self.readv_in_flight += 1;
+        Ok(())
+    }
+
+    /// Checks that every piece lies in a distinct slot of ours and stores their iovecs under the first piece's
+    /// slot; returns that slot.
+    fn check_pieces(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<usize> {
         let Some(&(head, _)) = pieces.first() else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a write of nothing"));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an I/O of nothing"));
         };
-        let head = head as usize;
         self.next_pass();
         for (s, range) in pieces {
             let s = *s as usize;
@@ -369,30 +401,51 @@ impl ForwardRing {
                 return Err(io::Error::new(io::ErrorKind::InvalidInput, "piece outside its slot"));
             }
         }
+        let head = head as usize;
         let mut iov = std::mem::take(&mut self.iovecs[head]);
         iov.clear();
         iov.extend(pieces.iter().map(|(s, range)| libc::iovec {
             iov_base: self.slot_ptr(*s as usize).wrapping_add(range.start).cast(),
             iov_len: range.len(),
         }));
-        let entry = opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), iov.as_ptr(), iov.len() as u32)
-            .offset(u64::MAX)
-            .build()
-            .user_data(WRITE_TAG | head as u64);
-        // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
-        // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
-        // until the completion is reaped; the fd is owned by `self`.
         self.iovecs[head] = iov;
-        self.push(&entry)?;
+        Ok(head)
+    }
+
+    /// Marks every slot of an operation headed by the first piece's slot.
+    fn mark(&mut self, pieces: &[(u32, std::ops::Range<usize>)], state: SlotState) {
+        let head = pieces[0].0 as usize;
         let mut members = std::mem::take(&mut self.members[head]);
         members.clear();
         for (s, _) in pieces {
-            self.states[*s as usize] = SlotState::Writing;
+            self.states[*s as usize] = state;
             members.push(*s);
         }
         self.members[head] = members;
+    }
+
+    /// Queues one gathered write of `pieces` (slot, byte range), in order; its completion names the first
+    /// piece's slot, and every slot of the write is then filled (ours) again. Each slot must be filled and
+    /// appear once.
+    pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+        let head = self.check_pieces(pieces)?;
+        let entry =
+            opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
+                .offset(u64::MAX)
+                .build()
+                .user_data(WRITE_TAG | head as u64);
+        // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
+        // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
+        // until the completion is reaped; the fd is owned by `self`.
+        self.push(&entry)?;
+        self.mark(pieces, SlotState::Writing);
         self.writes_in_flight += 1;
         Ok(())
+    }
+
+    /// Scattered reads submitted and not yet completed.
+    pub fn readv_in_flight(&self) -> usize {
+        self.readv_in_flight
     }
 
     fn check_filled(&self, slot: usize) -> io::Result<()> {
@@ -434,7 +487,7 @@ impl ForwardRing {
     }
 
     pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
-        if !self.read_armed && self.states.contains(&SlotState::Provided) {
+        if self.multishot && !self.read_armed && self.states.contains(&SlotState::Provided) {
             self.arm_read()?;
         }
         if !self.ring.completion().is_empty() {
@@ -473,6 +526,16 @@ impl ForwardRing {
                     }
                     out.push(Completion { slot, op: Op::Read, result });
                 }
+                d if d & !u64::from(u32::MAX) == READV_TAG => {
+                    let slot = (d & u64::from(u32::MAX)) as usize;
+                    if slot < self.states.len() {
+                        for &m in &self.members[slot] {
+                            self.states[m as usize] = SlotState::Filled;
+                        }
+                        self.readv_in_flight -= 1;
+                    }
+                    out.push(Completion { slot: Some(slot), op: Op::Read, result });
+                }
                 d if d & !u64::from(u32::MAX) == WRITE_TAG => {
                     let slot = (d & u64::from(u32::MAX)) as usize;
                     if slot < self.states.len() {
@@ -492,7 +555,7 @@ impl ForwardRing {
 impl Drop for ForwardRing {
     fn drop(&mut self) {
         // Cancel everything and wait for the kernel to let go of every buffer before the memory is freed.
-        if self.read_armed || self.writes_in_flight > 0 {
+        if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 {
             let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_TAG);
             // SAFETY: a cancellation request refers to no memory of ours.
             let mut queued = unsafe { self.ring.submission().push(&cancel) }.is_ok();
@@ -507,7 +570,7 @@ impl Drop for ForwardRing {
             }
             let mut scratch = Vec::new();
             for _ in 0..100 {
-                if !self.read_armed && self.writes_in_flight == 0 {
+                if !self.read_armed && self.writes_in_flight == 0 && self.readv_in_flight == 0 {
                     break;
                 }
                 let ts = types::Timespec::from(Duration::from_millis(10));
@@ -518,7 +581,7 @@ impl Drop for ForwardRing {
             }
         }
         let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok();
-        if self.read_armed || self.writes_in_flight > 0 || !unregistered {
+        if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 || !unregistered {
             // The kernel may still use a buffer: leaking the memory is the only way to stay memory-safe.
             return;
         }
