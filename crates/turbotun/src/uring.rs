@@ -5,8 +5,13 @@
 //! read waits in the kernel (armed on the tun fd's wait queue, no helper threads: the tun driver honours
 //! `IOCB_NOWAIT`) and reads frame after frame into a ring of `depth` provided buffers, and each
 //! `io_uring_enter` hands over every write that is ready while it collects the next completions. Frames move as they are (the virtio header too, if the queues have one): this is the
-//! plain and passthrough forwarding path, and a slot is never copied: the buffer a frame was read into is the
-//! one it is written from (netmap-style forwarding by buffer, no allocation per frame).
+//! plain and passthrough forwarding path ([`UringForwarder`]), and a slot is never copied: the buffer a frame
+//! was read into is the one it is written from; its index moves from a receive to a transmit
+//! [`SlotRing`](crate::ring::SlotRing) (netmap-style forwarding by index, no allocation per frame).
+//!
+//! [`UringOffload`] is offload mode on the same arena: super-packets read with their virtio header, split,
+//! handed to the application, coalesced, and the gathered writes of a round submitted together with the next
+//! read.
 //!
 //! Order: frames leave in the order they were read (one read request posts its completions in order, writes
 //! are submitted in completion order, and a tun write does not wait); a write the kernel refuses for want of socket buffer (`EAGAIN`, only with a limited

@@ -249,8 +249,8 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 /// submitted by the same `io_uring_enter` that waits for the next reads.
 #[cfg(feature = "uring")]
 fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
-    // Scattered reads rather than the multishot read: the split copies no payload byte, and in `turbotun
-    // bench` (TCP) it used about 12 % less forwarder CPU per Gbps and less memory (BENCHMARKS.md).
+    // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
+    // and a batch's worth of slots replaces `depth` 64 KiB read slots.
     let mut fwd =
         crate::uring::UringOffload::scattered(src, dst, ctx.batch)?.when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
