@@ -36,7 +36,7 @@ use crate::write_policy::{on_write_error, WriteFailure};
 pub const DISABLE_ENV: &str = "TURBOTUN_NO_URING";
 
 /// Whether this kernel can run a [`UringForwarder`] and a [`UringOffload`] (io_uring with multishot reads,
-/// `IORING_OP_WRITEV`, Linux 6.7); probed once. The error says what is missing, or that
+/// `IORING_OP_READV`, `IORING_OP_WRITEV`, Linux 6.7); probed once. The error says what is missing, or that
 /// [`DISABLE_ENV`] turned io_uring off, so that a caller can fall back to blocking reads and say why.
 pub fn supported() -> Result<()> {
     static PROBED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();

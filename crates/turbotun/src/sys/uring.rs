@@ -118,8 +118,8 @@ impl Drop for BufRing {
     }
 }
 
-/// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG` and the multishot
-/// read opcode (Linux 6.7; provided-buffer rings came in 5.19).
+/// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG`, the multishot
+/// read (Linux 6.7; provided-buffer rings came in 5.19), `READV`, `WRITE` and `WRITEV`.
 pub fn probe_forward_ring() -> io::Result<()> {
     let ring = IoUring::new(8)?;
     if !ring.params().is_feature_ext_arg() {
@@ -130,7 +130,12 @@ pub fn probe_forward_ring() -> io::Result<()> {
     if !probe.is_supported(opcode::ReadMulti::CODE) {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without multishot read (Linux < 6.7)"));
     }
-    for (code, name) in [(opcode::Write::CODE, "IORING_OP_WRITE"), (opcode::Writev::CODE, "IORING_OP_WRITEV")] {
+    let needed = [
+        (opcode::Write::CODE, "IORING_OP_WRITE"),
+        (opcode::Writev::CODE, "IORING_OP_WRITEV"),
+        (opcode::Readv::CODE, "IORING_OP_READV"),
+    ];
+    for (code, name) in needed {
         if !probe.is_supported(code) {
             return Err(io::Error::new(io::ErrorKind::Unsupported, format!("io_uring without {name}")));
         }
