@@ -33,9 +33,10 @@ pub enum FwdIo {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry.
     Poll,
-    /// io_uring (Linux 6.7): one multishot read per direction over `--depth` buffers; plain and passthrough
-    /// write each frame from the buffer it was read into, offload splits, coalesces and submits a round's
-    /// gathered writes with one system call. Where io_uring is missing or denied: `block`, with a note.
+    /// io_uring (Linux 6.7). Plain and passthrough: one multishot read per direction over `--depth` buffers,
+    /// each frame written from the buffer it was read into. Offload: one scattered read in flight (zero-copy
+    /// split), a round's coalesced writes submitted with the next read by one system call. Where io_uring is
+    /// missing or denied: `block`, with a note.
     Uring,
     /// tokio tasks, one per queue and direction (the same as `--async`).
     Tokio,

@@ -506,7 +506,9 @@ impl UringOffload {
         let k = self.batch_max.min(crate::sys::MAX_SCATTER - 2).min(self.spares.len().saturating_sub(1));
         let stride = self.ring.stride();
         match sc.predicted {
-            Some((h, g)) if k >= 2 && OFFSET + h + g <= stride => {
+            Some((h, g)) if k >= 2 && g > 0 && OFFSET + h + g <= stride => {
+                // No more segment slots than the largest frame of this shape can fill.
+                let k = k.min((MAX_PACKET.saturating_sub(h)).div_ceil(g)).max(2);
                 for i in 0..k {
                     let slot = self.spares.pop().unwrap_or_default();
                     let start = if i == 0 { 0 } else { OFFSET + h };
