@@ -35,8 +35,10 @@ pub enum FwdIo {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry.
     Poll,
-    /// io_uring (plain and passthrough; Linux 6.7): one multishot read per direction over `--depth` buffers,
-    /// frames written from the buffer they were read into.
+    /// io_uring (Linux 6.7). Plain and passthrough: one multishot read per direction over `--depth` buffers,
+    /// each frame written from the buffer it was read into. Offload: one scattered read in flight (zero-copy
+    /// split), a round's coalesced writes submitted with the next read by one system call. Where io_uring is
+    /// missing or denied: `block`, with a note.
     Uring,
     /// tokio tasks, one per queue and direction (the same as `--async`).
     Tokio,
@@ -78,11 +80,12 @@ pub struct FwdArgs {
     #[arg(long = "async")]
     pub async_io: bool,
     /// How the workers wait for packets. Default: `uring` for plain and passthrough where the kernel has it
-    /// (else `block`, with a note), `block` for offload.
+    /// (else `block`, with a note), `block` for offload. TURBOTUN_NO_URING=1 turns io_uring off.
     #[arg(long, value_enum)]
     pub io: Option<FwdIo>,
-    /// Buffers given to the kernel per direction with `--io uring`, a power of two: frames read and not yet
-    /// written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// Buffers given to the kernel per direction with `--io uring` in plain and passthrough mode, a power of
+    /// two: frames read and not yet written at most (each buffer holds a 64 KiB frame; only touched pages
+    /// become resident). Offload through io_uring keeps one scattered read in flight instead.
     #[arg(long, default_value_t = ForwarderBuilder::DEFAULT_DEPTH)]
     pub depth: usize,
     /// Packets per batch in offload mode (at most 64).

@@ -165,6 +165,31 @@ fn bench_quick_turbotun_forwarder() {
     }
 }
 
+/// The ceiling row and offload through io_uring run like any forwarder; every TCP row gets its ratio to the
+/// ceiling, and the estimated cycles table has a row per forwarder with the clock and why it is an estimate.
+#[test]
+fn bench_quick_ceiling_uring_offload_and_cycles() {
+    if !privileged() {
+        return;
+    }
+    let r = run_bench("ceiling", &["--modes", "ceiling,turbotun-uring-offload", "--traffic", "tcp"]);
+    assert_traffic(&r.json, 2);
+    assert!(r.stdout.contains("| ceiling | ") && r.stdout.contains("| 1.00× |"), "{}", r.stdout);
+    assert!(r.stdout.contains("Cycles per packet and per segment (estimate)"), "{}", r.stdout);
+    assert!(r.json["cycles"]["mhz"].as_f64().unwrap() > 0.0, "{}", r.json["cycles"]);
+    for s in r.json["summary"].as_array().unwrap() {
+        for key in
+            ["user_cycles_per_packet", "sys_cycles_per_packet", "user_cycles_per_segment", "sys_cycles_per_segment"]
+        {
+            assert!(s[key]["median"].as_f64().unwrap() >= 0.0, "{key}: {s}");
+        }
+        assert!(s["ratio_ceiling"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    let uring = r.json["runs"].as_array().unwrap().iter().find(|r| r["mode"] == "turbotun-uring-offload").unwrap();
+    assert_eq!(uring["fwd_counters"]["io"], "uring", "{uring}");
+    assert!(uring["fwd_counters"]["zero_copy_splits"].as_u64().unwrap() > 0, "{uring}");
+}
+
 #[test]
 fn bench_loss_quick_one_mode() {
     if !privileged() {

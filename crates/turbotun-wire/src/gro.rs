@@ -251,6 +251,32 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
 /// than built and moved with `memcpy` per packet); `None` if it is not a GRO candidate. Every field that is
 /// compared whole is reset; `opts` is only ever compared up to the option length, which is set.
 #[inline(always)]
+/// The source and destination addresses of an IP packet, laid out as in [`FlowKey::addrs`], and whether it is
+/// IPv6; `None` if it is not IP or too short for its header.
+fn address_pair(pkt: &[u8], framing: Framing) -> Option<([u8; 32], bool)> {
+    let l3 = match framing {
+        Framing::Ip => 0,
+        Framing::Ethernet => ethernet::Frame::new_checked(pkt).ok()?.header_len(),
+    };
+    let ip = pkt.get(l3..)?;
+    let mut addrs = [0u8; 32];
+    match ip.first()? >> 4 {
+        4 => {
+            let p = ipv4::Packet::new_checked(ip).ok()?;
+            addrs[..4].copy_from_slice(&p.src_addr());
+            addrs[16..20].copy_from_slice(&p.dst_addr());
+            Some((addrs, false))
+        }
+        6 => {
+            let p = ipv6::Packet::new_checked(ip).ok()?;
+            addrs[..16].copy_from_slice(&p.src_addr());
+            addrs[16..].copy_from_slice(&p.dst_addr());
+            Some((addrs, true))
+        }
+        _ => None,
+    }
+}
+
 fn parse_candidate_into(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool, c: &mut Cand) -> Option<()> {
     if pkt.len() > MAX_PACKET_LEN {
         return None;
@@ -503,6 +529,17 @@ impl Gro {
             }
             let pkt = packet(bufs, lens, i, offset);
             if parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand).is_none() {
+                // A packet that cannot merge (an IP fragment, IP options) between two UDP datagrams of the same
+                // addresses is a barrier for UDP: no later datagram may join one before it, or it would be
+                // written first (a fragmented datagram overtaken by the next one; UDP keeps no sequence to
+                // restore the order). TCP merges across it as the kernel's GRO does (the receiver reorders by
+                // sequence number).
+                if let Some((addrs, v6)) = address_pair(pkt, self.config.framing) {
+                    let same = |it: &&mut Item| it.c.key.udp && it.c.key.v6 == v6 && it.c.key.addrs == addrs;
+                    for it in self.items.iter_mut().filter(same) {
+                        it.dead = true;
+                    }
+                }
                 continue;
             }
             self.insert(i, &cand, bufs, lens, offset, checksums_valid, &mut stats);

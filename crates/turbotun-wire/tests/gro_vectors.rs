@@ -569,3 +569,22 @@ fn merged_pseudo_header_in_checksum_field() {
         assert!(checksums_ok(&full, b.framing));
     }
 }
+
+/// A packet of the same addresses that cannot merge (a fragment of a larger datagram, or one with IP options)
+/// is a barrier for UDP: a later datagram may not join a head written before it, or it would overtake it.
+#[test]
+fn a_packet_that_cannot_merge_is_a_barrier_for_udp() {
+    for b in all_bases().into_iter().filter(|s| s.udp) {
+        let mut barrier = b.clone();
+        if b.v6 {
+            barrier.v6_dest_opts = 1;
+        } else {
+            barrier.mf = true;
+        }
+        let (_, mut p) = stream(&b, &[1000, 600]);
+        let (_, mid) = stream(&barrier, &[700]);
+        p.insert(1, mid[0].clone());
+        // Without the barrier the 600-byte packet (a short last segment) would join the first.
+        check(b.framing, &p, &[&[0], &[1], &[2]]);
+    }
+}

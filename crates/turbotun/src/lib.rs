@@ -46,6 +46,7 @@ pub mod netlink;
 pub mod netns;
 pub mod privilege;
 pub mod queue;
+pub mod ring;
 pub mod socket;
 pub mod stats;
 pub mod steering;

@@ -153,9 +153,109 @@ impl Writer {
     }
 }
 
+/// Splits a coalesced packet the kernel refused (`packet`, after its virtio header `hdr`) and writes its
+/// segments one by one, each with a zeroed virtio header, under the write policy. A packet that does not split
+/// is counted as malformed: `packets` of the caller's packets are dropped.
+#[cfg_attr(not(feature = "uring"), allow(dead_code))]
+pub(crate) fn write_split(
+    writer: &Writer,
+    queue: &Queue,
+    framing: turbotun_wire::Framing,
+    hdr: &VirtioNetHdrRepr,
+    packet: &[u8],
+    packets: u64,
+    stats: &mut Counters,
+) -> Result<()> {
+    let splitter = match turbotun_wire::gso::Splitter::new(hdr, packet, framing) {
+        Ok(s) => s,
+        Err(e) => {
+            writer.drop(queue, DropReason::Malformed, packets, &io::Error::other(e.to_string()), stats);
+            return Ok(());
+        }
+    };
+    let vlen = writer.vnet_hdr_len;
+    let mut frame = vec![0u8; vlen + crate::queue::MAX_PACKET];
+    for index in 0..splitter.segment_count() {
+        frame[..vlen].fill(0);
+        match splitter.write_segment(index, &mut frame[vlen..]) {
+            Ok(len) => {
+                let unit = Unit { packets: 1, bytes: len as u64 };
+                // Not coalesced, so never handed back for re-splitting: written, or dropped with its reason.
+                writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, stats)?;
+            }
+            Err(e) => {
+                writer.drop(queue, DropReason::Malformed, 1, &io::Error::other(e.to_string()), stats);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The EINVAL fallback of the io_uring offload path: a coalesced packet the kernel refused is split again
+    /// and written segment by segment, each with a zeroed virtio header, checksums complete, nothing lost.
+    #[test]
+    fn test_a_refused_coalesced_packet_is_written_as_its_segments() {
+        use std::os::unix::net::UnixDatagram;
+        use turbotun_wire::virtio_net::{flags, gso, VIRTIO_NET_HDR_LEN};
+        use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
+
+        let (ours, peer) = UnixDatagram::pair().unwrap();
+        let queue = Queue::new(
+            ours.into(),
+            "fake0".into(),
+            0,
+            crate::kind::Mode::Tun,
+            VIRTIO_NET_HDR_LEN,
+            crate::kind::Offloads::ALL,
+        );
+        let (ip_len, tcp_len, payload) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN, 2500);
+        let mut packet = vec![0u8; ip_len + tcp_len + payload];
+        let ip = ipv4::Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            protocol: IPPROTO_TCP,
+            payload_len: (tcp_len + payload) as u16,
+            ttl: 64,
+            dont_frag: true,
+            ..ipv4::Repr::default()
+        };
+        ip.emit(&mut packet).unwrap();
+        let seg = tcp::Repr { src_port: 1, dst_port: 2, seq: 7, ack: 1, flags: tcp::flags::ACK, window: 512 };
+        seg.emit(&mut packet[ip_len..]).unwrap();
+        for (i, b) in packet[ip_len + tcp_len..].iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let hdr = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV4,
+            hdr_len: (ip_len + tcp_len) as u16,
+            gso_size: 1000,
+            csum_start: ip_len as u16,
+            csum_offset: tcp::CHECKSUM_OFFSET as u16,
+        };
+        let writer = Writer { vnet_hdr_len: VIRTIO_NET_HDR_LEN, ..Writer::default() };
+        let mut stats = Counters::default();
+        write_split(&writer, &queue, turbotun_wire::Framing::Ip, &hdr, &packet, 3, &mut stats).unwrap();
+        assert_eq!((stats.writes, stats.packets, stats.drops.total()), (3, 3, 0), "{stats:?}");
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        for k in 0..3u32 {
+            let n = peer.recv(&mut buf).unwrap();
+            assert!(buf[..VIRTIO_NET_HDR_LEN].iter().all(|&b| b == 0), "a plain packet's header is zero");
+            let seg = &buf[VIRTIO_NET_HDR_LEN..n];
+            let p = ipv4::Packet::new_checked(seg).unwrap();
+            assert!(p.verify_checksum());
+            assert_eq!(usize::from(p.total_len()), seg.len());
+            let t = tcp::Packet::new_checked(&seg[ip_len..]).unwrap();
+            assert_eq!(t.seq_number(), 7 + 1000 * k, "segment {k} starts where the last ended");
+            got.extend_from_slice(&seg[ip_len + tcp_len..]);
+        }
+        assert_eq!(got, packet[ip_len + tcp_len..], "the payload, whole and in order");
+    }
 
     #[test]
     fn test_every_errno_has_one_meaning() {

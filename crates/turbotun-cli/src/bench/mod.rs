@@ -4,6 +4,7 @@
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
 
+mod ceiling;
 mod chart;
 mod echo;
 mod flame;
@@ -109,6 +110,10 @@ pub struct BenchArgs {
     /// header; prints `ready`, and its counters as one JSON line when stopped.
     #[arg(long, hide = true, value_name = "DEV")]
     pub naive_echo: Option<String>,
+    /// Internal: the ceiling forwarder between TUN devices DEV_A and DEV_B (created): virtio header and every
+    /// offload, one blocking read and one write per frame, header untouched (the `turbotun-ceiling` row).
+    #[arg(long, hide = true, num_args = 2, value_names = ["DEV_A", "DEV_B"])]
+    pub ceiling_fwd: Option<Vec<String>>,
 }
 
 /// What to measure, from the arguments and the modes available.
@@ -170,6 +175,9 @@ fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(dev) = &args.naive_echo {
         return echo::naive_echo(dev);
+    }
+    if let Some([a, b]) = args.ceiling_fwd.as_deref() {
+        return ceiling::ceiling_fwd(a, b);
     }
     if args.udp_gen.is_some() || args.udp_sink.is_some() || args.udp_roundtrip.is_some() {
         return run_generator_or_sink(args);
@@ -448,6 +456,39 @@ fn build_report(
         not_available,
         summary: report::summarize(&runs, &mode_list, &plan.traffic),
         runs,
+        cycles: None,
+    }
+    .with_cycles(ipv6, &plan.traffic)
+}
+
+impl Report {
+    /// The cycle estimates, when the CPU's clock is known.
+    fn with_cycles(mut self, ipv6: bool, traffic: &[Traffic]) -> Report {
+        let mhz = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|c| procfs::parse_cpuinfo_mhz(&c));
+        let Some(mhz) = mhz else { return self };
+        let cycles = report::Cycles { mhz, pmu: pmu_state() };
+        let udp: Vec<&str> = traffic.iter().filter(|t| t.udp).map(|t| t.label).collect();
+        report::add_cycles(&mut self.summary, &self.runs, &cycles, ipv6, &udp);
+        self.cycles = Some(cycles);
+        self
+    }
+}
+
+/// Whether hardware cycles can be counted here (`perf stat -e cycles true`), said as the reason the figures are
+/// estimates: the bench estimates either way, so that every run and peer is measured alike.
+fn pmu_state() -> String {
+    let out = std::process::Command::new("perf").args(["stat", "-x,", "-e", "cycles", "true"]).output();
+    match out {
+        Err(e) => format!("perf is not installed ({e}); no hardware cycle counts"),
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let line = err.lines().find(|l| l.contains("cycles")).unwrap_or("").trim().to_string();
+            if line.contains("<not supported>") || line.contains("<not counted>") || !o.status.success() {
+                format!("this machine has no PMU for perf (`perf stat -e cycles` answers `{line}`)")
+            } else {
+                format!("perf counts cycles here (`{line}`), but the bench estimates them alike for every row")
+            }
+        }
     }
 }
 

@@ -36,6 +36,12 @@ pub const TURBOTUN_MODES: &[TurbotunMode] = &[
     TurbotunMode { uring_by_default: true, ..fwd("plain", &["--mode", "plain"], &[]) },
     fwd("offload", &["--mode", "offload"], &[Need::VnetHdr]),
     TurbotunMode { uring_by_default: true, ..fwd("passthrough", &["--mode", "passthrough"], &[Need::VnetHdr]) },
+    // Offload through io_uring (slot ring, gathered writes submitted together); `--io uring` falls back to the
+    // blocking path, with a note, where io_uring is missing.
+    TurbotunMode {
+        uring_by_default: true,
+        ..fwd("uring-offload", &["--mode", "offload", "--io", "uring"], &[Need::VnetHdr])
+    },
     fwd("threads2", &["--mode", "offload", "--threads", "2"], &[Need::VnetHdr]),
     fwd("multiqueue", &["--mode", "offload", "--queues", "2"], &[Need::VnetHdr, Need::MultiQueue]),
     // The blocking paths of the two modes above that read through io_uring by default.
@@ -165,6 +171,20 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
         Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback, note: None },
     ];
     let mut unavailable = Vec::new();
+    // The ceiling: one read and one write per frame, virtio header untouched (bench/ceiling.rs).
+    match support.missing(&[Need::VnetHdr]) {
+        None => modes.push(Mode {
+            label: "ceiling".into(),
+            family: "baseline",
+            kind: Kind::Forwarder {
+                program: exe.to_path_buf(),
+                prefix_args: vec!["bench".into(), "--ceiling-fwd".into()],
+                args: vec![],
+            },
+            note: None,
+        }),
+        Some(reason) => unavailable.push(Unavailable { mode: "ceiling".into(), reason }),
+    }
     for m in TURBOTUN_MODES {
         let label = format!("turbotun-{}", m.label);
         if let Some(reason) = support.missing(m.needs) {
@@ -173,7 +193,11 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
         }
         let note = match &support.uring {
             Err(why) if m.uring_by_default => {
-                Some(format!("io_uring forwarding unavailable ({why}): blocking reads, as turbotun-{}-block", m.label))
+                let twin = match m.label.strip_prefix("uring-") {
+                    Some(blocking) => blocking.to_string(),
+                    None => format!("{}-block", m.label),
+                };
+                Some(format!("io_uring forwarding unavailable ({why}): blocking reads, as turbotun-{twin}"))
             }
             _ => None,
         };
@@ -356,7 +380,18 @@ mod tests {
         let exe = Path::new("/x/turbotun");
         let (all, na) = all_modes(exe, &support(true, true, Ok(())), Some(Path::new("/p")));
         let labels: Vec<&str> = all.iter().map(|m| m.label.as_str()).collect();
-        assert_eq!(&labels[..5], ["veth", "loopback", "turbotun-plain", "turbotun-offload", "turbotun-passthrough"]);
+        assert_eq!(
+            &labels[..7],
+            [
+                "veth",
+                "loopback",
+                "ceiling",
+                "turbotun-plain",
+                "turbotun-offload",
+                "turbotun-passthrough",
+                "turbotun-uring-offload"
+            ]
+        );
         assert!(labels.contains(&"turbotun-threads2") && labels.contains(&"turbotun-plain-block"));
         assert!(labels.contains(&"wggo-offload"));
         assert!(na.is_empty(), "{na:?}");
@@ -379,6 +414,8 @@ mod tests {
         assert!(mq.reason.contains("IFF_MULTI_QUEUE") && !mq.reason.contains("IFF_VNET_HDR"), "{}", mq.reason);
         let plain = all.iter().find(|m| m.label == "turbotun-plain").unwrap();
         assert!(plain.note.as_deref().is_some_and(|n| n.contains("Linux < 6.7") && n.contains("plain-block")));
+        let uring_offload = all.iter().find(|m| m.label == "turbotun-uring-offload").unwrap();
+        assert!(uring_offload.note.as_deref().is_some_and(|n| n.ends_with("as turbotun-offload")));
         assert!(all.iter().find(|m| m.label == "turbotun-offload").unwrap().note.is_none());
         // unavailable: a note, not an error
         assert!(select_modes(&all, &na, &["multiqueue".into()]).unwrap().is_empty());
@@ -386,11 +423,12 @@ mod tests {
         let (all, _) = all_modes(exe, &support(false, true, Ok(())), None);
         let turbotun: Vec<&str> = all.iter().filter(|m| m.family == "turbotun").map(|m| m.label.as_str()).collect();
         assert_eq!(turbotun, ["turbotun-plain", "turbotun-plain-block"]);
-        // No tun driver, no peers: the baselines only.
+        assert!(!all.iter().any(|m| m.label == "ceiling"), "the ceiling needs the virtio header too");
+        // No tun driver, no peers: the kernel baselines only.
         let none = Support { tun: Err("no /dev/net/tun".into()), uring: Ok(()) };
         let (all, na) = all_modes(exe, &none, None);
         assert_eq!(all.len(), 2);
-        assert_eq!(na.len(), TURBOTUN_MODES.len() + 6);
+        assert_eq!(na.len(), TURBOTUN_MODES.len() + 7);
         assert!(na[0].reason.contains("no /dev/net/tun"), "{:?}", na[0]);
     }
 }

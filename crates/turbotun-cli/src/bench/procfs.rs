@@ -12,9 +12,9 @@ pub fn clk_tck() -> Result<f64> {
     }
 }
 
-/// utime + stime of a process (all its threads: the thread-group leader's `/proc/PID/stat` aggregates them), in
-/// clock ticks.
-pub fn parse_pid_stat_cpu_ticks(stat: &str) -> Result<u64> {
+/// utime and stime of a process (all its threads: the thread-group leader's `/proc/PID/stat` aggregates them),
+/// user space and kernel apart, in clock ticks.
+pub fn parse_pid_stat_user_sys_ticks(stat: &str) -> Result<(u64, u64)> {
     // The command name (field 2) is in parentheses and may contain spaces or ')': split after the last ')'.
     let close = stat.rfind(')').ok_or_else(|| anyhow!("no ')' in /proc/PID/stat"))?;
     let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
@@ -25,7 +25,23 @@ pub fn parse_pid_stat_cpu_ticks(stat: &str) -> Result<u64> {
             .parse::<u64>()
             .with_context(|| format!("/proc/PID/stat field {n}"))
     };
-    Ok(field(14)? + field(15)?)
+    Ok((field(14)?, field(15)?))
+}
+
+/// The CPU's nominal clock in MHz: the first `cpu MHz` of `/proc/cpuinfo` (on a VM, the clock the hypervisor
+/// reports for the virtual CPU), or the `@ N GHz` of its model name where that is given.
+pub fn parse_cpuinfo_mhz(cpuinfo: &str) -> Option<f64> {
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let from_model = field("model name").and_then(|m| {
+        let ghz = m.rsplit_once('@')?.1.trim().strip_suffix("GHz")?.trim().parse::<f64>().ok()?;
+        Some(ghz * 1000.0)
+    });
+    from_model.or_else(|| field("cpu MHz")?.parse::<f64>().ok()).filter(|mhz| *mhz > 0.0)
 }
 
 /// A `kB` value (e.g. `VmHWM`, `VmRSS`) from `/proc/PID/status`.
@@ -100,9 +116,10 @@ pub fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
 }
 
 /// Current CPU ticks of a live process.
-pub fn pid_cpu_ticks(pid: u32) -> Result<u64> {
+/// utime and stime of a live process, in clock ticks.
+pub fn pid_user_sys_ticks(pid: u32) -> Result<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
-    parse_pid_stat_cpu_ticks(&s)
+    parse_pid_stat_user_sys_ticks(&s)
 }
 
 /// Peak RSS (VmHWM) of a live process, in kB.
@@ -124,6 +141,15 @@ pub fn box_cpu() -> Result<BoxCpu> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn cpu_clock_from_cpuinfo() {
+        let vm = "processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2445.412\n";
+        assert_eq!(parse_cpuinfo_mhz(vm), Some(2445.412));
+        let named = "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz\ncpu MHz\t\t: 1200.000\n";
+        assert_eq!(parse_cpuinfo_mhz(named), Some(2400.0), "the nominal clock of the name, not the current one");
+        assert_eq!(parse_cpuinfo_mhz("processor\t: 0\n"), None);
+    }
+
     const STAT: &str = "6353 (cat) R 6346 6346 3647 0 -1 4194304 98 0 0 0 17 4 0 0 20 0 1 0 31032 3133440 389 \
                         18446744073709551615 94673442852864 94673442872745 140730528364928 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
 
@@ -135,14 +161,14 @@ mod tests {
 
     #[test]
     fn pid_stat_utime_stime() {
-        assert_eq!(parse_pid_stat_cpu_ticks(STAT).unwrap(), 21);
+        assert_eq!(parse_pid_stat_user_sys_ticks(STAT).unwrap(), (17, 4));
     }
 
     #[test]
     fn pid_stat_comm_with_spaces_and_parens() {
         let s = "42 (evil) name)) S 1 1 1 0 -1 0 0 0 0 0 100 50 0 0 20 0 3 0 1 1 1";
-        assert_eq!(parse_pid_stat_cpu_ticks(s).unwrap(), 150);
-        assert!(parse_pid_stat_cpu_ticks("42 (x) S 1").is_err());
+        assert_eq!(parse_pid_stat_user_sys_ticks(s).map(|(u, k)| u + k).unwrap(), 150);
+        assert!(parse_pid_stat_user_sys_ticks("42 (x) S 1").is_err());
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub struct RunRecord {
     pub iperf: Option<IperfResult>,
     /// Forwarder utime+stime over the test window, % of one core.
     pub fwd_cpu_percent: Option<f64>,
+    /// Forwarder CPU time over the test window in user space (utime) and in the kernel (stime), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fwd_user_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fwd_sys_seconds: Option<f64>,
     /// Forwarder peak RSS (VmHWM, reset before the window when the kernel allows), kB.
     pub fwd_peak_rss_kb: Option<u64>,
     /// Whole-box CPU busy over the window, % of all cores.
@@ -87,6 +92,20 @@ pub struct Summary {
     /// ... and relative to the best peer of the same traffic kind.
     pub ratio_best_peer: Option<f64>,
     pub best_peer: Option<String>,
+    /// ... and relative to the ceiling forwarder (`ceiling`) in this run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_ceiling: Option<f64>,
+    /// Estimated cycles (see [`Cycles`]) of the forwarder per packet it counted, user space and kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_cycles_per_packet: Option<Spread>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sys_cycles_per_packet: Option<Spread>,
+    /// ... per segment: an MTU-sized packet of the traffic (TCP: goodput bytes over the MSS; UDP: datagrams
+    /// received), the same count for every mode and peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_cycles_per_segment: Option<Spread>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sys_cycles_per_segment: Option<Spread>,
 }
 
 impl Summary {
@@ -118,6 +137,63 @@ pub struct Report {
     pub not_available: Vec<Unavailable>,
     pub runs: Vec<RunRecord>,
     pub summary: Vec<Summary>,
+    /// How cycles were counted, and the clock used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles: Option<Cycles>,
+}
+
+/// Where the cycle figures come from. This machine's hypervisor exposes no PMU (`perf stat -e cycles` counts
+/// nothing), so cycles are estimated: CPU time (utime, stime from `/proc/PID/stat`, 10 ms ticks) times the CPU's
+/// nominal clock from `/proc/cpuinfo`. That counts stalls and any clock below nominal as cycles.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cycles {
+    /// The clock the estimate multiplies by, MHz.
+    pub mhz: f64,
+    /// What `perf stat -e cycles` said, i.e. why this is an estimate.
+    pub pmu: String,
+}
+
+/// TCP payload bytes per segment at the bench's MTU of 1500 (IP and TCP headers with timestamps removed).
+const MSS_V4: f64 = 1448.0;
+const MSS_V6: f64 = 1428.0;
+
+/// netmap's figure for forwarding one packet (Rizzo, "netmap: a novel framework for fast packet I/O", USENIX
+/// ATC 2012), quoted beside the estimates.
+pub const NETMAP_CYCLES_PER_PACKET: f64 = 90.0;
+
+/// Adds the cycle estimates to every summary: per packet over the forwarder's own `packets` counter, per
+/// segment over the traffic's MTU-sized packets.
+pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, ipv6: bool, udp: &[&str]) {
+    let hz = cycles.mhz * 1e6;
+    for s in summary.iter_mut() {
+        let ok: Vec<&RunRecord> = runs
+            .iter()
+            .filter(|r| r.mode == s.mode && r.traffic == s.traffic && r.error.is_none() && r.iperf.is_some())
+            .collect();
+        let is_udp = udp.contains(&s.traffic.as_str());
+        let segments = |r: &RunRecord| -> Option<f64> {
+            let ip = r.iperf.as_ref()?;
+            let n = if is_udp {
+                ip.udp_received? as f64
+            } else {
+                ip.gbps * 1e9 / 8.0 * ip.seconds / if ipv6 { MSS_V6 } else { MSS_V4 }
+            };
+            // The CPU window and iperf3's differ by a little: scale the count to the CPU window.
+            let n = n / ip.seconds.max(1e-9) * r.window_seconds;
+            (n > 0.0).then_some(n)
+        };
+        let packets = |r: &RunRecord| -> Option<f64> {
+            let p = r.fwd_counters.as_ref()?.get("packets")?.as_u64()? as f64;
+            (p > 0.0).then_some(p)
+        };
+        let per = |cpu: fn(&RunRecord) -> Option<f64>, count: &dyn Fn(&RunRecord) -> Option<f64>| {
+            spread_of(&ok, |r| Some(cpu(r)? * hz / count(r)?))
+        };
+        s.user_cycles_per_packet = per(|r| r.fwd_user_seconds, &packets);
+        s.sys_cycles_per_packet = per(|r| r.fwd_sys_seconds, &packets);
+        s.user_cycles_per_segment = per(|r| r.fwd_user_seconds, &segments);
+        s.sys_cycles_per_segment = per(|r| r.fwd_sys_seconds, &segments);
+    }
 }
 
 fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Option<Spread> {
@@ -163,6 +239,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traf
         let cells = &mut out[first..];
         let head = |s: &Summary| s.headline(t.udp).map(|x| x.median);
         let veth = cells.iter().find(|s| s.mode == "veth").and_then(head);
+        let ceiling = cells.iter().find(|s| s.mode == "ceiling").and_then(head);
         let best_peer = cells
             .iter()
             .filter(|s| s.family != "baseline" && s.family != "turbotun")
@@ -171,6 +248,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traf
         for s in cells.iter_mut() {
             let Some(h) = head(s) else { continue };
             s.ratio_veth = veth.filter(|v| *v > 0.0).map(|v| h / v);
+            s.ratio_ceiling = ceiling.filter(|v| *v > 0.0).map(|v| h / v);
             if let Some((peer, v)) = &best_peer {
                 if *v > 0.0 {
                     s.ratio_best_peer = Some(h / v);
@@ -216,6 +294,9 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
     overview(&mut o, report, &modes, traffic);
     for t in traffic {
         detail(&mut o, report, &modes, t);
+    }
+    if let Some(cycles) = &report.cycles {
+        cycles_table(&mut o, report, cycles, &modes, traffic);
     }
     notes(&mut o, report);
     o
@@ -270,15 +351,51 @@ fn detail(o: &mut String, report: &Report, modes: &[&str], t: &Traffic) {
     } else {
         let _ = writeln!(
             o,
-            "| mode | Gbps | ×veth | ×best peer | retr | fwd CPU % | CPU %/Gbps | RSS MB | box CPU % | cc |"
+            "| mode | Gbps | ×veth | ×best peer | ×ceiling | retr | fwd CPU % | CPU %/Gbps | RSS MB | box CPU % | cc |"
         );
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
     }
     for m in modes {
         let Some(s) = find(report, m, t.label) else { continue };
         let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
         let cells = if t.udp { udp_cells(s) } else { tcp_cells(s) };
         let _ = writeln!(o, "| {m}{failed} | {} |", cells.join(" | "));
+    }
+}
+
+/// Estimated cycles per packet and per segment, user space and kernel, for every forwarder.
+fn cycles_table(o: &mut String, report: &Report, cycles: &Cycles, modes: &[&str], traffic: &[Traffic]) {
+    let _ = writeln!(
+        o,
+        "\n### Cycles per packet and per segment (estimate)\n\n**Estimate, not a count**: {}, so cycles = CPU time \
+         of the forwarder over the window (utime = user, stime = kernel, from /proc/PID/stat in 10 ms ticks) × \
+         {:.0} MHz (the nominal clock in /proc/cpuinfo). Per packet: over the forwarder's own `packets` counter \
+         (turbotun offload: MTU-sized packets; passthrough, plain and the ceiling: frames as read, a super-packet \
+         counting once; peers: what their counters line calls packets). Per segment: over the MTU-sized packets \
+         of the traffic (TCP: goodput over the MSS; UDP: datagrams received), the same count for every row. \
+         netmap forwards a packet in ~{NETMAP_CYCLES_PER_PACKET:.0} cycles (user and kernel together).\n",
+        cycles.pmu, cycles.mhz
+    );
+    let _ =
+        writeln!(o, "| mode | traffic | user cyc/pkt | kernel cyc/pkt | user cyc/seg | kernel cyc/seg | ×ceiling |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    for t in traffic {
+        for m in modes {
+            let Some(s) = find(report, m, t.label) else { continue };
+            if s.user_cycles_per_segment.is_none() && s.user_cycles_per_packet.is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                o,
+                "| {m} | {} | {} | {} | {} | {} | {} |",
+                t.label,
+                med_count(s.user_cycles_per_packet),
+                med_count(s.sys_cycles_per_packet),
+                med_count(s.user_cycles_per_segment),
+                med_count(s.sys_cycles_per_segment),
+                ratio(s.ratio_ceiling)
+            );
+        }
     }
 }
 
@@ -304,6 +421,7 @@ fn tcp_cells(s: &Summary) -> Vec<String> {
         cell(s.gbps),
         ratio(s.ratio_veth),
         ratio(s.ratio_best_peer),
+        ratio(s.ratio_ceiling),
         med_count(s.retransmits),
         cell(s.fwd_cpu_percent),
         med(s.cpu_per_gbps),
@@ -410,6 +528,7 @@ mod tests {
             not_available: vec![Unavailable { mode: "turbotun-uring".into(), reason: "no --io".into() }],
             runs,
             summary,
+            cycles: None,
         };
         (report, traffic)
     }
@@ -458,5 +577,47 @@ mod tests {
         let j = serde_json::to_string(&report).unwrap();
         let back: Report = serde_json::from_str(&j).unwrap();
         assert_eq!(back.runs.len(), report.runs.len());
+    }
+    #[test]
+    fn cycles_per_packet_and_segment() {
+        let (mut report, traffic) = sample();
+        for r in report.runs.iter_mut() {
+            r.window_seconds = 1.0;
+            if r.family != "baseline" {
+                // 0.25 s user and 0.5 s kernel over a one-second window.
+                r.fwd_user_seconds = Some(0.25);
+                r.fwd_sys_seconds = Some(0.5);
+                r.fwd_counters = Some(serde_json::json!({"packets": 1_000_000, "drops": 0}));
+            }
+        }
+        let cycles = Cycles { mhz: 2000.0, pmu: "no PMU".into() };
+        add_cycles(&mut report.summary, &report.runs, &cycles, false, &["udp64"]);
+        report.cycles = Some(cycles);
+        let off = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "tcp").unwrap();
+        // 0.25 s × 2 GHz over a million packets: 500 user cycles a packet, 1000 in the kernel.
+        assert_eq!(off.user_cycles_per_packet.unwrap().median, 500.0);
+        assert_eq!(off.sys_cycles_per_packet.unwrap().median, 1000.0);
+        // Segments: 12 Gbps for one second over a 1448-byte MSS.
+        let segs = 12e9 / 8.0 / 1448.0;
+        assert!((off.user_cycles_per_segment.unwrap().median - 0.25 * 2e9 / segs).abs() < 1e-6);
+        let udp = report.summary.iter().find(|s| s.mode == "turbotun-offload" && s.traffic == "udp64").unwrap();
+        let received = udp_received(&report, "turbotun-offload");
+        assert!((udp.sys_cycles_per_segment.unwrap().median - 0.5 * 2e9 / received).abs() < 1e-6);
+        let veth = report.summary.iter().find(|s| s.mode == "veth").unwrap();
+        assert!(veth.user_cycles_per_packet.is_none(), "no forwarder, no cycles");
+        let md = markdown(&report, &traffic);
+        assert!(md.contains("Cycles per packet and per segment (estimate)") && md.contains("no PMU"), "{md}");
+        assert!(md.contains("| turbotun-offload | tcp | 500 | 1.0k |"), "{md}");
+    }
+
+    fn udp_received(report: &Report, mode: &str) -> f64 {
+        let mut v: Vec<f64> = report
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode && r.traffic == "udp64" && r.error.is_none())
+            .filter_map(|r| r.iperf.as_ref()?.udp_received.map(|x| x as f64))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
     }
 }

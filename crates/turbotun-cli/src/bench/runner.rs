@@ -277,7 +277,7 @@ struct Before {
     udp_rcvbuf_errors: Option<u64>,
     /// Whether the forwarder's peak RSS was reset, so that it covers the window only.
     rss_reset: bool,
-    fwd_ticks: Option<u64>,
+    fwd_ticks: Option<(u64, u64)>,
     box_cpu: BoxCpu,
     start: Instant,
 }
@@ -290,7 +290,7 @@ impl Before {
             dev_tx_dropped: topo.tx_dropped(),
             udp_rcvbuf_errors: if t.udp { topo.rcvbuf_errors(ipv6) } else { None },
             rss_reset: fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false),
-            fwd_ticks: fwd_pid.map(procfs::pid_cpu_ticks).transpose()?,
+            fwd_ticks: fwd_pid.map(procfs::pid_user_sys_ticks).transpose()?,
             box_cpu: procfs::box_cpu()?,
             start: Instant::now(),
         })
@@ -300,9 +300,12 @@ impl Before {
     fn record_after(self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<()> {
         let window = self.start.elapsed().as_secs_f64();
         let box_cpu = procfs::box_cpu()?;
-        if let (Some(pid), Some(t0)) = (self.fwd_pid, self.fwd_ticks) {
-            if let Ok(t1) = procfs::pid_cpu_ticks(pid) {
-                rec.fwd_cpu_percent = Some(t1.saturating_sub(t0) as f64 / ctx.clk_tck / window * 100.0);
+        if let (Some(pid), Some((user0, sys0))) = (self.fwd_pid, self.fwd_ticks) {
+            if let Ok((user1, sys1)) = procfs::pid_user_sys_ticks(pid) {
+                let (user, sys) = (user1.saturating_sub(user0), sys1.saturating_sub(sys0));
+                rec.fwd_cpu_percent = Some((user + sys) as f64 / ctx.clk_tck / window * 100.0);
+                rec.fwd_user_seconds = Some(user as f64 / ctx.clk_tck);
+                rec.fwd_sys_seconds = Some(sys as f64 / ctx.clk_tck);
             }
             rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
             if !self.rss_reset {

@@ -47,6 +47,8 @@ pub struct Topology {
     pub dev_b: String,
     pub child: Option<Child>,
     pub stdout: Option<BufReader<ChildStdout>>,
+    /// The forwarder's stderr, collected by a thread, when started with [`Topology::start_with_env`].
+    pub stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Drop for Topology {
@@ -60,6 +62,16 @@ impl Drop for Topology {
 
 impl Topology {
     pub fn start(mode: &str, tap: bool, extra: &[&str]) -> Topology {
+        Self::start_inner(mode, tap, extra, &[], false)
+    }
+
+    /// [`Self::start`] with environment variables for the forwarder; its stderr is collected for
+    /// [`Self::stop_with_stderr`].
+    pub fn start_with_env(mode: &str, tap: bool, extra: &[&str], env: &[(&str, &str)]) -> Topology {
+        Self::start_inner(mode, tap, extra, env, true)
+    }
+
+    fn start_inner(mode: &str, tap: bool, extra: &[&str], env: &[(&str, &str)], capture: bool) -> Topology {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let (dev_a, dev_b) = (format!("ttfa{n}"), format!("ttfb{n}"));
@@ -72,12 +84,20 @@ impl Topology {
         let mut child = with_netns(&ns_path(&ns_fwd), || {
             Command::new(env!("CARGO_BIN_EXE_turbotun"))
                 .args(&args)
+                .envs(env.iter().copied())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
+                .stderr(if capture { Stdio::piped() } else { Stdio::inherit() })
                 .spawn()
                 .expect("spawn turbotun fwd")
         })
         .unwrap();
+        let stderr = child.stderr.take().map(|mut err| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = err.read_to_string(&mut text);
+                text
+            })
+        });
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -90,6 +110,7 @@ impl Topology {
             dev_b: dev_b.clone(),
             child: Some(child),
             stdout: Some(stdout),
+            stderr,
         };
 
         let mut nl = Netlink::in_netns(&ns_path(&topo.ns_fwd)).unwrap();
@@ -136,6 +157,13 @@ impl Topology {
     /// The forwarder's pid.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// [`Self::stop`], and what the forwarder wrote on stderr (started with [`Self::start_with_env`]).
+    pub fn stop_with_stderr(mut self) -> (serde_json::Value, String) {
+        let stderr = self.stderr.take();
+        let counters = self.stop();
+        (counters, stderr.map(|t| t.join().unwrap()).unwrap_or_default())
     }
 
     /// SIGTERM, then the counters line (the last line of its output); the forwarder must exit 0.

@@ -23,8 +23,10 @@
 //!   `Passthrough` (super-packets forwarded whole with their virtio header, the VMM/bridge path).
 //! - [`IoKind`]: how workers wait. `Block` (a read sleeps in the kernel; the rest of a batch is read with
 //!   `RWF_NOWAIT`; workers are woken by a signal to stop), `Poll` (non-blocking fds and `poll`), `Uring`
-//!   (io_uring, plain and passthrough: one multishot read per direction, frames written from the buffer they
-//!   were read into), `Tokio` (tasks on a tokio runtime over `tokio::AsyncQueue`, feature `tokio`).
+//!   (io_uring: one multishot read per direction into the slots of a [`crate::ring`] arena; plain and
+//!   passthrough write each frame from the slot it was read into, offload splits, coalesces and submits the
+//!   gathered writes of a round together; falls back to `Block` with a note where io_uring is missing),
+//!   `Tokio` (tasks on a tokio runtime over `tokio::AsyncQueue`, feature `tokio`).
 //! - One worker per queue and direction (`threads(n)` puts `n` on each queue; they may reorder a flow); with
 //!   several queues a flow-hash steering eBPF program keeps each flow on one queue.
 //! - Counting: one [`Counters`] per direction, readable at any time through [`StatsHandle`]. Every packet read
@@ -81,7 +83,9 @@ pub enum IoKind {
     Block,
     /// Non-blocking fds and `poll` when a queue runs dry.
     Poll,
-    /// io_uring (plain and passthrough; Linux 6.7 multishot reads), one ring per queue and direction.
+    /// io_uring (Linux 6.7 multishot reads), one ring per queue and direction: frames written from the slot
+    /// they were read into (plain, passthrough), or split, coalesced and written as gathered writes from slots
+    /// of the same arena (offload). Where io_uring is missing the engine falls back to `Block` with a note.
     Uring,
     /// tokio tasks over `tokio::AsyncQueue` (feature `tokio`).
     Tokio,
@@ -158,8 +162,9 @@ impl ForwarderBuilder {
         self
     }
 
-    /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`]: frames read and not yet written at
-    /// most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`], for plain and passthrough: frames
+    /// read and not yet written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// Offload through io_uring keeps one scattered read in flight and a batch's worth of slots instead.
     pub fn depth(mut self, depth: usize) -> Self {
         self.depth = depth;
         self
@@ -209,19 +214,26 @@ impl ForwarderBuilder {
             return Err(Error::InvalidConfig(format!("depth must be a power of two between 1 and {MAX_DEPTH}")));
         }
         match self.io {
-            Some(IoKind::Uring) if self.mode == ForwardMode::Offload => {
-                bad("io_uring goes with plain or passthrough mode (offload splits and coalesces with blocking I/O)")
-            }
             Some(IoKind::Uring) if self.threads > 1 => {
                 bad("io_uring runs one ring per queue and direction: use several queues rather than several threads")
             }
             Some(IoKind::Tokio) if self.threads > 1 => {
                 bad("tokio runs one task per queue and direction: use several queues rather than several threads")
             }
-            Some(IoKind::Uring) => uring_supported().map(|()| IoKind::Uring),
+            // Asked for and missing (no kernel support, denied by a container's seccomp policy, turned off
+            // with TURBOTUN_NO_URING, or compiled out): the blocking path, with a note saying why.
+            Some(IoKind::Uring) => match uring_supported() {
+                Ok(()) => Ok(IoKind::Uring),
+                Err(e) => {
+                    notes.push(format!("{e}; using blocking reads"));
+                    Ok(IoKind::Block)
+                }
+            },
             Some(IoKind::Tokio) if !cfg!(feature = "tokio") => bad("tokio I/O needs turbotun's `tokio` feature"),
             Some(io) => Ok(io),
-            None if self.mode == ForwardMode::Offload || self.threads > 1 => Ok(IoKind::Block),
+            None if (self.mode == ForwardMode::Offload && !URING_OFFLOAD_BY_DEFAULT) || self.threads > 1 => {
+                Ok(IoKind::Block)
+            }
             None => match uring_supported() {
                 Ok(()) => Ok(IoKind::Uring),
                 Err(e) => {
@@ -373,6 +385,10 @@ pub struct Forwarder {
     stats: StatsHandle,
     notes: Vec<String>,
 }
+
+/// Whether offload mode reads through io_uring by default where the kernel has it: decided by `turbotun bench`
+/// (offload through io_uring against the blocking offload path, side by side; see BENCHMARKS.md).
+const URING_OFFLOAD_BY_DEFAULT: bool = false;
 
 /// How often a worker that waits for packets looks at the stop handle (poll and io_uring waits).
 const IDLE_WAIT: Duration = Duration::from_millis(100);

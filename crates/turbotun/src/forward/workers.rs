@@ -87,6 +87,8 @@ impl<'a> Flusher<'a> {
 pub(super) fn run_worker(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     match (ctx.io, ctx.mode) {
         #[cfg(feature = "uring")]
+        (IoKind::Uring, ForwardMode::Offload) => forward_uring_offload(src, dst, ctx),
+        #[cfg(feature = "uring")]
         (IoKind::Uring, _) => forward_uring(src, dst, ctx),
         (_, ForwardMode::Offload) => forward_offload(src, dst, ctx),
         _ => forward_raw(src, dst, ctx),
@@ -240,5 +242,44 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
         }
     }
     flush(&mut flusher, last);
+    result
+}
+
+/// Offload through io_uring: reads, splits and coalesced writes over one slot arena, the writes of a round
+/// submitted by the same `io_uring_enter` that waits for the next reads.
+#[cfg(feature = "uring")]
+fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
+    // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
+    // and a batch's worth of slots replaces `depth` 64 KiB read slots.
+    let mut fwd =
+        crate::uring::UringOffload::scattered(src, dst, ctx.batch)?.when_full(ctx.when_full).stop_on(ctx.stop.clone());
+    let mut flusher = Flusher::new(ctx.shared());
+    let mut last_flushed_reads = 0;
+    let result = loop {
+        if ctx.stop.is_stopped() {
+            break Ok(());
+        }
+        match fwd.poll(dst, IDLE_WAIT) {
+            Ok(busy) => {
+                let now = fwd.stats();
+                if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
+                    last_flushed_reads = now.reads;
+                    flusher.flush(now);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let mut last = fwd.stats();
+    if result.is_ok() {
+        match fwd.drain(dst, IDLE_WAIT) {
+            Ok(left) => {
+                last = fwd.stats();
+                last.drops.add(DropReason::Stopped, left as u64);
+            }
+            Err(e) => tracing::debug!("draining io_uring writes: {e}"),
+        }
+    }
+    flusher.flush(last);
     result
 }

@@ -6,6 +6,11 @@
 //! completions in the order the frames were read. (Many single reads in flight on one tun fd are woken
 //! together and complete in no particular order: frames get reordered.)
 //!
+//! Writes are `IORING_OP_WRITE` of one slot, or `IORING_OP_WRITEV` gathering pieces of several slots (a
+//! coalesced packet: virtio header and head packet, then each merged member's payload, each in its own slot).
+//! Slots past the first `depth` are spares: never provided for reads, lent to the caller for packets it
+//! builds (the segments of a split super-packet).
+//!
 //! io_uring's safety rule is that a buffer handed to the kernel must stay valid, and must not be touched by us,
 //! until its completion has been reaped. Here the ring owns every buffer (one arena, a slot per buffer) and
 //! tracks each slot's state (in the provided ring, filled and ours, or being written), so the safe API can
@@ -25,13 +30,17 @@ enum SlotState {
     Provided,
     /// Ours: a read completed into it.
     Filled,
-    /// The kernel is writing its first bytes out.
+    /// The kernel is writing from it (alone, or as one piece of a gathered write).
     Writing,
+    /// The kernel may read a frame into it (one piece of a scattered read).
+    Reading,
 }
 
 /// Which operation a completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// The multishot read (its slot is the provided buffer it filled), or a scattered read (its slot is the
+    /// first piece's).
     Read,
     Write,
 }
@@ -46,6 +55,7 @@ pub struct Completion {
 
 const READ_TAG: u64 = 1 << 32;
 const WRITE_TAG: u64 = 2 << 32;
+const READV_TAG: u64 = 3 << 32;
 /// user_data of the cancellation request made on drop.
 const CANCEL_TAG: u64 = u64::MAX;
 const BUFFER_GROUP: u16 = 0;
@@ -108,8 +118,8 @@ impl Drop for BufRing {
     }
 }
 
-/// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG` and the multishot
-/// read opcode (Linux 6.7; provided-buffer rings came in 5.19).
+/// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG`, the multishot
+/// read (Linux 6.7; provided-buffer rings came in 5.19), `READV`, `WRITE` and `WRITEV`.
 pub fn probe_forward_ring() -> io::Result<()> {
     let ring = IoUring::new(8)?;
     if !ring.params().is_feature_ext_arg() {
@@ -120,10 +130,21 @@ pub fn probe_forward_ring() -> io::Result<()> {
     if !probe.is_supported(opcode::ReadMulti::CODE) {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without multishot read (Linux < 6.7)"));
     }
+    let needed = [
+        (opcode::Write::CODE, "IORING_OP_WRITE"),
+        (opcode::Writev::CODE, "IORING_OP_WRITEV"),
+        (opcode::Readv::CODE, "IORING_OP_READV"),
+    ];
+    for (code, name) in needed {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("io_uring without {name}")));
+        }
+    }
     Ok(())
 }
 
-/// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`.
+/// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`, plus
+/// `spare` buffers of the same size that are never read into.
 pub struct ForwardRing {
     ring: IoUring,
     src: OwnedFd,
@@ -133,10 +154,23 @@ pub struct ForwardRing {
     arena: std::ptr::NonNull<u8>,
     bufs: std::mem::ManuallyDrop<BufRing>,
     stride: usize,
+    /// Slots `0..depth` are provided for reads; the rest are spares.
+    depth: usize,
     states: Vec<SlotState>,
+    /// Per slot that heads a write in flight: every slot the write reads from (itself included).
+    members: Vec<Vec<u32>>,
+    /// Per slot that heads a gathered write: its iovecs, kept here (at a stable heap address) until the write
+    /// completes, since the kernel may read them after submission when the write has to wait.
+    iovecs: Vec<Vec<libc::iovec>>,
+    /// Per slot: the pass in which [`Self::slots_mut`] last lent it (to refuse a slot named twice).
+    lent: Vec<u32>,
+    pass: u32,
     /// Whether the multishot read is armed (it ends on an error or when the ring ran out of buffers).
     read_armed: bool,
+    /// Whether the multishot read may be armed (false: the caller reads with [`ForwardRing::readv_into`]).
+    multishot: bool,
     writes_in_flight: usize,
+    readv_in_flight: usize,
 }
 
 impl std::fmt::Debug for ForwardRing {
@@ -155,13 +189,29 @@ impl ForwardRing {
     /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
     /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
     pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
-        if !depth.is_power_of_two() || depth > 32768 || stride == 0 || stride > u32::MAX as usize {
+        Self::with_spares(src, dst, depth, 0, stride, true)
+    }
+
+    /// [`Self::new`] with `spare` more slots, lent to the caller and never read into by the multishot read.
+    /// Without `multishot`, no slot is provided and the read is never armed: every slot is the caller's, and
+    /// frames are read with [`Self::readv_into`].
+    pub fn with_spares(
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        depth: usize,
+        spare: usize,
+        stride: usize,
+        multishot: bool,
+    ) -> io::Result<Self> {
+        if !depth.is_power_of_two() || depth > 32768 || spare > 32768 || stride == 0 || stride > u32::MAX as usize {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "ring depth must be a power of two up to 32768, with a positive stride",
             ));
         }
-        let entries = (depth as u32).max(8);
+        let slots = depth + spare;
+        // Room for the read, every write that can be in flight, and a cancellation.
+        let entries = ((slots + 2) as u32).next_power_of_two().max(8);
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
@@ -182,20 +232,23 @@ impl ForwardRing {
             ring.submitter().register_buf_ring_with_flags(bufs.base.as_ptr() as u64, depth as u16, BUFFER_GROUP, 0)
         }
         .map_err(|e| io::Error::new(e.kind(), format!("registering a provided-buffer ring (Linux 5.19+): {e}")))?;
-        let bytes = depth.checked_mul(stride).ok_or_else(|| {
+        let bytes = slots.checked_mul(stride).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{depth} buffers of {stride} bytes overflow the address space"),
+                format!("{slots} buffers of {stride} bytes overflow the address space"),
             )
         })?;
         let arena = Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast::<u8>();
         let Some(arena) = std::ptr::NonNull::new(arena) else {
             unreachable!("Box::into_raw never returns null");
         };
-        for slot in 0..depth {
+        for slot in 0..if multishot { depth } else { 0 } {
             // SAFETY: slot * stride < depth * stride: inside the allocation.
             bufs.provide(unsafe { arena.as_ptr().add(slot * stride) }, stride as u32, slot as u16);
         }
+        let provided = if multishot { SlotState::Provided } else { SlotState::Filled };
+        let mut states = vec![provided; depth];
+        states.resize(slots, SlotState::Filled);
         Ok(ForwardRing {
             ring,
             src,
@@ -203,14 +256,67 @@ impl ForwardRing {
             arena,
             bufs: std::mem::ManuallyDrop::new(bufs),
             stride,
-            states: vec![SlotState::Provided; depth],
+            depth,
+            states,
+            members: vec![Vec::new(); slots],
+            iovecs: vec![Vec::new(); slots],
+            lent: vec![0; slots],
+            pass: 0,
             read_armed: false,
+            multishot,
             writes_in_flight: 0,
+            readv_in_flight: 0,
         })
     }
 
     pub fn stride(&self) -> usize {
         self.stride
+    }
+
+    /// Slots provided for reads (`0..depth`); the spares follow.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// The bytes of a filled slot, writable: a slot that is ours (a read completed into it, or a spare not
+    /// being written) is touched by nobody else until it is written or recycled, both of which take
+    /// `&mut self` and so end this borrow.
+    pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        self.check_filled(slot).ok()?;
+        // SAFETY: a Filled slot is ours (see `slot`); the range lies inside the allocation and no other
+        // reference to it exists while `&mut self` is borrowed.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), self.stride) })
+    }
+
+    /// A new stamp for the "named twice" check.
+    fn next_pass(&mut self) {
+        self.pass = self.pass.wrapping_add(1);
+        if self.pass == 0 {
+            self.lent.fill(0);
+            self.pass = 1;
+        }
+    }
+
+    /// Several filled slots at once, writable, in the order given, each at most once (an error names a slot
+    /// that is not ours or is named twice).
+    pub fn slots_mut(&mut self, slots: &[u32]) -> io::Result<Vec<&mut [u8]>> {
+        self.next_pass();
+        for &s in slots {
+            let s = s as usize;
+            self.check_filled(s)?;
+            if self.lent[s] == self.pass {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {s} named twice")));
+            }
+            self.lent[s] = self.pass;
+        }
+        let (base, stride) = (self.arena.as_ptr(), self.stride);
+        Ok(slots
+            .iter()
+            // SAFETY: every slot was checked above to be Filled (ours, untouched by the kernel) and distinct,
+            // so the slices are disjoint ranges inside the allocation; they borrow `self` mutably, so no write
+            // or recycle can hand them to the kernel while they live.
+            .map(|&s| unsafe { std::slice::from_raw_parts_mut(base.add(s as usize * stride), stride) })
+            .collect())
     }
 
     /// Start of a slot's buffer (`slot < depth`, checked by the callers).
@@ -228,9 +334,12 @@ impl ForwardRing {
         Some(unsafe { std::slice::from_raw_parts(self.slot_ptr(slot), self.stride) })
     }
 
-    /// Gives a filled slot back to the kernel for a later read.
+    /// Gives a filled slot back to the kernel for a later read (spares are not read into: refused).
     pub fn recycle(&mut self, slot: usize) -> io::Result<()> {
         self.check_filled(slot)?;
+        if slot >= self.depth {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} is a spare")));
+        }
         let addr = self.slot_ptr(slot);
         self.bufs.provide(addr, self.stride as u32, slot as u16);
         self.states[slot] = SlotState::Provided;
@@ -253,8 +362,95 @@ impl ForwardRing {
         // free it, see Drop) until the completion is reaped; the fd is owned by `self`.
         self.push(&entry)?;
         self.states[slot] = SlotState::Writing;
+        self.members[slot].clear();
+        self.members[slot].push(slot as u32);
         self.writes_in_flight += 1;
         Ok(())
+    }
+
+    /// Queues one read scattered over `pieces` (slot, byte range), in order: the next frame fills them one after
+    /// the other. Its completion names the first piece's slot, and every slot of the read is then filled
+    /// (ours) again. Each slot must be filled and appear once; only one such read should be in flight on a tun
+    /// fd at a time (several complete in no particular order).
+    pub fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+        let head = self.check_pieces(pieces)?;
+        let entry =
+            opcode::Readv::new(types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
+                .offset(u64::MAX)
+                .build()
+                .user_data(READV_TAG | head as u64);
+        // The iovecs live in `self.iovecs[head]` (not touched again until this read completes, since its head
+        // slot is marked Reading) and point into slots marked Reading, which safe code does not touch or free
+        // until the completion is reaped; the fd is owned by `self`.
+        self.push(&entry)?;
+        self.mark(pieces, SlotState::Reading);
+        self.readv_in_flight += 1;
+        Ok(())
+    }
+
+    /// Checks that every piece lies in a distinct slot of ours and stores their iovecs under the first piece's
+    /// slot; returns that slot.
+    fn check_pieces(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<usize> {
+        let Some(&(head, _)) = pieces.first() else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an I/O of nothing"));
+        };
+        self.next_pass();
+        for (s, range) in pieces {
+            let s = *s as usize;
+            self.check_filled(s)?;
+            if self.lent[s] == self.pass {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {s} named twice")));
+            }
+            self.lent[s] = self.pass;
+            if range.start > range.end || range.end > self.stride {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "piece outside its slot"));
+            }
+        }
+        let head = head as usize;
+        let mut iov = std::mem::take(&mut self.iovecs[head]);
+        iov.clear();
+        iov.extend(pieces.iter().map(|(s, range)| libc::iovec {
+            iov_base: self.slot_ptr(*s as usize).wrapping_add(range.start).cast(),
+            iov_len: range.len(),
+        }));
+        self.iovecs[head] = iov;
+        Ok(head)
+    }
+
+    /// Marks every slot of an operation headed by the first piece's slot.
+    fn mark(&mut self, pieces: &[(u32, std::ops::Range<usize>)], state: SlotState) {
+        let head = pieces[0].0 as usize;
+        let mut members = std::mem::take(&mut self.members[head]);
+        members.clear();
+        for (s, _) in pieces {
+            self.states[*s as usize] = state;
+            members.push(*s);
+        }
+        self.members[head] = members;
+    }
+
+    /// Queues one gathered write of `pieces` (slot, byte range), in order; its completion names the first
+    /// piece's slot, and every slot of the write is then filled (ours) again. Each slot must be filled and
+    /// appear once.
+    pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+        let head = self.check_pieces(pieces)?;
+        let entry =
+            opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
+                .offset(u64::MAX)
+                .build()
+                .user_data(WRITE_TAG | head as u64);
+        // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
+        // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
+        // until the completion is reaped; the fd is owned by `self`.
+        self.push(&entry)?;
+        self.mark(pieces, SlotState::Writing);
+        self.writes_in_flight += 1;
+        Ok(())
+    }
+
+    /// Scattered reads submitted and not yet completed.
+    pub fn readv_in_flight(&self) -> usize {
+        self.readv_in_flight
     }
 
     fn check_filled(&self, slot: usize) -> io::Result<()> {
@@ -296,7 +492,7 @@ impl ForwardRing {
     }
 
     pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
-        if !self.read_armed && self.states.contains(&SlotState::Provided) {
+        if self.multishot && !self.read_armed && self.states.contains(&SlotState::Provided) {
             self.arm_read()?;
         }
         if !self.ring.completion().is_empty() {
@@ -335,10 +531,22 @@ impl ForwardRing {
                     }
                     out.push(Completion { slot, op: Op::Read, result });
                 }
+                d if d & !u64::from(u32::MAX) == READV_TAG => {
+                    let slot = (d & u64::from(u32::MAX)) as usize;
+                    if slot < self.states.len() {
+                        for &m in &self.members[slot] {
+                            self.states[m as usize] = SlotState::Filled;
+                        }
+                        self.readv_in_flight -= 1;
+                    }
+                    out.push(Completion { slot: Some(slot), op: Op::Read, result });
+                }
                 d if d & !u64::from(u32::MAX) == WRITE_TAG => {
                     let slot = (d & u64::from(u32::MAX)) as usize;
-                    if let Some(state) = self.states.get_mut(slot) {
-                        *state = SlotState::Filled;
+                    if slot < self.states.len() {
+                        for &m in &self.members[slot] {
+                            self.states[m as usize] = SlotState::Filled;
+                        }
                         self.writes_in_flight -= 1;
                     }
                     out.push(Completion { slot: Some(slot), op: Op::Write, result });
@@ -352,7 +560,7 @@ impl ForwardRing {
 impl Drop for ForwardRing {
     fn drop(&mut self) {
         // Cancel everything and wait for the kernel to let go of every buffer before the memory is freed.
-        if self.read_armed || self.writes_in_flight > 0 {
+        if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 {
             let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_TAG);
             // SAFETY: a cancellation request refers to no memory of ours.
             let mut queued = unsafe { self.ring.submission().push(&cancel) }.is_ok();
@@ -367,7 +575,7 @@ impl Drop for ForwardRing {
             }
             let mut scratch = Vec::new();
             for _ in 0..100 {
-                if !self.read_armed && self.writes_in_flight == 0 {
+                if !self.read_armed && self.writes_in_flight == 0 && self.readv_in_flight == 0 {
                     break;
                 }
                 let ts = types::Timespec::from(Duration::from_millis(10));
@@ -378,7 +586,7 @@ impl Drop for ForwardRing {
             }
         }
         let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok();
-        if self.read_armed || self.writes_in_flight > 0 || !unregistered {
+        if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 || !unregistered {
             // The kernel may still use a buffer: leaking the memory is the only way to stay memory-safe.
             return;
         }

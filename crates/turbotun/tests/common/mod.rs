@@ -159,6 +159,11 @@ pub const B6: &str = "fd00:2::1";
 
 impl Sides {
     pub fn connect(ns_fwd: &std::os::fd::OwnedFd, dev_a: &str, dev_b: &str) -> Sides {
+        Self::connect_with_mtu(ns_fwd, dev_a, dev_b, None)
+    }
+
+    /// [`Self::connect`] with both devices at `mtu` (the kernel's default when `None`).
+    pub fn connect_with_mtu(ns_fwd: &std::os::fd::OwnedFd, dev_a: &str, dev_b: &str, mtu: Option<u32>) -> Sides {
         let sides = Sides { a: new_netns(), b: new_netns() };
         let mut nl = turbotun::netlink::Netlink::in_netns(&ns_path(ns_fwd)).unwrap();
         nl.move_to_netns(dev_a, &ns_path(&sides.a)).unwrap();
@@ -173,6 +178,9 @@ impl Sides {
             })
             .unwrap()
             .unwrap();
+            if let Some(mtu) = mtu {
+                nl.set_mtu(dev, mtu).unwrap();
+            }
             nl.add_address(dev, me4.parse().unwrap(), 24).unwrap();
             nl.add_address(dev, me6.parse().unwrap(), 64).unwrap();
             nl.set_up(dev, true).unwrap();
