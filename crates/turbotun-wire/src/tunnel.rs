@@ -250,6 +250,323 @@ impl<'a> TunnelSplitter<'a> {
     }
 }
 
+/// The tunnel header in front of the inner Ethernet frame, which the coalescer must step over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelKind {
+    /// VXLAN: 8 bytes (RFC 7348).
+    Vxlan,
+    /// Geneve: 8 bytes plus the options its header announces; protocol Transparent Ethernet Bridging
+    /// (RFC 8926).
+    Geneve,
+}
+
+/// What [`coalesce_tunnel`] made of a run of frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelMerge {
+    /// How many frames from the start of the run it took (at least 1).
+    pub frames: usize,
+    /// Length of what it wrote into the output buffer.
+    pub len: usize,
+    /// The virtio header and tunnel fields to write in front of it when `frames > 1` (a UDP-tunnel super-packet
+    /// for a 24-byte header); `None` when the first frame could not be merged with the next: the output is that
+    /// frame unchanged, to be written with a zeroed header.
+    pub header: Option<(VirtioNetHdrRepr, TunnelOffsets)>,
+}
+
+/// One frame as the coalescer sees it.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    outer_l3: usize,
+    outer_v6: bool,
+    outer_th: usize,
+    inner_nh: usize,
+    inner_v6: bool,
+    inner_l4: usize,
+    tcp: bool,
+    hdr_len: usize,
+    payload: usize,
+    outer_id: u16,
+    inner_id: u16,
+    seq: u32,
+    tcp_flags: u8,
+    outer_csum: bool,
+}
+
+fn ipv4_header(p: &[u8], len: usize, proto_ok: impl Fn(u8) -> bool) -> Option<(u16, u8)> {
+    let ip = ipv4::Packet::new_checked(p).ok()?;
+    let ok = ip.header_len() == 20
+        && !ip.is_fragment()
+        && usize::from(ip.total_len()) == len
+        && proto_ok(ip.protocol())
+        && ip.verify_checksum();
+    ok.then(|| (ip.ident(), ip.protocol()))
+}
+
+fn ipv6_header(p: &[u8], len: usize, proto_ok: impl Fn(u8) -> bool) -> Option<u8> {
+    let ip = ipv6::Packet::new_checked(p).ok()?;
+    let ok = usize::from(ip.payload_len()) + ipv6::HEADER_LEN == len && proto_ok(ip.next_header());
+    ok.then(|| ip.next_header())
+}
+
+/// Whether the L4 checksum of the datagram or segment at `l4` (to the end of `f`) verifies, against the IP
+/// header at `l3`.
+fn l4_checksum_ok(f: &[u8], l3: usize, v6: bool, l4: usize, proto: u8) -> bool {
+    let len = (f.len() - l4) as u32;
+    let pseudo = if v6 {
+        match ipv6::Packet::new_checked(&f[l3..]) {
+            Ok(ip) => checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), proto, len),
+            Err(_) => return false,
+        }
+    } else {
+        match ipv4::Packet::new_checked(&f[l3..]) {
+            Ok(ip) => checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), proto, len),
+            Err(_) => return false,
+        }
+    };
+    checksum::fold(checksum::sum(&f[l4..], pseudo)) == 0xffff
+}
+
+/// Parses one outer frame; `None` for anything that is not a mergeable tunnelled TCP segment or UDP datagram.
+fn parse_frame(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Frame> {
+    let (outer_l3, version) = locate_ip(f, framing).ok()?;
+    let outer_v6 = version == 6;
+    let is_udp = |p: u8| p == IPPROTO_UDP;
+    let (outer_id, outer_th) = if outer_v6 {
+        ipv6_header(&f[outer_l3..], f.len() - outer_l3, is_udp)?;
+        (0, outer_l3 + ipv6::HEADER_LEN)
+    } else {
+        (ipv4_header(&f[outer_l3..], f.len() - outer_l3, is_udp)?.0, outer_l3 + 20)
+    };
+    let u = udp::Packet::new_checked(f.get(outer_th..)?).ok()?;
+    if usize::from(u.len()) != f.len() - outer_th {
+        return None;
+    }
+    // A zero outer UDP checksum is "none", over IPv6 too: tunnels may send that (RFC 6935; Linux VXLAN with
+    // `udp6zerocsumtx`).
+    let outer_csum = u.checksum() != 0;
+    if outer_csum && !l4_checksum_ok(f, outer_l3, outer_v6, outer_th, IPPROTO_UDP) {
+        return None;
+    }
+    let tunnel = outer_th + udp::HEADER_LEN;
+    let tunnel_len = match kind {
+        TunnelKind::Vxlan => 8,
+        TunnelKind::Geneve => {
+            let g = f.get(tunnel..tunnel + 8)?;
+            if u16::from_be_bytes([g[2], g[3]]) != 0x6558 {
+                return None;
+            }
+            8 + usize::from(g[0] & 0x3f) * 4
+        }
+    };
+    let eth = tunnel + tunnel_len;
+    let (off, inner_version) = locate_ip(f.get(eth..)?, Framing::Ethernet).ok()?;
+    let inner_nh = eth + off;
+    let inner_v6 = inner_version == 6;
+    let l4_proto = |p: u8| p == IPPROTO_UDP || p == crate::IPPROTO_TCP;
+    let (inner_id, proto, inner_l4) = if inner_v6 {
+        (0, ipv6_header(&f[inner_nh..], f.len() - inner_nh, l4_proto)?, inner_nh + ipv6::HEADER_LEN)
+    } else {
+        let (id, proto) = ipv4_header(&f[inner_nh..], f.len() - inner_nh, l4_proto)?;
+        (id, proto, inner_nh + 20)
+    };
+    let tcp = proto == crate::IPPROTO_TCP;
+    let (hdr_len, seq, tcp_flags) = if tcp {
+        let t = crate::tcp::Packet::new_checked(f.get(inner_l4..)?).ok()?;
+        let flags = t.flags();
+        let ack = crate::tcp::flags::ACK;
+        if flags != ack && flags != ack | crate::tcp::flags::PSH {
+            return None;
+        }
+        (inner_l4 + t.header_len(), t.seq_number(), flags)
+    } else {
+        let u = udp::Packet::new_checked(f.get(inner_l4..)?).ok()?;
+        if usize::from(u.len()) != f.len() - inner_l4 || (!inner_v6 && u.checksum() == 0) {
+            return None;
+        }
+        (inner_l4 + udp::HEADER_LEN, 0, 0)
+    };
+    if f.len() <= hdr_len || hdr_len > MAX_HEADER_LEN || !l4_checksum_ok(f, inner_nh, inner_v6, inner_l4, proto) {
+        return None;
+    }
+    Some(Frame {
+        outer_l3,
+        outer_v6,
+        outer_th,
+        inner_nh,
+        inner_v6,
+        inner_l4,
+        tcp,
+        hdr_len,
+        payload: f.len() - hdr_len,
+        outer_id,
+        inner_id,
+        seq,
+        tcp_flags,
+        outer_csum,
+    })
+}
+
+/// Whether the headers of `a` and `b` (of the same layout `p`) are equal except for the fields that differ from
+/// segment to segment: IP lengths, IDs and header checksums, UDP lengths and checksums, the TCP sequence number,
+/// PSH and checksum.
+fn same_headers(a: &[u8], b: &[u8], p: &Frame) -> bool {
+    let mut skip = [0usize..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0];
+    let ip = |l3: usize, v6: bool| if v6 { (l3 + 4..l3 + 6, 0..0) } else { (l3 + 2..l3 + 6, l3 + 10..l3 + 12) };
+    (skip[0], skip[1]) = ip(p.outer_l3, p.outer_v6);
+    skip[2] = p.outer_th + 4..p.outer_th + 8;
+    (skip[3], skip[4]) = ip(p.inner_nh, p.inner_v6);
+    if p.tcp {
+        skip[5] = p.inner_l4 + 4..p.inner_l4 + 8;
+        skip[6] = p.inner_l4 + 13..p.inner_l4 + 14;
+        skip[7] = p.inner_l4 + 16..p.inner_l4 + 18;
+    } else {
+        skip[5] = p.inner_l4 + 4..p.inner_l4 + 8;
+    }
+    let mut at = 0;
+    let mut ranges: Vec<std::ops::Range<usize>> = skip.iter().filter(|r| !r.is_empty()).cloned().collect();
+    ranges.sort_by_key(|r| r.start);
+    for r in ranges {
+        if a[at..r.start] != b[at..r.start] {
+            return false;
+        }
+        at = r.end;
+    }
+    a[at..p.hdr_len] == b[at..p.hdr_len]
+}
+
+/// GRO for UDP tunnels: merges the longest run of `frames`, from the first, that the kernel would have cut from
+/// one tunnel super-packet, into one such super-packet written into `out`. Frames of a run share every header
+/// field but the per-segment ones; their outer and inner IPv4 IDs go up by one (or stay fixed) from frame to
+/// frame; TCP sequence numbers follow on; every segment but the last carries the first one's payload length and
+/// no PSH; every checksum verifies. The result has the inner checksum left partial (`NEEDS_CSUM`, the field
+/// holding the pseudo-header sum), and, when the frames carried an outer UDP checksum, `UDP_TUNNEL_CSUM` with the
+/// outer field holding its pseudo-header sum too; it is meant for a device with `TUN_F_UDP_TUNNEL_GSO` and a
+/// 24-byte header. A first frame that cannot be merged is copied as it is (`header: None`).
+pub fn coalesce_tunnel(
+    frames: &[&[u8]],
+    framing: Framing,
+    kind: TunnelKind,
+    out: &mut [u8],
+) -> Result<TunnelMerge, GsoError> {
+    let Some(first) = frames.first() else {
+        return Err(GsoError::IndexOutOfRange { index: 0, count: 0 });
+    };
+    let plain = |out: &mut [u8]| -> Result<TunnelMerge, GsoError> {
+        let dst = out.get_mut(..first.len()).ok_or(GsoError::BufferTooSmall { need: first.len(), have: 0 })?;
+        dst.copy_from_slice(first);
+        Ok(TunnelMerge { frames: 1, len: first.len(), header: None })
+    };
+    let Some(p) = parse_frame(first, framing, kind) else {
+        return plain(out);
+    };
+    let gso_size = p.payload;
+    let (mut count, mut total, mut last_payload, mut last_flags) = (1usize, first.len(), p.payload, p.tcp_flags);
+    // Per IPv4 header: IDs go up by one from segment to segment, or all stay the same; the second frame decides.
+    let (mut outer_step, mut inner_step): (Option<u16>, Option<u16>) = (None, None);
+    for f in &frames[1..] {
+        let Some(q) = parse_frame(f, framing, kind) else { break };
+        let k = count as u16;
+        let fits = q.hdr_len == p.hdr_len
+            && q.inner_nh == p.inner_nh
+            && q.outer_csum == p.outer_csum
+            && last_payload == gso_size
+            && last_flags & crate::tcp::flags::PSH == 0
+            && q.payload <= gso_size
+            && total + q.payload - p.outer_l3 <= 65535
+            && same_headers(first, f, &p);
+        if !fits {
+            break;
+        }
+        let o_step = outer_step.unwrap_or(u16::from(q.outer_id != p.outer_id));
+        let i_step = inner_step.unwrap_or(u16::from(q.inner_id != p.inner_id));
+        let ids_ok = (p.outer_v6 || q.outer_id == p.outer_id.wrapping_add(k.wrapping_mul(o_step)))
+            && (p.inner_v6 || q.inner_id == p.inner_id.wrapping_add(k.wrapping_mul(i_step)));
+        if !ids_ok || (p.tcp && q.seq != p.seq.wrapping_add((total - first.len() + p.payload) as u32)) {
+            break;
+        }
+        (outer_step, inner_step) = (Some(o_step), Some(i_step));
+        count += 1;
+        total += q.payload;
+        last_payload = q.payload;
+        last_flags = q.tcp_flags;
+    }
+    if count == 1 {
+        return plain(out);
+    }
+    if out.len() < total {
+        return Err(GsoError::BufferTooSmall { need: total, have: out.len() });
+    }
+    out[..first.len()].copy_from_slice(first);
+    let mut at = first.len();
+    for f in &frames[1..count] {
+        let body = &f[p.hdr_len..];
+        out[at..at + body.len()].copy_from_slice(body);
+        at += body.len();
+    }
+    let seg = &mut out[..total];
+    patch_merged(seg, &p, last_flags);
+    let tunnel_bit = if p.outer_v6 { gso::UDP_TUNNEL_IPV6 } else { gso::UDP_TUNNEL_IPV4 };
+    let inner_kind = match (p.tcp, p.inner_v6) {
+        (false, _) => gso::UDP_L4,
+        (true, false) => gso::TCPV4,
+        (true, true) => gso::TCPV6,
+    };
+    let hdr = VirtioNetHdrRepr {
+        flags: flags::NEEDS_CSUM | if p.outer_csum { flags::UDP_TUNNEL_CSUM } else { 0 },
+        gso_type: inner_kind | tunnel_bit,
+        hdr_len: p.hdr_len as u16,
+        gso_size: gso_size as u16,
+        csum_start: p.inner_l4 as u16,
+        csum_offset: if p.tcp { crate::tcp::CHECKSUM_OFFSET } else { udp::CHECKSUM_OFFSET } as u16,
+    };
+    let offsets = TunnelOffsets { outer_th: p.outer_th as u16, inner_nh: p.inner_nh as u16 };
+    Ok(TunnelMerge { frames: count, len: total, header: Some((hdr, offsets)) })
+}
+
+/// The merged packet's lengths, IPv4 header checksums, PSH, and its partial checksums (pseudo-header sums).
+fn patch_merged(seg: &mut [u8], p: &Frame, last_flags: u8) {
+    let total = seg.len();
+    let set_ip = |seg: &mut [u8], l3: usize, v6: bool| {
+        if v6 {
+            if let Ok(mut ip) = ipv6::Packet::new_checked(&mut seg[l3..]) {
+                ip.set_payload_len((total - l3 - ipv6::HEADER_LEN) as u16);
+            }
+        } else if let Ok(mut ip) = ipv4::Packet::new_checked(&mut seg[l3..]) {
+            ip.set_total_len((total - l3) as u16);
+            ip.fill_checksum();
+        }
+    };
+    let pseudo = |seg: &[u8], l3: usize, v6: bool, proto: u8, len: usize| -> u16 {
+        let sum = if v6 {
+            ipv6::Packet::new_checked(&seg[l3..])
+                .map(|ip| checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), proto, len as u32))
+        } else {
+            ipv4::Packet::new_checked(&seg[l3..])
+                .map(|ip| checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), proto, len as u32))
+        };
+        sum.map(checksum::fold).unwrap_or(0)
+    };
+    set_ip(seg, p.outer_l3, p.outer_v6);
+    set_ip(seg, p.inner_nh, p.inner_v6);
+    let outer_udp_len = total - p.outer_th;
+    let outer_check = if p.outer_csum { pseudo(seg, p.outer_l3, p.outer_v6, IPPROTO_UDP, outer_udp_len) } else { 0 };
+    let mut u = udp::Packet::new_unchecked(&mut seg[p.outer_th..]);
+    u.set_len(outer_udp_len as u16);
+    u.set_checksum(outer_check);
+    let l4_len = total - p.inner_l4;
+    if p.tcp {
+        let check = pseudo(seg, p.inner_nh, p.inner_v6, crate::IPPROTO_TCP, l4_len);
+        let t = &mut seg[p.inner_l4..];
+        t[13] |= last_flags & crate::tcp::flags::PSH;
+        t[16..18].copy_from_slice(&check.to_be_bytes());
+    } else {
+        let check = pseudo(seg, p.inner_nh, p.inner_v6, IPPROTO_UDP, l4_len);
+        let mut u = udp::Packet::new_unchecked(&mut seg[p.inner_l4..]);
+        u.set_len(l4_len as u16);
+        u.set_checksum(check);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +645,76 @@ mod tests {
         let mut small = [0u8; 100];
         assert!(matches!(s.write_segment(0, &mut small), Err(GsoError::BufferTooSmall { .. })));
         assert!(matches!(s.write_segment(3, &mut small), Err(GsoError::IndexOutOfRange { index: 3, count: 3 })));
+    }
+
+    /// Coalesce then split gives back the frames: VXLAN and Geneve, outer IPv4/IPv6, TAP/TUN framing, every inner
+    /// kind, with and without the outer checksum; a frame of another flow ends the run.
+    #[test]
+    fn test_coalesce_then_split_is_identity() {
+        let data = payload(6000, 3);
+        for outer_v6 in [false, true] {
+            for framing in [Framing::Ethernet, Framing::Ip] {
+                for inner in [Spec::tcp4(), Spec::tcp6(), Spec::udp4(), Spec::udp6()] {
+                    for (kind, geneve) in [(TunnelKind::Vxlan, false), (TunnelKind::Geneve, true)] {
+                        let mut spec = TunnelSpec::vxlan(outer_v6, framing, inner.clone());
+                        if geneve {
+                            spec.tunnel = GENEVE_HEADER.to_vec();
+                        }
+                        for outer_csum in [false, true] {
+                            spec.outer_csum = outer_csum;
+                            let segs = spec.segments(&data, 1300);
+                            let mut other = spec.clone();
+                            other.inner.sport += 1;
+                            let mut frames: Vec<&[u8]> = segs.iter().map(|f| &f[..]).collect();
+                            let stranger = other.segments(&data[..100], 1300).remove(0);
+                            frames.push(&stranger);
+                            let mut out = vec![0u8; 65536];
+                            let m = coalesce_tunnel(&frames, framing, kind, &mut out).unwrap();
+                            assert_eq!(m.frames, segs.len(), "{spec:?}");
+                            let (hdr, offsets) = m.header.unwrap();
+                            assert_eq!(hdr.flags & flags::UDP_TUNNEL_CSUM != 0, outer_csum);
+                            let s = TunnelSplitter::new(&hdr, offsets, &out[..m.len], framing).unwrap();
+                            let mut seg = vec![0u8; 65536];
+                            let again: Vec<Vec<u8>> = (0..s.segment_count())
+                                .map(|i| {
+                                    let n = s.write_segment(i, &mut seg).unwrap();
+                                    seg[..n].to_vec()
+                                })
+                                .collect();
+                            assert_eq!(again, segs, "{spec:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What is not merged: a lone frame, a gap in the TCP sequence, a bad inner checksum, a short segment
+    /// followed by another; the first frame comes back unchanged when it cannot be merged.
+    #[test]
+    fn test_coalesce_refusals() {
+        let spec = TunnelSpec::vxlan(false, Framing::Ethernet, Spec::tcp4());
+        let segs = spec.segments(&payload(4000, 1), 1000);
+        let mut out = vec![0u8; 65536];
+        let mut run =
+            |frames: &[&[u8]]| coalesce_tunnel(frames, Framing::Ethernet, TunnelKind::Vxlan, &mut out).unwrap();
+        let lone = run(&[&segs[0]]);
+        assert_eq!((lone.frames, lone.header), (1, None));
+        assert_eq!(run(&[&segs[0], &segs[2]]).frames, 1, "sequence gap");
+        let mut bad = segs[1].clone();
+        let n = bad.len();
+        bad[n - 1] ^= 0xff;
+        assert_eq!(run(&[&segs[0], &bad]).frames, 1, "bad inner checksum");
+        let short = spec.segments(&payload(1500, 1), 1000);
+        let after = spec.segments(&payload(3000, 1), 1000);
+        assert_eq!(run(&[&short[0], &short[1], &after[2]]).frames, 2, "nothing after a short segment");
+        let m = run(&[&segs[0], &segs[1], &segs[2], &segs[3]]);
+        assert_eq!((m.frames, m.len), (4, segs[0].len() + 3000));
+        let err = coalesce_tunnel(&[], Framing::Ethernet, TunnelKind::Vxlan, &mut out).unwrap_err();
+        assert!(matches!(err, GsoError::IndexOutOfRange { .. }));
+        let mut small = [0u8; 64];
+        let frames: Vec<&[u8]> = segs.iter().map(|f| &f[..]).collect();
+        let err = coalesce_tunnel(&frames, Framing::Ethernet, TunnelKind::Vxlan, &mut small).unwrap_err();
+        assert!(matches!(err, GsoError::BufferTooSmall { .. }));
     }
 }

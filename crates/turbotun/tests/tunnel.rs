@@ -1,8 +1,9 @@
 //! UDP-tunnel GSO against the real kernel (Linux 6.17+): a VXLAN interface in namespace A sends through TAP
 //! device A, which hands out VXLAN super-packets with the 24-byte virtio header; the test carries them to TAP
 //! device B in namespace B, where a second VXLAN interface decapsulates them for a socket. Carried split
-//! (`TunnelSplitter`, each segment written as a plain frame) or whole (passthrough: the super-packet and its
-//! header written as read), the data must arrive intact.
+//! (`TunnelSplitter`, each segment written as a plain frame), split and coalesced again (`coalesce_tunnel`, written
+//! as tunnel super-packets of our making) or whole (passthrough: the super-packet and its header written as
+//! read), the data must arrive intact.
 
 mod common;
 
@@ -13,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use turbotun::wire::tunnel::TunnelSplitter;
+use turbotun::wire::tunnel::{coalesce_tunnel, TunnelKind, TunnelSplitter};
 use turbotun::wire::virtio_net::{TunnelOffsets, VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN as HDR};
-use turbotun::wire::{Framing, VirtioNetHdrRepr};
+use turbotun::wire::{Framing, VirtioNetHdr, VirtioNetHdrRepr};
 use turbotun::{DeviceBuilder, Offloads, Queue};
 
 const MAC_A: &str = "02:00:00:00:0a:01";
@@ -30,6 +31,8 @@ fn ip(args: &[&str]) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Carry {
     Split,
+    /// Split, then coalesced again with `coalesce_tunnel` and written as tunnel super-packets of our own making.
+    Regroup,
     Passthrough,
 }
 
@@ -37,6 +40,7 @@ enum Carry {
 struct Seen {
     tunnel_super_packets: AtomicUsize,
     segments_written: AtomicUsize,
+    coalesced_written: AtomicUsize,
 }
 
 /// Reads frames from `from` and writes them to `to` until `stop`: tunnel super-packets split or whole, every
@@ -62,6 +66,7 @@ fn carry(from: &Queue, to: &Queue, how: Carry, stop: &AtomicBool, seen: &Seen) {
         let offsets = TunnelOffsets::parse(&buf[..HDR]).unwrap();
         let splitter = TunnelSplitter::new(&hdr, offsets, &buf[HDR..n], Framing::Ethernet)
             .unwrap_or_else(|e| panic!("the kernel's tunnel super-packet {hdr:?} {offsets:?}: {e}"));
+        let mut segments = Vec::new();
         for i in 0..splitter.segment_count() {
             seg[..HDR].fill(0);
             let len = splitter.write_segment(i, &mut seg[HDR..]).unwrap();
@@ -69,8 +74,25 @@ fn carry(from: &Queue, to: &Queue, how: Carry, stop: &AtomicBool, seen: &Seen) {
             // kernel on the far side, which drops a segment with a wrong one (the frame goes in without
             // NEEDS_CSUM or DATA_VALID).
             assert!(outer_udp_checksum_ok(&seg[HDR..HDR + len], splitter.outer_udp_offset()), "segment {i}");
+            if how == Carry::Regroup {
+                segments.push(seg[HDR..HDR + len].to_vec());
+                continue;
+            }
             to.send_raw(&seg[..HDR + len]).unwrap();
             seen.segments_written.fetch_add(1, Ordering::Relaxed);
+        }
+        let frames: Vec<&[u8]> = segments.iter().map(|f| &f[..]).collect();
+        let mut at = 0;
+        while at < frames.len() {
+            let m = coalesce_tunnel(&frames[at..], Framing::Ethernet, TunnelKind::Vxlan, &mut seg[HDR..]).unwrap();
+            seg[..HDR].fill(0);
+            if let Some((hdr, offsets)) = m.header {
+                hdr.emit(&mut seg[..HDR]);
+                VirtioNetHdr::new_unchecked(&mut seg[..HDR]).set_tunnel_offsets(offsets);
+                seen.coalesced_written.fetch_add(1, Ordering::Relaxed);
+            }
+            to.send_raw(&seg[..HDR + m.len]).unwrap();
+            at += m.frames;
         }
     }
 }
@@ -146,7 +168,7 @@ fn build(outer_v6: bool) -> Path {
 }
 
 /// Runs `f` while both directions are carried `how`; returns what the carriers saw.
-fn with_carriers(path: &Path, how: Carry, f: impl FnOnce()) -> (usize, usize) {
+fn with_carriers(path: &Path, how: Carry, f: impl FnOnce()) -> (usize, usize, usize) {
     let stop = AtomicBool::new(false);
     let seen = Seen::default();
     let (qa, qb) = (&path.tap_a.queues()[0], &path.tap_b.queues()[0]);
@@ -156,7 +178,7 @@ fn with_carriers(path: &Path, how: Carry, f: impl FnOnce()) -> (usize, usize) {
         f();
         stop.store(true, Ordering::Relaxed);
     });
-    (seen.tunnel_super_packets.into_inner(), seen.segments_written.into_inner())
+    (seen.tunnel_super_packets.into_inner(), seen.segments_written.into_inner(), seen.coalesced_written.into_inner())
 }
 
 /// UDP GSO: one 12000-byte send of 1200-byte datagrams from A leaves vxa as one super-packet and must arrive in
@@ -209,15 +231,20 @@ fn pattern(len: usize) -> Vec<u8> {
 fn round_trip(test: &str, outer_v6: bool) {
     in_netns(test, || {
         let path = build(outer_v6);
-        for how in [Carry::Split, Carry::Passthrough] {
-            let (supers, segments) = with_carriers(&path, how, || {
+        for how in [Carry::Split, Carry::Regroup, Carry::Passthrough] {
+            let (supers, segments, coalesced) = with_carriers(&path, how, || {
                 udp_gso_intact(&path.b);
                 tcp_intact(&path.b);
             });
-            eprintln!("{test} {how:?}: {supers} tunnel super-packets, {segments} segments written");
+            eprintln!(
+                "{test} {how:?}: {supers} tunnel super-packets, {segments} segments, {coalesced} coalesced written"
+            );
             assert!(supers >= 5, "{how:?}: {supers} tunnel super-packets read: the kernel kept none whole");
             if how == Carry::Split {
                 assert!(segments >= 50, "{how:?}: {segments} segments written");
+            }
+            if how == Carry::Regroup {
+                assert!(coalesced >= 5, "{how:?}: {coalesced} coalesced tunnel super-packets written");
             }
         }
     });
@@ -225,14 +252,14 @@ fn round_trip(test: &str, outer_v6: bool) {
 
 /// Outer IPv4 (VXLAN with outer UDP checksums: `UDP_TUNNEL_CSUM`), inner UDP and TCP over IPv4.
 #[test]
-fn vxlan_over_ipv4_split_and_passthrough() {
-    round_trip("vxlan_over_ipv4_split_and_passthrough", false);
+fn vxlan_over_ipv4_split_coalesce_passthrough() {
+    round_trip("vxlan_over_ipv4_split_coalesce_passthrough", false);
 }
 
 /// Outer IPv6, the same inner traffic.
 #[test]
-fn vxlan_over_ipv6_split_and_passthrough() {
-    round_trip("vxlan_over_ipv6_split_and_passthrough", true);
+fn vxlan_over_ipv6_split_coalesce_passthrough() {
+    round_trip("vxlan_over_ipv6_split_coalesce_passthrough", true);
 }
 
 /// The library's engine in passthrough mode with `udp_tunnel(true)`: the same VXLAN traffic crosses it with the
