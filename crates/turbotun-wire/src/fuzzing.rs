@@ -393,6 +393,32 @@ pub fn tunnel_split(data: &[u8]) {
     let mut bufs = vec![vec![0u8; 2048]; 4];
     let mut lens = [0usize; 4];
     let _ = s.split_into(0, &mut bufs, &mut lens, 12);
+    // GRO: what merges of the segments must split back into the same segments.
+    if n <= 64 {
+        use crate::tunnel::{coalesce_tunnel, TunnelKind};
+        let segs: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let len = s.write_segment(i, &mut out).expect("segment fits");
+                out[..len].to_vec()
+            })
+            .collect();
+        let frames: Vec<&[u8]> = segs.iter().map(|f| &f[..]).collect();
+        let mut merged = vec![0u8; 65536 + 512];
+        for kind in [TunnelKind::Vxlan, TunnelKind::Geneve] {
+            let m = coalesce_tunnel(&frames, framing, kind, &mut merged).expect("room for the merge");
+            assert!(m.frames >= 1 && m.frames <= n);
+            if let Some((h, o)) = m.header {
+                let again = TunnelSplitter::new(&h, o, &merged[..m.len], framing).expect("a merge splits");
+                assert_eq!(again.segment_count(), m.frames);
+                for (i, seg) in segs.iter().take(m.frames).enumerate() {
+                    let len = again.write_segment(i, &mut out).expect("segment fits");
+                    assert_eq!(&out[..len], &seg[..], "merged and split again, segment {i}");
+                }
+            } else {
+                assert_eq!(merged[..m.len], segs[0][..]);
+            }
+        }
+    }
 }
 
 /// Deterministic payload bytes.
