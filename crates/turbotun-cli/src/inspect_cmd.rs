@@ -368,11 +368,20 @@ fn apply_filters(device: &turbotun::Device, l2: &L2Args) -> Result<Vec<String>> 
     Ok(done)
 }
 
+/// A `--mac` value: a unicast address (the kernel refuses a multicast one with a bare EADDRNOTAVAIL).
+fn device_mac(text: &str) -> Result<[u8; 6]> {
+    let mac = turbotun::filter::parse_mac(text)?;
+    if mac[0] & 1 != 0 {
+        anyhow::bail!("--mac {text}: a multicast address; a device's MAC address must be unicast");
+    }
+    Ok(mac)
+}
+
 /// Applies the link settings of `l2` through rtnetlink.
 fn apply_link(netlink: &mut Netlink, name: &str, l2: &L2Args) -> Result<Vec<String>> {
     let mut done = Vec::new();
     if let Some(text) = &l2.mac {
-        let mac = turbotun::filter::parse_mac(text)?;
+        let mac = device_mac(text)?;
         netlink.set_mac(name, mac)?;
         done.push(format!("mac {}", mac_to_string(&mac)));
     }
@@ -389,7 +398,7 @@ pub fn create(args: &CreateArgs) -> Result<()> {
         parse_tx_filter(text)?;
     }
     if let Some(text) = &args.l2.mac {
-        turbotun::filter::parse_mac(text)?;
+        device_mac(text)?;
     }
     if let Some(spec) = &args.l2.ebpf_filter {
         load_ebpf_filter(spec)?;
@@ -452,7 +461,7 @@ pub fn set(args: &SetArgs) -> Result<()> {
         parse_tx_filter(text)?;
     }
     if let Some(text) = &args.l2.mac {
-        turbotun::filter::parse_mac(text)?;
+        device_mac(text)?;
     }
     if let Some(spec) = &args.l2.ebpf_filter {
         load_ebpf_filter(spec)?;

@@ -220,6 +220,7 @@ fn create_and_set_layer2_controls() {
             (&["set", "ttl2", "--tx-filter", "52:54:00:12:34"][..], "is not a MAC address"),
             (&["set", "ttl2", "--ebpf-filter", "protocols=ipx"][..], "is not ipv4, ipv6, arp or 0xHHHH"),
             (&["set", "ttl2", "--master", "lo"][..], "lo is not a bridge"),
+            (&["set", "ttl2", "--mac", "01:00:5e:00:00:01"][..], "must be unicast"),
             (&["set", "ttl2"][..], "nothing to set"),
             (&["create", "ttl3", "--tx-filter", "52:54:00:12:34:56"][..], "TAP devices only"),
         ] {

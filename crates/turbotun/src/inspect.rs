@@ -230,5 +230,7 @@ mod tests {
         ]);
         assert_eq!(offloads_from_features(&all), Offloads::TCP | Offloads::USO4 | Offloads::USO6);
         assert_eq!(offloads_from_features(&f(&[("tx-tcp-segmentation", false)])), Offloads::NONE);
+        let tunnel = f(&[("tx-udp_tnl-segmentation", true), ("tx-udp_tnl-csum-segmentation", true)]);
+        assert_eq!(offloads_from_features(&tunnel), Offloads::UDP_TUNNEL);
     }
 }
