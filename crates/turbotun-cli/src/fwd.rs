@@ -76,6 +76,10 @@ pub struct FwdArgs {
     /// TAP (Ethernet) devices instead of TUN.
     #[arg(long)]
     pub tap: bool,
+    /// With --mode passthrough: also ask for UDP-tunnel offloads (Linux 6.17+, 24-byte virtio header), so
+    /// VXLAN/Geneve super-packets are forwarded whole.
+    #[arg(long, conflicts_with = "from_socket")]
+    pub udp_tunnel: bool,
     /// Run the workers as tokio tasks (the same as `--io tokio`).
     #[arg(long = "async")]
     pub async_io: bool,
@@ -285,7 +289,11 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
             FwdIo::Tokio => IoKind::Tokio,
         }),
     };
-    let builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch).depth(args.depth);
+    let builder = ForwarderBuilder::new(mode)
+        .threads(args.threads)
+        .batch(args.batch)
+        .depth(args.depth)
+        .udp_tunnel(args.udp_tunnel);
     Ok(match io {
         Some(io) => builder.io(io),
         None => builder,

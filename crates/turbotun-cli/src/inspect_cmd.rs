@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
+use turbotun::filter::{FilterProgram, TxFilter};
 use turbotun::inspect::{self, DeviceReport};
 use turbotun::netlink::{mac_to_string, Netlink};
 use turbotun::{Capabilities, DeviceBuilder, Mode, Offloads};
@@ -23,6 +24,9 @@ struct FeaturesJson {
     offloads_probed: bool,
     offloads: Vec<&'static str>,
     uso: bool,
+    udp_tunnel_gso: bool,
+    udp_tunnel_gso_csum: bool,
+    udp_tunnel_vnet_hdr_len: usize,
     multi_queue: bool,
     napi: bool,
     napi_frags: bool,
@@ -43,6 +47,9 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
         offloads_probed: caps.offloads.is_some(),
         offloads: offloads.names(),
         uso: caps.uso(),
+        udp_tunnel_gso: caps.udp_tunnel_gso(),
+        udp_tunnel_gso_csum: caps.udp_tunnel_gso_csum(),
+        udp_tunnel_vnet_hdr_len: turbotun::device::UDP_TUNNEL_VNET_HDR_LEN,
         multi_queue: caps.multi_queue(),
         napi: caps.napi(),
         napi_frags: caps.napi_frags(),
@@ -68,6 +75,12 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
         ] {
             println!("  offload {label:<10}{}", yes(offloads.contains(bits)));
         }
+        let tunnel = match (caps.udp_tunnel_gso(), caps.udp_tunnel_gso_csum()) {
+            (true, true) => "yes (with outer checksum; 24-byte header)",
+            (true, false) => "yes (without outer checksum; 24-byte header)",
+            _ => "no (Linux 6.17+)",
+        };
+        println!("  udp tunnel gso    {tunnel}");
     } else {
         println!("  offloads          not probed (needs CAP_NET_ADMIN to create a scratch device)");
     }
@@ -121,6 +134,8 @@ struct DeviceJson {
     up: bool,
     oper_state: String,
     mac: Option<String>,
+    master: Option<String>,
+    carrier: Option<bool>,
     addresses: Vec<String>,
     offloads: Option<Vec<&'static str>>,
     rx_packets: u64,
@@ -152,6 +167,8 @@ impl From<&DeviceReport> for DeviceJson {
             up: r.up,
             oper_state: r.oper_state.clone(),
             mac: r.mac.as_ref().map(mac_to_string),
+            master: r.master.clone(),
+            carrier: r.carrier,
             addresses: r.addresses.iter().map(|(a, p)| format!("{a}/{p}")).collect(),
             offloads: r.offloads.map(|o| o.names()),
             rx_packets: r.stats.rx_packets,
@@ -214,16 +231,25 @@ pub fn render_report(r: &DeviceReport) -> String {
         id(r.owner),
         id(r.group)
     );
+    let carrier = match r.carrier {
+        Some(true) => "on",
+        Some(false) => "off (NO-CARRIER)",
+        None => "unknown",
+    };
     let _ = writeln!(
         s,
-        "    mtu {} qlen {} state {} ({})",
+        "    mtu {} qlen {} state {} ({}) carrier {}",
         r.mtu,
         r.txqueuelen,
         if r.up { "UP" } else { "DOWN" },
-        r.oper_state
+        r.oper_state,
+        carrier
     );
     if let Some(mac) = &r.mac {
         let _ = writeln!(s, "    link/ether {}", mac_to_string(mac));
+    }
+    if let Some(master) = &r.master {
+        let _ = writeln!(s, "    master {master}");
     }
     let _ = writeln!(s, "    offloads {}", r.offloads.map_or("unknown".to_string(), |o| o.to_string()));
     for (addr, prefix) in &r.addresses {
@@ -265,6 +291,8 @@ pub struct CreateArgs {
     pub group: Option<u32>,
     #[command(flatten)]
     pub queueing: QueueingArgs,
+    #[command(flatten)]
+    pub l2: L2Args,
 }
 
 /// How the device queues packets for its reader; shared by `create`, `fwd` and `echo`.
@@ -291,7 +319,123 @@ impl QueueingArgs {
     }
 }
 
+/// Layer-2 settings shared by `create` and `set`.
+#[derive(Debug, Args)]
+pub struct L2Args {
+    /// Attach the device to this Linux bridge (`ip link set DEV master BR`).
+    #[arg(long, value_name = "BR")]
+    pub master: Option<String>,
+    /// The MAC address (TAP): aa:bb:cc:dd:ee:ff.
+    #[arg(long, value_name = "MAC")]
+    pub mac: Option<String>,
+    /// TAP TX filter (TUNSETTXFILTER): only frames to these destinations reach the reader. A comma-separated
+    /// list of MAC addresses (at most 8 unicast) and the words `broadcast` and `allmulti`; `off` removes it.
+    #[arg(long, value_name = "LIST")]
+    pub tx_filter: Option<String>,
+    /// eBPF filter run before the queue (TUNSETFILTEREBPF): `drop-all`, `protocols=ipv4,ipv6,arp,0x88cc`
+    /// (frames of other EtherTypes are dropped), or `off`.
+    #[arg(long, value_name = "SPEC")]
+    pub ebpf_filter: Option<String>,
+}
+
+impl L2Args {
+    fn has_filters(&self) -> bool {
+        self.tx_filter.is_some() || self.ebpf_filter.is_some()
+    }
+}
+
+/// A `--tx-filter` value: `None` for `off`.
+fn parse_tx_filter(text: &str) -> Result<Option<TxFilter>> {
+    if text.trim() == "off" {
+        return Ok(None);
+    }
+    Ok(Some(TxFilter::parse(text).with_context(|| format!("--tx-filter {text}"))?))
+}
+
+/// An `--ebpf-filter` value, loaded: `None` for `off`.
+fn load_ebpf_filter(spec: &str) -> Result<Option<FilterProgram>> {
+    let spec = spec.trim();
+    if spec == "off" {
+        return Ok(None);
+    }
+    if spec == "drop-all" {
+        return Ok(Some(FilterProgram::drop_all()?));
+    }
+    let Some(list) = spec.strip_prefix("protocols=") else {
+        anyhow::bail!("--ebpf-filter {spec:?}: expected drop-all, protocols=LIST or off");
+    };
+    let mut protocols = Vec::new();
+    for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        protocols.push(match word {
+            "ipv4" => 0x0800,
+            "ipv6" => 0x86dd,
+            "arp" => 0x0806,
+            _ => word
+                .strip_prefix("0x")
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| anyhow::anyhow!("--ebpf-filter: {word:?} is not ipv4, ipv6, arp or 0xHHHH"))?,
+        });
+    }
+    Ok(Some(FilterProgram::allow_protocols(&protocols)?))
+}
+
+/// Applies the filters of `l2` through an open device.
+fn apply_filters(device: &turbotun::Device, l2: &L2Args) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    if let Some(text) = &l2.tx_filter {
+        let filter = parse_tx_filter(text)?;
+        device.set_tx_filter(filter.as_ref())?;
+        done.push(match filter {
+            Some(f) => format!("tx filter {f}"),
+            None => "tx filter off".into(),
+        });
+    }
+    if let Some(spec) = &l2.ebpf_filter {
+        let program = load_ebpf_filter(spec)?;
+        device.set_filter_program(program.as_ref())?;
+        done.push(match program {
+            Some(p) => format!("ebpf filter: {}", p.description()),
+            None => "ebpf filter off".into(),
+        });
+    }
+    Ok(done)
+}
+
+/// A `--mac` value: a unicast address (the kernel refuses a multicast one with a bare EADDRNOTAVAIL).
+fn device_mac(text: &str) -> Result<[u8; 6]> {
+    let mac = turbotun::filter::parse_mac(text)?;
+    if mac[0] & 1 != 0 {
+        anyhow::bail!("--mac {text}: a multicast address; a device's MAC address must be unicast");
+    }
+    Ok(mac)
+}
+
+/// Applies the link settings of `l2` through rtnetlink.
+fn apply_link(netlink: &mut Netlink, name: &str, l2: &L2Args) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    if let Some(text) = &l2.mac {
+        let mac = device_mac(text)?;
+        netlink.set_mac(name, mac)?;
+        done.push(format!("mac {}", mac_to_string(&mac)));
+    }
+    if let Some(bridge) = &l2.master {
+        netlink.set_master(name, Some(bridge))?;
+        done.push(format!("master {bridge}"));
+    }
+    Ok(done)
+}
+
 pub fn create(args: &CreateArgs) -> Result<()> {
+    // Everything that can be refused without the kernel is checked before the device exists.
+    if let Some(text) = &args.l2.tx_filter {
+        parse_tx_filter(text)?;
+    }
+    if let Some(text) = &args.l2.mac {
+        device_mac(text)?;
+    }
+    if let Some(spec) = &args.l2.ebpf_filter {
+        load_ebpf_filter(spec)?;
+    }
     let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
         .name(&args.name)
         .exclusive(true)
@@ -310,7 +454,87 @@ pub fn create(args: &CreateArgs) -> Result<()> {
     for note in device.notes() {
         eprintln!("turbotun create: {note}");
     }
-    println!("created persistent {} device {}", device.mode(), device.name());
+    let configured = (|| -> Result<Vec<String>> {
+        let mut done = apply_filters(&device, &args.l2)?;
+        let mut netlink = Netlink::new()?;
+        done.extend(apply_link(&mut netlink, device.name(), &args.l2)?);
+        Ok(done)
+    })();
+    let done = match configured {
+        Ok(done) => done,
+        Err(e) => {
+            // Nothing left behind: the device goes when this fd closes.
+            let _ = device.set_persist(false);
+            return Err(e.context(format!("configuring {} (not created)", device.name())));
+        }
+    };
+    let extra = if done.is_empty() { String::new() } else { format!(": {}", done.join(", ")) };
+    println!("created persistent {} device {}{extra}", device.mode(), device.name());
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SetArgs {
+    /// The TUN/TAP device.
+    pub name: String,
+    /// Detach the device from its bridge.
+    #[arg(long, conflicts_with = "master")]
+    pub nomaster: bool,
+    /// Turn the carrier on or off (off: the link shows NO-CARRIER). The carrier follows the queues: the kernel
+    /// turns it off when the last one closes and on when one attaches, so this needs a process holding the device.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub carrier: Option<String>,
+    #[command(flatten)]
+    pub l2: L2Args,
+}
+
+pub fn set(args: &SetArgs) -> Result<()> {
+    turbotun::validate_ifname(&args.name)?;
+    let mut netlink = Netlink::new()?;
+    let report = inspect::inspect(&mut netlink, &args.name)?;
+    // Refuse what cannot work before anything is changed.
+    if let Some(text) = &args.l2.tx_filter {
+        parse_tx_filter(text)?;
+    }
+    if let Some(text) = &args.l2.mac {
+        device_mac(text)?;
+    }
+    if let Some(spec) = &args.l2.ebpf_filter {
+        load_ebpf_filter(spec)?;
+    }
+    if args.carrier.is_some() && report.queues == 0 {
+        anyhow::bail!(
+            "{}: no queue is attached, and the tun driver keeps the carrier off until one is (it turns it on when \
+             a process opens the device, unless that open asks for IFF_NO_CARRIER)",
+            args.name
+        );
+    }
+    let mut done = Vec::new();
+    if args.l2.has_filters() {
+        // The filters are set through a queue fd: attach with the flags the device has, so that attaching
+        // changes nothing. A device held by another process without multiqueue refuses (EBUSY).
+        let has = |flag: &str| report.flag_names.contains(&flag);
+        let mut builder =
+            DeviceBuilder::new(report.mode).name(&args.name).packet_info(!has("no_pi")).multi_queue(has("multi_queue"));
+        if has("vnet_hdr") {
+            builder = builder.vnet_hdr(turbotun::wire::virtio_net::VIRTIO_NET_HDR_LEN);
+        }
+        let device = builder.open().with_context(|| format!("attaching to {} to set its filters", args.name))?;
+        done.extend(apply_filters(&device, &args.l2)?);
+    }
+    done.extend(apply_link(&mut netlink, &args.name, &args.l2)?);
+    if args.nomaster {
+        netlink.set_master(&args.name, None)?;
+        done.push("nomaster".into());
+    }
+    if let Some(carrier) = &args.carrier {
+        netlink.set_carrier(&args.name, carrier == "on")?;
+        done.push(format!("carrier {carrier}"));
+    }
+    if done.is_empty() {
+        anyhow::bail!("nothing to set: give --master, --nomaster, --mac, --carrier, --tx-filter or --ebpf-filter");
+    }
+    println!("{}: {}", args.name, done.join(", "));
     Ok(())
 }
 

@@ -23,8 +23,10 @@ enum Command {
     Features(inspect_cmd::FeaturesArgs),
     /// Every TUN/TAP device in this network namespace, or one: flags, queues, offloads, addresses, counters.
     Info(inspect_cmd::InfoArgs),
-    /// Create a persistent TUN/TAP device.
+    /// Create a persistent TUN/TAP device (optionally on a bridge, with a MAC, carrier off, filters).
     Create(inspect_cmd::CreateArgs),
+    /// Change a device's layer-2 settings: bridge, MAC, carrier, TX filter, eBPF filter.
+    Set(inspect_cmd::SetArgs),
     /// Delete a persistent TUN/TAP device.
     Delete(inspect_cmd::DeleteArgs),
     /// Forward packets between two devices (created if missing) until SIGINT/SIGTERM.
@@ -55,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Features(args) => inspect_cmd::features(&args),
         Command::Info(args) => inspect_cmd::info(&args),
         Command::Create(args) => inspect_cmd::create(&args),
+        Command::Set(args) => inspect_cmd::set(&args),
         Command::Delete(args) => inspect_cmd::delete(&args),
         Command::Fwd(args) => fwd::run(&args),
         Command::Echo(args) => echo_cmd::run(&args),

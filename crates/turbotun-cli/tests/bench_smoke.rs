@@ -190,6 +190,24 @@ fn bench_quick_ceiling_uring_offload_and_cycles() {
     assert!(uring["fwd_counters"]["zero_copy_splits"].as_u64().unwrap() > 0, "{uring}");
 }
 
+/// The virtual-networking family: veth on a bridge and turbotun between two TAP devices on bridges carry TCP
+/// and UDP over IPv6, the forwarder counts packets, and nothing (namespace, bridge, veth, TAP) is left behind.
+#[test]
+fn bench_quick_virt_bridged_modes() {
+    if !privileged() {
+        return;
+    }
+    let r = run_bench("virt", &["--modes", "veth-bridge,turbotun-tap-bridge", "--traffic", "tcp,udp64", "--ipv6"]);
+    assert!(r.stdout.contains("| veth-bridge |") && r.stdout.contains("| turbotun-tap-bridge |"), "{}", r.stdout);
+    assert_traffic(&r.json, 4);
+    let runs = r.json["runs"].as_array().unwrap();
+    let tap_runs: Vec<_> = runs.iter().filter(|run| run["mode"] == "turbotun-tap-bridge").collect();
+    assert_eq!(tap_runs.len(), 2, "{runs:?}");
+    for run in tap_runs {
+        assert!(run["fwd_counters"]["packets"].as_u64().unwrap() > 0, "{run}");
+    }
+}
+
 #[test]
 fn bench_loss_quick_one_mode() {
     if !privileged() {

@@ -29,7 +29,7 @@ fn features_json_reports_probed_support() {
         assert!(out.status.success(), "{}", text(&out));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["vnet_hdr"], true);
-        assert_eq!(v["vnet_hdr_sizes"], serde_json::json!([10, 12, 20]));
+        assert_eq!(v["vnet_hdr_sizes"], serde_json::json!([10, 12, 20, 24]));
         assert_eq!(v["offloads_probed"], true);
         let offloads: Vec<&str> = v["offloads"].as_array().unwrap().iter().filter_map(|o| o.as_str()).collect();
         for o in ["csum", "tso4", "tso6"] {
@@ -37,8 +37,17 @@ fn features_json_reports_probed_support() {
         }
         assert_eq!(v["multi_queue"], true);
         assert!(v["io_uring"].is_boolean() && v["steering_ebpf"].is_boolean());
+        // This machine runs Linux 6.18: UDP-tunnel GSO (6.17+) is there, with the header size it needs.
+        assert_eq!(v["udp_tunnel_gso"], true);
+        assert_eq!(v["udp_tunnel_gso_csum"], true);
+        assert_eq!(v["udp_tunnel_vnet_hdr_len"], 24);
         let human = turbotun(&["features"]);
         assert!(text(&human).contains("offload tso4      yes"), "{}", text(&human));
+        assert!(
+            text(&human).contains("udp tunnel gso    yes (with outer checksum; 24-byte header)"),
+            "{}",
+            text(&human)
+        );
         let backpressure = v["backpressure"].as_bool().expect("backpressure is reported");
         let line = if backpressure { "backpressure      yes" } else { "backpressure      no" };
         assert!(text(&human).contains(line), "{}", text(&human));
@@ -176,5 +185,99 @@ fn attaching_with_other_framing_is_refused() {
             "{}",
             text(&out)
         );
+    });
+}
+
+/// `create --master --mac --tx-filter --ebpf-filter`, `info` and `set` on a TAP device: the device is a port of
+/// the bridge with that MAC; the TX filter set by `create` (a process that has exited) still keeps frames for
+/// another MAC from a later reader, until `set --tx-filter off`; `set --carrier off` shows as NO-CARRIER while
+/// a queue is held; bad values are refused before anything changes.
+#[test]
+fn create_and_set_layer2_controls() {
+    in_netns("create_and_set_layer2_controls", || {
+        use std::net::UdpSocket;
+        use turbotun::netlink::Netlink;
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {}", text(&out));
+        };
+        ip(&["link", "add", "ttbr0", "type", "bridge"]);
+        let out = turbotun(&[
+            "create",
+            "ttl2",
+            "--tap",
+            "--multi-queue",
+            "--master",
+            "ttbr0",
+            "--mac",
+            "52:54:00:12:34:56",
+            "--tx-filter",
+            "52:54:00:12:34:56,broadcast",
+            "--ebpf-filter",
+            "protocols=ipv4,arp",
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        let info = |name: &str| {
+            let out = turbotun(&["info", name, "--json"]);
+            assert!(out.status.success(), "{}", text(&out));
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()[0].clone()
+        };
+        let dev = info("ttl2");
+        assert_eq!(dev["master"], "ttbr0");
+        assert_eq!(dev["mac"], "52:54:00:12:34:56");
+        assert_eq!(dev["carrier"], false, "no queue attached");
+
+        // A reader attaches later: the filters the exited `create` set are still on the device.
+        let tap = turbotun::DeviceBuilder::tap().name("ttl2").multi_queue(true).open().unwrap();
+        let mut nl = Netlink::new().unwrap();
+        nl.set_master("ttl2", None).unwrap();
+        std::fs::write("/proc/sys/net/ipv6/conf/ttl2/disable_ipv6", "1").unwrap();
+        nl.add_address("ttl2", "10.70.0.1".parse().unwrap(), 24).unwrap();
+        nl.set_up("ttl2", true).unwrap();
+        assert_eq!(info("ttl2")["carrier"], true, "a queue is attached");
+        ip(&["neigh", "add", "10.70.0.2", "lladdr", "52:54:00:12:34:56", "dev", "ttl2"]);
+        ip(&["neigh", "add", "10.70.0.3", "lladdr", "52:54:00:99:99:99", "dev", "ttl2"]);
+        let sock = UdpSocket::bind("10.70.0.1:0").unwrap();
+        let q = &tap.queues()[0];
+        let read_ports = || {
+            for _ in 0..5 {
+                sock.send_to(b"vm", "10.70.0.2:4301").unwrap();
+                sock.send_to(b"other", "10.70.0.3:4302").unwrap();
+            }
+            let mut ports = Vec::new();
+            let mut buf = [0u8; 2048];
+            while q.wait_readable(Some(std::time::Duration::from_millis(300))).unwrap() {
+                let n = q.recv_raw(&mut buf).unwrap();
+                if n >= 38 && buf[12..14] == [8, 0] && buf[23] == 17 {
+                    ports.push(u16::from_be_bytes([buf[36], buf[37]]));
+                }
+            }
+            ports.sort();
+            ports
+        };
+        assert_eq!(read_ports(), [4301; 5], "only the VM's frames pass the TX filter set by create");
+        let out = turbotun(&["set", "ttl2", "--tx-filter", "off", "--carrier", "off"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let mut ports = read_ports();
+        ports.dedup();
+        assert_eq!(ports, [4301, 4302], "with the filter off both arrive");
+        assert_eq!(info("ttl2")["carrier"], false);
+
+        for (args, why) in [
+            (&["set", "ttl2", "--tx-filter", "52:54:00:12:34"][..], "is not a MAC address"),
+            (&["set", "ttl2", "--ebpf-filter", "protocols=ipx"][..], "is not ipv4, ipv6, arp or 0xHHHH"),
+            (&["set", "ttl2", "--master", "lo"][..], "lo is not a bridge"),
+            (&["set", "ttl2", "--mac", "01:00:5e:00:00:01"][..], "must be unicast"),
+            (&["set", "ttl2"][..], "nothing to set"),
+            (&["create", "ttl3", "--tx-filter", "52:54:00:12:34:56"][..], "TAP devices only"),
+        ] {
+            let out = turbotun(args);
+            assert!(!out.status.success() && text(&out).contains(why), "{args:?}: {}", text(&out));
+        }
+        assert!(nl.link("ttl3").is_err(), "a refused create leaves no device");
+        drop(tap);
+        let out = turbotun(&["set", "ttl2", "--carrier", "on"]);
+        assert!(!out.status.success() && text(&out).contains("no queue is attached"), "{}", text(&out));
+        assert!(turbotun(&["delete", "ttl2"]).status.success());
     });
 }

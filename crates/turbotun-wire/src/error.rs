@@ -145,6 +145,8 @@ pub enum GsoError {
         /// Bytes available.
         have: usize,
     },
+    /// A UDP-tunnel super-packet whose tunnel fields or outer headers cannot be used; the text says which.
+    BadTunnel(&'static str),
 }
 
 impl From<WireError> for GsoError {
@@ -189,6 +191,7 @@ impl fmt::Display for GsoError {
             GsoError::BufferTooSmall { need, have } => {
                 write!(f, "output buffer of {have} bytes cannot hold a {need}-byte segment")
             }
+            GsoError::BadTunnel(why) => write!(f, "UDP tunnel super-packet: {why}"),
         }
     }
 }

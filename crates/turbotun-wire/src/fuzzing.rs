@@ -274,6 +274,153 @@ impl Spec {
     }
 }
 
+/// A UDP-tunnel super-packet: `outer` (a UDP spec, its framing the device's) carries `tunnel` (a VXLAN or
+/// Geneve header, opaque here) followed by `inner` (an Ethernet-framed TCP or UDP spec).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelSpec {
+    pub outer: Spec,
+    pub tunnel: Vec<u8>,
+    pub inner: Spec,
+    /// `UDP_TUNNEL_CSUM`: segments carry a complete outer UDP checksum (else 0).
+    pub outer_csum: bool,
+}
+
+/// A VXLAN header with VNI 42 (flags: the I bit).
+pub const VXLAN_HEADER: [u8; 8] = [0x08, 0, 0, 0, 0, 0, 42, 0];
+/// A Geneve header with VNI 42, protocol Transparent Ethernet Bridging, and one 8-byte option.
+pub const GENEVE_HEADER: [u8; 16] = [0x02, 0, 0x65, 0x58, 0, 0, 42, 0, 0x01, 0x02, 0x03, 0x01, 0xde, 0xad, 0xbe, 0xef];
+
+impl TunnelSpec {
+    /// VXLAN (port 4789) over `outer_v6`, around `inner` (whose framing becomes Ethernet).
+    pub fn vxlan(outer_v6: bool, framing: Framing, inner: Spec) -> Self {
+        let outer = Spec { v6: outer_v6, udp: true, dport: 4789, sport: 51000, ..Spec::default() };
+        TunnelSpec {
+            outer: outer.with_framing(framing, 0),
+            tunnel: VXLAN_HEADER.to_vec(),
+            inner: inner.with_framing(Framing::Ethernet, 0),
+            outer_csum: outer_v6,
+        }
+    }
+
+    fn inner_start(&self) -> usize {
+        self.outer.l4_offset() + 8 + self.tunnel.len()
+    }
+
+    /// Offset of the inner IP header.
+    pub fn inner_nh(&self) -> usize {
+        self.inner_start() + self.inner.l2_len()
+    }
+
+    /// The super-packet as the kernel hands it out, with its virtio header and tunnel offsets.
+    pub fn build_gso(&self, payload: &[u8], gso_size: u16) -> (VirtioNetHdrRepr, crate::TunnelOffsets, Vec<u8>) {
+        let (inner_hdr, inner) = self.inner.build_gso(payload, gso_size);
+        let mut carried = self.tunnel.clone();
+        carried.extend_from_slice(&inner);
+        let packet = self.outer.build(&carried);
+        let start = self.inner_start();
+        let tunnel_bit = if self.outer.v6 { gso::UDP_TUNNEL_IPV6 } else { gso::UDP_TUNNEL_IPV4 };
+        let hdr = VirtioNetHdrRepr {
+            flags: inner_hdr.flags | if self.outer_csum { flags::UDP_TUNNEL_CSUM } else { 0 },
+            gso_type: inner_hdr.gso_type | tunnel_bit,
+            hdr_len: (start + usize::from(inner_hdr.hdr_len)) as u16,
+            gso_size,
+            csum_start: (start + usize::from(inner_hdr.csum_start)) as u16,
+            csum_offset: inner_hdr.csum_offset,
+        };
+        let offsets =
+            crate::TunnelOffsets { outer_th: self.outer.l4_offset() as u16, inner_nh: self.inner_nh() as u16 };
+        (hdr, offsets, packet)
+    }
+
+    /// The frames the kernel would put on the wire for [`Self::build_gso`]: each inner segment in its own outer
+    /// packet (outer IPv4 ID + i, outer UDP checksum complete or 0).
+    pub fn segments(&self, payload: &[u8], gso_size: usize) -> Vec<Vec<u8>> {
+        self.inner
+            .segments(payload, gso_size)
+            .into_iter()
+            .enumerate()
+            .map(|(i, inner)| {
+                let mut outer = self.outer.clone();
+                outer.ip_id = self.outer.ip_id.wrapping_add(i as u16);
+                outer.udp_zero_csum = !self.outer_csum;
+                let mut carried = self.tunnel.clone();
+                carried.extend_from_slice(&inner);
+                outer.build(&carried)
+            })
+            .collect()
+    }
+}
+
+/// Fuzz entry: `data` = 24-byte virtio header, 1 framing byte, packet. Validates a UDP-tunnel super-packet and
+/// checks every segment: its length, the outer checksums and (from the inner IP header on) the inner ones.
+pub fn tunnel_split(data: &[u8]) {
+    use crate::tunnel::TunnelSplitter;
+    if data.len() < 25 {
+        return;
+    }
+    let (Ok(hdr), Ok(offsets)) = (VirtioNetHdrRepr::parse(&data[..24]), crate::TunnelOffsets::parse(&data[..24]))
+    else {
+        return;
+    };
+    let framing = framing_of(data[24]);
+    let pkt = &data[25..];
+    let Ok(s) = TunnelSplitter::new(&hdr, offsets, pkt, framing) else {
+        return;
+    };
+    let n = s.segment_count();
+    assert!(n >= 1);
+    let mut out = vec![0u8; 65536 + 512];
+    let inner = s.inner_offset();
+    let mut payload = 0;
+    for i in 0..n.min(256) {
+        let len = s.write_segment(i, &mut out).expect("segment fits");
+        assert_eq!(len, s.segment_len(i));
+        let seg = &out[..len];
+        let th = s.outer_udp_offset();
+        assert_eq!(usize::from(u16::from_be_bytes([seg[th + 4], seg[th + 5]])), len - th, "outer UDP length");
+        if s.outer_checksum() {
+            assert!(checksums_ok(seg, framing), "segment {i}: outer checksums");
+        } else {
+            assert_eq!(seg[th + 6..th + 8], [0, 0], "segment {i}: no outer UDP checksum");
+        }
+        assert!(checksums_ok(&seg[inner..], Framing::Ip), "segment {i}: inner checksums");
+        payload += len - s.header_len();
+    }
+    if n <= 256 {
+        assert_eq!(payload, pkt.len() - s.header_len(), "every payload byte in exactly one segment");
+    }
+    assert!(s.write_segment(n, &mut out).is_err());
+    let mut bufs = vec![vec![0u8; 2048]; 4];
+    let mut lens = [0usize; 4];
+    let _ = s.split_into(0, &mut bufs, &mut lens, 12);
+    // GRO: what merges of the segments must split back into the same segments.
+    if n <= 64 {
+        use crate::tunnel::{coalesce_tunnel, TunnelKind};
+        let segs: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let len = s.write_segment(i, &mut out).expect("segment fits");
+                out[..len].to_vec()
+            })
+            .collect();
+        let frames: Vec<&[u8]> = segs.iter().map(|f| &f[..]).collect();
+        let mut merged = vec![0u8; 65536 + 512];
+        for kind in [TunnelKind::Vxlan, TunnelKind::Geneve] {
+            let m = coalesce_tunnel(&frames, framing, kind, &mut merged).expect("room for the merge");
+            assert!(m.frames >= 1 && m.frames <= n);
+            if let Some((h, o)) = m.header {
+                let again = TunnelSplitter::new(&h, o, &merged[..m.len], framing).expect("a merge splits");
+                assert_eq!(again.segment_count(), m.frames);
+                for (i, seg) in segs.iter().take(m.frames).enumerate() {
+                    let len = again.write_segment(i, &mut out).expect("segment fits");
+                    assert_eq!(&out[..len], &seg[..], "merged and split again, segment {i}");
+                }
+            } else {
+                assert_eq!(merged[..m.len], segs[0][..]);
+            }
+        }
+    }
+}
+
 /// Deterministic payload bytes.
 pub fn payload(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()

@@ -52,13 +52,15 @@ pub mod ipv4;
 pub mod ipv6;
 mod small_copy;
 pub mod tcp;
+pub mod tunnel;
 pub mod udp;
 pub mod virtio_net;
 
 pub use error::{GsoError, WireError};
 pub use gro::{Gro, GroConfig, GroStats, Pieces};
 pub use gso::{SegmentView, SplitProgress, Splitter};
-pub use virtio_net::{VirtioNetHdr, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
+pub use tunnel::TunnelSplitter;
+pub use virtio_net::{TunnelOffsets, VirtioNetHdr, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
 
 /// Layer-2 framing of the packets handed to [`gso`] and [`gro`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -9,6 +9,9 @@ pub const VIRTIO_NET_HDR_LEN: usize = 10;
 pub const VIRTIO_NET_HDR_V1_LEN: usize = 12;
 /// Size of `virtio_net_hdr_v1_hash` (with the hash report).
 pub const VIRTIO_NET_HDR_V1_HASH_LEN: usize = 20;
+/// Size of `virtio_net_hdr_v1_hash_tunnel` (Linux 6.17+): the hash header followed by the outer transport and
+/// inner network header offsets of a UDP-tunnel super-packet.
+pub const VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN: usize = 24;
 
 /// Values of the `flags` field.
 pub mod flags {
@@ -18,6 +21,9 @@ pub mod flags {
     pub const DATA_VALID: u8 = 2;
     /// RSC info (not used by tun).
     pub const RSC_INFO: u8 = 4;
+    /// UDP-tunnel super-packet: the outer UDP checksum is to be computed for every segment (without it, the
+    /// segments' outer UDP checksum is 0).
+    pub const UDP_TUNNEL_CSUM: u8 = 8;
 }
 
 /// Values of the `gso_type` field.
@@ -32,6 +38,13 @@ pub mod gso {
     pub const TCPV6: u8 = 4;
     /// UDP segmentation offload (USO), IPv4 or IPv6.
     pub const UDP_L4: u8 = 5;
+    /// Flag (Linux 6.17+): the super-packet is inside a UDP tunnel over IPv4; the rest of `gso_type` describes
+    /// the inner packet (`TCPV4`, `TCPV6` or `UDP_L4`).
+    pub const UDP_TUNNEL_IPV4: u8 = 0x20;
+    /// Flag (Linux 6.17+): the same over an outer IPv6 header.
+    pub const UDP_TUNNEL_IPV6: u8 = 0x40;
+    /// Both tunnel flags.
+    pub const UDP_TUNNEL: u8 = UDP_TUNNEL_IPV4 | UDP_TUNNEL_IPV6;
     /// Flag: the TCP stream uses ECN, CWR may be set on the first segment.
     pub const ECN: u8 = 0x80;
 }
@@ -49,6 +62,8 @@ pub mod field {
     pub const NUM_BUFFERS: Range<usize> = 10..12;
     pub const HASH_VALUE: Range<usize> = 12..16;
     pub const HASH_REPORT: Range<usize> = 16..18;
+    pub const OUTER_TH_OFFSET: Range<usize> = 20..22;
+    pub const INNER_NH_OFFSET: Range<usize> = 22..24;
 }
 
 fn le16(b: &[u8], r: std::ops::Range<usize>) -> u16 {
@@ -116,6 +131,14 @@ impl<T: AsRef<[u8]>> VirtioNetHdr<T> {
         let b = self.buffer.as_ref();
         (b.len() >= field::NUM_BUFFERS.end).then(|| le16(b, field::NUM_BUFFERS))
     }
+    /// The tunnel fields of a `virtio_net_hdr_v1_hash_tunnel`, `None` when the buffer is shorter than 24 bytes.
+    pub fn tunnel_offsets(&self) -> Option<TunnelOffsets> {
+        let b = self.buffer.as_ref();
+        (b.len() >= VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN).then(|| TunnelOffsets {
+            outer_th: le16(b, field::OUTER_TH_OFFSET),
+            inner_nh: le16(b, field::INNER_NH_OFFSET),
+        })
+    }
     /// The decoded header.
     pub fn repr(&self) -> VirtioNetHdrRepr {
         VirtioNetHdrRepr {
@@ -157,11 +180,41 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> VirtioNetHdr<T> {
     pub fn set_csum_offset(&mut self, v: u16) {
         self.put16(field::CSUM_OFFSET, v)
     }
+    /// Sets the tunnel fields; does nothing on a header shorter than 24 bytes.
+    pub fn set_tunnel_offsets(&mut self, offsets: TunnelOffsets) {
+        if self.buffer.as_ref().len() >= VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN {
+            self.put16(field::OUTER_TH_OFFSET, offsets.outer_th);
+            self.put16(field::INNER_NH_OFFSET, offsets.inner_nh);
+        }
+    }
     /// Sets `num_buffers`; does nothing on a 10-byte header.
     pub fn set_num_buffers(&mut self, v: u16) {
         if self.buffer.as_ref().len() >= field::NUM_BUFFERS.end {
             self.put16(field::NUM_BUFFERS, v)
         }
+    }
+}
+
+/// Where the headers of a UDP-tunnel super-packet start, counted from the start of the packet (after the virtio
+/// header): the last two fields of `virtio_net_hdr_v1_hash_tunnel`. `csum_start` of the same header points at the
+/// inner transport header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct TunnelOffsets {
+    /// `outer_th_offset`: the outer UDP header.
+    pub outer_th: u16,
+    /// `inner_nh_offset`: the inner IP header (after the tunnel header and the inner Ethernet header).
+    pub inner_nh: u16,
+}
+
+impl TunnelOffsets {
+    /// Parses the tunnel fields of a header of at least 24 bytes.
+    pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
+        let have = buf.len();
+        if have < VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN {
+            let need = VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN;
+            return Err(WireError::Truncated { what: "virtio_net_hdr_v1_hash_tunnel", need, have });
+        }
+        Ok(VirtioNetHdr::new_unchecked(buf).tunnel_offsets().unwrap_or_default())
     }
 }
 
@@ -189,7 +242,7 @@ impl VirtioNetHdrRepr {
     }
 
     /// Writes the 10-byte header into `buf` and zeroes `buf[10..]` (so pass exactly the configured header size,
-    /// 10, 12 or 20). On a buffer shorter than 10 bytes, writes only the bytes that fit; see [`Self::try_emit`].
+    /// 10, 12, 20 or 24). On a buffer shorter than 10 bytes, writes only the bytes that fit; see [`Self::try_emit`].
     pub fn emit(&self, buf: &mut [u8]) {
         let mut full = [0u8; VIRTIO_NET_HDR_LEN];
         self.emit_array(&mut full);
@@ -231,9 +284,23 @@ impl VirtioNetHdrRepr {
         self.flags & flags::NEEDS_CSUM != 0
     }
 
-    /// Whether the sizes 10, 12 or 20 is a valid header size for `TUNSETVNETHDRSZ`.
+    /// Whether `gso_type` marks a UDP-tunnel super-packet (either tunnel bit).
+    pub fn is_udp_tunnel(&self) -> bool {
+        self.gso_type & gso::UDP_TUNNEL != 0
+    }
+
+    /// The inner packet's kind of a UDP-tunnel super-packet: `gso_type` without the tunnel and ECN bits.
+    pub fn inner_gso_kind(&self) -> u8 {
+        self.gso_type & !(gso::UDP_TUNNEL | gso::ECN)
+    }
+
+    /// Whether the size is one with a defined layout: 10, 12, 20 or 24 (`virtio_net_hdr`, `_v1`, `_v1_hash`,
+    /// `_v1_hash_tunnel`).
     pub fn is_valid_size(len: usize) -> bool {
-        matches!(len, VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN)
+        matches!(
+            len,
+            VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN | VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN
+        )
     }
 }
 
@@ -287,6 +354,29 @@ mod tests {
                 Err(WireError::Truncated { what: "virtio_net_hdr", need: 10, have: n })
             );
         }
+    }
+
+    /// The tunnel fields sit in bytes 20..24, little-endian; shorter headers have none.
+    #[test]
+    fn test_tunnel_fields() {
+        let mut buf = [0u8; 24];
+        let mut h = VirtioNetHdr::new_checked(&mut buf[..]).unwrap();
+        h.set_flags(flags::NEEDS_CSUM | flags::UDP_TUNNEL_CSUM);
+        h.set_gso_type(gso::UDP_TUNNEL_IPV6 | gso::TCPV4);
+        h.set_tunnel_offsets(TunnelOffsets { outer_th: 54, inner_nh: 0x0104 });
+        assert_eq!(buf[20..], [54, 0, 0x04, 0x01]);
+        let h = VirtioNetHdr::new_checked(&buf[..]).unwrap();
+        assert_eq!(h.tunnel_offsets(), Some(TunnelOffsets { outer_th: 54, inner_nh: 260 }));
+        assert_eq!(TunnelOffsets::parse(&buf).unwrap(), TunnelOffsets { outer_th: 54, inner_nh: 260 });
+        let r = h.repr();
+        assert!(r.is_udp_tunnel() && r.is_gso());
+        assert_eq!(r.inner_gso_kind(), gso::TCPV4);
+        assert_eq!(VirtioNetHdr::new_checked(&buf[..20]).unwrap().tunnel_offsets(), None);
+        assert!(TunnelOffsets::parse(&buf[..23]).is_err());
+        let mut short = [0u8; 20];
+        VirtioNetHdr::new_checked(&mut short[..]).unwrap().set_tunnel_offsets(TunnelOffsets::default());
+        assert!(VirtioNetHdrRepr::is_valid_size(24));
+        assert!(!VirtioNetHdrRepr { gso_type: gso::UDP_L4, ..Default::default() }.is_udp_tunnel());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::PathBuf;
-use turbotun_wire::fuzzing::{self, payload, Spec};
+use turbotun_wire::fuzzing::{self, payload, Spec, TunnelSpec, GENEVE_HEADER};
 use turbotun_wire::virtio_net::{flags, gso};
 use turbotun_wire::{Framing, VirtioNetHdrRepr};
 
@@ -37,6 +37,11 @@ fn replay_parse_headers() {
 #[test]
 fn replay_gso_split() {
     assert!(replay("gso_split", fuzzing::gso_split) >= 10);
+}
+
+#[test]
+fn replay_tunnel_split() {
+    assert!(replay("tunnel_split", fuzzing::tunnel_split) >= 10);
 }
 
 #[test]
@@ -111,4 +116,26 @@ fn generate_seed_corpus() {
     v6x.v6_dest_opts = 2;
     write("parse_headers", "tcp6_ext", &v6x.build(&payload(16, 0)));
     write("parse_headers", "empty", &[]);
+    // tunnel_split: VXLAN and Geneve, outer IPv4/IPv6, TAP and TUN framing, each inner kind: 24-byte header,
+    // framing byte, super-packet.
+    for outer_v6 in [false, true] {
+        for framing in [Framing::Ethernet, Framing::Ip] {
+            for (inner_name, inner) in [("tcp4", Spec::tcp4()), ("tcp6", Spec::tcp6()), ("udp4", Spec::udp4())] {
+                let mut spec = TunnelSpec::vxlan(outer_v6, framing, inner);
+                let mut kind = "vxlan";
+                if inner_name == "udp4" {
+                    spec.tunnel = GENEVE_HEADER.to_vec();
+                    kind = "geneve";
+                }
+                let (hdr, offsets, sup) = spec.build_gso(&payload(900, 3), 300);
+                let mut d = vec![0u8; 24];
+                hdr.emit(&mut d);
+                turbotun_wire::VirtioNetHdr::new_unchecked(&mut d[..]).set_tunnel_offsets(offsets);
+                d.push(framing_byte(framing));
+                d.extend_from_slice(&sup);
+                let outer = if outer_v6 { "o6" } else { "o4" };
+                write("tunnel_split", &format!("{kind}_{outer}_{}_{inner_name}", framing_byte(framing)), &d);
+            }
+        }
+    }
 }

@@ -52,6 +52,15 @@ impl Capabilities {
     pub fn uso(&self) -> bool {
         self.offloads.is_some_and(|o| o.contains(Offloads::USO4 | Offloads::USO6))
     }
+    /// Whether UDP-tunnel segmentation offload (`TUN_F_UDP_TUNNEL_GSO`, Linux 6.17+) was granted on the scratch
+    /// device; it is used with a virtio header of [`UDP_TUNNEL_VNET_HDR_LEN`] bytes.
+    pub fn udp_tunnel_gso(&self) -> bool {
+        self.offloads.is_some_and(|o| o.contains(Offloads::UDP_TUNNEL_GSO))
+    }
+    /// Whether the outer-checksum variant (`TUN_F_UDP_TUNNEL_GSO_CSUM`) was granted too.
+    pub fn udp_tunnel_gso_csum(&self) -> bool {
+        self.offloads.is_some_and(|o| o.contains(Offloads::UDP_TUNNEL))
+    }
 
     /// The capabilities of this kernel, probed on first call and cached for the life of the process.
     pub fn get() -> Result<&'static Capabilities> {
@@ -83,13 +92,16 @@ impl Capabilities {
                 Offloads::CSUM | Offloads::TSO6,
                 Offloads::CSUM | Offloads::TSO4 | Offloads::TSO_ECN,
                 Offloads::CSUM | Offloads::USO4 | Offloads::USO6,
+                // The kernel grants the tunnel bits only next to plain TSO or USO.
+                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO6 | Offloads::UDP_TUNNEL_GSO,
+                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO6 | Offloads::UDP_TUNNEL,
             ] {
                 if sys::tun_set_offload(scratch.as_fd(), candidate.bits()).is_ok() {
                     granted |= candidate;
                 }
             }
             caps.offloads = Some(granted);
-            for size in [10, 12, 20] {
+            for size in VNET_HDR_SIZES {
                 if sys::tun_set_vnet_hdr_sz(scratch.as_fd(), size as i32).is_ok() {
                     caps.vnet_hdr_sizes.push(size);
                 }
@@ -106,6 +118,15 @@ impl Capabilities {
         Ok(caps)
     }
 }
+
+/// The virtio header sizes the builder takes: `virtio_net_hdr` (10), `_v1` (12), `_v1_hash` (20) and
+/// `_v1_hash_tunnel` (24).
+pub const VNET_HDR_SIZES: [usize; 4] = [10, 12, 20, UDP_TUNNEL_VNET_HDR_LEN];
+
+/// The virtio header size UDP-tunnel offload needs: `struct virtio_net_hdr_v1_hash_tunnel`, whose last four
+/// bytes hold the outer transport and inner network header offsets. The kernel reads and writes those fields
+/// only when the header is at least this long.
+pub const UDP_TUNNEL_VNET_HDR_LEN: usize = turbotun_wire::virtio_net::VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN;
 
 fn scratch_device(flags: u16) -> Result<OwnedFd> {
     let fd = open_tun(false)?;
@@ -298,8 +319,24 @@ impl DeviceBuilder {
             validate_ifname(name)?;
         }
         if let Some(size) = self.vnet_hdr {
-            if ![10, 12, 20].contains(&size) {
-                return Err(Error::InvalidConfig(format!("vnet header size {size}: must be 10, 12 or 20")));
+            if !VNET_HDR_SIZES.contains(&size) {
+                return Err(Error::InvalidConfig(format!("vnet header size {size}: must be 10, 12, 20 or 24")));
+            }
+        }
+        if self.offloads.intersects(Offloads::UDP_TUNNEL) {
+            if self.vnet_hdr.is_some_and(|size| size < UDP_TUNNEL_VNET_HDR_LEN) {
+                return Err(Error::InvalidConfig(format!(
+                    "UDP tunnel offloads need the {UDP_TUNNEL_VNET_HDR_LEN}-byte virtio header, which holds the \
+                     tunnel offsets: use vnet_hdr({UDP_TUNNEL_VNET_HDR_LEN})"
+                )));
+            }
+            if !self.offloads.contains(Offloads::UDP_TUNNEL_GSO) {
+                return Err(Error::InvalidConfig("udp_tunnel_gso_csum needs udp_tunnel_gso".into()));
+            }
+            if !self.offloads.intersects(Offloads::TSO4 | Offloads::TSO6 | Offloads::USO4 | Offloads::USO6) {
+                return Err(Error::InvalidConfig(
+                    "the kernel grants UDP tunnel offloads only together with TSO or USO: add tso4/tso6 or uso".into(),
+                ));
             }
         }
         if !self.offloads.is_empty() && self.vnet_hdr.is_none() {
@@ -620,8 +657,10 @@ fn negotiate_offloads(fd: BorrowedFd<'_>, name: &str, wanted: Offloads) -> Resul
     let wanted = wanted | Offloads::CSUM;
     let candidates = [
         wanted,
-        wanted.difference(Offloads::USO4 | Offloads::USO6),
-        wanted.difference(Offloads::USO4 | Offloads::USO6 | Offloads::TSO_ECN),
+        wanted.difference(Offloads::UDP_TUNNEL_GSO_CSUM),
+        wanted.difference(Offloads::UDP_TUNNEL),
+        wanted.difference(Offloads::UDP_TUNNEL | Offloads::USO4 | Offloads::USO6),
+        wanted.difference(Offloads::UDP_TUNNEL | Offloads::USO4 | Offloads::USO6 | Offloads::TSO_ECN),
         Offloads::CSUM,
         Offloads::NONE,
     ];
@@ -702,6 +741,22 @@ impl Device {
     pub fn set_carrier(&self, carrier: bool) -> Result<()> {
         sys::tun_set_carrier(self.ctl(), carrier).map_err(|e| Error::io("TUNSETCARRIER", e))
     }
+    /// `TUNSETTXFILTER`: only frames to the filter's MAC addresses reach the reader; `None` turns the filter off.
+    /// TAP devices only (a TUN device is refused with [`Error::InvalidConfig`]). See [`crate::filter`].
+    pub fn set_tx_filter(&self, filter: Option<&crate::filter::TxFilter>) -> Result<()> {
+        if self.mode != Mode::Tap {
+            return Err(Error::InvalidConfig(format!("{}: TX filters exist on TAP devices only", self.name)));
+        }
+        crate::filter::set_tx_filter(self.ctl(), filter)
+    }
+    /// `TUNSETFILTEREBPF`: runs `program` on every frame before it is queued for the reader (it decides how many
+    /// bytes to keep, 0 drops); `None` removes the device's filter program.
+    pub fn set_filter_program(&self, program: Option<&crate::filter::FilterProgram>) -> Result<()> {
+        match program {
+            Some(program) => program.attach(self.ctl()),
+            None => crate::filter::FilterProgram::detach(self.ctl()),
+        }
+    }
     /// `TUNSETLINK`: the ARPHRD link type (e.g. `ARPHRD_NONE` = 0xfffe). The device must be down.
     pub fn set_link_type(&self, link_type: u32) -> Result<()> {
         sys::tun_set_link(self.ctl(), link_type).map_err(|e| Error::io("TUNSETLINK", e))
@@ -770,6 +825,22 @@ mod tests {
         assert_eq!(describe_node("/nonexistent/node"), "not readable");
     }
 
+    /// The tunnel bits: the 24-byte header, the CSUM variant only with the base bit, and a plain GSO bit beside.
+    #[test]
+    fn test_udp_tunnel_builder_checks() {
+        let tcp_tunnel = Offloads::TCP | Offloads::UDP_TUNNEL;
+        assert!(DeviceBuilder::tap().vnet_hdr(24).offloads(tcp_tunnel).check().is_ok());
+        for (builder, why) in [
+            (DeviceBuilder::tap().vnet_hdr(12).offloads(tcp_tunnel), "24-byte virtio header"),
+            (DeviceBuilder::tap().vnet_hdr(24).offloads(Offloads::TCP | Offloads::UDP_TUNNEL_GSO_CSUM), "needs udp"),
+            (DeviceBuilder::tap().vnet_hdr(24).offloads(Offloads::CSUM | Offloads::UDP_TUNNEL), "TSO or USO"),
+            (DeviceBuilder::tap().vnet_hdr(16), "must be 10, 12, 20 or 24"),
+        ] {
+            let err = builder.check().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+
     #[test]
     fn test_offloads_parse_and_display() {
         assert_eq!(Offloads::parse("csum,tso4").unwrap(), Offloads::CSUM | Offloads::TSO4);
@@ -779,7 +850,11 @@ mod tests {
         assert!(Offloads::parse("tso9").unwrap_err().to_string().contains("tso9"));
         assert_eq!(Offloads::ALL.to_string(), "csum,tso4,tso6,tso_ecn,uso4,uso6");
         assert_eq!(Offloads::NONE.to_string(), "none");
-        assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL);
+        assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL | Offloads::UDP_TUNNEL);
+        assert!(!Offloads::ALL.intersects(Offloads::UDP_TUNNEL), "tunnel offloads are asked for explicitly");
+        assert_eq!(Offloads::parse("udp_tunnel").unwrap().bits(), tun_f::UDP_TUNNEL_GSO | tun_f::UDP_TUNNEL_GSO_CSUM);
+        assert_eq!(Offloads::UDP_TUNNEL.to_string(), "udp_tunnel_gso,udp_tunnel_gso_csum");
+        assert_eq!((tun_f::UDP_TUNNEL_GSO, tun_f::UDP_TUNNEL_GSO_CSUM), (0x80, 0x100));
         assert_eq!(format!("{:?}", Offloads::TCP), "Offloads(csum,tso4,tso6)");
         assert_eq!(Offloads::TCP.names(), ["csum", "tso4", "tso6"]);
         assert_eq!(

@@ -47,6 +47,11 @@ pub struct DeviceReport {
     pub oper_state: String,
     /// The hardware address (TAP only).
     pub mac: Option<[u8; 6]>,
+    /// The bridge the device is a port of (`IFLA_MASTER`), by name.
+    pub master: Option<String>,
+    /// Whether the carrier is on (`IFLA_CARRIER`; off: `NO-CARRIER`, set with `TUNSETCARRIER` or
+    /// `IFF_NO_CARRIER`).
+    pub carrier: Option<bool>,
     /// The addresses on the interface, with their prefix lengths.
     pub addresses: Vec<(IpAddr, u8)>,
     /// The interface counters.
@@ -93,6 +98,12 @@ pub fn offloads_from_features(features: &[(String, bool)]) -> Offloads {
     }
     if active("tx-udp-segmentation") {
         out |= Offloads::USO4 | Offloads::USO6;
+    }
+    if active("tx-udp_tnl-segmentation") {
+        out |= Offloads::UDP_TUNNEL_GSO;
+    }
+    if active("tx-udp_tnl-csum-segmentation") {
+        out |= Offloads::UDP_TUNNEL_GSO_CSUM;
     }
     out
 }
@@ -157,6 +168,7 @@ fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
         | on(tun.persist, iff::PERSIST);
     let mode = if tun.is_tap() { Mode::Tap } else { Mode::Tun };
     let holders = queue_holders(name);
+    let master = link.master.map(|index| netlink.link_name(index).unwrap_or_else(|_| format!("#{index}")));
     Ok(DeviceReport {
         name: name.to_string(),
         index: link.index,
@@ -174,6 +186,8 @@ fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
         up: link.is_up(),
         oper_state: link.oper_state.clone(),
         mac: if mode == Mode::Tap { link.mac } else { None },
+        master,
+        carrier: link.carrier,
         addresses: netlink.addresses_of(link.index)?,
         stats: link.stats,
         offloads: device_offloads(name).ok(),
@@ -217,5 +231,7 @@ mod tests {
         ]);
         assert_eq!(offloads_from_features(&all), Offloads::TCP | Offloads::USO4 | Offloads::USO6);
         assert_eq!(offloads_from_features(&f(&[("tx-tcp-segmentation", false)])), Offloads::NONE);
+        let tunnel = f(&[("tx-udp_tnl-segmentation", true), ("tx-udp_tnl-csum-segmentation", true)]);
+        assert_eq!(offloads_from_features(&tunnel), Offloads::UDP_TUNNEL);
     }
 }

@@ -42,6 +42,12 @@ bitflags::bitflags! {
         const USO4 = tun_f::USO4;
         /// UDP segmentation offload over IPv6 (Linux 6.2+); see [`Offloads::USO4`].
         const USO6 = tun_f::USO6;
+        /// TCP/UDP super-packets inside a UDP tunnel such as VXLAN or Geneve (Linux 6.17+): granted only with TSO
+        /// or USO, and used only with the 24-byte virtio header that carries the tunnel offsets.
+        const UDP_TUNNEL_GSO = tun_f::UDP_TUNNEL_GSO;
+        /// Tunnel super-packets whose outer UDP checksum is left to the reader (Linux 6.17+; needs
+        /// [`Offloads::UDP_TUNNEL_GSO`]).
+        const UDP_TUNNEL_GSO_CSUM = tun_f::UDP_TUNNEL_GSO_CSUM;
     }
 }
 
@@ -50,25 +56,31 @@ impl Offloads {
     pub const NONE: Offloads = Offloads::empty();
     /// Checksum and TCP segmentation, v4 and v6: what every kernel since 2.6.27 grants.
     pub const TCP: Offloads = Offloads::CSUM.union(Offloads::TSO4).union(Offloads::TSO6);
-    /// Everything turbotun can split and coalesce.
-    pub const ALL: Offloads = Offloads::all();
+    /// Everything the batch halves split and coalesce: checksum, TSO and USO. The UDP tunnel bits are not part
+    /// of it: ask for [`Offloads::UDP_TUNNEL`] explicitly, with a 24-byte virtio header.
+    pub const ALL: Offloads = Offloads::TCP.union(Offloads::TSO_ECN).union(Offloads::USO4).union(Offloads::USO6);
+    /// Both UDP tunnel bits (Linux 6.17+).
+    pub const UDP_TUNNEL: Offloads = Offloads::UDP_TUNNEL_GSO.union(Offloads::UDP_TUNNEL_GSO_CSUM);
 
     /// The names `parse` accepts and `Display` writes, in kernel bit order. They are lower case, as the command
     /// line takes them, so they are not the constants' names that `bitflags` knows.
-    const NAMES: [(Offloads, &'static str); 6] = [
+    const NAMES: [(Offloads, &'static str); 8] = [
         (Offloads::CSUM, "csum"),
         (Offloads::TSO4, "tso4"),
         (Offloads::TSO6, "tso6"),
         (Offloads::TSO_ECN, "tso_ecn"),
         (Offloads::USO4, "uso4"),
         (Offloads::USO6, "uso6"),
+        (Offloads::UDP_TUNNEL_GSO, "udp_tunnel_gso"),
+        (Offloads::UDP_TUNNEL_GSO_CSUM, "udp_tunnel_gso_csum"),
     ];
 
     /// Names of the bits set, in kernel order (`csum`, `tso4`, ...).
     pub fn names(self) -> Vec<&'static str> {
         Self::NAMES.iter().filter(|(bit, _)| self.contains(*bit)).map(|(_, n)| *n).collect()
     }
-    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso` or `none`.
+    /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso`, `udp_tunnel` (both tunnel
+    /// bits) or `none`.
     pub fn parse(list: &str) -> Result<Offloads> {
         let mut out = Offloads::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
@@ -77,12 +89,14 @@ impl Offloads {
                 "tcp" => Offloads::TCP,
                 "none" => Offloads::NONE,
                 "uso" => Offloads::USO4 | Offloads::USO6,
+                "udp_tunnel" => Offloads::UDP_TUNNEL,
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
                     Some((bit, _)) => *bit,
                     None => {
                         return Err(Error::InvalidConfig(format!(
-                        "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, tcp, uso, all, none)"
-                    )))
+                            "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, uso4, uso6, udp_tunnel_gso, \
+                         udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none)"
+                        )))
                     }
                 },
             };

@@ -5,7 +5,9 @@
 //! - [`Queue`] is one fd: blocking or non-blocking single-packet and raw I/O.
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
 //! - [`echo::Echo`] answers what the kernel sends into a device (ARP, ND, ICMP and ICMPv6 echo, UDP).
-//! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen and namespaces through rtnetlink.
+//! - [`filter`]: what the kernel queues for the reader: the TAP TX filter on MAC addresses and an eBPF filter.
+//! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen, MAC, bridges and namespaces through
+//!   rtnetlink.
 //! - [`load`]: a paced UDP generator and a sink that counts loss, reordering and duplicates per flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
@@ -37,6 +39,7 @@ pub mod batch;
 pub mod device;
 pub mod echo;
 pub mod error;
+pub mod filter;
 pub mod forward;
 pub mod handover;
 pub mod inspect;

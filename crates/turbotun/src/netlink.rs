@@ -70,6 +70,10 @@ pub struct LinkInfo {
     pub stats: LinkStats,
     /// The tun driver's own attributes (`IFLA_INFO_DATA` of kind `tun`), for TUN/TAP devices.
     pub tun: Option<TunInfo>,
+    /// The index of the bridge (or other controller) the interface is attached to (`IFLA_MASTER`).
+    pub master: Option<u32>,
+    /// Whether the carrier is on (`IFLA_CARRIER`), when the kernel reports it.
+    pub carrier: Option<bool>,
 }
 
 /// What the tun driver reports about a device through rtnetlink (`IFLA_TUN_*`). Unlike sysfs, this is
@@ -146,6 +150,11 @@ impl LinkInfo {
     /// Whether the interface is administratively up (`IFF_UP`).
     pub fn is_up(&self) -> bool {
         self.flags & libc::IFF_UP as u32 != 0
+    }
+    /// Whether the link layer is up (`IFF_LOWER_UP`): carrier on. `ip link` shows `NO-CARRIER` for an interface
+    /// that is up without it.
+    pub fn is_lower_up(&self) -> bool {
+        self.flags & libc::IFF_LOWER_UP as u32 != 0
     }
 }
 
@@ -241,6 +250,56 @@ impl Netlink {
     pub fn set_mac(&mut self, name: &str, mac: [u8; 6]) -> Result<()> {
         let context = format!("setting the MAC address of {name} to {}", mac_to_string(&mac));
         self.set_link_attribute(name, LinkAttribute::Address(mac.to_vec()), &context)
+    }
+
+    /// Turns the carrier on or off through rtnetlink (`IFLA_CARRIER`), as `ip link set NAME carrier on|off`
+    /// does; for a TUN/TAP device this is the same switch as `TUNSETCARRIER`, without holding one of its fds.
+    pub fn set_carrier(&mut self, name: &str, on: bool) -> Result<()> {
+        let context = format!("turning the carrier of {name} {}", if on { "on" } else { "off" });
+        self.set_link_attribute(name, LinkAttribute::Carrier(u8::from(on)), &context)
+    }
+
+    /// Attaches the interface to a bridge (`IFLA_MASTER`), as `ip link set NAME master BRIDGE` does, or detaches
+    /// it from whatever it is attached to with `None` (`nomaster`).
+    pub fn set_master(&mut self, name: &str, bridge: Option<&str>) -> Result<()> {
+        let (index, context) = match bridge {
+            Some(bridge) => {
+                let link = self.link(bridge)?;
+                if link.kind.as_deref() != Some("bridge") {
+                    return Err(Error::InvalidConfig(format!(
+                        "{bridge} is not a bridge (link kind {}): create one with `ip link add {bridge} type bridge`",
+                        link.kind.as_deref().unwrap_or("none")
+                    )));
+                }
+                (link.index, format!("attaching {name} to bridge {bridge}"))
+            }
+            None => (0, format!("detaching {name} from its bridge")),
+        };
+        self.set_link_attribute(name, LinkAttribute::Controller(index), &context)
+    }
+
+    /// The name of the interface with this index.
+    pub fn link_name(&mut self, index: u32) -> Result<String> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        let replies =
+            self.request(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, &format!("looking up interface {index}"))?;
+        replies
+            .into_iter()
+            .find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(link) => Some(link_info(&link).name),
+                _ => None,
+            })
+            .ok_or_else(|| Error::NoSuchDevice { name: format!("#{index}") })
+    }
+
+    /// Creates a Linux bridge (down, no ports), as `ip link add NAME type bridge` does.
+    pub fn create_bridge(&mut self, name: &str) -> Result<()> {
+        crate::error::validate_ifname(name)?;
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![NlLinkInfo::Kind(InfoKind::Bridge)]));
+        self.ack(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL, &format!("creating bridge {name}"))
     }
 
     /// Moves the interface into the network namespace named by `netns_file`. The kernel flushes its addresses and
@@ -463,6 +522,8 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
                 info.mac = Some(m);
             }
             LinkAttribute::OperState(state) => info.oper_state = format!("{state:?}").to_uppercase(),
+            LinkAttribute::Controller(index) if *index != 0 => info.master = Some(*index),
+            LinkAttribute::Carrier(on) => info.carrier = Some(*on != 0),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     match i {

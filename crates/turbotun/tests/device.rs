@@ -364,7 +364,7 @@ fn error_invalid_names_and_configs() {
         assert!(matches!(err, Error::InvalidName { .. }), "{bad:?}: {err}");
     }
     let err = DeviceBuilder::tun().vnet_hdr(11).open().unwrap_err();
-    assert!(err.to_string().contains("10, 12 or 20"), "{err}");
+    assert!(err.to_string().contains("10, 12, 20 or 24"), "{err}");
     let err = DeviceBuilder::tun().offloads(Offloads::TCP).open().unwrap_err();
     assert!(err.to_string().contains("vnet_hdr"), "{err}");
     let err = DeviceBuilder::tun().vnet_hdr(10).offloads(Offloads::USO4).open().unwrap_err();
@@ -525,7 +525,7 @@ fn capabilities_probe() {
     in_netns("capabilities_probe", || {
         let caps = turbotun::Capabilities::probe().unwrap();
         assert!(caps.vnet_hdr() && caps.multi_queue());
-        assert_eq!(caps.vnet_hdr_sizes, vec![10, 12, 20]);
+        assert_eq!(caps.vnet_hdr_sizes, vec![10, 12, 20, 24]);
         let offloads = caps.offloads.expect("root can probe offloads");
         assert!(offloads.contains(Offloads::TCP | Offloads::TSO_ECN), "{offloads}");
         // This kernel (6.18) has USO (6.2+) and NAPI; the probe must find them rather than assume them.
@@ -534,6 +534,10 @@ fn capabilities_probe() {
         if (major, minor) >= (6, 2) {
             assert!(caps.uso(), "USO expected on {release}");
         }
+        // UDP-tunnel GSO arrived in 6.17, with its outer-checksum variant.
+        let tunnel = (major, minor) >= (6, 17);
+        assert_eq!(caps.udp_tunnel_gso(), tunnel, "udp_tunnel_gso on {release}");
+        assert_eq!(caps.udp_tunnel_gso_csum(), tunnel, "udp_tunnel_gso_csum on {release}");
         assert!(caps.napi());
         assert!(caps.steering_ebpf.is_ok(), "{:?}", caps.steering_ebpf);
     });

@@ -551,7 +551,9 @@ fn print_list(all: &[Mode], unavailable: &[Unavailable], peers: Option<&Path>) {
     println!("modes:");
     for m in all {
         let note = match &m.kind {
-            modes::Kind::Forwarder { program, .. } if m.is_peer() && !program.is_file() => {
+            modes::Kind::Forwarder { program, .. } | modes::Kind::BridgedForwarder { program, .. }
+                if m.is_peer() && !program.is_file() =>
+            {
                 " (built on first use by bench/peers/build.sh)".to_string()
             }
             _ => m.note.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),

@@ -104,6 +104,10 @@ pub const PEERS: &[(&str, &str, &[&str])] = &[
     ("wggo", "wggo-fwd", &["plain", "offload"]),
 ];
 
+/// The virtual-networking comparison (`--modes virt`): the kernel's paths for a VM or container side by side
+/// with turbotun's. Each moves the same traffic between the two namespaces.
+pub const VIRT_MODES: &[&str] = &["veth", "veth-bridge", "turbotun-tap-bridge", "turbotun-offload"];
+
 /// The modes `--quick` runs.
 pub const QUICK_MODES: &[&str] = &["veth", "turbotun-offload", "turbotun-plain", "tunrs-offload"];
 
@@ -111,10 +115,15 @@ pub const QUICK_MODES: &[&str] = &["veth", "turbotun-offload", "turbotun-plain",
 pub enum Kind {
     /// veth pair between the two namespaces.
     Veth,
+    /// Each namespace's veth goes to a port of one Linux bridge in a third namespace.
+    VethBridge,
     /// Loopback inside one namespace.
     Loopback,
     /// A forwarder process: `PROGRAM [PREFIX_ARGS..] DEV_A DEV_B [ARGS..]`.
     Forwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
+    /// A forwarder between two TAP devices, each a port of a bridge whose other port is a veth to one of the
+    /// namespaces: the path of a VM's TAP device on a host bridge, with the forwarder as the VM.
+    BridgedForwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +143,7 @@ impl Mode {
     }
 
     pub fn is_forwarder(&self) -> bool {
-        matches!(self.kind, Kind::Forwarder { .. })
+        matches!(self.kind, Kind::Forwarder { .. } | Kind::BridgedForwarder { .. })
     }
 
     /// Label without the family prefix (`offload` for `turbotun-offload`), used for flamegraph file names.
@@ -169,6 +178,7 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
     let mut modes = vec![
         Mode { label: "veth".into(), family: "baseline", kind: Kind::Veth, note: None },
         Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback, note: None },
+        Mode { label: "veth-bridge".into(), family: "baseline", kind: Kind::VethBridge, note: None },
     ];
     let mut unavailable = Vec::new();
     // The ceiling: one read and one write per frame, virtio header untouched (bench/ceiling.rs).
@@ -212,6 +222,20 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
             note,
         });
     }
+    let tap_bridge = "turbotun-tap-bridge".to_string();
+    match support.missing(&[Need::VnetHdr]) {
+        Some(reason) => unavailable.push(Unavailable { mode: tap_bridge, reason }),
+        None => modes.push(Mode {
+            label: tap_bridge,
+            family: "turbotun",
+            kind: Kind::BridgedForwarder {
+                program: exe.to_path_buf(),
+                prefix_args: vec!["fwd".into()],
+                args: ["--mode", "offload", "--tap"].iter().map(|s| s.to_string()).collect(),
+            },
+            note: None,
+        }),
+    }
     for (family, bin, peer_modes) in PEERS {
         for m in *peer_modes {
             let label = format!("{family}-{m}");
@@ -235,7 +259,7 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
 }
 
 /// Select modes by a comma list: exact labels, a label without the `turbotun-` prefix, or a family name
-/// (`turbotun`, `tunrs`, `wggo`, `peers`, `baseline`).
+/// (`turbotun`, `tunrs`, `wggo`, `peers`, `baseline`, `virt` for [`VIRT_MODES`]).
 pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]) -> Result<Vec<Mode>> {
     let mut out: Vec<Mode> = Vec::new();
     for f in filter {
@@ -251,6 +275,7 @@ pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]
                     || m.family == f
                     || (f == "peers" && m.is_peer())
                     || (f == "baselines" && m.family == "baseline")
+                    || (f == "virt" && VIRT_MODES.contains(&m.label.as_str()))
             })
             .collect();
         if matched.is_empty() {
@@ -381,10 +406,11 @@ mod tests {
         let (all, na) = all_modes(exe, &support(true, true, Ok(())), Some(Path::new("/p")));
         let labels: Vec<&str> = all.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(
-            &labels[..7],
+            &labels[..8],
             [
                 "veth",
                 "loopback",
+                "veth-bridge",
                 "ceiling",
                 "turbotun-plain",
                 "turbotun-offload",
@@ -401,6 +427,9 @@ mod tests {
         assert_eq!(sel, ["veth", "turbotun-offload", "tunrs-offload"]);
         let sel = select_modes(&all, &na, &["wggo".into()]).unwrap();
         assert_eq!(sel.len(), 2);
+        let sel = select_modes(&all, &na, &["virt".into()]).unwrap();
+        let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
+        assert_eq!(sel, ["veth", "veth-bridge", "turbotun-offload", "turbotun-tap-bridge"]);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
     }
 
@@ -424,10 +453,11 @@ mod tests {
         let turbotun: Vec<&str> = all.iter().filter(|m| m.family == "turbotun").map(|m| m.label.as_str()).collect();
         assert_eq!(turbotun, ["turbotun-plain", "turbotun-plain-block"]);
         assert!(!all.iter().any(|m| m.label == "ceiling"), "the ceiling needs the virtio header too");
+        assert!(!all.iter().any(|m| m.label == "turbotun-tap-bridge"), "the TAP bridge mode needs the virtio header");
         // No tun driver, no peers: the kernel baselines only.
         let none = Support { tun: Err("no /dev/net/tun".into()), uring: Ok(()) };
         let (all, na) = all_modes(exe, &none, None);
-        assert_eq!(all.len(), 2);
+        assert_eq!(all.len(), 3);
         assert_eq!(na.len(), TURBOTUN_MODES.len() + 7);
         assert!(na[0].reason.contains("no /dev/net/tun"), "{:?}", na[0]);
     }

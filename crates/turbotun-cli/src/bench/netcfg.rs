@@ -98,6 +98,18 @@ pub fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()>
     nl.move_to_netns(dev_b, &b.path()).with_context(|| format!("move {dev_b} from {} to {}", a.name, b.name))
 }
 
+/// A bridge `name` in `ns` with `ports` attached, everything up (the ports at the bench's MTU).
+pub fn bridge(ns: &Netns, name: &str, ports: &[&str]) -> Result<()> {
+    let mut nl = ns.netlink()?;
+    nl.create_bridge(name).with_context(|| format!("{}: bridge {name}", ns.name))?;
+    for port in ports {
+        nl.set_mtu(port, MTU).with_context(|| format!("{}: mtu of {port}", ns.name))?;
+        nl.set_master(port, Some(name)).with_context(|| format!("{}: {port} into {name}", ns.name))?;
+        nl.set_up(port, true).with_context(|| format!("{}: {port} up", ns.name))?;
+    }
+    nl.set_up(name, true).with_context(|| format!("{}: {name} up", ns.name))
+}
+
 /// Move a device between namespaces. Moving flushes its addresses and sets it down.
 pub fn move_to_netns(from: &Netns, dev: &str, to: &Netns) -> Result<()> {
     from.netlink()?

@@ -125,7 +125,9 @@ impl Forwarder {
         log_dir: &Path,
         stop: &AtomicBool,
     ) -> Result<Forwarder> {
-        let Kind::Forwarder { program, prefix_args, args } = &mode.kind else {
+        let (Kind::Forwarder { program, prefix_args, args } | Kind::BridgedForwarder { program, prefix_args, args }) =
+            &mode.kind
+        else {
             bail!("{} is not a forwarder", mode.label);
         };
         let argv: Vec<String> = prefix_args
@@ -237,6 +239,8 @@ pub struct Topology {
     devices: Vec<String>,
     pub server_addr: String,
     pub forwarder: Option<Forwarder>,
+    /// The namespace of the bridge(s), for the modes that have one.
+    bridge_ns: Option<Netns>,
 }
 
 impl Drop for Topology {
@@ -267,6 +271,14 @@ fn sysctls(ipv6: bool) -> Vec<(&'static str, &'static str)> {
     v
 }
 
+/// The namespace of a bridge: no IPv6 of its own (the bridge carries IPv6 frames without it), so that its ports
+/// send no autoconfiguration chatter.
+fn bridge_netns(name: String) -> Result<Netns> {
+    let ns = Netns::new(name)?;
+    ns.set_sysctls(&[("net.ipv6.conf.all.disable_ipv6", "1"), ("net.ipv6.conf.default.disable_ipv6", "1")])?;
+    Ok(ns)
+}
+
 /// A namespace for one end of the path: loopback up, the sysctls set.
 fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
     let ns = Netns::new(name)?;
@@ -291,17 +303,50 @@ impl Topology {
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
             let server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
-            return Ok(Topology { ns_a, ns_b: None, devices: Vec::new(), server_addr, forwarder: None });
+            return Ok(Topology {
+                ns_a,
+                ns_b: None,
+                devices: Vec::new(),
+                server_addr,
+                forwarder: None,
+                bridge_ns: None,
+            });
         }
         let ns_b = end_netns(format!("{base}b"), ipv6)?;
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
         anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
-        let mut t =
-            Topology { ns_a, ns_b: Some(ns_b), devices: Vec::new(), server_addr: String::new(), forwarder: None };
+        let mut t = Topology {
+            ns_a,
+            ns_b: Some(ns_b),
+            devices: Vec::new(),
+            server_addr: String::new(),
+            forwarder: None,
+            bridge_ns: None,
+        };
         match &mode.kind {
             Kind::Veth => netcfg::create_veth(&t.ns_a, &dev_a, t.server(), &dev_b)?,
+            Kind::VethBridge => {
+                // A's veth and B's veth, their other ends ports of one bridge in a namespace of its own.
+                let ns_br = bridge_netns(format!("{base}f"))?;
+                netcfg::create_veth(&t.ns_a, &dev_a, &ns_br, &format!("{base}p"))?;
+                netcfg::create_veth(t.server(), &dev_b, &ns_br, &format!("{base}q"))?;
+                netcfg::bridge(&ns_br, &format!("{base}g"), &[&format!("{base}p"), &format!("{base}q")])?;
+                t.bridge_ns = Some(ns_br);
+            }
+            Kind::BridgedForwarder { .. } => {
+                // The forwarder's TAP devices stay in its namespace, each a port of a bridge there whose other
+                // port is a veth to A or B: A -> bridge g -> TAP -> forwarder -> TAP -> bridge h -> B.
+                let ns_fwd = bridge_netns(format!("{base}f"))?;
+                t.forwarder = Some(Forwarder::start(mode, &ns_fwd, &dev_a, &dev_b, log_dir, stop)?);
+                let (port_a, port_b) = (format!("{base}p"), format!("{base}q"));
+                netcfg::create_veth(&t.ns_a, &dev_a, &ns_fwd, &port_a)?;
+                netcfg::create_veth(t.server(), &dev_b, &ns_fwd, &port_b)?;
+                netcfg::bridge(&ns_fwd, &format!("{base}g"), &[&dev_a, &port_a])?;
+                netcfg::bridge(&ns_fwd, &format!("{base}h"), &[&dev_b, &port_b])?;
+                t.bridge_ns = Some(ns_fwd);
+            }
             Kind::Forwarder { .. } => {
                 // The forwarder creates its devices in a namespace of its own, so that they never show in the
                 // root namespace; the process keeps that namespace alive after its fd is closed here.
@@ -370,6 +415,7 @@ impl Topology {
             devices: vec![dev.clone()],
             server_addr: String::new(),
             forwarder: Some(echo),
+            bridge_ns: None,
         };
         let (addr, peer, len): (IpAddr, &str, u8) =
             if ipv6 { (ADDR_A6.parse()?, ECHO_PEER6, 64) } else { (ADDR_A4.parse()?, ECHO_PEER4, 24) };

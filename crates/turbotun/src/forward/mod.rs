@@ -116,6 +116,7 @@ pub struct ForwarderBuilder {
     batch: usize,
     depth: usize,
     when_full: WhenFull,
+    udp_tunnel: bool,
 }
 
 /// Virtio header size the engine uses for offload and passthrough.
@@ -140,6 +141,7 @@ impl ForwarderBuilder {
             batch: MAX_BATCH,
             depth: Self::DEFAULT_DEPTH,
             when_full: WhenFull::Wait,
+            udp_tunnel: false,
         }
     }
 
@@ -176,6 +178,23 @@ impl ForwarderBuilder {
         self
     }
 
+    /// Passthrough only: devices from [`Self::device`] also ask for UDP-tunnel offloads (Linux 6.17+) with the
+    /// 24-byte virtio header, so VXLAN/Geneve super-packets are forwarded whole like any other; both sides must
+    /// then have that header. On an older kernel the devices get the plain offloads (see [`Device::offloads`]).
+    pub fn udp_tunnel(mut self, on: bool) -> Self {
+        self.udp_tunnel = on;
+        self
+    }
+
+    /// The virtio header size this configuration forwards with (0 for plain).
+    fn vnet_hdr_len(&self) -> usize {
+        match (self.mode.uses_vnet_hdr(), self.udp_tunnel) {
+            (false, _) => 0,
+            (true, false) => VNET_HDR,
+            (true, true) => crate::device::UDP_TUNNEL_VNET_HDR_LEN,
+        }
+    }
+
     /// The mode.
     pub fn mode(&self) -> ForwardMode {
         self.mode
@@ -185,9 +204,10 @@ impl ForwarderBuilder {
     /// passthrough, none for plain. Add the name, queues and the rest, then `open()`.
     pub fn device(&self, mode: Mode) -> DeviceBuilder {
         let builder = DeviceBuilder::new(mode);
-        match self.mode.uses_vnet_hdr() {
-            true => builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL),
-            false => builder,
+        match (self.mode.uses_vnet_hdr(), self.udp_tunnel) {
+            (true, false) => builder.vnet_hdr(VNET_HDR).offloads(Offloads::ALL),
+            (true, true) => builder.vnet_hdr(self.vnet_hdr_len()).offloads(Offloads::ALL | Offloads::UDP_TUNNEL),
+            (false, _) => builder,
         }
     }
 
@@ -206,6 +226,9 @@ impl ForwarderBuilder {
         }
         if self.threads > 1 && queues > 1 {
             return bad("several threads per queue and several queues don't fit together: use one worker per queue (queues N) or N workers on one queue (threads N)");
+        }
+        if self.udp_tunnel && self.mode != ForwardMode::Passthrough {
+            return bad("udp_tunnel goes with passthrough mode: only passthrough forwards tunnel super-packets whole");
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
@@ -276,7 +299,7 @@ impl ForwarderBuilder {
         let mut notes = Vec::new();
         let io = self.resolve(a.len(), &mut notes)?;
         for q in a.iter().chain(&b) {
-            check_framing(self.mode, q)?;
+            check_framing(self.mode, self.vnet_hdr_len(), q)?;
             q.set_nonblocking(io.nonblocking())?;
         }
         if io != IoKind::Tokio {
@@ -314,7 +337,7 @@ fn steer_flows(dev: &Device) -> Result<()> {
 
 /// The queues of a forwarder must carry what its mode expects: a virtio header for offload and passthrough
 /// (else super-packets cannot be told apart), none for plain (else the header would be forwarded as data).
-fn check_framing(mode: ForwardMode, q: &Queue) -> Result<()> {
+fn check_framing(mode: ForwardMode, want: usize, q: &Queue) -> Result<()> {
     match (mode, q.vnet_hdr_len()) {
         (ForwardMode::Plain, 0) => Ok(()),
         (ForwardMode::Plain, n) => Err(Error::InvalidConfig(format!(
@@ -322,12 +345,12 @@ fn check_framing(mode: ForwardMode, q: &Queue) -> Result<()> {
             q.name()
         ))),
         (_, 0) => Err(Error::InvalidConfig(format!(
-            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({VNET_HDR}))",
+            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({want}))",
             q.name(),
             mode.as_str()
         ))),
-        (_, n) if n != VNET_HDR => Err(Error::InvalidConfig(format!(
-            "{} has a {n}-byte virtio header: the forwarder uses {VNET_HDR}-byte headers",
+        (_, n) if n != want => Err(Error::InvalidConfig(format!(
+            "{} has a {n}-byte virtio header: this forwarder uses {want}-byte headers",
             q.name()
         ))),
         _ => Ok(()),

@@ -58,7 +58,14 @@ pub mod tun_f {
     pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
     pub const USO4: u32 = libc::TUN_F_USO4;
     pub const USO6: u32 = libc::TUN_F_USO6;
+    /// Linux 6.17+: TCP/UDP super-packets inside a UDP tunnel (VXLAN, Geneve); `include/uapi/linux/if_tun.h`.
+    pub const UDP_TUNNEL_GSO: u32 = 0x080;
+    /// Linux 6.17+: such super-packets whose outer UDP checksum is left to the reader (with `UDP_TUNNEL_GSO`).
+    pub const UDP_TUNNEL_GSO_CSUM: u32 = 0x100;
 }
+
+/// `TUN_FLT_ALLMULTI`: the TX filter passes every multicast destination.
+pub const TUN_FLT_ALLMULTI: u16 = 0x0001;
 
 /// `struct ifreq` restricted to the members the tun driver reads: a name and the flags short.
 #[repr(C)]
@@ -220,6 +227,32 @@ pub fn tun_get_sndbuf(fd: BorrowedFd<'_>) -> io::Result<i32> {
 
 pub fn tun_set_carrier(fd: BorrowedFd<'_>, carrier: bool) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETCARRIER, carrier as libc::c_int)
+}
+
+/// `TUNSETTXFILTER`: a TAP device's filter on destination MAC addresses, applied before a frame is queued for
+/// the reader. `addrs` empty turns the filter off. Returns how many addresses the kernel matches exactly (the
+/// first 8; further multicast addresses are hashed).
+pub fn tun_set_tx_filter(fd: BorrowedFd<'_>, flags: u16, addrs: &[[u8; 6]]) -> io::Result<usize> {
+    // `struct tun_filter { __u16 flags; __u16 count; __u8 addr[][ETH_ALEN]; }`, laid out by hand: 4 bytes of
+    // header, then the addresses back to back.
+    let count = u16::try_from(addrs.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "more than 65535 TX filter addresses"))?;
+    let mut buf = Vec::with_capacity(4 + 6 * addrs.len());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&count.to_ne_bytes());
+    for addr in addrs {
+        buf.extend_from_slice(addr);
+    }
+    // SAFETY: TUNSETTXFILTER reads the 4-byte header and then `count` 6-byte addresses from the pointer; `buf`
+    // holds exactly that and lives until the call returns.
+    let n = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETTXFILTER, buf.as_ptr()) })?;
+    Ok(n as usize)
+}
+
+/// `TUNSETFILTEREBPF`: install (fd >= 0) or remove (-1) a socket-filter eBPF program run on every frame before it
+/// is queued for the reader; it returns how many bytes to keep, 0 drops the frame.
+pub fn tun_set_filter_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, libc::TUNSETFILTEREBPF, prog)
 }
 
 /// `TUNSETSTEERINGEBPF`: install (fd >= 0) or remove (-1) a queue-steering eBPF program.
