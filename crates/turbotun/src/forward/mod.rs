@@ -130,6 +130,11 @@ impl ForwarderBuilder {
     /// Frames in flight per direction with io_uring by default: in `turbotun bench` (plain, TCP) 64 used the
     /// least forwarder CPU per Gbps; 1 and 4 were slower than blocking reads, 256 lost to retransmits.
     pub const DEFAULT_DEPTH: usize = 64;
+    /// The default in passthrough mode, where every buffer the kernel fills holds a super-packet of up to 64 KiB:
+    /// the multishot read takes the buffers in ring order, so all of them become resident. 16 kept TCP and
+    /// 64-byte UDP at least as fast as 64 in `turbotun bench` and the forwarder's peak RSS at 7.0 MB instead of
+    /// 10.3 (BENCHMARKS.md section 9).
+    pub const DEFAULT_PASSTHROUGH_DEPTH: usize = 16;
 
     /// A forwarder in `mode` with the defaults: the fastest I/O the mode and kernel allow, one worker per queue
     /// and direction, batches of [`MAX_BATCH`], wait for room when a queue is full.
@@ -139,7 +144,10 @@ impl ForwarderBuilder {
             io: None,
             threads: 1,
             batch: MAX_BATCH,
-            depth: Self::DEFAULT_DEPTH,
+            depth: match mode {
+                ForwardMode::Passthrough => Self::DEFAULT_PASSTHROUGH_DEPTH,
+                _ => Self::DEFAULT_DEPTH,
+            },
             when_full: WhenFull::Wait,
             udp_tunnel: false,
         }
@@ -166,6 +174,7 @@ impl ForwarderBuilder {
 
     /// io_uring buffers per direction, a power of two up to [`MAX_DEPTH`], for plain and passthrough: frames
     /// read and not yet written at most (each buffer holds a 64 KiB frame; only touched pages become resident).
+    /// Default: [`Self::DEFAULT_DEPTH`], in passthrough [`Self::DEFAULT_PASSTHROUGH_DEPTH`].
     /// Offload through io_uring keeps one scattered read in flight and a batch's worth of slots instead.
     pub fn depth(mut self, depth: usize) -> Self {
         self.depth = depth;
@@ -456,5 +465,19 @@ impl Forwarder {
             return tasks::run(self);
         }
         run::run(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Passthrough fills every io_uring buffer with a super-packet, so it defaults to fewer of them; an explicit
+    /// depth wins in every mode.
+    #[test]
+    fn test_default_depth_by_mode() {
+        assert_eq!(ForwarderBuilder::new(ForwardMode::Passthrough).depth, ForwarderBuilder::DEFAULT_PASSTHROUGH_DEPTH);
+        assert_eq!(ForwarderBuilder::new(ForwardMode::Plain).depth, ForwarderBuilder::DEFAULT_DEPTH);
+        assert_eq!(ForwarderBuilder::new(ForwardMode::Passthrough).depth(128).depth, 128);
     }
 }
