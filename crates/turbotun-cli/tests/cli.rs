@@ -197,11 +197,7 @@ fn create_and_set_layer2_controls() {
     in_netns("create_and_set_layer2_controls", || {
         use std::net::UdpSocket;
         use turbotun::netlink::Netlink;
-        let ip = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().unwrap();
-            assert!(out.status.success(), "ip {args:?}: {}", text(&out));
-        };
-        ip(&["link", "add", "ttbr0", "type", "bridge"]);
+        Netlink::new().unwrap().create_bridge("ttbr0").unwrap();
         let out = turbotun(&[
             "create",
             "ttl2",
@@ -235,8 +231,8 @@ fn create_and_set_layer2_controls() {
         nl.add_address("ttl2", "10.70.0.1".parse().unwrap(), 24).unwrap();
         nl.set_up("ttl2", true).unwrap();
         assert_eq!(info("ttl2")["carrier"], true, "a queue is attached");
-        ip(&["neigh", "add", "10.70.0.2", "lladdr", "52:54:00:12:34:56", "dev", "ttl2"]);
-        ip(&["neigh", "add", "10.70.0.3", "lladdr", "52:54:00:99:99:99", "dev", "ttl2"]);
+        nl.add_neighbour("ttl2", "10.70.0.2".parse().unwrap(), [0x52, 0x54, 0, 0x12, 0x34, 0x56]).unwrap();
+        nl.add_neighbour("ttl2", "10.70.0.3".parse().unwrap(), [0x52, 0x54, 0, 0x99, 0x99, 0x99]).unwrap();
         let sock = UdpSocket::bind("10.70.0.1:0").unwrap();
         let q = &tap.queues()[0];
         let read_ports = || {

@@ -4,7 +4,6 @@
 mod common;
 
 use std::net::{Ipv4Addr, UdpSocket};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,10 +23,9 @@ fn mac(m: &[u8; 6]) -> String {
     turbotun::netlink::mac_to_string(m)
 }
 
-/// Runs `ip ARGS` in the calling thread's network namespace (a child inherits it) and insists that it worked.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+/// A permanent neighbour entry in the calling thread's network namespace: `addr` on `dev` is `mac`.
+fn neighbour(dev: &str, addr: &str, mac: [u8; 6]) {
+    Netlink::new().unwrap().add_neighbour(dev, addr.parse().unwrap(), mac).unwrap();
 }
 
 fn no_ipv6_noise(dev: &str) {
@@ -76,9 +74,9 @@ fn tx_filter_drops_frames_for_other_macs() {
         let dev = DeviceBuilder::tap().name(&name).open().unwrap();
         no_ipv6_noise(&name);
         configure_v4(&name, Ipv4Addr::new(10, 50, 0, 1), 24);
-        ip(&["neigh", "add", "10.50.0.2", "lladdr", &mac(&VM_MAC), "dev", &name]);
-        ip(&["neigh", "add", "10.50.0.3", "lladdr", &mac(&OTHER_MAC), "dev", &name]);
-        ip(&["route", "add", "239.0.0.0/8", "dev", &name]);
+        neighbour(&name, "10.50.0.2", VM_MAC);
+        neighbour(&name, "10.50.0.3", OTHER_MAC);
+        Netlink::new().unwrap().add_route("239.0.0.0".parse().unwrap(), 8, &name).unwrap();
         let q = &dev.queues()[0];
         let sock = UdpSocket::bind("10.50.0.1:0").unwrap();
         let send_all = || {
@@ -125,8 +123,8 @@ fn ebpf_filter_runs_before_the_queue() {
         nl.add_address(&name, "10.51.0.1".parse().unwrap(), 24).unwrap();
         nl.add_address(&name, "fd51::1".parse().unwrap(), 64).unwrap();
         nl.set_up(&name, true).unwrap();
-        ip(&["neigh", "add", "10.51.0.2", "lladdr", &mac(&VM_MAC), "dev", &name]);
-        ip(&["-6", "neigh", "add", "fd51::2", "lladdr", &mac(&VM_MAC), "dev", &name]);
+        neighbour(&name, "10.51.0.2", VM_MAC);
+        neighbour(&name, "fd51::2", VM_MAC);
         let v4 = UdpSocket::bind("10.51.0.1:0").unwrap();
         let v6 = UdpSocket::bind("[fd51::1]:0").unwrap();
         let q = &dev.queues()[0];
@@ -233,7 +231,7 @@ fn bridge_carries_traffic_between_tap_and_veth() {
         let sock = turbotun::netns::with_netns(&ns_path(&b), || {
             no_ipv6_noise(&peer);
             configure_v4(&peer, Ipv4Addr::new(10, 60, 0, 1), 24);
-            ip(&["neigh", "add", "10.60.0.9", "lladdr", &mac(&OTHER_MAC), "dev", &peer]);
+            neighbour(&peer, "10.60.0.9", OTHER_MAC);
             let sock = UdpSocket::bind("10.60.0.1:0").unwrap();
             sock.connect("10.60.0.2:7").unwrap();
             sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();

@@ -9,11 +9,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::UdpSocket;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use turbotun::netlink::{Netlink, Vxlan};
 use turbotun::wire::tunnel::{coalesce_tunnel, TunnelKind, TunnelSplitter};
 use turbotun::wire::virtio_net::{TunnelOffsets, VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN as HDR};
 use turbotun::wire::{Framing, VirtioNetHdr, VirtioNetHdrRepr};
@@ -22,11 +22,6 @@ use turbotun::{DeviceBuilder, Offloads, Queue};
 const MAC_A: &str = "02:00:00:00:0a:01";
 const MAC_B: &str = "02:00:00:00:0b:01";
 const VX_MAC_B: &str = "02:00:00:00:0b:42";
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Carry {
@@ -132,38 +127,39 @@ fn build(outer_v6: bool) -> Path {
     for dev in [&tap_a, &tap_b] {
         assert!(dev.offloads().contains(Offloads::UDP_TUNNEL), "granted {} (needs Linux 6.17+)", dev.offloads());
     }
-    let (fam, a, b_addr, len) =
-        if outer_v6 { ("-6", "fd80::1", "fd80::2", "64") } else { ("-4", "10.80.0.1", "10.80.0.2", "24") };
+    let (a, b_addr, len) = if outer_v6 { ("fd80::1", "fd80::2", 64) } else { ("10.80.0.1", "10.80.0.2", 24) };
     let side =
-        |dev: &str, mac: &str, me: &str, peer: &str, peer_mac: &str, vx: &str, vx_addr: &str, vx_mac: Option<&str>| {
+        |dev: &str, dev_mac: &str, me: &str, peer: &str, peer_mac: &str, vx: &str, vx_addr: &str, vx_mac: &str| {
+            let ip = |text: &str| -> std::net::IpAddr { text.parse().unwrap() };
+            let mac = |text: &str| turbotun::filter::parse_mac(text).unwrap();
             std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/accept_dad"), "0").unwrap();
-            ip(&["link", "set", dev, "address", mac]);
-            ip(&[fam, "addr", "add", &format!("{me}/{len}"), "dev", dev]);
-            ip(&["link", "set", dev, "up"]);
-            ip(&[fam, "neigh", "add", peer, "lladdr", peer_mac, "dev", dev]);
-            let mut add =
-                vec!["link", "add", vx, "type", "vxlan", "id", "42", "remote", peer, "local", me, "dstport", "4789"];
-            add.extend(["dev", dev, "udpcsum"]);
-            if outer_v6 {
-                add.extend(["udp6zerocsumrx"]);
-            }
-            ip(&add);
-            if let Some(m) = vx_mac {
-                ip(&["link", "set", vx, "address", m]);
-            }
+            let mut nl = Netlink::new().unwrap();
+            nl.set_mac(dev, mac(dev_mac)).unwrap();
+            nl.add_address(dev, ip(me), len).unwrap();
+            nl.set_up(dev, true).unwrap();
+            nl.add_neighbour(dev, ip(peer), mac(peer_mac)).unwrap();
+            let mut vxlan = Vxlan::new(vx, 42, ip(me), ip(peer));
+            vxlan.dev = Some(dev.to_string());
+            vxlan.zero_csum6_rx = outer_v6;
+            nl.create_vxlan(&vxlan).unwrap();
+            nl.set_mac(vx, mac(vx_mac)).unwrap();
             std::fs::write(format!("/proc/sys/net/ipv6/conf/{vx}/disable_ipv6"), "1").unwrap();
-            ip(&["addr", "add", vx_addr, "dev", vx]);
-            ip(&["link", "set", vx, "up"]);
+            let (vx_ip, vx_len) = vx_addr.split_once('/').unwrap();
+            nl.add_address(vx, ip(vx_ip), vx_len.parse().unwrap()).unwrap();
+            nl.set_up(vx, true).unwrap();
         };
-    side("ttvxa", MAC_A, a, b_addr, MAC_B, "vxa", "192.168.80.1/24", None);
-    ip(&["neigh", "add", "192.168.80.2", "lladdr", VX_MAC_B, "dev", "vxa"]);
+    const VX_MAC_A: &str = "02:00:00:00:0a:42";
+    side("ttvxa", MAC_A, a, b_addr, MAC_B, "vxa", "192.168.80.1/24", VX_MAC_A);
+    let vx_neighbour = |dev: &str, addr: &str, mac: &str| {
+        let mac = turbotun::filter::parse_mac(mac).unwrap();
+        Netlink::new().unwrap().add_neighbour(dev, addr.parse().unwrap(), mac).unwrap();
+    };
+    vx_neighbour("vxa", "192.168.80.2", VX_MAC_B);
     turbotun::netns::with_netns(&ns_path(&b), || {
-        side("ttvxb", MAC_B, b_addr, a, MAC_A, "vxb", "192.168.80.2/24", Some(VX_MAC_B));
-        let vxa_mac = turbotun::netlink::mac_to_string(&[2, 0, 0, 0, 0x0a, 0x42]);
-        ip(&["neigh", "add", "192.168.80.1", "lladdr", &vxa_mac, "dev", "vxb"]);
+        side("ttvxb", MAC_B, b_addr, a, MAC_A, "vxb", "192.168.80.2/24", VX_MAC_B);
+        vx_neighbour("vxb", "192.168.80.1", VX_MAC_A);
     })
     .unwrap();
-    ip(&["link", "set", "vxa", "address", "02:00:00:00:0a:42"]);
     Path { b, tap_a, tap_b }
 }
 
@@ -306,11 +302,30 @@ fn engine_passthrough_keeps_tunnel_super_packets_whole() {
             // The devices go with the forwarder; the next round builds them again.
             drop(b);
             for dev in ["vxa", "ttvxa"] {
-                let _ = Command::new("ip").args(["link", "del", dev]).output();
+                let _ = Netlink::new().and_then(|mut nl| nl.delete_link(dev));
             }
         }
         // Offload mode splits with 10-byte headers only: asking for tunnel offloads there is refused.
         let err = ForwarderBuilder::new(ForwardMode::Offload).udp_tunnel(true).validate(1).unwrap_err();
         assert!(err.to_string().contains("passthrough"), "{err}");
+    });
+}
+
+/// `create_vxlan` refuses local and remote addresses of different IP versions before asking the kernel, and a
+/// VXLAN it creates is there with its kind; `add_neighbour` refuses a device that does not exist, naming it.
+#[test]
+fn vxlan_and_neighbour_through_rtnetlink() {
+    in_netns("vxlan_and_neighbour_through_rtnetlink", || {
+        let mut nl = Netlink::new().unwrap();
+        let mixed = Vxlan::new("ttvxm", 7, "10.1.0.1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let err = nl.create_vxlan(&mixed).unwrap_err().to_string();
+        assert!(err.contains("different IP versions"), "{err}");
+        let vxlan = Vxlan::new("ttvxok", 7, "10.1.0.1".parse().unwrap(), "10.1.0.2".parse().unwrap());
+        nl.create_vxlan(&vxlan).unwrap();
+        assert_eq!(nl.link("ttvxok").unwrap().kind.as_deref(), Some("vxlan"));
+        nl.add_neighbour("ttvxok", "10.9.9.9".parse().unwrap(), [2, 0, 0, 0, 0, 9]).unwrap();
+        let err = nl.add_neighbour("ttnone", "10.9.9.9".parse().unwrap(), [2, 0, 0, 0, 0, 9]).unwrap_err();
+        assert!(err.to_string().contains("ttnone"), "{err}");
+        nl.delete_link("ttvxok").unwrap();
     });
 }
