@@ -346,24 +346,31 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
     };
     super::write_json(args.json.as_deref(), &report)?;
     if let Some(p) = &args.chart {
-        let summary: Vec<Summary> = report
-            .rows
-            .iter()
-            .map(|r| Summary {
-                mode: r.echo.clone(),
-                family: "echo".into(),
-                traffic: r.traffic.clone(),
-                rx_kpps: r.replies_kpps,
-                ..Default::default()
-            })
-            .collect();
-        let title =
-            format!("turbotun bench --echo — answers received, {} s × {reps} rep(s), {}", ctx.duration, report.kernel);
-        super::chart::write_chart(p, &summary, &traffic, &title)?;
+        write_echo_chart(p, &report, &traffic)?;
         eprintln!("turbotun bench: wrote {}", p.display());
     }
     super::print_markdown(&markdown(&report));
     Ok(failures)
+}
+
+/// The grouped bar chart of answers received per echo and traffic kind.
+fn write_echo_chart(path: &std::path::Path, report: &EchoReport, traffic: &[Traffic]) -> Result<()> {
+    let summary: Vec<Summary> = report
+        .rows
+        .iter()
+        .map(|r| Summary {
+            mode: r.echo.clone(),
+            family: "echo".into(),
+            traffic: r.traffic.clone(),
+            rx_kpps: r.replies_kpps,
+            ..Default::default()
+        })
+        .collect();
+    let title = format!(
+        "turbotun bench --echo — answers received, {} s × {} rep(s), {}",
+        report.duration_s, report.reps, report.kernel
+    );
+    super::chart::write_chart(path, &summary, traffic, &title)
 }
 
 fn cell(s: Option<Spread>) -> String {

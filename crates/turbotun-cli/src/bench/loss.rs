@@ -240,21 +240,9 @@ pub struct LossReport {
 /// Runs the table and the searches, writes the JSON and chart if asked for and the Markdown on stdout; returns
 /// how many trials failed.
 pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
-    let steps: Vec<u64> = args
-        .rates
-        .clone()
-        .unwrap_or_else(|| if args.quick { QUICK_STEPS_KPPS } else { STEPS_KPPS }.to_vec())
-        .into_iter()
-        .map(|k| k * 1000)
-        .collect();
-    anyhow::ensure!(steps.iter().all(|&r| r > 0) && !steps.is_empty(), "--rates: give rates above 0 kpps");
+    let (steps, txqueuelens) = steps_and_queue_lengths(args)?;
     let max_rate = steps.iter().copied().max().unwrap_or(0);
     let max_trials = if args.quick { QUICK_SEARCH_TRIALS } else { SEARCH_TRIALS };
-    let txqueuelens: Vec<Option<u32>> = match &args.txqueuelen {
-        Some(v) => v.iter().map(|&n| Some(n)).collect(),
-        None => vec![None],
-    };
-    anyhow::ensure!(txqueuelens.iter().flatten().all(|&n| n > 0), "--txqueuelen: give lengths above 0");
     let started_unix = super::now_unix();
     let per_txq = (steps.len() + max_trials) * modes.len();
     eprintln!(
@@ -278,31 +266,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<U
                 }
             }
             for m in modes {
-                let known: Vec<(u64, bool)> = t
-                    .rows
-                    .iter()
-                    .filter(|r| r.mode == m.label && r.txqueuelen == txq)
-                    .map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT)))
-                    .collect();
-                let search = search_no_drop(max_rate, &known, max_trials, RESOLUTION_PPS, |rate| {
-                    Ok::<_, anyhow::Error>(t.trial(m, rate, "search")?.passes(LOSS_THRESHOLD_PERCENT))
-                })?;
-                // The bar counted the whole budget; give back what the search did not use.
-                pb.inc((max_trials - search.trials.min(max_trials)) as u64);
-                let gen_pps_at_no_drop = search.no_drop_pps.and_then(|rate| {
-                    t.rows
-                        .iter()
-                        .rev()
-                        .find(|r| r.mode == m.label && r.txqueuelen == txq && r.offered_pps == rate)
-                        .and_then(|r| r.gen_pps)
-                });
-                no_drop.push(NoDrop {
-                    mode: m.label.clone(),
-                    family: m.family.into(),
-                    txqueuelen: txq,
-                    search,
-                    gen_pps_at_no_drop,
-                });
+                no_drop.push(t.no_drop(m, txq, max_rate, max_trials)?);
             }
         }
         Ok(())
@@ -340,6 +304,25 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<U
     Ok(failures)
 }
 
+/// The offered rates of the table (pps) and the queue lengths to run it at (`None`: the kernel's), from the
+/// options.
+fn steps_and_queue_lengths(args: &BenchArgs) -> Result<(Vec<u64>, Vec<Option<u32>>)> {
+    let steps: Vec<u64> = args
+        .rates
+        .clone()
+        .unwrap_or_else(|| if args.quick { QUICK_STEPS_KPPS } else { STEPS_KPPS }.to_vec())
+        .into_iter()
+        .map(|k| k * 1000)
+        .collect();
+    anyhow::ensure!(steps.iter().all(|&r| r > 0) && !steps.is_empty(), "--rates: give rates above 0 kpps");
+    let txqueuelens: Vec<Option<u32>> = match &args.txqueuelen {
+        Some(v) => v.iter().map(|&n| Some(n)).collect(),
+        None => vec![None],
+    };
+    anyhow::ensure!(txqueuelens.iter().flatten().all(|&n| n > 0), "--txqueuelen: give lengths above 0");
+    Ok((steps, txqueuelens))
+}
+
 /// The trials run so far and what they need.
 struct Trials<'a> {
     ctx: &'a mut Ctx,
@@ -352,6 +335,30 @@ struct Trials<'a> {
 }
 
 impl Trials<'_> {
+    /// `m`'s no-drop rate at queue length `txq`: a binary search between the table's rates (what they already
+    /// showed counts), at most `max_trials` more trials.
+    fn no_drop(&mut self, m: &Mode, txq: Option<u32>, max_rate: u64, max_trials: usize) -> Result<NoDrop> {
+        let known: Vec<(u64, bool)> = self
+            .rows
+            .iter()
+            .filter(|r| r.mode == m.label && r.txqueuelen == txq)
+            .map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT)))
+            .collect();
+        let search = search_no_drop(max_rate, &known, max_trials, RESOLUTION_PPS, |rate| {
+            Ok::<_, anyhow::Error>(self.trial(m, rate, "search")?.passes(LOSS_THRESHOLD_PERCENT))
+        })?;
+        // The bar counted the whole budget; give back what the search did not use.
+        self.pb.inc((max_trials - search.trials.min(max_trials)) as u64);
+        let gen_pps_at_no_drop = search.no_drop_pps.and_then(|rate| {
+            self.rows
+                .iter()
+                .rev()
+                .find(|r| r.mode == m.label && r.txqueuelen == txq && r.offered_pps == rate)
+                .and_then(|r| r.gen_pps)
+        });
+        Ok(NoDrop { mode: m.label.clone(), family: m.family.into(), txqueuelen: txq, search, gen_pps_at_no_drop })
+    }
+
     /// One trial of `m` at `rate` (a failed one is a row with its error); an error only when interrupted.
     fn trial(&mut self, m: &Mode, rate: u64, phase: &str) -> Result<&LossRow> {
         let txq = self.ctx.txqueuelen;
