@@ -27,6 +27,15 @@ pub enum FwdMode {
     Passthrough,
 }
 
+/// `--checksums`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FwdChecksums {
+    /// Every split segment gets a complete L4 checksum.
+    Complete,
+    /// Split segments keep partial checksums; the kernel completes what is written.
+    Partial,
+}
+
 /// `--io`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FwdIo {
@@ -96,6 +105,12 @@ pub struct FwdArgs {
     /// Packets per batch in offload mode (at most 64).
     #[arg(long, default_value_t = MAX_BATCH)]
     pub batch: usize,
+    /// With --mode offload: `complete` gives every split segment a complete L4 checksum (as a VPN that
+    /// encrypts segments needs; the peers do the same work); `partial` leaves them partial and has the kernel
+    /// complete what is written (NEEDS_CSUM), as its own forwarding does: no payload byte is read. Not with
+    /// --io uring.
+    #[arg(long, value_enum, default_value_t = FwdChecksums::Complete)]
+    pub checksums: FwdChecksums,
     /// Print a sample line every SECS seconds while forwarding: seconds since start, resident memory, open fds,
     /// threads and the counters so far (one JSON object per line, before the final counters line).
     #[arg(long, value_name = "SECS")]
@@ -290,7 +305,11 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
             FwdIo::Tokio => IoKind::Tokio,
         }),
     };
-    let mut builder = ForwarderBuilder::new(mode).threads(args.threads).batch(args.batch).udp_tunnel(args.udp_tunnel);
+    let mut builder = ForwarderBuilder::new(mode)
+        .threads(args.threads)
+        .batch(args.batch)
+        .udp_tunnel(args.udp_tunnel)
+        .partial_checksums(args.checksums == FwdChecksums::Partial);
     if let Some(depth) = args.depth {
         builder = builder.depth(depth);
     }

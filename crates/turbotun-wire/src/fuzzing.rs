@@ -3,7 +3,7 @@
 #![allow(missing_docs)]
 
 use crate::checksum;
-use crate::gro::{Gro, GroConfig};
+use crate::gro::{Checksums, Gro, GroConfig};
 use crate::gso::Splitter;
 use crate::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use crate::{ethernet, ipv4, ipv6, tcp, udp, Framing, IPPROTO_TCP, IPPROTO_UDP};
@@ -555,6 +555,18 @@ pub fn gso_split(data: &[u8]) {
             assert_eq!(&header[..hl], &out[..hl], "segment {i} header");
             assert_eq!(payload, &out[hl..len], "segment {i} payload");
         }
+        // Partial checksums: the same segments once the kernel's completion (from the field) is applied.
+        let partial = s.clone().leave_checksums_partial(true);
+        let mut complete = vec![0u8; 65536 + 256];
+        for i in 0..n {
+            let len = partial.write_segment(i, &mut out).expect("segment fits");
+            s.write_segment(i, &mut complete).expect("segment fits");
+            if partial.checksums_left_partial() {
+                let site = crate::partial::site(&out[..len], framing).expect("a partial segment is markable");
+                checksum::complete_partial(&mut out[..len], site.start, site.offset).expect("in range");
+            }
+            assert!(crate::partial::same_up_to_checksum_zero(&out[..len], &complete[..len], framing), "segment {i}");
+        }
     }
     // Any cut of the packet handed to from_head is an error or a consistent splitter, never a panic.
     if let Some(&cut) = data.get(10) {
@@ -577,7 +589,11 @@ pub fn gro_coalesce(data: &[u8]) {
     let framing = framing_of(cfg);
     let vnet = [10usize, 12, 20, 10][((cfg >> 1) & 3) as usize];
     let config = GroConfig { tcp: cfg & 8 == 0, udp: cfg & 16 == 0, framing, vnet_hdr_len: vnet };
-    let checksums_valid = cfg & 32 != 0;
+    let checksums = match (cfg & 128 != 0, cfg & 32 != 0) {
+        (true, _) => Checksums::Partial,
+        (false, valid) => Checksums::from(valid),
+    };
+    let checksums_valid = checksums.trusted();
     let offset = vnet + 2;
     let mut bufs: Vec<Vec<u8>> = Vec::new();
     let mut lens = Vec::new();
@@ -592,7 +608,7 @@ pub fn gro_coalesce(data: &[u8]) {
     let before: usize = lens.iter().sum();
     let mut gro = Gro::new(config).with_udp_max_segments(if cfg & 64 != 0 { 4 } else { 64 });
     let mut to_write = Vec::new();
-    let stats = gro.coalesce(&mut bufs, &mut lens, offset, checksums_valid, &mut to_write);
+    let stats = gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
     assert!(to_write.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(stats.written + stats.coalesced, stats.packets);
     let mut segments = 0;
@@ -611,13 +627,21 @@ pub fn gro_coalesce(data: &[u8]) {
             }
         } else {
             after += pkt.len();
-            assert!(b[offset - vnet..offset].iter().all(|&x| x == 0));
+            // Unmerged: a zeroed header, or with partial checksums NEEDS_CSUM where the packet's checksum is.
+            match crate::partial::site(pkt, framing) {
+                Some(site) if checksums == Checksums::Partial => {
+                    assert_eq!(hdr, site.virtio_header());
+                    assert!(b[offset - vnet + 10..offset].iter().all(|&x| x == 0));
+                    assert_eq!(pkt[site.start + site.offset..][..2], site.seed.to_be_bytes());
+                }
+                _ => assert!(b[offset - vnet..offset].iter().all(|&x| x == 0)),
+            }
         }
     }
     assert_eq!(segments, stats.packets);
     assert_eq!(before, after);
     // Reuse with the same engine must not panic either.
-    let _ = gro.coalesce(&mut bufs, &mut lens, offset, checksums_valid, &mut to_write);
+    let _ = gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
 }
 
 /// For criterion's `iter_custom`: runs `reset` then `work` on `state` `iters` times and returns the time spent

@@ -11,7 +11,7 @@
 //! and prepends when `seq + len == item.seq`, newest item of the flow first; nothing goes after a segment shorter
 //! than `gso_size`, no segment is larger than `gso_size`, nothing is appended after PSH. UDP merges only onto the
 //! newest item of its flow, up to [`Gro::udp_max_segments`] segments. L4 checksums are verified before a merge
-//! unless the caller vouches for them; invalid packets pass through unmerged.
+//! unless the caller vouches for them ([`Checksums`]); invalid packets pass through unmerged.
 //!
 //! The flow table is a `Vec` kept in the [`Gro`] and cleared (not reallocated) per batch; flows are found by a
 //! linear scan over a 64-bit hash, newest first, which is cheap for the batch sizes used with TUN (≤ 128).
@@ -46,6 +46,50 @@ pub struct GroConfig {
 impl Default for GroConfig {
     fn default() -> Self {
         GroConfig { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: VIRTIO_NET_HDR_LEN }
+    }
+}
+
+/// What the caller of [`Gro::coalesce`] knows of the batch's L4 checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Checksums {
+    /// Nothing: each is verified before its packet merges (one that fails passes through unmerged).
+    #[default]
+    Unverified,
+    /// All are correct (computed by us, or marked `DATA_VALID` by the kernel): merges trust them.
+    Valid,
+    /// Each is correct or partial (the pseudo-header sum, as [`crate::partial`] describes; only markable
+    /// packets are ever partial): merges trust them, and every markable packet written unmerged gets a partial
+    /// checksum and a `NEEDS_CSUM` header so that the kernel completes it.
+    Partial,
+}
+
+impl Checksums {
+    /// Whether merges may trust the checksums without verifying them.
+    pub fn trusted(self) -> bool {
+        self != Checksums::Unverified
+    }
+
+    /// The state of two groups of packets handed over together, if one state describes both (`None`: a partial
+    /// group beside an unverified one, whose partial checksums must be completed first).
+    pub fn join(self, other: Checksums) -> Option<Checksums> {
+        use Checksums::*;
+        match (self, other) {
+            (Partial, Unverified) | (Unverified, Partial) => None,
+            (Unverified, _) | (_, Unverified) => Some(Unverified),
+            (Partial, _) | (_, Partial) => Some(Partial),
+            (Valid, Valid) => Some(Valid),
+        }
+    }
+}
+
+impl From<bool> for Checksums {
+    /// `true`: [`Checksums::Valid`]; `false`: [`Checksums::Unverified`].
+    fn from(valid: bool) -> Self {
+        if valid {
+            Checksums::Valid
+        } else {
+            Checksums::Unverified
+        }
     }
 }
 
@@ -495,18 +539,22 @@ impl Gro {
     /// Coalesces a batch. Packets are `bufs[i][offset .. offset + lens[i]]`; `offset >= vnet_hdr_len` and buffers
     /// should have room to grow to `offset + 65535` (a merge that does not fit a buffer is not made). Merged
     /// packets are appended into the flow head's buffer (`lens` updated). Every packet to write gets its virtio
-    /// header in `bufs[i][offset - vnet_hdr_len .. offset]` (zeroed if unmerged). `to_write` is cleared and then
-    /// filled with the indices to write, in ascending order.
+    /// header in `bufs[i][offset - vnet_hdr_len .. offset]` (zeroed if unmerged, or `NEEDS_CSUM` for a markable
+    /// packet with [`Checksums::Partial`]). `to_write` is cleared and then filled with the indices to write, in
+    /// ascending order.
     ///
-    /// `checksums_valid = true`: the caller vouches for the L4 checksums (segments split by us, or `DATA_VALID`).
+    /// `checksums`: what the caller vouches for (`true` for [`Checksums::Valid`]: segments split by us, or
+    /// `DATA_VALID`; `false` for [`Checksums::Unverified`]).
     pub fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
-        checksums_valid: bool,
+        checksums: impl Into<Checksums>,
         to_write: &mut Vec<usize>,
     ) -> GroStats {
+        let checksums = checksums.into();
+        let checksums_valid = checksums.trusted();
         to_write.clear();
         self.items.clear();
         self.slots.clear();
@@ -564,6 +612,13 @@ impl Gro {
                     }
                     let len = if self.gather { it.vlen } else { lens[i] };
                     Self::finish_item(&it, bufs[i].as_mut(), offset, vlen, len);
+                }
+                _ if checksums == Checksums::Partial => {
+                    let (vh, pkt) = bufs[i].as_mut()[offset - vlen..offset + lens[i]].split_at_mut(vlen);
+                    match crate::partial::make_partial(pkt, self.config.framing) {
+                        Some(h) => h.emit(vh),
+                        None => vh.fill(0),
+                    }
                 }
                 _ => vh.fill(0),
             }

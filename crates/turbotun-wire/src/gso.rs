@@ -57,6 +57,8 @@ pub struct Splitter<'a> {
     ip_base: u32,
     /// Sum of the L4 header with the per-segment fields (seq, offset/flags, UDP length, checksum) zeroed.
     l4_base: u32,
+    /// Segments get a partial L4 checksum (the pseudo-header sum) instead of a complete one.
+    partial: bool,
 }
 
 /// How far [`Splitter::split_into`] got.
@@ -185,6 +187,7 @@ impl<'a> Splitter<'a> {
             tcp_flags: 0,
             ip_base: 0,
             l4_base: 0,
+            partial: false,
         };
         let gso_kind = hdr.gso_type & !gso::ECN;
         let needs_csum = hdr.needs_csum();
@@ -328,6 +331,21 @@ impl<'a> Splitter<'a> {
         self.l4_base = checksum::sum(l4h, 0);
     }
 
+    /// Segments get a partial L4 checksum, as the kernel's own segmentation leaves a `CHECKSUM_PARTIAL`
+    /// packet's segments: the pseudo-header sum in the field, to be completed by whoever writes them with
+    /// `NEEDS_CSUM` (see [`crate::partial`]). No payload byte is read, which is most of a split's work. Takes
+    /// effect only for a GSO packet whose segments are markable (TCP or UDP in IPv4, or in IPv6 without
+    /// extension headers); [`Self::checksums_left_partial`] tells. The IPv4 header checksum is always complete.
+    pub fn leave_checksums_partial(mut self, on: bool) -> Self {
+        self.partial = on && self.is_gso() && (!self.v6 || self.l4 == self.l3 + ipv6::HEADER_LEN);
+        self
+    }
+
+    /// Whether the segments get partial L4 checksums (see [`Self::leave_checksums_partial`]).
+    pub fn checksums_left_partial(&self) -> bool {
+        self.partial
+    }
+
     /// Number of segments (1 for GSO_NONE).
     pub fn segment_count(&self) -> usize {
         self.count
@@ -392,6 +410,7 @@ impl<'a> Splitter<'a> {
         }
         // Pseudo-header (addresses, protocol, length) + constant header part + payload.
         let base = checksum::add(self.l4_base, checksum::add(self.addr_sum, payload_sum) + l4_len as u32);
+        let seed = checksum::fold(checksum::add(self.addr_sum, l4_len as u32));
         let l4 = &mut h[self.l4..];
         if self.kind == Kind::Tcp {
             let seq = self.seq.wrapping_add((index as u32).wrapping_mul(self.gso_size as u32));
@@ -403,13 +422,23 @@ impl<'a> Splitter<'a> {
                 f &= !tcp::flags::CWR;
             }
             let word = u16::from_be_bytes([l4[12], f]) as u32;
-            let c = checksum::finish(checksum::add(base, (seq >> 16) + (seq & 0xffff) + word));
+            let c = if self.partial {
+                seed
+            } else {
+                checksum::finish(checksum::add(base, (seq >> 16) + (seq & 0xffff) + word))
+            };
             l4[4..8].copy_from_slice(&seq.to_be_bytes());
             l4[13] = f;
             l4[16..18].copy_from_slice(&c.to_be_bytes());
         } else {
             let c = checksum::finish(checksum::add(base, l4_len as u32));
-            let c = if c == 0 { 0xffff } else { c };
+            let c = if self.partial {
+                seed
+            } else if c == 0 {
+                0xffff
+            } else {
+                c
+            };
             l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
             l4[6..8].copy_from_slice(&c.to_be_bytes());
         }
@@ -443,7 +472,7 @@ impl<'a> Splitter<'a> {
     /// Writes the patched headers of GSO segment `index` into `out` (at least [`Self::hdr_len`] bytes), with
     /// the L4 checksum over `payload`, which must be that segment's payload (length
     /// [`Self::segment_payload_len`]) wherever the caller keeps it. The zero-copy split: no payload byte is
-    /// copied, each is read once for the checksum.
+    /// copied, each is read once for the checksum (not at all with partial checksums).
     pub fn write_header(&self, index: usize, payload: &[u8], out: &mut [u8]) -> Result<(), GsoError> {
         self.check_index(index)?;
         if !self.is_gso() {
@@ -462,11 +491,13 @@ impl<'a> Splitter<'a> {
             return Err(GsoError::BufferTooSmall { need: hl, have: out.len() });
         };
         crate::small_copy::copy(h, &self.packet[..hl]);
-        self.patch(index, h, payload.len(), checksum::sum(payload, 0));
+        let payload_sum = if self.partial { 0 } else { checksum::sum(payload, 0) };
+        self.patch(index, h, payload.len(), payload_sum);
         Ok(())
     }
 
-    /// Writes segment `index` (headers patched, checksums complete) into `out`, returns its length.
+    /// Writes segment `index` (headers patched, checksums complete unless left partial) into `out`, returns its
+    /// length.
     pub fn write_segment(&self, index: usize, out: &mut [u8]) -> Result<usize, GsoError> {
         self.check_index(index)?;
         self.check_payload_held()?;
@@ -486,7 +517,12 @@ impl<'a> Splitter<'a> {
                 let payload = &self.packet[s..e];
                 let (h, p) = out.split_at_mut(self.hdr_len);
                 crate::small_copy::copy(h, &self.packet[..self.hdr_len]);
-                let payload_sum = checksum::copy_and_sum(p, payload, 0);
+                let payload_sum = if self.partial {
+                    p.copy_from_slice(payload);
+                    0
+                } else {
+                    checksum::copy_and_sum(p, payload, 0)
+                };
                 self.patch(index, h, payload.len(), payload_sum);
             }
         }
@@ -521,7 +557,8 @@ impl<'a> Splitter<'a> {
                 v.header[..hl].copy_from_slice(&self.packet[..hl]);
                 v.header_len = hl;
                 v.payload = &self.packet[s..e];
-                self.patch(index, &mut v.header[..hl], v.payload.len(), checksum::sum(v.payload, 0));
+                let payload_sum = if self.partial { 0 } else { checksum::sum(v.payload, 0) };
+                self.patch(index, &mut v.header[..hl], v.payload.len(), payload_sum);
             }
         }
         Ok(v)

@@ -50,6 +50,7 @@ pub mod icmp;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
+pub mod partial;
 mod small_copy;
 pub mod tcp;
 pub mod tunnel;
@@ -57,7 +58,7 @@ pub mod udp;
 pub mod virtio_net;
 
 pub use error::{GsoError, WireError};
-pub use gro::{Gro, GroConfig, GroStats, Pieces};
+pub use gro::{Checksums, Gro, GroConfig, GroStats, Pieces};
 pub use gso::{SegmentView, SplitProgress, Splitter};
 pub use tunnel::TunnelSplitter;
 pub use virtio_net::{TunnelOffsets, VirtioNetHdr, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};

@@ -3,6 +3,7 @@
 
 use proptest::prelude::*;
 use turbotun_wire::fuzzing::{self, checksums_ok, payload, Spec};
+use turbotun_wire::partial::same_up_to_checksum_zero;
 use turbotun_wire::tcp::flags as tf;
 use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 
@@ -335,5 +336,79 @@ proptest! {
         let i = at.index(d.len());
         d[i] = value;
         fuzzing::tunnel_split(&d);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Partial checksums change nothing but the checksum fields: every segment split with partial checksums,
+    /// once completed, is the segment split with complete ones; coalescing the partial segments (in any order)
+    /// writes the same packets as coalescing the complete ones, merged packets byte for byte (their checksum is
+    /// partial either way) and every other packet marked `NEEDS_CSUM` so that completing it gives the complete
+    /// packet.
+    #[test]
+    fn partial_checksums_equal_complete_ones_once_completed(
+        spec in spec_strategy(),
+        mss in 1u16..1500,
+        len in 1usize..20000,
+        order in proptest::collection::vec(any::<u32>(), 64),
+        gather in any::<bool>(),
+    ) {
+        let mut len = len.min(65535 - spec.hdr_len());
+        if spec.udp {
+            len = len.min(64 * mss as usize);
+        }
+        let (hdr, sup) = spec.build_gso(&payload(len, 5), mss);
+        let complete = Splitter::new(&hdr, &sup, spec.framing).unwrap();
+        let partial = complete.clone().leave_checksums_partial(true);
+        prop_assert!(partial.checksums_left_partial(), "every spec here is markable");
+        let n = complete.segment_count();
+        let (mut cbufs, mut clens) = (vec![vec![0u8; OFF + 65535]; n], vec![0usize; n]);
+        let (mut pbufs, mut plens) = (cbufs.clone(), clens.clone());
+        complete.split_into(0, &mut cbufs, &mut clens, OFF).unwrap();
+        partial.split_into(0, &mut pbufs, &mut plens, OFF).unwrap();
+        for i in 0..n {
+            // Completed from what the field holds (the kernel's way), not recomputed.
+            let mut seg = pbufs[i][OFF..OFF + plens[i]].to_vec();
+            let site = turbotun_wire::partial::site(&seg, spec.framing).unwrap();
+            turbotun_wire::checksum::complete_partial(&mut seg, site.start, site.offset).unwrap();
+            let want = &cbufs[i][OFF..OFF + clens[i]];
+            prop_assert!(same_up_to_checksum_zero(&seg, want, spec.framing), "segment {}: {:?} {:?}", i, seg, want);
+        }
+        // Shuffle both the same way, then coalesce.
+        let mut idx: Vec<usize> = (0..n).collect();
+        idx.sort_by_key(|&i| order[i % order.len()] ^ i as u32);
+        let cpkts: Vec<Vec<u8>> = idx.iter().map(|&i| cbufs[i][OFF..OFF + clens[i]].to_vec()).collect();
+        let ppkts: Vec<Vec<u8>> = idx.iter().map(|&i| pbufs[i][OFF..OFF + plens[i]].to_vec()).collect();
+        let (mut cb, mut cl) = into_bufs(&cpkts);
+        let (mut pb, mut pl) = into_bufs(&ppkts);
+        let (mut ctw, mut ptw) = (Vec::new(), Vec::new());
+        let mut cgro = gro_for(spec.framing).with_gather(gather);
+        let mut pgro = gro_for(spec.framing).with_gather(gather);
+        cgro.coalesce(&mut cb, &mut cl, OFF, turbotun_wire::Checksums::Valid, &mut ctw);
+        pgro.coalesce(&mut pb, &mut pl, OFF, turbotun_wire::Checksums::Partial, &mut ptw);
+        prop_assert_eq!(&ctw, &ptw);
+        let joined = |g: &Gro, bufs: &[Vec<u8>], lens: &[usize], i: usize| {
+            let mut out = Vec::new();
+            for (b, r) in g.pieces(i, lens, OFF) {
+                out.extend_from_slice(&bufs[b][r]);
+            }
+            out
+        };
+        for &i in &ctw {
+            let want = joined(&cgro, &cb, &cl, i);
+            let mut got = joined(&pgro, &pb, &pl, i);
+            let h = VirtioNetHdrRepr::parse(&got[..10]).unwrap();
+            if !h.is_gso() {
+                prop_assert_eq!(VirtioNetHdrRepr::parse(&want[..10]).unwrap(), VirtioNetHdrRepr::default());
+                prop_assert!(h.needs_csum(), "an unmerged segment is handed to the kernel to complete");
+                let (start, at) = (h.csum_start as usize, h.csum_offset as usize);
+                turbotun_wire::checksum::complete_partial(&mut got[10..], start, at).unwrap();
+                got[..10].fill(0);
+            }
+            prop_assert_eq!(&got[..10], &want[..10], "packet {} header", i);
+            prop_assert!(same_up_to_checksum_zero(&got[10..], &want[10..], spec.framing), "packet {}", i);
+        }
     }
 }

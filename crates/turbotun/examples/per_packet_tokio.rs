@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 answers += 1;
             }
         }
-        queue.send_batch(&mut tx, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums_valid)?;
+        queue.send_batch(&mut tx, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
     }
 }
 

@@ -746,7 +746,7 @@ impl Echo {
                         }
                     }
                 }
-                tx.send(q, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums_valid)?;
+                tx.send(q, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
                 if let Some(i) = whole {
                     // Written back with the header it was read with: the kernel cuts it into the same datagrams.
                     let frame = &bufs[i][offset - vlen..offset + lens[i]];

@@ -25,7 +25,7 @@
 //! let mut bufs = vec![vec![0u8; 10 + 65535]; 64];
 //! let mut lens = vec![0usize; 64];
 //! let got = rx.recv(q, &mut bufs, &mut lens, 10)?;
-//! tx.send(q, &mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums_valid)?;
+//! tx.send(q, &mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -73,3 +73,5 @@ pub use sys::effective_capabilities;
 /// `TUNSETIFF` request flags (`IFF_*`), e.g. to read [`Device::kernel_flags`].
 pub use sys::iff;
 pub use turbotun_wire as wire;
+/// What is known of a batch's L4 checksums (see [`batch::Received::checksums`]).
+pub use turbotun_wire::Checksums;

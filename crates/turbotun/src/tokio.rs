@@ -71,9 +71,9 @@ impl AsyncQueue {
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
-        checksums_valid: bool,
+        checksums: impl Into<turbotun_wire::Checksums>,
     ) -> Result<Sent> {
-        tx.send(self.get_ref(), bufs, lens, offset, checksums_valid)
+        tx.send(self.get_ref(), bufs, lens, offset, checksums)
     }
 
     /// Runs `op` when the fd is readable; a would-block result clears the readiness and waits again.

@@ -9,15 +9,15 @@ use turbotun::netns::with_netns;
 use turbotun::Mode;
 
 fn forward_intact(mode: ForwardMode, io: IoKind, dev_mode: Mode) {
-    forward_intact_with(mode, io, dev_mode, None, false);
+    forward_intact_with(ForwarderBuilder::new(mode), io, dev_mode, None, false);
 }
 
-/// The data checks through one forwarder; with `delete`, device B is deleted afterwards while the forwarder
-/// runs, and the run must end with an error naming it.
-fn forward_intact_with(mode: ForwardMode, io: IoKind, dev_mode: Mode, mtu: Option<u32>, delete: bool) {
+/// The data checks through one forwarder configured by `builder` with `io`; with `delete`, device B is deleted
+/// afterwards while the forwarder runs, and the run must end with an error naming it.
+fn forward_intact_with(builder: ForwarderBuilder, io: IoKind, dev_mode: Mode, mtu: Option<u32>, delete: bool) {
     let ns_fwd = new_netns();
     let (dev_a, dev_b) = (common::unique_name("ttea"), common::unique_name("tteb"));
-    let builder = ForwarderBuilder::new(mode).io(io);
+    let (mode, builder) = (builder.mode(), builder.io(io));
     let (a, b) = with_netns(&ns_path(&ns_fwd), || {
         (builder.device(dev_mode).name(&dev_a).open().unwrap(), builder.device(dev_mode).name(&dev_b).open().unwrap())
     })
@@ -31,6 +31,7 @@ fn forward_intact_with(mode: ForwardMode, io: IoKind, dev_mode: Mode, mtu: Optio
     sides.tcp_intact(B6, 1 << 20);
     sides.udp_intact(A4, B4);
     sides.udp_intact(A6, B6);
+    assert_eq!(sides.checksum_errors(), 0, "{mode:?}/{io:?}/{dev_mode}/mtu {mtu:?}: no packet with a bad checksum");
     let final_stats = if delete {
         turbotun::netlink::Netlink::in_netns(&ns_path(&sides.b)).unwrap().delete_link(&dev_b).unwrap();
         let started = std::time::Instant::now();
@@ -69,9 +70,29 @@ fn engine_uring_offload_mtus_and_device_deleted() {
     }
     for dev_mode in [Mode::Tun, Mode::Tap] {
         for mtu in [1280, 9000] {
-            forward_intact_with(ForwardMode::Offload, IoKind::Uring, dev_mode, Some(mtu), false);
+            forward_intact_with(ForwarderBuilder::new(ForwardMode::Offload), IoKind::Uring, dev_mode, Some(mtu), false);
         }
-        forward_intact_with(ForwardMode::Offload, IoKind::Uring, dev_mode, None, true);
+        forward_intact_with(ForwarderBuilder::new(ForwardMode::Offload), IoKind::Uring, dev_mode, None, true);
+    }
+}
+
+/// Offload with the split segments' checksums left partial, for the kernel to complete: on TUN and TAP, with
+/// blocking, poll and tokio I/O, at the default MTU and at 1280 and 9000, TCP and UDP over IPv4 and IPv6 cross
+/// intact (a segment written with a wrong or missing checksum would be dropped by the receiving stack and the
+/// transfer would not complete).
+#[test]
+fn engine_offload_with_partial_checksums() {
+    if common::in_netns("engine_offload_with_partial_checksums", || ()).is_none() {
+        return;
+    }
+    let partial = || ForwarderBuilder::new(ForwardMode::Offload).partial_checksums(true);
+    for dev_mode in [Mode::Tun, Mode::Tap] {
+        for io in [IoKind::Block, IoKind::Poll, IoKind::Tokio] {
+            forward_intact_with(partial(), io, dev_mode, None, false);
+        }
+        for mtu in [1280, 9000] {
+            forward_intact_with(partial(), IoKind::Block, dev_mode, Some(mtu), false);
+        }
     }
 }
 
@@ -104,6 +125,11 @@ fn engine_refuses_what_does_not_fit() {
     assert!(threads_and_queues.unwrap_err().to_string().contains("don't fit together"));
     let batch = ForwarderBuilder::new(ForwardMode::Offload).batch(0).validate(1);
     assert!(batch.unwrap_err().to_string().contains("batch must be between 1 and 64"));
+    let partial_plain = ForwarderBuilder::new(ForwardMode::Plain).partial_checksums(true).validate(1);
+    assert!(partial_plain.unwrap_err().to_string().contains("partial checksums go with offload mode"));
+    let partial_uring =
+        ForwarderBuilder::new(ForwardMode::Offload).partial_checksums(true).io(IoKind::Uring).validate(1);
+    assert!(partial_uring.unwrap_err().to_string().contains("not available with io_uring offload"));
     common::in_netns("engine_refuses_what_does_not_fit", || {
         // A plain forwarder over devices with a virtio header would forward the header as data.
         let offload = ForwarderBuilder::new(ForwardMode::Offload);

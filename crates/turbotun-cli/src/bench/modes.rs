@@ -35,6 +35,8 @@ const fn fwd(label: &'static str, args: &'static [&'static str], needs: &'static
 pub const TURBOTUN_MODES: &[TurbotunMode] = &[
     TurbotunMode { uring_by_default: true, ..fwd("plain", &["--mode", "plain"], &[]) },
     fwd("offload", &["--mode", "offload"], &[Need::VnetHdr]),
+    // Offload with the split segments' checksums left partial for the kernel to complete: no payload byte read.
+    fwd("offload-partial", &["--mode", "offload", "--checksums", "partial"], &[Need::VnetHdr]),
     TurbotunMode { uring_by_default: true, ..fwd("passthrough", &["--mode", "passthrough"], &[Need::VnetHdr]) },
     // Offload through io_uring (slot ring, gathered writes submitted together); `--io uring` falls back to the
     // blocking path, with a note, where io_uring is missing.

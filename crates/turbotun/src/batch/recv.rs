@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 
 use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use turbotun_wire::Framing;
+use turbotun_wire::{Checksums, Framing};
 
 use super::{framing, MAX_SEGMENTS};
 use crate::error::{queue_io_error, Error, Malformed, Result};
@@ -24,13 +24,15 @@ pub struct Received {
     pub packets: usize,
     /// Segments of the last super-packet that did not fit and will be returned by the next call (no read).
     pub pending: usize,
-    /// Whether the L4 checksums of these packets are known to be correct (we completed or computed them, or the
-    /// kernel marked them `DATA_VALID`): a coalescer need not verify them again.
-    pub checksums_valid: bool,
+    /// What is known of these packets' L4 checksums, to hand to [`crate::batch::SendBatch::send`] with them:
+    /// [`Checksums::Valid`] when we completed or computed them or the kernel marked them `DATA_VALID` (a
+    /// coalescer need not verify them again), [`Checksums::Partial`] when segments were left with partial
+    /// checksums ([`RecvBatch::partial_checksums`]), [`Checksums::Unverified`] otherwise.
+    pub checksums: Checksums,
 }
 
 impl Received {
-    const NOTHING: Received = Received { packets: 0, pending: 0, checksums_valid: false };
+    const NOTHING: Received = Received { packets: 0, pending: 0, checksums: Checksums::Unverified };
 }
 
 /// A super-packet read earlier whose remaining segments did not fit the caller's buffers.
@@ -89,6 +91,8 @@ pub struct RecvBatch {
     whole_udp: bool,
     /// Whether the last frame was handed over whole: it ends the batch, like a split super-packet.
     last_whole: bool,
+    /// Leave the L4 checksums of split segments partial (see [`RecvBatch::partial_checksums`]).
+    partial: bool,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -114,7 +118,21 @@ impl RecvBatch {
             predicted: None,
             whole_udp: false,
             last_whole: false,
+            partial: false,
         }
+    }
+
+    /// Leaves the L4 checksums of the segments of a split super-packet partial, as the kernel's own
+    /// segmentation does, instead of summing every payload byte to complete them (most of a split's cost): each
+    /// TCP or UDP segment carries the pseudo-header sum in its checksum field (see `turbotun_wire::partial`),
+    /// [`Received::checksums`] says [`Checksums::Partial`], and [`crate::batch::SendBatch::send`] given that writes
+    /// them with `NEEDS_CSUM` so that the kernel completes them. For a program that forwards segments without
+    /// reading or changing their payload (or that completes the checksum of those it does change, with
+    /// `turbotun_wire::partial::complete`). Packets read whole keep complete checksums; a batch that would
+    /// mix partial checksums with unverified ones has the partial ones completed.
+    pub fn partial_checksums(mut self, on: bool) -> Self {
+        self.partial = on;
+        self
     }
 
     /// Hands UDP super-packets (`GSO_UDP_L4`) over whole instead of splitting them, for an application that
@@ -192,7 +210,7 @@ impl RecvBatch {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<Received> {
-        let mut total = Received { packets: 0, pending: 0, checksums_valid: true };
+        let mut total = Received { packets: 0, pending: 0, checksums: Checksums::Valid };
         let n = bufs.len().min(lens.len());
         let skip_further = self.skip_further > 0;
         self.skip_further = self.skip_further.saturating_sub(1);
@@ -206,8 +224,14 @@ impl RecvBatch {
                     if nowait {
                         self.next_skip = 1;
                     }
+                    total.checksums = self.join_checksums(
+                        (total.checksums, total.packets),
+                        r.checksums,
+                        &mut bufs[..total.packets + r.packets],
+                        &lens[..total.packets + r.packets],
+                        offset,
+                    );
                     total.packets += r.packets;
-                    total.checksums_valid &= r.checksums_valid;
                     total.pending = r.pending;
                     if self.last_whole {
                         break;
@@ -234,6 +258,29 @@ impl RecvBatch {
             }
         }
         Ok(total)
+    }
+
+    /// The checksum state of a batch of `before.1` packets in state `before.0` followed by packets in state
+    /// `added` (the rest of `bufs`): partial checksums beside unverified ones are completed, since one state
+    /// must describe the batch for the coalescer.
+    fn join_checksums<B: AsMut<[u8]>>(
+        &self,
+        (state, n): (Checksums, usize),
+        added: Checksums,
+        bufs: &mut [B],
+        lens: &[usize],
+        offset: usize,
+    ) -> Checksums {
+        if n == 0 {
+            return added;
+        }
+        state.join(added).unwrap_or_else(|| {
+            let partial = if state == Checksums::Partial { 0..n } else { n..bufs.len() };
+            for i in partial {
+                turbotun_wire::partial::complete(&mut bufs[i].as_mut()[offset..offset + lens[i]], self.framing);
+            }
+            Checksums::Unverified
+        })
     }
 
     /// [`Self::recv`]; with `nowait` the read never sleeps, even on a blocking queue (a would-block error).
@@ -418,7 +465,7 @@ impl RecvBatch {
         self.stats.segments += 1;
         self.last_whole = true;
         // Its checksum is the partial one the header describes, to be completed by whoever takes the write.
-        Some(Received { packets: 1, pending: 0, checksums_valid: true })
+        Some(Received { packets: 1, pending: 0, checksums: Checksums::Valid })
     }
 
     /// The frame sits scattered as [`Layout::Scattered`] put it. If it is the predicted super-packet, each
@@ -459,7 +506,8 @@ impl RecvBatch {
         let mut template = [0u8; MAX_HEADER_LEN];
         let template = &mut template[..h.min(MAX_HEADER_LEN)];
         template.copy_from_slice(&bufs[0].as_mut()[offset..offset + template.len()]);
-        let splitter = Splitter::from_head(hdr, template, len, self.framing).ok()?;
+        let splitter =
+            Splitter::from_head(hdr, template, len, self.framing).ok()?.leave_checksums_partial(self.partial);
         if splitter.gso_size() != g || splitter.segment_count() > k {
             return None;
         }
@@ -472,7 +520,11 @@ impl RecvBatch {
         }
         let total = splitter.segment_count();
         self.stats.zero_copy_splits += 1;
-        Some(self.received(hdr, SplitProgress { produced: total, next: total, total }))
+        Some(self.received(
+            hdr,
+            splitter.checksums_left_partial(),
+            SplitProgress { produced: total, next: total, total },
+        ))
     }
 
     /// Moves a scattered frame of `len` bytes (see [`Layout::Scattered`]) into `scratch[..len]`.
@@ -511,7 +563,7 @@ impl RecvBatch {
     ) -> Result<Received> {
         // Validated once here; only segments left for a later call are split from `Pending` again.
         let splitter = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
-            Ok(splitter) => splitter,
+            Ok(splitter) => splitter.leave_checksums_partial(self.partial),
             Err(e) => {
                 let _: Option<()> = self.drop_frame(queue, DropReason::Malformed, Malformed::Gso(e).to_string());
                 return Ok(Received::NOTHING);
@@ -543,15 +595,20 @@ impl RecvBatch {
         if progress.next < limit {
             self.pending = Some(Pending { hdr, len, next: progress.next, total: limit });
         }
-        Ok(self.received(&hdr, progress))
+        let left_partial = splitter.checksums_left_partial();
+        Ok(self.received(&hdr, left_partial, progress))
     }
 
-    /// Accounts for what one split produced.
-    fn received(&mut self, hdr: &VirtioNetHdrRepr, progress: SplitProgress) -> Received {
+    /// Accounts for what one split produced (`left_partial`: the splitter left the checksums partial).
+    fn received(&mut self, hdr: &VirtioNetHdrRepr, left_partial: bool, progress: SplitProgress) -> Received {
         self.stats.segments += progress.produced as u64;
         // We computed every checksum ourselves when the kernel left them partial; otherwise trust DATA_VALID.
-        let valid = hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0;
-        Received { packets: progress.produced, pending: progress.total - progress.next, checksums_valid: valid }
+        let checksums = if left_partial {
+            Checksums::Partial
+        } else {
+            Checksums::from(hdr.flags & (flags::NEEDS_CSUM | flags::DATA_VALID) != 0)
+        };
+        Received { packets: progress.produced, pending: progress.total - progress.next, checksums }
     }
 
     /// Hands over a GSO_NONE packet that already sits where it belongs (in the first buffer), its checksum
@@ -569,7 +626,7 @@ impl RecvBatch {
         }
         lens[0] = packet.len();
         self.stats.segments += 1;
-        Received { packets: 1, pending: 0, checksums_valid: valid }
+        Received { packets: 1, pending: 0, checksums: Checksums::from(valid) }
     }
 
     fn split_pending<B: AsMut<[u8]>>(
@@ -583,7 +640,8 @@ impl RecvBatch {
             return Ok(Received::NOTHING);
         };
         let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
-            .map_err(|e| Error::malformed(queue.name(), Malformed::Gso(e)))?;
+            .map_err(|e| Error::malformed(queue.name(), Malformed::Gso(e)))?
+            .leave_checksums_partial(self.partial);
         let room = bufs.len().min(p.total - p.next);
         let progress =
             splitter.split_into(p.next, &mut bufs[..room], lens, offset).map_err(|e| split_error(queue, e))?;
@@ -593,7 +651,8 @@ impl RecvBatch {
         if p.next >= p.total {
             self.pending = None;
         }
-        Ok(self.received(&hdr, progress))
+        let left_partial = splitter.checksums_left_partial();
+        Ok(self.received(&hdr, left_partial, progress))
     }
 }
 
@@ -700,6 +759,55 @@ mod tests {
         let stats = rx.stats();
         assert_eq!(stats.reads, 4);
         assert_eq!(stats.drops.malformed, 3, "{stats:?}");
+    }
+
+    /// The frame of one plain TCP packet of `payload` bytes: no virtio flags, its checksum complete.
+    fn whole_packet(payload: usize) -> Vec<u8> {
+        let mut frame = super_packet(payload, 1000);
+        VirtioNetHdrRepr::default().emit(&mut frame[..VIRTIO_NET_HDR_LEN]);
+        assert!(turbotun_wire::partial::complete(&mut frame[VIRTIO_NET_HDR_LEN..], Framing::Ip));
+        frame
+    }
+
+    fn checksum_complete(packet: &[u8]) -> bool {
+        let mut completed = packet.to_vec();
+        turbotun_wire::partial::complete(&mut completed, Framing::Ip) && completed == packet
+    }
+
+    #[test]
+    fn test_partial_checksums_are_left_partial_unless_the_batch_has_unverified_packets() {
+        let (queue, feed) = fake_queue();
+        let mut rx = RecvBatch::new(&queue).partial_checksums(true);
+        let (mut bufs, mut lens) = buffers(8, VIRTIO_NET_HDR_LEN + 1500);
+        let off = VIRTIO_NET_HDR_LEN;
+
+        // A super-packet alone: its segments carry the pseudo-header sum, and the batch says so.
+        feed.send(&super_packet(3000, 1000)).unwrap();
+        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        assert_eq!((got.packets, got.checksums), (3, Checksums::Partial));
+        for i in 0..3 {
+            let seg = &bufs[i][off..off + lens[i]];
+            let site = turbotun_wire::partial::site(seg, Framing::Ip).unwrap();
+            assert_eq!(seg[site.start + site.offset..][..2], site.seed.to_be_bytes(), "segment {i}");
+            assert!(!checksum_complete(seg), "segment {i} is partial");
+        }
+
+        // An unverified packet first, then the super-packet: one state must describe the batch, so the
+        // segments' checksums are completed.
+        feed.send(&whole_packet(200)).unwrap();
+        feed.send(&super_packet(3000, 1000)).unwrap();
+        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        assert_eq!((got.packets, got.checksums), (4, Checksums::Unverified));
+        for i in 0..4 {
+            assert!(checksum_complete(&bufs[i][off..off + lens[i]]), "packet {i}");
+        }
+
+        // Without the option every segment is complete.
+        let mut rx = RecvBatch::new(&queue);
+        feed.send(&super_packet(3000, 1000)).unwrap();
+        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        assert_eq!((got.packets, got.checksums), (3, Checksums::Valid));
+        assert!((0..3).all(|i| checksum_complete(&bufs[i][off..off + lens[i]])));
     }
 
     #[test]

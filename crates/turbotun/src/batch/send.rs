@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use turbotun_wire::gro::{Gro, GroConfig};
 use turbotun_wire::gso::Splitter;
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Framing, VIRTIO_NET_HDR_LEN};
+use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Checksums, Framing, VIRTIO_NET_HDR_LEN};
 
 use super::{framing, BATCH_SIZE};
 use crate::error::{Error, Result};
@@ -242,14 +242,20 @@ impl SendBatch {
 
     /// Coalesces `bufs[..n]` and writes the result. On a queue with a virtio header every packet needs
     /// `offset >= vnet_hdr_len` bytes of headroom, where the header is written.
+    ///
+    /// `checksums`: what [`crate::batch::Received::checksums`] said of these packets (`true` and `false` stand for
+    /// [`Checksums::Valid`] and [`Checksums::Unverified`]). With [`Checksums::Partial`] the kernel completes the
+    /// partial checksums (`NEEDS_CSUM`); a queue without a virtio header cannot ask it to, so they are completed
+    /// here before the write.
     pub fn send<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
-        checksums_valid: bool,
+        checksums: impl Into<Checksums>,
     ) -> Result<Sent> {
+        let checksums = checksums.into();
         if offset < self.vnet_hdr_len {
             return Err(Error::InvalidConfig(format!(
                 "offset {offset} leaves no room for the {}-byte virtio header",
@@ -261,7 +267,7 @@ impl SendBatch {
         }
         let n = bufs.len().min(lens.len());
         let before = self.stats;
-        self.coalesce(&mut bufs[..n], &mut lens[..n], offset, checksums_valid);
+        self.coalesce(&mut bufs[..n], &mut lens[..n], offset, checksums);
         let to_write = std::mem::take(&mut self.to_write);
         let gro = self.gro.take();
         let kinds = (self.gro_tcp, self.gro_udp);
@@ -286,25 +292,38 @@ impl SendBatch {
         })
     }
 
-    /// Decides the write units: the coalescer's heads, or every packet (with a zeroed virtio header) without it.
+    /// Decides the write units: the coalescer's heads, or every packet (with a zeroed virtio header, or one
+    /// asking the kernel to complete a partial checksum) without it.
     fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
-        valid: bool,
+        checksums: Checksums,
     ) {
         match self.gro.as_mut() {
             Some(gro) => {
-                let stats = gro.coalesce(bufs, lens, offset, valid, &mut self.to_write);
+                let stats = gro.coalesce(bufs, lens, offset, checksums, &mut self.to_write);
                 self.stats.coalesced += stats.coalesced as u64;
             }
             None => {
                 self.to_write.clear();
                 self.to_write.extend(0..bufs.len());
-                if self.vnet_hdr_len > 0 {
-                    for buf in bufs.iter_mut() {
-                        buf.as_mut()[offset - self.vnet_hdr_len..offset].fill(0);
+                let (vlen, partial) = (self.vnet_hdr_len, checksums == Checksums::Partial);
+                for (buf, &len) in bufs.iter_mut().zip(lens.iter()) {
+                    let Some(frame) = buf.as_mut().get_mut(offset - vlen..offset + len) else {
+                        continue; // Too short for its length: the write reports it.
+                    };
+                    let (vh, packet) = frame.split_at_mut(vlen);
+                    if !partial {
+                        vh.fill(0);
+                    } else if vlen == 0 {
+                        turbotun_wire::partial::complete(packet, self.framing);
+                    } else {
+                        match turbotun_wire::partial::make_partial(packet, self.framing) {
+                            Some(h) => h.emit(vh),
+                            None => vh.fill(0),
+                        }
                     }
                 }
             }

@@ -117,6 +117,7 @@ pub struct ForwarderBuilder {
     depth: usize,
     when_full: WhenFull,
     udp_tunnel: bool,
+    partial_checksums: bool,
 }
 
 /// Virtio header size the engine uses for offload and passthrough.
@@ -150,6 +151,7 @@ impl ForwarderBuilder {
             },
             when_full: WhenFull::Wait,
             udp_tunnel: false,
+            partial_checksums: false,
         }
     }
 
@@ -192,6 +194,16 @@ impl ForwarderBuilder {
     /// then have that header. On an older kernel the devices get the plain offloads (see [`Device::offloads`]).
     pub fn udp_tunnel(mut self, on: bool) -> Self {
         self.udp_tunnel = on;
+        self
+    }
+
+    /// Offload mode (blocking or tokio I/O): leave the checksums of split segments partial and let the kernel
+    /// complete what is written (`NEEDS_CSUM`), as its own forwarding path does, instead of summing every
+    /// payload byte on the way through (see [`crate::batch::RecvBatch::partial_checksums`]). Off by default: the
+    /// segments in the middle then carry complete checksums, as a VPN that encrypts them needs, and the work is
+    /// the same as the peers'.
+    pub fn partial_checksums(mut self, on: bool) -> Self {
+        self.partial_checksums = on;
         self
     }
 
@@ -238,6 +250,12 @@ impl ForwarderBuilder {
         }
         if self.udp_tunnel && self.mode != ForwardMode::Passthrough {
             return bad("udp_tunnel goes with passthrough mode: only passthrough forwards tunnel super-packets whole");
+        }
+        if self.partial_checksums && self.mode != ForwardMode::Offload {
+            return bad("partial checksums go with offload mode: only offload mode splits super-packets");
+        }
+        if self.partial_checksums && self.io == Some(IoKind::Uring) {
+            return bad("partial checksums are not available with io_uring offload: use blocking or tokio I/O");
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));

@@ -91,7 +91,7 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
     let (mut arena, stride) = arena(ctx.batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; ctx.batch];
-    let mut rx = RecvBatch::new(src.get_ref());
+    let mut rx = RecvBatch::new(src.get_ref()).partial_checksums(ctx.partial_checksums);
     let mut tx = SendBatch::new(dst.get_ref()).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     // A task may be dropped at any await point when the forwarder stops: counts are added after every batch.
     let mut flusher = Flusher::new(ctx.shared());
@@ -104,8 +104,7 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
                 return Err(e);
             }
         };
-        let sent =
-            dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid);
+        let sent = dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums);
         flusher.flush(batch_counts(&rx, &tx));
         sent?;
     }

@@ -27,6 +27,7 @@ pub(super) struct WorkerCtx {
     #[cfg_attr(not(feature = "uring"), allow(dead_code))]
     pub depth: usize,
     pub when_full: WhenFull,
+    pub partial_checksums: bool,
     pub stop: StopHandle,
     pub stats: StatsHandle,
     pub a_to_b: bool,
@@ -40,6 +41,7 @@ impl WorkerCtx {
             batch: fwd.config.batch,
             depth: fwd.config.depth,
             when_full: fwd.config.when_full,
+            partial_checksums: fwd.config.partial_checksums,
             stop: fwd.stop.clone(),
             stats: fwd.stats.clone(),
             a_to_b,
@@ -122,7 +124,7 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let (mut arena, stride) = arena(ctx.batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; ctx.batch];
-    let mut rx = RecvBatch::new(src);
+    let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums);
     let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
     let result = (|| {
@@ -132,7 +134,7 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
                 flusher.flush(batch_counts(&rx, &tx));
                 continue;
             }
-            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums_valid)?;
+            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums)?;
             flusher.maybe_flush(batch_counts(&rx, &tx));
         }
         Ok(())

@@ -198,6 +198,35 @@ impl Sides {
         turbotun::netns::with_netns(&ns_path(&self.b), f).unwrap()
     }
 
+    /// Segments and datagrams either namespace's stack dropped for a bad checksum so far (TCP `InCsumErrors`,
+    /// UDP `InCsumErrors`, `Udp6InCsumErrors`): a retransmission would hide them from the data checks.
+    pub fn checksum_errors(&self) -> u64 {
+        fn read() -> u64 {
+            let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
+            let lines: Vec<&str> = snmp.lines().collect();
+            let mut total = 0;
+            for pair in lines.chunks(2) {
+                let [names, values] = pair else { continue };
+                if !(names.starts_with("Tcp:") || names.starts_with("Udp:")) {
+                    continue;
+                }
+                for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+                    if n == "InCsumErrors" {
+                        total += v.parse::<u64>().unwrap();
+                    }
+                }
+            }
+            let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
+            for line in snmp6.lines() {
+                if let Some(v) = line.strip_prefix("Udp6InCsumErrors") {
+                    total += v.trim().parse::<u64>().unwrap();
+                }
+            }
+            total
+        }
+        self.in_a(read) + self.in_b(read)
+    }
+
     /// A TCP stream of `len` bytes from A to B arrives intact (retrying the connect while a TAP path resolves
     /// its neighbours).
     pub fn tcp_intact(&self, dst: &str, len: usize) {
