@@ -6,7 +6,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use turbotun_wire::checksum;
 use turbotun_wire::fuzzing::{load, payload, time_after_reset, Spec};
-use turbotun_wire::{Framing, Gro, GroConfig, Splitter};
+use turbotun_wire::{Checksums, Framing, Gro, GroConfig, Splitter};
 
 const OFF: usize = 12;
 
@@ -73,12 +73,22 @@ fn bench_coalesce(c: &mut Criterion) {
     let pkts = segments();
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; OFF + 65535]; pkts.len()];
     let mut lens = vec![0usize; pkts.len()];
-    let mut gro = Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 });
     let mut tw = Vec::with_capacity(128);
     let mut g = c.benchmark_group("gro_coalesce_44x1448_tcp4");
     g.throughput(Throughput::Elements(pkts.len() as u64));
-    for valid in [false, true] {
-        let name = if valid { "checksums_valid" } else { "verify_checksums" };
+    // Copy mode verifying or trusting the checksums, then gather mode (what SendBatch uses), each trusting them
+    // with the fast path for the next segment of a stream and without it (every packet parsed).
+    let cases = [
+        ("verify_checksums", Checksums::Unverified, false, true),
+        ("checksums_valid", Checksums::Valid, false, true),
+        ("checksums_valid_full_parse", Checksums::Valid, false, false),
+        ("gather", Checksums::Valid, true, true),
+        ("gather_full_parse", Checksums::Valid, true, false),
+        ("gather_partial", Checksums::Partial, true, true),
+    ];
+    for (name, checksums, gather, fast) in cases {
+        let cfg = GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 };
+        let mut gro = Gro::new(cfg).with_gather(gather).with_fast_path(fast);
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let total = time_after_reset(
@@ -86,7 +96,7 @@ fn bench_coalesce(c: &mut Criterion) {
                     &mut (&mut bufs, &mut lens),
                     |(bufs, lens)| load(&pkts, bufs, lens, OFF),
                     |(bufs, lens)| {
-                        black_box(gro.coalesce(bufs, lens, OFF, valid, &mut tw));
+                        black_box(gro.coalesce(bufs, lens, OFF, checksums, &mut tw));
                     },
                 );
                 assert_eq!(tw, vec![0]);

@@ -606,9 +606,18 @@ pub fn gro_coalesce(data: &[u8]) {
         rest = &rest[2 + l..];
     }
     let before: usize = lens.iter().sum();
-    let mut gro = Gro::new(config).with_udp_max_segments(if cfg & 64 != 0 { 4 } else { 64 });
+    let udp_max = if cfg & 64 != 0 { 4 } else { 64 };
+    // The same batch without the fast path for the next segment of a stream: the same output.
+    let (mut slow_bufs, mut slow_lens, mut slow_write) = (bufs.clone(), lens.clone(), Vec::new());
+    let mut slow = Gro::new(config).with_udp_max_segments(udp_max).with_fast_path(false);
+    let slow_stats = slow.coalesce(&mut slow_bufs, &mut slow_lens, offset, checksums, &mut slow_write);
+    let mut gro = Gro::new(config).with_udp_max_segments(udp_max);
     let mut to_write = Vec::new();
     let stats = gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
+    assert_eq!((&to_write, stats), (&slow_write, slow_stats));
+    for &i in &to_write {
+        assert_eq!(bufs[i][..offset + lens[i]], slow_bufs[i][..offset + slow_lens[i]], "packet {i}");
+    }
     assert!(to_write.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(stats.written + stats.coalesced, stats.packets);
     let mut segments = 0;

@@ -226,6 +226,8 @@ pub struct Gro {
     /// Gather mode: members are chained (`next[i]`) instead of copied into the head's buffer.
     gather: bool,
     next: Vec<usize>,
+    /// Try [`Gro::try_fast_append`] before parsing a packet (off only to compare the two paths in tests).
+    fast_path: bool,
 }
 
 /// End of a gather chain.
@@ -479,6 +481,37 @@ enum Attempt {
     BadPacket,
 }
 
+/// Byte masks of the 8-byte words [`Gro::try_fast_append`] compares (0xff: must be equal).
+const FLOW_WORD: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0xff, 0xff];
+const IPV4_WORD0: [u8; 8] = [0xff, 0xff, 0, 0, 0, 0, 0xff, 0xff];
+const IPV4_WORD1: [u8; 8] = [0xff, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff];
+const TCP_WORD0: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+const TCP_WORD1: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0xff, !tcp::flags::PSH, 0xff, 0xff];
+
+/// Whether `a[at..at + 8]` and `b[at..at + 8]` agree where `mask` is set (both hold those bytes).
+#[inline(always)]
+fn same_masked(a: &[u8], b: &[u8], at: usize, mask: [u8; 8]) -> bool {
+    let word = |x: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&x[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    (word(a) ^ word(b)) & u64::from_ne_bytes(mask) == 0
+}
+
+/// The big-endian 16-bit field at `at`, as a length.
+#[inline(always)]
+fn be16(b: &[u8], at: usize) -> usize {
+    usize::from(u16::from_be_bytes([b[at], b[at + 1]]))
+}
+
+/// Whether a 20-byte IPv4 header's checksum verifies (inline: the general sum is for long data).
+#[inline(always)]
+fn ipv4_header_sum_ok(ip: &[u8]) -> bool {
+    let sum: u32 = ip[..20].chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    checksum::fold(sum) == 0xffff
+}
+
 impl Gro {
     /// A GRO engine; allocates nothing until the first batch.
     pub fn new(config: GroConfig) -> Self {
@@ -489,7 +522,16 @@ impl Gro {
             slots: Vec::new(),
             gather: false,
             next: Vec::new(),
+            fast_path: true,
         }
+    }
+
+    /// Turns the fast path for the next segment of a stream off or on (on by default). It changes no output,
+    /// only the work per packet: tests and the fuzz target compare both.
+    #[doc(hidden)]
+    pub fn with_fast_path(mut self, on: bool) -> Self {
+        self.fast_path = on;
+        self
     }
 
     /// Gather mode: merged packets are not copied into the head's buffer; the head's headers are patched for the
@@ -575,6 +617,10 @@ impl Gro {
                 stats.malformed += 1;
                 continue;
             }
+            if self.fast_path && checksums_valid && self.try_fast_append(i, bufs, lens, offset) {
+                stats.coalesced += 1;
+                continue;
+            }
             let pkt = packet(bufs, lens, i, offset);
             if parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand).is_none() {
                 // A packet that cannot merge (an IP fragment, IP options) between two UDP datagrams of the same
@@ -625,6 +671,103 @@ impl Gro {
         }
         stats.written = to_write.len();
         stats
+    }
+
+    /// The fast path for the common case, the next TCP segment of the flow the newest item holds: if packet `i`
+    /// has the head's header bytes except for the fields that change from segment to segment (IP length, IPv4
+    /// ID and header checksum, TCP sequence number, PSH and checksum), continues the item's sequence and obeys the
+    /// same size and ID rules, it is appended without being parsed into a candidate. Those conditions imply
+    /// everything [`parse_candidate_into`] and [`Gro::can_merge`] would check for an append to the newest item,
+    /// which is also the first item [`Gro::insert`] would try, so the outcome is the same; anything else (a
+    /// changed window, another flow, a gap) returns `false` and takes the full path. Trusted checksums only.
+    #[inline]
+    fn try_fast_append<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        i: usize,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> bool {
+        let Some(k) = self.items.len().checked_sub(1) else {
+            return false;
+        };
+        let it = &self.items[k];
+        if it.dead || !it.verified || it.c.key.udp || it.psh || it.last_len != it.gso_size {
+            return false;
+        }
+        let c = &it.c;
+        let (l3, l4, hl, len) = (c.l3, c.l4, c.hdr_len, lens[i]);
+        if len <= hl || len > MAX_PACKET_LEN || len - hl > it.gso_size {
+            return false;
+        }
+        let payload_len = len - hl;
+        let new_len = if self.gather { it.vlen } else { lens[it.buf] } + payload_len;
+        if new_len > MAX_PACKET_LEN || (!self.gather && bufs[it.buf].as_ref().len() < offset + new_len) {
+            return false;
+        }
+        let head = &bufs[it.buf].as_ref()[offset..offset + hl];
+        let pkt = &bufs[i].as_ref()[offset..offset + len];
+        // Slices compared only when not empty: comparing even an empty one calls `memcmp`.
+        if l3 > 0 && pkt[..l3] != head[..l3] {
+            return false;
+        }
+        let (ip, hip) = (&pkt[l3..l4], &head[l3..l4]);
+        let id_mode = if c.key.v6 {
+            // Version, traffic class and flow label; next header, hop limit and addresses; the payload length.
+            if !same_masked(ip, hip, 0, FLOW_WORD) || ip[8..] != hip[8..] || be16(ip, 4) != len - l4 {
+                return false;
+            }
+            it.id_mode
+        } else {
+            // A candidate's IPv4 header is 20 bytes: all but total length, ID and header checksum alike; the
+            // total length right; the header checksum verified, as the full path does.
+            if !same_masked(ip, hip, 0, IPV4_WORD0)
+                || !same_masked(ip, hip, 8, IPV4_WORD1)
+                || ip[16..20] != hip[16..20]
+                || be16(ip, 2) != len - l3
+                || !ipv4_header_sum_ok(ip)
+            {
+                return false;
+            }
+            let ident = be16(ip, 4) as u16;
+            if ident == c.ident.wrapping_add(it.segs as u16) && it.id_mode != IdMode::Fixed {
+                IdMode::Incrementing
+            } else if ident == c.ident && c.df && it.id_mode != IdMode::Incrementing {
+                IdMode::Fixed
+            } else {
+                return false;
+            }
+        };
+        let (t, ht) = (&pkt[l4..hl], &head[l4..hl]);
+        // Ports; ACK number, data offset and reserved bits, flags but PSH (the head's are exactly ACK: a candidate,
+        // and no PSH in the item), window; urgent pointer; options.
+        let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+        if !same_masked(t, ht, 0, TCP_WORD0)
+            || !same_masked(t, ht, 8, TCP_WORD1)
+            || t[18..20] != ht[18..20]
+            || (t.len() > tcp::MIN_HEADER_LEN && t[tcp::MIN_HEADER_LEN..] != ht[tcp::MIN_HEADER_LEN..])
+            || seq != c.seq.wrapping_add(it.payload_total as u32)
+        {
+            return false;
+        }
+        let psh = t[13] & tcp::flags::PSH != 0;
+        let it = &mut self.items[k];
+        if self.gather {
+            self.next[it.last] = i;
+            it.last = i;
+            it.vlen = new_len;
+        } else {
+            let end = offset + lens[it.buf];
+            copy_across(bufs, i, offset + hl..offset + len, it.buf, end);
+            lens[it.buf] += payload_len;
+        }
+        it.last_len = payload_len;
+        it.psh |= psh;
+        it.payload_total += payload_len;
+        it.segs += 1;
+        it.id_mode = id_mode;
+        self.slots[i] = Slot::Merged;
+        true
     }
 
     /// Merges packet `i` (parsed as `c`) into an earlier packet of its flow, or makes it the head of a new item.
