@@ -425,17 +425,23 @@ fn apply_link(netlink: &mut Netlink, name: &str, l2: &L2Args) -> Result<Vec<Stri
     Ok(done)
 }
 
-pub fn create(args: &CreateArgs) -> Result<()> {
-    // Everything that can be refused without the kernel is checked before the device exists.
-    if let Some(text) = &args.l2.tx_filter {
+/// Parses the layer-2 options (TX filter, MAC, eBPF filter) so that a bad one is refused before anything changes.
+fn check_l2(l2: &L2Args) -> Result<()> {
+    if let Some(text) = &l2.tx_filter {
         parse_tx_filter(text)?;
     }
-    if let Some(text) = &args.l2.mac {
+    if let Some(text) = &l2.mac {
         device_mac(text)?;
     }
-    if let Some(spec) = &args.l2.ebpf_filter {
+    if let Some(spec) = &l2.ebpf_filter {
         load_ebpf_filter(spec)?;
     }
+    Ok(())
+}
+
+pub fn create(args: &CreateArgs) -> Result<()> {
+    // Everything that can be refused without the kernel is checked before the device exists.
+    check_l2(&args.l2)?;
     let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
         .name(&args.name)
         .exclusive(true)
@@ -493,15 +499,7 @@ pub fn set(args: &SetArgs) -> Result<()> {
     let mut netlink = Netlink::new()?;
     let report = inspect::inspect(&mut netlink, &args.name)?;
     // Refuse what cannot work before anything is changed.
-    if let Some(text) = &args.l2.tx_filter {
-        parse_tx_filter(text)?;
-    }
-    if let Some(text) = &args.l2.mac {
-        device_mac(text)?;
-    }
-    if let Some(spec) = &args.l2.ebpf_filter {
-        load_ebpf_filter(spec)?;
-    }
+    check_l2(&args.l2)?;
     if args.carrier.is_some() && report.queues == 0 {
         anyhow::bail!(
             "{}: no queue is attached, and the tun driver keeps the carrier off until one is (it turns it on when \

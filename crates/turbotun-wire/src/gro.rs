@@ -751,22 +751,8 @@ impl Gro {
             return false;
         }
         let psh = t[13] & tcp::flags::PSH != 0;
-        let it = &mut self.items[k];
-        if self.gather {
-            self.next[it.last] = i;
-            it.last = i;
-            it.vlen = new_len;
-        } else {
-            let end = offset + lens[it.buf];
-            copy_across(bufs, i, offset + hl..offset + len, it.buf, end);
-            lens[it.buf] += payload_len;
-        }
-        it.last_len = payload_len;
-        it.psh |= psh;
-        it.payload_total += payload_len;
-        it.segs += 1;
-        it.id_mode = id_mode;
-        self.slots[i] = Slot::Merged;
+        self.append(k, i, (hl, payload_len, psh), new_len, bufs, lens, offset);
+        self.count_merge(k, payload_len, id_mode);
         true
     }
 
@@ -851,25 +837,32 @@ impl Gro {
             return Attempt::BadPacket;
         }
         match how {
-            Merge::Append => self.append(k, i, c, new_len, bufs, lens, offset),
+            Merge::Append => self.append(k, i, (c.hdr_len, c.payload_len, c.psh), new_len, bufs, lens, offset),
             Merge::Prepend => self.prepend(k, i, c, new_len, bufs, lens, offset),
         }
-        let it = &mut self.items[k];
-        it.payload_total += c.payload_len;
-        it.segs += 1;
-        it.id_mode = id_mode;
+        self.count_merge(k, c.payload_len, id_mode);
         stats.coalesced += 1;
         Attempt::Merged
     }
 
-    /// Packet `i` follows item `k`: its payload goes after the item's (copied, or chained in gather mode).
+    /// What every merge into item `k` adds: a segment of `payload_len` bytes, the IPv4 ID rule it followed.
+    #[inline]
+    fn count_merge(&mut self, k: usize, payload_len: usize, id_mode: IdMode) {
+        let it = &mut self.items[k];
+        it.payload_total += payload_len;
+        it.segs += 1;
+        it.id_mode = id_mode;
+    }
+
+    /// Packet `i` (header length, payload length, PSH) follows item `k`: its payload goes after the item's
+    /// (copied, or chained in gather mode).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn append<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         k: usize,
         i: usize,
-        c: &Cand,
+        (hdr_len, payload_len, psh): (usize, usize, bool),
         new_len: usize,
         bufs: &mut [B],
         lens: &mut [usize],
@@ -882,11 +875,11 @@ impl Gro {
             it.vlen = new_len;
         } else {
             let end = offset + lens[it.buf];
-            copy_across(bufs, i, offset + c.hdr_len..offset + lens[i], it.buf, end);
-            lens[it.buf] += c.payload_len;
+            copy_across(bufs, i, offset + hdr_len..offset + lens[i], it.buf, end);
+            lens[it.buf] += payload_len;
         }
-        it.last_len = c.payload_len;
-        it.psh |= c.psh;
+        it.last_len = payload_len;
+        it.psh |= psh;
         self.slots[i] = Slot::Merged;
     }
 

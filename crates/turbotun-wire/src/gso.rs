@@ -576,29 +576,52 @@ impl<'a> Splitter<'a> {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<SplitProgress, GsoError> {
-        if first > self.count {
-            return Err(GsoError::IndexOutOfRange { index: first, count: self.count });
-        }
-        let mut produced = 0;
-        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
-            let index = first + produced;
-            if index >= self.count {
-                break;
-            }
-            let buf = buf.as_mut();
-            let res = match buf.get_mut(offset..) {
-                Some(out) => self.write_segment(index, out),
-                None => Err(GsoError::BufferTooSmall { need: offset + self.segment_len(index), have: buf.len() }),
-            };
-            match res {
-                Ok(n) => *len = n,
-                Err(e) if produced == 0 => return Err(e),
-                Err(_) => break,
-            }
-            produced += 1;
-        }
-        Ok(SplitProgress { produced, next: first + produced, total: self.count })
+        split_batch(
+            first,
+            self.count,
+            bufs,
+            lens,
+            offset,
+            |index, out| self.write_segment(index, out),
+            |index| self.segment_len(index),
+        )
     }
+}
+
+/// The batch loop of [`Splitter::split_into`] and [`crate::TunnelSplitter::split_into`]: segments `first ..
+/// total` written by `write` into `bufs[i][offset..]` (lengths into `lens[i]`) as far as the buffers go. A buffer
+/// too small for its segment ends the batch there, or is the error if it is the first.
+pub(crate) fn split_batch<B: AsMut<[u8]>>(
+    first: usize,
+    total: usize,
+    bufs: &mut [B],
+    lens: &mut [usize],
+    offset: usize,
+    write: impl Fn(usize, &mut [u8]) -> Result<usize, GsoError>,
+    segment_len: impl Fn(usize) -> usize,
+) -> Result<SplitProgress, GsoError> {
+    if first > total {
+        return Err(GsoError::IndexOutOfRange { index: first, count: total });
+    }
+    let mut produced = 0;
+    for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
+        let index = first + produced;
+        if index >= total {
+            break;
+        }
+        let buf = buf.as_mut();
+        let res = match buf.get_mut(offset..) {
+            Some(out) => write(index, out),
+            None => Err(GsoError::BufferTooSmall { need: offset + segment_len(index), have: buf.len() }),
+        };
+        match res {
+            Ok(n) => *len = n,
+            Err(e) if produced == 0 => return Err(e),
+            Err(_) => break,
+        }
+        produced += 1;
+    }
+    Ok(SplitProgress { produced, next: first + produced, total })
 }
 
 #[cfg(test)]

@@ -224,29 +224,15 @@ impl<'a> TunnelSplitter<'a> {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<SplitProgress, GsoError> {
-        let total = self.segment_count();
-        if first > total {
-            return Err(GsoError::IndexOutOfRange { index: first, count: total });
-        }
-        let mut produced = 0;
-        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
-            let index = first + produced;
-            if index >= total {
-                break;
-            }
-            let buf = buf.as_mut();
-            let res = match buf.get_mut(offset..) {
-                Some(out) => self.write_segment(index, out),
-                None => Err(GsoError::BufferTooSmall { need: offset + self.segment_len(index), have: buf.len() }),
-            };
-            match res {
-                Ok(n) => *len = n,
-                Err(e) if produced == 0 => return Err(e),
-                Err(_) => break,
-            }
-            produced += 1;
-        }
-        Ok(SplitProgress { produced, next: first + produced, total })
+        crate::gso::split_batch(
+            first,
+            self.segment_count(),
+            bufs,
+            lens,
+            offset,
+            |index, out| self.write_segment(index, out),
+            |index| self.segment_len(index),
+        )
     }
 }
 

@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use turbotun::netlink::{Netlink, Vxlan};
@@ -197,27 +196,10 @@ fn udp_gso_intact(b: &std::os::fd::OwnedFd) {
 
 /// A TCP stream of 4 MB from A to B through the tunnel arrives intact.
 fn tcp_intact(b: &std::os::fd::OwnedFd) {
-    let listener =
-        turbotun::netns::with_netns(&ns_path(b), || std::net::TcpListener::bind("192.168.80.2:5001").unwrap()).unwrap();
-    let data = pattern(4 << 20);
-    let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).unwrap();
-        got
+    let target = "192.168.80.2:5001".parse().unwrap();
+    common::tcp_stream_intact(b, target, pattern(4 << 20), |t| {
+        std::net::TcpStream::connect_timeout(t, Duration::from_millis(500))
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match std::net::TcpStream::connect_timeout(&"192.168.80.2:5001".parse().unwrap(), Duration::from_millis(500)) {
-            Ok(s) => break s,
-            Err(e) => assert!(Instant::now() < deadline, "connect: {e}"),
-        }
-    };
-    stream.write_all(&data).unwrap();
-    drop(stream);
-    assert!(receiver.join().unwrap() == expected, "TCP stream through the tunnel arrived altered");
 }
 
 fn pattern(len: usize) -> Vec<u8> {

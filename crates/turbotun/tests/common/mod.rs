@@ -230,28 +230,11 @@ impl Sides {
     /// A TCP stream of `len` bytes from A to B arrives intact (retrying the connect while a TAP path resolves
     /// its neighbours).
     pub fn tcp_intact(&self, dst: &str, len: usize) {
-        use std::io::{Read, Write};
-        let listener = self.in_b(|| std::net::TcpListener::bind((dst, 5001)).unwrap());
-        let data: Vec<u8> = (0..len as u32).map(|i| (i ^ (i >> 11)) as u8).collect();
-        let expected = data.clone();
-        let receiver = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut got = Vec::new();
-            s.read_to_end(&mut got).unwrap();
-            got
-        });
         let target = std::net::SocketAddr::new(dst.parse().unwrap(), 5001);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut stream = loop {
-            match self.in_a(|| std::net::TcpStream::connect_timeout(&target, Duration::from_millis(500))) {
-                Ok(s) => break s,
-                Err(e) => assert!(Instant::now() < deadline, "connect to {target}: {e}"),
-            }
-        };
-        stream.write_all(&data).unwrap();
-        drop(stream);
-        assert!(receiver.join().unwrap() == expected, "TCP stream to {dst} arrived altered");
+        let data: Vec<u8> = (0..len as u32).map(|i| (i ^ (i >> 11)) as u8).collect();
+        tcp_stream_intact(&self.b, target, data, |t| {
+            self.in_a(|| std::net::TcpStream::connect_timeout(t, Duration::from_millis(500)))
+        });
     }
 
     /// Datagrams of many sizes from A to B arrive complete and in order (each burst received before the next).
@@ -279,4 +262,35 @@ impl Sides {
             }
         }
     }
+}
+
+/// `data` sent over TCP to `target`, listened on in namespace `listen_ns`, with connections made by `connect`
+/// (retried for up to 10 s while a path resolves its neighbours), arrives intact.
+pub fn tcp_stream_intact(
+    listen_ns: &std::os::fd::OwnedFd,
+    target: std::net::SocketAddr,
+    data: Vec<u8>,
+    connect: impl Fn(&std::net::SocketAddr) -> std::io::Result<std::net::TcpStream>,
+) {
+    use std::io::{Read, Write};
+    let listener =
+        turbotun::netns::with_netns(&ns_path(listen_ns), || std::net::TcpListener::bind(target).unwrap()).unwrap();
+    let expected = data.clone();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match connect(&target) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "connect to {target}: {e}"),
+        }
+    };
+    stream.write_all(&data).unwrap();
+    drop(stream);
+    assert!(receiver.join().unwrap() == expected, "TCP stream to {target} arrived altered");
 }
