@@ -111,6 +111,11 @@ pub struct FwdArgs {
     /// --io uring.
     #[arg(long, value_enum, default_value_t = FwdChecksums::Complete)]
     pub checksums: FwdChecksums,
+    /// With --mode offload --io uring: register the slot arena with io_uring and read and write with
+    /// READV_FIXED/WRITEV_FIXED (Linux 6.15; without them, a note and unregistered I/O). Less kernel work per
+    /// operation, but the arena (about 8.5 MiB per direction) is pinned and resident.
+    #[arg(long)]
+    pub register_buffers: bool,
     /// Print a sample line every SECS seconds while forwarding: seconds since start, resident memory, open fds,
     /// threads and the counters so far (one JSON object per line, before the final counters line).
     #[arg(long, value_name = "SECS")]
@@ -309,7 +314,8 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
         .threads(args.threads)
         .batch(args.batch)
         .udp_tunnel(args.udp_tunnel)
-        .partial_checksums(args.checksums == FwdChecksums::Partial);
+        .partial_checksums(args.checksums == FwdChecksums::Partial)
+        .register_buffers(args.register_buffers);
     if let Some(depth) = args.depth {
         builder = builder.depth(depth);
     }

@@ -76,6 +76,24 @@ fn engine_uring_offload_mtus_and_device_deleted() {
     }
 }
 
+/// Offload through io_uring with the slot arena registered (READV_FIXED/WRITEV_FIXED): on TUN and TAP, at the
+/// default MTU, 1280 and 9000, the data checks pass; then a device deleted under it ends the run naming it
+/// (the ring lets go of the registered arena on the way out).
+#[test]
+fn engine_uring_offload_with_registered_buffers() {
+    if common::in_netns("engine_uring_offload_with_registered_buffers", || ()).is_none() {
+        return;
+    }
+    turbotun::uring::registered_vectors_supported().expect("this kernel (6.15+) has READV_FIXED and WRITEV_FIXED");
+    let registered = || ForwarderBuilder::new(ForwardMode::Offload).register_buffers(true);
+    for dev_mode in [Mode::Tun, Mode::Tap] {
+        for mtu in [None, Some(1280), Some(9000)] {
+            forward_intact_with(registered(), IoKind::Uring, dev_mode, mtu, false);
+        }
+        forward_intact_with(registered(), IoKind::Uring, dev_mode, None, true);
+    }
+}
+
 /// Offload with the split segments' checksums left partial, for the kernel to complete: on TUN and TAP, with
 /// blocking, poll and tokio I/O, at the default MTU and at 1280 and 9000, TCP and UDP over IPv4 and IPv6 cross
 /// intact (a segment written with a wrong or missing checksum would be dropped by the receiving stack and the
@@ -130,6 +148,12 @@ fn engine_refuses_what_does_not_fit() {
     let partial_uring =
         ForwarderBuilder::new(ForwardMode::Offload).partial_checksums(true).io(IoKind::Uring).validate(1);
     assert!(partial_uring.unwrap_err().to_string().contains("not available with io_uring offload"));
+    let registered_block =
+        ForwarderBuilder::new(ForwardMode::Offload).register_buffers(true).io(IoKind::Block).validate(1);
+    assert!(registered_block
+        .unwrap_err()
+        .to_string()
+        .contains("registered buffers go with offload mode through io_uring"));
     common::in_netns("engine_refuses_what_does_not_fit", || {
         // A plain forwarder over devices with a virtio header would forward the header as data.
         let offload = ForwarderBuilder::new(ForwardMode::Offload);

@@ -44,6 +44,12 @@ pub const TURBOTUN_MODES: &[TurbotunMode] = &[
         uring_by_default: true,
         ..fwd("uring-offload", &["--mode", "offload", "--io", "uring"], &[Need::VnetHdr])
     },
+    // The same with the slot arena registered with the ring (READV_FIXED/WRITEV_FIXED, Linux 6.15): the whole
+    // arena pinned and resident.
+    TurbotunMode {
+        uring_by_default: true,
+        ..fwd("uring-offload-fixed", &["--mode", "offload", "--io", "uring", "--register-buffers"], &[Need::VnetHdr])
+    },
     fwd("threads2", &["--mode", "offload", "--threads", "2"], &[Need::VnetHdr]),
     fwd("multiqueue", &["--mode", "offload", "--queues", "2"], &[Need::VnetHdr, Need::MultiQueue]),
     // The blocking paths of the two modes above that read through io_uring by default.

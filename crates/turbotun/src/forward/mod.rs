@@ -118,6 +118,7 @@ pub struct ForwarderBuilder {
     when_full: WhenFull,
     udp_tunnel: bool,
     partial_checksums: bool,
+    register_buffers: bool,
 }
 
 /// Virtio header size the engine uses for offload and passthrough.
@@ -152,6 +153,7 @@ impl ForwarderBuilder {
             when_full: WhenFull::Wait,
             udp_tunnel: false,
             partial_checksums: false,
+            register_buffers: false,
         }
     }
 
@@ -207,6 +209,16 @@ impl ForwarderBuilder {
         self
     }
 
+    /// Offload mode through io_uring: register the slot arena with the ring and read and write with
+    /// `READV_FIXED`/`WRITEV_FIXED` (Linux 6.15), which saves the kernel mapping and checking user memory on
+    /// every operation, at the price of pinning the whole arena (about 8.5 MiB per direction, all resident;
+    /// an unprivileged user needs RLIMIT_MEMLOCK for it). Where the kernel lacks those operations, the
+    /// forwarder runs without and says so in [`Forwarder::notes`]. BENCHMARKS.md section 11 has the trade.
+    pub fn register_buffers(mut self, on: bool) -> Self {
+        self.register_buffers = on;
+        self
+    }
+
     /// The virtio header size this configuration forwards with (0 for plain).
     fn vnet_hdr_len(&self) -> usize {
         match (self.mode.uses_vnet_hdr(), self.udp_tunnel) {
@@ -256,6 +268,9 @@ impl ForwarderBuilder {
         }
         if self.partial_checksums && self.io == Some(IoKind::Uring) {
             return bad("partial checksums are not available with io_uring offload: use blocking or tokio I/O");
+        }
+        if self.register_buffers && (self.mode != ForwardMode::Offload || self.io != Some(IoKind::Uring)) {
+            return bad("registered buffers go with offload mode through io_uring (io Uring)");
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
@@ -314,7 +329,7 @@ impl ForwarderBuilder {
     }
 
     /// A forwarder between two sets of queues, pairwise (for queues opened elsewhere or a subset of them).
-    pub fn build_queues(self, a: Vec<Queue>, b: Vec<Queue>) -> Result<Forwarder> {
+    pub fn build_queues(mut self, a: Vec<Queue>, b: Vec<Queue>) -> Result<Forwarder> {
         if a.len() != b.len() {
             return Err(Error::InvalidConfig(format!("{} queues on one side and {} on the other", a.len(), b.len())));
         }
@@ -325,6 +340,18 @@ impl ForwarderBuilder {
         }
         let mut notes = Vec::new();
         let io = self.resolve(a.len(), &mut notes)?;
+        if self.register_buffers {
+            // Without io_uring (a note above says why) there is nothing to register; without READV_FIXED, the
+            // io_uring path runs unregistered.
+            if io == IoKind::Uring {
+                if let Err(e) = registered_vectors_supported() {
+                    notes.push(format!("{e}; io_uring runs without registered buffers"));
+                    self.register_buffers = false;
+                }
+            } else {
+                self.register_buffers = false;
+            }
+        }
         for q in a.iter().chain(&b) {
             check_framing(self.mode, self.vnet_hdr_len(), q)?;
             q.set_nonblocking(io.nonblocking())?;
@@ -348,6 +375,13 @@ impl ForwarderBuilder {
             notes,
         })
     }
+}
+
+fn registered_vectors_supported() -> Result<()> {
+    #[cfg(feature = "uring")]
+    return crate::uring::registered_vectors_supported();
+    #[cfg(not(feature = "uring"))]
+    Err(Error::InvalidConfig("io_uring needs turbotun's `uring` feature".into()))
 }
 
 fn uring_supported() -> Result<()> {

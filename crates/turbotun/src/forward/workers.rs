@@ -28,6 +28,8 @@ pub(super) struct WorkerCtx {
     pub depth: usize,
     pub when_full: WhenFull,
     pub partial_checksums: bool,
+    #[cfg_attr(not(feature = "uring"), allow(dead_code))]
+    pub register_buffers: bool,
     pub stop: StopHandle,
     pub stats: StatsHandle,
     pub a_to_b: bool,
@@ -42,6 +44,7 @@ impl WorkerCtx {
             depth: fwd.config.depth,
             when_full: fwd.config.when_full,
             partial_checksums: fwd.config.partial_checksums,
+            register_buffers: fwd.config.register_buffers,
             stop: fwd.stop.clone(),
             stats: fwd.stats.clone(),
             a_to_b,
@@ -253,8 +256,9 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
     // and a batch's worth of slots replaces `depth` 64 KiB read slots.
-    let mut fwd =
-        crate::uring::UringOffload::scattered(src, dst, ctx.batch)?.when_full(ctx.when_full).stop_on(ctx.stop.clone());
+    let mut fwd = crate::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
+        .when_full(ctx.when_full)
+        .stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
     let mut last_flushed_reads = 0;
     let result = loop {

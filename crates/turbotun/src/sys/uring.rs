@@ -143,6 +143,22 @@ pub fn probe_forward_ring() -> io::Result<()> {
     Ok(())
 }
 
+/// Whether this kernel has the vectored reads and writes from registered buffers (`READV_FIXED`,
+/// `WRITEV_FIXED`: Linux 6.15) that [`ForwardRing::with_spares`] uses when asked to register its arena.
+pub fn probe_registered_vectors() -> io::Result<()> {
+    let ring = IoUring::new(8)?;
+    let mut probe = io_uring::Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for (code, name) in
+        [(opcode::ReadvFixed::CODE, "IORING_OP_READV_FIXED"), (opcode::WritevFixed::CODE, "IORING_OP_WRITEV_FIXED")]
+    {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("io_uring without {name} (Linux < 6.15)")));
+        }
+    }
+    Ok(())
+}
+
 /// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`, plus
 /// `spare` buffers of the same size that are never read into.
 pub struct ForwardRing {
@@ -171,6 +187,8 @@ pub struct ForwardRing {
     multishot: bool,
     writes_in_flight: usize,
     readv_in_flight: usize,
+    /// The arena is registered with the ring: reads and writes go through `READV_FIXED`/`WRITEV_FIXED`.
+    registered: bool,
 }
 
 impl std::fmt::Debug for ForwardRing {
@@ -189,12 +207,14 @@ impl ForwardRing {
     /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
     /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
     pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
-        Self::with_spares(src, dst, depth, 0, stride, true)
+        Self::with_spares(src, dst, depth, 0, stride, true, false)
     }
 
     /// [`Self::new`] with `spare` more slots, lent to the caller and never read into by the multishot read.
     /// Without `multishot`, no slot is provided and the read is never armed: every slot is the caller's, and
-    /// frames are read with [`Self::readv_into`].
+    /// frames are read with [`Self::readv_into`]. With `registered` (and without `multishot`) the whole arena is
+    /// registered with the ring (`IORING_REGISTER_BUFFERS`: its pages are pinned, so all of it becomes resident)
+    /// and [`Self::readv_into`] and [`Self::writev_from`] use `READV_FIXED` and `WRITEV_FIXED` (Linux 6.15).
     pub fn with_spares(
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
@@ -202,6 +222,7 @@ impl ForwardRing {
         spare: usize,
         stride: usize,
         multishot: bool,
+        registered: bool,
     ) -> io::Result<Self> {
         if !depth.is_power_of_two() || depth > 32768 || spare > 32768 || stride == 0 || stride > u32::MAX as usize {
             return Err(io::Error::new(
@@ -246,6 +267,25 @@ impl ForwardRing {
             // SAFETY: slot * stride < depth * stride: inside the allocation.
             bufs.provide(unsafe { arena.as_ptr().add(slot * stride) }, stride as u32, slot as u16);
         }
+        let registered = registered && !multishot;
+        if registered {
+            let iov = [libc::iovec { iov_base: arena.as_ptr().cast(), iov_len: bytes }];
+            // SAFETY: the arena stays allocated until `Drop`, which tears the ring down first (so the kernel
+            // drops its pins before the memory is freed); the iovec describes exactly that allocation.
+            if let Err(e) = unsafe { ring.submitter().register_buffers(&iov) } {
+                // Nothing was submitted, so the kernel holds no reference into the provided-buffer ring either.
+                let _ = ring.submitter().unregister_buf_ring(BUFFER_GROUP);
+                // SAFETY: nothing refers to the arena yet; it came from `Box::into_raw` of `bytes` bytes.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(arena.as_ptr(), bytes)) });
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "registering {} MiB of buffers with io_uring (RLIMIT_MEMLOCK without CAP_IPC_LOCK?): {e}",
+                        bytes >> 20
+                    ),
+                ));
+            }
+        }
         let provided = if multishot { SlotState::Provided } else { SlotState::Filled };
         let mut states = vec![provided; depth];
         states.resize(slots, SlotState::Filled);
@@ -266,6 +306,7 @@ impl ForwardRing {
             multishot,
             writes_in_flight: 0,
             readv_in_flight: 0,
+            registered,
         })
     }
 
@@ -374,11 +415,16 @@ impl ForwardRing {
     /// fd at a time (several complete in no particular order).
     pub fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
-        let entry =
+        let (fd, iov, n) = (types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32);
+        let entry = if self.registered {
+            // Registered buffer 0 is the whole arena, which holds every piece.
+            opcode::ReadvFixed::new(fd, iov, n, 0).offset(u64::MAX).build().user_data(READV_TAG | head as u64)
+        } else {
             opcode::Readv::new(types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
                 .offset(u64::MAX)
                 .build()
-                .user_data(READV_TAG | head as u64);
+                .user_data(READV_TAG | head as u64)
+        };
         // The iovecs live in `self.iovecs[head]` (not touched again until this read completes, since its head
         // slot is marked Reading) and point into slots marked Reading, which safe code does not touch or free
         // until the completion is reaped; the fd is owned by `self`.
@@ -434,11 +480,15 @@ impl ForwardRing {
     /// appear once.
     pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
-        let entry =
+        let (fd, iov, n) = (types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32);
+        let entry = if self.registered {
+            opcode::WritevFixed::new(fd, iov, n, 0).offset(u64::MAX).build().user_data(WRITE_TAG | head as u64)
+        } else {
             opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
                 .offset(u64::MAX)
                 .build()
-                .user_data(WRITE_TAG | head as u64);
+                .user_data(WRITE_TAG | head as u64)
+        };
         // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
         // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
         // until the completion is reaped; the fd is owned by `self`.
@@ -585,7 +635,8 @@ impl Drop for ForwardRing {
                 self.reap(&mut scratch);
             }
         }
-        let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok();
+        let unregistered = self.ring.submitter().unregister_buf_ring(BUFFER_GROUP).is_ok()
+            && (!self.registered || self.ring.submitter().unregister_buffers().is_ok());
         if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 || !unregistered {
             // The kernel may still use a buffer: leaking the memory is the only way to stay memory-safe.
             return;
