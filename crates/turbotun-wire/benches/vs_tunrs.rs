@@ -101,6 +101,17 @@ fn bench_split(c: &mut Criterion) {
         assert_eq!(zbufs[i][OFF..OFF + lens[i]], bufs[i][OFF..OFF + lens[i]], "zero-copy segment {i}");
     }
     g.bench_function("turbotun-zero-copy", |b| b.iter(|| zero_copy(&mut zbufs)));
+    // The same with partial checksums (what `fwd --checksums partial` does): headers only, no payload byte read.
+    let zero_copy_partial = |zbufs: &mut [Vec<u8>]| {
+        let z = Splitter::from_head(black_box(&hdr), black_box(&template), sup.len(), Framing::Ip)
+            .unwrap()
+            .leave_checksums_partial(true);
+        for (i, buf) in zbufs.iter_mut().enumerate() {
+            let (front, back) = buf.split_at_mut(OFF + hl);
+            z.write_header(i, &back[..z.segment_payload_len(i)], &mut front[OFF..]).unwrap();
+        }
+    };
+    g.bench_function("turbotun-zero-copy-partial", |b| b.iter(|| zero_copy_partial(&mut zbufs)));
     g.finish();
 }
 
@@ -138,6 +149,21 @@ fn bench_coalesce(c: &mut Criterion) {
                 |(bufs, lens)| load(&pkts, bufs, lens, OFF),
                 |(bufs, lens)| {
                     black_box(gro.coalesce(bufs, lens, OFF, false, &mut tw));
+                },
+            )
+        })
+    });
+    // What the forwarder runs: gather mode, checksums vouched for (segments it split itself).
+    let mut gather =
+        Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 }).with_gather(true);
+    g.bench_function("turbotun-gather-trusted", |b| {
+        b.iter_custom(|iters| {
+            time_after_reset(
+                iters,
+                &mut (&mut bufs, &mut lens),
+                |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                |(bufs, lens)| {
+                    black_box(gather.coalesce(bufs, lens, OFF, true, &mut tw));
                 },
             )
         })
