@@ -414,7 +414,7 @@ mod tests {
         let (all, na) = all_modes(exe, &support(true, true, Ok(())), Some(Path::new("/p")));
         let labels: Vec<&str> = all.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(
-            &labels[..8],
+            &labels[..10],
             [
                 "veth",
                 "loopback",
@@ -422,8 +422,10 @@ mod tests {
                 "ceiling",
                 "turbotun-plain",
                 "turbotun-offload",
+                "turbotun-offload-partial",
                 "turbotun-passthrough",
-                "turbotun-uring-offload"
+                "turbotun-uring-offload",
+                "turbotun-uring-offload-fixed"
             ]
         );
         assert!(labels.contains(&"turbotun-threads2") && labels.contains(&"turbotun-plain-block"));
