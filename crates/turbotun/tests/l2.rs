@@ -175,8 +175,15 @@ fn run_vm<'s>(
         let responder = Responder::new(Mode::Tap).with_mac(VM_MAC).with_own_address("10.60.0.1".parse().unwrap(), 24);
         let mut buf = vec![0u8; 65536];
         let mut watched = 0;
-        while !stop.load(Ordering::Relaxed) {
-            if !q.wait_readable(Some(Duration::from_millis(50))).unwrap() {
+        // After the stop, what is still queued is read too (for 100 ms of quiet), so that a slow machine does
+        // not make the count short.
+        loop {
+            let stopping = stop.load(Ordering::Relaxed);
+            let wait = if stopping { 100 } else { 50 };
+            if !q.wait_readable(Some(Duration::from_millis(wait))).unwrap() {
+                if stopping {
+                    break;
+                }
                 continue;
             }
             let n = q.recv_raw(&mut buf).unwrap();
@@ -189,6 +196,29 @@ fn run_vm<'s>(
         }
         watched
     })
+}
+
+/// Sets the VM's stop flag when dropped: a failed assertion inside a thread scope then ends the VM thread, and
+/// the scope reports the failure instead of waiting for the thread forever.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// UDP echoes through the bridge until one comes back, for up to `patience`.
+fn echo_within(sock: &UdpSocket, i: u32, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    loop {
+        if echo_once(sock, i) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+    }
 }
 
 /// One UDP echo through the bridge from namespace B: whether the answer came back intact.
@@ -247,18 +277,14 @@ fn bridge_carries_traffic_between_tap_and_veth() {
             std::thread::scope(|scope| {
                 let stop = Arc::new(AtomicBool::new(false));
                 let vm = run_vm(scope, q, stop.clone(), OTHER_MAC);
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let mut i = 0;
-                while !echo_once(&sock, i) {
-                    assert!(Instant::now() < deadline, "no UDP echo through {br} (filter {filter:?})");
-                    i += 1;
-                }
+                let stop_on_drop = StopOnDrop(stop);
+                assert!(echo_within(&sock, 0, Duration::from_secs(10)), "no UDP echo through {br} (filter {filter:?})");
                 for k in 0..10 {
-                    assert!(echo_once(&sock, 1000 + k), "echo {k} through {br} (filter {filter:?})");
+                    let echoed = echo_within(&sock, 1000 + k, Duration::from_secs(5));
+                    assert!(echoed, "echo {k} through {br} (filter {filter:?})");
                     flood.send_to(b"not for the VM", "10.60.0.9:4200").unwrap();
                 }
-                std::thread::sleep(Duration::from_millis(200));
-                stop.store(true, Ordering::Relaxed);
+                drop(stop_on_drop);
                 watched.push(vm.join().unwrap());
             });
         }
@@ -269,8 +295,9 @@ fn bridge_carries_traffic_between_tap_and_veth() {
         std::thread::scope(|scope| {
             let stop = Arc::new(AtomicBool::new(false));
             let vm = run_vm(scope, q, stop.clone(), OTHER_MAC);
+            let stop_on_drop = StopOnDrop(stop);
             assert!((0..3).all(|k| !echo_once(&sock, 2000 + k)), "an echo came back after the TAP left {br}");
-            stop.store(true, Ordering::Relaxed);
+            drop(stop_on_drop);
             vm.join().unwrap();
         });
     });
