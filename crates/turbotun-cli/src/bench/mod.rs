@@ -63,7 +63,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub chart: Option<PathBuf>,
     /// Profile each forwarder mode in one extra run of the first traffic kind (perf record -e cpu-clock -g)
-    /// and write DIR/MODE.svg (turbotun modes) or DIR/PEER-MODE.svg (peers).
+    /// and write DIR/MODE.svg (turbotun modes) or DIR/PEER-MODE.svg (peers), with perf's recording beside each
+    /// (MODE.perf.data, for `perf report -i FILE --sort dso,sym`).
     #[arg(long, value_name = "DIR")]
     pub flamegraph: Option<PathBuf>,
     /// List the modes (and whether they are available) and the traffic kinds, then exit.

@@ -101,7 +101,7 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     if let (Some(recording), Some(svg)) = (perf, flamegraph) {
         let title = format!("turbotun bench {} — {} {} s", mode.label, t.label, ctx.duration);
         recording.finish(Duration::from_secs(ctx.duration + 15), svg, &title)?;
-        let _ = std::fs::remove_file(svg.with_extension("perf.data"));
+        // The recording stays beside the flamegraph (MODE.perf.data) for `perf report --sort dso,sym`.
         let _ = std::fs::remove_file(svg.with_extension("perf.log"));
     }
     Ok(rec)
