@@ -141,33 +141,23 @@ fn bench_coalesce(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("vs_tunrs/gro_coalesce_44x1448_tcp4");
     g.throughput(Throughput::Elements(n as u64));
-    g.bench_function("turbotun", |b| {
-        b.iter_custom(|iters| {
-            time_after_reset(
-                iters,
-                &mut (&mut bufs, &mut lens),
-                |(bufs, lens)| load(&pkts, bufs, lens, OFF),
-                |(bufs, lens)| {
-                    black_box(gro.coalesce(bufs, lens, OFF, false, &mut tw));
-                },
-            )
-        })
-    });
-    // What the forwarder runs: gather mode, checksums vouched for (segments it split itself).
+    // Then what the forwarder runs: gather mode, checksums vouched for (segments it split itself).
     let mut gather =
         Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 }).with_gather(true);
-    g.bench_function("turbotun-gather-trusted", |b| {
-        b.iter_custom(|iters| {
-            time_after_reset(
-                iters,
-                &mut (&mut bufs, &mut lens),
-                |(bufs, lens)| load(&pkts, bufs, lens, OFF),
-                |(bufs, lens)| {
-                    black_box(gather.coalesce(bufs, lens, OFF, true, &mut tw));
-                },
-            )
-        })
-    });
+    for (name, gro, trusted) in [("turbotun", &mut gro, false), ("turbotun-gather-trusted", &mut gather, true)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                time_after_reset(
+                    iters,
+                    &mut (&mut bufs, &mut lens),
+                    |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                    |(bufs, lens)| {
+                        black_box(gro.coalesce(bufs, lens, OFF, trusted, &mut tw));
+                    },
+                )
+            })
+        });
+    }
     g.bench_function("tun-rs", |b| {
         b.iter_custom(|iters| {
             time_after_reset(
