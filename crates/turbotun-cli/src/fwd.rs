@@ -107,8 +107,7 @@ pub struct FwdArgs {
     pub batch: usize,
     /// With --mode offload: `complete` gives every split segment a complete L4 checksum (as a VPN that
     /// encrypts segments needs; the peers do the same work); `partial` leaves them partial and has the kernel
-    /// complete what is written (NEEDS_CSUM), as its own forwarding does: no payload byte is read. Not with
-    /// --io uring.
+    /// complete what is written (NEEDS_CSUM), as its own forwarding does: no payload byte is read.
     #[arg(long, value_enum, default_value_t = FwdChecksums::Complete)]
     pub checksums: FwdChecksums,
     /// With --mode offload --io uring: register the slot arena with io_uring and read and write with

@@ -24,6 +24,7 @@ use turbotun_wire::virtio_net::VirtioNetHdr;
 
 use turbotun_wire::gso::Splitter;
 use turbotun_wire::virtio_net::{flags, VirtioNetHdrRepr};
+use turbotun_wire::Checksums;
 
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{Queue, MAX_PACKET};
@@ -315,6 +316,8 @@ pub struct UringOffload {
     lens: Vec<usize>,
     /// Whether every packet of the batch being built has a known-good L4 checksum.
     all_valid: bool,
+    /// Leave split segments' checksums partial (see [`UringOffload::partial_checksums`]).
+    partial: bool,
     gro: Option<turbotun_wire::gro::Gro>,
     gro_tcp: bool,
     gro_udp: bool,
@@ -406,6 +409,7 @@ impl UringOffload {
             batch: Vec::with_capacity(batch),
             lens: Vec::with_capacity(batch),
             all_valid: true,
+            partial: false,
             gro: None,
             gro_tcp,
             gro_udp,
@@ -446,6 +450,15 @@ impl UringOffload {
     /// What to do when the destination is full (default: write the packet again until it is taken).
     pub fn when_full(mut self, when_full: WhenFull) -> Self {
         self.writer.when_full = when_full;
+        self
+    }
+
+    /// Leaves the L4 checksums of split segments partial and has the kernel complete what is written
+    /// (`NEEDS_CSUM`), as [`crate::batch::RecvBatch::partial_checksums`] does on the blocking path: no payload
+    /// byte is read in user space. The per-packet hook then sees TCP and UDP packets whose checksum may be
+    /// partial. A batch that also holds packets with unverified checksums has every checksum completed first.
+    pub fn partial_checksums(mut self, on: bool) -> Self {
+        self.partial = on;
         self
     }
 
@@ -670,6 +683,7 @@ impl UringOffload {
         let template = &mut template[..h];
         template.copy_from_slice(&bytes[OFFSET..OFFSET + h]);
         let Ok(splitter) = Splitter::from_head(&hdr, template, len, self.framing) else { return Ok(false) };
+        let splitter = splitter.leave_checksums_partial(self.partial);
         let count = splitter.segment_count();
         if splitter.gso_size() != g || count > k || count == 0 {
             return Ok(false);
@@ -996,8 +1010,10 @@ impl UringOffload {
         let (src_name, dst_name) = (&self.src_name, &self.dst_name);
         let mut bufs = self.ring.slots_mut(&ids).map_err(|e| ring_error(src_name, dst_name, e))?;
         let (src, outs) = bufs.split_at_mut(1);
-        let split = Splitter::new(&s.hdr, &src[0][OFFSET..OFFSET + s.len], self.framing)
-            .and_then(|splitter| splitter.split_into(s.next, outs, &mut self.lens[first..], OFFSET));
+        let partial = self.partial;
+        let split = Splitter::new(&s.hdr, &src[0][OFFSET..OFFSET + s.len], self.framing).and_then(|splitter| {
+            splitter.leave_checksums_partial(partial).split_into(s.next, outs, &mut self.lens[first..], OFFSET)
+        });
         drop(bufs);
         let progress = match split {
             Ok(progress) => progress,
@@ -1030,21 +1046,41 @@ impl UringOffload {
     /// Hands the batch to the application, coalesces it and queues one write per coalesced packet.
     fn run_batch(&mut self, per_packet: &mut impl FnMut(&mut [u8])) -> Result<()> {
         let valid = std::mem::replace(&mut self.all_valid, true);
+        // With partial checksums on, any packet of the batch may be partial (segments wait in `ready_segments`
+        // across batches), so the batch is marked partial as a whole, which is right for complete ones too;
+        // beside unverified packets every checksum is completed, since the coalescer must verify those.
+        let checksums = match (self.partial, valid) {
+            (false, valid) => Checksums::from(valid),
+            (true, true) => Checksums::Partial,
+            (true, false) => Checksums::Unverified,
+        };
         let (src_name, dst_name) = (&self.src_name, &self.dst_name);
         let mut bufs = self.ring.slots_mut(&self.batch).map_err(|e| ring_error(src_name, dst_name, e))?;
         for (buf, &len) in bufs.iter_mut().zip(&self.lens) {
+            if self.partial && !valid {
+                turbotun_wire::partial::complete(&mut buf[OFFSET..OFFSET + len], self.framing);
+            }
             per_packet(&mut buf[OFFSET..OFFSET + len]);
         }
         match self.gro.as_mut() {
             Some(gro) => {
-                let stats = gro.coalesce(&mut bufs, &mut self.lens, OFFSET, valid, &mut self.to_write);
+                let stats = gro.coalesce(&mut bufs, &mut self.lens, OFFSET, checksums, &mut self.to_write);
                 self.stats.coalesced += stats.coalesced as u64;
             }
             None => {
                 self.to_write.clear();
                 self.to_write.extend(0..bufs.len());
-                for buf in bufs.iter_mut() {
-                    buf[..OFFSET].fill(0);
+                for (buf, &len) in bufs.iter_mut().zip(&self.lens) {
+                    let (vh, packet) = buf[..OFFSET + len].split_at_mut(OFFSET);
+                    let marked = if checksums == Checksums::Partial {
+                        turbotun_wire::partial::make_partial(packet, self.framing)
+                    } else {
+                        None
+                    };
+                    match marked {
+                        Some(h) => h.emit(vh),
+                        None => vh.fill(0),
+                    }
                 }
             }
         }

@@ -95,7 +95,7 @@ fn engine_uring_offload_with_registered_buffers() {
 }
 
 /// Offload with the split segments' checksums left partial, for the kernel to complete: on TUN and TAP, with
-/// blocking, poll and tokio I/O, at the default MTU and at 1280 and 9000, TCP and UDP over IPv4 and IPv6 cross
+/// blocking, poll, io_uring and tokio I/O, at the default MTU and at 1280 and 9000, TCP and UDP over IPv4 and IPv6 cross
 /// intact (a segment written with a wrong or missing checksum would be dropped by the receiving stack and the
 /// transfer would not complete).
 #[test]
@@ -105,11 +105,12 @@ fn engine_offload_with_partial_checksums() {
     }
     let partial = || ForwarderBuilder::new(ForwardMode::Offload).partial_checksums(true);
     for dev_mode in [Mode::Tun, Mode::Tap] {
-        for io in [IoKind::Block, IoKind::Poll, IoKind::Tokio] {
+        for io in [IoKind::Block, IoKind::Poll, IoKind::Uring, IoKind::Tokio] {
             forward_intact_with(partial(), io, dev_mode, None, false);
         }
         for mtu in [1280, 9000] {
             forward_intact_with(partial(), IoKind::Block, dev_mode, Some(mtu), false);
+            forward_intact_with(partial(), IoKind::Uring, dev_mode, Some(mtu), false);
         }
     }
 }
@@ -145,9 +146,6 @@ fn engine_refuses_what_does_not_fit() {
     assert!(batch.unwrap_err().to_string().contains("batch must be between 1 and 64"));
     let partial_plain = ForwarderBuilder::new(ForwardMode::Plain).partial_checksums(true).validate(1);
     assert!(partial_plain.unwrap_err().to_string().contains("partial checksums go with offload mode"));
-    let partial_uring =
-        ForwarderBuilder::new(ForwardMode::Offload).partial_checksums(true).io(IoKind::Uring).validate(1);
-    assert!(partial_uring.unwrap_err().to_string().contains("not available with io_uring offload"));
     let registered_block =
         ForwarderBuilder::new(ForwardMode::Offload).register_buffers(true).io(IoKind::Block).validate(1);
     assert!(registered_block

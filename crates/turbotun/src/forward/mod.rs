@@ -199,7 +199,7 @@ impl ForwarderBuilder {
         self
     }
 
-    /// Offload mode (blocking or tokio I/O): leave the checksums of split segments partial and let the kernel
+    /// Offload mode: leave the checksums of split segments partial and let the kernel
     /// complete what is written (`NEEDS_CSUM`), as its own forwarding path does, instead of summing every
     /// payload byte on the way through (see [`crate::batch::RecvBatch::partial_checksums`]). Off by default: the
     /// segments in the middle then carry complete checksums, as a VPN that encrypts them needs, and the work is
@@ -266,11 +266,10 @@ impl ForwarderBuilder {
         if self.partial_checksums && self.mode != ForwardMode::Offload {
             return bad("partial checksums go with offload mode: only offload mode splits super-packets");
         }
-        if self.partial_checksums && self.io == Some(IoKind::Uring) {
-            return bad("partial checksums are not available with io_uring offload: use blocking or tokio I/O");
-        }
         if self.register_buffers && (self.mode != ForwardMode::Offload || self.io != Some(IoKind::Uring)) {
-            return bad("registered buffers go with offload mode through io_uring (io Uring)");
+            return bad(
+                "registered buffers go with offload mode through io_uring: only that path reads into registered slots",
+            );
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));

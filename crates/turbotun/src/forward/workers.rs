@@ -257,6 +257,7 @@ fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()
     // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
     // and a batch's worth of slots replaces `depth` 64 KiB read slots.
     let mut fwd = crate::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
+        .partial_checksums(ctx.partial_checksums)
         .when_full(ctx.when_full)
         .stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
