@@ -311,6 +311,9 @@ fn fwd_rejects_options_that_do_not_fit() {
         (&["--depth", "48"], "depth must be a power of two between 1 and 1024"),
         (&["--batch", "65"], "batch must be between 1 and 64"),
         (&["--mode", "offload", "--udp-tunnel"], "udp_tunnel goes with passthrough mode"),
+        (&["--mode", "plain", "--checksums", "partial"], "partial checksums go with offload mode"),
+        (&["--register-buffers"], "registered buffers go with offload mode through io_uring"),
+        (&["--mode", "offload", "--io", "block", "--register-buffers"], "registered buffers go with offload mode"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "a", "b"]).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
