@@ -647,7 +647,6 @@ impl Gro {
             if !headers_ok || !offset.checked_add(lens[i]).is_some_and(|e| e <= bufs[i].as_ref().len()) {
                 continue;
             }
-            let vh = &mut bufs[i].as_mut()[offset - vlen..offset];
             match slot {
                 Slot::Head(k) if self.items[k].segs > 1 => {
                     let it = self.items[k];
@@ -659,14 +658,10 @@ impl Gro {
                     let len = if self.gather { it.vlen } else { lens[i] };
                     Self::finish_item(&it, bufs[i].as_mut(), offset, vlen, len);
                 }
-                _ if checksums == Checksums::Partial => {
+                _ => {
                     let (vh, pkt) = bufs[i].as_mut()[offset - vlen..offset + lens[i]].split_at_mut(vlen);
-                    match crate::partial::make_partial(pkt, self.config.framing) {
-                        Some(h) => h.emit(vh),
-                        None => vh.fill(0),
-                    }
+                    crate::partial::write_plain_header(vh, pkt, self.config.framing, checksums == Checksums::Partial);
                 }
-                _ => vh.fill(0),
             }
         }
         stats.written = to_write.len();

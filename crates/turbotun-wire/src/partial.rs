@@ -91,6 +91,15 @@ pub fn make_partial(packet: &mut [u8], framing: Framing) -> Option<VirtioNetHdrR
     Some(s.virtio_header())
 }
 
+/// Writes the virtio header `vh` of a packet written as it is (not coalesced): with `partial`, a markable packet
+/// gets a partial checksum and the `NEEDS_CSUM` header for it; anything else a zeroed header.
+pub fn write_plain_header(vh: &mut [u8], packet: &mut [u8], framing: Framing, partial: bool) {
+    match if partial { make_partial(packet, framing) } else { None } {
+        Some(h) => h.emit(vh),
+        None => vh.fill(0),
+    }
+}
+
 /// Completes a markable packet's checksum, whether it was partial or already complete (it is recomputed);
 /// returns whether the packet was markable (if not, it is untouched: its checksum is complete by the rule of
 /// this module).

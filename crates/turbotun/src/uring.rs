@@ -310,6 +310,8 @@ pub struct UringOffload {
     splitting: Option<Splitting>,
     /// Segments a scattered read left in place (slot, length), for the next batch.
     ready_segments: Vec<(u32, usize)>,
+    /// Scratch for the slots one split touches, kept so that a split allocates nothing.
+    slot_ids: Vec<u32>,
     framing: turbotun_wire::Framing,
     batch_max: usize,
     batch: Vec<u32>,
@@ -404,6 +406,7 @@ impl UringOffload {
             spares: (depth as u32..slots as u32).rev().collect(),
             splitting: None,
             ready_segments: Vec::with_capacity(batch),
+            slot_ids: Vec::with_capacity(2 * batch + 3),
             framing,
             batch_max: batch,
             batch: Vec::with_capacity(batch),
@@ -688,20 +691,20 @@ impl UringOffload {
         if splitter.gso_size() != g || count > k || count == 0 {
             return Ok(false);
         }
-        let ids: Vec<u32> = plan[..count].iter().map(|(s, _)| *s).collect();
+        self.slot_ids.clear();
+        self.slot_ids.extend(plan[..count].iter().map(|(s, _)| *s));
         let (src_name, dst_name) = (&self.src_name, &self.dst_name);
-        let mut bufs = self.ring.slots_mut(&ids).map_err(|e| ring_error(src_name, dst_name, e))?;
-        let mut lens = Vec::with_capacity(count);
+        let mut bufs = self.ring.slots_mut(&self.slot_ids).map_err(|e| ring_error(src_name, dst_name, e))?;
         for (i, buf) in bufs.iter_mut().enumerate() {
             let plen = splitter.segment_payload_len(i);
             let (front, back) = buf.split_at_mut(OFFSET + h);
             if splitter.write_header(i, &back[..plen], &mut front[OFFSET..]).is_err() {
                 return Ok(false);
             }
-            lens.push(h + plen);
         }
         drop(bufs);
-        self.ready_segments.extend(ids.into_iter().zip(lens));
+        let segments = self.slot_ids.iter().enumerate().map(|(i, &slot)| (slot, h + splitter.segment_payload_len(i)));
+        self.ready_segments.extend(segments);
         self.spares.extend(plan[count..].iter().map(|(s, _)| *s));
         self.stats.super_packets += 1;
         self.stats.zero_copy_splits += 1;
@@ -999,7 +1002,8 @@ impl UringOffload {
             return Ok(false);
         }
         let first = self.batch.len();
-        let mut ids = Vec::with_capacity(room + 1);
+        let ids = &mut self.slot_ids;
+        ids.clear();
         ids.push(s.slot);
         for _ in 0..room {
             if let Some(spare) = self.spares.pop() {
@@ -1008,7 +1012,7 @@ impl UringOffload {
         }
         self.lens.resize(first + room, 0);
         let (src_name, dst_name) = (&self.src_name, &self.dst_name);
-        let mut bufs = self.ring.slots_mut(&ids).map_err(|e| ring_error(src_name, dst_name, e))?;
+        let mut bufs = self.ring.slots_mut(&self.slot_ids).map_err(|e| ring_error(src_name, dst_name, e))?;
         let (src, outs) = bufs.split_at_mut(1);
         let partial = self.partial;
         let split = Splitter::new(&s.hdr, &src[0][OFFSET..OFFSET + s.len], self.framing).and_then(|splitter| {
@@ -1020,15 +1024,15 @@ impl UringOffload {
             Err(e) => {
                 // Validated when it was taken; a failure here drops what is left of it.
                 tracing::debug!("{}: dropping a super-packet: {}", self.src_name, Malformed::Gso(e));
-                self.spares.extend_from_slice(&ids[1..]);
+                self.spares.extend_from_slice(&self.slot_ids[1..]);
                 self.lens.truncate(first);
                 self.splitting = None;
                 return self.drop_frame(DropReason::Malformed).map(|()| true);
             }
         };
         // Spares the split did not use go back.
-        self.spares.extend_from_slice(&ids[1 + progress.produced..]);
-        self.batch.extend_from_slice(&ids[1..1 + progress.produced]);
+        self.spares.extend_from_slice(&self.slot_ids[1 + progress.produced..]);
+        self.batch.extend_from_slice(&self.slot_ids[1..1 + progress.produced]);
         self.lens.truncate(first + progress.produced);
         self.stats.segments += progress.produced as u64;
         let next = s.next + progress.produced;
@@ -1072,15 +1076,8 @@ impl UringOffload {
                 self.to_write.extend(0..bufs.len());
                 for (buf, &len) in bufs.iter_mut().zip(&self.lens) {
                     let (vh, packet) = buf[..OFFSET + len].split_at_mut(OFFSET);
-                    let marked = if checksums == Checksums::Partial {
-                        turbotun_wire::partial::make_partial(packet, self.framing)
-                    } else {
-                        None
-                    };
-                    match marked {
-                        Some(h) => h.emit(vh),
-                        None => vh.fill(0),
-                    }
+                    let partial = checksums == Checksums::Partial;
+                    turbotun_wire::partial::write_plain_header(vh, packet, self.framing, partial);
                 }
             }
         }

@@ -199,44 +199,14 @@ mod tests {
     /// and written segment by segment, each with a zeroed virtio header, checksums complete, nothing lost.
     #[test]
     fn test_a_refused_coalesced_packet_is_written_as_its_segments() {
-        use std::os::unix::net::UnixDatagram;
-        use turbotun_wire::virtio_net::{flags, gso, VIRTIO_NET_HDR_LEN};
-        use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
+        use crate::batch::testing::{fake_queue, tcp4_super_packet};
+        use turbotun_wire::virtio_net::VIRTIO_NET_HDR_LEN;
+        use turbotun_wire::{ipv4, tcp};
 
-        let (ours, peer) = UnixDatagram::pair().unwrap();
-        let queue = Queue::new(
-            ours.into(),
-            "fake0".into(),
-            0,
-            crate::kind::Mode::Tun,
-            VIRTIO_NET_HDR_LEN,
-            crate::kind::Offloads::ALL,
-        );
+        let (queue, peer) = fake_queue();
         let (ip_len, tcp_len, payload) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN, 2500);
-        let mut packet = vec![0u8; ip_len + tcp_len + payload];
-        let ip = ipv4::Repr {
-            src: [10, 0, 0, 1],
-            dst: [10, 0, 0, 2],
-            protocol: IPPROTO_TCP,
-            payload_len: (tcp_len + payload) as u16,
-            ttl: 64,
-            dont_frag: true,
-            ..ipv4::Repr::default()
-        };
-        ip.emit(&mut packet).unwrap();
-        let seg = tcp::Repr { src_port: 1, dst_port: 2, seq: 7, ack: 1, flags: tcp::flags::ACK, window: 512 };
-        seg.emit(&mut packet[ip_len..]).unwrap();
-        for (i, b) in packet[ip_len + tcp_len..].iter_mut().enumerate() {
-            *b = (i % 251) as u8;
-        }
-        let hdr = VirtioNetHdrRepr {
-            flags: flags::NEEDS_CSUM,
-            gso_type: gso::TCPV4,
-            hdr_len: (ip_len + tcp_len) as u16,
-            gso_size: 1000,
-            csum_start: ip_len as u16,
-            csum_offset: tcp::CHECKSUM_OFFSET as u16,
-        };
+        let data: Vec<u8> = (0..payload).map(|i| (i % 251) as u8).collect();
+        let (hdr, packet) = tcp4_super_packet(&data, 1000, 7);
         let writer = Writer { vnet_hdr_len: VIRTIO_NET_HDR_LEN, ..Writer::default() };
         let mut stats = Counters::default();
         write_split(&writer, &queue, turbotun_wire::Framing::Ip, &hdr, &packet, 3, &mut stats).unwrap();

@@ -38,3 +38,51 @@ fn framing(mode: Mode) -> Framing {
         Mode::Tap => Framing::Ethernet,
     }
 }
+
+/// What the batch halves' and the write policy's unit tests feed through a socket pair that stands in for a tun fd.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::os::unix::net::UnixDatagram;
+
+    use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
+    use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
+
+    use crate::kind::{Mode, Offloads};
+    use crate::queue::Queue;
+
+    /// A queue whose reads return what the other end sends, and whose writes it receives: a TUN queue with a
+    /// virtio header and every offload.
+    pub fn fake_queue() -> (Queue, UnixDatagram) {
+        let (ours, peer) = UnixDatagram::pair().unwrap();
+        (Queue::new(ours.into(), "fake0".into(), 0, Mode::Tun, VIRTIO_NET_HDR_LEN, Offloads::ALL), peer)
+    }
+
+    /// A TCP/IPv4 super-packet (10.0.0.1:1 -> 10.0.0.2:2, sequence number `seq`) carrying `payload` in segments of
+    /// `gso_size`, its checksum left partial, and the virtio header that describes it.
+    pub fn tcp4_super_packet(payload: &[u8], gso_size: u16, seq: u32) -> (VirtioNetHdrRepr, Vec<u8>) {
+        let (ip_len, tcp_len) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN);
+        let mut packet = vec![0u8; ip_len + tcp_len + payload.len()];
+        let ip = ipv4::Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            protocol: IPPROTO_TCP,
+            payload_len: (tcp_len + payload.len()) as u16,
+            ttl: 64,
+            dont_frag: true,
+            ..ipv4::Repr::default()
+        };
+        ip.emit(&mut packet).unwrap();
+        let seg = tcp::Repr { src_port: 1, dst_port: 2, seq, ack: 1, flags: tcp::flags::ACK, window: 512 };
+        seg.emit(&mut packet[ip_len..]).unwrap();
+        packet[ip_len + tcp_len..].copy_from_slice(payload);
+        let hdr = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV4,
+            hdr_len: (ip_len + tcp_len) as u16,
+            gso_size,
+            csum_start: ip_len as u16,
+            csum_offset: tcp::CHECKSUM_OFFSET as u16,
+        };
+        (hdr, packet)
+    }
+}

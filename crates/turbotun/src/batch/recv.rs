@@ -669,48 +669,21 @@ mod tests {
     //! (a read returns one whole message, as from a tun queue): each is counted with its reason, never a panic,
     //! never a silent loss.
 
-    use std::os::fd::OwnedFd;
     use std::os::unix::net::UnixDatagram;
 
-    use turbotun_wire::virtio_net::{gso, VIRTIO_NET_HDR_LEN};
-    use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
+    use turbotun_wire::virtio_net::VIRTIO_NET_HDR_LEN;
 
+    use super::super::testing::{fake_queue, tcp4_super_packet};
     use super::*;
     use crate::kind::{Mode, Offloads};
 
-    /// A queue whose reads return what `feed` sends: a TUN queue with a virtio header and every offload.
-    fn fake_queue() -> (Queue, UnixDatagram) {
-        let (ours, feed) = UnixDatagram::pair().unwrap();
-        let fd: OwnedFd = ours.into();
-        (Queue::new(fd, "fake0".into(), 0, Mode::Tun, VIRTIO_NET_HDR_LEN, Offloads::ALL), feed)
-    }
-
-    /// A TCP/IPv4 super-packet of `payload` bytes in segments of `gso_size`, its checksum left partial.
+    /// A TCP/IPv4 super-packet of `payload` zero bytes in segments of `gso_size`, its checksum left partial, as a
+    /// frame with its virtio header.
     fn super_packet(payload: usize, gso_size: u16) -> Vec<u8> {
-        let (ip_len, tcp_len) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN);
-        let mut frame = vec![0u8; VIRTIO_NET_HDR_LEN + ip_len + tcp_len + payload];
-        VirtioNetHdrRepr {
-            flags: flags::NEEDS_CSUM,
-            gso_type: gso::TCPV4,
-            hdr_len: (ip_len + tcp_len) as u16,
-            gso_size,
-            csum_start: ip_len as u16,
-            csum_offset: tcp::CHECKSUM_OFFSET as u16,
-        }
-        .emit(&mut frame[..VIRTIO_NET_HDR_LEN]);
-        let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
-        let ip = ipv4::Repr {
-            src: [10, 0, 0, 1],
-            dst: [10, 0, 0, 2],
-            protocol: IPPROTO_TCP,
-            payload_len: (tcp_len + payload) as u16,
-            ttl: 64,
-            dont_frag: true,
-            ..ipv4::Repr::default()
-        };
-        ip.emit(packet).unwrap();
-        let seg = tcp::Repr { src_port: 1, dst_port: 2, seq: 1, ack: 1, flags: tcp::flags::ACK, window: 512 };
-        seg.emit(&mut packet[ip_len..]).unwrap();
+        let (hdr, packet) = tcp4_super_packet(&vec![0; payload], gso_size, 1);
+        let mut frame = vec![0u8; VIRTIO_NET_HDR_LEN];
+        hdr.emit(&mut frame);
+        frame.extend_from_slice(&packet);
         frame
     }
 

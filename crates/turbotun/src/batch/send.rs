@@ -315,15 +315,11 @@ impl SendBatch {
                         continue; // Too short for its length: the write reports it.
                     };
                     let (vh, packet) = frame.split_at_mut(vlen);
-                    if !partial {
-                        vh.fill(0);
-                    } else if vlen == 0 {
+                    if partial && vlen == 0 {
+                        // No header to ask the kernel with: completed here.
                         turbotun_wire::partial::complete(packet, self.framing);
                     } else {
-                        match turbotun_wire::partial::make_partial(packet, self.framing) {
-                            Some(h) => h.emit(vh),
-                            None => vh.fill(0),
-                        }
+                        turbotun_wire::partial::write_plain_header(vh, packet, self.framing, partial);
                     }
                 }
             }

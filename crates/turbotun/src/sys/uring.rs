@@ -415,16 +415,7 @@ impl ForwardRing {
     /// fd at a time (several complete in no particular order).
     pub fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
-        let (fd, iov, n) = (types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32);
-        let entry = if self.registered {
-            // Registered buffer 0 is the whole arena, which holds every piece.
-            opcode::ReadvFixed::new(fd, iov, n, 0).offset(u64::MAX).build().user_data(READV_TAG | head as u64)
-        } else {
-            opcode::Readv::new(types::Fd(self.src.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
-                .offset(u64::MAX)
-                .build()
-                .user_data(READV_TAG | head as u64)
-        };
+        let entry = self.vectored_entry(true, head);
         // The iovecs live in `self.iovecs[head]` (not touched again until this read completes, since its head
         // slot is marked Reading) and point into slots marked Reading, which safe code does not touch or free
         // until the completion is reaped; the fd is owned by `self`.
@@ -432,6 +423,21 @@ impl ForwardRing {
         self.mark(pieces, SlotState::Reading);
         self.readv_in_flight += 1;
         Ok(())
+    }
+
+    /// The vectored read (from `src`) or write (to `dst`) of the iovecs stored under slot `head`, through the
+    /// registered arena (buffer 0 holds every piece) when there is one; its completion is tagged with `head`.
+    fn vectored_entry(&self, read: bool, head: usize) -> io_uring::squeue::Entry {
+        let (iov, n) = (self.iovecs[head].as_ptr(), self.iovecs[head].len() as u32);
+        let (fd, tag) = if read { (&self.src, READV_TAG) } else { (&self.dst, WRITE_TAG) };
+        let fd = types::Fd(fd.as_raw_fd());
+        let entry = match (read, self.registered) {
+            (true, true) => opcode::ReadvFixed::new(fd, iov, n, 0).offset(u64::MAX).build(),
+            (true, false) => opcode::Readv::new(fd, iov, n).offset(u64::MAX).build(),
+            (false, true) => opcode::WritevFixed::new(fd, iov, n, 0).offset(u64::MAX).build(),
+            (false, false) => opcode::Writev::new(fd, iov, n).offset(u64::MAX).build(),
+        };
+        entry.user_data(tag | head as u64)
     }
 
     /// Checks that every piece lies in a distinct slot of ours and stores their iovecs under the first piece's
@@ -480,15 +486,7 @@ impl ForwardRing {
     /// appear once.
     pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
-        let (fd, iov, n) = (types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32);
-        let entry = if self.registered {
-            opcode::WritevFixed::new(fd, iov, n, 0).offset(u64::MAX).build().user_data(WRITE_TAG | head as u64)
-        } else {
-            opcode::Writev::new(types::Fd(self.dst.as_raw_fd()), self.iovecs[head].as_ptr(), pieces.len() as u32)
-                .offset(u64::MAX)
-                .build()
-                .user_data(WRITE_TAG | head as u64)
-        };
+        let entry = self.vectored_entry(false, head);
         // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
         // slot is marked Writing) and point into slots marked Writing, which safe code does not touch or free
         // until the completion is reaped; the fd is owned by `self`.
