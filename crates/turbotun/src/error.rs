@@ -262,6 +262,16 @@ impl Error {
         Error::Io { context: context.into(), source }
     }
 
+    /// A tun ioctl that installs an eBPF program (`TUNSETSTEERINGEBPF`, `TUNSETFILTEREBPF`) failed: a kernel
+    /// that does not know the request answers EINVAL or ENOTTY, which is "unsupported", anything else an I/O
+    /// error naming the request.
+    pub(crate) fn tun_ebpf_ioctl(request: &'static str, source: io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::EINVAL) | Some(libc::ENOTTY) => Error::Unsupported { feature: request },
+            _ => Error::io(request, source),
+        }
+    }
+
     /// The OS error number behind this error, if there is one.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {

@@ -263,10 +263,7 @@ impl FilterProgram {
 
     /// Installs the program on the device `queue` belongs to (replacing any filter program it had).
     pub fn attach(&self, queue: BorrowedFd<'_>) -> Result<()> {
-        sys::tun_set_filter_ebpf(queue, self.fd.as_raw_fd()).map_err(|e| match e.raw_os_error() {
-            Some(libc::EINVAL) | Some(libc::ENOTTY) => Error::Unsupported { feature: "TUNSETFILTEREBPF" },
-            _ => Error::io("TUNSETFILTEREBPF", e),
-        })
+        sys::tun_set_filter_ebpf(queue, self.fd.as_raw_fd()).map_err(|e| Error::tun_ebpf_ioctl("TUNSETFILTEREBPF", e))
     }
 
     /// Removes the filter program of the device `queue` belongs to, if it has one.

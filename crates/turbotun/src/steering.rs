@@ -95,10 +95,8 @@ impl SteeringProgram {
 
     /// Installs the program on the device that `queue` belongs to.
     pub fn attach(&self, queue: BorrowedFd<'_>) -> Result<()> {
-        sys::tun_set_steering_ebpf(queue, self.fd.as_raw_fd()).map_err(|e| match e.raw_os_error() {
-            Some(libc::EINVAL) | Some(libc::ENOTTY) => Error::Unsupported { feature: "TUNSETSTEERINGEBPF" },
-            _ => Error::io("TUNSETSTEERINGEBPF", e),
-        })
+        sys::tun_set_steering_ebpf(queue, self.fd.as_raw_fd())
+            .map_err(|e| Error::tun_ebpf_ioctl("TUNSETSTEERINGEBPF", e))
     }
 
     /// Removes whatever steering program the device has (back to the kernel's flow-hash steering).
