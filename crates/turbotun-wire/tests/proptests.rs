@@ -51,6 +51,15 @@ fn into_bufs(pkts: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<usize>) {
     (bufs, pkts.iter().map(|p| p.len()).collect())
 }
 
+/// The frame a gather-mode coalescer writes for packet `head` (virtio header first), joined from its pieces.
+fn joined(gro: &Gro, bufs: &[Vec<u8>], lens: &[usize], head: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (b, r) in gro.pieces(head, lens, OFF) {
+        out.extend_from_slice(&bufs[b][r]);
+    }
+    out
+}
+
 /// Splits every written packet and concatenates the segments in write order.
 fn split_all(bufs: &[Vec<u8>], lens: &[usize], to_write: &[usize], framing: Framing) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
@@ -245,10 +254,7 @@ proptest! {
 
         prop_assert_eq!(&copy_tw, &g_tw);
         for &i in &g_tw {
-            let mut joined = Vec::new();
-            for (b, r) in gather.pieces(i, &g_lens, OFF) {
-                joined.extend_from_slice(&g_bufs[b][r]);
-            }
+            let joined = joined(&gather, &g_bufs, &g_lens, i);
             prop_assert_eq!(&joined[..], &copy_bufs[i][OFF - 10..OFF + copy_lens[i]], "packet {}", i);
         }
     }
@@ -389,13 +395,6 @@ proptest! {
         cgro.coalesce(&mut cb, &mut cl, OFF, turbotun_wire::Checksums::Valid, &mut ctw);
         pgro.coalesce(&mut pb, &mut pl, OFF, turbotun_wire::Checksums::Partial, &mut ptw);
         prop_assert_eq!(&ctw, &ptw);
-        let joined = |g: &Gro, bufs: &[Vec<u8>], lens: &[usize], i: usize| {
-            let mut out = Vec::new();
-            for (b, r) in g.pieces(i, lens, OFF) {
-                out.extend_from_slice(&bufs[b][r]);
-            }
-            out
-        };
         for &i in &ctw {
             let want = joined(&cgro, &cb, &cl, i);
             let mut got = joined(&pgro, &pb, &pl, i);
@@ -473,16 +472,7 @@ proptest! {
             let mut tw = Vec::new();
             let mut gro = gro_for(spec.framing).with_gather(gather).with_fast_path(fast);
             let stats = gro.coalesce(&mut bufs, &mut lens, OFF, checksums, &mut tw);
-            let written: Vec<Vec<u8>> = tw
-                .iter()
-                .map(|&i| {
-                    let mut out = Vec::new();
-                    for (b, r) in gro.pieces(i, &lens, OFF) {
-                        out.extend_from_slice(&bufs[b][r]);
-                    }
-                    out
-                })
-                .collect();
+            let written: Vec<Vec<u8>> = tw.iter().map(|&i| joined(&gro, &bufs, &lens, i)).collect();
             (tw, stats, written)
         };
         let (fast, slow) = (run(true), run(false));
