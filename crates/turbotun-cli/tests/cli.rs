@@ -156,8 +156,8 @@ fn unprivileged_user_is_told_why() {
             "so this user cannot open it: run as root, or make the node 0666"
         };
         assert!(text(&out).contains(expect), "{}", text(&out));
-        // The error is said once, not repeated by its cause.
-        assert_eq!(text(&out).matches("Permission denied").count(), 1, "{}", text(&out));
+        // The error is said once, not repeated by its cause (EACCES or EPERM, whichever the node's mode led to).
+        assert_eq!(text(&out).matches("(os error").count(), 1, "{}", text(&out));
     });
 }
 

@@ -1,17 +1,34 @@
 //! GRO: coalesce a batch of TCP or UDP packets per flow into super-packets for one `write()` each to a TUN/TAP
 //! device with a virtio_net_hdr.
 //!
-//! Rules (see `OFFLOAD.md`): a packet is a candidate only if IPv4 has no options and is not a fragment (and its
-//! header checksum verifies), IPv6 carries TCP or UDP directly, the IP length equals the buffer length, the total is
-//! at most 65535 bytes and there is at least one byte of payload. TCP must carry exactly ACK or ACK|PSH with a data
-//! offset of 20..60 bytes; UDP only when enabled (USO granted). Packets merge only when every header field that
-//! must agree does: L2 header (TAP), addresses, ports, IPv4 ToS/TTL/DF+reserved bits or IPv6 traffic class, hop
-//! limit and flow label, TCP ACK number, header length, reserved bits and option bytes. IPv4 IDs must increment
-//! by one per segment, or stay fixed with DF set (as the kernel). TCP appends when `seq == item.seq + item.len`
-//! and prepends when `seq + len == item.seq`, newest item of the flow first; nothing goes after a segment shorter
-//! than `gso_size`, no segment is larger than `gso_size`, nothing is appended after PSH. UDP merges only onto the
-//! newest item of its flow, up to [`Gro::udp_max_segments`] segments. L4 checksums are verified before a merge
-//! unless the caller vouches for them ([`Checksums`]); invalid packets pass through unmerged.
+//! The merge decision is the kernel's (`tcp_gro_receive`, `udp_gro_receive_segment`, `inet_gro_receive`,
+//! `ipv6_gro_receive`; see `docs/OFFLOAD.md`), applied to the batch in order:
+//!
+//! - A flow (layer-2 header on TAP, addresses, IPv6 flow label, protocol, ports) has at most one open item. A
+//!   packet of the flow either merges into it or closes it; a packet that did not merge becomes the flow's new
+//!   open item if it may be held, and passes through alone otherwise.
+//! - A packet stops before the transport layer, and touches no item, when it is not IP, has IPv4 options, is a
+//!   fragment, has a bad IPv4 header checksum, has IPv6 extension headers, or its transport header is
+//!   incomplete; so does a packet whose L4 checksum fails verification.
+//! - TCP merges when the flag word (data offset, reserved bits, flags but CWR/FIN/PSH, window), the ACK number and
+//!   the option bytes equal the item's, the packet carries no CWR, its payload is 1 to `gso_size` bytes and it
+//!   continues the item's sequence; IPv4 TOS, TTL and DF (IPv6 traffic class and hop limit) must be equal and
+//!   the IPv4 ID must increment by one per segment or stay fixed with DF set. FIN and PSH merge as the last
+//!   segment and are carried by the super-packet; a segment shorter than `gso_size` is the last too. A packet
+//!   with URG, PSH, RST, SYN or FIN, or without payload, is never held. A CWR packet may be held: the segments
+//!   after it merge, and the super-packet is written with `VIRTIO_NET_HDR_GSO_ECN`.
+//! - UDP merges a datagram no larger than the item's first, the same IP fields as TCP, up to
+//!   [`Gro::udp_max_segments`] segments; a shorter one is the last.
+//! - An IP packet is at most 65,535 bytes.
+//!
+//! Two deliberate differences, both of which only merge less: a UDP datagram never joins an item behind a
+//! packet of the same addresses that could not merge (a fragment written between them would otherwise be
+//! overtaken, which UDP cannot repair), and an IPv4 UDP checksum of 0 ("none") may coalesce, which the kernel
+//! refuses (that would disable GRO for VXLAN). IPv6 extension headers, which the kernel skips when they are
+//! identical, stop a packet here.
+//!
+//! L4 checksums are verified before a merge unless the caller vouches for them ([`Checksums`]); a packet that
+//! fails passes through unmerged and leaves its flow's item open, as in the kernel.
 //!
 //! The flow table is a `Vec` kept in the [`Gro`] and cleared (not reallocated) per batch; flows are found by a
 //! linear scan over a 64-bit hash, newest first, which is cheap for the batch sizes used with TUN (≤ 128).
@@ -27,7 +44,8 @@ use crate::{Framing, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Default cap on the segments of a coalesced UDP packet (`UDP_MAX_SEGMENTS` of older kernels).
 pub const DEFAULT_UDP_MAX_SEGMENTS: usize = 64;
-/// Largest packet (from the start of the framing) produced.
+/// Largest IP packet produced (the kernel's `gro_max_size`, from the IP header on: a TAP frame may be longer by its
+/// Ethernet header).
 pub const MAX_PACKET_LEN: usize = 65535;
 
 /// What to coalesce and how the packets are framed.
@@ -112,16 +130,31 @@ pub struct GroStats {
     pub malformed: usize,
 }
 
+/// What makes two packets the same flow, as the kernel's GRO tells flows apart: the layer-2 header (TAP), the
+/// addresses, the IPv6 flow label, the protocol and the ports. Everything else that must agree for a merge is in
+/// [`Fields`]: a difference there closes the flow's item instead of starting another flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FlowKey {
+    l2: [u8; ethernet::MAX_HEADER_LEN],
+    l2_len: u8,
     addrs: [u8; 32],
     ports: u32,
-    ack: u32,
+    flow_label: u32,
     v6: bool,
     udp: bool,
 }
 
 impl FlowKey {
+    const EMPTY: FlowKey = FlowKey {
+        l2: [0; ethernet::MAX_HEADER_LEN],
+        l2_len: 0,
+        addrs: [0; 32],
+        ports: 0,
+        flow_label: 0,
+        v6: false,
+        udp: false,
+    };
+
     fn hash(&self) -> u64 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ((self.v6 as u64) << 1 | self.udp as u64);
         for c in self.addrs.chunks_exact(8) {
@@ -129,23 +162,38 @@ impl FlowKey {
             a.copy_from_slice(c);
             h = (h ^ u64::from_ne_bytes(a)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(23);
         }
-        h = (h ^ ((self.ports as u64) << 32 | self.ack as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        if self.l2_len > 0 {
+            // The MAC addresses (the first 12 bytes) tell TAP flows apart; the rest is compared, not hashed.
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&self.l2[4..12]);
+            h = (h ^ u64::from_ne_bytes(a)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(23);
+        }
+        h = (h ^ ((self.ports as u64) << 32 | self.flow_label as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         h ^ (h >> 29)
     }
 }
 
-/// Header fields that must be equal for two packets to merge (beyond the flow key).
+/// Header fields that must equal the flow's item for a merge (beyond the flow key and the option bytes): the
+/// kernel's network-layer flush rules and TCP's flag word and ACK number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fields {
-    l2: [u8; ethernet::MAX_HEADER_LEN],
-    l2_len: u8,
+    /// IPv4 TOS or IPv6 traffic class, ECN bits included.
     tos: u8,
+    /// IPv4 TTL or IPv6 hop limit.
     ttl: u8,
-    frag_bits: u16,
-    flow_label: u32,
-    l4_hdr_len: u8,
-    tcp_res: u8,
+    /// IPv4 DF.
+    df: bool,
+    /// TCP bytes 12..16 (data offset, reserved bits, flags, window) without CWR, FIN and PSH; 0 for UDP.
+    tcp_word: u32,
+    /// TCP ACK number; 0 for UDP.
+    ack: u32,
 }
+
+/// TCP flags that may differ between the segments of one super-packet (`tcp_gro_receive`'s mask): CWR is only on
+/// the first, FIN and PSH only on the last.
+const TCP_WORD_FREE_FLAGS: u8 = tcp::flags::CWR | tcp::flags::FIN | tcp::flags::PSH;
+/// TCP flags that keep a packet from being held: it is written alone (after merging, for FIN and PSH).
+const TCP_NOT_HELD: u8 = tcp::flags::URG | tcp::flags::PSH | tcp::flags::RST | tcp::flags::SYN | tcp::flags::FIN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum IdMode {
@@ -154,20 +202,49 @@ enum IdMode {
     Fixed,
 }
 
+/// A packet that reached the transport layer: everything the merge decision looks at.
 #[derive(Debug, Clone, Copy)]
 struct Cand {
     key: FlowKey,
     fields: Fields,
     opts: [u8; 40],
+    opts_len: u8,
     l3: usize,
     l4: usize,
     hdr_len: usize,
     payload_len: usize,
     addr_sum: u32,
     seq: u32,
-    psh: bool,
+    /// TCP flags (0 for UDP).
+    flags: u8,
     ident: u16,
-    df: bool,
+    /// Whether the IP layer let it through unflagged: IP length equal to the packet's, IPv4 reserved bit clear,
+    /// and a payload. A packet that is not sound reaches the transport layer (and closes its flow's item) but
+    /// neither merges nor is held.
+    sound: bool,
+}
+
+impl Cand {
+    const EMPTY: Cand = Cand {
+        key: FlowKey::EMPTY,
+        fields: Fields { tos: 0, ttl: 0, df: false, tcp_word: 0, ack: 0 },
+        opts: [0; 40],
+        opts_len: 0,
+        l3: 0,
+        l4: 0,
+        hdr_len: 0,
+        payload_len: 0,
+        addr_sum: 0,
+        seq: 0,
+        flags: 0,
+        ident: 0,
+        sound: false,
+    };
+
+    /// Whether it may start an item (the kernel holds it for later packets to merge into).
+    fn holdable(&self) -> bool {
+        self.sound && self.flags & TCP_NOT_HELD == 0
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -176,20 +253,23 @@ struct Item {
     /// Gather mode: the last member of the chain (the first is `buf`) and the coalesced length.
     last: usize,
     vlen: usize,
+    /// The head packet.
     c: Cand,
     buf: usize,
     gso_size: usize,
     segs: usize,
-    last_len: usize,
     payload_total: usize,
-    psh: bool,
+    /// FIN and PSH of the merged segments, carried by the super-packet.
+    or_flags: u8,
     id_mode: IdMode,
     verified: bool,
-    dead: bool,
+    /// No further packet merges: completed (after a short, FIN or PSH segment), refused a packet of its flow, or
+    /// its own checksum failed.
+    closed: bool,
 }
 
 impl Item {
-    /// A flow's first packet, `c` in buffer `buf` of length `len` (not verified, not dead).
+    /// A flow's first packet, `c` in buffer `buf` of length `len` (not verified, open).
     fn first(c: &Cand, hash: u64, buf: usize, len: usize) -> Item {
         Item {
             hash,
@@ -199,12 +279,11 @@ impl Item {
             buf,
             gso_size: c.payload_len,
             segs: 1,
-            last_len: c.payload_len,
             payload_total: c.payload_len,
-            psh: c.psh,
+            or_flags: 0,
             id_mode: IdMode::Unknown,
             verified: false,
-            dead: false,
+            closed: false,
         }
     }
 }
@@ -260,60 +339,43 @@ impl Iterator for Pieces<'_> {
     }
 }
 
-impl Cand {
-    const EMPTY: Cand = Cand {
-        key: FlowKey { addrs: [0; 32], ports: 0, ack: 0, v6: false, udp: false },
-        fields: Fields {
-            l2: [0; ethernet::MAX_HEADER_LEN],
-            l2_len: 0,
-            tos: 0,
-            ttl: 0,
-            frag_bits: 0,
-            flow_label: 0,
-            l4_hdr_len: 0,
-            tcp_res: 0,
-        },
-        opts: [0; 40],
-        l3: 0,
-        l4: 0,
-        hdr_len: 0,
-        payload_len: 0,
-        addr_sum: 0,
-        seq: 0,
-        psh: false,
-        ident: 0,
-        df: false,
-    };
+/// How far the parser got with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parsed {
+    /// It reached the transport layer of a kind being coalesced: `Cand` describes it.
+    Transport,
+    /// It stopped before (not IP, IPv4 options, a fragment, a bad IPv4 header checksum, IPv6 extension headers,
+    /// an incomplete or bad transport header, a kind not coalesced). `udp_barrier`: it is not TCP, so a UDP
+    /// datagram behind it must not join an item in front of it (see the module documentation).
+    Stopped { udp_barrier: bool },
 }
 
 #[cfg(test)]
 fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> Option<Cand> {
     let mut c = Cand::EMPTY;
-    parse_candidate_into(pkt, framing, tcp_on, udp_on, &mut c)?;
-    Some(c)
+    (parse_candidate_into(pkt, framing, tcp_on, udp_on, &mut c) == Parsed::Transport && c.sound).then_some(c)
 }
 
-/// Parses `pkt` into `c` (reused across packets, so that the ~200-byte candidate is written in place rather
-/// than built and moved with `memcpy` per packet); `None` if it is not a GRO candidate. Every field that is
-/// compared whole is reset; `opts` is only ever compared up to the option length, which is set.
-#[inline(always)]
 /// The source and destination addresses of an IP packet, laid out as in [`FlowKey::addrs`], and whether it is
 /// IPv6; `None` if it is not IP or too short for its header.
 fn address_pair(pkt: &[u8], framing: Framing) -> Option<([u8; 32], bool)> {
-    let l3 = match framing {
-        Framing::Ip => 0,
-        Framing::Ethernet => ethernet::Frame::new_checked(pkt).ok()?.header_len(),
+    let (l3, ethertype) = match framing {
+        Framing::Ip => (0, None),
+        Framing::Ethernet => {
+            let f = ethernet::Frame::new_checked(pkt).ok()?;
+            (f.header_len(), Some(f.inner_ethertype()))
+        }
     };
     let ip = pkt.get(l3..)?;
     let mut addrs = [0u8; 32];
     match ip.first()? >> 4 {
-        4 => {
+        4 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV4) => {
             let p = ipv4::Packet::new_checked(ip).ok()?;
             addrs[..4].copy_from_slice(&p.src_addr());
             addrs[16..20].copy_from_slice(&p.dst_addr());
             Some((addrs, false))
         }
-        6 => {
+        6 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV6) => {
             let p = ipv6::Packet::new_checked(ip).ok()?;
             addrs[..16].copy_from_slice(&p.src_addr());
             addrs[16..].copy_from_slice(&p.dst_addr());
@@ -323,98 +385,105 @@ fn address_pair(pkt: &[u8], framing: Framing) -> Option<([u8; 32], bool)> {
     }
 }
 
-fn parse_candidate_into(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool, c: &mut Cand) -> Option<()> {
-    if pkt.len() > MAX_PACKET_LEN {
-        return None;
-    }
-    c.key = Cand::EMPTY.key;
+/// Parses `pkt` into `c` (reused across packets, so that the ~250-byte candidate is written in place rather
+/// than built and moved with `memcpy` per packet). Every field that is compared whole is reset; `opts` is only
+/// ever compared up to `opts_len`, which is set.
+#[inline(always)]
+fn parse_candidate_into(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool, c: &mut Cand) -> Parsed {
+    const STOPPED: Parsed = Parsed::Stopped { udp_barrier: true };
+    c.key = FlowKey::EMPTY;
     c.fields = Cand::EMPTY.fields;
-    c.psh = false;
+    c.flags = 0;
     c.seq = 0;
-    let l3 = match framing {
-        Framing::Ip => 0,
+    c.opts_len = 0;
+    // The IP version the layer-2 header announces (any, for TUN).
+    let (l3, version) = match framing {
+        Framing::Ip => (0, None),
         Framing::Ethernet => {
-            let f = ethernet::Frame::new_checked(pkt).ok()?;
-            if !matches!(f.inner_ethertype(), ethernet::ETHERTYPE_IPV4 | ethernet::ETHERTYPE_IPV6) {
-                return None;
-            }
+            let Ok(f) = ethernet::Frame::new_checked(pkt) else { return STOPPED };
+            let version = match f.inner_ethertype() {
+                ethernet::ETHERTYPE_IPV4 => 4,
+                ethernet::ETHERTYPE_IPV6 => 6,
+                _ => return STOPPED,
+            };
             let hl = f.header_len();
-            crate::small_copy::copy(&mut c.fields.l2[..hl], &pkt[..hl]);
-            c.fields.l2_len = hl as u8;
-            hl
+            crate::small_copy::copy(&mut c.key.l2[..hl], &pkt[..hl]);
+            c.key.l2_len = hl as u8;
+            (hl, Some(version))
         }
     };
     let ip = &pkt[l3..];
-    let (proto, l4, addr_sum, ident, df) = match ip.first()? >> 4 {
+    let Some(&first) = ip.first() else { return STOPPED };
+    if version.is_some_and(|v| v != first >> 4) {
+        return STOPPED;
+    }
+    // Whether the IP layer flags the packet (it still reaches the transport layer, where it closes its flow's
+    // item, but it neither merges nor is held): a length that is not the packet's, the IPv4 reserved bit.
+    let (proto, l4, addr_sum, ident, ip_sound) = match first >> 4 {
         4 => {
-            let p = ipv4::Packet::new_checked(ip).ok()?;
-            if p.header_len() != ipv4::MIN_HEADER_LEN
-                || p.is_fragment()
-                || p.total_len() as usize != ip.len()
-                || !p.verify_checksum()
-            {
-                return None;
+            let Ok(p) = ipv4::Packet::new_checked(ip) else { return STOPPED };
+            if p.header_len() != ipv4::MIN_HEADER_LEN || p.is_fragment() || !p.verify_checksum() {
+                return Parsed::Stopped { udp_barrier: p.protocol() != IPPROTO_TCP };
             }
             c.key.addrs[..4].copy_from_slice(&p.src_addr());
             c.key.addrs[16..20].copy_from_slice(&p.dst_addr());
             c.fields.tos = p.tos();
             c.fields.ttl = p.ttl();
-            c.fields.frag_bits = p.flags_frag() & (ipv4::FLAG_DF | ipv4::FLAG_RESERVED);
+            c.fields.df = p.dont_frag();
+            let sound = p.total_len() as usize == ip.len() && p.flags_frag() & ipv4::FLAG_RESERVED == 0;
             let sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
-            (p.protocol(), l3 + ipv4::MIN_HEADER_LEN, sum, p.ident(), p.dont_frag())
+            (p.protocol(), l3 + ipv4::MIN_HEADER_LEN, sum, p.ident(), sound)
         }
         6 => {
-            let p = ipv6::Packet::new_checked(ip).ok()?;
-            if p.payload_len() as usize + ipv6::HEADER_LEN != ip.len() {
-                return None;
-            }
+            let Ok(p) = ipv6::Packet::new_checked(ip) else { return STOPPED };
             c.key.v6 = true;
             c.key.addrs[..16].copy_from_slice(&p.src_addr());
             c.key.addrs[16..].copy_from_slice(&p.dst_addr());
+            c.key.flow_label = p.flow_label();
             c.fields.tos = p.traffic_class();
             c.fields.ttl = p.hop_limit();
-            c.fields.flow_label = p.flow_label();
+            let sound = p.payload_len() as usize + ipv6::HEADER_LEN == ip.len();
             let sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), p.next_header(), 0);
-            (p.next_header(), l3 + ipv6::HEADER_LEN, sum, 0, false)
+            (p.next_header(), l3 + ipv6::HEADER_LEN, sum, 0, sound)
         }
-        _ => return None,
+        _ => return STOPPED,
     };
+    if pkt.len() - l3 > MAX_PACKET_LEN {
+        return Parsed::Stopped { udp_barrier: proto != IPPROTO_TCP };
+    }
     let l4b = &pkt[l4..];
-    (c.l3, c.l4, c.addr_sum, c.ident, c.df) = (l3, l4, addr_sum, ident, df);
+    (c.l3, c.l4, c.addr_sum, c.ident) = (l3, l4, addr_sum, ident);
     match proto {
         IPPROTO_TCP if tcp_on => {
-            let t = tcp::Packet::new_checked(l4b).ok()?;
-            if t.flags() & !tcp::flags::PSH != tcp::flags::ACK {
-                return None;
-            }
+            let Ok(t) = tcp::Packet::new_checked(l4b) else { return Parsed::Stopped { udp_barrier: false } };
             let hl = t.header_len();
             c.hdr_len = l4 + hl;
             c.payload_len = l4b.len() - hl;
             c.key.ports = (t.src_port() as u32) << 16 | t.dst_port() as u32;
-            c.key.ack = t.ack_number();
-            c.fields.l4_hdr_len = hl as u8;
-            c.fields.tcp_res = t.reserved_bits();
+            c.fields.ack = t.ack_number();
+            let word = u32::from_be_bytes([l4b[12], l4b[13], l4b[14], l4b[15]]);
+            c.fields.tcp_word = word & !(u32::from(TCP_WORD_FREE_FLAGS) << 16);
+            c.opts_len = (hl - tcp::MIN_HEADER_LEN) as u8;
             crate::small_copy::copy(&mut c.opts[..hl - tcp::MIN_HEADER_LEN], t.options());
             c.seq = t.seq_number();
-            c.psh = t.flags() & tcp::flags::PSH != 0;
+            c.flags = t.flags();
+            c.sound = ip_sound && c.payload_len > 0;
+            Parsed::Transport
         }
         IPPROTO_UDP if udp_on => {
-            let u = udp::Packet::new_checked(l4b).ok()?;
-            if u.len() as usize != l4b.len() {
-                return None;
+            let Ok(u) = udp::Packet::new_checked(l4b) else { return STOPPED };
+            if !ip_sound || u.len() as usize != l4b.len() || l4b.len() == udp::HEADER_LEN {
+                return STOPPED;
             }
             c.key.udp = true;
             c.hdr_len = l4 + udp::HEADER_LEN;
             c.payload_len = l4b.len() - udp::HEADER_LEN;
             c.key.ports = (u.src_port() as u32) << 16 | u.dst_port() as u32;
-            c.fields.l4_hdr_len = udp::HEADER_LEN as u8;
+            c.sound = true;
+            Parsed::Transport
         }
-        _ => return None,
+        _ => Parsed::Stopped { udp_barrier: proto != IPPROTO_TCP },
     }
-    if c.payload_len == 0 {
-        return None;
-    }
-    Some(())
 }
 
 /// Verifies the L4 checksum of `pkt` (an IPv4 UDP checksum of 0 means "none" and is valid).
@@ -429,20 +498,26 @@ fn l4_checksum_ok(pkt: &[u8], c: &Cand) -> bool {
     checksum::fold(checksum::sum(l4, pseudo)) == 0xffff
 }
 
-/// IPv4 ID rule: incrementing IDs coalesce; a fixed ID only with DF set; no mixing.
-fn id_check(it: &Item, c: &Cand, prepend: bool) -> Option<IdMode> {
+/// IPv4 ID rule (`inet_gro_flush`): the ID of segment `n` is the first's plus `n`, or every ID equals the first
+/// with DF set; the second segment decides which, and the two never mix.
+fn id_check(it: &Item, c: &Cand) -> Option<IdMode> {
     if c.key.v6 {
         return Some(it.id_mode);
     }
     let first = it.c.ident;
-    let inc = if prepend { first.wrapping_sub(1) } else { first.wrapping_add(it.segs as u16) };
-    if c.ident == inc && it.id_mode != IdMode::Fixed {
+    if c.ident == first.wrapping_add(it.segs as u16) && it.id_mode != IdMode::Fixed {
         return Some(IdMode::Incrementing);
     }
-    if c.ident == first && c.df && it.id_mode != IdMode::Incrementing {
+    if c.ident == first && c.df() && it.id_mode != IdMode::Incrementing {
         return Some(IdMode::Fixed);
     }
     None
+}
+
+impl Cand {
+    fn df(&self) -> bool {
+        self.fields.df
+    }
 }
 
 fn packet<'a, B: AsRef<[u8]>>(bufs: &'a [B], lens: &[usize], i: usize, offset: usize) -> &'a [u8] {
@@ -467,18 +542,15 @@ fn copy_across<B: AsMut<[u8]> + AsRef<[u8]>>(
     }
 }
 
-enum Merge {
-    Append,
-    Prepend,
-}
-
-/// Outcome of [`Gro::try_merge`].
+/// What a packet of a flow with an open item did to it ([`Gro::try_merge`]).
 enum Attempt {
     Merged,
-    /// This item cannot take the packet (another item of the flow may, for TCP).
+    /// It did not merge: the item is closed.
     Refused,
-    /// The packet's own checksum failed: it merges with nothing.
+    /// The packet's own checksum failed: it passes through and the item stays open.
     BadPacket,
+    /// The item's own checksum failed: it was never a real item (closed now), as if the flow had none.
+    BadItem,
 }
 
 /// Byte masks of the 8-byte words [`Gro::try_fast_append`] compares (0xff: must be equal).
@@ -622,21 +694,11 @@ impl Gro {
                 continue;
             }
             let pkt = packet(bufs, lens, i, offset);
-            if parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand).is_none() {
-                // A packet that cannot merge (an IP fragment, IP options) between two UDP datagrams of the same
-                // addresses is a barrier for UDP: no later datagram may join one before it, or it would be
-                // written first (a fragmented datagram overtaken by the next one; UDP keeps no sequence to
-                // restore the order). TCP merges across it as the kernel's GRO does (the receiver reorders by
-                // sequence number).
-                if let Some((addrs, v6)) = address_pair(pkt, self.config.framing) {
-                    let same = |it: &&mut Item| it.c.key.udp && it.c.key.v6 == v6 && it.c.key.addrs == addrs;
-                    for it in self.items.iter_mut().filter(same) {
-                        it.dead = true;
-                    }
-                }
-                continue;
+            match parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand) {
+                Parsed::Transport => self.insert(i, &cand, bufs, lens, offset, checksums_valid, &mut stats),
+                Parsed::Stopped { udp_barrier: true } => self.udp_barrier(pkt),
+                Parsed::Stopped { udp_barrier: false } => {}
             }
-            self.insert(i, &cand, bufs, lens, offset, checksums_valid, &mut stats);
         }
         for i in 0..n {
             let slot = self.slots[i];
@@ -668,13 +730,26 @@ impl Gro {
         stats
     }
 
+    /// A packet that could not merge, and is not TCP, between two UDP datagrams of the same addresses is a
+    /// barrier for UDP: no later datagram may join one before it, or it would be written first (a fragmented
+    /// datagram overtaken by the next one; UDP keeps no sequence to restore the order). TCP merges across it as
+    /// the kernel's GRO does (the receiver reorders by sequence number).
+    fn udp_barrier(&mut self, pkt: &[u8]) {
+        if let Some((addrs, v6)) = address_pair(pkt, self.config.framing) {
+            let same = |it: &&mut Item| it.c.key.udp && it.c.key.v6 == v6 && it.c.key.addrs == addrs;
+            for it in self.items.iter_mut().filter(same) {
+                it.closed = true;
+            }
+        }
+    }
+
     /// The fast path for the common case, the next TCP segment of the flow the newest item holds: if packet `i`
     /// has the head's header bytes except for the fields that change from segment to segment (IP length, IPv4
-    /// ID and header checksum, TCP sequence number, PSH and checksum), continues the item's sequence and obeys the
-    /// same size and ID rules, it is appended without being parsed into a candidate. Those conditions imply
-    /// everything [`parse_candidate_into`] and [`Gro::can_merge`] would check for an append to the newest item,
-    /// which is also the first item [`Gro::insert`] would try, so the outcome is the same; anything else (a
-    /// changed window, another flow, a gap) returns `false` and takes the full path. Trusted checksums only.
+    /// ID and header checksum, TCP sequence number, PSH and checksum), carries no CWR, continues the item's
+    /// sequence and obeys the same size and ID rules, it is appended without being parsed into a candidate.
+    /// Those conditions imply everything [`parse_candidate_into`] and [`Gro::can_merge`] would check for the
+    /// newest item, the open item of the packet's flow, so the outcome is the same; anything else (a changed
+    /// window, another flow, a gap) returns `false` and takes the full path. Trusted checksums only.
     #[inline]
     fn try_fast_append<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
@@ -687,17 +762,17 @@ impl Gro {
             return false;
         };
         let it = &self.items[k];
-        if it.dead || !it.verified || it.c.key.udp || it.psh || it.last_len != it.gso_size {
+        if it.closed || !it.verified || it.c.key.udp {
             return false;
         }
         let c = &it.c;
         let (l3, l4, hl, len) = (c.l3, c.l4, c.hdr_len, lens[i]);
-        if len <= hl || len > MAX_PACKET_LEN || len - hl > it.gso_size {
+        if len <= hl || len - hl > it.gso_size {
             return false;
         }
         let payload_len = len - hl;
         let new_len = if self.gather { it.vlen } else { lens[it.buf] } + payload_len;
-        if new_len > MAX_PACKET_LEN || (!self.gather && bufs[it.buf].as_ref().len() < offset + new_len) {
+        if new_len - l3 > MAX_PACKET_LEN || (!self.gather && bufs[it.buf].as_ref().len() < offset + new_len) {
             return false;
         }
         let head = &bufs[it.buf].as_ref()[offset..offset + hl];
@@ -727,31 +802,33 @@ impl Gro {
             let ident = be16(ip, 4) as u16;
             if ident == c.ident.wrapping_add(it.segs as u16) && it.id_mode != IdMode::Fixed {
                 IdMode::Incrementing
-            } else if ident == c.ident && c.df && it.id_mode != IdMode::Incrementing {
+            } else if ident == c.ident && c.df() && it.id_mode != IdMode::Incrementing {
                 IdMode::Fixed
             } else {
                 return false;
             }
         };
         let (t, ht) = (&pkt[l4..hl], &head[l4..hl]);
-        // Ports; ACK number, data offset and reserved bits, flags but PSH (the head's are exactly ACK: a candidate,
-        // and no PSH in the item), window; urgent pointer; options.
+        // Ports; ACK number, data offset and reserved bits, flags but PSH (the head has none: an open item), window;
+        // urgent pointer; options. A CWR packet never merges, even behind a CWR head.
         let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
         if !same_masked(t, ht, 0, TCP_WORD0)
             || !same_masked(t, ht, 8, TCP_WORD1)
+            || t[13] & tcp::flags::CWR != 0
             || t[18..20] != ht[18..20]
             || (t.len() > tcp::MIN_HEADER_LEN && t[tcp::MIN_HEADER_LEN..] != ht[tcp::MIN_HEADER_LEN..])
             || seq != c.seq.wrapping_add(it.payload_total as u32)
         {
             return false;
         }
-        let psh = t[13] & tcp::flags::PSH != 0;
-        self.append(k, i, (hl, payload_len, psh), new_len, bufs, lens, offset);
-        self.count_merge(k, payload_len, id_mode);
+        let flags = t[13];
+        self.append(k, i, hl, payload_len, new_len, bufs, lens, offset);
+        self.count_merge(k, payload_len, flags, id_mode);
         true
     }
 
-    /// Merges packet `i` (parsed as `c`) into an earlier packet of its flow, or makes it the head of a new item.
+    /// Merges packet `i` (parsed as `c`) into its flow's open item, or closes that item and makes the packet the
+    /// head of a new one (if it may be held), or lets it pass alone.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn insert<B: AsMut<[u8]> + AsRef<[u8]>>(
@@ -766,30 +843,24 @@ impl Gro {
     ) {
         let hash = c.key.hash();
         let mut pkt_ok: Option<bool> = if checksums_valid { Some(true) } else { None };
-        let mut dead = false;
-        // Newest first: a UDP packet may only join the newest item of its flow, a TCP packet any that fits.
-        for k in (0..self.items.len()).rev() {
-            let it = &self.items[k];
-            if it.hash != hash || it.c.key != c.key {
-                continue;
-            }
+        let open = (0..self.items.len())
+            .rev()
+            .find(|&k| !self.items[k].closed && self.items[k].hash == hash && self.items[k].c.key == c.key);
+        if let Some(k) = open {
             match self.try_merge(k, i, c, bufs, lens, offset, &mut pkt_ok, stats) {
-                Attempt::Merged => return,
-                Attempt::BadPacket => {
-                    // Passes through unmerged; kept as a dead item so that UDP cannot merge across it.
-                    dead = true;
-                    break;
-                }
-                Attempt::Refused if c.key.udp => break,
-                Attempt::Refused => {}
+                Attempt::Merged | Attempt::BadPacket => return,
+                Attempt::Refused | Attempt::BadItem => {}
             }
         }
+        if !c.holdable() {
+            return;
+        }
         self.slots[i] = Slot::Head(self.items.len());
-        self.items.push(Item { verified: pkt_ok == Some(true), dead, ..Item::first(c, hash, i, lens[i]) });
+        self.items.push(Item { verified: pkt_ok == Some(true), ..Item::first(c, hash, i, lens[i]) });
     }
 
-    /// Tries to merge packet `i` into item `k` of the same flow. Checksums are verified only here, once a merge
-    /// is otherwise possible: the item's (if not yet verified) and the packet's (cached in `pkt_ok`).
+    /// Packet `i` of the flow of open item `k`: merged, or the item closed. Checksums are verified only here, as
+    /// a packet meets an item: the item's (if not yet verified) and the packet's (cached in `pkt_ok`).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn try_merge<B: AsMut<[u8]> + AsRef<[u8]>>(
@@ -803,27 +874,12 @@ impl Gro {
         pkt_ok: &mut Option<bool>,
         stats: &mut GroStats,
     ) -> Attempt {
-        let it = &self.items[k];
-        if it.dead {
-            return Attempt::Refused;
-        }
-        let Some((how, id_mode)) = self.can_merge(it, c) else {
-            return Attempt::Refused;
-        };
-        let new_len = if self.gather { it.vlen } else { lens[it.buf] } + c.payload_len;
-        let dst = match how {
-            Merge::Append => it.buf,
-            Merge::Prepend => i,
-        };
-        // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
-        if new_len > MAX_PACKET_LEN || (!self.gather && bufs[dst].as_ref().len() < offset + new_len) {
-            return Attempt::Refused;
-        }
-        if !it.verified {
+        if !self.items[k].verified {
+            let it = &self.items[k];
             if !l4_checksum_ok(packet(bufs, lens, it.buf, offset), &it.c) {
-                self.items[k].dead = true;
+                self.items[k].closed = true;
                 stats.bad_checksum += 1;
-                return Attempt::Refused;
+                return Attempt::BadItem;
             }
             self.items[k].verified = true;
         }
@@ -831,33 +887,50 @@ impl Gro {
             stats.bad_checksum += 1;
             return Attempt::BadPacket;
         }
-        match how {
-            Merge::Append => self.append(k, i, (c.hdr_len, c.payload_len, c.psh), new_len, bufs, lens, offset),
-            Merge::Prepend => self.prepend(k, i, c, new_len, bufs, lens, offset),
+        let it = &self.items[k];
+        let new_len = if self.gather { it.vlen } else { lens[it.buf] } + c.payload_len;
+        // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
+        let fits = new_len - c.l3 <= MAX_PACKET_LEN && (self.gather || bufs[it.buf].as_ref().len() >= offset + new_len);
+        match self.can_merge(it, c).filter(|_| fits) {
+            Some(id_mode) => {
+                self.append(k, i, c.hdr_len, c.payload_len, new_len, bufs, lens, offset);
+                self.count_merge(k, c.payload_len, c.flags, id_mode);
+                stats.coalesced += 1;
+                Attempt::Merged
+            }
+            None => {
+                self.items[k].closed = true;
+                Attempt::Refused
+            }
         }
-        self.count_merge(k, c.payload_len, id_mode);
-        stats.coalesced += 1;
-        Attempt::Merged
     }
 
-    /// What every merge into item `k` adds: a segment of `payload_len` bytes, the IPv4 ID rule it followed.
+    /// What every merge into item `k` adds: a segment of `payload_len` bytes with TCP `flags`, the IPv4 ID rule it
+    /// followed. A short segment, FIN or PSH completes the item.
     #[inline]
-    fn count_merge(&mut self, k: usize, payload_len: usize, id_mode: IdMode) {
+    fn count_merge(&mut self, k: usize, payload_len: usize, flags: u8, id_mode: IdMode) {
         let it = &mut self.items[k];
         it.payload_total += payload_len;
         it.segs += 1;
         it.id_mode = id_mode;
+        let last_flags = flags & (tcp::flags::FIN | tcp::flags::PSH);
+        it.or_flags |= last_flags;
+        let full = it.c.key.udp && it.segs >= self.udp_max_segments;
+        if payload_len < it.gso_size || last_flags != 0 || full {
+            it.closed = true;
+        }
     }
 
-    /// Packet `i` (header length, payload length, PSH) follows item `k`: its payload goes after the item's
-    /// (copied, or chained in gather mode).
+    /// Packet `i` (header length, payload length) follows item `k`: its payload goes after the item's (copied, or
+    /// chained in gather mode).
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn append<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         k: usize,
         i: usize,
-        (hdr_len, payload_len, psh): (usize, usize, bool),
+        hdr_len: usize,
+        payload_len: usize,
         new_len: usize,
         bufs: &mut [B],
         lens: &mut [usize],
@@ -873,71 +946,27 @@ impl Gro {
             copy_across(bufs, i, offset + hdr_len..offset + lens[i], it.buf, end);
             lens[it.buf] += payload_len;
         }
-        it.last_len = payload_len;
-        it.psh |= psh;
         self.slots[i] = Slot::Merged;
     }
 
-    /// Packet `i` precedes item `k`: it becomes the head, with its headers, and the item's payload follows it.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    fn prepend<B: AsMut<[u8]> + AsRef<[u8]>>(
-        &mut self,
-        k: usize,
-        i: usize,
-        c: &Cand,
-        new_len: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) {
-        let it = &mut self.items[k];
-        let old = it.buf;
-        if self.gather {
-            self.next[i] = old;
-            it.vlen = new_len;
-        } else {
-            let end = offset + lens[i];
-            copy_across(bufs, old, offset + it.c.hdr_len..offset + lens[old], i, end);
-            lens[i] += it.payload_total;
+    /// Whether packet `c` may be appended to open item `it` of its flow (the kernel's `tcp_gro_receive` /
+    /// `udp_gro_receive_segment` and the network-layer flush rules), and the IPv4 ID rule it follows.
+    fn can_merge(&self, it: &Item, c: &Cand) -> Option<IdMode> {
+        if !c.sound || c.flags & tcp::flags::CWR != 0 || c.payload_len > it.gso_size {
+            return None;
         }
-        if it.segs == 1 {
-            it.last_len = it.payload_total;
-        }
-        it.gso_size = c.payload_len;
-        let keep = (it.psh, it.verified);
-        it.c = *c;
-        (it.psh, it.verified) = keep;
-        it.buf = i;
-        self.slots[old] = Slot::Merged;
-        self.slots[i] = Slot::Head(k);
-    }
-
-    fn can_merge(&self, it: &Item, c: &Cand) -> Option<(Merge, IdMode)> {
-        let hl = c.fields.l4_hdr_len as usize - if c.key.udp { udp::HEADER_LEN } else { tcp::MIN_HEADER_LEN };
-        if it.c.fields != c.fields || it.c.opts[..hl] != c.opts[..hl] {
+        let opts = usize::from(c.opts_len);
+        if it.c.fields != c.fields || it.c.opts_len != c.opts_len || it.c.opts[..opts] != c.opts[..opts] {
             return None;
         }
         if c.key.udp {
-            if it.segs >= self.udp_max_segments || c.payload_len > it.gso_size || it.last_len != it.gso_size {
+            if it.segs >= self.udp_max_segments {
                 return None;
             }
-            return id_check(it, c, false).map(|m| (Merge::Append, m));
+        } else if c.seq != it.c.seq.wrapping_add(it.payload_total as u32) {
+            return None;
         }
-        if c.seq == it.c.seq.wrapping_add(it.payload_total as u32) {
-            if it.psh || c.payload_len > it.gso_size || it.last_len != it.gso_size {
-                return None;
-            }
-            return id_check(it, c, false).map(|m| (Merge::Append, m));
-        }
-        if c.seq.wrapping_add(c.payload_len as u32) == it.c.seq {
-            let fits = if it.segs == 1 { it.payload_total <= c.payload_len } else { it.gso_size == c.payload_len };
-            if c.psh || !fits {
-                return None;
-            }
-            return id_check(it, c, true).map(|m| (Merge::Prepend, m));
-        }
-        None
+        id_check(it, c)
     }
 
     /// Rewrites the headers of a merged packet and writes its virtio header.
@@ -961,12 +990,12 @@ impl Gro {
             (gso::UDP_L4, udp::CHECKSUM_OFFSET)
         } else {
             let mut t = tcp::Packet::new_unchecked(&mut rest[c.l4..]);
-            if it.psh {
-                let f = t.flags();
-                t.set_flags(f | tcp::flags::PSH);
-            }
+            let f = t.flags();
+            t.set_flags(f | it.or_flags);
             t.set_checksum(pseudo);
-            (if c.key.v6 { gso::TCPV6 } else { gso::TCPV4 }, tcp::CHECKSUM_OFFSET)
+            // A CWR head: the kernel splits it with CWR on the first segment only (`SKB_GSO_TCP_ECN`).
+            let ecn = if f & tcp::flags::CWR != 0 { gso::ECN } else { 0 };
+            (if c.key.v6 { gso::TCPV6 } else { gso::TCPV4 } | ecn, tcp::CHECKSUM_OFFSET)
         };
         VirtioNetHdrRepr {
             flags: flags::NEEDS_CSUM,
@@ -1029,17 +1058,16 @@ mod tests {
             n.df = df;
             cand(&n, 10)
         };
-        assert_eq!(id_check(&it, &next(s.ip_id + 1, true), false), Some(IdMode::Incrementing));
-        assert_eq!(id_check(&it, &next(s.ip_id, true), false), Some(IdMode::Fixed));
-        assert_eq!(id_check(&it, &next(s.ip_id, false), false), None);
-        assert_eq!(id_check(&it, &next(s.ip_id + 2, true), false), None);
-        assert_eq!(id_check(&it, &next(s.ip_id - 1, true), true), Some(IdMode::Incrementing));
+        assert_eq!(id_check(&it, &next(s.ip_id + 1, true)), Some(IdMode::Incrementing));
+        assert_eq!(id_check(&it, &next(s.ip_id, true)), Some(IdMode::Fixed));
+        assert_eq!(id_check(&it, &next(s.ip_id, false)), None);
+        assert_eq!(id_check(&it, &next(s.ip_id + 2, true)), None);
         let fixed = Item { id_mode: IdMode::Fixed, segs: 2, ..it };
-        assert_eq!(id_check(&fixed, &next(s.ip_id + 2, true), false), None);
-        assert_eq!(id_check(&fixed, &next(s.ip_id, true), false), Some(IdMode::Fixed));
+        assert_eq!(id_check(&fixed, &next(s.ip_id + 2, true)), None);
+        assert_eq!(id_check(&fixed, &next(s.ip_id, true)), Some(IdMode::Fixed));
         let inc = Item { id_mode: IdMode::Incrementing, segs: 2, ..it };
-        assert_eq!(id_check(&inc, &next(s.ip_id, true), false), None);
-        assert_eq!(id_check(&inc, &next(s.ip_id + 2, false), false), Some(IdMode::Incrementing));
+        assert_eq!(id_check(&inc, &next(s.ip_id, true)), None);
+        assert_eq!(id_check(&inc, &next(s.ip_id + 2, false)), Some(IdMode::Incrementing));
     }
 
     #[test]

@@ -49,6 +49,11 @@ fn replay_gro_coalesce() {
     assert!(replay("gro_coalesce", fuzzing::gro_coalesce) >= 10);
 }
 
+#[test]
+fn replay_gro_model() {
+    assert!(replay("gro_model", fuzzing::gro_model) >= 10);
+}
+
 fn specs() -> Vec<(String, Spec)> {
     let mut v = Vec::new();
     for (name, base) in [("tcp4", Spec::tcp4()), ("tcp6", Spec::tcp6()), ("udp4", Spec::udp4()), ("udp6", Spec::udp6())]
@@ -135,6 +140,23 @@ fn generate_seed_corpus() {
                 d.extend_from_slice(&sup);
                 let outer = if outer_v6 { "o6" } else { "o4" };
                 write("tunnel_split", &format!("{kind}_{outer}_{}_{inner_name}", framing_byte(framing)), &d);
+            }
+        }
+    }
+    // gro_model: per base (TCP/UDP x v4/v6 x framing), a stream with one of each kind of change.
+    for base in 0u8..16 {
+        for (name, ops) in [
+            ("stream", vec![0u8, 0, 0, 0, 0, 0, 0, 0]),
+            ("window", vec![0, 0, 9, 7, 0, 0, 0, 0]),
+            ("flags", vec![0, 0, 8, 0, 0, 0, 8, 2, 0, 0, 8, 0x83]),
+            ("ack_ttl_tos", vec![0, 0, 10, 1, 0, 0, 11, 0, 0, 0, 11, 1, 0, 0]),
+            ("ids", vec![0, 0, 12, 1, 0, 0, 12, 4, 0, 0]),
+            ("reorder", vec![0, 0, 0, 0, 14, 0, 0, 0, 13, 0, 0, 0]),
+            ("flows", vec![0, 0, 15, 0, 0, 0, 15, 1, 0, 0, 15, 2, 15, 3, 6, 40]),
+        ] {
+            for cfg in [0u8, 1, 3] {
+                let data = [&[base, cfg][..], &ops].concat();
+                write("gro_model", &format!("b{base}_c{cfg}_{name}"), &data);
             }
         }
     }

@@ -479,5 +479,26 @@ proptest! {
         prop_assert_eq!(&fast.0, &slow.0);
         prop_assert_eq!(fast.1, slow.1);
         prop_assert_eq!(fast.2, slow.2);
+        // And both made the coalesced packets the kernel's merge decision makes.
+        let (mut bufs, mut lens) = into_bufs(&pkts);
+        let mut tw = Vec::new();
+        let mut gro = gro_for(spec.framing).with_gather(true);
+        gro.coalesce(&mut bufs, &mut lens, OFF, checksums, &mut tw);
+        let refs: Vec<&[u8]> = pkts.iter().map(Vec::as_slice).collect();
+        let want = fuzzing::reference_groups(&refs, gro.config(), gro.udp_max_segments(), checksums);
+        prop_assert_eq!(fuzzing::groups_of(&gro, &tw, &lens, OFF), want);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// The coalescer against a reference model of the kernel's merge decision (`fuzzing::reference_groups`): a
+    /// stream whose packets change one field at a time (a flag, the window, the ACK number, TTL, TOS, flow label,
+    /// DF, the IPv4 ID, options, length, checksum), retransmissions and other flows, checksums trusted or not:
+    /// the same packets end up in the same coalesced packets, in the same order.
+    #[test]
+    fn the_kernels_merge_decision(data in proptest::collection::vec(any::<u8>(), 2..130)) {
+        fuzzing::gro_model(&data);
     }
 }

@@ -2,6 +2,9 @@
 //! benches, compiled only with the `fuzzing` feature. Not part of the public API; may change at any time.
 #![allow(missing_docs)]
 
+mod gro_reference;
+pub use gro_reference::reference_groups;
+
 use crate::checksum;
 use crate::gro::{Checksums, Gro, GroConfig};
 use crate::gso::Splitter;
@@ -607,6 +610,13 @@ pub fn gro_coalesce(data: &[u8]) {
     }
     let before: usize = lens.iter().sum();
     let udp_max = if cfg & 64 != 0 { 4 } else { 64 };
+    // Which packets merge, in gather mode (no buffer room in the way), is the kernel's decision.
+    let pkts: Vec<&[u8]> = bufs.iter().zip(&lens).map(|(b, &l)| &b[offset..offset + l]).collect();
+    let want = reference_groups(&pkts, &config, udp_max, checksums);
+    let (mut gather_bufs, mut gather_lens, mut gather_write) = (bufs.clone(), lens.clone(), Vec::new());
+    let mut gather = Gro::new(config).with_udp_max_segments(udp_max).with_gather(true);
+    gather.coalesce(&mut gather_bufs, &mut gather_lens, offset, checksums, &mut gather_write);
+    assert_eq!(groups_of(&gather, &gather_write, &gather_lens, offset), want, "the kernel's merge decision");
     // The same batch without the fast path for the next segment of a stream: the same output.
     let (mut slow_bufs, mut slow_lens, mut slow_write) = (bufs.clone(), lens.clone(), Vec::new());
     let mut slow = Gro::new(config).with_udp_max_segments(udp_max).with_fast_path(false);
@@ -676,5 +686,126 @@ pub fn load(pkts: &[Vec<u8>], bufs: &mut [Vec<u8>], lens: &mut [usize], off: usi
     for (i, p) in pkts.iter().enumerate() {
         bufs[i][off..off + p.len()].copy_from_slice(p);
         lens[i] = p.len();
+    }
+}
+
+/// The coalesced packets a gather-mode [`Gro`] made of a batch: for each written packet, the input indices it
+/// carries in segment order.
+pub fn groups_of(gro: &Gro, to_write: &[usize], lens: &[usize], offset: usize) -> Vec<Vec<usize>> {
+    to_write.iter().map(|&head| gro.pieces(head, lens, offset).map(|(b, _)| b).collect()).collect()
+}
+
+/// A TCP or UDP stream described by fuzz input, for [`gro_model`]: byte 0 chooses the base (TCP/UDP, IPv4/IPv6,
+/// IP or Ethernet framing, VLAN tags), byte 1 the checksum state and UDP segment cap, then every two bytes are one
+/// packet: the next segment, or one with a field changed (a flag, the window, the ACK number, TTL, TOS, flow
+/// label, DF, the IPv4 ID, the options, the payload length, the checksum), a retransmission, or another flow.
+pub fn gro_stream(data: &[u8]) -> Option<(GroConfig, Checksums, usize, Vec<Vec<u8>>)> {
+    let (&base, rest) = data.split_first()?;
+    let (&cfg, mut rest) = rest.split_first()?;
+    let kind = [Spec::tcp4(), Spec::tcp6(), Spec::udp4(), Spec::udp6()][usize::from(base & 3)].clone();
+    let (framing, vlans) = [(Framing::Ip, 0), (Framing::Ethernet, 0), (Framing::Ethernet, 1), (Framing::Ip, 0)]
+        [usize::from((base >> 2) & 3)];
+    let mut cur = kind.with_framing(framing, vlans);
+    if base & 16 != 0 {
+        cur.tcp_opts.clear();
+    }
+    let checksums = if cfg & 1 != 0 { Checksums::Valid } else { Checksums::Unverified };
+    let udp_max = if cfg & 2 != 0 { 3 } else { 64 };
+    let config = GroConfig { tcp: true, udp: true, framing, vnet_hdr_len: 10 };
+    const SIZE: usize = 100;
+    let mut sent: Vec<(Spec, usize)> = Vec::new();
+    let mut pkts = Vec::new();
+    while rest.len() >= 2 && pkts.len() < 64 {
+        let (op, arg) = (rest[0], rest[1]);
+        rest = &rest[2..];
+        let mut this = cur.clone();
+        let mut len = SIZE;
+        match op % 16 {
+            0..=5 => {}
+            6 => len = usize::from(arg) % SIZE,
+            7 => len = SIZE + 1 + usize::from(arg) % 50,
+            8 => {
+                let f = [tcp::flags::PSH, tcp::flags::FIN, tcp::flags::CWR, tcp::flags::ECE, tcp::flags::URG];
+                let f = [f.as_slice(), &[tcp::flags::SYN, tcp::flags::RST, 0]].concat()[usize::from(arg) % 8];
+                this.tcp_flags |= f;
+                if arg & 0x80 != 0 {
+                    // The flag stays on the stream's following packets too (an ECE stream, say).
+                    cur.tcp_flags |= f & !(tcp::flags::FIN | tcp::flags::SYN | tcp::flags::RST);
+                }
+            }
+            9 => {
+                cur.window = u16::from(arg) * 3;
+                this.window = cur.window;
+            }
+            10 => {
+                cur.ack = cur.ack.wrapping_add(u32::from(arg));
+                this.ack = cur.ack;
+            }
+            11 => {
+                match arg % 5 {
+                    0 => cur.ttl = arg,
+                    1 => cur.tos = arg & 3,
+                    2 => cur.tos = arg & 0xfc,
+                    3 => cur.flow_label = u32::from(arg),
+                    _ => cur.df = !cur.df,
+                }
+                this = Spec { seq: this.seq, ip_id: this.ip_id, ..cur.clone() };
+            }
+            12 => {
+                // An ID that jumps, or stays: the fixed-ID rule and its DF condition.
+                cur.ip_id = if arg & 1 == 0 { cur.ip_id.wrapping_add(u16::from(arg)) } else { cur.ip_id };
+                this.ip_id = cur.ip_id;
+            }
+            13 => this.bad_csum = true,
+            14 if !sent.is_empty() => {
+                // A retransmission or a segment out of order.
+                let (old, old_len) = sent[usize::from(arg) % sent.len()].clone();
+                pkts.push(old.build(&payload(old_len, arg)));
+                continue;
+            }
+            _ => match arg % 4 {
+                0 => {
+                    cur.sport = cur.sport.wrapping_add(1);
+                    this.sport = cur.sport;
+                }
+                1 => {
+                    cur.tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, arg, 0, 0, 0, 2];
+                    this.tcp_opts = cur.tcp_opts.clone();
+                }
+                2 => len = 0,
+                _ => this.mac_src[5] ^= 1,
+            },
+        }
+        pkts.push(this.build(&payload(len, pkts.len() as u8)));
+        sent.push((this.clone(), len));
+        let ip_id = cur.ip_id;
+        cur = this.next_seg(len);
+        cur.tcp_flags = this.tcp_flags & !(tcp::flags::PSH | tcp::flags::FIN | tcp::flags::SYN | tcp::flags::RST);
+        cur.bad_csum = false;
+        cur.mac_src = this.mac_src;
+        // An ID that was held fixed stays so.
+        if op % 16 == 12 && arg & 1 != 0 {
+            cur.ip_id = ip_id;
+        }
+    }
+    Some((config, checksums, udp_max, pkts))
+}
+
+/// Fuzz entry: a stream from [`gro_stream`], coalesced by [`Gro`] (gather mode, with and without the fast path)
+/// and by the kernel's merge decision ([`reference_groups`]): the same packets must end up in the same
+/// coalesced packets, in the same order.
+pub fn gro_model(data: &[u8]) {
+    let Some((config, checksums, udp_max, pkts)) = gro_stream(data) else { return };
+    let offset = 12;
+    let refs: Vec<&[u8]> = pkts.iter().map(Vec::as_slice).collect();
+    let want = reference_groups(&refs, &config, udp_max, checksums);
+    for fast in [true, false] {
+        let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [&[0u8; 12][..], p].concat()).collect();
+        let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
+        let mut gro = Gro::new(config).with_gather(true).with_fast_path(fast).with_udp_max_segments(udp_max);
+        let mut to_write = Vec::new();
+        gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
+        let got = groups_of(&gro, &to_write, &lens, offset);
+        assert_eq!(got, want, "fast path {fast}: coalesced packets differ from the kernel's decision");
     }
 }

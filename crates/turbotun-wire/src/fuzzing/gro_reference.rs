@@ -1,0 +1,251 @@
+//! A reference model of the kernel's GRO merge decision, written apart from `gro.rs` and as plainly as the kernel
+//! states it, for the property tests and the fuzz target to hold [`crate::Gro`] against: which packets of a batch
+//! end up in which coalesced packet, in which order.
+//!
+//! It follows `dev_gro_receive` with one held packet per flow, `inet_gro_receive`/`ipv6_gro_receive`
+//! (`inet_gro_flush`, `ipv6_gro_flush`), `tcp_gro_receive` and `udp_gro_receive_segment`, plus the two documented
+//! places where turbotun merges less (a UDP barrier behind a packet that stopped before the transport layer,
+//! IPv6 extension headers) and the one where it merges more (an IPv4 UDP checksum of 0).
+
+use crate::checksum;
+use crate::gro::{Checksums, GroConfig, MAX_PACKET_LEN};
+use crate::{ethernet, ipv4, ipv6, tcp, udp, Framing, IPPROTO_TCP, IPPROTO_UDP};
+
+/// One packet as the model sees it.
+#[derive(Debug, Clone)]
+enum Seen {
+    /// Stopped before the transport layer; `barrier`: not TCP (closes the UDP items of its addresses).
+    Stopped { addrs: Option<Vec<u8>>, barrier: bool },
+    /// Reached TCP or UDP.
+    Transport(Transport),
+}
+
+#[derive(Debug, Clone)]
+struct Transport {
+    /// Layer-2 header, addresses, flow label, protocol, ports.
+    flow: Vec<u8>,
+    addrs: Vec<u8>,
+    udp: bool,
+    /// IP length right, IPv4 reserved bit clear, a payload (UDP: length field right too).
+    sound: bool,
+    tos: u8,
+    ttl: u8,
+    df: bool,
+    id: u16,
+    v6: bool,
+    /// Bytes 12..16 of TCP (data offset, reserved bits, flags, window).
+    tcp_word: u32,
+    flags: u8,
+    ack: u32,
+    seq: u32,
+    options: Vec<u8>,
+    l3_len: usize,
+    payload: usize,
+    checksum_ok: bool,
+}
+
+fn classify(pkt: &[u8], config: &GroConfig, trusted: bool) -> Seen {
+    let stopped = |addrs: Option<Vec<u8>>, barrier| Seen::Stopped { addrs, barrier };
+    let (l2, version) = match config.framing {
+        Framing::Ip => (0, None),
+        Framing::Ethernet => match ethernet::Frame::new_checked(pkt) {
+            Ok(f) if f.inner_ethertype() == ethernet::ETHERTYPE_IPV4 => (f.header_len(), Some(4)),
+            Ok(f) if f.inner_ethertype() == ethernet::ETHERTYPE_IPV6 => (f.header_len(), Some(6)),
+            _ => return stopped(None, true),
+        },
+    };
+    let ip = &pkt[l2..];
+    // An IP header of another version than the Ethernet type says is no IP packet.
+    if version.is_some_and(|v| ip.first().map(|b| b >> 4) != Some(v)) {
+        return stopped(None, true);
+    }
+    let mut flow = pkt[..l2].to_vec();
+    let (proto, l4, addrs, sound_ip, tos, ttl, df, id, v6, pseudo) = match ip.first().map(|b| b >> 4) {
+        Some(4) => {
+            let Ok(p) = ipv4::Packet::new_checked(ip) else { return stopped(None, true) };
+            let addrs = [p.src_addr(), p.dst_addr()].concat();
+            if p.header_len() != 20 || p.is_fragment() || !p.verify_checksum() {
+                return stopped(Some(addrs), p.protocol() != IPPROTO_TCP);
+            }
+            let sound = usize::from(p.total_len()) == ip.len() && p.flags_frag() & ipv4::FLAG_RESERVED == 0;
+            let pseudo = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
+            (p.protocol(), 20, addrs, sound, p.tos(), p.ttl(), p.dont_frag(), p.ident(), false, pseudo)
+        }
+        Some(6) => {
+            let Ok(p) = ipv6::Packet::new_checked(ip) else { return stopped(None, true) };
+            let addrs = [p.src_addr(), p.dst_addr()].concat();
+            flow.extend_from_slice(&p.flow_label().to_be_bytes());
+            let sound = usize::from(p.payload_len()) + 40 == ip.len();
+            let pseudo = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), p.next_header(), 0);
+            (p.next_header(), 40, addrs, sound, p.traffic_class(), p.hop_limit(), false, 0, true, pseudo)
+        }
+        _ => return stopped(None, true),
+    };
+    if ip.len() > MAX_PACKET_LEN {
+        return stopped(Some(addrs), proto != IPPROTO_TCP);
+    }
+    flow.extend_from_slice(&addrs);
+    flow.push(proto);
+    let l4 = &ip[l4..];
+    let verify = |zero_ok: bool| {
+        trusted || (zero_ok && l4.len() >= 8 && l4[6..8] == [0, 0]) || {
+            checksum::fold(checksum::sum(l4, checksum::add(pseudo, l4.len() as u32))) == 0xffff
+        }
+    };
+    match proto {
+        IPPROTO_TCP if config.tcp => {
+            let Ok(t) = tcp::Packet::new_checked(l4) else { return stopped(Some(addrs), false) };
+            flow.extend_from_slice(&l4[..4]);
+            let payload = l4.len() - t.header_len();
+            Seen::Transport(Transport {
+                flow,
+                addrs,
+                udp: false,
+                sound: sound_ip && payload > 0,
+                tos,
+                ttl,
+                df,
+                id,
+                v6,
+                tcp_word: u32::from_be_bytes([l4[12], l4[13], l4[14], l4[15]]),
+                flags: t.flags(),
+                ack: t.ack_number(),
+                seq: t.seq_number(),
+                options: t.options().to_vec(),
+                l3_len: ip.len(),
+                payload,
+                checksum_ok: verify(false),
+            })
+        }
+        IPPROTO_UDP if config.udp => {
+            let Ok(u) = udp::Packet::new_checked(l4) else { return stopped(Some(addrs), true) };
+            if !sound_ip || usize::from(u.len()) != l4.len() || l4.len() == 8 {
+                return stopped(Some(addrs), true);
+            }
+            flow.extend_from_slice(&l4[..4]);
+            Seen::Transport(Transport {
+                flow,
+                addrs,
+                udp: true,
+                sound: true,
+                tos,
+                ttl,
+                df,
+                id,
+                v6,
+                tcp_word: 0,
+                flags: 0,
+                ack: 0,
+                seq: 0,
+                options: Vec::new(),
+                l3_len: ip.len(),
+                payload: l4.len() - 8,
+                checksum_ok: verify(!v6),
+            })
+        }
+        _ => stopped(Some(addrs), proto != IPPROTO_TCP),
+    }
+}
+
+/// A coalesced packet being built: the kernel's held packet `p`.
+#[derive(Debug)]
+struct Held {
+    members: Vec<usize>,
+    head: Transport,
+    mss: usize,
+    l3_len: usize,
+    fixed_id: Option<bool>,
+    open: bool,
+}
+
+/// Whether `t` may be appended to `p` (the kernel's merge decision for one packet and one held packet).
+fn may_append(p: &Held, t: &Transport, udp_max_segments: usize) -> Option<bool> {
+    let h = &p.head;
+    // tcp_gro_receive's flag word: all of bytes 12..16 but CWR, FIN and PSH.
+    let free = u32::from(tcp::flags::CWR | tcp::flags::FIN | tcp::flags::PSH) << 16;
+    let same = t.sound
+        && t.flags & tcp::flags::CWR == 0
+        && t.tos == h.tos
+        && t.ttl == h.ttl
+        && t.df == h.df
+        && (t.tcp_word ^ h.tcp_word) & !free == 0
+        && t.ack == h.ack
+        && t.options == h.options
+        && t.payload <= p.mss
+        && p.l3_len + t.payload <= MAX_PACKET_LEN;
+    let continues = if t.udp {
+        p.members.len() < udp_max_segments
+    } else {
+        t.seq == h.seq.wrapping_add((p.l3_len - h.l3_len + h.payload) as u32)
+    };
+    if !same || !continues {
+        return None;
+    }
+    if t.v6 {
+        return Some(p.fixed_id.unwrap_or(false));
+    }
+    let n = p.members.len() as u16;
+    match p.fixed_id {
+        None if t.id == h.id.wrapping_add(n) => Some(false),
+        None if t.id == h.id && t.df => Some(true),
+        Some(false) if t.id == h.id.wrapping_add(n) => Some(false),
+        Some(true) if t.id == h.id && t.df => Some(true),
+        _ => None,
+    }
+}
+
+/// The coalesced packets the model makes of `pkts`: each a list of input indices in segment order, listed by
+/// their first index. `udp_max_segments` as [`crate::Gro::with_udp_max_segments`]; `checksums` what the caller
+/// vouches for.
+pub fn reference_groups(
+    pkts: &[&[u8]],
+    config: &GroConfig,
+    udp_max_segments: usize,
+    checksums: Checksums,
+) -> Vec<Vec<usize>> {
+    let udp_max_segments = udp_max_segments.max(1);
+    let mut done: Vec<Vec<usize>> = Vec::new();
+    let mut held: Vec<Held> = Vec::new();
+    for (i, pkt) in pkts.iter().enumerate() {
+        let t = match classify(pkt, config, checksums.trusted()) {
+            Seen::Stopped { addrs, barrier } => {
+                if let (true, Some(addrs)) = (barrier, addrs) {
+                    for p in held.iter_mut().filter(|p| p.head.udp && p.head.addrs == addrs) {
+                        p.open = false;
+                    }
+                }
+                done.push(vec![i]);
+                continue;
+            }
+            Seen::Transport(t) if !t.checksum_ok => {
+                // tcp4_gro_receive / udp_gro_receive: flagged before the flow is looked up.
+                done.push(vec![i]);
+                continue;
+            }
+            Seen::Transport(t) => t,
+        };
+        if let Some(p) = held.iter_mut().find(|p| p.open && p.head.flow == t.flow) {
+            if let Some(fixed) = may_append(p, &t, udp_max_segments) {
+                p.members.push(i);
+                p.l3_len += t.payload;
+                p.fixed_id = Some(fixed);
+                let last = tcp::flags::FIN | tcp::flags::PSH;
+                let full = t.udp && p.members.len() >= udp_max_segments;
+                if t.payload < p.mss || t.flags & last != 0 || full {
+                    p.open = false;
+                }
+                continue;
+            }
+            p.open = false;
+        }
+        let not_held = tcp::flags::URG | tcp::flags::PSH | tcp::flags::RST | tcp::flags::SYN | tcp::flags::FIN;
+        if t.sound && t.flags & not_held == 0 {
+            held.push(Held { members: vec![i], mss: t.payload, l3_len: t.l3_len, head: t, fixed_id: None, open: true });
+        } else {
+            done.push(vec![i]);
+        }
+    }
+    done.extend(held.into_iter().map(|p| p.members));
+    done.sort_by_key(|g| g[0]);
+    done
+}
