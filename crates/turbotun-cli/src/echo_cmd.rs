@@ -66,9 +66,7 @@ pub fn run(args: &EchoArgs) -> Result<()> {
         builder = builder.own_address(addr, prefix);
     }
     let echo = builder.build(dev)?;
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, echo.stop_handle().as_flag().clone()).context("installing signal handlers")?;
-    }
+    echo.stop_handle().stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let stats = echo.stats();
     println!("ready");
     let start = Instant::now();

@@ -1,7 +1,5 @@
 //! `turbotun fwd`: the library's forwarding engine between two devices, until SIGINT/SIGTERM.
 
-use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,6 +8,7 @@ use clap::{Args, ValueEnum};
 use std::time::Instant;
 
 use turbotun::forward::{ForwardMode, ForwardStats, Forwarder, ForwarderBuilder, IoKind, StatsHandle, MAX_BATCH};
+use turbotun::handover::{Accepted, QueueListener};
 use turbotun::privilege::{drop_to, Identity, UserSpec};
 use turbotun::{Mode, ProcessUsage, Queue, StopHandle};
 
@@ -117,14 +116,17 @@ pub struct FwdArgs {
     pub register_buffers: bool,
     /// Print a sample line every SECS seconds while forwarding: seconds since start, resident memory, open fds,
     /// threads and the counters so far (one JSON object per line, before the final counters line).
-    #[arg(long, value_name = "SECS")]
-    pub stats_interval: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
+    pub stats_interval: Option<Duration>,
     #[command(flatten)]
     pub queueing: QueueingArgs,
 }
 
 pub fn run(args: &FwdArgs) -> Result<()> {
-    let builder = forwarder_builder(args)?;
+    // SIGINT/SIGTERM stop whatever is under way from here on: waiting for a hand-over, forwarding.
+    let stop = StopHandle::new();
+    stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let builder = forwarder_builder(args)?.stop_on(stop.clone());
     // The user is looked up before any device is opened, so that a typo leaves nothing behind.
     let identity = match &args.user {
         Some(user) => {
@@ -140,7 +142,10 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     let forwarder = match &args.from_socket {
         Some(path) => {
             builder.validate(1)?;
-            let (a, b) = receive_two_devices(path)?;
+            let Some((a, b)) = receive_two_devices(&builder, path, &stop)? else {
+                eprintln!("turbotun fwd: stopped before both devices came");
+                return Ok(());
+            };
             builder.build_queues(a, b)?
         }
         None => open_and_build(builder, args)?,
@@ -148,14 +153,10 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     for note in forwarder.notes() {
         eprintln!("turbotun fwd: {note}");
     }
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, forwarder.stop_handle().as_flag().clone())
-            .context("installing signal handlers")?;
-    }
     if let Some(identity) = &identity {
         drop_privileges(identity)?;
     }
-    let (stats, mode, io, stop) = (forwarder.stats(), forwarder.mode(), forwarder.io(), forwarder.stop_handle());
+    let (stats, mode, io) = (forwarder.stats(), forwarder.mode(), forwarder.io());
     println!("ready");
     let sampler = args.stats_interval.map(|secs| {
         let (stats, stop) = (stats.clone(), stop.clone());
@@ -170,8 +171,8 @@ pub fn run(args: &FwdArgs) -> Result<()> {
 }
 
 /// Every `secs` until the forwarder stops: one line with the time, the process's usage and the counters.
-fn print_samples(secs: f64, stats: &StatsHandle, stop: &StopHandle, mode: ForwardMode, io: IoKind) {
-    let every = Duration::from_secs_f64(secs.max(0.01));
+fn print_samples(every: Duration, stats: &StatsHandle, stop: &StopHandle, mode: ForwardMode, io: IoKind) {
+    let every = every.max(Duration::from_millis(10));
     let start = Instant::now();
     let mut next = start + every;
     while !stop.is_stopped() {
@@ -220,70 +221,43 @@ fn drop_privileges(identity: &Identity) -> Result<()> {
 /// How long a connected `turbotun open` may take to send its message.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Removes the socket this process created, however `fwd` ends.
-struct RemoveOnDrop<'a>(&'a Path);
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(self.0);
-    }
-}
-
-/// Listens on `path` and takes the queues of two devices, one connection each, in the order they come.
-fn receive_two_devices(path: &Path) -> Result<(Vec<Queue>, Vec<Queue>)> {
-    if path.symlink_metadata().is_ok() {
-        bail!(
-            "{} exists: give --from-socket a path that does not, in a directory only you can write to (turbotun \
-             never replaces a file it did not create)",
-            path.display()
-        );
-    }
-    let listener = UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
-    let _remove = RemoveOnDrop(path);
+/// Listens on `path` and takes the queues of two devices, one connection each, in the order they come, each
+/// checked against the forwarder's mode before its sender is answered; `None` if `stop` fired first. The socket
+/// is removed however this ends.
+fn receive_two_devices(
+    builder: &ForwarderBuilder,
+    path: &Path,
+    stop: &StopHandle,
+) -> Result<Option<(Vec<Queue>, Vec<Queue>)>> {
+    let listener = QueueListener::bind(path)?;
     eprintln!("turbotun fwd: waiting for the queues of two devices on {}", path.display());
     let mut sides = Vec::with_capacity(2);
     while sides.len() < 2 {
-        let (stream, _) = listener.accept().with_context(|| format!("accepting on {}", path.display()))?;
-        stream.set_read_timeout(Some(HANDOVER_TIMEOUT)).context("setting a receive timeout")?;
-        let peer = match turbotun::handover::check_peer(&stream) {
-            Ok(peer) => peer,
-            Err(e) => {
-                // Someone else's connection is refused and forgotten; the rightful sender can still come.
-                reply(&stream, &format!("error: {e}"));
-                eprintln!("turbotun fwd: {e}");
-                continue;
-            }
-        };
-        match turbotun::handover::recv_queues_with_header(&stream) {
-            Ok((header, queues)) => {
-                reply(&stream, "ok");
+        let accepted = listener
+            .accept(stop, HANDOVER_TIMEOUT, |_, queues| builder.check_queues(queues))
+            .with_context(|| format!("receiving queues on {}", path.display()))?;
+        match accepted {
+            Accepted::Device { peer, header, queues } => {
                 eprintln!(
-                    "turbotun fwd: received {} queue(s) of {} from pid {} uid {} ({}, {}-byte virtio header, \
-                     offloads {})",
+                    "turbotun fwd: received {} queue(s) of {} from {peer} ({}, {}-byte virtio header, offloads {})",
                     queues.len(),
                     header.name,
-                    peer.pid,
-                    peer.uid,
                     header.mode,
                     header.vnet_hdr_len,
-                    queues[0].offloads()
+                    header.offloads
                 );
                 sides.push(queues);
             }
-            Err(e) => {
-                reply(&stream, &format!("error: {e}"));
-                return Err(anyhow::Error::from(e).context(format!("receiving queues on {}", path.display())));
-            }
+            // A refused hand-over (another user's, one that does not fit the mode) is told why and forgotten; the
+            // rightful sender can still come.
+            Accepted::Refused(e) => eprintln!("turbotun fwd: refused a hand-over: {e}"),
+            Accepted::Stopped => return Ok(None),
+            _ => bail!("an unexpected hand-over outcome"),
         }
     }
     let b = sides.pop().unwrap_or_default();
     let a = sides.pop().unwrap_or_default();
-    Ok((a, b))
-}
-
-/// One line back to `turbotun open`, so that it can say whether the hand-over was taken.
-fn reply(mut stream: &UnixStream, line: &str) {
-    let _ = writeln!(stream, "{}", line.replace('\n', " "));
+    Ok(Some((a, b)))
 }
 
 impl FwdMode {

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use turbotun::load::{Generator, GeneratorReport, SinkBuilder, SinkReport, DEFAULT_RCVBUF};
 use turbotun::StopHandle;
@@ -41,8 +41,8 @@ pub struct GenArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub flows: usize,
     /// Seconds to send (SIGINT stops earlier).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub duration: f64,
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = crate::args::seconds)]
+    pub duration: Duration,
     /// Datagrams per send with UDP GSO (UDP_SEGMENT); off by default.
     #[arg(long, value_name = "SEGMENTS")]
     pub gso: Option<u16>,
@@ -61,8 +61,8 @@ pub struct SinkArgs {
     #[arg(long)]
     pub gro: bool,
     /// Seconds to receive; without it, until SIGINT/SIGTERM.
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
+    pub duration: Option<Duration>,
     /// Receive buffer to ask for, bytes (SO_RCVBUFFORCE as root, else SO_RCVBUF up to rmem_max).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RCVBUF)]
     pub rcvbuf: usize,
@@ -78,25 +78,15 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     }
 }
 
-fn seconds(secs: f64, what: &str) -> Result<Duration> {
-    Duration::try_from_secs_f64(secs).with_context(|| format!("{what} {secs} is not a number of seconds"))
-}
-
 fn stop_on_signals() -> Result<StopHandle> {
     let stop = StopHandle::new();
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.as_flag().clone()).context("installing signal handlers")?;
-    }
+    stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     Ok(stop)
 }
 
 fn gen(a: &GenArgs) -> Result<()> {
-    let generator = Generator::new(a.dest)
-        .rate(a.rate)
-        .size(a.size)
-        .flows(a.flows)
-        .gso(a.gso.unwrap_or(1))
-        .duration(seconds(a.duration, "--duration")?);
+    let generator =
+        Generator::new(a.dest).rate(a.rate).size(a.size).flows(a.flows).gso(a.gso.unwrap_or(1)).duration(a.duration);
     generator.validate()?;
     let report = generator.stop_handle(stop_on_signals()?).run()?;
     if a.json {
@@ -109,8 +99,8 @@ fn gen(a: &GenArgs) -> Result<()> {
 
 fn sink(a: &SinkArgs) -> Result<()> {
     let mut builder = SinkBuilder::new(a.bind).gro(a.gro).rcvbuf(a.rcvbuf).stop_handle(stop_on_signals()?);
-    if let Some(secs) = a.duration {
-        builder = builder.duration(seconds(secs, "--duration")?);
+    if let Some(duration) = a.duration {
+        builder = builder.duration(duration);
     }
     let sink = builder.bind()?;
     if !a.json {

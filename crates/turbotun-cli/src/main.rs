@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod bench;
 mod echo_cmd;
 mod fwd;

@@ -1,7 +1,6 @@
 //! `turbotun open`: the privileged half of a split deployment. Opens one device (as `fwd` would for the mode),
 //! hands its queue fds to the process listening on a Unix socket (`turbotun fwd --from-socket`), and exits.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use turbotun::forward::ForwarderBuilder;
+use turbotun::privilege::UserSpec;
 use turbotun::steering::SteeringProgram;
 use turbotun::{Mode, Queue};
 
@@ -31,6 +31,10 @@ pub struct OpenArgs {
     /// The Unix socket `turbotun fwd --from-socket PATH` listens on.
     #[arg(long, value_name = "PATH")]
     pub send_to: PathBuf,
+    /// The user (name or uid) the forwarder runs as. The queues go only to a listener running as root or as
+    /// this user: whoever holds them reads and injects the device's traffic.
+    #[arg(long, value_name = "USER")]
+    pub to_user: Option<String>,
 }
 
 /// How long to wait for the receiver to say whether it took the queues.
@@ -41,7 +45,12 @@ pub fn run(args: &OpenArgs) -> Result<()> {
     if args.queues == 0 || args.queues > turbotun::handover::MAX_QUEUES {
         bail!("--queues must be between 1 and {}", turbotun::handover::MAX_QUEUES);
     }
-    // Connect first: with no receiver there is no point in creating the device.
+    let to_user = match &args.to_user {
+        Some(user) => Some(UserSpec::new(user.as_str()).uid().context("--to-user")?),
+        None => None,
+    };
+    // Connect and check the listener first: with no receiver, or the wrong one, there is no point in creating
+    // the device (and nothing is left behind).
     let stream = UnixStream::connect(&args.send_to).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => anyhow!(
             "nothing listens on {}: start `turbotun fwd --from-socket {}` first ({e})",
@@ -49,6 +58,13 @@ pub fn run(args: &OpenArgs) -> Result<()> {
             args.send_to.display()
         ),
         _ => anyhow!("connecting to {}: {e}", args.send_to.display()),
+    })?;
+    let listener = turbotun::handover::check_receiver(&stream, to_user).with_context(|| {
+        format!(
+            "refusing to hand {} to the listener on {} (give --to-user with the forwarder's user)",
+            args.name,
+            args.send_to.display()
+        )
     })?;
     let builder = ForwarderBuilder::new(args.mode.forward_mode());
     let mode = if args.tap { Mode::Tap } else { Mode::Tun };
@@ -68,26 +84,15 @@ pub fn run(args: &OpenArgs) -> Result<()> {
         }
     }
     let queues: Vec<&Queue> = dev.queues().iter().collect();
-    turbotun::handover::send_queues(&stream, &queues)
-        .with_context(|| format!("handing {} to {}", dev.name(), args.send_to.display()))?;
-    stream.set_read_timeout(Some(REPLY_TIMEOUT)).context("setting a reply timeout")?;
-    let mut reply = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut reply)
-        .with_context(|| format!("waiting for {} to confirm", args.send_to.display()))?;
-    match reply.trim() {
-        "ok" => {
-            println!(
-                "handed {} ({} queue(s), {}, offloads {}) to {}",
-                dev.name(),
-                dev.queues().len(),
-                dev.mode(),
-                dev.offloads(),
-                args.send_to.display()
-            );
-            Ok(())
-        }
-        "" => bail!("{} closed the connection without taking {}", args.send_to.display(), dev.name()),
-        other => bail!("{} refused {}: {}", args.send_to.display(), dev.name(), other.trim_start_matches("error: ")),
-    }
+    turbotun::handover::send_queues_and_wait(&stream, &queues, REPLY_TIMEOUT)
+        .with_context(|| format!("handing {} to {}, listened on by {listener}", dev.name(), args.send_to.display()))?;
+    println!(
+        "handed {} ({} queue(s), {}, offloads {}) to {}, listened on by {listener}",
+        dev.name(),
+        dev.queues().len(),
+        dev.mode(),
+        dev.offloads(),
+        args.send_to.display()
+    );
+    Ok(())
 }

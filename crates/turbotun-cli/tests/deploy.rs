@@ -138,10 +138,15 @@ impl Topology {
     }
 
     /// SIGTERM, then the counters line; the forwarder must exit 0.
-    fn stop(mut self) -> serde_json::Value {
-        let mut child = self.child.take().unwrap();
-        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    fn stop(self) -> serde_json::Value {
+        let status = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().unwrap();
         assert!(status.success());
+        self.stop_without_signal()
+    }
+
+    /// The counters line once the forwarder ends (someone else signalled it); it must exit 0.
+    fn stop_without_signal(mut self) -> serde_json::Value {
+        let mut child = self.child.take().unwrap();
         let mut rest = String::new();
         self.stdout.take().unwrap().read_to_string(&mut rest).unwrap();
         let exit = child.wait().unwrap();
@@ -309,10 +314,10 @@ fn socket_dir() -> tempfile::TempDir {
     dir
 }
 
-/// `turbotun open NAME --send-to PATH` in the forwarder's namespace, as root; must succeed.
+/// `turbotun open NAME --send-to PATH --to-user 65534` in the forwarder's namespace, as root; must succeed.
 fn open_and_send(topo: &Topology, name: &str, mode: &str, socket: &Path) {
     let out = with_netns(&ns_path(&topo.ns_fwd), || {
-        turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(socket).output().unwrap()
+        turbotun().args(["open", name, "--mode", mode, "--to-user", "65534", "--send-to"]).arg(socket).output().unwrap()
     })
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -379,7 +384,7 @@ fn handover_refusals() {
     std::fs::write(&existing, b"keep me").unwrap();
     let out = turbotun().args(["fwd", "--from-socket"]).arg(&existing).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("exists: give --from-socket a path that does not"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists: give a path that does not"));
     assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
 
     // A device opened for plain mode handed to an offload forwarder: refused, and `open` says why.
@@ -399,7 +404,11 @@ fn handover_refusals() {
     wait_for(&socket);
     let run_open = |name: &str, mode: &str| {
         with_netns(&ns_path(&ns), || {
-            turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(&socket).output().unwrap()
+            turbotun()
+                .args(["open", name, "--mode", mode, "--to-user", "65534", "--send-to"])
+                .arg(&socket)
+                .output()
+                .unwrap()
         })
         .unwrap()
     };
@@ -409,29 +418,182 @@ fn handover_refusals() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
     let intruder = with_netns(&ns_path(&ns), || {
-        turbotun().args(["open", "ttintr0", "--send-to"]).arg(&socket).uid(12345).gid(12345).output().unwrap()
+        turbotun()
+            .args(["open", "ttintr0", "--to-user", "65534", "--send-to"])
+            .arg(&socket)
+            .uid(12345)
+            .gid(12345)
+            .output()
+            .unwrap()
     })
     .unwrap();
     assert!(!intruder.status.success(), "{intruder:?}");
-    assert!(run_open("ttref1", "plain").status.success(), "the framing is checked once both devices are in");
-    let out = run_open("ttref2", "offload");
-    assert!(out.status.success(), "{out:?}");
-    let status = fwd.wait().unwrap();
+    // A device that does not fit the forwarder's mode is refused as it comes, and `open` exits with the
+    // forwarder's reason (it used to report success and leave the refusal to the forwarder's log, which then
+    // failed); the forwarder goes on waiting and takes the rightful devices.
+    let out = run_open("ttref1", "plain");
+    assert!(!out.status.success(), "{out:?}");
+    let open_err = String::from_utf8_lossy(&out.stderr);
+    assert!(open_err.contains("the receiver refused the queues"), "{open_err}");
+    assert!(open_err.contains("ttref1 has no virtio header: offload mode needs one"), "{open_err}");
+    assert!(run_open("ttref2", "offload").status.success());
+    assert!(run_open("ttref3", "offload").status.success());
+    let status = Command::new("kill").args(["-TERM", &fwd.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = fwd.wait().unwrap();
     let mut err = String::new();
     fwd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(!status.success());
-    assert!(err.contains("ttref1 has no virtio header: offload mode needs one"), "{err}");
-    assert!(err.contains("(uid 12345): only root or uid 65534 (this process's user) may hand queues over"), "{err}");
+    assert!(exit.success(), "{exit:?}: {err}");
+    assert!(err.contains("refused a hand-over: invalid configuration: ttref1 has no virtio header"), "{err}");
+    assert!(err.contains("(uid 12345) may not hand queues over: only root or uid 65534 may"), "{err}");
+    assert!(err.contains("received 1 queue(s) of ttref2") && err.contains("received 1 queue(s) of ttref3"), "{err}");
     assert!(socket.symlink_metadata().is_err(), "the socket was removed");
-    // Both devices went with the forwarder's fds.
+    // Every device went with the fds that held it.
     let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
     assert!(links.iter().all(|l| !l.name.starts_with("ttref")), "{links:?}");
 }
 
-/// `turbotun open NAME --send-to PATH` run inside `ns` (where the device is now), as root; must succeed.
+/// `turbotun open` checks who listens before it creates or sends anything: a listener of another user (here
+/// one that bound the path first in a shared sticky directory) gets nothing unless it is the `--to-user` one,
+/// and the error names it. Found by review: a listener running as `nobody` received a root-opened queue.
+#[test]
+fn open_refuses_a_listener_of_another_user() {
+    if !privileged("open_refuses_a_listener_of_another_user") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let shared = tempfile::Builder::new().prefix("turbotun-shared-").tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let socket = shared.path().join("queues.sock");
+    let ns = new_netns();
+    let mut listener = with_netns(&ns_path(&ns), || {
+        turbotun()
+            .args(["fwd", "--mode", "offload", "--from-socket"])
+            .arg(&socket)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    })
+    .unwrap();
+    wait_for(&socket);
+    let open = |extra: &[&str]| {
+        with_netns(&ns_path(&ns), || {
+            turbotun().args(["open", "ttstray0"]).args(extra).arg("--send-to").arg(&socket).output().unwrap()
+        })
+        .unwrap()
+    };
+    let out = open(&[]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to hand ttstray0 to the listener"), "{err}");
+    assert!(err.contains("(uid 65534) may not receive queues: only root may"), "{err}");
+    let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
+    assert!(links.iter().all(|l| l.name != "ttstray0"), "no device was created: {links:?}");
+    // Another user named with --to-user is no better.
+    let out = open(&["--to-user", "12345"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only root or uid 12345 may"), "{out:?}");
+    // The listener's own user, named, gets the queues.
+    let out = open(&["--to-user", "nobody"]);
+    assert!(out.status.success(), "{out:?}");
+    let _ = listener.kill();
+    let _ = listener.wait();
+}
+
+/// The pid of the only child of `parent` (the forwarder that `unshare --fork` runs in its own PID namespace).
+fn child_of(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next() {
+            return pid.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "unshare started no child");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The intended container deployment: `turbotun open` on the host hands the queues to a forwarder in its own PID
+/// namespace, where the kernel reports the sender's pid as 0. Found by review: the credentials were read into a
+/// type that cannot hold a pid of 0 (undefined behaviour), and every queue was refused.
+#[test]
+fn handover_to_a_forwarder_in_its_own_pid_namespace() {
+    if !privileged("handover_to_a_forwarder_in_its_own_pid_namespace") {
+        return;
+    }
+    let dir = socket_dir();
+    let socket = dir.path().join("queues.sock");
+    let mut topo = Topology::new();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_turbotun"))
+        .args(["fwd", "--mode", "offload", "--from-socket"])
+        .arg(&socket);
+    topo.spawn(cmd);
+    wait_for(&socket);
+    open_and_send(&topo, "ttpid0", "offload", &socket);
+    open_and_send(&topo, "ttpid1", "offload", &socket);
+    topo.connect("ttpid0", "ttpid1");
+    tcp_stream_intact(&topo, B4, 1 << 20, || {});
+    // Stop the forwarder itself (pid 1 of its namespace); unshare passes its exit status on.
+    let fwd = child_of(topo.pid());
+    let status = Command::new("kill").args(["-TERM", &fwd.to_string()]).status().unwrap();
+    assert!(status.success());
+    let counters = topo.stop_without_signal();
+    assert!(counters["bytes"].as_u64().unwrap() >= 1 << 20, "{counters}");
+}
+
+/// A signal while `fwd --from-socket` waits for its devices ends it at once and removes its socket, so that the
+/// next start can use the path. Found by review: the handlers were installed only after both devices came, so
+/// SIGTERM killed the process with the path still bound.
+#[test]
+fn a_signal_while_waiting_for_queues_removes_the_socket() {
+    if !privileged("a_signal_while_waiting_for_queues_removes_the_socket") {
+        return;
+    }
+    for signal in ["-TERM", "-INT"] {
+        let dir = socket_dir();
+        let socket = dir.path().join("queues.sock");
+        let mut fwd = turbotun()
+            .args(["fwd", "--from-socket"])
+            .arg(&socket)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&socket);
+        let status = Command::new("kill").args([signal, &fwd.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let exit = loop {
+            if let Some(exit) = fwd.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "{signal}: the forwarder did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        fwd.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(exit.success(), "{signal}: {exit:?} {err}");
+        assert!(err.contains("stopped before both devices came"), "{signal}: {err}");
+        assert!(socket.symlink_metadata().is_err(), "{signal}: the socket was removed");
+    }
+}
+
+/// `turbotun open NAME --send-to PATH --to-user 65534` run inside `ns` (where the device is now), as root; must
+/// succeed.
 fn open_in_and_send(ns: &OwnedFd, name: &str, mode: &str, socket: &Path) {
     let out = with_netns(&ns_path(ns), || {
-        turbotun().args(["open", name, "--mode", mode, "--send-to"]).arg(socket).output().unwrap()
+        turbotun()
+            .args(["open", name, "--mode", mode, "--to-user", "nobody", "--send-to"])
+            .arg(socket)
+            .output()
+            .unwrap()
     })
     .unwrap();
     assert!(out.status.success(), "open {name}: {out:?}");

@@ -314,6 +314,12 @@ fn fwd_rejects_options_that_do_not_fit() {
         (&["--mode", "plain", "--checksums", "partial"], "partial checksums go with offload mode"),
         (&["--register-buffers"], "registered buffers go with offload mode through io_uring"),
         (&["--mode", "offload", "--io", "block", "--register-buffers"], "registered buffers go with offload mode"),
+        // Refused when the arguments are parsed: the sampler thread used to panic on them and the forwarder ran
+        // on without it.
+        (&["--stats-interval", "inf"], "give a number above 0 and at most"),
+        (&["--stats-interval", "1e300"], "give a number above 0 and at most"),
+        (&["--stats-interval", "NaN"], "give a number above 0 and at most"),
+        (&["--stats-interval", "0"], "give a number above 0 and at most"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "a", "b"]).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");

@@ -39,6 +39,12 @@ pub enum WireError {
     TooManyVlanTags,
     /// The IPv6 extension-header chain is longer than supported.
     ExtHeaderChainTooLong,
+    /// An IPv6 routing header with segments left whose type does not say where the final destination is (the
+    /// transport checksum's pseudo-header needs it).
+    UnknownFinalDestination {
+        /// The routing type.
+        routing_type: u8,
+    },
     /// A checksum range lies beyond the packet.
     ChecksumOutOfRange {
         /// `csum_start`.
@@ -64,6 +70,11 @@ impl fmt::Display for WireError {
             WireError::UnsupportedEtherType(t) => write!(f, "EtherType {t:#06x} is neither IPv4 nor IPv6"),
             WireError::TooManyVlanTags => write!(f, "more than 2 VLAN tags"),
             WireError::ExtHeaderChainTooLong => write!(f, "IPv6 extension header chain too long"),
+            WireError::UnknownFinalDestination { routing_type } => write!(
+                f,
+                "IPv6 routing header of type {routing_type} with segments left: its final destination (for the \
+                 checksum) cannot be read"
+            ),
             WireError::ChecksumOutOfRange { start, offset, len } => {
                 write!(f, "checksum at csum_start {start} + csum_offset {offset} + 2 lies beyond packet length {len}")
             }

@@ -288,7 +288,8 @@ impl<'a> Splitter<'a> {
                 return Err(GsoError::Fragment);
             }
             self.v6 = true;
-            self.addr_sum = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), info.protocol, 0);
+            // The final destination: behind a routing header with segments left it is not the header's.
+            self.addr_sum = checksum::pseudo_header_v6(p.src_addr(), info.final_dst, info.protocol, 0);
             Ok((info.protocol, l3 + info.offset))
         }
     }

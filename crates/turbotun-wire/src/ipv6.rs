@@ -43,6 +43,9 @@ pub struct L4Info {
     pub fragment: bool,
     /// Number of extension headers.
     pub ext_headers: usize,
+    /// The destination the transport checksum's pseudo-header uses (RFC 8200 section 8.1): the header's
+    /// destination, or, behind a routing header with segments left, the final one it lists.
+    pub final_dst: [u8; 16],
 }
 
 /// A view of an IPv6 header (and what follows it in the buffer).
@@ -131,13 +134,18 @@ impl<T: AsRef<[u8]>> Packet<T> {
         &self.buffer.as_ref()[HEADER_LEN..]
     }
 
-    /// Walks the extension headers to the transport header. Every header must fit in the buffer.
+    /// Walks the extension headers to the transport header. Every header must fit in the buffer. A routing
+    /// header with segments left names the final destination the pseudo-header uses
+    /// ([`L4Info::final_dst`]): types 0 and 2 as their last address, type 4 (segment routing) as the first
+    /// entry of its segment list; any other type with segments left is refused, since its final destination
+    /// cannot be read ([`WireError::UnknownFinalDestination`]).
     pub fn l4_info(&self) -> Result<L4Info, WireError> {
         let b = self.buffer.as_ref();
         let mut nh = self.next_header();
         let mut off = HEADER_LEN;
         let mut fragment = false;
         let mut n = 0;
+        let mut final_dst = self.dst_addr();
         loop {
             let len = match nh {
                 next_header::HOP_BY_HOP | next_header::ROUTING | next_header::DEST_OPTS => {
@@ -148,7 +156,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                     fragment = true;
                     Some(8)
                 }
-                _ => return Ok(L4Info { protocol: nh, offset: off, fragment, ext_headers: n }),
+                _ => return Ok(L4Info { protocol: nh, offset: off, fragment, ext_headers: n, final_dst }),
             };
             n += 1;
             if n > MAX_EXT_HEADERS {
@@ -161,10 +169,34 @@ impl<T: AsRef<[u8]>> Packet<T> {
                     have: b.len(),
                 });
             };
+            if nh == next_header::ROUTING {
+                if let Some(dst) = routing_final_destination(&b[off..off + len])? {
+                    final_dst = dst;
+                }
+            }
             nh = b[off];
             off += len;
         }
     }
+}
+
+/// The final destination a routing header (`rh`, the whole header) names, if it has segments left.
+fn routing_final_destination(rh: &[u8]) -> Result<Option<[u8; 16]>, WireError> {
+    let (routing_type, segments_left) = (rh.get(2).copied().unwrap_or(0), rh.get(3).copied().unwrap_or(0));
+    if segments_left == 0 {
+        return Ok(None);
+    }
+    let at = match routing_type {
+        // Type 0 (deprecated) and 2 (Mobile IPv6): the addresses in path order, the last one final.
+        0 | 2 => rh.len().checked_sub(16).filter(|&at| at >= 8),
+        // Type 4 (segment routing): the segment list in reverse order, its first entry final.
+        4 => Some(8).filter(|at| at + 16 <= rh.len()),
+        _ => None,
+    };
+    let at = at.ok_or(WireError::UnknownFinalDestination { routing_type })?;
+    let mut dst = [0u8; 16];
+    dst.copy_from_slice(&rh[at..at + 16]);
+    Ok(Some(dst))
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -293,7 +325,11 @@ mod tests {
         let mut again = vec![0u8; 40];
         r.emit(&mut again).unwrap();
         assert_eq!(again, b[..40]);
-        assert_eq!(p.l4_info().unwrap(), L4Info { protocol: 6, offset: 40, fragment: false, ext_headers: 0 });
+        let final_dst = p.dst_addr();
+        assert_eq!(
+            p.l4_info().unwrap(),
+            L4Info { protocol: 6, offset: 40, fragment: false, ext_headers: 0, final_dst }
+        );
     }
 
     #[test]
@@ -317,7 +353,9 @@ mod tests {
         b.extend_from_slice(&ext);
         b.extend_from_slice(&[0u8; 8]);
         let p = Packet::new_checked(&b[..]).unwrap();
-        assert_eq!(p.l4_info().unwrap(), L4Info { protocol: 17, offset: 72, fragment: true, ext_headers: 3 });
+        let final_dst = p.dst_addr();
+        let want = L4Info { protocol: 17, offset: 72, fragment: true, ext_headers: 3, final_dst };
+        assert_eq!(p.l4_info().unwrap(), want);
         // Truncated in the middle of the dest-opts header.
         let p = Packet::new_checked(&b[..50]).unwrap();
         assert!(matches!(p.l4_info(), Err(WireError::Truncated { .. })));

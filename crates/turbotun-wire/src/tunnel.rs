@@ -77,7 +77,7 @@ impl<'a> TunnelSplitter<'a> {
             if info.fragment || info.protocol != IPPROTO_UDP {
                 return Err(bad("the outer IPv6 packet is not one unfragmented UDP datagram"));
             }
-            (0, checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), IPPROTO_UDP, 0), outer_l3 + info.offset)
+            (0, checksum::pseudo_header_v6(p.src_addr(), info.final_dst, IPPROTO_UDP, 0), outer_l3 + info.offset)
         } else {
             let p = ipv4::Packet::new_checked(&packet[outer_l3..])?;
             if p.is_fragment() || p.protocol() != IPPROTO_UDP {
@@ -300,7 +300,10 @@ fn l4_checksum_ok(f: &[u8], l3: usize, v6: bool, l4: usize, proto: u8) -> bool {
     let len = (f.len() - l4) as u32;
     let pseudo = if v6 {
         match ipv6::Packet::new_checked(&f[l3..]) {
-            Ok(ip) => checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), proto, len),
+            Ok(ip) => match ip.l4_info() {
+                Ok(info) => checksum::pseudo_header_v6(ip.src_addr(), info.final_dst, proto, len),
+                Err(_) => return false,
+            },
             Err(_) => return false,
         }
     } else {
@@ -524,8 +527,10 @@ fn patch_merged(seg: &mut [u8], p: &Frame, last_flags: u8) {
     };
     let pseudo = |seg: &[u8], l3: usize, v6: bool, proto: u8, len: usize| -> u16 {
         let sum = if v6 {
-            ipv6::Packet::new_checked(&seg[l3..])
-                .map(|ip| checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), proto, len as u32))
+            ipv6::Packet::new_checked(&seg[l3..]).and_then(|ip| {
+                let info = ip.l4_info()?;
+                Ok(checksum::pseudo_header_v6(ip.src_addr(), info.final_dst, proto, len as u32))
+            })
         } else {
             ipv4::Packet::new_checked(&seg[l3..])
                 .map(|ip| checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), proto, len as u32))

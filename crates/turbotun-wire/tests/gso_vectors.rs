@@ -256,3 +256,83 @@ fn view_sum_from_verifies_without_copy() {
         assert_eq!(checksum::fold(v.sum_from(40, ps)), 0xffff);
     }
 }
+
+/// An IPv6 TCP super-packet behind a routing header with segments left: the checksums of its segments are
+/// completed against the final destination the routing header names (RFC 8200 section 8.1), as the kernel's
+/// stack seeded them, not against the header's destination. Found by review: the header's was used, and every
+/// segment went out with a checksum the receiver rejects.
+#[test]
+fn ipv6_routing_header_uses_the_final_destination() {
+    let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let hop = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xaa];
+    let fin = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff];
+    // (routing type, the header's bytes after its first four, where the final destination is)
+    let type2 = [&[0u8; 4][..], &fin].concat(); // Mobile IPv6: one address, the final one
+    let type0 = [&[0u8; 4][..], &hop, &fin].concat(); // two addresses, the last final
+    let srh = [&[1u8, 0, 0, 0][..], &fin, &hop].concat(); // segment routing: the list reversed, entry 0 final
+    for (routing_type, body) in [(2u8, type2), (0, type0), (4, srh)] {
+        let (payload, mss) = (payload(3000, 5), 1000usize);
+        let rh_len = 4 + body.len();
+        let mut rh = vec![6u8, (rh_len / 8 - 1) as u8, routing_type, 1];
+        rh.extend_from_slice(&body);
+        let l4 = 40 + rh_len;
+        let mut pkt = vec![0u8; l4 + 20];
+        pkt[0] = 0x60;
+        pkt[4..6].copy_from_slice(&((rh_len + 20 + payload.len()) as u16).to_be_bytes());
+        pkt[6] = 43;
+        pkt[7] = 64;
+        pkt[8..24].copy_from_slice(&src);
+        pkt[24..40].copy_from_slice(&hop);
+        pkt[40..l4].copy_from_slice(&rh);
+        pkt[l4 + 4..l4 + 8].copy_from_slice(&7u32.to_be_bytes());
+        pkt[l4 + 12] = 5 << 4;
+        pkt[l4 + 13] = tf::ACK;
+        pkt[l4 + 14..l4 + 16].copy_from_slice(&512u16.to_be_bytes());
+        pkt.extend_from_slice(&payload);
+        let l4_len = pkt.len() - l4;
+        let seed = checksum::fold(checksum::pseudo_header_v6(src, fin, 6, l4_len as u32));
+        pkt[l4 + 16..l4 + 18].copy_from_slice(&seed.to_be_bytes());
+        let hdr = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV6,
+            hdr_len: (l4 + 20) as u16,
+            gso_size: mss as u16,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+        };
+        let s = Splitter::new(&hdr, &pkt, Framing::Ip).unwrap();
+        assert_eq!(s.segment_count(), 3);
+        let mut out = vec![0u8; 2000];
+        for i in 0..3 {
+            let n = s.write_segment(i, &mut out).unwrap();
+            let seg_l4 = &out[l4..n];
+            let sum = checksum::sum(seg_l4, checksum::pseudo_header_v6(src, fin, 6, seg_l4.len() as u32));
+            assert_eq!(
+                checksum::fold(sum),
+                0xffff,
+                "type {routing_type} segment {i} verifies at the final destination"
+            );
+            assert!(checksums_ok(&out[..n], Framing::Ip), "type {routing_type} segment {i}");
+        }
+    }
+    // A routing type whose final destination cannot be read (RPL's compressed addresses) is refused, with segments
+    // left; with none left the header's destination is the final one.
+    let mut pkt = vec![0u8; 40 + 8 + 20 + 100];
+    pkt[0] = 0x60;
+    pkt[4..6].copy_from_slice(&128u16.to_be_bytes());
+    pkt[6] = 43;
+    pkt[40..44].copy_from_slice(&[6, 0, 3, 1]);
+    pkt[48 + 12] = 5 << 4;
+    let hdr = VirtioNetHdrRepr {
+        flags: flags::NEEDS_CSUM,
+        gso_type: gso::TCPV6,
+        hdr_len: 68,
+        gso_size: 50,
+        csum_start: 48,
+        csum_offset: 16,
+    };
+    let err = Splitter::new(&hdr, &pkt, Framing::Ip).unwrap_err();
+    assert_eq!(err, GsoError::Wire(WireError::UnknownFinalDestination { routing_type: 3 }));
+    pkt[43] = 0;
+    assert!(Splitter::new(&hdr, &pkt, Framing::Ip).is_ok());
+}

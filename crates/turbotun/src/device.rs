@@ -119,9 +119,7 @@ impl Capabilities {
     }
 }
 
-/// The virtio header sizes the builder takes: `virtio_net_hdr` (10), `_v1` (12), `_v1_hash` (20) and
-/// `_v1_hash_tunnel` (24).
-pub const VNET_HDR_SIZES: [usize; 4] = [10, 12, 20, UDP_TUNNEL_VNET_HDR_LEN];
+pub use crate::kind::VNET_HDR_SIZES;
 
 /// The virtio header size UDP-tunnel offload needs: `struct virtio_net_hdr_v1_hash_tunnel`, whose last four
 /// bytes hold the outer transport and inner network header offsets. The kernel reads and writes those fields
@@ -229,7 +227,8 @@ impl DeviceBuilder {
         self.packet_info = on;
         self
     }
-    /// `IFF_VNET_HDR` with a header of 10, 12 (`virtio_net_hdr_v1`) or 20 bytes.
+    /// `IFF_VNET_HDR` with a header of 10, 12 (`virtio_net_hdr_v1`), 20 (`_v1_hash`) or 24 bytes
+    /// (`_v1_hash_tunnel`, needed for UDP-tunnel offloads); see [`VNET_HDR_SIZES`].
     pub fn vnet_hdr(mut self, size: usize) -> Self {
         self.vnet_hdr = Some(size);
         self
@@ -320,7 +319,8 @@ impl DeviceBuilder {
         }
         if let Some(size) = self.vnet_hdr {
             if !VNET_HDR_SIZES.contains(&size) {
-                return Err(Error::InvalidConfig(format!("vnet header size {size}: must be 10, 12, 20 or 24")));
+                let name = self.name.clone().unwrap_or_else(|| format!("{}%d", self.mode));
+                return Err(Error::UnsupportedVnetHdr { name, len: size });
             }
         }
         if self.offloads.intersects(Offloads::UDP_TUNNEL) {
@@ -427,7 +427,10 @@ impl DeviceBuilder {
         let queues = fds
             .into_iter()
             .enumerate()
-            .map(|(index, fd)| Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads))
+            .map(|(index, fd)| {
+                Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads)
+                    .with_packet_info(self.packet_info)
+            })
             .collect();
         Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, offloads, queues, notes })
     }

@@ -112,6 +112,36 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// A virtio header size turbotun does not read or write (see [`crate::device::VNET_HDR_SIZES`]).
+    #[error(
+        "{name}: a {len}-byte virtio header is not one turbotun handles: the size must be 10, 12, 20 or 24 (set it \
+         with TUNSETVNETHDRSZ before handing the fd over)"
+    )]
+    UnsupportedVnetHdr {
+        /// The device's name (or what the builder was asked to name it).
+        name: String,
+        /// The size found or asked for.
+        len: usize,
+    },
+
+    /// The process at the other end of a hand-over socket is not one this side may deal with.
+    #[error("{peer} may not {role}: only {} may; keep the socket in a directory only they can reach", allowed.join(" or "))]
+    UntrustedPeer {
+        /// Who it is.
+        peer: crate::handover::PeerCredentials,
+        /// What it would have done (`hand queues over`, `receive queues`).
+        role: &'static str,
+        /// Who would have been allowed (`root`, `uid 65534`).
+        allowed: Vec<String>,
+    },
+
+    /// The receiver of a hand-over refused the queues; its reason.
+    #[error("the receiver refused the queues: {reason}")]
+    HandoverRefused {
+        /// What the receiver answered.
+        reason: String,
+    },
+
     /// The running kernel lacks something the configuration needs.
     #[error("this kernel does not support {feature}")]
     Unsupported {

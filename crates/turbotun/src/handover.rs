@@ -1,17 +1,23 @@
 //! Queues opened elsewhere: adopting a tun fd ([`Queue::from_fd`], [`Queue::from_borrowed_fd`]) and handing
-//! queue fds from one process to another over a Unix socket ([`send_queues`], [`recv_queues`]).
+//! queue fds from one process to another over a Unix socket ([`send_queues`], [`recv_queues`],
+//! [`QueueListener`]).
 //!
 //! The usual split: a small privileged process opens and configures the devices, then hands their fds to an
 //! unprivileged forwarder, which never needs a capability (as with Android's `VpnService`, which gives an app
-//! the fd of a TUN device it could not create).
+//! the fd of a TUN device it could not create, or a VM monitor's jailer).
 //!
-//! What an adopted fd tells about itself: its device's name and flags (`TUNGETIFF`: TUN or TAP, `IFF_VNET_HDR`)
-//! and its virtio header size (`TUNGETVNETHDRSZ`). The kernel has no `TUNGETOFFLOAD`, so the offloads are
-//! read from the device's active netdev features (`SIOCETHTOOL`, as `ethtool -k` shows them) where the device
-//! is visible in the caller's network namespace; elsewhere [`Queue::from_fd`] fails and
-//! [`Queue::from_fd_with_offloads`] takes them from the caller. The packet information header cannot be told
-//! from `TUNGETIFF` (the kernel reports `IFF_NOFILTER` on the same bit): it is refused where rtnetlink shows the
-//! device, and assumed off elsewhere.
+//! What an adopted fd is comes from the fd itself and from whoever hands it over, never from a lookup by name
+//! (the receiver may live in another network namespace, have a different device of that name, or be denied
+//! netlink): its device's name and flags from `TUNGETIFF` (TUN or TAP, `IFF_VNET_HDR`), its virtio header size
+//! from `TUNGETVNETHDRSZ`, and its offloads from the caller ([`Queue::from_fd`]) or the sender (the hand-over
+//! header), since the kernel has no `TUNGETOFFLOAD`. The packet information header cannot be told from
+//! `TUNGETIFF` (the kernel reports `IFF_NOFILTER` on the same bit), so [`send_queues`] refuses a queue opened
+//! with it and [`Queue::from_fd`] documents that it takes none.
+//!
+//! Both ends check who is at the other end before anything crosses (`SO_PEERCRED`): the receiver takes queues
+//! only from root or its own user ([`check_sender`]), the sender hands them only to root or the user it was
+//! told ([`check_receiver`]), so that neither a stranger's device nor the device's traffic ends up with someone
+//! who bound the path first.
 //!
 //! The message [`send_queues`] writes: one `sendmsg` with the fds as `SCM_RIGHTS` and a header, little-endian:
 //!
@@ -21,9 +27,9 @@
 //! | 2 | version, [`VERSION`] |
 //! | 2 | length of the whole header in bytes |
 //! | 1 | mode: 0 TUN, 1 TAP |
-//! | 1 | virtio header size (0, 10, 12 or 20) |
+//! | 1 | virtio header size (0, 10, 12, 20 or 24) |
 //! | 2 | queue count: the number of fds attached |
-//! | 4 | offloads (`TUNSETOFFLOAD` bits) |
+//! | 4 | offloads (`TUNSETOFFLOAD` bits) the sender set |
 //! | 1 | name length (1 to 15) |
 //! | n | the device's name |
 //!
@@ -33,8 +39,10 @@
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
@@ -44,6 +52,7 @@ use rustix::net::{
 use crate::device::{Mode, Offloads};
 use crate::error::{validate_ifname, Error, Result};
 use crate::queue::Queue;
+use crate::stop::StopHandle;
 use crate::sys::{self, iff};
 
 /// The header version this build writes and reads.
@@ -80,12 +89,7 @@ impl HandoverHeader {
         if self.name.contains('%') {
             return Err(Error::InvalidConfig(format!("{:?} is a name template, not a device's name", self.name)));
         }
-        if !matches!(self.vnet_hdr_len, 0 | 10 | 12 | 20) {
-            return Err(Error::InvalidConfig(format!(
-                "virtio header size {} is not 0, 10, 12 or 20",
-                self.vnet_hdr_len
-            )));
-        }
+        crate::kind::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
         if self.queues == 0 || self.queues > MAX_QUEUES {
             return Err(Error::InvalidConfig(format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues)));
         }
@@ -131,8 +135,8 @@ impl HandoverHeader {
             other => return bad(format!("mode {other} is neither 0 (tun) nor 1 (tap)")),
         };
         let vnet_hdr_len = usize::from(bytes[9]);
-        if !matches!(vnet_hdr_len, 0 | 10 | 12 | 20) {
-            return bad(format!("virtio header size {vnet_hdr_len} is not 0, 10, 12 or 20"));
+        if crate::kind::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
+            return bad(format!("virtio header size {vnet_hdr_len} is not 0, 10, 12, 20 or 24"));
         }
         let queues = usize::from(u16::from_le_bytes([bytes[10], bytes[11]]));
         if queues == 0 || queues > MAX_QUEUES {
@@ -207,73 +211,40 @@ fn fd_facts(fd: BorrowedFd<'_>) -> Result<FdFacts> {
     Ok(FdFacts { name, mode, vnet_hdr_len })
 }
 
-/// Refuses a device with the packet information header, where rtnetlink shows it (a `Queue` carries none).
-fn check_no_packet_info(name: &str) -> Result<()> {
-    let info = crate::netlink::Netlink::new().and_then(|mut nl| nl.link(name)).ok().and_then(|link| link.tun);
-    match info {
-        Some(tun) if !tun.no_pi => Err(Error::InvalidConfig(format!(
-            "{name} was opened with the packet information header (no IFF_NO_PI): turbotun queues carry none"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// The active offloads of a device visible in this namespace; `None` if it is not visible here.
-fn visible_offloads(name: &str, vnet_hdr_len: usize) -> Result<Option<Offloads>> {
-    if vnet_hdr_len == 0 {
-        // Without a virtio header the kernel can hand over no super-packet, whatever the features say.
-        return Ok(Some(Offloads::NONE));
-    }
-    match sys::ethtool::features(name) {
-        Ok(features) => Ok(Some(crate::inspect::offloads_from_features(&features))),
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
-        Err(e) => Err(Error::io(format!("ethtool features of {name}"), e)),
-    }
-}
-
 impl Queue {
-    /// Adopts a tun fd opened elsewhere (another process, a privileged helper, a platform API). The fd must be
-    /// attached to a device; its name, TUN/TAP and virtio header size are asked of the kernel, its offloads read
-    /// through `SIOCETHTOOL` (there is no `TUNGETOFFLOAD`). When the device is not visible in this network
-    /// namespace the offloads cannot be read: the error says to use [`Self::from_fd_with_offloads`]. A pipe, a
-    /// socket, `/dev/null` or an unattached `/dev/net/tun` is refused with an error naming it. The queue owns
-    /// the fd from now on and closes it when dropped; its index is 0 (adopted fds have no order).
-    pub fn from_fd(fd: OwnedFd) -> Result<Queue> {
-        adopt(fd, None, 0)
+    /// Adopts a tun fd opened elsewhere (another process, a privileged parent, a platform API), with the fd alone:
+    /// its device's name, TUN or TAP and virtio header size are asked of the fd (`TUNGETIFF`,
+    /// `TUNGETVNETHDRSZ`); `offloads` are the ones the caller knows were set (there is no `TUNGETOFFLOAD`; a
+    /// caller that does not know them sets them with [`Queue::set_offloads`] after adopting). No netlink, no
+    /// ethtool and no lookup by name: it works in a jail or another network namespace. The fd must carry no
+    /// packet information header (`IFF_NO_PI`), which the kernel cannot be asked about.
+    ///
+    /// A pipe, a socket, `/dev/null` or an unattached `/dev/net/tun` is refused with an error naming it, as is a
+    /// virtio header size outside [`crate::device::VNET_HDR_SIZES`], or offloads on an fd without a virtio
+    /// header. The queue owns the fd from now on and closes it when dropped; its index is 0.
+    pub fn from_fd(fd: OwnedFd, offloads: Offloads) -> Result<Queue> {
+        adopt(fd, offloads, 0)
     }
 
     /// Like [`Self::from_fd`], but works on a duplicate (`F_DUPFD_CLOEXEC`): the caller keeps its fd, which
     /// turbotun never closes (Android's `VpnService` owns the fd it hands out). The duplicate shares the open
     /// file, so `O_NONBLOCK` set on the queue (as the forwarder does for some I/O kinds) is seen through both.
-    pub fn from_borrowed_fd(fd: BorrowedFd<'_>) -> Result<Queue> {
+    pub fn from_borrowed_fd(fd: BorrowedFd<'_>, offloads: Offloads) -> Result<Queue> {
         let own = fd.try_clone_to_owned().map_err(|e| Error::io(format!("duplicating {}", describe_fd(fd)), e))?;
-        Queue::from_fd(own)
-    }
-
-    /// Adopts a tun fd whose offloads the caller knows (e.g. from a [`HandoverHeader`], or from the platform
-    /// that opened it); name, mode and header size are still asked of the kernel. Where the device is visible
-    /// in this namespace its active features win over `offloads`.
-    pub fn from_fd_with_offloads(fd: OwnedFd, offloads: Offloads) -> Result<Queue> {
-        adopt(fd, Some(offloads), 0)
+        Queue::from_fd(own, offloads)
     }
 }
 
-/// Asks the fd what it is and wraps it; `offloads` is the caller's word where the device is not visible here.
-fn adopt(fd: OwnedFd, offloads: Option<Offloads>, index: usize) -> Result<Queue> {
+/// Asks the fd what it is and wraps it with the offloads the caller or sender stated.
+fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
     let facts = fd_facts(fd.as_fd())?;
-    check_no_packet_info(&facts.name)?;
-    let offloads = match (visible_offloads(&facts.name, facts.vnet_hdr_len)?, offloads) {
-        (Some(seen), _) => seen,
-        (None, Some(given)) => given,
-        (None, None) => {
-            return Err(Error::InvalidConfig(format!(
-                "{} is not visible in this network namespace, so its offloads cannot be read: use \
-                 Queue::from_fd_with_offloads with the offloads it was opened with",
-                facts.name
-            )))
-        }
-    };
-    let offloads = if facts.vnet_hdr_len == 0 { Offloads::NONE } else { offloads };
+    crate::kind::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
+    if facts.vnet_hdr_len == 0 && !offloads.is_empty() {
+        return Err(Error::InvalidConfig(format!(
+            "{} has no virtio header, so it can have no offloads ({offloads} stated)",
+            facts.name
+        )));
+    }
     Ok(Queue::new(fd, Arc::from(facts.name), index, facts.mode, facts.vnet_hdr_len, offloads))
 }
 
@@ -284,6 +255,13 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     let Some(first) = queues.first() else {
         return Err(Error::InvalidConfig("no queue to hand over".into()));
     };
+    if let Some(pi) = queues.iter().find(|q| q.packet_info()) {
+        return Err(Error::InvalidConfig(format!(
+            "{} has the packet information header (no IFF_NO_PI): a receiver cannot tell from the fd, so it is not \
+             handed over",
+            pi.name()
+        )));
+    }
     if let Some(other) = queues.iter().find(|q| q.name() != first.name()) {
         return Err(Error::InvalidConfig(format!(
             "one hand-over carries one device's queues: {} and {} differ",
@@ -317,39 +295,58 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     Ok(())
 }
 
-/// Who is at the other end of a connected Unix socket, as the kernel recorded it at `connect` (`SO_PEERCRED`):
-/// process id, user id, group id. Unforgeable by the peer.
+/// Who is at the other end of a connected Unix socket, as the kernel recorded it at `connect` or `listen`
+/// (`SO_PEERCRED`): process id, user id, group id. Unforgeable by the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerCredentials {
-    /// The peer's process id when it connected.
-    pub pid: i32,
+    /// The peer's process id as this process's PID namespace sees it; `None` when the peer lives outside it
+    /// (the kernel reports 0: the usual case for a forwarder in a container and `turbotun open` on the host).
+    pub pid: Option<u32>,
     /// Its effective user id.
     pub uid: u32,
     /// Its effective group id.
     pub gid: u32,
 }
 
-/// [`PeerCredentials`] of `socket`'s peer.
-pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
-    let cred = rustix::net::sockopt::socket_peercred(socket)
-        .map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e.into()))?;
-    Ok(PeerCredentials { pid: cred.pid.as_raw_nonzero().get(), uid: cred.uid.as_raw(), gid: cred.gid.as_raw() })
+impl std::fmt::Display for PeerCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
+            None => write!(f, "a process outside this PID namespace (uid {})", self.uid),
+        }
+    }
 }
 
-/// Takes queues only from a peer running as root or as this process's own (effective) user: a socket whose
-/// directory lets others connect must not let them hand in devices of their own choosing. Refuses anyone else
-/// with an error naming them.
-pub fn check_peer(socket: &UnixStream) -> Result<PeerCredentials> {
-    let own_uid = nix::unistd::geteuid().as_raw();
+/// [`PeerCredentials`] of `socket`'s peer.
+pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
+    let (pid, uid, gid) = sys::peer_credentials(socket.as_fd())
+        .map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e))?;
+    Ok(PeerCredentials { pid: u32::try_from(pid).ok().filter(|&p| p > 0), uid, gid })
+}
+
+/// The peer of `socket` if it runs as root or as one of `allowed`; otherwise [`Error::UntrustedPeer`].
+fn require_peer(socket: &UnixStream, role: &'static str, allowed: &[u32]) -> Result<PeerCredentials> {
     let peer = peer_credentials(socket)?;
-    if peer.uid != 0 && peer.uid != own_uid {
-        return Err(Error::InvalidConfig(format!(
-            "refusing queues from pid {} (uid {}): only root or uid {own_uid} (this process's user) may hand \
-             queues over; keep the socket in a directory only they can reach",
-            peer.pid, peer.uid
-        )));
+    if peer.uid == 0 || allowed.contains(&peer.uid) {
+        return Ok(peer);
     }
-    Ok(peer)
+    let allowed = std::iter::once("root".to_string()).chain(allowed.iter().map(|u| format!("uid {u}"))).collect();
+    Err(Error::UntrustedPeer { peer, role, allowed })
+}
+
+/// The receiving side's check: queues are taken only from a peer running as root or as this process's own
+/// (effective) user, so that a socket whose directory lets others connect does not let them hand in devices of
+/// their own choosing.
+pub fn check_sender(socket: &UnixStream) -> Result<PeerCredentials> {
+    require_peer(socket, "hand queues over", &[nix::unistd::geteuid().as_raw()])
+}
+
+/// The sending side's check, before anything is sent: the listener must run as root or as `to_user`. Whoever
+/// holds a queue reads and injects the device's traffic, and a path in a shared directory (or one whose
+/// rightful listener has exited) may have been bound by anybody.
+pub fn check_receiver(socket: &UnixStream, to_user: Option<u32>) -> Result<PeerCredentials> {
+    require_peer(socket, "receive queues", to_user.as_slice())
 }
 
 /// Receives one device's queues sent by [`send_queues`]. Blocks until a message comes (set a read timeout on
@@ -406,7 +403,7 @@ pub fn recv_queues_with_header(socket: &UnixStream) -> Result<(HandoverHeader, V
     }
     let mut queues = Vec::with_capacity(fds.len());
     for (index, fd) in fds.into_iter().enumerate() {
-        let queue = adopt(fd, Some(header.offloads), index)?;
+        let queue = adopt(fd, header.offloads, index)?;
         if queue.name() != header.name || queue.mode() != header.mode || queue.vnet_hdr_len() != header.vnet_hdr_len {
             return Err(Error::InvalidConfig(format!(
                 "queue hand-over message refused: fd {index} is a queue of {} ({}, {}-byte virtio header), the \
@@ -422,4 +419,145 @@ pub fn recv_queues_with_header(socket: &UnixStream) -> Result<(HandoverHeader, V
         queues.push(queue);
     }
     Ok((header, queues))
+}
+
+/// The line a receiver answers a hand-over with: `ok`, or `error: ` and its reason, so that the sender can exit
+/// with the receiver's verdict.
+fn reply(mut socket: &UnixStream, outcome: std::result::Result<(), &Error>) {
+    use std::io::Write;
+    let line = match outcome {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("error: {}", e.to_string().replace('\n', " ")),
+    };
+    // The sender may have given up already; its side reports that.
+    let _ = writeln!(socket, "{line}");
+}
+
+/// [`send_queues`], then waits (up to `timeout`) for the receiver's verdict: `Ok` once it took the queues,
+/// [`Error::HandoverRefused`] with its reason otherwise.
+pub fn send_queues_and_wait(socket: &UnixStream, queues: &[&Queue], timeout: Duration) -> Result<()> {
+    use std::io::BufRead;
+    send_queues(socket, queues)?;
+    socket.set_read_timeout(Some(timeout)).map_err(|e| Error::io("setting a reply timeout", e))?;
+    let mut line = String::new();
+    std::io::BufReader::new(socket)
+        .read_line(&mut line)
+        .map_err(|e| Error::io("waiting for the receiver to confirm the hand-over", e))?;
+    match line.trim() {
+        "ok" => Ok(()),
+        "" => Err(Error::HandoverRefused { reason: "it closed the connection without a word".into() }),
+        other => Err(Error::HandoverRefused { reason: other.trim_start_matches("error: ").to_string() }),
+    }
+}
+
+/// What [`QueueListener::accept`] got.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Accepted {
+    /// A device's queues, taken (the sender was told `ok`).
+    Device {
+        /// Who sent them.
+        peer: PeerCredentials,
+        /// What the sender said of them.
+        header: HandoverHeader,
+        /// The queues, numbered in the order they were sent.
+        queues: Vec<Queue>,
+    },
+    /// A hand-over refused (a user who may not hand queues over, a message that does not parse or carries fds
+    /// that are not what it says, queues `check` refused, a sender that went away): the sender was told why when
+    /// it could be, its fds are closed, and the listener goes on.
+    Refused(Error),
+    /// The stop handle fired while waiting.
+    Stopped,
+}
+
+/// A Unix socket path that takes the queues [`send_queues`] hands over (e.g. from `turbotun open`), one device
+/// per connection. The path is removed when the listener is dropped.
+#[derive(Debug)]
+pub struct QueueListener {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl QueueListener {
+    /// Listens on `path`, which must not exist: a listener never replaces a file it did not create. Put it in a
+    /// directory only the senders and this user can reach.
+    pub fn bind(path: &Path) -> Result<QueueListener> {
+        if path.symlink_metadata().is_ok() {
+            return Err(Error::InvalidConfig(format!(
+                "{} exists: give a path that does not, in a directory only you can write to (turbotun never \
+                 replaces a file it did not create)",
+                path.display()
+            )));
+        }
+        let listener =
+            UnixListener::bind(path).map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::io("making the listener non-blocking", e))?;
+        Ok(QueueListener { listener, path: path.to_path_buf() })
+    }
+
+    /// The path it listens on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for the next sender until `stop` fires, checks that it runs as root or as this user
+    /// ([`check_sender`]), receives its queues (waiting at most `timeout` for the message), and hands them to
+    /// `check` (e.g. [`crate::forward::ForwarderBuilder::check_queues`]). The sender is answered only then, with
+    /// `ok` or the reason for a refusal, so that it exits with the verdict. Whatever goes wrong with one sender
+    /// is [`Accepted::Refused`] (no sender can stop the listener); an error is the listener's own failure.
+    pub fn accept(
+        &self,
+        stop: &StopHandle,
+        timeout: Duration,
+        check: impl FnOnce(&HandoverHeader, &[Queue]) -> Result<()>,
+    ) -> Result<Accepted> {
+        let Some(stream) = self.next_connection(stop)? else { return Ok(Accepted::Stopped) };
+        let setup = stream.set_nonblocking(false).and_then(|()| stream.set_read_timeout(Some(timeout)));
+        setup.map_err(|e| Error::io("setting up a hand-over connection", e))?;
+        let peer = match check_sender(&stream) {
+            Ok(peer) => peer,
+            Err(e) => {
+                reply(&stream, Err(&e));
+                return Ok(Accepted::Refused(e));
+            }
+        };
+        let taken = recv_queues_with_header(&stream).and_then(|(header, queues)| {
+            check(&header, &queues)?;
+            Ok((header, queues))
+        });
+        reply(&stream, taken.as_ref().map(drop));
+        Ok(match taken {
+            Ok((header, queues)) => Accepted::Device { peer, header, queues },
+            Err(e) => Accepted::Refused(e),
+        })
+    }
+
+    /// The next connection, or `None` once `stop` fires.
+    fn next_connection(&self, stop: &StopHandle) -> Result<Option<UnixStream>> {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let wake = stop.wake_fd()?;
+        loop {
+            if stop.is_stopped() {
+                return Ok(None);
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => return Ok(Some(stream)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
+            }
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
+            match poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::io("waiting for a hand-over (poll)", e.into())),
+            }
+        }
+    }
+}
+
+impl Drop for QueueListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }

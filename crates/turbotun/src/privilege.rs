@@ -59,6 +59,22 @@ impl UserSpec {
         self
     }
 
+    /// The user id alone: a number as it is (it need not have a passwd entry), a name looked up (`getpwnam`). For
+    /// naming a peer that may be trusted (e.g. the user a hand-over's receiver runs as), not for becoming it.
+    pub fn uid(&self) -> Result<u32> {
+        let user = self.user.trim();
+        if let Ok(uid) = user.parse::<u32>() {
+            return Ok(uid);
+        }
+        if user.is_empty() {
+            return Err(Error::InvalidConfig("empty user name: give a user such as nobody".into()));
+        }
+        let found = User::from_name(user).map_err(|e| lookup_error(format!("looking up user {user:?}"), e))?;
+        found.map(|u| u.uid.as_raw()).ok_or_else(|| {
+            Error::InvalidConfig(format!("no user named {user:?} on this system (see `getent passwd`): give a uid"))
+        })
+    }
+
     /// Looks the user and group up (`getpwnam`/`getpwuid`, `getgrnam`) and checks them. A numeric uid without
     /// a passwd entry is accepted when a group is given. Root (uid or gid 0) is refused: it would keep the power
     /// the drop is meant to give up.

@@ -12,6 +12,7 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::kind::{Mode, Offloads};
+use crate::stats::DropReason;
 use crate::sys::{self, iff, Interest};
 
 /// Largest frame the tun driver hands over after the virtio header: a GSO super-packet of up to 65,535 bytes
@@ -19,8 +20,19 @@ use crate::sys::{self, iff, Interest};
 /// truncates a frame; a larger one (a device with a raised `gso_max_size`) is counted as a
 /// [`DropReason::TooBig`](crate::stats::DropReason) drop, never forwarded cut.
 pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
-/// Largest virtio header size.
-pub const MAX_VNET_HDR: usize = 20;
+pub use crate::kind::MAX_VNET_HDR;
+
+/// The length after the virtio header of a frame that one read of `n` bytes put into buffers of `capacity` bytes
+/// in all (the header included), or why it cannot be used: the tun driver reports a frame's full length even
+/// when the buffers were shorter, so a read longer than its buffers is a frame cut short
+/// ([`DropReason::TooBig`]), and one shorter than the header holds nothing ([`DropReason::Malformed`]). The one
+/// rule every read path applies (blocking, raw and io_uring).
+pub(crate) fn frame_len(n: usize, vnet_hdr_len: usize, capacity: usize) -> std::result::Result<usize, DropReason> {
+    if n > capacity {
+        return Err(DropReason::TooBig);
+    }
+    n.checked_sub(vnet_hdr_len).ok_or(DropReason::Malformed)
+}
 
 /// Counters of one direction, on a cache line of its own so the reader and writer threads do not share one.
 #[repr(align(64))]
@@ -75,6 +87,8 @@ pub struct Queue {
     mode: Mode,
     vnet_hdr_len: usize,
     offloads: Offloads,
+    /// Opened without `IFF_NO_PI`: every packet has the 4-byte packet information header in front.
+    packet_info: bool,
     rx: DirectionCounters,
     tx: DirectionCounters,
 }
@@ -95,9 +109,22 @@ impl Queue {
             mode,
             vnet_hdr_len,
             offloads,
+            packet_info: false,
             rx: DirectionCounters::default(),
             tx: DirectionCounters::default(),
         }
+    }
+
+    /// Marks a queue opened with the packet information header.
+    pub(crate) fn with_packet_info(mut self, on: bool) -> Self {
+        self.packet_info = on;
+        self
+    }
+
+    /// Whether every packet on this fd starts with the 4-byte packet information header (a device opened with
+    /// [`crate::DeviceBuilder::packet_info`]); turbotun's batch and forwarding paths expect none.
+    pub fn packet_info(&self) -> bool {
+        self.packet_info
     }
 
     /// The name of the device the queue belongs to.
@@ -313,4 +340,18 @@ pub fn is_interrupted(err: &Error) -> bool {
 /// Whether an error is "try again later" (non-blocking queue with nothing to read, or a full one).
 pub fn is_would_block(err: &Error) -> bool {
     matches!(err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_frame_len() {
+        assert_eq!(frame_len(1510, 10, 1510), Ok(1500));
+        assert_eq!(frame_len(1511, 10, 1510), Err(DropReason::TooBig), "longer than its buffers: cut short");
+        assert_eq!(frame_len(9, 10, 1510), Err(DropReason::Malformed), "shorter than the virtio header");
+        assert_eq!(frame_len(10, 10, 1510), Ok(0));
+        assert_eq!(frame_len(0, 0, 0), Ok(0));
+    }
 }

@@ -1,12 +1,39 @@
-//! A stop handle: one flag that tells every worker of a forwarder (and any write waiting for room) to finish.
+//! A stop handle: one flag that tells every worker of a forwarder (and any write waiting for room) to finish,
+//! and an fd that becomes readable when it fires, for waits that must end with it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
 
 /// Cheap to clone; every clone sees the same flag. Firing it is permanent.
 #[derive(Debug, Clone, Default)]
 pub struct StopHandle {
     flag: Arc<AtomicBool>,
+    /// A non-blocking pipe whose read end turns readable when the handle fires; made on first use, since most
+    /// handles are only ever looked at, never waited on.
+    wake: Arc<OnceLock<WakePipe>>,
+}
+
+#[derive(Debug)]
+struct WakePipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl WakePipe {
+    fn new() -> Result<WakePipe> {
+        let flags = rustix::pipe::PipeFlags::NONBLOCK | rustix::pipe::PipeFlags::CLOEXEC;
+        let (read, write) =
+            rustix::pipe::pipe_with(flags).map_err(|e| Error::io("creating the stop handle's pipe", e.into()))?;
+        Ok(WakePipe { read, write })
+    }
+
+    /// One byte into the pipe; a full pipe is readable already, so the error is of no interest.
+    fn poke(&self) {
+        let _ = rustix::io::write(&self.write, &[1]);
+    }
 }
 
 impl StopHandle {
@@ -15,19 +42,91 @@ impl StopHandle {
         StopHandle::default()
     }
 
-    /// Asks everything watching this handle to finish. Workers asleep in a blocking read are woken by the
-    /// forwarder that owns them (see [`crate::forward::Forwarder::run`]).
+    /// Asks everything watching this handle to finish: the flag is set and [`Self::wake_fd`] turns readable.
+    /// Workers asleep in a blocking read are woken by the forwarder that owns them (see
+    /// [`crate::forward::Forwarder::run`]).
     pub fn stop(&self) {
-        self.flag.store(true, Ordering::Relaxed);
+        self.flag.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `wake_pipe`: either this sees the pipe, or the waiter sees the flag.
+        fence(Ordering::SeqCst);
+        if let Some(pipe) = self.wake.get() {
+            pipe.poke();
+        }
     }
 
-    /// Whether [`Self::stop`] was called.
+    /// Whether [`Self::stop`] was called (or a signal given to [`Self::stop_on_signals`] came).
     pub fn is_stopped(&self) -> bool {
-        self.flag.load(Ordering::Relaxed)
+        self.flag.load(Ordering::SeqCst)
     }
 
-    /// The flag itself, for APIs that take one (e.g. `signal_hook::flag::register`, so that a signal fires it).
+    /// The flag itself, for APIs that take one.
     pub fn as_flag(&self) -> &Arc<AtomicBool> {
         &self.flag
+    }
+
+    /// An fd that is readable once the handle has fired, for a wait (`poll`, `epoll`, a reactor) that must end
+    /// when it does: wait on it beside the fd of interest. The first call makes a pipe (two fds for the life of
+    /// the handle and its clones); it never needs draining, since firing is permanent.
+    pub fn wake_fd(&self) -> Result<BorrowedFd<'_>> {
+        Ok(self.wake_pipe()?.read.as_fd())
+    }
+
+    fn wake_pipe(&self) -> Result<&WakePipe> {
+        let pipe = match self.wake.get() {
+            Some(pipe) => pipe,
+            None => {
+                let made = WakePipe::new()?;
+                // Another thread may have made one first; either is fine, the spare is closed.
+                let _ = self.wake.set(made);
+                self.wake.get().ok_or_else(|| Error::io("the stop handle's pipe", std::io::Error::other("unset")))?
+            }
+        };
+        fence(Ordering::SeqCst);
+        if self.is_stopped() {
+            // A stop that came before the pipe existed.
+            pipe.poke();
+        }
+        Ok(pipe)
+    }
+
+    /// Fires the handle on any of `signals` (e.g. `SIGINT`, `SIGTERM`): their handlers set the flag and write to
+    /// [`Self::wake_fd`] (both async-signal-safe, through `signal-hook`), so that a wait on the fd ends at once.
+    /// The handlers stay installed for the life of the process; call this before anything that must be undone
+    /// on a signal (a socket bound, a device created), so that a signal never kills the process half-way.
+    pub fn stop_on_signals(&self, signals: &[i32]) -> Result<()> {
+        let pipe = self.wake_pipe()?;
+        for &signal in signals {
+            let installing = |e: std::io::Error| Error::io(format!("installing a handler for signal {signal}"), e);
+            signal_hook::flag::register(signal, self.flag.clone()).map_err(installing)?;
+            let write = pipe.write.try_clone().map_err(installing)?;
+            signal_hook::low_level::pipe::register(signal, write).map_err(installing)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        rustix::event::poll(&mut fds, Some(&zero)).unwrap() == 1
+    }
+
+    #[test]
+    fn test_wake_fd_turns_readable_on_stop_whenever_it_was_made() {
+        let before = StopHandle::new();
+        let fd = before.wake_fd().unwrap();
+        assert!(!readable(fd));
+        before.clone().stop();
+        assert!(readable(before.wake_fd().unwrap()));
+
+        // Stopped before anyone asked for the fd: it is readable from the start.
+        let after = StopHandle::new();
+        after.stop();
+        assert!(readable(after.wake_fd().unwrap()));
+        assert!(after.is_stopped());
     }
 }

@@ -48,6 +48,17 @@ pub(crate) fn on_write_error(errno: Option<i32>, coalesced: bool, when_full: Whe
     }
 }
 
+/// The reason packets are counted under when a queue fails with `e` before they were written: the device went
+/// away, or the queue failed otherwise (the forwarder stops).
+pub(crate) fn lost_with(e: &crate::error::Error) -> DropReason {
+    use crate::error::Error;
+    if e.is_device_gone() || matches!(e, Error::DeviceDown { .. }) {
+        DropReason::DeviceDown
+    } else {
+        DropReason::Stopped
+    }
+}
+
 /// The caller's packets one frame carries (a coalesced frame carries its merged members too) and their bytes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Unit {
@@ -106,7 +117,12 @@ impl Writer {
                 }
                 WriteFailure::Resplit => return Ok(Written::Refused(hdr)),
                 WriteFailure::Drop(reason) => return Ok(self.drop(queue, reason, unit.packets, &e, stats)),
-                WriteFailure::Fatal => return Err(queue_io_error(queue.name(), "write", e)),
+                WriteFailure::Fatal => {
+                    // The queue failed: the frame is lost with it, and counted, like every packet read.
+                    let err = queue_io_error(queue.name(), "write", e);
+                    self.drop(queue, lost_with(&err), unit.packets, &std::io::Error::other(err.to_string()), stats);
+                    return Err(err);
+                }
             }
         }
     }
@@ -175,13 +191,21 @@ pub(crate) fn write_split(
     };
     let vlen = writer.vnet_hdr_len;
     let mut frame = vec![0u8; vlen + crate::queue::MAX_PACKET];
-    for index in 0..splitter.segment_count() {
+    let count = splitter.segment_count();
+    for index in 0..count {
         frame[..vlen].fill(0);
         match splitter.write_segment(index, &mut frame[vlen..]) {
             Ok(len) => {
                 let unit = Unit { packets: 1, bytes: len as u64 };
                 // Not coalesced, so never handed back for re-splitting: written, or dropped with its reason.
-                writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, stats)?;
+                if let Err(e) = writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, stats) {
+                    // The queue failed: the segments after this one are lost with it.
+                    let rest = (count - index - 1) as u64;
+                    if rest > 0 {
+                        writer.drop(queue, lost_with(&e), rest, &io::Error::other(e.to_string()), stats);
+                    }
+                    return Err(e);
+                }
             }
             Err(e) => {
                 writer.drop(queue, DropReason::Malformed, 1, &io::Error::other(e.to_string()), stats);

@@ -39,31 +39,75 @@ fn is_open(raw: i32) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{raw}")).is_ok()
 }
 
+/// The fd alone tells the name, TUN or TAP and the virtio header size; the offloads are the caller's word.
 #[test]
-fn from_fd_learns_name_mode_header_size_and_offloads() {
-    in_netns("from_fd_learns_name_mode_header_size_and_offloads", || {
+fn from_fd_learns_name_mode_and_header_size_from_the_fd() {
+    in_netns("from_fd_learns_name_mode_and_header_size_from_the_fd", || {
         let name = unique_name("tho");
         let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::ALL).queues(2).open().unwrap();
         for q in dev.queues() {
-            let adopted = Queue::from_fd(dup(q.as_fd())).unwrap();
+            let adopted = Queue::from_fd(dup(q.as_fd()), dev.offloads()).unwrap();
             assert_eq!(adopted.name(), name);
             assert_eq!(adopted.mode(), Mode::Tun);
             assert_eq!(adopted.vnet_hdr_len(), 10);
-            assert_eq!(adopted.offloads(), dev.offloads(), "offloads read back through ethtool");
+            assert_eq!(adopted.offloads(), dev.offloads(), "as stated");
             assert!(adopted.receives_super_packets());
         }
 
         let name = unique_name("tho");
         let tap = DeviceBuilder::tap().name(&name).open().unwrap();
-        let adopted = Queue::from_fd(dup(tap.queues()[0].as_fd())).unwrap();
+        let adopted = Queue::from_fd(dup(tap.queues()[0].as_fd()), Offloads::NONE).unwrap();
         assert_eq!((adopted.name(), adopted.mode(), adopted.vnet_hdr_len()), (name.as_str(), Mode::Tap, 0));
-        assert_eq!(adopted.offloads(), Offloads::NONE);
+        let err = Queue::from_fd(dup(tap.queues()[0].as_fd()), Offloads::TCP).unwrap_err().to_string();
+        assert!(err.contains("has no virtio header, so it can have no offloads"), "{err}");
 
-        let name = unique_name("tho");
-        let dev = DeviceBuilder::tap().name(&name).vnet_hdr(12).offloads(Offloads::TCP).open().unwrap();
-        let adopted = Queue::from_fd(dup(dev.queues()[0].as_fd())).unwrap();
-        assert_eq!((adopted.mode(), adopted.vnet_hdr_len()), (Mode::Tap, 12));
-        assert_eq!(adopted.offloads(), Offloads::TCP);
+        for size in turbotun::device::VNET_HDR_SIZES {
+            let name = unique_name("tho");
+            let dev = DeviceBuilder::tap().name(&name).vnet_hdr(size).offloads(Offloads::TCP).open().unwrap();
+            let adopted = Queue::from_fd(dup(dev.queues()[0].as_fd()), Offloads::TCP).unwrap();
+            assert_eq!((adopted.mode(), adopted.vnet_hdr_len()), (Mode::Tap, size));
+        }
+    });
+}
+
+/// An fd is adopted with no netlink and no ethtool: here in a network namespace where its device is not visible,
+/// so any lookup by name would fail.
+#[test]
+fn from_fd_outside_the_devices_namespace() {
+    in_netns("from_fd_outside_the_devices_namespace", || {
+        let name = unique_name("thn");
+        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(12).offloads(Offloads::TCP).open().unwrap();
+        let fd = dup(dev.queues()[0].as_fd());
+        turbotun::netns::with_private_netns(move || {
+            let q = Queue::from_fd(fd, Offloads::TCP).unwrap();
+            assert_eq!((q.name(), q.vnet_hdr_len(), q.offloads()), (name.as_str(), 12, Offloads::TCP));
+        })
+        .unwrap();
+    });
+}
+
+/// Found by review: facts about a received fd were looked up by its device's name in the receiver's namespace, so
+/// a different device of that name there (here one without a virtio header and with no offloads) replaced the
+/// sender's settings. They come from the fd and the sender's header now.
+#[test]
+fn a_received_fd_is_described_by_itself_and_its_sender_not_by_name() {
+    in_netns("a_received_fd_is_described_by_itself_and_its_sender_not_by_name", || {
+        let name = unique_name("ths");
+        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::ALL).open().unwrap();
+        let (tx, rx) = UnixStream::pair().unwrap();
+        send_queues(&tx, &[&dev.queues()[0]]).unwrap();
+        let name2 = name.clone();
+        turbotun::netns::with_private_netns(move || {
+            // The receiver's namespace has its own device of that name: TAP, no virtio header, no offloads.
+            let _decoy = DeviceBuilder::tap().name(&name2).open().unwrap();
+            let (header, queues) = recv_queues_with_header(&rx).unwrap();
+            assert_eq!(header.name, name2);
+            let q = &queues[0];
+            assert_eq!((q.mode(), q.vnet_hdr_len()), (Mode::Tun, 10), "from TUNGETIFF and TUNGETVNETHDRSZ");
+            assert_eq!(q.offloads(), header.offloads, "from the sender");
+            assert!(q.offloads().contains(Offloads::TSO4));
+        })
+        .unwrap();
     });
 }
 
@@ -75,7 +119,7 @@ fn from_borrowed_fd_keeps_the_callers_fd() {
         let dev = DeviceBuilder::tun().name(&name).open().unwrap();
         configure_v4(&name, LOCAL, 24);
         let original = &dev.queues()[0];
-        let adopted = Queue::from_borrowed_fd(original.as_fd()).unwrap();
+        let adopted = Queue::from_borrowed_fd(original.as_fd(), Offloads::NONE).unwrap();
         assert_ne!(adopted.as_raw_fd(), original.as_raw_fd(), "a duplicate, not the caller's fd");
         assert_eq!((adopted.name(), adopted.mode(), adopted.vnet_hdr_len()), (name.as_str(), Mode::Tun, 0));
 
@@ -99,37 +143,19 @@ fn from_borrowed_fd_keeps_the_callers_fd() {
 #[test]
 fn from_fd_refuses_what_is_not_a_tun_queue() {
     let (read_end, _write_end) = rustix::pipe::pipe().unwrap();
-    let err = Queue::from_fd(read_end).unwrap_err().to_string();
+    let err = Queue::from_fd(read_end, Offloads::NONE).unwrap_err().to_string();
     assert!(err.contains("is not a TUN/TAP queue") && err.contains("pipe:["), "{err}");
     let (a, _b) = UnixStream::pair().unwrap();
-    let err = Queue::from_borrowed_fd(a.as_fd()).unwrap_err().to_string();
+    let err = Queue::from_borrowed_fd(a.as_fd(), Offloads::NONE).unwrap_err().to_string();
     assert!(err.contains("is not a TUN/TAP queue") && err.contains("socket:["), "{err}");
     assert!(is_open(a.as_raw_fd()), "a refused borrowed fd stays open");
     let null = std::fs::File::open("/dev/null").unwrap();
-    let err = Queue::from_fd(null.into()).unwrap_err().to_string();
+    let err = Queue::from_fd(null.into(), Offloads::NONE).unwrap_err().to_string();
     assert!(err.contains("is not a TUN/TAP queue") && err.contains("/dev/null"), "{err}");
     in_netns("from_fd_refuses_an_unattached_tun_fd", || {
         let tun = std::fs::OpenOptions::new().read(true).write(true).open("/dev/net/tun").unwrap();
-        let err = Queue::from_fd(tun.into()).unwrap_err().to_string();
+        let err = Queue::from_fd(tun.into(), Offloads::NONE).unwrap_err().to_string();
         assert!(err.contains("attached to no device"), "{err}");
-    });
-}
-
-/// A device in another namespace: its offloads cannot be read, so they must be given.
-#[test]
-fn from_fd_outside_the_devices_namespace() {
-    in_netns("from_fd_outside_the_devices_namespace", || {
-        let name = unique_name("thn");
-        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::TCP).open().unwrap();
-        let fd = dup(dev.queues()[0].as_fd());
-        let fd2 = dup(dev.queues()[0].as_fd());
-        turbotun::netns::with_private_netns(move || {
-            let err = Queue::from_fd(fd).unwrap_err().to_string();
-            assert!(err.contains("not visible in this network namespace") && err.contains("from_fd_with_offloads"));
-            let q = Queue::from_fd_with_offloads(fd2, Offloads::TCP).unwrap();
-            assert_eq!((q.name(), q.vnet_hdr_len(), q.offloads()), (name.as_str(), 10, Offloads::TCP));
-        })
-        .unwrap();
     });
 }
 
@@ -235,6 +261,12 @@ fn header_encode_decode_and_limits() {
         HandoverHeader { name: "tun0".into(), mode: Mode::Tap, vnet_hdr_len: 12, offloads: Offloads::ALL, queues: 4 };
     let bytes = h.encode().unwrap();
     assert_eq!(HandoverHeader::decode(&bytes).unwrap(), h);
+    // Every size a queue may have crosses, the 24-byte UDP-tunnel one included.
+    for size in [0, 10, 12, 20, 24] {
+        let offloads = if size == 0 { Offloads::NONE } else { Offloads::ALL };
+        let h = HandoverHeader { vnet_hdr_len: size, offloads, ..h.clone() };
+        assert_eq!(HandoverHeader::decode(&h.encode().unwrap()).unwrap(), h);
+    }
     for cut in 0..bytes.len() {
         assert!(HandoverHeader::decode(&bytes[..cut]).is_err(), "a header cut at {cut} is refused");
     }

@@ -50,9 +50,7 @@ pub fn ceiling_fwd(dev_a: &str, dev_b: &str) -> Result<()> {
     };
     let (a, b) = (open(dev_a)?, open(dev_b)?);
     let stop = StopHandle::new();
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.as_flag().clone()).context("installing signal handlers")?;
-    }
+    stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let queues = Arc::new((a.into_queues(), b.into_queues()));
     let counts: Arc<[Count; 2]> = Arc::new(Default::default());
     let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));

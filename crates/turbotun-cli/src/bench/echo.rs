@@ -475,9 +475,7 @@ pub fn naive_echo(dev: &str) -> Result<()> {
     // packet and the loop is the plain read-answer-write of a blocking one.
     q.set_nonblocking(true)?;
     let stop = StopHandle::new();
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.as_flag().clone()).context("installing signal handlers")?;
-    }
+    stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let responder = Responder::new(turbotun::Mode::Tun);
     let mut buf = vec![0u8; MAX_PACKET];
     let mut c = NaiveCounters { mode: "naive", ..Default::default() };

@@ -452,7 +452,7 @@ pub fn checksums_ok(pkt: &[u8], framing: Framing) -> bool {
             return true;
         };
         let Ok(info) = p.l4_info() else { return true };
-        (info.protocol, l3 + info.offset, Addrs::V6(p.src_addr(), p.dst_addr()))
+        (info.protocol, l3 + info.offset, Addrs::V6(p.src_addr(), info.final_dst))
     };
     let pseudo_fn = |pr: u8, l: u32| match addrs {
         Addrs::V4(s, d) => checksum::pseudo_header_v4(s, d, pr, l),

@@ -13,7 +13,7 @@ use turbotun_wire::{Checksums, Framing};
 
 use super::{framing, MAX_SEGMENTS};
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::queue::{is_interrupted, is_nowait_unsupported, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
+use crate::queue::{frame_len, is_interrupted, is_nowait_unsupported, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason};
 use crate::sys;
 
@@ -407,14 +407,15 @@ impl RecvBatch {
         };
         let n = read.map_err(|e| queue_io_error(queue.name(), "read", e))?;
         self.stats.reads += 1;
-        let Some(len) = n.checked_sub(vlen) else {
-            return Ok(self.drop_frame(queue, DropReason::Malformed, Malformed::ShortRead.to_string()));
+        let len = match frame_len(n, vlen, vlen + layout.capacity(first_buf, self.scratch.len())) {
+            Ok(len) => len,
+            Err(DropReason::TooBig) => {
+                queue.count_rx(1, (n - vlen) as u64);
+                return Ok(self.drop_frame(queue, DropReason::TooBig, format!("a {}-byte frame", n - vlen)));
+            }
+            Err(reason) => return Ok(self.drop_frame(queue, reason, Malformed::ShortRead.to_string())),
         };
         queue.count_rx(1, len as u64);
-        // A frame larger than the space it was read into was truncated (the kernel reports its full length).
-        if len > layout.capacity(first_buf, self.scratch.len()) {
-            return Ok(self.drop_frame(queue, DropReason::TooBig, format!("a {len}-byte frame")));
-        }
         // A queue without a virtio header reads plain packets: nothing to parse, no offload to undo.
         let hdr = match VirtioNetHdrRepr::parse(&head[..vlen]) {
             _ if vlen == 0 => VirtioNetHdrRepr::default(),

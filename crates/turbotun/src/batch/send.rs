@@ -18,7 +18,7 @@ use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::{Counters, DropReason, WhenFull};
 use crate::stop::StopHandle;
 use crate::sys;
-use crate::write_policy::{Unit, Writer, Written};
+use crate::write_policy::{lost_with, Unit, Writer, Written};
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
 /// kernels) plus its header.
@@ -156,6 +156,11 @@ fn probe_frame(mode: Mode, vnet_hdr_len: usize, udp: bool) -> Vec<u8> {
     f
 }
 
+/// How many of the caller's packets the write unit headed by `head` carries.
+fn unit_packets(gro: Option<&Gro>, head: usize, lens: &[usize], offset: usize) -> u64 {
+    gro.map_or(1, |gro| gro.pieces(head, lens, offset).count() as u64)
+}
+
 /// The send side: coalesces a batch (GRO) and writes it.
 pub struct SendBatch {
     gro: Option<Gro>,
@@ -272,8 +277,12 @@ impl SendBatch {
         let gro = self.gro.take();
         let kinds = (self.gro_tcp, self.gro_udp);
         let mut result = Ok(());
-        for &i in &to_write {
+        for (k, &i) in to_write.iter().enumerate() {
             if let Err(e) = self.write_unit(queue, gro.as_ref(), bufs, lens, i, offset) {
+                // The queue failed (its unit's packets are counted already): the rest of the batch is lost with it,
+                // and counted, so that every packet handed in is written or dropped with a reason.
+                let rest: u64 = to_write[k + 1..].iter().map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();
+                self.drop_packets(queue, lost_with(&e), rest, &io::Error::other(e.to_string()));
                 result = Err(e);
                 break;
             }
@@ -412,13 +421,17 @@ impl SendBatch {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.resize(self.vnet_hdr_len + MAX_PACKET, 0);
         let mut result = Ok(());
-        for index in 0..splitter.segment_count() {
+        let count = splitter.segment_count();
+        for index in 0..count {
             scratch[..self.vnet_hdr_len].fill(0);
             match splitter.write_segment(index, &mut scratch[self.vnet_hdr_len..]) {
                 Ok(len) => {
                     let frame = [IoSlice::new(&scratch[..self.vnet_hdr_len + len])];
                     result = self.write_frame(queue, &frame, Unit { packets: 1, bytes: len as u64 });
-                    if result.is_err() {
+                    if let Err(e) = &result {
+                        // The queue failed: the segments after this one are lost with it.
+                        let rest = (count - index - 1) as u64;
+                        self.drop_packets(queue, lost_with(e), rest, &io::Error::other(e.to_string()));
                         break;
                     }
                 }
@@ -430,7 +443,9 @@ impl SendBatch {
     }
 
     fn drop_packets(&mut self, queue: &Queue, reason: DropReason, packets: u64, e: &io::Error) {
-        self.writer.drop(queue, reason, packets, e, &mut self.stats);
+        if packets > 0 {
+            self.writer.drop(queue, reason, packets, e, &mut self.stats);
+        }
     }
 
     /// Turns off the GRO kinds the process-wide probe found refused.
@@ -461,5 +476,36 @@ impl SendBatch {
             })
             .with_gather(true)
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{fake_queue, tcp4_super_packet};
+    use super::*;
+
+    /// A queue that fails fatally in the middle of a batch: the failing packet and every one after it are
+    /// counted, so `packets + drops` is the batch. Found by review: they were counted neither way.
+    #[test]
+    fn test_a_fatal_write_counts_the_rest_of_its_batch() {
+        let (queue, peer) = fake_queue();
+        // Three packets of three flows (no merging): three writes, the first of which already fails.
+        let pkts: Vec<Vec<u8>> = (0..3u32)
+            .map(|i| {
+                let (_, mut p) = tcp4_super_packet(&[i as u8; 100], 100, 1000 * i);
+                p[23] = i as u8; // another destination port per packet
+                assert!(turbotun_wire::partial::complete(&mut p, Framing::Ip));
+                p
+            })
+            .collect();
+        drop(peer); // writes now fail with ECONNREFUSED: not a per-packet problem
+        let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [vec![0u8; VIRTIO_NET_HDR_LEN], p.clone()].concat()).collect();
+        let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
+        let mut tx = SendBatch::new(&queue);
+        assert!(tx.send(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).is_err());
+        let stats = tx.stats();
+        assert_eq!(stats.packets + stats.drops.total(), 3, "{stats:?}");
+        assert_eq!(stats.drops.stopped, 3, "{stats:?}");
+        assert_eq!(queue.stats().tx_dropped, 3);
     }
 }

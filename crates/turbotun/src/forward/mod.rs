@@ -119,6 +119,7 @@ pub struct ForwarderBuilder {
     udp_tunnel: bool,
     partial_checksums: bool,
     register_buffers: bool,
+    stop: Option<StopHandle>,
 }
 
 /// Virtio header size the engine uses for offload and passthrough.
@@ -154,6 +155,7 @@ impl ForwarderBuilder {
             udp_tunnel: false,
             partial_checksums: false,
             register_buffers: false,
+            stop: None,
         }
     }
 
@@ -308,6 +310,45 @@ impl ForwarderBuilder {
         }
     }
 
+    /// Checks that `queues` (one device's, e.g. just received in a hand-over) carry what this forwarder's mode
+    /// needs, the same rule [`Self::build_queues`] applies, so that a receiver can refuse a device as it comes.
+    pub fn check_queues(&self, queues: &[Queue]) -> Result<()> {
+        queues.iter().try_for_each(|q| check_framing(self.mode, self.udp_tunnel, q))
+    }
+
+    /// Offload through io_uring lays slots out for the 10-byte virtio header: queues with another size take the
+    /// blocking path, with a note.
+    fn uring_offload_fits<'q>(
+        &self,
+        io: IoKind,
+        mut queues: impl Iterator<Item = &'q Queue>,
+        notes: &mut Vec<String>,
+    ) -> IoKind {
+        if io != IoKind::Uring || self.mode != ForwardMode::Offload {
+            return io;
+        }
+        match queues.find(|q| q.vnet_hdr_len() != VNET_HDR) {
+            None => io,
+            Some(q) => {
+                notes.push(format!(
+                    "{} has a {}-byte virtio header: offload through io_uring uses {VNET_HDR}-byte ones; using \
+                     blocking reads",
+                    q.name(),
+                    q.vnet_hdr_len()
+                ));
+                IoKind::Block
+            }
+        }
+    }
+
+    /// The handle that stops the forwarder (default: a new one; [`Forwarder::stop_handle`] returns it). Give
+    /// one that already listens for signals ([`StopHandle::stop_on_signals`]) to stop on a signal that came
+    /// before the forwarder was built.
+    pub fn stop_on(mut self, stop: StopHandle) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
     /// A forwarder between all queues of `a` and `b` (queue `i` of one to queue `i` of the other). With several
     /// queues, a flow-hash steering program is attached to both devices (a note says so if it cannot be).
     pub fn build(self, a: Device, b: Device) -> Result<Forwarder> {
@@ -352,7 +393,21 @@ impl ForwarderBuilder {
             }
         }
         for q in a.iter().chain(&b) {
-            check_framing(self.mode, self.vnet_hdr_len(), q)?;
+            check_framing(self.mode, self.udp_tunnel, q)?;
+        }
+        if self.mode == ForwardMode::Passthrough {
+            if let Some((qa, qb)) = a.iter().zip(&b).find(|(qa, qb)| qa.vnet_hdr_len() != qb.vnet_hdr_len()) {
+                return Err(Error::InvalidConfig(format!(
+                    "{} has a {}-byte virtio header and {} a {}-byte one: passthrough forwards headers as they are",
+                    qa.name(),
+                    qa.vnet_hdr_len(),
+                    qb.name(),
+                    qb.vnet_hdr_len()
+                )));
+            }
+        }
+        let io = self.uring_offload_fits(io, a.iter().chain(&b), &mut notes);
+        for q in a.iter().chain(&b) {
             q.set_nonblocking(io.nonblocking())?;
         }
         if io != IoKind::Tokio {
@@ -364,12 +419,13 @@ impl ForwarderBuilder {
             // ring (500 packets by default) to overflow: every short loss trial lost a few hundred datagrams.
             crate::batch::gro_write_support();
         }
+        let stop = self.stop.clone().unwrap_or_default();
         Ok(Forwarder {
             config: self,
             io,
             a: a.into_iter().map(Arc::new).collect(),
             b: b.into_iter().map(Arc::new).collect(),
-            stop: StopHandle::new(),
+            stop,
             stats: StatsHandle::new(),
             notes,
         })
@@ -396,21 +452,29 @@ fn steer_flows(dev: &Device) -> Result<()> {
 }
 
 /// The queues of a forwarder must carry what its mode expects: a virtio header for offload and passthrough
-/// (else super-packets cannot be told apart), none for plain (else the header would be forwarded as data).
-fn check_framing(mode: ForwardMode, want: usize, q: &Queue) -> Result<()> {
+/// (else super-packets cannot be told apart), none for plain (else the header would be forwarded as data), and
+/// for UDP-tunnel passthrough the 24-byte header that holds the tunnel offsets. Offload rewrites every header, so
+/// each side may have any size turbotun handles; passthrough forwards headers as they are, so both sides must
+/// have the same size (checked in [`ForwarderBuilder::build_queues`]).
+fn check_framing(mode: ForwardMode, udp_tunnel: bool, q: &Queue) -> Result<()> {
+    let tunnel = crate::device::UDP_TUNNEL_VNET_HDR_LEN;
     match (mode, q.vnet_hdr_len()) {
+        _ if q.packet_info() => Err(Error::InvalidConfig(format!(
+            "{} has the packet information header (no IFF_NO_PI): the forwarder reads frames without one",
+            q.name()
+        ))),
         (ForwardMode::Plain, 0) => Ok(()),
         (ForwardMode::Plain, n) => Err(Error::InvalidConfig(format!(
             "{} has a {n}-byte virtio header: plain mode forwards queues without one",
             q.name()
         ))),
         (_, 0) => Err(Error::InvalidConfig(format!(
-            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({want}))",
+            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({VNET_HDR}))",
             q.name(),
             mode.as_str()
         ))),
-        (_, n) if n != want => Err(Error::InvalidConfig(format!(
-            "{} has a {n}-byte virtio header: this forwarder uses {want}-byte headers",
+        (ForwardMode::Passthrough, n) if udp_tunnel && n != tunnel => Err(Error::InvalidConfig(format!(
+            "{} has a {n}-byte virtio header: UDP-tunnel passthrough needs the {tunnel}-byte one",
             q.name()
         ))),
         _ => Ok(()),

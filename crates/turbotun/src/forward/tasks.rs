@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::supervise::{jobs, panic_message, supervise, Done};
-use super::workers::{arena, batch_counts, final_batch_counts, raw_frame, Flusher, WorkerCtx};
-use super::{ForwardMode, ForwardStats, Forwarder, VNET_HDR};
+use super::workers::{arena, batch_counts, final_batch_counts, packet_offset, raw_frame, Flusher, WorkerCtx};
+use super::{ForwardMode, ForwardStats, Forwarder};
 use crate::batch::{RecvBatch, SendBatch};
 use crate::error::{Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
@@ -95,8 +95,9 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
     let mut tx = SendBatch::new(dst.get_ref()).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     // A task may be dropped at any await point when the forwarder stops: counts are added after every batch.
     let mut flusher = Flusher::new(ctx.shared());
+    let offset = packet_offset(src.get_ref(), dst.get_ref());
     loop {
-        let got = src.recv_batch(&mut rx, &mut bufs, &mut lens, VNET_HDR).await;
+        let got = src.recv_batch(&mut rx, &mut bufs, &mut lens, offset).await;
         let got = match got {
             Ok(got) => got,
             Err(e) => {
@@ -104,7 +105,7 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
                 return Err(e);
             }
         };
-        let sent = dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums);
+        let sent = dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums);
         flusher.flush(batch_counts(&rx, &tx));
         sent?;
     }

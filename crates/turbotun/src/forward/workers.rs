@@ -6,10 +6,10 @@ use std::io::IoSlice;
 
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
-use super::{ForwardMode, Forwarder, IoKind, StatsHandle, IDLE_WAIT, VNET_HDR};
+use super::{ForwardMode, Forwarder, IoKind, StatsHandle, IDLE_WAIT};
 use crate::batch::{RecvBatch, SendBatch};
-use crate::error::{Malformed, Result};
-use crate::queue::{is_interrupted, is_would_block, Queue, MAX_PACKET};
+use crate::error::Result;
+use crate::queue::{is_interrupted, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason, SharedCounters, WhenFull};
 use crate::stop::StopHandle;
 use crate::write_policy::{Unit, Writer};
@@ -103,8 +103,14 @@ pub(super) fn run_worker(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()
 /// Buffers of one direction: one allocation made once, a stride per packet (only the pages a packet touches
 /// become resident).
 pub(super) fn arena(batch: usize) -> (Vec<u8>, usize) {
-    let stride = VNET_HDR + MAX_PACKET;
+    let stride = MAX_VNET_HDR + MAX_PACKET;
     (vec![0u8; batch * stride], stride)
+}
+
+/// Where packets start in the offload buffers: room for the larger of the two queues' virtio headers (the receive
+/// half needs its source's in front of each packet, the send half its destination's).
+pub(super) fn packet_offset(src: &Queue, dst: &Queue) -> usize {
+    src.vnet_hdr_len().max(dst.vnet_hdr_len())
 }
 
 /// The counters of one direction's batch halves together (their fields do not overlap).
@@ -130,14 +136,15 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums);
     let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
+    let offset = packet_offset(src, dst);
     let result = (|| {
         while !ctx.stop.is_stopped() {
-            let got = rx.recv_many(src, &mut bufs, &mut lens, VNET_HDR, Some(IDLE_WAIT))?;
+            let got = rx.recv_many(src, &mut bufs, &mut lens, offset, Some(IDLE_WAIT))?;
             if got.packets == 0 {
                 flusher.flush(batch_counts(&rx, &tx));
                 continue;
             }
-            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], VNET_HDR, got.checksums)?;
+            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums)?;
             flusher.maybe_flush(batch_counts(&rx, &tx));
         }
         Ok(())
@@ -155,13 +162,9 @@ pub(super) fn raw_frame(
     head: &[u8],
 ) -> Option<Unit> {
     c.reads += 1;
-    if frame_len > capacity {
-        c.drops.add(DropReason::TooBig, 1);
-        return None;
-    }
-    if frame_len < vnet_hdr_len {
-        tracing::debug!("dropping a frame: {}", Malformed::ShortRead);
-        c.drops.add(DropReason::Malformed, 1);
+    if let Err(reason) = crate::queue::frame_len(frame_len, vnet_hdr_len, capacity) {
+        tracing::debug!("dropping a frame of {frame_len} bytes ({reason})");
+        c.drops.add(reason, 1);
         return None;
     }
     if vnet_hdr_len > 0 && frame_len > vnet_hdr_len && VirtioNetHdr::new_unchecked(head).is_gso() {
@@ -234,18 +237,14 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
             Err(e) => break Err(e),
         }
     };
-    // Frames read and handed to the kernel for writing: wait for their completions; what is still in flight
-    // after that is counted as stopped.
-    let mut last = ring.stats();
-    if result.is_ok() {
-        match ring.drain(IDLE_WAIT) {
-            Ok(left) => {
-                last = ring.stats();
-                last.drops.add(DropReason::Stopped, left as u64);
-            }
-            Err(e) => tracing::debug!("draining io_uring writes: {e}"),
-        }
-    }
+    // Frames read and handed to the kernel for writing: after a stop, wait for their completions; whatever is
+    // still held then (or at once, after a failure) is counted with its reason.
+    let reason = match &result {
+        Err(e) => crate::write_policy::lost_with(e),
+        Ok(()) => ring.drain(IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped),
+    };
+    ring.abandon(reason);
+    let last = ring.stats();
     flush(&mut flusher, last);
     result
 }
@@ -277,16 +276,16 @@ fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()
             Err(e) => break Err(e),
         }
     };
-    let mut last = fwd.stats();
-    if result.is_ok() {
-        match fwd.drain(dst, IDLE_WAIT) {
-            Ok(left) => {
-                last = fwd.stats();
-                last.drops.add(DropReason::Stopped, left as u64);
-            }
-            Err(e) => tracing::debug!("draining io_uring writes: {e}"),
+    // After a stop, the writes in flight are waited for; whatever is still held then (or at once, after a
+    // failure) is counted with its reason.
+    let reason = match &result {
+        Err(e) => crate::write_policy::lost_with(e),
+        Ok(()) => {
+            fwd.drain(dst, IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped)
         }
-    }
+    };
+    fwd.abandon(reason);
+    let last = fwd.stats();
     flusher.flush(last);
     result
 }

@@ -34,28 +34,62 @@ struct ProgLoadAttr {
 }
 
 /// Loads a socket-filter program (the type `TUNSETSTEERINGEBPF` expects) and returns its fd.
-/// On a verifier rejection the error carries the verifier's log.
+///
+/// The first load asks for no verifier log: with a log the kernel fails a valid program with `ENOSPC` when the
+/// log outgrows its buffer (a long program logs a line per instruction). Only a refused program is loaded again
+/// with a log, grown until it holds the verifier's reason, which the error then carries.
 pub fn load_socket_filter(insns: &[BpfInsn], name: &str) -> io::Result<OwnedFd> {
+    let err = match prog_load(insns, name, None) {
+        Ok(fd) => return Ok(fd),
+        Err(e) => e,
+    };
+    let mut size = 64 << 10;
+    loop {
+        let mut log = vec![0u8; size];
+        match prog_load(insns, name, Some(&mut log)) {
+            // Accepted this time (a transient refusal): use it.
+            Ok(fd) => return Ok(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && size < MAX_LOG => size *= 4,
+            Err(_) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
+                if text.is_empty() {
+                    return Err(err);
+                }
+                return Err(io::Error::new(err.kind(), format!("{err}; verifier: {text}")));
+            }
+        }
+    }
+}
+
+/// Largest verifier log asked for when explaining a refusal.
+const MAX_LOG: usize = 16 << 20;
+
+/// One `BPF_PROG_LOAD`; with `log`, at level 1 into it.
+fn prog_load(insns: &[BpfInsn], name: &str, log: Option<&mut [u8]>) -> io::Result<OwnedFd> {
     let license = c"GPL";
-    let mut log = vec![0u8; 4096];
     let mut prog_name = [0u8; 16];
     let n = name.len().min(15);
     prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let (log_level, log_size, log_buf) = match log {
+        Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
+        None => (0, 0, 0),
+    };
     let mut attr = ProgLoadAttr {
         prog_type: BPF_PROG_TYPE_SOCKET_FILTER,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
+        log_level,
+        log_size,
+        log_buf,
         kern_version: 0,
         prog_flags: 0,
         prog_name,
         _rest: [0; 56],
     };
-    // SAFETY: `attr` points to a zero-padded bpf_attr whose pointers (insns, license, log) stay alive for the call;
-    // the size passed is the size of that struct.
+    // SAFETY: `attr` points to a zero-padded bpf_attr whose pointers (insns, license, and the log if any) stay
+    // alive for the call; the size passed is the size of that struct.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -65,13 +99,7 @@ pub fn load_socket_filter(insns: &[BpfInsn], name: &str) -> io::Result<OwnedFd> 
         )
     };
     if fd < 0 {
-        let err = io::Error::last_os_error();
-        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-        if end > 0 {
-            let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
-            return Err(io::Error::new(err.kind(), format!("{err}; verifier: {text}")));
-        }
-        return Err(err);
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel returned a new program fd that nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })

@@ -524,3 +524,23 @@ pub fn read_scattered<'a>(
     // borrowed (lifetime 'a) for the duration of the call; offset -1 means the current position.
     cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, flags) })
 }
+
+/// `SO_PEERCRED` of a connected Unix socket: the peer's pid (0 when the peer is outside the caller's PID
+/// namespace), uid and gid, read into a plain `struct ucred` (the pid may be 0, which a non-zero type could not
+/// hold).
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes at most `len` bytes (one `struct ucred`) into `cred`, a live local of that size,
+    // and updates `len`.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok((cred.pid, cred.uid, cred.gid))
+}
