@@ -38,13 +38,13 @@ struct FeaturesJson {
 
 pub fn features(args: &FeaturesArgs) -> Result<()> {
     let caps = Capabilities::probe().context("probing the tun driver")?;
-    let offloads = caps.offloads.unwrap_or_default();
+    let offloads = caps.offloads().unwrap_or_default();
     let report = FeaturesJson {
-        tungetfeatures: format!("{:#06x}", caps.iff_features),
-        iff_flags: inspect::flag_names(caps.iff_features),
+        tungetfeatures: format!("{:#06x}", caps.iff_features()),
+        iff_flags: inspect::flag_names(caps.iff_features()),
         vnet_hdr: caps.vnet_hdr(),
-        vnet_hdr_sizes: caps.vnet_hdr_sizes.clone(),
-        offloads_probed: caps.offloads.is_some(),
+        vnet_hdr_sizes: caps.vnet_hdr_sizes().to_vec(),
+        offloads_probed: caps.offloads().is_some(),
         offloads: offloads.names(),
         uso: caps.uso(),
         udp_tunnel_gso: caps.udp_tunnel_gso(),
@@ -54,9 +54,9 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
         napi: caps.napi(),
         napi_frags: caps.napi_frags(),
         backpressure: caps.backpressure(),
-        steering_ebpf: caps.steering_ebpf.is_ok(),
-        steering_ebpf_error: caps.steering_ebpf.clone().err(),
-        io_uring: caps.io_uring,
+        steering_ebpf: caps.steering_ebpf(),
+        steering_ebpf_error: caps.steering_ebpf_missing().map(str::to_string),
+        io_uring: caps.io_uring(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -65,7 +65,7 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!("tun driver (TUNGETFEATURES {}): {}", report.tungetfeatures, report.iff_flags.join(" "));
     println!("  vnet header       {} (sizes {})", yes(report.vnet_hdr), join_sizes(&report.vnet_hdr_sizes));
-    if caps.offloads.is_some() {
+    if caps.offloads().is_some() {
         for (bits, label) in [
             (Offloads::CSUM, "csum"),
             (Offloads::TSO4, "tso4"),
@@ -92,9 +92,9 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
     } else {
         println!("  backpressure      no (no IFF_BACKPRESSURE: a full transmit ring tail-drops; see txqueuelen)");
     }
-    match &caps.steering_ebpf {
-        Ok(()) => println!("  steering eBPF     yes"),
-        Err(why) => println!("  steering eBPF     no ({why})"),
+    match caps.steering_ebpf_missing() {
+        None => println!("  steering eBPF     yes"),
+        Some(why) => println!("  steering eBPF     no ({why})"),
     }
     println!("  io_uring          {}", yes(report.io_uring));
     Ok(())

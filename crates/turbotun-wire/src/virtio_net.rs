@@ -13,6 +13,52 @@ pub const VIRTIO_NET_HDR_V1_HASH_LEN: usize = 20;
 /// inner network header offsets of a UDP-tunnel super-packet.
 pub const VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN: usize = 24;
 
+/// Bit numbers of the virtio-net feature bits a guest acknowledges (virtio 1.x, `include/uapi/linux/virtio_net.h`):
+/// feature `n` is `1 << n` of the 128-bit feature word.
+pub mod features {
+    /// The device takes packets with partial checksums.
+    pub const CSUM: u32 = 0;
+    /// The guest takes packets with partial checksums: needed for every `GUEST_*` offload below.
+    pub const GUEST_CSUM: u32 = 1;
+    /// The guest takes TSO super-packets over IPv4.
+    pub const GUEST_TSO4: u32 = 7;
+    /// The guest takes TSO super-packets over IPv6.
+    pub const GUEST_TSO6: u32 = 8;
+    /// The guest takes TSO super-packets with CWR set (the ECN bit of `gso_type`).
+    pub const GUEST_ECN: u32 = 9;
+    /// The guest takes UFO super-packets.
+    pub const GUEST_UFO: u32 = 10;
+    /// The device takes TSO super-packets over IPv4.
+    pub const HOST_TSO4: u32 = 11;
+    /// The device takes TSO super-packets over IPv6.
+    pub const HOST_TSO6: u32 = 12;
+    /// The device takes TSO super-packets with CWR set.
+    pub const HOST_ECN: u32 = 13;
+    /// The device takes UFO super-packets.
+    pub const HOST_UFO: u32 = 14;
+    /// Mergeable receive buffers (the 12-byte header's `num_buffers`).
+    pub const MRG_RXBUF: u32 = 15;
+    /// The guest takes USO super-packets over IPv4.
+    pub const GUEST_USO4: u32 = 54;
+    /// The guest takes USO super-packets over IPv6.
+    pub const GUEST_USO6: u32 = 55;
+    /// The device takes USO super-packets.
+    pub const HOST_USO: u32 = 56;
+    /// The guest takes TCP/UDP super-packets inside a UDP tunnel (24-byte header with the tunnel offsets).
+    pub const GUEST_UDP_TUNNEL_GSO: u32 = 65;
+    /// ... with the outer UDP checksum left to it.
+    pub const GUEST_UDP_TUNNEL_GSO_CSUM: u32 = 66;
+    /// The device takes UDP-tunnel super-packets.
+    pub const HOST_UDP_TUNNEL_GSO: u32 = 67;
+    /// ... with the outer UDP checksum left partial.
+    pub const HOST_UDP_TUNNEL_GSO_CSUM: u32 = 68;
+
+    /// The feature word with bit `n` set.
+    pub const fn bit(n: u32) -> u128 {
+        1u128 << n
+    }
+}
+
 /// Values of the `flags` field.
 pub mod flags {
     /// The checksum from `csum_start`, stored at `csum_start + csum_offset`, must be completed.

@@ -1,8 +1,9 @@
-//! The per-packet application of `per_packet.rs` on tokio: the same receive and send halves, the reads awaited.
+//! The per-packet application of `per_packet.rs` on tokio: the same receive and send halves, awaited (a full
+//! queue is waited for without blocking the runtime's thread).
 //!
 //! `per_packet_tokio DEV ADDR/PREFIX...`; needs turbotun's `tokio` feature.
 
-use turbotun::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use turbotun::batch::BATCH_SIZE;
 use turbotun::netlink::Netlink;
 use turbotun::tokio::AsyncQueue;
 use turbotun::wire::{ipv4, ipv6, udp, VIRTIO_NET_HDR_LEN};
@@ -20,13 +21,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     netlink.set_up(&name, true)?;
     let queue = AsyncQueue::new(dev.into_queues().remove(0))?;
-    let (mut rx, mut tx) = (RecvBatch::new(queue.get_ref()), SendBatch::new(queue.get_ref()));
+    let (mut rx, mut tx) = (queue.recv_batch(), queue.send_batch());
     let offset = VIRTIO_NET_HDR_LEN;
-    let mut bufs = vec![vec![0u8; offset + 65535]; BATCH_SIZE];
+    let mut bufs = vec![vec![0u8; offset + queue.get_ref().mtu()? as usize]; BATCH_SIZE];
     let mut lens = vec![0usize; BATCH_SIZE];
     println!("ready");
     loop {
-        let got = queue.recv_batch(&mut rx, &mut bufs, &mut lens, offset).await?;
+        let got = rx.recv_many(&mut bufs, &mut lens, offset).await?;
         let mut answers = 0;
         for i in 0..got.packets {
             if answer_udp(&mut bufs[i][offset..offset + lens[i]]) {
@@ -35,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 answers += 1;
             }
         }
-        queue.send_batch(&mut tx, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
+        tx.send_many(&mut bufs[..answers], &mut lens[..answers], offset, got.checksums).await?;
     }
 }
 

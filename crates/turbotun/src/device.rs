@@ -2,122 +2,15 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
 use crate::netlink::{LinkInfo, Netlink};
 use crate::queue::Queue;
 use crate::sys::{self, iff};
 
+pub use crate::capabilities::Capabilities;
 pub use crate::kind::{Mode, Offloads};
-
-/// What this kernel's tun driver supports, probed once per process ([`Capabilities::get`]).
-#[derive(Debug, Clone)]
-pub struct Capabilities {
-    /// The `IFF_*` flags `TUNGETFEATURES` reports.
-    pub iff_features: u32,
-    /// Offload bits a scratch device accepted, each probed on its own (`None`: probing needs CAP_NET_ADMIN).
-    pub offloads: Option<Offloads>,
-    /// Virtio header sizes the driver accepted (10, 12, 20).
-    pub vnet_hdr_sizes: Vec<usize>,
-    /// Whether `TUNSETSTEERINGEBPF` accepted a program on a scratch multiqueue device.
-    pub steering_ebpf: std::result::Result<(), String>,
-    /// Whether `io_uring_setup` works here.
-    pub io_uring: bool,
-}
-
-impl Capabilities {
-    /// Whether the driver supports `IFF_VNET_HDR` (a virtio header in front of every packet).
-    pub fn vnet_hdr(&self) -> bool {
-        self.iff_features & u32::from(iff::VNET_HDR) != 0
-    }
-    /// Whether the driver supports `IFF_MULTI_QUEUE` (more than one fd per device).
-    pub fn multi_queue(&self) -> bool {
-        self.iff_features & u32::from(iff::MULTI_QUEUE) != 0
-    }
-    /// Whether the driver supports `IFF_NAPI` (written packets delivered through NAPI, in batches).
-    pub fn napi(&self) -> bool {
-        self.iff_features & u32::from(iff::NAPI) != 0
-    }
-    /// Whether the driver supports `IFF_NAPI_FRAGS` (TAP writes as page fragments, with NAPI).
-    pub fn napi_frags(&self) -> bool {
-        self.iff_features & u32::from(iff::NAPI_FRAGS) != 0
-    }
-    /// Whether the driver offers `IFF_BACKPRESSURE` (a full transmit ring stops the device's queue instead of
-    /// dropping). No released kernel does yet.
-    pub fn backpressure(&self) -> bool {
-        self.iff_features & u32::from(iff::BACKPRESSURE) != 0
-    }
-    /// Whether UDP segmentation offload was granted on the scratch device.
-    pub fn uso(&self) -> bool {
-        self.offloads.is_some_and(|o| o.contains(Offloads::USO4 | Offloads::USO6))
-    }
-    /// Whether UDP-tunnel segmentation offload (`TUN_F_UDP_TUNNEL_GSO`, Linux 6.17+) was granted on the scratch
-    /// device; it is used with a virtio header of [`UDP_TUNNEL_VNET_HDR_LEN`] bytes.
-    pub fn udp_tunnel_gso(&self) -> bool {
-        self.offloads.is_some_and(|o| o.contains(Offloads::UDP_TUNNEL_GSO))
-    }
-    /// Whether the outer-checksum variant (`TUN_F_UDP_TUNNEL_GSO_CSUM`) was granted too.
-    pub fn udp_tunnel_gso_csum(&self) -> bool {
-        self.offloads.is_some_and(|o| o.contains(Offloads::UDP_TUNNEL))
-    }
-
-    /// The capabilities of this kernel, probed on first call and cached for the life of the process.
-    pub fn get() -> Result<&'static Capabilities> {
-        static CAPS: OnceLock<Capabilities> = OnceLock::new();
-        if let Some(caps) = CAPS.get() {
-            return Ok(caps);
-        }
-        let caps = Capabilities::probe()?;
-        Ok(CAPS.get_or_init(|| caps))
-    }
-
-    /// Probes without caching: `TUNGETFEATURES`, then (with CAP_NET_ADMIN) a scratch device per optional feature.
-    /// Scratch devices are non-persistent with kernel-chosen names and vanish when their fd closes.
-    pub fn probe() -> Result<Capabilities> {
-        let fd = open_tun(false)?;
-        let iff_features = sys::tun_get_features(fd.as_fd()).map_err(|e| Error::io("TUNGETFEATURES", e))?;
-        let mut caps = Capabilities {
-            iff_features,
-            offloads: None,
-            vnet_hdr_sizes: Vec::new(),
-            steering_ebpf: Err("not probed: needs CAP_NET_ADMIN".into()),
-            io_uring: sys::io_uring_available(),
-        };
-        if let Ok(scratch) = scratch_device(iff::TUN | iff::NO_PI | iff::VNET_HDR) {
-            let mut granted = Offloads::NONE;
-            for candidate in [
-                Offloads::CSUM,
-                Offloads::CSUM | Offloads::TSO4,
-                Offloads::CSUM | Offloads::TSO6,
-                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO_ECN,
-                Offloads::CSUM | Offloads::USO4 | Offloads::USO6,
-                // The kernel grants the tunnel bits only next to plain TSO or USO.
-                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO6 | Offloads::UDP_TUNNEL_GSO,
-                Offloads::CSUM | Offloads::TSO4 | Offloads::TSO6 | Offloads::UDP_TUNNEL,
-            ] {
-                if sys::tun_set_offload(scratch.as_fd(), candidate.bits()).is_ok() {
-                    granted |= candidate;
-                }
-            }
-            caps.offloads = Some(granted);
-            for size in VNET_HDR_SIZES {
-                if sys::tun_set_vnet_hdr_sz(scratch.as_fd(), size as i32).is_ok() {
-                    caps.vnet_hdr_sizes.push(size);
-                }
-            }
-        }
-        if caps.multi_queue() {
-            caps.steering_ebpf = match scratch_device(iff::TUN | iff::NO_PI | iff::MULTI_QUEUE) {
-                Ok(scratch) => crate::steering::probe(scratch.as_fd()),
-                Err(e) => Err(e.to_string()),
-            };
-        } else {
-            caps.steering_ebpf = Err("needs IFF_MULTI_QUEUE".into());
-        }
-        Ok(caps)
-    }
-}
 
 pub use crate::kind::VNET_HDR_SIZES;
 
@@ -125,12 +18,6 @@ pub use crate::kind::VNET_HDR_SIZES;
 /// bytes hold the outer transport and inner network header offsets. The kernel reads and writes those fields
 /// only when the header is at least this long.
 pub const UDP_TUNNEL_VNET_HDR_LEN: usize = turbotun_wire::virtio_net::VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN;
-
-fn scratch_device(flags: u16) -> Result<OwnedFd> {
-    let fd = open_tun(false)?;
-    sys::tun_set_iff(fd.as_fd(), "ttprobe%d", flags).map_err(|e| permission_or_io("creating a probe device", e))?;
-    Ok(fd)
-}
 
 pub(crate) fn open_tun(nonblocking: bool) -> Result<OwnedFd> {
     sys::open_rdwr(c"/dev/net/tun", nonblocking).map_err(|e| match e.raw_os_error() {
@@ -161,8 +48,8 @@ fn describe_node(path: &str) -> String {
 }
 
 /// Builds and opens a TUN or TAP device. Defaults: `IFF_NO_PI`, no virtio header, one queue, kernel-chosen name,
-/// blocking I/O. Names follow the kernel's ioctls: `multi_queue` (or `queues` above 1) is `IFF_MULTI_QUEUE`,
-/// `offloads` is `TUNSETOFFLOAD`.
+/// blocking I/O. Names follow the kernel's ioctls: `multi_queue` is `IFF_MULTI_QUEUE`, `offloads` is
+/// `TUNSETOFFLOAD`; `queues` is how many fds are opened now.
 #[derive(Debug, Clone)]
 pub struct DeviceBuilder {
     mode: Mode,
@@ -170,8 +57,11 @@ pub struct DeviceBuilder {
     packet_info: bool,
     vnet_hdr: Option<usize>,
     offloads: Offloads,
+    strict_offloads: bool,
     queues: usize,
-    multi_queue: bool,
+    /// `IFF_MULTI_QUEUE` as asked for; `None`: whatever the number of queues needs (and, reopening an existing
+    /// device with one queue, whatever it was created with).
+    multi_queue: Option<bool>,
     napi: bool,
     napi_frags: bool,
     no_carrier: bool,
@@ -194,8 +84,9 @@ impl DeviceBuilder {
             packet_info: false,
             vnet_hdr: None,
             offloads: Offloads::NONE,
+            strict_offloads: false,
             queues: 1,
-            multi_queue: false,
+            multi_queue: None,
             napi: false,
             napi_frags: false,
             no_carrier: false,
@@ -233,22 +124,32 @@ impl DeviceBuilder {
         self.vnet_hdr = Some(size);
         self
     }
-    /// Offloads to request; the granted set may be smaller ([`Device::offloads`]). Needs [`Self::vnet_hdr`].
-    /// Any offload implies `CSUM`, which the kernel requires for the others.
+    /// Offloads to request; the granted set may be smaller ([`Device::offloads`]), as older kernels refuse
+    /// some (USO before 6.2; the fallback order is in `docs/OFFLOAD.md`), unless [`Self::strict_offloads`].
+    /// Needs [`Self::vnet_hdr`]. Any offload implies `CSUM`, which the kernel requires for the others.
     pub fn offloads(mut self, offloads: Offloads) -> Self {
         self.offloads = offloads;
         self
     }
-    /// Number of queues (fds); more than one sets `IFF_MULTI_QUEUE`.
+    /// Offloads exactly as asked for or an error ([`Error::OffloadsRefused`]), instead of the quiet downgrade:
+    /// for a VM monitor that has already told its guest what it offers. `CSUM` is still added to any offload.
+    pub fn strict_offloads(mut self, on: bool) -> Self {
+        self.strict_offloads = on;
+        self
+    }
+    /// How many queues (fds) to open now; more than one needs `IFF_MULTI_QUEUE`, which is set for them unless
+    /// [`Self::multi_queue`] says otherwise (an error). More can be added later ([`Device::add_queue`]) to a
+    /// multiqueue device.
     pub fn queues(mut self, n: usize) -> Self {
         self.queues = n;
         self
     }
-    /// `IFF_MULTI_QUEUE` whatever the number of [`Self::queues`] (one by default): a multiqueue device that more
-    /// queues can attach to later. An existing device created without the flag is refused. Without this option
-    /// one queue attaches to an existing device either way, and more than one needs the flag anyway.
+    /// `IFF_MULTI_QUEUE`, explicitly: `true` makes a multiqueue device even with one queue now (so that queues
+    /// can be added later, for a guest that raises its queue-pair count), and refuses an existing device created
+    /// without it; `false` refuses more than one queue and an existing multiqueue device. Without this option the
+    /// flag follows [`Self::queues`], and one queue attaches to an existing device whichever way it was created.
     pub fn multi_queue(mut self, on: bool) -> Self {
-        self.multi_queue = on;
+        self.multi_queue = Some(on);
         self
     }
     /// `IFF_NAPI`: the kernel receives written packets through NAPI, in batches, instead of one at a time.
@@ -353,6 +254,12 @@ impl DeviceBuilder {
         if self.queues == 0 {
             return Err(Error::InvalidConfig("queues(0): a device needs at least one queue".into()));
         }
+        if self.queues > 1 && self.multi_queue == Some(false) {
+            return Err(Error::InvalidConfig(format!(
+                "queues({}) needs IFF_MULTI_QUEUE, and multi_queue(false) refuses it",
+                self.queues
+            )));
+        }
         if self.queues > MAX_QUEUES {
             let name = self.name.clone().unwrap_or_else(|| format!("{}%d", self.mode));
             return Err(Error::TooManyQueues { name, queues: self.queues, max: MAX_QUEUES });
@@ -424,20 +331,25 @@ impl DeviceBuilder {
 
         let (_, kernel_flags) = sys::tun_get_iff(ctl).map_err(|e| Error::io("TUNGETIFF", e))?;
         let name: Arc<str> = Arc::from(name);
-        let queues = fds
-            .into_iter()
-            .enumerate()
-            .map(|(index, fd)| {
-                Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads)
-                    .with_packet_info(self.packet_info)
-            })
-            .collect();
-        Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, offloads, queues, notes })
+        let mut queues: Vec<Queue> = Vec::with_capacity(fds.len());
+        for (index, fd) in fds.into_iter().enumerate() {
+            let queue = Queue::new(fd, name.clone(), index, self.mode, vnet_hdr_len, offloads)
+                .with_packet_info(self.packet_info);
+            // One offload mask per device: a change through any queue shows through all.
+            let queue = match queues.first() {
+                Some(first) => queue.sharing_offloads_with(first),
+                None => queue,
+            };
+            queues.push(queue);
+        }
+        let attach_flags = self.flags(multi_queue) & !iff::TUN_EXCL;
+        let nonblocking = self.nonblocking;
+        Ok(Device { name, mode: self.mode, kernel_flags, vnet_hdr_len, queues, notes, attach_flags, nonblocking })
     }
 
     /// Whether the device is to have `IFF_MULTI_QUEUE`: asked for, or needed for more than one queue.
     fn wants_multi_queue(&self) -> bool {
-        self.multi_queue || self.queues > 1
+        self.multi_queue.unwrap_or(self.queues > 1)
     }
 
     /// `TUNSETIFF` on the first fd: creates the device or attaches to it. Returns the kernel's name for it and
@@ -470,7 +382,7 @@ impl DeviceBuilder {
         if self.queues > 1 {
             return Err(Error::MultiQueueMismatch { name: display_name, existing: "without multi_queue", hint: "1" });
         }
-        if self.multi_queue {
+        if self.multi_queue.is_some() {
             return Err(Error::InvalidConfig(format!(
                 "device {display_name} exists without multi_queue: open it with multi_queue(false), or delete it \
                  and create it again with multi_queue(true)"
@@ -560,6 +472,18 @@ impl DeviceBuilder {
     fn set_offloads(&self, ctl: BorrowedFd<'_>, name: &str, notes: &mut Vec<String>) -> Result<Offloads> {
         // Always set the mask: a persistent device keeps the last owner's offloads, and a reader that asked for
         // none must not be handed super-packets.
+        if self.strict_offloads {
+            let wanted = if self.offloads.is_empty() { Offloads::NONE } else { self.offloads | Offloads::CSUM };
+            return match sys::tun_set_offload(ctl, wanted.bits()) {
+                Ok(()) => Ok(wanted),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Err(Error::OffloadsRefused {
+                    name: name.to_string(),
+                    asked: wanted,
+                    reason: "the kernel refused the combination (EINVAL), and strict_offloads takes no less",
+                }),
+                Err(e) => Err(Error::io(format!("TUNSETOFFLOAD on {name}"), e)),
+            };
+        }
         let offloads = negotiate_offloads(ctl, name, self.offloads)?;
         if offloads != self.offloads && !self.offloads.is_empty() {
             let missing = self.offloads.difference(offloads).difference(Offloads::CSUM);
@@ -688,9 +612,11 @@ pub struct Device {
     mode: Mode,
     kernel_flags: u16,
     vnet_hdr_len: usize,
-    offloads: Offloads,
     queues: Vec<Queue>,
     notes: Vec<String>,
+    /// The `TUNSETIFF` flags a further queue attaches with ([`Device::add_queue`]).
+    attach_flags: u16,
+    nonblocking: bool,
 }
 
 impl Device {
@@ -711,9 +637,50 @@ impl Device {
     pub fn vnet_hdr_len(&self) -> usize {
         self.vnet_hdr_len
     }
-    /// The offloads the kernel granted.
+    /// The offloads the kernel granted (at open, or since by [`Self::set_offloads`]).
     pub fn offloads(&self) -> Offloads {
-        self.offloads
+        self.queues.first().map_or(Offloads::NONE, Queue::offloads)
+    }
+
+    /// `TUNSETOFFLOAD` at run time, exactly (see [`Queue::set_offloads`]); every queue's view follows.
+    pub fn set_offloads(&self, offloads: Offloads) -> Result<()> {
+        self.queues[0].set_offloads(offloads)
+    }
+
+    /// Attaches one more queue to a multiqueue device (a guest raised its queue-pair count): a new fd with the
+    /// device's flags, its virtio header size and offloads view shared. [`Error::InvalidConfig`] on a device
+    /// opened without `IFF_MULTI_QUEUE` ([`DeviceBuilder::multi_queue`]); the kernel's limit is [`MAX_QUEUES`].
+    pub fn add_queue(&mut self) -> Result<&Queue> {
+        if self.attach_flags & iff::MULTI_QUEUE == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "{} was opened without IFF_MULTI_QUEUE: open it with multi_queue(true) to add queues later",
+                self.name
+            )));
+        }
+        let fd = open_tun(self.nonblocking)?;
+        let index = self.queues.iter().map(|q| q.index() + 1).max().unwrap_or(0);
+        sys::tun_set_iff(fd.as_fd(), &self.name, self.attach_flags).map_err(|e| match e.raw_os_error() {
+            Some(libc::E2BIG) => {
+                Error::TooManyQueues { name: self.name.to_string(), queues: self.queues.len() + 1, max: MAX_QUEUES }
+            }
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                Error::PermissionDenied { action: format!("attaching a queue to {}", self.name), source: e }
+            }
+            _ => Error::io(format!("attaching queue {index} to {}", self.name), e),
+        })?;
+        let first = &self.queues[0];
+        let queue = Queue::new(fd, self.name.clone(), index, self.mode, self.vnet_hdr_len, first.offloads())
+            .with_packet_info(first.packet_info())
+            .sharing_offloads_with(first);
+        self.queues.push(queue);
+        Ok(&self.queues[self.queues.len() - 1])
+    }
+
+    /// Takes the queue at `index` (its position in [`Self::queues`]) out of the device, for a guest that lowered
+    /// its queue-pair count: dropping it closes its fd and the kernel stops steering packets to it. The first
+    /// queue, which the device's settings go through, stays; `None` for it or an index out of range.
+    pub fn remove_queue(&mut self, index: usize) -> Option<Queue> {
+        (index > 0 && index < self.queues.len()).then(|| self.queues.remove(index))
     }
     /// Whether the device has `IFF_BACKPRESSURE` (asked for with [`DeviceBuilder::backpressure`] and offered by
     /// the kernel).
@@ -853,7 +820,8 @@ mod tests {
         assert!(Offloads::parse("tso9").unwrap_err().to_string().contains("tso9"));
         assert_eq!(Offloads::ALL.to_string(), "csum,tso4,tso6,tso_ecn,uso4,uso6");
         assert_eq!(Offloads::NONE.to_string(), "none");
-        assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL | Offloads::UDP_TUNNEL);
+        assert_eq!(Offloads::from_bits_truncate(0xffff_ffff), Offloads::ALL | Offloads::UFO | Offloads::UDP_TUNNEL);
+        assert_eq!(Offloads::parse("ufo").unwrap().bits(), tun_f::UFO, "every bit the kernel knows can be said");
         assert!(!Offloads::ALL.intersects(Offloads::UDP_TUNNEL), "tunnel offloads are asked for explicitly");
         assert_eq!(Offloads::parse("udp_tunnel").unwrap().bits(), tun_f::UDP_TUNNEL_GSO | tun_f::UDP_TUNNEL_GSO_CSUM);
         assert_eq!(Offloads::UDP_TUNNEL.to_string(), "udp_tunnel_gso,udp_tunnel_gso_csum");

@@ -643,8 +643,9 @@ impl EchoBuilder {
         }
         queue.set_nonblocking(true)?;
         if self.mode == EchoMode::Offload {
-            // Probed now rather than at the first answer, which would wait tens of milliseconds for it.
-            crate::batch::gro_write_support();
+            // The kernel probes run now, before traffic (they take tens of milliseconds); without them a refused
+            // coalesced write turns that kind off at run time.
+            let _ = crate::Capabilities::get();
         }
         let mut responder = Responder::new(queue.mode()).with_mac(self.mac);
         for &(addr, prefix) in &self.own {
@@ -706,7 +707,7 @@ impl Echo {
         // What this loop counts itself: whole super-packets written, malformed packets, answers and ignores.
         let mut own = EchoStats::default();
         let mut last = EchoStats::default();
-        let total = |rx: &RecvBatch, tx: &SendBatch, own: &EchoStats| {
+        let total = |rx: &RecvBatch<&Queue>, tx: &SendBatch<&Queue>, own: &EchoStats| {
             let mut s = *own;
             s.counters.add(&rx.stats());
             s.counters.add(&tx.stats());
@@ -714,7 +715,7 @@ impl Echo {
         };
         let result = (|| {
             while !self.stop.is_stopped() {
-                let got = rx.recv_many(q, &mut bufs, &mut lens, offset, Some(POLL_INTERVAL))?;
+                let got = rx.recv_many(&mut bufs, &mut lens, offset, Some(POLL_INTERVAL))?;
                 if got.packets == 0 {
                     let now = total(&rx, &tx, &own);
                     self.stats.add_delta(&now, &last);
@@ -746,12 +747,12 @@ impl Echo {
                         }
                     }
                 }
-                tx.send(q, &mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
+                tx.send_many(&mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
                 if let Some(i) = whole {
                     // Written back with the header it was read with: the kernel cuts it into the same datagrams.
                     let frame = &bufs[i][offset - vlen..offset + lens[i]];
                     let unit = Unit { packets: 1, bytes: lens[i] as u64 };
-                    writer.write(q, &[IoSlice::new(frame)], unit, false, &mut own.counters)?;
+                    writer.write(q, &[IoSlice::new(frame)], unit, false, true, &mut own.counters)?;
                 }
                 let now = total(&rx, &tx, &own);
                 if now.counters.reads.saturating_sub(last.counters.reads) >= FLUSH_EVERY {

@@ -135,6 +135,17 @@ pub enum Error {
         allowed: Vec<String>,
     },
 
+    /// `TUNSETOFFLOAD` refused the offloads asked for, exactly (at run time, or at open in strict mode).
+    #[error("{name}: offloads {asked} refused: {reason}")]
+    OffloadsRefused {
+        /// The device's name.
+        name: String,
+        /// What was asked for.
+        asked: crate::Offloads,
+        /// Why, in words.
+        reason: &'static str,
+    },
+
     /// The receiver of a hand-over refused the queues; its reason.
     #[error("the receiver refused the queues: {reason}")]
     HandoverRefused {
@@ -155,6 +166,8 @@ pub enum Error {
     DeviceGone {
         /// The device's name.
         name: String,
+        /// The error the kernel returned.
+        source: io::Error,
     },
 
     /// A write failed with EIO because the device is administratively down.
@@ -162,6 +175,8 @@ pub enum Error {
     DeviceDown {
         /// The device's name.
         name: String,
+        /// The error the kernel returned.
+        source: io::Error,
     },
 
     /// No interface of that name exists in the current network namespace.
@@ -310,6 +325,8 @@ impl Error {
             | Error::NotOwner { source, .. }
             | Error::FlagsMismatch { source, .. }
             | Error::Netlink { source, .. }
+            | Error::DeviceGone { source, .. }
+            | Error::DeviceDown { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
             Error::Worker { error, .. } => error.raw_os_error(),
             _ => None,
@@ -318,6 +335,21 @@ impl Error {
 
     pub(crate) fn malformed(device: &str, reason: Malformed) -> Self {
         Error::MalformedPacket { device: device.to_string(), offset: reason.offset(), reason }
+    }
+
+    /// Whether this is "try again later": a non-blocking queue with nothing to read, or a full one.
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Whether a blocking call was interrupted by a signal (see [`crate::wake`]): nothing was read or written.
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::Interrupted)
+    }
+
+    /// Whether a non-sleeping read was refused because the kernel (or the file) has no `RWF_NOWAIT`.
+    pub(crate) fn is_nowait_unsupported(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP))
     }
 
     /// Whether the device this error came from no longer exists.
@@ -330,13 +362,39 @@ impl Error {
     }
 }
 
+impl From<Error> for io::Error {
+    /// The error as an `io::Error`: its kind from the errno where there is one (would-block stays would-block,
+    /// a gone device is `NotConnected`-like through its errno), the whole message kept.
+    fn from(e: Error) -> io::Error {
+        let kind = match &e {
+            Error::Io { source, .. } | Error::Netlink { source, .. } => source.kind(),
+            Error::PermissionDenied { .. } | Error::TunNodeDenied { .. } | Error::NotOwner { .. } => {
+                io::ErrorKind::PermissionDenied
+            }
+            Error::NoTunDevice | Error::NoSuchDevice { .. } => io::ErrorKind::NotFound,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::InvalidName { .. } | Error::InvalidConfig(_) | Error::UnsupportedVnetHdr { .. } => {
+                io::ErrorKind::InvalidInput
+            }
+            Error::MalformedPacket { .. } => io::ErrorKind::InvalidData,
+            _ => match e.raw_os_error() {
+                Some(errno) => io::Error::from_raw_os_error(errno).kind(),
+                None => io::ErrorKind::Other,
+            },
+        };
+        io::Error::new(kind, e)
+    }
+}
+
 /// Maps an errno from a read or write on a queue fd to the error a caller can act on.
 pub(crate) fn queue_io_error(name: &str, op: &'static str, err: io::Error) -> Error {
     match err.raw_os_error() {
-        Some(libc::EBADFD) | Some(libc::ENODEV) | Some(libc::ENXIO) => Error::DeviceGone { name: name.to_string() },
+        Some(libc::EBADFD) | Some(libc::ENODEV) | Some(libc::ENXIO) => {
+            Error::DeviceGone { name: name.to_string(), source: err }
+        }
         // A reader asleep on a blocking queue is woken with EFAULT when the device is deleted under it.
-        Some(libc::EFAULT) if op == "read" => Error::DeviceGone { name: name.to_string() },
-        Some(libc::EIO) if op == "write" => Error::DeviceDown { name: name.to_string() },
+        Some(libc::EFAULT) if op == "read" => Error::DeviceGone { name: name.to_string(), source: err },
+        Some(libc::EIO) if op == "write" => Error::DeviceDown { name: name.to_string(), source: err },
         // "Try again" is not a failure: the caller checks it and moves on, so the context names only the call.
         _ if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Error::io(op, err),
         _ => Error::io(format!("{op} on {name}"), err),

@@ -20,12 +20,11 @@
 //! let dev = DeviceBuilder::tun().name("tun0").vnet_hdr(10).offloads(Offloads::ALL).open()?;
 //! println!("granted {}", dev.offloads());
 //! let q = &dev.queues()[0];
-//! let mut rx = RecvBatch::new(q);
-//! let mut tx = SendBatch::new(q);
-//! let mut bufs = vec![vec![0u8; 10 + 65535]; 64];
+//! let (mut rx, mut tx) = (RecvBatch::new(q), SendBatch::new(q));
+//! let mut bufs = vec![vec![0u8; 10 + q.mtu()? as usize]; 64];
 //! let mut lens = vec![0usize; 64];
-//! let got = rx.recv(q, &mut bufs, &mut lens, 10)?;
-//! tx.send(q, &mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums)?;
+//! let got = rx.recv_many(&mut bufs, &mut lens, 10, None)?;
+//! tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -36,6 +35,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+mod capabilities;
 pub mod device;
 pub mod echo;
 pub mod error;
@@ -62,7 +62,8 @@ pub mod uring;
 pub mod wake;
 mod write_policy;
 
-pub use device::{Capabilities, Device, DeviceBuilder, Mode, Offloads};
+pub use capabilities::{Capabilities, GroWriteSupport};
+pub use device::{Device, DeviceBuilder, Mode, Offloads};
 pub use error::{validate_ifname, Error, Malformed, Result};
 pub use forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
 pub use queue::{Queue, QueueStats};

@@ -1,7 +1,7 @@
 //! Privilege separation: open and configure devices as root, then become an ordinary user before forwarding.
 //!
 //! The way VMM jailers do it: everything that needs a privilege happens first (opening and configuring the
-//! devices, attaching the steering program, [`crate::batch::gro_write_support`]'s probe), then [`drop_to`]
+//! devices, attaching the steering program, the kernel probes of [`crate::Capabilities::get`]), then [`drop_to`]
 //! gives the process up for good:
 //!
 //! 1. supplementary groups: only the target group (`setgroups`);
@@ -26,8 +26,9 @@
 //! let builder = ForwarderBuilder::new(ForwardMode::Offload);
 //! let a = builder.device(Mode::Tun).name("tun-a").open()?;
 //! let b = builder.device(Mode::Tun).name("tun-b").open()?;
-//! let forwarder = builder.build(a, b)?;                    // attaches the steering program (needs CAP_BPF)
-//! turbotun::batch::gro_write_support();                   // the probe needs a namespace; cached afterwards
+//! // Attaches the steering program (needs CAP_BPF) and, in offload mode, runs the kernel probes (a private
+//! // namespace for the coalesced-write probe; cached afterwards).
+//! let forwarder = builder.build(a, b)?;
 //! drop_to(&user)?;
 //! forwarder.run()?;
 //! # Ok(())

@@ -3,8 +3,9 @@
 //! A `Queue` is `Sync`: one thread may read while another writes (the kernel serialises per direction).
 //! The batch API with GSO split and GRO coalesce is in [`crate::batch`].
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,8 +60,10 @@ impl DirectionCounters {
     }
 }
 
-/// A snapshot of a queue's counters (what crossed the fd, as the kernel saw it: super-packets count once).
+/// A snapshot of a queue's counters (what crossed the fd, as the kernel saw it: super-packets count once). Bytes
+/// are always counted without the virtio header, whichever call read or wrote them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueStats {
     /// Packets read from the fd.
     pub rx_packets: u64,
@@ -86,7 +89,9 @@ pub struct Queue {
     index: usize,
     mode: Mode,
     vnet_hdr_len: usize,
-    offloads: Offloads,
+    /// The device's offload mask (`TUNSETOFFLOAD` is per device): shared by the queues opened together, so that a
+    /// change through any of them shows through all.
+    offloads: Arc<AtomicU32>,
     /// Opened without `IFF_NO_PI`: every packet has the 4-byte packet information header in front.
     packet_info: bool,
     rx: DirectionCounters,
@@ -108,11 +113,17 @@ impl Queue {
             index,
             mode,
             vnet_hdr_len,
-            offloads,
+            offloads: Arc::new(AtomicU32::new(offloads.bits())),
             packet_info: false,
             rx: DirectionCounters::default(),
             tx: DirectionCounters::default(),
         }
+    }
+
+    /// Makes the queue share `other`'s view of the device's offloads (queues of one device).
+    pub(crate) fn sharing_offloads_with(mut self, other: &Queue) -> Self {
+        self.offloads = other.offloads.clone();
+        self
     }
 
     /// Marks a queue opened with the packet information header.
@@ -143,29 +154,70 @@ impl Queue {
     pub fn vnet_hdr_len(&self) -> usize {
         self.vnet_hdr_len
     }
-    /// Offloads granted on the device.
+    /// Offloads granted on the device: at open, or since by [`Self::set_offloads`] (through this queue or
+    /// another of the device's).
     pub fn offloads(&self) -> Offloads {
-        self.offloads
+        Offloads::from_bits_retain(self.offloads.load(Ordering::Relaxed))
     }
     /// Whether the kernel may hand this queue GSO super-packets.
     pub fn receives_super_packets(&self) -> bool {
-        self.offloads.intersects(Offloads::TSO4 | Offloads::TSO6 | Offloads::USO4 | Offloads::USO6)
+        self.offloads().intersects(Offloads::TSO4 | Offloads::TSO6 | Offloads::USO4 | Offloads::USO6)
+    }
+
+    /// `TUNSETOFFLOAD` at run time, exactly `offloads` or an error: what the kernel may hand this device's
+    /// queues from the next packet on, as a VM monitor sets it when its guest acknowledges virtio-net features
+    /// (see [`Offloads::for_guest_features`]) and again after a reset. The queue's view ([`Self::offloads`], and
+    /// the batch halves reading from it) follows, and so do the other queues of the device opened with it. A
+    /// combination the kernel refuses is [`Error::OffloadsRefused`] and changes nothing; there is no fallback
+    /// here (use [`crate::DeviceBuilder::offloads`] for the degrading negotiation at open).
+    ///
+    /// Super-packets already queued for reading keep the offloads they were made under: a reader must still
+    /// expect them for a moment after offloads are turned off.
+    pub fn set_offloads(&self, offloads: Offloads) -> Result<()> {
+        if self.vnet_hdr_len == 0 && !offloads.is_empty() {
+            return Err(Error::OffloadsRefused {
+                name: self.name.to_string(),
+                asked: offloads,
+                reason: "the queue has no virtio header",
+            });
+        }
+        sys::tun_set_offload(self.fd.as_fd(), offloads.bits()).map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => Error::OffloadsRefused {
+                name: self.name.to_string(),
+                asked: offloads,
+                reason: "the kernel refused the combination (EINVAL)",
+            },
+            _ => Error::io(format!("TUNSETOFFLOAD on {}", self.name), e),
+        })?;
+        self.offloads.store(offloads.bits(), Ordering::Relaxed);
+        Ok(())
     }
 
     /// Reads one packet (IP for TUN, Ethernet for TAP) without the virtio header. A partial checksum
     /// (`NEEDS_CSUM`) is completed. On a queue granted segmentation offloads use [`Self::recv_with_hdr`] or
     /// [`crate::batch::RecvBatch`] instead, since a read may return a super-packet.
     pub fn recv(&self, buf: &mut [u8]) -> Result<usize> {
+        self.read_packet(buf, false)
+    }
+
+    /// Like [`Self::recv`], but never sleeps, even on a blocking queue (`RWF_NOWAIT`): nothing queued is a
+    /// would-block error ([`Error::is_would_block`]).
+    pub fn try_recv(&self, buf: &mut [u8]) -> Result<usize> {
+        self.read_packet(buf, true)
+    }
+
+    fn read_packet(&self, buf: &mut [u8], nowait: bool) -> Result<usize> {
         if self.vnet_hdr_len == 0 {
-            return self.recv_raw(buf);
+            return self.read_raw(buf, nowait);
         }
         if self.receives_super_packets() {
             return Err(Error::InvalidConfig(format!(
                 "{} has segmentation offloads ({}): a read may be a super-packet, use recv_with_hdr or RecvBatch",
-                self.name, self.offloads
+                self.name,
+                self.offloads()
             )));
         }
-        let (hdr, len) = self.recv_with_hdr(buf)?;
+        let (hdr, len) = self.read_with_hdr(buf, nowait)?;
         if hdr.flags & turbotun_wire::virtio_net::flags::NEEDS_CSUM != 0 {
             turbotun_wire::checksum::complete_partial(&mut buf[..len], hdr.csum_start.into(), hdr.csum_offset.into())
                 .map_err(|e| Error::malformed(&self.name, Malformed::PartialChecksum(e)))?;
@@ -175,35 +227,74 @@ impl Queue {
 
     /// Reads one packet and its virtio header (the header is read into a separate array by `readv`).
     pub fn recv_with_hdr(&self, buf: &mut [u8]) -> Result<(VirtioNetHdrRepr, usize)> {
-        if self.vnet_hdr_len == 0 {
-            return Ok((VirtioNetHdrRepr::default(), self.recv_raw(buf)?));
-        }
+        self.read_with_hdr(buf, false)
+    }
+
+    fn read_with_hdr(&self, buf: &mut [u8], nowait: bool) -> Result<(VirtioNetHdrRepr, usize)> {
         let mut head = [0u8; MAX_VNET_HDR];
-        let head = &mut head[..self.vnet_hdr_len];
-        let n = sys::read2(self.fd.as_fd(), head, buf, false).map_err(|e| self.rx_error("read", e))?;
-        if n < head.len() {
-            self.rx.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::malformed(&self.name, Malformed::ShortRead));
+        let n =
+            self.read_scattered(&mut [IoSliceMut::new(&mut head[..self.vnet_hdr_len]), IoSliceMut::new(buf)], nowait)?;
+        self.header_of(&head, n)
+    }
+
+    /// The header and packet length of a read of `n` bytes whose first `vnet_hdr_len` went into `head`.
+    fn header_of(&self, head: &[u8; MAX_VNET_HDR], n: usize) -> Result<(VirtioNetHdrRepr, usize)> {
+        if self.vnet_hdr_len == 0 {
+            return Ok((VirtioNetHdrRepr::default(), n));
         }
-        let hdr =
-            VirtioNetHdrRepr::parse(head).map_err(|e| Error::malformed(&self.name, Malformed::VirtioHeader(e)))?;
-        let len = n - head.len();
-        self.rx.add(1, len as u64);
+        let len = n.checked_sub(self.vnet_hdr_len).ok_or_else(|| {
+            self.rx.errors.fetch_add(1, Ordering::Relaxed);
+            Error::malformed(&self.name, Malformed::ShortRead)
+        })?;
+        let hdr = VirtioNetHdrRepr::parse(&head[..self.vnet_hdr_len])
+            .map_err(|e| Error::malformed(&self.name, Malformed::VirtioHeader(e)))?;
         Ok((hdr, len))
     }
 
     /// Reads exactly what the kernel delivers: the virtio header (if any) followed by the packet.
     pub fn recv_raw(&self, buf: &mut [u8]) -> Result<usize> {
-        let n = sys::read(self.fd.as_fd(), buf).map_err(|e| self.rx_error("read", e))?;
-        self.rx.add(1, n as u64);
-        Ok(n)
+        self.read_raw(buf, false)
     }
 
-    /// Like [`Self::recv_raw`], but returns a would-block error instead of sleeping even on a blocking queue
-    /// (`RWF_NOWAIT`). Kernels without it give an error for which [`is_nowait_unsupported`] is true.
+    /// Like [`Self::recv_raw`], but never sleeps, even on a blocking queue (`RWF_NOWAIT`). Kernels without it
+    /// give an error for which `Error::is_nowait_unsupported` is true.
     pub fn try_recv_raw(&self, buf: &mut [u8]) -> Result<usize> {
-        let n = sys::read2(self.fd.as_fd(), &mut [], buf, true).map_err(|e| self.rx_error("read", e))?;
-        self.rx.add(1, n as u64);
+        self.read_raw(buf, true)
+    }
+
+    fn read_raw(&self, buf: &mut [u8], nowait: bool) -> Result<usize> {
+        self.read_scattered(&mut [IoSliceMut::new(buf)], nowait)
+    }
+
+    /// Reads exactly what the kernel delivers into the caller's slices, one after the other: the virtio header
+    /// (if the queue has one) lands at the front of the first, as a VM monitor's receive descriptor chain expects
+    /// it, and the packet follows across the slices. Nothing is copied twice (the kernel writes into guest
+    /// memory described by the slices). Returns the bytes written, header included; a frame longer than the
+    /// slices is cut by the kernel, which still reports its full length (compare with their sum).
+    pub fn recv_vectored(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<usize> {
+        self.read_scattered(bufs, false)
+    }
+
+    /// Like [`Self::recv_vectored`], but the virtio header is read into a separate array and returned: the
+    /// slices hold the packet alone.
+    pub fn recv_vectored_with_hdr(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<(VirtioNetHdrRepr, usize)> {
+        let mut head = [0u8; MAX_VNET_HDR];
+        let mut iov: Vec<IoSliceMut<'_>> = Vec::with_capacity(bufs.len() + 1);
+        iov.push(IoSliceMut::new(&mut head[..self.vnet_hdr_len]));
+        iov.extend(bufs.iter_mut().map(|b| IoSliceMut::new(&mut b[..])));
+        let n = self.read_scattered(&mut iov, false)?;
+        drop(iov);
+        self.header_of(&head, n)
+    }
+
+    /// The one read every receive call makes: counted (bytes without the virtio header) and its error mapped.
+    fn read_scattered(&self, bufs: &mut [IoSliceMut<'_>], nowait: bool) -> Result<usize> {
+        let n = sys::readv(self.fd.as_fd(), bufs, nowait).map_err(|e| self.rx_error("read", e))?;
+        if n < self.vnet_hdr_len {
+            self.rx.errors.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.rx.add(1, (n - self.vnet_hdr_len) as u64);
+        }
         Ok(n)
     }
 
@@ -215,23 +306,43 @@ impl Queue {
         self.send_with_hdr(&VirtioNetHdrRepr::default(), packet)
     }
 
-    /// Writes one packet behind the given virtio header (e.g. a coalesced packet with `NEEDS_CSUM`).
+    /// Writes one packet behind the given virtio header (e.g. a coalesced packet with `NEEDS_CSUM`). Returns the
+    /// packet's length written (without the header).
     pub fn send_with_hdr(&self, hdr: &VirtioNetHdrRepr, packet: &[u8]) -> Result<usize> {
-        if self.vnet_hdr_len == 0 {
-            return Err(Error::InvalidConfig(format!("{} has no virtio header: use send", self.name)));
-        }
-        let mut head = [0u8; MAX_VNET_HDR];
-        let head = &mut head[..self.vnet_hdr_len];
-        hdr.emit(head);
-        let n = sys::write2(self.fd.as_fd(), head, packet).map_err(|e| self.tx_error("write", e))?;
-        self.tx.add(1, n.saturating_sub(head.len()) as u64);
-        Ok(n.saturating_sub(head.len()))
+        self.send_vectored_with_hdr(hdr, &[IoSlice::new(packet)])
     }
 
     /// Writes a buffer as is: the virtio header (if the queue has one) must already lead it.
     pub fn send_raw(&self, buf: &[u8]) -> Result<usize> {
-        let n = sys::write(self.fd.as_fd(), buf).map_err(|e| self.tx_error("write", e))?;
-        self.tx.add(1, n as u64);
+        self.send_vectored(&[IoSlice::new(buf)])
+    }
+
+    /// Writes one frame gathered from the caller's slices as they are: the virtio header (if the queue has one)
+    /// must lead the first, as in a VM monitor's transmit descriptor chain. Returns the bytes written, header
+    /// included.
+    pub fn send_vectored(&self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        self.write_gathered(bufs)
+    }
+
+    /// Writes one packet gathered from the caller's slices behind the given virtio header. Returns the packet's
+    /// length written (without the header).
+    pub fn send_vectored_with_hdr(&self, hdr: &VirtioNetHdrRepr, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        if self.vnet_hdr_len == 0 {
+            return Err(Error::InvalidConfig(format!("{} has no virtio header: use send", self.name)));
+        }
+        let mut head = [0u8; MAX_VNET_HDR];
+        hdr.emit(&mut head[..self.vnet_hdr_len]);
+        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len() + 1);
+        iov.push(IoSlice::new(&head[..self.vnet_hdr_len]));
+        iov.extend_from_slice(bufs);
+        let n = self.write_gathered(&iov)?;
+        Ok(n.saturating_sub(self.vnet_hdr_len))
+    }
+
+    /// The one write every send call makes: counted (bytes without the virtio header) and its error mapped.
+    fn write_gathered(&self, bufs: &[IoSlice<'_>]) -> Result<usize> {
+        let n = sys::writev(self.fd.as_fd(), bufs).map_err(|e| self.tx_error("write", e))?;
+        self.tx.add(1, n.saturating_sub(self.vnet_hdr_len) as u64);
         Ok(n)
     }
 
@@ -276,6 +387,111 @@ impl Queue {
             .map_err(|e| Error::io(format!("attaching queue {} of {}", self.index, self.name), e))
     }
 
+    /// A second queue on the same open file (`F_DUPFD_CLOEXEC`): same device, framing and offloads view, counters
+    /// of its own. Both must be closed for the fd to go.
+    pub fn try_clone(&self) -> Result<Queue> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| Error::io(format!("duplicating queue {} of {}", self.index, self.name), e))?;
+        let mut clone = Queue::new(fd, self.name.clone(), self.index, self.mode, self.vnet_hdr_len, Offloads::NONE);
+        clone.offloads = self.offloads.clone();
+        clone.packet_info = self.packet_info;
+        Ok(clone)
+    }
+
+    /// `TUNSETVNETLE`: read and write the virtio header little-endian whatever the host's order (a legacy,
+    /// pre-1.0 guest on a big-endian host). On little-endian hosts it changes nothing.
+    pub fn set_vnet_le(&self, on: bool) -> Result<()> {
+        sys::tun_set_vnet_endian(self.fd.as_fd(), false, on).map_err(|e| Error::io("TUNSETVNETLE", e))
+    }
+
+    /// `TUNGETVNETLE`.
+    pub fn vnet_le(&self) -> Result<bool> {
+        sys::tun_get_vnet_endian(self.fd.as_fd(), false).map_err(|e| Error::io("TUNGETVNETLE", e))
+    }
+
+    /// `TUNSETVNETBE`: a big-endian virtio header on a little-endian host (a legacy big-endian guest). Only kernels
+    /// built with `CONFIG_TUN_VNET_CROSS_LE` have it; others answer [`Error::Unsupported`].
+    pub fn set_vnet_be(&self, on: bool) -> Result<()> {
+        sys::tun_set_vnet_endian(self.fd.as_fd(), true, on).map_err(vnet_be_error)
+    }
+
+    /// `TUNGETVNETBE` ([`Error::Unsupported`] as for [`Self::set_vnet_be`]).
+    pub fn vnet_be(&self) -> Result<bool> {
+        sys::tun_get_vnet_endian(self.fd.as_fd(), true).map_err(vnet_be_error)
+    }
+
+    /// The device's MTU (`SIOCGIFMTU` on a socket of the calling thread's network namespace, where the device
+    /// must be: no netlink, for a jailed process that may not use it).
+    pub fn mtu(&self) -> Result<u32> {
+        let sock = sys::ioctl_socket().map_err(|e| Error::io("opening a socket for interface ioctls", e))?;
+        sys::ifreq_get_mtu(sock.as_fd(), &self.name).map_err(|e| self.link_error("SIOCGIFMTU", e))
+    }
+
+    /// Sets the device's MTU (`SIOCSIFMTU`; CAP_NET_ADMIN in the device's namespace; see [`Self::mtu`]).
+    pub fn set_mtu(&self, mtu: u32) -> Result<()> {
+        let sock = sys::ioctl_socket().map_err(|e| Error::io("opening a socket for interface ioctls", e))?;
+        sys::ifreq_set_mtu(sock.as_fd(), &self.name, mtu).map_err(|e| self.link_error("SIOCSIFMTU", e))
+    }
+
+    /// Whether the device is administratively up (`SIOCGIFFLAGS`; see [`Self::mtu`]).
+    pub fn is_up(&self) -> Result<bool> {
+        let sock = sys::ioctl_socket().map_err(|e| Error::io("opening a socket for interface ioctls", e))?;
+        let flags = sys::ifreq_get_flags(sock.as_fd(), &self.name).map_err(|e| self.link_error("SIOCGIFFLAGS", e))?;
+        Ok(flags & libc::IFF_UP as u16 != 0)
+    }
+
+    /// Brings the device up or down (`SIOCGIFFLAGS`, then `SIOCSIFFLAGS` with only `IFF_UP` changed, so that the
+    /// other flags stay as they are; CAP_NET_ADMIN; see [`Self::mtu`]).
+    pub fn set_up(&self, up: bool) -> Result<()> {
+        let sock = sys::ioctl_socket().map_err(|e| Error::io("opening a socket for interface ioctls", e))?;
+        let flags = sys::ifreq_get_flags(sock.as_fd(), &self.name).map_err(|e| self.link_error("SIOCGIFFLAGS", e))?;
+        let up_bit = libc::IFF_UP as u16;
+        let flags = if up { flags | up_bit } else { flags & !up_bit };
+        sys::ifreq_set_flags(sock.as_fd(), &self.name, flags).map_err(|e| self.link_error("SIOCSIFFLAGS", e))
+    }
+
+    /// A TAP device's MAC address (`SIOCGIFHWADDR` on the queue's own fd: any namespace, no socket).
+    pub fn mac(&self) -> Result<[u8; 6]> {
+        sys::tun_get_hwaddr(self.fd.as_fd()).map_err(|e| self.link_error("SIOCGIFHWADDR", e))
+    }
+
+    /// Sets a TAP device's MAC address (`SIOCSIFHWADDR` on the queue's own fd). A TUN device has none.
+    pub fn set_mac(&self, mac: [u8; 6]) -> Result<()> {
+        if self.mode != Mode::Tap {
+            return Err(Error::InvalidConfig(format!("{} is a TUN device: it has no MAC address", self.name)));
+        }
+        sys::tun_set_hwaddr(self.fd.as_fd(), mac).map_err(|e| self.link_error("SIOCSIFHWADDR", e))
+    }
+
+    fn link_error(&self, request: &'static str, e: std::io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::ENODEV) => Error::NoSuchDevice { name: self.name.to_string() },
+            Some(libc::EPERM) | Some(libc::EACCES) => {
+                Error::PermissionDenied { action: format!("{request} on {}", self.name), source: e }
+            }
+            _ => Error::io(format!("{request} on {}", self.name), e),
+        }
+    }
+
+    /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false; see
+    /// [`StopHandle::wake_fd`]): a wait that a stop ends at once, with no signal.
+    pub fn wait_readable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let wake = stop.wake_fd()?;
+        if stop.is_stopped() {
+            return Ok(false);
+        }
+        let timeout = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos().into() });
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_stopped()),
+            Err(rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(Error::io("poll", e.into())),
+        }
+    }
+
     /// Counts a packet the caller decided not to send (so that drops are never silent).
     pub fn count_tx_drop(&self, packets: u64) {
         self.tx.dropped.fetch_add(packets, Ordering::Relaxed);
@@ -311,6 +527,29 @@ impl Queue {
     }
 }
 
+impl From<Queue> for OwnedFd {
+    /// The queue's fd, which the caller owns from now on (e.g. to hand it to another process or to
+    /// [`Queue::from_fd`] later).
+    fn from(queue: Queue) -> OwnedFd {
+        queue.fd
+    }
+}
+
+impl IntoRawFd for Queue {
+    /// The queue's fd as a raw number, which the caller must close (or give back to [`Queue::from_fd`] through
+    /// `OwnedFd::from_raw_fd`).
+    fn into_raw_fd(self) -> RawFd {
+        self.fd.into_raw_fd()
+    }
+}
+
+fn vnet_be_error(e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => Error::Unsupported { feature: "big-endian virtio headers (CONFIG_TUN_VNET_CROSS_LE)" },
+        _ => Error::io("TUNSETVNETBE", e),
+    }
+}
+
 // A queue owns its fd from creation to drop.
 #[cfg(feature = "tokio")]
 impl sys::StableFd for Queue {}
@@ -325,21 +564,6 @@ impl AsRawFd for Queue {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
-}
-
-/// Whether a non-sleeping read was refused because the kernel (or the file) has no `RWF_NOWAIT`.
-pub fn is_nowait_unsupported(err: &Error) -> bool {
-    matches!(err, Error::Io { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP))
-}
-
-/// Whether a blocking call was interrupted by a signal (see [`crate::wake`]): nothing was read or written.
-pub fn is_interrupted(err: &Error) -> bool {
-    matches!(err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::Interrupted)
-}
-
-/// Whether an error is "try again later" (non-blocking queue with nothing to read, or a full one).
-pub fn is_would_block(err: &Error) -> bool {
-    matches!(err, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]

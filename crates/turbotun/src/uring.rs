@@ -131,6 +131,12 @@ impl UringForwarder {
     /// read is queued for writing, a slot written goes back to the kernel for reading). Returns false if nothing
     /// completed (timeout, or a signal interrupted the wait). A deleted device is [`Error::DeviceGone`].
     pub fn poll(&mut self, timeout: Duration) -> Result<bool> {
+        self.poll_with(timeout, |_| {})
+    }
+
+    /// [`Self::poll`], handing every frame read to `per_frame` before it is written (the packet after its virtio
+    /// header, if any; it may be rewritten in place, keeping its length and leaving its checksums right).
+    pub fn poll_with(&mut self, timeout: Duration, mut per_frame: impl FnMut(&mut [u8])) -> Result<bool> {
         let ready = self.ring.submit_and_wait(timeout).map_err(|e| self.ring_error(e))?;
         self.completions.clear();
         self.ring.reap(&mut self.completions);
@@ -148,6 +154,9 @@ impl UringForwarder {
         while let Some((_, frame)) = self.rx.take() {
             self.rx.release();
             let slot = frame.index as usize;
+            if let Some(bytes) = self.ring.slot_mut(slot) {
+                per_frame(&mut bytes[self.vnet_hdr_len..frame.len as usize]);
+            }
             let queued = match self.tx.push(frame) {
                 Ok(()) => {
                     let (pos, _) = self.tx.take().unwrap_or_default();
@@ -403,7 +412,7 @@ impl UringOffload {
             crate::Mode::Tap => turbotun_wire::Framing::Ethernet,
         };
         let vnet = dst.offloads().contains(crate::Offloads::CSUM);
-        let found = crate::batch::gro_write_support();
+        let found = crate::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
         let gro_tcp = vnet && found.tcp != Some(false);
         let gro_udp =
             vnet && dst.offloads().contains(crate::Offloads::USO4 | crate::Offloads::USO6) && found.udp != Some(false);

@@ -4,7 +4,7 @@
 //! and the read again whenever it runs dry (measured on the forwarder: three times the system calls of a
 //! blocking peer). The price of blocking is that a thread asleep in `read` does not see a stop flag; this
 //! module interrupts it with a signal whose handler does nothing and is installed without `SA_RESTART`, so the
-//! read returns `EINTR` (see [`crate::queue::is_interrupted`]) and the thread can look at its flag.
+//! read returns `EINTR` (see [`crate::Error::is_interrupted`]) and the thread can look at its flag.
 //!
 //! A signal sent just before the thread enters `read` is lost, so [`interrupt`] is meant to be repeated until
 //! the thread has finished (see [`interrupt_until_finished`]).

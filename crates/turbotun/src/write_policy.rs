@@ -75,6 +75,9 @@ pub(crate) enum Written {
     Dropped,
     /// The kernel refused a coalesced packet: the caller re-splits it (see [`WriteFailure::Resplit`]).
     Refused(VirtioNetHdrRepr),
+    /// The queue was full and the caller does not wait (it waits for writability itself, e.g. on tokio):
+    /// nothing written, nothing counted.
+    Full,
 }
 
 /// Writes frames to one queue under the write policy: what a write that fails becomes, counted in the caller's
@@ -88,13 +91,15 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Writes one frame (virtio header, if the queue has one, and packet, in pieces) until the kernel takes it
-    /// or the policy says otherwise. `may_resplit`: whether a refused GSO frame is ours to split again.
+    /// or the policy says otherwise. `may_resplit`: whether a refused GSO frame is ours to split again. `wait`:
+    /// whether a full queue is waited on here (else [`Written::Full`], for a caller that waits elsewhere).
     pub fn write(
         &self,
         queue: &Queue,
         iov: &[IoSlice<'_>],
         unit: Unit,
         may_resplit: bool,
+        wait: bool,
         stats: &mut Counters,
     ) -> Result<Written> {
         loop {
@@ -110,6 +115,7 @@ impl Writer {
             };
             let hdr = self.header_of(iov);
             match on_write_error(e.raw_os_error(), may_resplit && hdr.is_gso(), self.when_full) {
+                WriteFailure::WaitWritable if !wait => return Ok(Written::Full),
                 WriteFailure::WaitWritable if self.wait_for_room(queue)? => {}
                 WriteFailure::Retry if !self.stopping() => {}
                 WriteFailure::WaitWritable | WriteFailure::Retry => {
@@ -198,7 +204,7 @@ pub(crate) fn write_split(
             Ok(len) => {
                 let unit = Unit { packets: 1, bytes: len as u64 };
                 // Not coalesced, so never handed back for re-splitting: written, or dropped with its reason.
-                if let Err(e) = writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, stats) {
+                if let Err(e) = writer.write(queue, &[IoSlice::new(&frame[..vlen + len])], unit, false, true, stats) {
                     // The queue failed: the segments after this one are lost with it.
                     let rest = (count - index - 1) as u64;
                     if rest > 0 {

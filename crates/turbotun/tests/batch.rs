@@ -8,7 +8,8 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use common::*;
-use turbotun::batch::{probe_gro_writes, RecvBatch, SendBatch};
+use turbotun::batch::{RecvBatch, SendBatch};
+use turbotun::Capabilities;
 use turbotun::{DeviceBuilder, Offloads};
 
 const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
@@ -43,7 +44,7 @@ fn uso_super_packet_split_through_few_buffers() {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while received.len() < 40 * 1000 {
             assert!(std::time::Instant::now() < deadline, "only {} bytes arrived", received.len());
-            let got = rx.recv_many(q, &mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+            let got = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
             calls += 1;
             for i in 0..got.packets {
                 let pkt = &bufs[i][HDR..HDR + lens[i]];
@@ -90,11 +91,11 @@ fn udp_batch_coalesced_into_one_write() {
             lens.push(pkt.len());
             bufs.push(buf);
         }
-        let sent = tx.send(q, &mut bufs, &mut lens, HDR, false).unwrap();
+        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
         assert_eq!(sent.packets, 40);
         assert_eq!(sent.dropped, 0);
         assert_eq!(sent.writes, 1, "one flow, one coalesced write");
-        assert_eq!(tx.gro_write_support().udp, Some(true));
+        assert_eq!(Capabilities::get().unwrap().gro_writes().udp, Some(true), "probed once, explicitly");
         let mut buf = [0u8; 2048];
         for i in 0..40u8 {
             let n = rx_sock.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
@@ -127,7 +128,7 @@ fn bad_checksum_is_not_coalesced() {
             lens.push(pkt.len());
             bufs.push(buf);
         }
-        let sent = tx.send(q, &mut bufs, &mut lens, HDR, false).unwrap();
+        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
         assert!(sent.writes >= 2, "the bad packet was written apart: {sent:?}");
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
@@ -145,19 +146,19 @@ fn gro_write_probe() {
         let name = unique_name("tpr");
         let dev = DeviceBuilder::tun().name(&name).vnet_hdr(HDR).offloads(Offloads::ALL).open().unwrap();
         // Down: the kernel answers EIO before looking at the header, so the probe cannot tell.
-        let down = probe_gro_writes(&dev.queues()[0]);
+        let down = Capabilities::probe_gro_writes(&dev.queues()[0]);
         assert_eq!((down.tcp, down.udp), (None, None));
         configure_v4(&name, LOCAL, 24);
-        let up = probe_gro_writes(&dev.queues()[0]);
+        let up = Capabilities::probe_gro_writes(&dev.queues()[0]);
         assert_eq!((up.tcp, up.udp), (Some(true), Some(true)), "6.18 accepts short-tailed GRO writes");
         let tap = unique_name("tpt");
         let tap_dev = DeviceBuilder::tap().name(&tap).vnet_hdr(12).offloads(Offloads::ALL).open().unwrap();
         configure_v4(&tap, Ipv4Addr::new(10, 9, 5, 1), 24);
-        let t = probe_gro_writes(&tap_dev.queues()[0]);
+        let t = Capabilities::probe_gro_writes(&tap_dev.queues()[0]);
         assert_eq!((t.tcp, t.udp), (Some(true), Some(true)));
         // A queue without a virtio header cannot write coalesced packets at all.
         let plain = DeviceBuilder::tun().name(unique_name("tpn")).open().unwrap();
-        let none = probe_gro_writes(&plain.queues()[0]);
+        let none = Capabilities::probe_gro_writes(&plain.queues()[0]);
         assert_eq!((none.tcp, none.udp), (Some(false), Some(false)), "no virtio header, no GRO");
     });
 }
@@ -171,18 +172,18 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
         let name = unique_name("tk");
         let dev = DeviceBuilder::tun().name(&name).vnet_hdr(HDR).offloads(Offloads::ALL).open().unwrap();
         configure_v4(&name, LOCAL, 24);
-        let q = &dev.queues()[0];
         let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
         for i in 0..5u8 {
             sock.send_to(&[i; 100], (PEER, 5354)).unwrap();
         }
-        let mut rx = RecvBatch::new(q);
+        // The receive half owns its queue, so that it can move to the reader thread below.
+        let mut rx = RecvBatch::new(dev.into_queues().pop().unwrap());
         let mut bufs = vec![vec![0u8; HDR + 2048]; 16];
         let mut lens = [0usize; 16];
         let (mut ours, mut largest_batch) = (Vec::new(), 0);
         // Other chatter may come first; at most a few batches hold the five datagrams.
         for _ in 0..4 {
-            let got = rx.recv_many(q, &mut bufs, &mut lens, HDR, None).unwrap();
+            let got = rx.recv_many(&mut bufs, &mut lens, HDR, None).unwrap();
             largest_batch = largest_batch.max(got.packets);
             for i in 0..got.packets {
                 if let Some((_, _, _, 5354, data)) = parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]) {
@@ -197,12 +198,11 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
         assert!(largest_batch >= 5, "one batch took what was queued (largest batch {largest_batch})");
 
         // Nothing more is queued: the next recv sleeps in the kernel until interrupted.
-        let q = dev.into_queues().pop().unwrap();
         let reader = std::thread::spawn(move || {
             let mut bufs = vec![vec![0u8; HDR + 2048]; 4];
             let mut lens = [0usize; 4];
             loop {
-                let got = rx.recv_many(&q, &mut bufs, &mut lens, HDR, None).unwrap();
+                let got = rx.recv_many(&mut bufs, &mut lens, HDR, None).unwrap();
                 if got.packets == 0 {
                     return got;
                 }
@@ -261,7 +261,7 @@ fn scattered_reads_split_without_copying_and_survive_surprises() {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while got.len() < expected.len() {
             assert!(std::time::Instant::now() < deadline, "{} of {} datagrams", got.len(), expected.len());
-            let r = rx.recv_many(q, &mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+            let r = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
             for i in 0..r.packets {
                 let pkt = &bufs[i][HDR..HDR + lens[i]];
                 let Some((_, _, _, 5355, data)) = parse_ipv4_udp(pkt) else { continue };
@@ -293,7 +293,7 @@ fn recv_with_hdr_matching(q: &turbotun::Queue, buf: &mut [u8], want: impl Fn(&[u
         match q.recv_with_hdr(buf) {
             Ok((_, n)) if want(&buf[..n]) => return n,
             Ok(_) => {}
-            Err(e) if turbotun::queue::is_would_block(&e) => {}
+            Err(e) if e.is_would_block() => {}
             Err(e) => panic!("{e}"),
         }
     }
@@ -349,7 +349,7 @@ fn every_virtio_header_size_works_on_every_path() {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while segments < 4 {
                 assert!(std::time::Instant::now() < deadline, "{size}: {segments} segments");
-                let got = rxb.recv_many(q, &mut bufs, &mut lens, size, Some(Duration::from_millis(100))).unwrap();
+                let got = rxb.recv_many(&mut bufs, &mut lens, size, Some(Duration::from_millis(100))).unwrap();
                 segments += (0..got.packets)
                     .filter(|&i| parse_ipv4_udp(&bufs[i][size..size + lens[i]]).is_some_and(|u| u.3 == 9998))
                     .count();
@@ -360,7 +360,7 @@ fn every_virtio_header_size_works_on_every_path() {
             let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [vec![0u8; size], p.clone()].concat()).collect();
             let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
             let mut tx = SendBatch::new(q);
-            let sent = tx.send(q, &mut bufs, &mut lens, size, false).unwrap();
+            let sent = tx.send_many(&mut bufs, &mut lens, size, false).unwrap();
             assert_eq!((sent.packets, sent.dropped), (6, 0), "{size}: {sent:?}");
             assert!(sent.writes < 6, "{size}: coalesced ({sent:?})");
             for i in 0..6u8 {

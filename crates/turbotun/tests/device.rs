@@ -214,7 +214,7 @@ fn multiqueue_four_queues_detach_attach() {
                             }
                         }
                     }
-                    Err(e) if turbotun::queue::is_would_block(&e) => {}
+                    Err(e) if e.is_would_block() => {}
                     Err(e) => panic!("queue {i}: {e}"),
                 }
             }
@@ -525,8 +525,8 @@ fn capabilities_probe() {
     in_netns("capabilities_probe", || {
         let caps = turbotun::Capabilities::probe().unwrap();
         assert!(caps.vnet_hdr() && caps.multi_queue());
-        assert_eq!(caps.vnet_hdr_sizes, vec![10, 12, 20, 24]);
-        let offloads = caps.offloads.expect("root can probe offloads");
+        assert_eq!(caps.vnet_hdr_sizes(), [10, 12, 20, 24]);
+        let offloads = caps.offloads().expect("root can probe offloads");
         assert!(offloads.contains(Offloads::TCP | Offloads::TSO_ECN), "{offloads}");
         // This kernel (6.18) has USO (6.2+) and NAPI; the probe must find them rather than assume them.
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
@@ -539,7 +539,10 @@ fn capabilities_probe() {
         assert_eq!(caps.udp_tunnel_gso(), tunnel, "udp_tunnel_gso on {release}");
         assert_eq!(caps.udp_tunnel_gso_csum(), tunnel, "udp_tunnel_gso_csum on {release}");
         assert!(caps.napi());
-        assert!(caps.steering_ebpf.is_ok(), "{:?}", caps.steering_ebpf);
+        assert!(caps.steering_ebpf(), "{:?}", caps.steering_ebpf_missing());
+        // The coalesced-write probe ran with the others, in a private namespace.
+        assert_eq!((caps.gro_writes().tcp, caps.gro_writes().udp), (Some(true), Some(true)));
+        assert!(offloads.contains(Offloads::UFO), "the UFO bit is taken (and ignored) by the kernel");
     });
 }
 

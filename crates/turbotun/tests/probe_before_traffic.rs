@@ -7,7 +7,11 @@
 mod common;
 
 use common::{in_netns, unique_name};
-use turbotun::batch::gro_write_support_if_probed;
+use turbotun::Capabilities;
+
+fn gro_write_support_if_probed() -> Option<turbotun::GroWriteSupport> {
+    Capabilities::if_probed().map(Capabilities::gro_writes)
+}
 use turbotun::forward::{ForwardMode, ForwarderBuilder};
 use turbotun::Mode;
 

@@ -4,7 +4,11 @@
 mod common;
 
 use common::{in_netns, unique_name};
-use turbotun::batch::gro_write_support_if_probed;
+use turbotun::Capabilities;
+
+fn gro_write_support_if_probed() -> Option<turbotun::GroWriteSupport> {
+    Capabilities::if_probed().map(Capabilities::gro_writes)
+}
 use turbotun::echo::{EchoBuilder, EchoMode};
 use turbotun::Mode;
 

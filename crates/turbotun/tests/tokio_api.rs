@@ -6,7 +6,6 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use common::*;
-use turbotun::batch::RecvBatch;
 use turbotun::tokio::AsyncQueue;
 use turbotun::{DeviceBuilder, Offloads};
 
@@ -23,11 +22,10 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
         rt.block_on(async {
             let q = AsyncQueue::new(dev.into_queues().remove(0)).unwrap();
             // Nothing to read yet: the batch read must wait rather than return empty.
-            let mut rx = RecvBatch::new(q.get_ref());
+            let mut rx = q.recv_batch();
             let mut bufs = vec![vec![0u8; 10 + 65535]; 4];
             let mut lens = [0usize; 4];
-            let early =
-                tokio::time::timeout(Duration::from_millis(200), q.recv_batch(&mut rx, &mut bufs, &mut lens, 10));
+            let early = tokio::time::timeout(Duration::from_millis(200), rx.recv_many(&mut bufs, &mut lens, 10));
             // IPv6 autoconfiguration may send something; either it timed out or it returned a real packet.
             if let Ok(r) = early.await {
                 assert!(r.unwrap().packets > 0);
@@ -37,7 +35,7 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
                 UdpSocket::bind((LOCAL, 0)).unwrap().send_to(b"async hello", (PEER, 4444)).unwrap();
             });
             let found = loop {
-                let got = tokio::time::timeout(Duration::from_secs(5), q.recv_batch(&mut rx, &mut bufs, &mut lens, 10))
+                let got = tokio::time::timeout(Duration::from_secs(5), rx.recv_many(&mut bufs, &mut lens, 10))
                     .await
                     .expect("the datagram arrives")
                     .unwrap();
@@ -55,7 +53,7 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
 
             let sock = UdpSocket::bind((LOCAL, 4445)).unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-            q.send(&ipv4_udp(PEER, LOCAL, 9, 4445, b"from async")).unwrap();
+            q.send(&ipv4_udp(PEER, LOCAL, 9, 4445, b"from async")).await.unwrap();
             let mut buf = [0u8; 64];
             let n = sock.recv(&mut buf).unwrap();
             assert_eq!(&buf[..n], b"from async");

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use turbotun::echo::{Responder, Verdict};
-use turbotun::queue::{is_interrupted, is_would_block, MAX_PACKET};
+use turbotun::queue::MAX_PACKET;
 use turbotun::{DeviceBuilder, StopHandle};
 
 use super::iperf::Traffic;
@@ -485,11 +485,11 @@ pub fn naive_echo(dev: &str) -> Result<()> {
     while !stop.is_stopped() {
         let n = match q.recv(&mut buf) {
             Ok(n) => n,
-            Err(e) if is_would_block(&e) => match q.wait_readable(Some(NAIVE_POLL)) {
-                Err(e) if !is_interrupted(&e) => return Err(e.into()),
+            Err(e) if e.is_would_block() => match q.wait_readable(Some(NAIVE_POLL)) {
+                Err(e) if !e.is_interrupted() => return Err(e.into()),
                 _ => continue,
             },
-            Err(e) if is_interrupted(&e) => continue,
+            Err(e) if e.is_interrupted() => continue,
             Err(e) => return Err(e.into()),
         };
         c.reads += 1;

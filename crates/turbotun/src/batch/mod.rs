@@ -1,17 +1,22 @@
 //! Batched receive (GSO split) and send (GRO coalesce) over one [`Queue`](crate::Queue).
 //!
 //! Buffers belong to the caller: packet `i` lives at `bufs[i][offset .. offset + lens[i]]`, and `offset` leaves
-//! room in front for the virtio header (`offset >= queue.vnet_hdr_len()`). Buffers should hold
-//! `offset + 65535` bytes so that coalesced packets fit.
+//! room in front for the virtio header (`offset >= queue.vnet_hdr_len()`). What each half needs of the buffers:
+//! the receive half, `offset` plus the largest packet the device hands over whole (its MTU plus the link-layer
+//! header on TAP); the send half, only `offset` in front of each packet (coalesced packets are written as
+//! gathered pieces, never assembled in a buffer).
 //!
 //! Nothing is lost silently: segments that do not fit into the caller's buffers stay pending for the next call,
 //! a frame that cannot be used is counted in [`Counters::drops`](crate::stats::Counters) with its reason, and
 //! what happens to a packet the kernel does not take is decided in one place for every path (wait when the
 //! queue is full, re-split a refused coalesced packet, count a drop otherwise).
 //!
-//! - [`RecvBatch`] (receive half): one read per call, split into the caller's buffers, zero-copy when the
-//!   previous super-packet's shape holds.
-//! - [`SendBatch`] (send half): coalesce, then one gathered write per coalesced packet.
+//! - [`RecvBatch`] (receive half): reads split into the caller's buffers, zero-copy when the previous
+//!   super-packet's shape holds (`recv_many`, `try_recv_many`).
+//! - [`SendBatch`] (send half): coalesce, then one gathered write per coalesced packet (`send_many`).
+//!
+//! Each half is bound to its queue when it is made, so that a batch cannot be read from one queue and its state
+//! used with another.
 
 use turbotun_wire::Framing;
 
@@ -20,8 +25,10 @@ use crate::kind::Mode;
 mod recv;
 mod send;
 
+pub(crate) use recv::RecvHalf;
 pub use recv::{Received, RecvBatch};
-pub use send::{gro_write_support, gro_write_support_if_probed, probe_gro_writes, GroWriteSupport, SendBatch, Sent};
+pub(crate) use send::{Progress, SendHalf};
+pub use send::{SendBatch, Sent};
 
 /// How many packets one batch call handles at most: a 64 KiB super-packet of MSS 1448 splits into 46 segments.
 pub const BATCH_SIZE: usize = 64;

@@ -5,6 +5,7 @@
 //! the scratch buffer (a super-packet is split from there by copying), or scattered so that each segment's
 //! payload lands in its own buffer behind room for its header (the zero-copy split).
 
+use std::borrow::Borrow;
 use std::os::fd::AsFd;
 
 use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
@@ -13,7 +14,7 @@ use turbotun_wire::{Checksums, Framing};
 
 use super::{framing, MAX_SEGMENTS};
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::queue::{frame_len, is_interrupted, is_nowait_unsupported, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
+use crate::queue::{frame_len, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason};
 use crate::sys;
 
@@ -67,12 +68,13 @@ impl Layout {
     }
 }
 
-/// The receive side: reads one packet or super-packet per call and splits it into the caller's buffers.
-pub struct RecvBatch {
+/// The receive half's state, apart from its queue (which the public [`RecvBatch`] holds and passes in), so that
+/// the I/O paths that own their queues differently (tokio) share it.
+pub(crate) struct RecvHalf {
     framing: Framing,
     vnet_hdr_len: usize,
-    receives_super_packets: bool,
-    /// Where super-packets land before they are split (only used on queues with segmentation offloads).
+    /// Where super-packets land before they are split: made on the first read of a queue that may receive
+    /// them (one with segmentation offloads, granted at open or later), empty until then.
     scratch: Box<[u8]>,
     pending: Option<Pending>,
     stats: Counters,
@@ -95,21 +97,19 @@ pub struct RecvBatch {
     partial: bool,
 }
 
-impl std::fmt::Debug for RecvBatch {
+impl std::fmt::Debug for RecvHalf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvBatch").field("framing", &self.framing).field("stats", &self.stats).finish()
+        f.debug_struct("RecvHalf").field("framing", &self.framing).field("stats", &self.stats).finish()
     }
 }
 
-impl RecvBatch {
+impl RecvHalf {
     /// A receive half for `queue` (its mode, virtio header size and offloads decide how reads are laid out).
-    pub fn new(queue: &Queue) -> Self {
-        let receives_super_packets = queue.receives_super_packets();
-        RecvBatch {
+    pub(crate) fn new(queue: &Queue) -> Self {
+        RecvHalf {
             framing: framing(queue.mode()),
             vnet_hdr_len: queue.vnet_hdr_len(),
-            receives_super_packets,
-            scratch: vec![0u8; if receives_super_packets { MAX_PACKET } else { 0 }].into_boxed_slice(),
+            scratch: Box::default(),
             pending: None,
             stats: Counters::default(),
             nowait: true,
@@ -130,7 +130,7 @@ impl RecvBatch {
     /// reading or changing their payload (or that completes the checksum of those it does change, with
     /// `turbotun_wire::partial::complete`). Packets read whole keep complete checksums; a batch that would
     /// mix partial checksums with unverified ones has the partial ones completed.
-    pub fn partial_checksums(mut self, on: bool) -> Self {
+    pub(crate) fn partial_checksums(mut self, on: bool) -> Self {
         self.partial = on;
         self
     }
@@ -145,39 +145,26 @@ impl RecvBatch {
     /// `gso_size`, `NEEDS_CSUM` and the checksum offsets, to be written back with it), a zeroed one for every
     /// other packet (their checksums completed as usual). TCP super-packets are still split. Without a virtio
     /// header this changes nothing.
-    pub fn keep_udp_super_packets(mut self, on: bool) -> Self {
+    pub(crate) fn keep_udp_super_packets(mut self, on: bool) -> Self {
         self.whole_udp = on && self.vnet_hdr_len > 0;
         self
     }
 
     /// What this receive half has read (reads, super-packets, segments, zero-copy splits, drops by reason).
-    pub fn stats(&self) -> Counters {
+    pub(crate) fn stats(&self) -> Counters {
         self.stats
     }
 
     /// Segments read (part of a super-packet) that the next call hands over without reading.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.as_ref().map_or(0, |p| p.total - p.next)
-    }
-
-    /// Fills `bufs` with MTU-sized packets from one read (or from the segments left over from the last one).
-    /// Blocks if the queue is blocking and nothing is pending. A frame that cannot be used is counted as a drop
-    /// with its reason and skipped (the next read follows), so that one bad packet never stops a queue.
-    pub fn recv<B: AsMut<[u8]>>(
-        &mut self,
-        queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) -> Result<Received> {
-        self.recv_one(queue, bufs, lens, offset, false)
     }
 
     /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
     /// queue), later ones only take what is there already. A batch ends after a super-packet (its segments, or
     /// those that fit, with the rest pending for next time). Returns zero packets on timeout, or when a signal
     /// interrupted a blocking read (see [`crate::wake`]), so that the caller can look at its flags.
-    pub fn recv_many<B: AsMut<[u8]>>(
+    pub(crate) fn recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
         bufs: &mut [B],
@@ -187,8 +174,8 @@ impl RecvBatch {
     ) -> Result<Received> {
         loop {
             match self.try_recv_many(queue, bufs, lens, offset) {
-                Err(e) if is_interrupted(&e) => return Ok(Received::NOTHING),
-                Err(e) if is_would_block(&e) => {
+                Err(e) if e.is_interrupted() => return Ok(Received::NOTHING),
+                Err(e) if e.is_would_block() => {
                     if !queue.wait_readable(timeout)? {
                         return Ok(Received::NOTHING);
                     }
@@ -199,11 +186,11 @@ impl RecvBatch {
     }
 
     /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
-    /// would-block error (see [`crate::queue::is_would_block`]), which is what an event loop waits on. On a
+    /// would-block error (see [`Error::is_would_block`]), which is what an event loop waits on. On a
     /// blocking queue the first read sleeps until a packet comes; the later ones never do (`RWF_NOWAIT`), so a
     /// batch holds what was already queued. A kernel without `RWF_NOWAIT` gets one read per batch on a blocking
     /// queue.
-    pub fn try_recv_many<B: AsMut<[u8]>>(
+    pub(crate) fn try_recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
         bufs: &mut [B],
@@ -243,12 +230,12 @@ impl RecvBatch {
                         break;
                     }
                 }
-                Err(e) if is_would_block(&e) && total.packets > 0 => {
+                Err(e) if e.is_would_block() && total.packets > 0 => {
                     self.skip_further = self.next_skip;
                     self.next_skip = (self.next_skip * 2).min(16);
                     break;
                 }
-                Err(e) if is_nowait_unsupported(&e) && total.packets > 0 => {
+                Err(e) if e.is_nowait_unsupported() && total.packets > 0 => {
                     self.nowait = false;
                     break;
                 }
@@ -328,7 +315,7 @@ impl RecvBatch {
             return self.split_pending(queue, bufs, lens, offset);
         }
         loop {
-            let layout = self.layout(bufs, offset);
+            let layout = self.layout(queue, bufs, offset);
             let Some((hdr, len)) = self.read_frame(queue, bufs, offset, nowait, layout)? else {
                 continue;
             };
@@ -355,9 +342,14 @@ impl RecvBatch {
     }
 
     /// Where the next read should put its frame.
-    fn layout<B: AsMut<[u8]>>(&mut self, bufs: &mut [B], offset: usize) -> Layout {
-        if !self.receives_super_packets {
+    /// The queue's offloads are read per call: a monitor may grant or take them away at any time
+    /// ([`Queue::set_offloads`]).
+    fn layout<B: AsMut<[u8]>>(&mut self, queue: &Queue, bufs: &mut [B], offset: usize) -> Layout {
+        if !queue.receives_super_packets() {
             return Layout::Direct;
+        }
+        if self.scratch.is_empty() {
+            self.scratch = vec![0u8; MAX_PACKET].into_boxed_slice();
         }
         let Some((h, g)) = self.predicted else {
             return Layout::Scratch;
@@ -657,6 +649,104 @@ impl RecvBatch {
     }
 }
 
+/// The receive half of the batch API, bound to its queue: one read per call (or the segments left from the last),
+/// split into the caller's buffers.
+///
+/// `Q` is how the half holds its queue: `&Queue`, `Arc<Queue>` or the `Queue` itself. The queue's mode, virtio
+/// header size and offloads decide how reads are laid out; offloads changed at run time
+/// ([`Queue::set_offloads`]) are followed from the next read on.
+///
+/// Buffers: packet `i` lands at `bufs[i][offset .. offset + lens[i]]`. Each buffer needs `offset` (at least the
+/// queue's virtio header size) plus the largest packet the device hands over whole: its MTU plus the link-layer
+/// header (14 bytes on TAP, 18 or 22 with VLAN tags). Super-packets are read into a buffer of the half's own
+/// (about 64 KiB, made on the first read that needs it) or scattered over the caller's buffers, never into one of
+/// them whole, except with [`Self::keep_udp_super_packets`].
+#[derive(Debug)]
+pub struct RecvBatch<Q: Borrow<Queue>> {
+    queue: Q,
+    half: RecvHalf,
+}
+
+impl<Q: Borrow<Queue>> RecvBatch<Q> {
+    /// A receive half reading from `queue`.
+    pub fn new(queue: Q) -> Self {
+        let half = RecvHalf::new(queue.borrow());
+        RecvBatch { queue, half }
+    }
+
+    /// The queue it reads from.
+    pub fn queue(&self) -> &Queue {
+        self.queue.borrow()
+    }
+
+    /// Leaves the L4 checksums of the segments of a split super-packet partial, as the kernel's own
+    /// segmentation does, instead of summing every payload byte to complete them (most of a split's cost): each
+    /// TCP or UDP segment carries the pseudo-header sum in its checksum field (see `turbotun_wire::partial`),
+    /// [`Received::checksums`] says [`Checksums::Partial`], and [`crate::batch::SendBatch::send_many`] given that
+    /// writes them with `NEEDS_CSUM` so that the kernel completes them. For a program that forwards segments
+    /// without reading or changing their payload (or that completes the checksum of those it does change, with
+    /// `turbotun_wire::partial::complete`). Packets read whole keep complete checksums; a batch that would mix
+    /// partial checksums with unverified ones has the partial ones completed.
+    pub fn partial_checksums(mut self, on: bool) -> Self {
+        self.half = self.half.partial_checksums(on);
+        self
+    }
+
+    /// Hands UDP super-packets (`GSO_UDP_L4`) over whole instead of splitting them, for an application that
+    /// answers or forwards a datagram burst as it came (an echo swaps the outer headers and writes it back; the
+    /// pseudo-header checksum seed does not depend on the order of the addresses). Such a packet lands in the
+    /// first buffer at `offset` (which must then hold `offset + 65535` bytes) and ends the batch.
+    ///
+    /// With this on, every packet handed over has its virtio header in the `vnet_hdr_len` bytes in front of it
+    /// (`offset` must leave room for them): the header as read for a whole super-packet (`gso_type`,
+    /// `gso_size`, `NEEDS_CSUM` and the checksum offsets, to be written back with it), a zeroed one for every
+    /// other packet (their checksums completed as usual). TCP super-packets are still split. Without a virtio
+    /// header this changes nothing.
+    pub fn keep_udp_super_packets(mut self, on: bool) -> Self {
+        self.half = self.half.keep_udp_super_packets(on);
+        self
+    }
+
+    /// What this receive half has read (reads, super-packets, segments, zero-copy splits, drops by reason).
+    pub fn stats(&self) -> Counters {
+        self.half.stats()
+    }
+
+    /// Segments read (part of a super-packet) that the next call hands over without reading.
+    pub fn pending(&self) -> usize {
+        self.half.pending()
+    }
+
+    /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, forever with
+    /// `None`), later ones only take what is there already. A batch ends after a super-packet (its segments, or
+    /// those that fit, with the rest pending for next time). Returns zero packets on timeout, or when a signal
+    /// interrupted a blocking read (see [`crate::wake`]), so that the caller can look at its flags. A frame that
+    /// cannot be used is counted as a drop with its reason and skipped, so that one bad packet never stops a
+    /// queue.
+    pub fn recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Received> {
+        self.half.recv_many(self.queue.borrow(), bufs, lens, offset, timeout)
+    }
+
+    /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
+    /// would-block error ([`Error::is_would_block`]), which is what an event loop waits on. On a blocking queue
+    /// the first read sleeps until a packet comes; the later ones never do (`RWF_NOWAIT`), so a batch holds what
+    /// was already queued. A kernel without `RWF_NOWAIT` gets one read per batch on a blocking queue.
+    pub fn try_recv_many<B: AsMut<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+    ) -> Result<Received> {
+        self.half.try_recv_many(self.queue.borrow(), bufs, lens, offset)
+    }
+}
+
 fn split_error(queue: &Queue, e: turbotun_wire::GsoError) -> Error {
     match e {
         turbotun_wire::GsoError::BufferTooSmall { need, have } => Error::BufferTooSmall { have, need },
@@ -701,7 +791,7 @@ mod tests {
         let (mut bufs, mut lens) = buffers(64, VIRTIO_NET_HDR_LEN + 1500);
         let mut delivered = 0;
         while delivered < MAX_SEGMENTS {
-            let got = rx.recv(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).unwrap();
+            let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, None).unwrap();
             assert!(got.packets > 0);
             assert!(lens[..got.packets].iter().all(|&len| len == 20 + 20 + 1), "one-byte segments");
             delivered += got.packets;
@@ -728,7 +818,7 @@ mod tests {
         feed.send(&bad_offsets).unwrap();
         feed.send(&super_packet(3000, 1000)).unwrap();
         let (mut bufs, mut lens) = buffers(8, VIRTIO_NET_HDR_LEN + 1500);
-        let got = rx.recv(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).unwrap();
+        let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, None).unwrap();
         assert_eq!(got.packets, 3, "the good super-packet, split");
         let stats = rx.stats();
         assert_eq!(stats.reads, 4);
@@ -757,7 +847,7 @@ mod tests {
 
         // A super-packet alone: its segments carry the pseudo-header sum, and the batch says so.
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
         assert_eq!((got.packets, got.checksums), (3, Checksums::Partial));
         for i in 0..3 {
             let seg = &bufs[i][off..off + lens[i]];
@@ -770,7 +860,7 @@ mod tests {
         // segments' checksums are completed.
         feed.send(&whole_packet(200)).unwrap();
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
         assert_eq!((got.packets, got.checksums), (4, Checksums::Unverified));
         for i in 0..4 {
             assert!(checksum_complete(&bufs[i][off..off + lens[i]]), "packet {i}");
@@ -779,7 +869,7 @@ mod tests {
         // Without the option every segment is complete.
         let mut rx = RecvBatch::new(&queue);
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
         assert_eq!((got.packets, got.checksums), (3, Checksums::Valid));
         assert!((0..3).all(|i| checksum_complete(&bufs[i][off..off + lens[i]])));
     }
@@ -793,7 +883,7 @@ mod tests {
         feed.send(&[0x45; 100]).unwrap();
         feed.send(&[0x60; 60]).unwrap();
         let (mut bufs, mut lens) = buffers(4, 1500);
-        let got = rx.try_recv_many(&queue, &mut bufs, &mut lens, 0).unwrap();
+        let got = rx.try_recv_many(&mut bufs, &mut lens, 0).unwrap();
         assert_eq!((got.packets, lens[0], lens[1]), (2, 100, 60));
         assert_eq!((bufs[0][0], bufs[1][0]), (0x45, 0x60));
         assert_eq!(rx.stats().drops.total(), 0);

@@ -3,28 +3,28 @@
 //! A write the kernel does not take goes to [`crate::write_policy`], which decides for every path alike: wait
 //! for room, retry, re-split a refused coalesced packet (and turn that GRO kind off), or count a drop.
 
+use std::borrow::Borrow;
 use std::io::{self, IoSlice};
-use std::os::fd::AsFd;
 
 use turbotun_wire::gro::{Gro, GroConfig};
 use turbotun_wire::gso::Splitter;
-use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, Checksums, Framing, VIRTIO_NET_HDR_LEN};
+use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr};
+use turbotun_wire::{Checksums, Framing};
 
 use super::{framing, BATCH_SIZE};
+use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::kind::{Mode, Offloads};
+use crate::kind::Offloads;
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::{Counters, DropReason, WhenFull};
 use crate::stop::StopHandle;
-use crate::sys;
 use crate::write_policy::{lost_with, Unit, Writer, Written};
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
 /// kernels) plus its header.
 const MAX_PIECES: usize = 129;
 
-/// What one [`SendBatch::send`] did.
+/// What one [`SendBatch::send_many`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sent {
     /// Packets the caller handed in that reached the kernel (merged ones included).
@@ -36,134 +36,30 @@ pub struct Sent {
     pub dropped: usize,
 }
 
-/// Whether the kernel accepts coalesced writes of each kind (`None`: could not tell, e.g. the device was down).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GroWriteSupport {
-    /// Coalesced TCP (`GSO_TCPV4`).
-    pub tcp: Option<bool>,
-    /// Coalesced UDP (`GSO_UDP_L4`).
-    pub udp: Option<bool>,
-}
-
-/// The answer of the process's GRO write probe, once it has run.
-static GRO_WRITE_PROBE: std::sync::OnceLock<GroWriteSupport> = std::sync::OnceLock::new();
-
-/// What [`gro_write_support`] found, if it has run in this process yet (it never runs as a side effect of this
-/// call): a program can check that the probe is behind it before traffic starts.
-pub fn gro_write_support_if_probed() -> Option<GroWriteSupport> {
-    GRO_WRITE_PROBE.get().copied()
-}
-
-/// Whether this kernel accepts coalesced writes of each kind, probed once per process with
-/// [`probe_gro_writes`] on a scratch TUN device inside a private network namespace, where no bridge, capture or
-/// route can see the probe and from which the kernel removes the device when the probe ends. Without the
-/// privileges for a namespace the answer is "could not tell" (`None`), and [`SendBatch`] relies on its run-time
-/// fallback alone: a refused coalesced write turns that GRO kind off and is re-split, never lost.
-pub fn gro_write_support() -> GroWriteSupport {
-    *GRO_WRITE_PROBE.get_or_init(|| {
-        let probed = crate::netns::with_private_netns(|| -> Result<GroWriteSupport> {
-            let dev = crate::DeviceBuilder::tun().vnet_hdr(VIRTIO_NET_HDR_LEN).offloads(Offloads::ALL).open()?;
-            crate::netlink::Netlink::new()?.set_up(dev.name(), true)?;
-            Ok(probe_gro_writes(&dev.queues()[0]))
-        });
-        match probed {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) | Err(e) => {
-                tracing::debug!("GRO write probe not run ({e}); relying on the EINVAL fallback");
-                GroWriteSupport::default()
-            }
-        }
-    })
-}
-
-/// Writes one harmless coalesced packet of each kind (two segments, the second shorter than `gso_size`, the case
-/// some 6.6-era kernels refuse with EINVAL) and reports which the kernel accepted. The probes go from 127.0.0.1
-/// to 127.0.0.1, which the kernel's IP layer drops as martian after the virtio header was checked; on a TAP
-/// device they are also addressed to a MAC that is not the device's.
-pub fn probe_gro_writes(queue: &Queue) -> GroWriteSupport {
-    if queue.vnet_hdr_len() == 0 {
-        return GroWriteSupport { tcp: Some(false), udp: Some(false) };
-    }
-    let probe = |udp: bool| -> Option<bool> {
-        let frame = probe_frame(queue.mode(), queue.vnet_hdr_len(), udp);
-        match sys::write(queue.as_fd(), &frame) {
-            Ok(_) => Some(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Some(false),
-            Err(_) => None,
-        }
-    };
-    GroWriteSupport { tcp: probe(false), udp: probe(true) }
-}
-
-/// The probe frame: virtio header, (Ethernet,) IPv4, TCP or UDP, 150 bytes of payload in segments of 100, the
-/// L4 checksum left partial for the kernel as `NEEDS_CSUM` asks.
-fn probe_frame(mode: Mode, vnet_hdr_len: usize, udp: bool) -> Vec<u8> {
-    const PAYLOAD: usize = 150;
-    const GSO_SIZE: u16 = 100;
-    const LOCALHOST: [u8; 4] = [127, 0, 0, 1];
-    let l2 = if mode == Mode::Tap { ethernet::HEADER_LEN } else { 0 };
-    let l4_len = if udp { udp::HEADER_LEN } else { tcp::MIN_HEADER_LEN };
-    let ip_len = ipv4::MIN_HEADER_LEN;
-    let mut f = vec![0u8; vnet_hdr_len + l2 + ip_len + l4_len + PAYLOAD];
-    let csum_offset = if udp { udp::CHECKSUM_OFFSET } else { tcp::CHECKSUM_OFFSET };
-    VirtioNetHdrRepr {
-        flags: flags::NEEDS_CSUM,
-        gso_type: if udp { gso::UDP_L4 } else { gso::TCPV4 },
-        hdr_len: (l2 + ip_len + l4_len) as u16,
-        gso_size: GSO_SIZE,
-        csum_start: (l2 + ip_len) as u16,
-        csum_offset: csum_offset as u16,
-    }
-    .emit(&mut f[..vnet_hdr_len]);
-    let frame = &mut f[vnet_hdr_len..];
-    // The emitters below cannot fail: the buffer was sized for exactly these headers.
-    if l2 > 0 {
-        let eth = ethernet::Repr {
-            dst: [0x02, 0, 0, 0, 0, 0x01],
-            src: [0x02, 0, 0, 0, 0, 0x02],
-            ethertype: ethernet::ETHERTYPE_IPV4,
-            ..ethernet::Repr::default()
-        };
-        let _ = eth.emit(frame);
-    }
-    let protocol = if udp { turbotun_wire::IPPROTO_UDP } else { turbotun_wire::IPPROTO_TCP };
-    let l4_total = (l4_len + PAYLOAD) as u16;
-    let ip = ipv4::Repr {
-        src: LOCALHOST,
-        dst: LOCALHOST,
-        protocol,
-        payload_len: l4_total,
-        ttl: 64,
-        dont_frag: true,
-        ..ipv4::Repr::default()
-    };
-    let _ = ip.emit(&mut frame[l2..]);
-    let l4 = &mut frame[l2 + ip_len..];
-    if udp {
-        let _ = udp::Repr { src_port: 9, dst_port: 9, payload_len: PAYLOAD as u16 }.emit(l4);
-    } else {
-        let seg = tcp::Repr {
-            src_port: 9,
-            dst_port: 9,
-            flags: tcp::flags::ACK | tcp::flags::PSH,
-            window: 1024,
-            ..Default::default()
-        };
-        let _ = seg.emit(l4);
-    }
-    let partial = checksum::fold(checksum::pseudo_header_v4(LOCALHOST, LOCALHOST, protocol, l4_total.into()));
-    l4[csum_offset..csum_offset + 2].copy_from_slice(&partial.to_be_bytes());
-    f
-}
-
 /// How many of the caller's packets the write unit headed by `head` carries.
 fn unit_packets(gro: Option<&Gro>, head: usize, lens: &[usize], offset: usize) -> u64 {
     gro.map_or(1, |gro| gro.pieces(head, lens, offset).count() as u64)
 }
 
-/// The send side: coalesces a batch (GRO) and writes it.
-pub struct SendBatch {
+/// Where the writes of a prepared batch stand ([`SendHalf::write_units`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// Every unit was written or counted.
+    Done,
+    /// The queue is full and the half was told not to wait: writing goes on from this unit once it has room.
+    Full(usize),
+}
+
+/// The send half's state, apart from its queue (which the public [`SendBatch`] holds and passes in), so that the
+/// I/O paths that own their queues differently (tokio) share it.
+pub(crate) struct SendHalf {
+    /// The coalescer the next batch uses.
     gro: Option<Gro>,
+    /// The coalescer that made the batch being written: its chains say what each unit carries. Kept apart from
+    /// `gro` because a refused write in the middle of the batch rebuilds `gro` without the refused kind.
+    batch_gro: Option<Gro>,
+    /// Whether `gro` was rebuilt while the batch was written (it is then not the batch's to put back).
+    gro_rebuilt: bool,
     framing: Framing,
     vnet_hdr_len: usize,
     gro_tcp: bool,
@@ -173,16 +69,12 @@ pub struct SendBatch {
     /// A coalesced packet joined from its pieces, for the rare paths that need one contiguous frame.
     joined: Vec<u8>,
     stats: Counters,
-    /// Whether the process-wide GRO write probe was consulted yet (at the first send, not at construction, so
-    /// that building one stays cheap; a program that cannot afford the probe's tens of milliseconds on its
-    /// first send calls [`gro_write_support`] before traffic starts, as the engine and the echo do).
-    probed: bool,
     writer: Writer,
 }
 
-impl std::fmt::Debug for SendBatch {
+impl std::fmt::Debug for SendHalf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendBatch")
+        f.debug_struct("SendHalf")
             .field("gro_tcp", &self.gro_tcp)
             .field("gro_udp", &self.gro_udp)
             .field("stats", &self.stats)
@@ -190,21 +82,24 @@ impl std::fmt::Debug for SendBatch {
     }
 }
 
-impl SendBatch {
-    /// Coalesces TCP when the queue has a virtio header with checksum offload, UDP when USO was granted too
-    /// (the kernel accepts `GSO_UDP_L4` writes since the same release that added USO).
-    pub fn new(queue: &Queue) -> Self {
+impl SendHalf {
+    pub(crate) fn new(queue: &Queue) -> Self {
         let vnet = queue.vnet_hdr_len() > 0 && queue.offloads().contains(Offloads::CSUM);
         Self::with_gro(queue, vnet, vnet && queue.offloads().contains(Offloads::USO4 | Offloads::USO6))
     }
 
-    /// Like [`Self::new`] with explicit GRO kinds (both false: plain writes, one per packet).
-    pub fn with_gro(queue: &Queue, tcp: bool, udp: bool) -> Self {
+    /// Coalescing of the given kinds, less any kind the kernel was found to refuse ([`Capabilities::get`], if it
+    /// ran; otherwise the first refused write turns the kind off).
+    pub(crate) fn with_gro(queue: &Queue, tcp: bool, udp: bool) -> Self {
         let vnet_hdr_len = queue.vnet_hdr_len();
+        let found = Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
+        let (tcp, udp) = (tcp && found.tcp != Some(false), udp && found.udp != Some(false));
         let gro_on = vnet_hdr_len > 0 && (tcp || udp);
         let framing = framing(queue.mode());
-        SendBatch {
+        SendHalf {
             gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len }).with_gather(true)),
+            batch_gro: None,
+            gro_rebuilt: false,
             framing,
             vnet_hdr_len,
             gro_tcp: gro_on && tcp,
@@ -213,46 +108,30 @@ impl SendBatch {
             scratch: Vec::new(),
             joined: Vec::new(),
             stats: Counters::default(),
-            probed: !gro_on,
             writer: Writer { vnet_hdr_len, ..Writer::default() },
         }
     }
 
-    /// What to do when the queue is full (default: wait for room).
-    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+    pub(crate) fn when_full(mut self, when_full: WhenFull) -> Self {
         self.writer.when_full = when_full;
         self
     }
 
-    /// A write waiting for room gives up (the packet counted as [`DropReason::Stopped`]) once `stop` fires.
-    pub fn stop_on(mut self, stop: StopHandle) -> Self {
+    pub(crate) fn stop_on(mut self, stop: StopHandle) -> Self {
         self.writer.stop = Some(stop);
         self
     }
 
-    /// What the process-wide write probe found (see [`gro_write_support`]).
-    pub fn gro_write_support(&self) -> GroWriteSupport {
-        gro_write_support()
-    }
-
-    /// What this send half wrote (packets, bytes, writes, coalesced, GRO fallbacks, drops by reason).
-    pub fn stats(&self) -> Counters {
+    pub(crate) fn stats(&self) -> Counters {
         self.stats
     }
 
-    /// Which GRO kinds are on (a kind the kernel refused at run time is turned off).
-    pub fn gro_kinds(&self) -> (bool, bool) {
+    pub(crate) fn gro_kinds(&self) -> (bool, bool) {
         (self.gro_tcp, self.gro_udp)
     }
 
-    /// Coalesces `bufs[..n]` and writes the result. On a queue with a virtio header every packet needs
-    /// `offset >= vnet_hdr_len` bytes of headroom, where the header is written.
-    ///
-    /// `checksums`: what [`crate::batch::Received::checksums`] said of these packets (`true` and `false` stand for
-    /// [`Checksums::Valid`] and [`Checksums::Unverified`]). With [`Checksums::Partial`] the kernel completes the
-    /// partial checksums (`NEEDS_CSUM`); a queue without a virtio header cannot ask it to, so they are completed
-    /// here before the write.
-    pub fn send<B: AsMut<[u8]> + AsRef<[u8]>>(
+    /// [`SendBatch::send_many`]: prepare, then write every unit (waiting for room as the policy says).
+    pub(crate) fn send_many<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
         bufs: &mut [B],
@@ -260,45 +139,90 @@ impl SendBatch {
         offset: usize,
         checksums: impl Into<Checksums>,
     ) -> Result<Sent> {
-        let checksums = checksums.into();
+        let before = self.stats;
+        let n = self.prepare(bufs, lens, offset, checksums.into())?;
+        self.write_units(queue, &bufs[..n], &lens[..n], offset, 0, true)?;
+        Ok(self.sent_since(&before))
+    }
+
+    /// What changed since `before`, as a [`Sent`].
+    pub(crate) fn sent_since(&self, before: &Counters) -> Sent {
+        let delta = self.stats.since(before);
+        Sent { packets: delta.packets as usize, writes: delta.writes as usize, dropped: delta.drops.total() as usize }
+    }
+
+    /// Coalesces `bufs[..n]` into write units (`to_write`), ready for [`Self::write_units`]; returns `n`.
+    pub(crate) fn prepare<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        checksums: Checksums,
+    ) -> Result<usize> {
         if offset < self.vnet_hdr_len {
             return Err(Error::InvalidConfig(format!(
                 "offset {offset} leaves no room for the {}-byte virtio header",
                 self.vnet_hdr_len
             )));
         }
-        if !self.probed {
-            self.apply_probe(queue);
-        }
         let n = bufs.len().min(lens.len());
-        let before = self.stats;
         self.coalesce(&mut bufs[..n], &mut lens[..n], offset, checksums);
+        self.batch_gro = self.gro.take();
+        self.gro_rebuilt = false;
+        Ok(n)
+    }
+
+    /// Writes the prepared units from `first` on. With `wait`, a full queue is waited on (or dropped from, as the
+    /// policy says) and the result is [`Progress::Done`]; without, a full queue stops the writes and says where to
+    /// go on. If the queue fails, the failing unit and every unit after it are counted as dropped before the
+    /// error is returned, so that every packet handed in is written or counted.
+    pub(crate) fn write_units<B: AsRef<[u8]>>(
+        &mut self,
+        queue: &Queue,
+        bufs: &[B],
+        lens: &[usize],
+        offset: usize,
+        first: usize,
+        wait: bool,
+    ) -> Result<Progress> {
         let to_write = std::mem::take(&mut self.to_write);
-        let gro = self.gro.take();
-        let kinds = (self.gro_tcp, self.gro_udp);
-        let mut result = Ok(());
-        for (k, &i) in to_write.iter().enumerate() {
-            if let Err(e) = self.write_unit(queue, gro.as_ref(), bufs, lens, i, offset) {
-                // The queue failed (its unit's packets are counted already): the rest of the batch is lost with it,
-                // and counted, so that every packet handed in is written or dropped with a reason.
-                let rest: u64 = to_write[k + 1..].iter().map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();
-                self.drop_packets(queue, lost_with(&e), rest, &io::Error::other(e.to_string()));
-                result = Err(e);
-                break;
+        let gro = self.batch_gro.take();
+        let mut result = Ok(Progress::Done);
+        for (k, &i) in to_write.iter().enumerate().skip(first) {
+            match self.write_unit(queue, gro.as_ref(), bufs, lens, i, offset, wait) {
+                Ok(true) => {}
+                Ok(false) => {
+                    result = Ok(Progress::Full(k));
+                    break;
+                }
+                Err(e) => {
+                    let rest: u64 =
+                        to_write[k + 1..].iter().map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();
+                    self.drop_packets(queue, lost_with(&e), rest, &io::Error::other(e.to_string()));
+                    result = Err(e);
+                    break;
+                }
             }
         }
-        // A GRO kind turned off during the writes rebuilt `self.gro` (or removed it); otherwise put it back.
-        if (self.gro_tcp, self.gro_udp) == kinds {
+        self.to_write = to_write;
+        if matches!(result, Ok(Progress::Full(_))) {
+            // Still being written: the batch keeps its coalescer.
+            self.batch_gro = gro;
+        } else if !self.gro_rebuilt {
             self.gro = gro;
         }
-        self.to_write = to_write;
-        result?;
-        let delta = self.stats.since(&before);
-        Ok(Sent {
-            packets: delta.packets as usize,
-            writes: delta.writes as usize,
-            dropped: delta.drops.total() as usize,
-        })
+        result
+    }
+
+    /// After [`Progress::Full`] the caller gave up on the batch (a dropped future): the units from `first` on are
+    /// counted as stopped, and the coalescer is ready for the next batch.
+    pub(crate) fn abandon_units(&mut self, queue: &Queue, lens: &[usize], offset: usize, first: usize) {
+        let gro = self.batch_gro.take();
+        let rest: u64 = self.to_write.iter().skip(first).map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();
+        self.drop_packets(queue, DropReason::Stopped, rest, &io::Error::other("the send was cancelled"));
+        if !self.gro_rebuilt {
+            self.gro = gro;
+        }
     }
 
     /// Decides the write units: the coalescer's heads, or every packet (with a zeroed virtio header, or one
@@ -336,7 +260,9 @@ impl SendBatch {
     }
 
     /// Writes packet `head` as the coalescer assembled it: one `writev` of the virtio header and head packet plus
-    /// each merged member's payload, so payloads are never copied in user space.
+    /// each merged member's payload, so payloads are never copied in user space. False if the queue was full and
+    /// `wait` was off (nothing written).
+    #[allow(clippy::too_many_arguments)]
     fn write_unit<B: AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
@@ -345,7 +271,8 @@ impl SendBatch {
         lens: &[usize],
         head: usize,
         offset: usize,
-    ) -> Result<()> {
+        wait: bool,
+    ) -> Result<bool> {
         let start = offset - self.vnet_hdr_len;
         let mut iov = [IoSlice::new(&[]); MAX_PIECES];
         let mut count = 0;
@@ -375,17 +302,19 @@ impl SendBatch {
             for (b, range) in gro.into_iter().flat_map(|gro| gro.pieces(head, lens, offset)) {
                 joined.extend_from_slice(&bufs[b].as_ref()[range]);
             }
-            let result = self.write_frame(queue, &[IoSlice::new(&joined)], unit);
+            let result = self.write_frame(queue, &[IoSlice::new(&joined)], unit, wait);
             self.joined = joined;
             return result;
         }
-        self.write_frame(queue, &iov[..count], unit)
+        self.write_frame(queue, &iov[..count], unit, wait)
     }
 
-    /// Writes one frame under the write policy; a coalesced packet the kernel refuses is split again.
-    fn write_frame(&mut self, queue: &Queue, iov: &[IoSlice<'_>], unit: Unit) -> Result<()> {
-        match self.writer.write(queue, iov, unit, true, &mut self.stats)? {
-            Written::Yes | Written::Dropped => Ok(()),
+    /// Writes one frame under the write policy; a coalesced packet the kernel refuses is split again. False if
+    /// the queue was full and `wait` was off.
+    fn write_frame(&mut self, queue: &Queue, iov: &[IoSlice<'_>], unit: Unit, wait: bool) -> Result<bool> {
+        match self.writer.write(queue, iov, unit, true, wait, &mut self.stats)? {
+            Written::Yes | Written::Dropped => Ok(true),
+            Written::Full => Ok(false),
             Written::Refused(hdr) => {
                 // Re-splitting works on one contiguous frame.
                 let mut joined = std::mem::take(&mut self.joined);
@@ -393,7 +322,7 @@ impl SendBatch {
                 iov.iter().for_each(|piece| joined.extend_from_slice(piece));
                 let result = self.resplit(queue, &hdr, &joined[self.vnet_hdr_len..], unit);
                 self.joined = joined;
-                result
+                result.map(|()| true)
             }
         }
     }
@@ -427,7 +356,8 @@ impl SendBatch {
             match splitter.write_segment(index, &mut scratch[self.vnet_hdr_len..]) {
                 Ok(len) => {
                     let frame = [IoSlice::new(&scratch[..self.vnet_hdr_len + len])];
-                    result = self.write_frame(queue, &frame, Unit { packets: 1, bytes: len as u64 });
+                    // Its segments are waited for (a re-split is rare, and not resumable).
+                    result = self.write_frame(queue, &frame, Unit { packets: 1, bytes: len as u64 }, true).map(drop);
                     if let Err(e) = &result {
                         // The queue failed: the segments after this one are lost with it.
                         let rest = (count - index - 1) as u64;
@@ -448,25 +378,8 @@ impl SendBatch {
         }
     }
 
-    /// Turns off the GRO kinds the process-wide probe found refused.
-    fn apply_probe(&mut self, queue: &Queue) {
-        self.probed = true;
-        let found = gro_write_support();
-        let (tcp, udp) = (self.gro_tcp && found.tcp != Some(false), self.gro_udp && found.udp != Some(false));
-        if (tcp, udp) != (self.gro_tcp, self.gro_udp) {
-            tracing::warn!(
-                "{}: kernel refuses coalesced writes (tcp {:?}, udp {:?}); that GRO is off",
-                queue.name(),
-                found.tcp,
-                found.udp
-            );
-            self.gro_tcp = tcp;
-            self.gro_udp = udp;
-            self.rebuild_gro();
-        }
-    }
-
     fn rebuild_gro(&mut self) {
+        self.gro_rebuilt = true;
         self.gro = (self.gro_tcp || self.gro_udp).then(|| {
             Gro::new(GroConfig {
                 tcp: self.gro_tcp,
@@ -479,10 +392,85 @@ impl SendBatch {
     }
 }
 
+/// The send half of the batch API, bound to its queue: coalesces a batch (GRO) and writes it, one gathered
+/// write per coalesced packet.
+///
+/// `Q` is how the half holds its queue: `&Queue`, `Arc<Queue>` or the `Queue` itself. Coalescing needs no room
+/// in the caller's buffers (merged packets are written as gathered pieces): each buffer needs `offset` bytes in
+/// front of its packet (at least the queue's virtio header size), where the header is written, and no more.
+/// Building one is cheap and probes nothing: a GRO kind [`Capabilities::get`] found refused (if it ran) is off
+/// from the start, and otherwise the first coalesced write the kernel refuses turns that kind off and is split
+/// again, never lost.
+#[derive(Debug)]
+pub struct SendBatch<Q: Borrow<Queue>> {
+    queue: Q,
+    half: SendHalf,
+}
+
+impl<Q: Borrow<Queue>> SendBatch<Q> {
+    /// Coalesces TCP when the queue has a virtio header with checksum offload, UDP when USO was granted too
+    /// (the kernel accepts `GSO_UDP_L4` writes since the same release that added USO).
+    pub fn new(queue: Q) -> Self {
+        let half = SendHalf::new(queue.borrow());
+        SendBatch { queue, half }
+    }
+
+    /// Like [`Self::new`] with explicit GRO kinds (both false: plain writes, one per packet).
+    pub fn with_gro(queue: Q, tcp: bool, udp: bool) -> Self {
+        let half = SendHalf::with_gro(queue.borrow(), tcp, udp);
+        SendBatch { queue, half }
+    }
+
+    /// The queue it writes to.
+    pub fn queue(&self) -> &Queue {
+        self.queue.borrow()
+    }
+
+    /// What to do when the queue is full (default: wait for room).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.half = self.half.when_full(when_full);
+        self
+    }
+
+    /// A write waiting for room gives up (the packet counted as [`DropReason::Stopped`]) once `stop` fires.
+    pub fn stop_on(mut self, stop: StopHandle) -> Self {
+        self.half = self.half.stop_on(stop);
+        self
+    }
+
+    /// What this send half wrote (packets, bytes, writes, coalesced, GRO fallbacks, drops by reason).
+    pub fn stats(&self) -> Counters {
+        self.half.stats()
+    }
+
+    /// Which GRO kinds are on (a kind the kernel refused at run time is turned off).
+    pub fn gro_kinds(&self) -> (bool, bool) {
+        self.half.gro_kinds()
+    }
+
+    /// Coalesces `bufs[..n]` and writes the result. On a queue with a virtio header every packet needs
+    /// `offset >= vnet_hdr_len` bytes of headroom, where the header is written.
+    ///
+    /// `checksums`: what [`crate::batch::Received::checksums`] said of these packets (`true` and `false` stand for
+    /// [`Checksums::Valid`] and [`Checksums::Unverified`]). With [`Checksums::Partial`] the kernel completes the
+    /// partial checksums (`NEEDS_CSUM`); a queue without a virtio header cannot ask it to, so they are completed
+    /// here before the write.
+    pub fn send_many<B: AsMut<[u8]> + AsRef<[u8]>>(
+        &mut self,
+        bufs: &mut [B],
+        lens: &mut [usize],
+        offset: usize,
+        checksums: impl Into<Checksums>,
+    ) -> Result<Sent> {
+        self.half.send_many(self.queue.borrow(), bufs, lens, offset, checksums)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::{fake_queue, tcp4_super_packet};
     use super::*;
+    use turbotun_wire::VIRTIO_NET_HDR_LEN;
 
     /// A queue that fails fatally in the middle of a batch: the failing packet and every one after it are
     /// counted, so `packets + drops` is the batch. Found by review: they were counted neither way.
@@ -502,7 +490,7 @@ mod tests {
         let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [vec![0u8; VIRTIO_NET_HDR_LEN], p.clone()].concat()).collect();
         let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
         let mut tx = SendBatch::new(&queue);
-        assert!(tx.send(&queue, &mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).is_err());
+        assert!(tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).is_err());
         let stats = tx.stats();
         assert_eq!(stats.packets + stats.drops.total(), 3, "{stats:?}");
         assert_eq!(stats.drops.stopped, 3, "{stats:?}");

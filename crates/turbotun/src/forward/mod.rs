@@ -76,6 +76,18 @@ impl ForwardMode {
     }
 }
 
+/// Which way a packet moves through a forwarder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From the first device (or set of queues) to the second.
+    AToB,
+    /// From the second to the first.
+    BToA,
+}
+
+/// The per-packet hook of a forwarder ([`ForwarderBuilder::per_packet`]), shared by its workers.
+pub type PerPacket = Arc<dyn Fn(Direction, &mut [u8]) + Send + Sync>;
+
 /// How the workers wait for packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IoKind {
@@ -108,7 +120,7 @@ impl IoKind {
 }
 
 /// Configuration of a [`Forwarder`]; also hands out [`DeviceBuilder`]s set up for it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ForwarderBuilder {
     mode: ForwardMode,
     io: Option<IoKind>,
@@ -120,6 +132,20 @@ pub struct ForwarderBuilder {
     partial_checksums: bool,
     register_buffers: bool,
     stop: Option<StopHandle>,
+    per_packet: Option<PerPacket>,
+}
+
+impl std::fmt::Debug for ForwarderBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwarderBuilder")
+            .field("mode", &self.mode)
+            .field("io", &self.io)
+            .field("threads", &self.threads)
+            .field("batch", &self.batch)
+            .field("depth", &self.depth)
+            .field("per_packet", &self.per_packet.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Virtio header size the engine uses for offload and passthrough.
@@ -156,7 +182,19 @@ impl ForwarderBuilder {
             partial_checksums: false,
             register_buffers: false,
             stop: None,
+            per_packet: None,
         }
+    }
+
+    /// Calls `hook` for every packet between reading and writing, on whichever worker moves it, in place: the
+    /// hook may rewrite the packet's bytes but not its length, and must leave its checksums right (with
+    /// [`Self::partial_checksums`] a TCP or UDP checksum may be partial, as `turbotun_wire::partial` describes).
+    /// Offload mode hands it every MTU-sized packet after the split and before coalescing; plain mode every
+    /// packet as read. Every I/O kind calls it (blocking, poll, io_uring, tokio). Passthrough forwards
+    /// super-packets whole and takes no hook.
+    pub fn per_packet(mut self, hook: impl Fn(Direction, &mut [u8]) + Send + Sync + 'static) -> Self {
+        self.per_packet = Some(Arc::new(hook));
+        self
     }
 
     /// How workers wait (default: io_uring for plain and passthrough with one worker per queue where the kernel
@@ -264,6 +302,9 @@ impl ForwarderBuilder {
         }
         if self.udp_tunnel && self.mode != ForwardMode::Passthrough {
             return bad("udp_tunnel goes with passthrough mode: only passthrough forwards tunnel super-packets whole");
+        }
+        if self.per_packet.is_some() && self.mode == ForwardMode::Passthrough {
+            return bad("a per-packet hook goes with offload or plain mode: passthrough forwards super-packets whole");
         }
         if self.partial_checksums && self.mode != ForwardMode::Offload {
             return bad("partial checksums go with offload mode: only offload mode splits super-packets");
@@ -414,10 +455,13 @@ impl ForwarderBuilder {
             crate::wake::prepare()?;
         }
         if self.mode == ForwardMode::Offload {
-            // The GRO write probe (a private namespace and a scratch device: tens of milliseconds) runs here,
-            // before traffic. Left to the first send it stalled that worker long enough for the source device's
-            // ring (500 packets by default) to overflow: every short loss trial lost a few hundred datagrams.
-            crate::batch::gro_write_support();
+            // The kernel probes (scratch devices, and a private namespace for the GRO write probe: tens of
+            // milliseconds) run here, before traffic, so that the send halves start with the kinds the kernel
+            // takes. Never on a data path: left to a first send, the probe stalled a worker long enough for the
+            // source device's ring to overflow (a few hundred datagrams lost in every short loss trial).
+            if let Err(e) = crate::Capabilities::get() {
+                notes.push(format!("kernel probes not run ({e}); a refused coalesced write turns that kind off"));
+            }
         }
         let stop = self.stop.clone().unwrap_or_default();
         Ok(Forwarder {

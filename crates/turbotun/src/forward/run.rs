@@ -120,7 +120,10 @@ mod tests {
 
     fn fails_one_way(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
         if !ctx.a_to_b {
-            return Err(Error::DeviceGone { name: src.name().to_string() });
+            return Err(Error::DeviceGone {
+                name: src.name().to_string(),
+                source: std::io::Error::from_raw_os_error(libc::EBADFD),
+            });
         }
         run_worker(src, dst, ctx)
     }

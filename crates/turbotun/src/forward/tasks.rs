@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::supervise::{jobs, panic_message, supervise, Done};
-use super::workers::{arena, batch_counts, final_batch_counts, packet_offset, raw_frame, Flusher, WorkerCtx};
+use super::workers::{
+    arena, batch_counts, each_packet, final_batch_counts, packet_offset, raw_frame, Flusher, WorkerCtx,
+};
 use super::{ForwardMode, ForwardStats, Forwarder};
-use crate::batch::{RecvBatch, SendBatch};
 use crate::error::{Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::Counters;
 use crate::tokio::AsyncQueue;
+use crate::write_policy::Written;
 
 /// How long the runtime's shutdown waits for tasks at their await points.
 const SHUTDOWN: Duration = Duration::from_millis(500);
@@ -91,22 +93,23 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
     let (mut arena, stride) = arena(ctx.batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; ctx.batch];
-    let mut rx = RecvBatch::new(src.get_ref()).partial_checksums(ctx.partial_checksums);
-    let mut tx = SendBatch::new(dst.get_ref()).when_full(ctx.when_full).stop_on(ctx.stop.clone());
-    // A task may be dropped at any await point when the forwarder stops: counts are added after every batch.
+    let mut rx = src.recv_batch().partial_checksums(ctx.partial_checksums);
+    let mut tx = dst.send_batch().when_full(ctx.when_full).stop_on(ctx.stop.clone());
+    // A task may be dropped at any await point when the forwarder stops: counts are added after every batch, and
+    // a batch dropped while it waits for room counts what it had not written.
     let mut flusher = Flusher::new(ctx.shared());
     let offset = packet_offset(src.get_ref(), dst.get_ref());
     loop {
-        let got = src.recv_batch(&mut rx, &mut bufs, &mut lens, offset).await;
-        let got = match got {
+        let got = match rx.recv_many(&mut bufs, &mut lens, offset).await {
             Ok(got) => got,
             Err(e) => {
-                flusher.flush(final_batch_counts(&rx, &tx));
+                flusher.flush(final_batch_counts(rx.stats(), tx.stats(), rx.pending()));
                 return Err(e);
             }
         };
-        let sent = dst.send_batch(&mut tx, &mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums);
-        flusher.flush(batch_counts(&rx, &tx));
+        each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
+        let sent = tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums).await;
+        flusher.flush(batch_counts(rx.stats(), tx.stats()));
         sent?;
     }
 }
@@ -119,12 +122,22 @@ async fn forward_raw(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) -> Res
     let mut flusher = Flusher::new(ctx.shared());
     loop {
         let n = src.recv_raw(&mut buf).await?;
-        if let Some(unit) = raw_frame(&mut c, n, buf.len(), vnet_hdr_len, &buf[..n.min(buf.len())]) {
-            let written = writer.write(dst.get_ref(), &[IoSlice::new(&buf[..n])], unit, false, &mut c);
+        let Some(unit) = raw_frame(&mut c, n, buf.len(), vnet_hdr_len, &buf[..n.min(buf.len())]) else {
             flusher.flush(c);
-            written?;
-        } else {
-            flusher.flush(c);
+            continue;
+        };
+        if let Some(hook) = &ctx.per_packet {
+            hook(ctx.direction(), &mut buf[vnet_hdr_len..n]);
         }
+        // A full queue is awaited, not waited on: the write policy hands it back instead of polling.
+        let written = loop {
+            let mut ready = dst.writable().await?;
+            match writer.write(dst.get_ref(), &[IoSlice::new(&buf[..n])], unit, false, false, &mut c) {
+                Ok(Written::Full) => ready.clear(),
+                other => break other,
+            }
+        };
+        flusher.flush(c);
+        written?;
     }
 }

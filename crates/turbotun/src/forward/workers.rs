@@ -6,10 +6,10 @@ use std::io::IoSlice;
 
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
-use super::{ForwardMode, Forwarder, IoKind, StatsHandle, IDLE_WAIT};
+use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, IDLE_WAIT};
 use crate::batch::{RecvBatch, SendBatch};
 use crate::error::Result;
-use crate::queue::{is_interrupted, is_would_block, Queue, MAX_PACKET, MAX_VNET_HDR};
+use crate::queue::{Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason, SharedCounters, WhenFull};
 use crate::stop::StopHandle;
 use crate::write_policy::{Unit, Writer};
@@ -19,7 +19,7 @@ use crate::write_policy::{Unit, Writer};
 pub(super) const FLUSH_EVERY: u64 = 64;
 
 /// What a worker needs to know besides its two queues.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct WorkerCtx {
     pub mode: ForwardMode,
     pub io: IoKind,
@@ -33,6 +33,13 @@ pub(super) struct WorkerCtx {
     pub stop: StopHandle,
     pub stats: StatsHandle,
     pub a_to_b: bool,
+    pub per_packet: Option<PerPacket>,
+}
+
+impl std::fmt::Debug for WorkerCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerCtx").field("mode", &self.mode).field("io", &self.io).finish_non_exhaustive()
+    }
 }
 
 impl WorkerCtx {
@@ -48,6 +55,16 @@ impl WorkerCtx {
             stop: fwd.stop.clone(),
             stats: fwd.stats.clone(),
             a_to_b,
+            per_packet: fwd.config.per_packet.clone(),
+        }
+    }
+
+    /// The direction this worker moves packets in.
+    pub fn direction(&self) -> Direction {
+        if self.a_to_b {
+            Direction::AToB
+        } else {
+            Direction::BToA
         }
     }
 
@@ -114,18 +131,27 @@ pub(super) fn packet_offset(src: &Queue, dst: &Queue) -> usize {
 }
 
 /// The counters of one direction's batch halves together (their fields do not overlap).
-pub(super) fn batch_counts(rx: &RecvBatch, tx: &SendBatch) -> Counters {
-    let mut c = rx.stats();
-    c.add(&tx.stats());
+pub(super) fn batch_counts(rx: Counters, tx: Counters) -> Counters {
+    let mut c = rx;
+    c.add(&tx);
     c
 }
 
-/// [`batch_counts`] at the end of a worker: segments still pending in the receive half were read and will not
-/// be written.
-pub(super) fn final_batch_counts(rx: &RecvBatch, tx: &SendBatch) -> Counters {
+/// [`batch_counts`] at the end of a worker: `pending` segments still in the receive half were read and will
+/// not be written.
+pub(super) fn final_batch_counts(rx: Counters, tx: Counters, pending: usize) -> Counters {
     let mut c = batch_counts(rx, tx);
-    c.drops.add(DropReason::Stopped, rx.pending() as u64);
+    c.drops.add(DropReason::Stopped, pending as u64);
     c
+}
+
+/// Hands every packet of a batch to the per-packet hook, if there is one.
+pub(super) fn each_packet(ctx: &WorkerCtx, bufs: &mut [&mut [u8]], lens: &[usize], offset: usize) {
+    if let Some(hook) = &ctx.per_packet {
+        for (buf, &len) in bufs.iter_mut().zip(lens) {
+            hook(ctx.direction(), &mut buf[offset..offset + len]);
+        }
+    }
 }
 
 /// Offload: read and split into MTU-sized packets, coalesce, write.
@@ -139,17 +165,18 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let offset = packet_offset(src, dst);
     let result = (|| {
         while !ctx.stop.is_stopped() {
-            let got = rx.recv_many(src, &mut bufs, &mut lens, offset, Some(IDLE_WAIT))?;
+            let got = rx.recv_many(&mut bufs, &mut lens, offset, Some(IDLE_WAIT))?;
             if got.packets == 0 {
-                flusher.flush(batch_counts(&rx, &tx));
+                flusher.flush(batch_counts(rx.stats(), tx.stats()));
                 continue;
             }
-            tx.send(dst, &mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums)?;
-            flusher.maybe_flush(batch_counts(&rx, &tx));
+            each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
+            tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums)?;
+            flusher.maybe_flush(batch_counts(rx.stats(), tx.stats()));
         }
         Ok(())
     })();
-    flusher.flush(final_batch_counts(&rx, &tx));
+    flusher.flush(final_batch_counts(rx.stats(), tx.stats(), rx.pending()));
     result
 }
 
@@ -185,12 +212,12 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
         while !ctx.stop.is_stopped() {
             let n = match src.recv_raw(&mut buf) {
                 Ok(n) => n,
-                Err(e) if is_would_block(&e) => {
+                Err(e) if e.is_would_block() => {
                     flusher.flush(c);
                     src.wait_readable(Some(IDLE_WAIT))?;
                     continue;
                 }
-                Err(e) if is_interrupted(&e) => {
+                Err(e) if e.is_interrupted() => {
                     flusher.flush(c);
                     continue;
                 }
@@ -199,7 +226,10 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
             let Some(unit) = raw_frame(&mut c, n, buf.len(), vnet_hdr_len, &buf[..n.min(buf.len())]) else {
                 continue;
             };
-            writer.write(dst, &[IoSlice::new(&buf[..n])], unit, false, &mut c)?;
+            if let Some(hook) = &ctx.per_packet {
+                hook(ctx.direction(), &mut buf[vnet_hdr_len..n]);
+            }
+            writer.write(dst, &[IoSlice::new(&buf[..n])], unit, false, true, &mut c)?;
             flusher.maybe_flush(c);
         }
         Ok(())
@@ -226,7 +256,11 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
         if ctx.stop.is_stopped() {
             break Ok(());
         }
-        match ring.poll(IDLE_WAIT) {
+        let polled = match &ctx.per_packet {
+            Some(hook) => ring.poll_with(IDLE_WAIT, |frame| hook(ctx.direction(), frame)),
+            None => ring.poll(IDLE_WAIT),
+        };
+        match polled {
             Ok(busy) => {
                 let now = ring.stats();
                 if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
@@ -265,7 +299,11 @@ fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()
         if ctx.stop.is_stopped() {
             break Ok(());
         }
-        match fwd.poll(dst, IDLE_WAIT) {
+        let polled = match &ctx.per_packet {
+            Some(hook) => fwd.poll_with(dst, IDLE_WAIT, |packet| hook(ctx.direction(), packet)),
+            None => fwd.poll(dst, IDLE_WAIT),
+        };
+        match polled {
             Ok(busy) => {
                 let now = fwd.stats();
                 if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {

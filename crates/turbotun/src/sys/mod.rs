@@ -56,6 +56,7 @@ pub mod tun_f {
     pub const TSO4: u32 = libc::TUN_F_TSO4;
     pub const TSO6: u32 = libc::TUN_F_TSO6;
     pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
+    pub const UFO: u32 = libc::TUN_F_UFO;
     pub const USO4: u32 = libc::TUN_F_USO4;
     pub const USO6: u32 = libc::TUN_F_USO6;
     /// Linux 6.17+: TCP/UDP super-packets inside a UDP tunnel (VXLAN, Geneve); `include/uapi/linux/if_tun.h`.
@@ -278,35 +279,9 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
     Ok(())
 }
 
-pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
-    cvt_size(unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
-}
-
 pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the duration of the call.
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
-}
-
-/// One read scattered into a small header buffer (may be empty) and a data buffer (the virtio header and the
-/// packet). With `nowait` it never sleeps, even on a blocking fd (`preadv2` with `RWF_NOWAIT`; the tun driver
-/// honours `IOCB_NOWAIT` the way it honours `O_NONBLOCK`): `EOPNOTSUPP` on kernels or files without it.
-pub fn read2(fd: BorrowedFd<'_>, head: &mut [u8], data: &mut [u8], nowait: bool) -> io::Result<usize> {
-    let iov = [
-        libc::iovec { iov_base: head.as_mut_ptr().cast(), iov_len: head.len() },
-        libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() },
-    ];
-    let count = if head.is_empty() { 1 } else { 2 };
-    let iov = &iov[2 - count..];
-    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
-    // SAFETY: the iovecs describe live, exclusively borrowed buffers of the stated lengths; offset -1 means
-    // "the current position", which a character device ignores.
-    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), iov.as_ptr(), count as i32, -1, flags) })
-}
-
-/// One write gathered from a header and a data buffer.
-pub fn write2(fd: BorrowedFd<'_>, head: &[u8], data: &[u8]) -> io::Result<usize> {
-    writev(fd, &[std::io::IoSlice::new(head), std::io::IoSlice::new(data)])
 }
 
 /// Readiness a caller can wait for with [`poll`].
@@ -410,11 +385,12 @@ pub trait StableFd: AsRawFd {}
 #[cfg(feature = "tokio")]
 impl<T: StableFd> StableFd for std::sync::Arc<T> {}
 
-/// Registers an fd owner with tokio's reactor for readable and error readiness.
+/// Registers an fd owner with tokio's reactor for readable, writable and error readiness.
 #[cfg(feature = "tokio")]
-pub fn register_readable<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
+pub fn register_with_tokio<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
     // Error readiness too: a deleted device reports only EPOLLERR, which readable interest alone never sees.
-    let interest = ::tokio::io::Interest::READABLE.add(::tokio::io::Interest::ERROR);
+    let interest =
+        ::tokio::io::Interest::READABLE.add(::tokio::io::Interest::WRITABLE).add(::tokio::io::Interest::ERROR);
     // SAFETY: `T: StableFd` keeps its descriptor open and unchanged for as long as it lives, and the `AsyncFd`
     // owns it, so the registration never outlives the fd nor refers to a reused number.
     unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(owner, interest) }.map_err(io::Error::from)
@@ -543,4 +519,107 @@ pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
         )
     })?;
     Ok((cred.pid, cred.uid, cred.gid))
+}
+
+/// One read scattered over the caller's slices (`preadv2`), e.g. guest memory described by a descriptor chain;
+/// with `nowait` it never sleeps (`RWF_NOWAIT`).
+pub fn readv(fd: BorrowedFd<'_>, bufs: &mut [std::io::IoSliceMut<'_>], nowait: bool) -> io::Result<usize> {
+    let count = bufs.len().min(libc::c_int::MAX as usize) as libc::c_int;
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    // SAFETY: `IoSliceMut` is guaranteed ABI-compatible with `struct iovec` on Unix; the slices are live and
+    // exclusively borrowed for the duration of the call; offset -1 means the current position.
+    cvt_size(unsafe { libc::preadv2(fd.as_raw_fd(), bufs.as_ptr().cast::<libc::iovec>(), count, -1, flags) })
+}
+
+/// `TUNSETVNETLE` / `TUNSETVNETBE`: the virtio header's byte order for a legacy (pre-1.0) guest; `big` picks
+/// the BE request, which kernels without `CONFIG_TUN_VNET_CROSS_LE` refuse with `EINVAL`.
+pub fn tun_set_vnet_endian(fd: BorrowedFd<'_>, big: bool, on: bool) -> io::Result<()> {
+    ioctl_set_int_ptr(fd, if big { libc::TUNSETVNETBE } else { libc::TUNSETVNETLE }, on as libc::c_int)
+}
+
+/// `TUNGETVNETLE` / `TUNGETVNETBE`.
+pub fn tun_get_vnet_endian(fd: BorrowedFd<'_>, big: bool) -> io::Result<bool> {
+    ioctl_get_int_ptr(fd, if big { libc::TUNGETVNETBE } else { libc::TUNGETVNETLE }).map(|v| v != 0)
+}
+
+/// `struct ifreq` with an `int` (`ifr_mtu`) after the name.
+#[repr(C)]
+struct IfReqInt {
+    name: [u8; IFNAMSIZ],
+    value: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// `struct ifreq` with a `struct sockaddr` (`ifr_hwaddr`) after the name.
+#[repr(C)]
+struct IfReqAddr {
+    name: [u8; IFNAMSIZ],
+    family: libc::sa_family_t,
+    data: [u8; 14],
+    _pad: [u8; 8],
+}
+
+fn ifreq_name(name: &str) -> io::Result<[u8; IFNAMSIZ]> {
+    Ok(IfReq::new(name, 0)?.name)
+}
+
+/// A datagram socket of the calling thread's network namespace, for the classic interface ioctls (which look the
+/// name up in the socket's namespace). `AF_UNIX`: it needs no network protocol and no address.
+pub fn ioctl_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket returns a new fd or -1.
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is new and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `SIOCGIFMTU`: the MTU of interface `name`, through `sock`.
+pub fn ifreq_get_mtu(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
+    let mut req = IfReqInt { name: ifreq_name(name)?, value: 0, _pad: [0; 20] };
+    // SAFETY: SIOCGIFMTU reads the name and writes the int member of a full-size `struct ifreq`.
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU as libc::Ioctl, &mut req as *mut IfReqInt) })?;
+    Ok(req.value as u32)
+}
+
+/// `SIOCSIFMTU`: sets the MTU of interface `name`, through `sock`.
+pub fn ifreq_set_mtu(sock: BorrowedFd<'_>, name: &str, mtu: u32) -> io::Result<()> {
+    let value = libc::c_int::try_from(mtu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut req = IfReqInt { name: ifreq_name(name)?, value, _pad: [0; 20] };
+    // SAFETY: SIOCSIFMTU reads a full-size `struct ifreq` (name and int member).
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU as libc::Ioctl, &mut req as *mut IfReqInt) })?;
+    Ok(())
+}
+
+/// `SIOCGIFFLAGS`: the interface flags (`IFF_UP`, ...) of `name`, through `sock`.
+pub fn ifreq_get_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u16> {
+    let mut req = IfReq::new(name, 0)?;
+    // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of a full-size `struct ifreq`.
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as libc::Ioctl, &mut req as *mut IfReq) })?;
+    Ok(req.flags as u16)
+}
+
+/// `SIOCSIFFLAGS`: sets the interface flags of `name`, through `sock`.
+pub fn ifreq_set_flags(sock: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<()> {
+    let mut req = IfReq::new(name, flags)?;
+    // SAFETY: SIOCSIFFLAGS reads a full-size `struct ifreq` (name and flags).
+    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &mut req as *mut IfReq) })?;
+    Ok(())
+}
+
+/// `SIOCGIFHWADDR` on the tun fd itself (the tun driver answers it for its device, in any namespace).
+pub fn tun_get_hwaddr(fd: BorrowedFd<'_>) -> io::Result<[u8; 6]> {
+    let mut req = IfReqAddr { name: [0; IFNAMSIZ], family: 0, data: [0; 14], _pad: [0; 8] };
+    // SAFETY: the tun driver writes a full-size `struct ifreq` with the device's hardware address.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR as libc::Ioctl, &mut req as *mut IfReqAddr) })?;
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&req.data[..6]);
+    Ok(mac)
+}
+
+/// `SIOCSIFHWADDR` on the tun fd itself (TAP devices; an Ethernet address).
+pub fn tun_set_hwaddr(fd: BorrowedFd<'_>, mac: [u8; 6]) -> io::Result<()> {
+    let mut req = IfReqAddr { name: [0; IFNAMSIZ], family: libc::ARPHRD_ETHER, data: [0; 14], _pad: [0; 8] };
+    req.data[..6].copy_from_slice(&mac);
+    // SAFETY: the tun driver reads a full-size `struct ifreq` holding the new address.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFHWADDR as libc::Ioctl, &mut req as *mut IfReqAddr) })?;
+    Ok(())
 }
