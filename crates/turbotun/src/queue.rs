@@ -14,7 +14,9 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::kind::{Mode, Offloads};
 use crate::stats::DropReason;
-use crate::sys::{self, iff, Interest};
+use rustix::event::PollFlags;
+
+use crate::sys::{self, iff};
 
 /// Largest frame the tun driver hands over after the virtio header: a GSO super-packet of up to 65,535 bytes
 /// of IP, and on a TAP device its Ethernet header with up to two VLAN tags in front. A buffer of this size never
@@ -358,21 +360,12 @@ impl Queue {
 
     /// Waits until a read would not block; false on timeout (`None` waits forever).
     pub fn wait_readable(&self, timeout: Option<Duration>) -> Result<bool> {
-        self.wait(Interest::Readable, timeout)
+        self.wait_or_stop(PollFlags::IN, None, timeout)
     }
 
     /// Waits until a write would not block; false on timeout.
     pub fn wait_writable(&self, timeout: Option<Duration>) -> Result<bool> {
-        self.wait(Interest::Writable, timeout)
-    }
-
-    /// A signal (e.g. [`crate::wake`]) ends the wait early, like a timeout: the caller looks at its flags.
-    fn wait(&self, interest: Interest, timeout: Option<Duration>) -> Result<bool> {
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        match sys::poll(self.fd.as_fd(), interest, ms) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(false),
-            other => other.map_err(|e| Error::io("poll", e)),
-        }
+        self.wait_or_stop(PollFlags::OUT, None, timeout)
     }
 
     /// Detaches this queue from a multiqueue device (`TUNSETQUEUE`): the kernel stops steering packets to it.
@@ -475,18 +468,41 @@ impl Queue {
         }
     }
 
-    /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false; see
-    /// [`StopHandle::wake_fd`]): a wait that a stop ends at once, with no signal.
+    /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false): a wait that a stop
+    /// ends at once, with no signal (see [`StopHandle::wake_fd`](crate::StopHandle::wake_fd)).
     pub fn wait_readable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let wake = stop.wake_fd()?;
-        if stop.is_stopped() {
+        self.wait_or_stop(PollFlags::IN, Some(stop), timeout)
+    }
+
+    /// Like [`Self::wait_readable_or_stop`] for room to write.
+    pub fn wait_writable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+        self.wait_or_stop(PollFlags::OUT, Some(stop), timeout)
+    }
+
+    /// Waits for `events` on the queue and, with a stop handle, for its wake fd. Errors and hang-ups count as
+    /// ready, so that the next read or write reports them; a signal ends the wait like a timeout.
+    pub(crate) fn wait_or_stop(
+        &self,
+        events: PollFlags,
+        stop: Option<&crate::StopHandle>,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
+        use rustix::event::{poll, PollFd, Timespec};
+        let wake = stop.map(crate::StopHandle::wake_fd).transpose()?;
+        if stop.is_some_and(crate::StopHandle::is_stopped) {
             return Ok(false);
         }
         let timeout = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos().into() });
-        let mut fds = [PollFd::new(&self.fd, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_stopped()),
+        let mut fds = [PollFd::new(&self.fd, events), PollFd::new(&self.fd, PollFlags::empty())];
+        let count = match &wake {
+            Some(wake) => {
+                fds[1] = PollFd::new(wake, PollFlags::IN);
+                2
+            }
+            None => 1,
+        };
+        match poll(&mut fds[..count], timeout.as_ref()) {
+            Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_some_and(crate::StopHandle::is_stopped)),
             Err(rustix::io::Errno::INTR) => Ok(false),
             Err(e) => Err(Error::io("poll", e.into())),
         }

@@ -269,3 +269,146 @@ impl AsyncSendBatch {
         Ok(self.half.sent_since(&before))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixDatagram;
+    use std::time::Duration;
+
+    use turbotun_wire::{ipv4, udp, IPPROTO_UDP, VIRTIO_NET_HDR_LEN};
+
+    use super::*;
+    use crate::batch::testing::fake_queue;
+
+    /// An IPv4 UDP datagram of its own flow (source port `port`), its checksum "none", behind room for the header.
+    fn frame(port: u16) -> Vec<u8> {
+        let mut f = vec![0u8; VIRTIO_NET_HDR_LEN + 20 + 8 + 32];
+        let ip = ipv4::Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            protocol: IPPROTO_UDP,
+            payload_len: 40,
+            ttl: 64,
+            ..ipv4::Repr::default()
+        };
+        ip.emit(&mut f[VIRTIO_NET_HDR_LEN..]).unwrap();
+        udp::Repr { src_port: port, dst_port: 9, payload_len: 32 }.emit(&mut f[VIRTIO_NET_HDR_LEN + 20..]).unwrap();
+        f
+    }
+
+    fn batch(n: u16) -> (Vec<Vec<u8>>, Vec<usize>) {
+        let bufs: Vec<Vec<u8>> = (0..n).map(|i| frame(1000 + i)).collect();
+        let lens = bufs.iter().map(|b| b.len() - VIRTIO_NET_HDR_LEN).collect();
+        (bufs, lens)
+    }
+
+    /// The fake queue with the smallest send buffer the kernel allows, so that a few datagrams fill it.
+    fn small_queue() -> (Queue, UnixDatagram) {
+        let (queue, peer) = fake_queue();
+        rustix::net::sockopt::set_socket_send_buffer_size(&queue, 1).unwrap();
+        (queue, peer)
+    }
+
+    fn runtime() -> ::tokio::runtime::Runtime {
+        ::tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().unwrap()
+    }
+
+    /// Reads everything the peer end holds (until it would block).
+    fn drain(peer: &UnixDatagram) -> usize {
+        peer.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut n = 0;
+        while peer.recv(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    /// A full queue is awaited, not waited on: the runtime's only thread goes on running other tasks while the
+    /// batch waits for room, and every packet arrives once the reader makes room.
+    #[test]
+    fn test_a_full_queue_is_awaited_without_blocking_the_runtime() {
+        let (queue, peer) = small_queue();
+        runtime().block_on(async move {
+            let q = AsyncQueue::new(queue).unwrap();
+            let mut tx = q.send_batch();
+            let ticks = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let ticker = {
+                let ticks = ticks.clone();
+                ::tokio::spawn(async move {
+                    loop {
+                        ::tokio::time::sleep(Duration::from_millis(1)).await;
+                        ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+            };
+            let (mut bufs, mut lens) = batch(60);
+            let sending = tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true);
+            let reader = ::tokio::task::spawn_blocking(move || {
+                // The peer reads nothing for a while: the socket fills, the send must wait.
+                std::thread::sleep(Duration::from_millis(100));
+                let mut got = 0;
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                while got < 60 && std::time::Instant::now() < deadline {
+                    got += drain(&peer);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                got
+            });
+            let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+            let sent = sending.await.unwrap();
+            let during = ticks.load(std::sync::atomic::Ordering::Relaxed) - before;
+            assert_eq!((sent.packets, sent.dropped), (60, 0), "{sent:?}");
+            assert!(during >= 20, "the runtime ran other tasks while the batch waited ({during} ticks)");
+            assert_eq!(reader.await.unwrap(), 60, "every packet arrived");
+            ticker.abort();
+        });
+    }
+
+    /// A send dropped while it waits for room counts what it had not written (`stopped`), so that written plus
+    /// dropped is the batch; the next send starts afresh.
+    #[test]
+    fn test_a_dropped_send_counts_what_it_did_not_write() {
+        let (queue, peer) = small_queue();
+        runtime().block_on(async move {
+            let q = AsyncQueue::new(queue).unwrap();
+            let mut tx = q.send_batch();
+            let (mut bufs, mut lens) = batch(60);
+            let timed_out = ::tokio::time::timeout(
+                Duration::from_millis(100),
+                tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true),
+            )
+            .await;
+            assert!(timed_out.is_err(), "the socket filled and the send waited");
+            let stats = tx.stats();
+            assert!(stats.packets > 0 && stats.drops.stopped > 0, "{stats:?}");
+            assert_eq!(stats.packets + stats.drops.stopped, 60, "{stats:?}");
+            assert_eq!(drain(&peer) as u64, stats.packets, "what was written arrived");
+            let (mut bufs, mut lens) = batch(5);
+            let sent = tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).await.unwrap();
+            assert_eq!(sent.packets, 5);
+            assert_eq!(drain(&peer), 5);
+        });
+    }
+
+    /// A receive dropped while it waits has read nothing: the frame that comes afterwards is the next one read.
+    #[test]
+    fn test_a_dropped_receive_loses_nothing() {
+        let (queue, peer) = fake_queue();
+        runtime().block_on(async move {
+            let q = AsyncQueue::new(queue).unwrap();
+            let mut rx = q.recv_batch();
+            let mut bufs = vec![vec![0u8; 2048]; 4];
+            let mut lens = [0usize; 4];
+            let early = ::tokio::time::timeout(
+                Duration::from_millis(50),
+                rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN),
+            );
+            assert!(early.await.is_err(), "nothing to read: the receive waited and was dropped");
+            peer.send(&frame(7)).unwrap();
+            let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).await.unwrap();
+            assert_eq!((got.packets, lens[0]), (1, 60));
+            assert_eq!(rx.stats().drops.total(), 0);
+        });
+    }
+}

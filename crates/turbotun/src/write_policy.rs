@@ -162,13 +162,14 @@ impl Writer {
         self.stop.as_ref().is_some_and(StopHandle::is_stopped)
     }
 
-    /// Waits until the queue can take a write; false if the stop handle fired first.
+    /// Waits until the queue can take a write; false if the stop handle fired first (the wait ends at once:
+    /// it is on the handle's wake fd too).
     fn wait_for_room(&self, queue: &Queue) -> Result<bool> {
         loop {
             if self.stopping() {
                 return Ok(false);
             }
-            if queue.wait_writable(Some(ROOM_POLL))? {
+            if queue.wait_or_stop(rustix::event::PollFlags::OUT, self.stop.as_ref(), Some(ROOM_POLL))? {
                 return Ok(true);
             }
         }

@@ -139,3 +139,65 @@ fn example_forward_carries_tcp() {
     drop(s);
     assert!(receiver.join().unwrap() == expected, "the TCP stream crossed the forwarder intact");
 }
+
+/// The jailed monitor: a queue of a TUN device (12-byte virtio header, every offload) handed over by a
+/// privileged parent (this test) to a process that then has no privilege and no netlink; with the fd alone it
+/// sets the offloads its "guest" acknowledged, reads the MTU, and answers UDP read into and written from
+/// descriptor chains of guest memory.
+#[test]
+fn example_jailed_monitor_adopts_an_fd_without_netlink() {
+    let program = example("jailed_monitor");
+    common::in_netns("example_jailed_monitor_adopts_an_fd_without_netlink", || {
+        let name = common::unique_name("ttjm");
+        let dev =
+            turbotun::DeviceBuilder::tun().name(&name).vnet_hdr(12).offloads(turbotun::Offloads::ALL).open().unwrap();
+        common::configure_v4(&name, "10.9.8.1".parse().unwrap(), 24);
+        let dir = tempfile_dir();
+        let socket = dir.join("monitor.sock");
+        let mut child = Command::new(&program)
+            .arg(&socket)
+            .arg("nobody")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let _monitor = Running(child);
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        let stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        turbotun::handover::send_queues_and_wait(&stream, &[&dev.queues()[0]], Duration::from_secs(10)).unwrap();
+        let mut facts = Vec::new();
+        for _ in 0..4 {
+            line.clear();
+            out.read_line(&mut line).unwrap();
+            facts.push(line.trim().to_string());
+        }
+        assert!(facts[0].starts_with("netlink: ") && facts[0].contains("Operation not permitted"), "{facts:?}");
+        assert_eq!(facts[1], "uid: 65534", "{facts:?}");
+        assert_eq!(facts[2], "offloads: csum,tso4", "{facts:?}");
+        assert_eq!(facts[3], "mtu: 1500", "{facts:?}");
+        // The offloads it set hold for the device (read through ethtool here, where netlink is allowed).
+        let seen = turbotun::inspect::device_offloads(&name).unwrap();
+        assert_eq!(seen, turbotun::Offloads::CSUM | turbotun::Offloads::TSO4);
+        // UDP answered through guest memory (no GSO send: the guest did not acknowledge USO).
+        let sock = UdpSocket::bind(("10.9.8.1", 0)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for size in [1usize, 99, 100, 101, 1100, 1472] {
+            let payload: Vec<u8> = (0..size).map(|i| (i * 13 + size) as u8).collect();
+            sock.send_to(&payload, ("10.9.8.2", 7)).unwrap();
+            let n = sock.recv(&mut buf).unwrap_or_else(|e| panic!("{size} bytes: {e}"));
+            assert_eq!(&buf[..n], &payload[..], "{size} bytes across the descriptor chain and back");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
+
+/// A private temporary directory (mode 0700 by the process's umask).
+fn tempfile_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("turbotun-jail-{}-{}", std::process::id(), common::unique_name("d")));
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}

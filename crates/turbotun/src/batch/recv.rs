@@ -16,6 +16,7 @@ use super::{framing, MAX_SEGMENTS};
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{frame_len, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason};
+use crate::stop::StopHandle;
 use crate::sys;
 
 /// What one [`RecvBatch::recv`] produced.
@@ -95,6 +96,8 @@ pub(crate) struct RecvHalf {
     last_whole: bool,
     /// Leave the L4 checksums of split segments partial (see [`RecvBatch::partial_checksums`]).
     partial: bool,
+    /// Ends a wait for packets at once when it fires (see [`RecvBatch::stop_on`]).
+    stop: Option<StopHandle>,
 }
 
 impl std::fmt::Debug for RecvHalf {
@@ -119,6 +122,7 @@ impl RecvHalf {
             whole_udp: false,
             last_whole: false,
             partial: false,
+            stop: None,
         }
     }
 
@@ -145,6 +149,11 @@ impl RecvHalf {
     /// `gso_size`, `NEEDS_CSUM` and the checksum offsets, to be written back with it), a zeroed one for every
     /// other packet (their checksums completed as usual). TCP super-packets are still split. Without a virtio
     /// header this changes nothing.
+    pub(crate) fn stop_on(mut self, stop: StopHandle) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
     pub(crate) fn keep_udp_super_packets(mut self, on: bool) -> Self {
         self.whole_udp = on && self.vnet_hdr_len > 0;
         self
@@ -176,7 +185,7 @@ impl RecvHalf {
             match self.try_recv_many(queue, bufs, lens, offset) {
                 Err(e) if e.is_interrupted() => return Ok(Received::NOTHING),
                 Err(e) if e.is_would_block() => {
-                    if !queue.wait_readable(timeout)? {
+                    if !queue.wait_or_stop(rustix::event::PollFlags::IN, self.stop.as_ref(), timeout)? {
                         return Ok(Received::NOTHING);
                     }
                 }
@@ -704,6 +713,14 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
     /// header this changes nothing.
     pub fn keep_udp_super_packets(mut self, on: bool) -> Self {
         self.half = self.half.keep_udp_super_packets(on);
+        self
+    }
+
+    /// A wait for packets in [`Self::recv_many`] (on a non-blocking queue) ends at once when `stop` fires, with
+    /// zero packets: a reader stopped without any signal. (A read asleep in the kernel on a blocking queue can be
+    /// ended only by a signal; see [`crate::wake`].)
+    pub fn stop_on(mut self, stop: StopHandle) -> Self {
+        self.half = self.half.stop_on(stop);
         self
     }
 

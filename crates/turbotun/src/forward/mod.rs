@@ -451,7 +451,10 @@ impl ForwarderBuilder {
         for q in a.iter().chain(&b) {
             q.set_nonblocking(io.nonblocking())?;
         }
-        if io != IoKind::Tokio {
+        if io == IoKind::Block {
+            // A read asleep in the kernel ends only with a signal: the one place the process-wide wake-up handler
+            // is installed. Poll waits end on the stop handle's fd, io_uring waits time out, tokio tasks are
+            // dropped.
             crate::wake::prepare()?;
         }
         if self.mode == ForwardMode::Offload {

@@ -32,7 +32,12 @@ fn run_with(fwd: Forwarder, worker: WorkerFn) -> Result<ForwardStats> {
         let ctx = WorkerCtx::new(&fwd, job.a_to_b);
         let done = done_tx.clone();
         let spawned = std::thread::Builder::new().name(format!("fwd-{i}")).spawn(move || {
-            let work = || crate::wake::unblock().and_then(|()| worker(&job.src, &job.dst, &ctx));
+            let work = || {
+                if ctx.io == super::IoKind::Block {
+                    crate::wake::unblock()?;
+                }
+                worker(&job.src, &job.dst, &ctx)
+            };
             let result = std::panic::catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
                 Err(Error::WorkerPanicked { worker: job.label.clone(), message: panic_message(&panic) })
             });
@@ -52,20 +57,22 @@ fn run_with(fwd: Forwarder, worker: WorkerFn) -> Result<ForwardStats> {
         None => supervise(&fwd.stop, &done_rx),
     };
     fwd.stop.stop();
-    stop_workers(handles);
+    stop_workers(handles, fwd.io == super::IoKind::Block);
     match failure {
         Some(e) => Err(e),
         None => Ok(fwd.stats.snapshot()),
     }
 }
 
-/// Wakes every worker still asleep in a blocking call, all together and repeatedly (a signal can land just
-/// before a worker enters its read), until each has finished or [`WAKE_LIMIT`] has passed; then joins them.
-/// Workers see the stop handle and add what they still hold to the counters before they return.
-fn stop_workers(handles: Vec<JoinHandle<()>>) {
+/// Waits for every worker to finish, up to [`WAKE_LIMIT`], then joins them. With blocking reads (`signal`),
+/// a worker asleep in the kernel sees the stop handle only when a signal interrupts its read: they are
+/// signalled all together and repeatedly (a signal can land just before a worker enters its read). The other
+/// I/O kinds need none: a poll wait ends on the stop handle's fd, an io_uring wait times out. Workers add what
+/// they still hold to the counters before they return.
+fn stop_workers(handles: Vec<JoinHandle<()>>, signal: bool) {
     let start = Instant::now();
     while handles.iter().any(|h| !h.is_finished()) && start.elapsed() < WAKE_LIMIT {
-        for h in handles.iter().filter(|h| !h.is_finished()) {
+        for h in handles.iter().filter(|h| signal && !h.is_finished()) {
             if let Err(e) = crate::wake::interrupt(h) {
                 tracing::warn!("waking a forwarding worker: {e}");
             }

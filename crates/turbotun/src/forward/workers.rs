@@ -159,7 +159,7 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let (mut arena, stride) = arena(ctx.batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; ctx.batch];
-    let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums);
+    let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums).stop_on(ctx.stop.clone());
     let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
     let offset = packet_offset(src, dst);
@@ -214,7 +214,7 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
                 Ok(n) => n,
                 Err(e) if e.is_would_block() => {
                     flusher.flush(c);
-                    src.wait_readable(Some(IDLE_WAIT))?;
+                    src.wait_readable_or_stop(&ctx.stop, Some(IDLE_WAIT))?;
                     continue;
                 }
                 Err(e) if e.is_interrupted() => {

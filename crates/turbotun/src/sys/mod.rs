@@ -284,26 +284,6 @@ pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
 }
 
-/// Readiness a caller can wait for with [`poll`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interest {
-    Readable,
-    Writable,
-}
-
-/// Waits until `fd` is ready or the timeout (milliseconds, -1 = forever) passes. Returns false on timeout.
-/// Also returns true on POLLERR/POLLHUP so that the next read or write reports the error. A signal ends the
-/// wait with an `Interrupted` error (not retried: a worker woken to stop must see its flag at once).
-pub fn poll(fd: BorrowedFd<'_>, interest: Interest, timeout_ms: i32) -> io::Result<bool> {
-    let events = match interest {
-        Interest::Readable => libc::POLLIN,
-        Interest::Writable => libc::POLLOUT,
-    };
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
-    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
-    cvt(unsafe { libc::poll(&mut pfd, 1, timeout_ms) }).map(|ready| ready > 0)
-}
-
 /// Moves the calling thread into the network namespace `ns` (an fd of `/run/netns/NAME` or `/proc/PID/ns/net`).
 pub fn setns_net(ns: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: setns only reads its arguments; changing this thread's network namespace does not affect memory safety.
