@@ -13,10 +13,13 @@ build: deps
 
 lint:
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+	# The dataplane alone, as an embedding program without features builds it.
+	$(CARGO) clippy -p turbotun --lib -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --all-features --no-deps --quiet
 
 unit:
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --all-features
 
 # Everything CI runs: formatting, lints, unit/property/corpus tests and the privileged device tests.
 test: deps lint unit

@@ -42,8 +42,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(args: &OpenArgs) -> Result<()> {
     turbotun::validate_ifname(&args.name)?;
-    if args.queues == 0 || args.queues > turbotun::handover::MAX_QUEUES {
-        bail!("--queues must be between 1 and {}", turbotun::handover::MAX_QUEUES);
+    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
+        bail!("--queues must be between 1 and {}", turbotun::device::MAX_QUEUES);
     }
     let to_user = match &args.to_user {
         Some(user) => Some(UserSpec::new(user.as_str()).uid().context("--to-user")?),

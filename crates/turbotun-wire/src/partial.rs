@@ -113,6 +113,20 @@ pub fn complete(packet: &mut [u8], framing: Framing) -> bool {
     checksum::complete_partial(packet, s.start, s.offset).is_ok()
 }
 
+/// Whether a markable packet's L4 checksum is correct: `Some(true)` if it adds up (or is a UDP/IPv4 checksum of
+/// zero, which means none was computed), `Some(false)` if it does not, `None` if the packet is not markable (the
+/// checksum cannot be found from the packet alone; see the module documentation). Reads the packet, never
+/// panics.
+pub fn verify(packet: &[u8], framing: Framing) -> Option<bool> {
+    let s = site(packet, framing)?;
+    let l4 = &packet[s.start..];
+    if s.offset == udp::CHECKSUM_OFFSET && l4[6..8] == [0, 0] {
+        // UDP over IPv4 may leave its checksum out; over IPv6 it may not (RFC 8200 section 8.1).
+        return Some(matches!(locate_ip(packet, framing), Ok((_, 4))));
+    }
+    Some(checksum::fold(checksum::sum(l4, s.seed as u32)) == 0xffff)
+}
+
 /// Whether `a` and `b` are the same packet once a TCP checksum of `0xffff` counts as `0x0000` (the two
 /// one's-complement zeros: a complete split may store either, the kernel's completion stores the first).
 #[cfg(any(test, feature = "fuzzing"))]
@@ -135,6 +149,28 @@ pub fn same_up_to_checksum_zero(a: &[u8], b: &[u8], framing: Framing) -> bool {
 mod tests {
     use super::*;
     use crate::fuzzing::{payload, Spec};
+
+    #[test]
+    fn verify_finds_a_wrong_checksum_and_accepts_a_right_one() {
+        for spec in [Spec::tcp4(), Spec::tcp6(), Spec::udp4(), Spec::udp6()] {
+            let mut p = spec.build(&payload(300, 7));
+            assert!(complete(&mut p, Framing::Ip));
+            assert_eq!(verify(&p, Framing::Ip), Some(true), "{spec:?}");
+            let last = p.len() - 1;
+            p[last] ^= 0x40;
+            assert_eq!(verify(&p, Framing::Ip), Some(false), "{spec:?}");
+            make_partial(&mut p, Framing::Ip).unwrap();
+            assert_eq!(verify(&p, Framing::Ip), Some(false), "a partial checksum is not a complete one: {spec:?}");
+        }
+        // A UDP checksum of zero: none computed, allowed over IPv4 only.
+        for (spec, ok) in [(Spec::udp4(), true), (Spec::udp6(), false)] {
+            let mut p = spec.build(&payload(10, 1));
+            let s = site(&p, Framing::Ip).unwrap();
+            p[s.start + s.offset..s.start + s.offset + 2].fill(0);
+            assert_eq!(verify(&p, Framing::Ip), Some(ok), "{spec:?}");
+        }
+        assert_eq!(verify(&[0x45, 0, 0], Framing::Ip), None);
+    }
 
     #[test]
     fn partial_then_complete_restores_the_checksum() {

@@ -202,8 +202,9 @@ fn probe_gro_writes_privately() -> GroWriteSupport {
 }
 
 impl Capabilities {
-    /// Writes one harmless coalesced packet of each kind to `queue` and reports which the kernel took (see
-    /// [`probe_gro_writes`]; [`Self::get`] runs it on a scratch device, where it belongs).
+    /// Writes one harmless coalesced packet of each kind to `queue` and reports which the kernel took: a write
+    /// to a live device, for a program that wants to know before its first batch ([`Self::get`] runs the same
+    /// probe on a scratch device, where it belongs).
     pub fn probe_gro_writes(queue: &Queue) -> GroWriteSupport {
         probe_gro_writes(queue)
     }

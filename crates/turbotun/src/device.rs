@@ -531,8 +531,6 @@ impl DeviceBuilder {
     }
 }
 
-/// Asks for `wanted` (plus CSUM), falling back the way older kernels require: without USO (before 6.2), without
-/// TSO_ECN, then checksum only, then nothing. Returns what was granted.
 /// The kernel's limit on queues per TUN/TAP device (`MAX_TAP_QUEUES` in `drivers/net/tun.c`).
 pub const MAX_QUEUES: usize = 256;
 
@@ -576,6 +574,8 @@ fn permission_error(name: &str, existing: Option<&LinkInfo>, source: io::Error) 
     }
 }
 
+/// Asks for `wanted` (plus CSUM), falling back the way older kernels require: without USO (before 6.2), without
+/// TSO_ECN, then checksum only, then nothing. Returns what was granted.
 fn negotiate_offloads(fd: BorrowedFd<'_>, name: &str, wanted: Offloads) -> Result<Offloads> {
     if wanted.is_empty() {
         sys::tun_set_offload(fd, 0).map_err(|e| Error::io(format!("TUNSETOFFLOAD(0) on {name}"), e))?;
@@ -715,7 +715,7 @@ impl Device {
     /// TAP devices only (a TUN device is refused with [`Error::InvalidConfig`]). See [`crate::filter`].
     pub fn set_tx_filter(&self, filter: Option<&crate::filter::TxFilter>) -> Result<()> {
         if self.mode != Mode::Tap {
-            return Err(Error::InvalidConfig(format!("{}: TX filters exist on TAP devices only", self.name)));
+            return Err(Error::NotTap { name: self.name.to_string(), what: "TX filters (TUNSETTXFILTER)" });
         }
         crate::filter::set_tx_filter(self.ctl(), filter)
     }

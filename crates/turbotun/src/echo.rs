@@ -447,6 +447,7 @@ fn is_unicast6(a: [u8; 16]) -> bool {
 /// Answers by kind. A UDP super-packet answered whole counts once in `udp` and once in `udp_super_packets`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Answers {
     /// ARP replies.
     pub arp: u64,
@@ -482,6 +483,7 @@ impl Answers {
 /// Well-formed packets left unanswered, by why (see [`IgnoreReason`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Ignored {
     /// TCP segments.
     pub tcp: u64,
@@ -512,6 +514,7 @@ impl Ignored {
 /// What an echo did: the I/O counters, answers by kind, ignored packets by why.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct EchoStats {
     /// Reads, answers written (`packets`; a super-packet answered whole counts once), their bytes,
     /// super-packets read, writes, coalesced answers, drops by reason.

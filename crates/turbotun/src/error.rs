@@ -186,6 +186,63 @@ pub enum Error {
         name: String,
     },
 
+    /// A queue with the packet information header (opened without `IFF_NO_PI`) given to something that reads and
+    /// writes frames without one.
+    #[error("{name} has the packet information header (no IFF_NO_PI): {user} reads frames without one")]
+    PacketInfo {
+        /// The device's name.
+        name: String,
+        /// What refused it (`the forwarder`, `a hand-over`, `the smoltcp adapter`).
+        user: &'static str,
+    },
+
+    /// A queue whose virtio header (or lack of one) does not fit the use it was given to.
+    #[error("{name} has {}: {needs}", if *has == 0 { "no virtio header".to_string() } else { format!("a {has}-byte virtio header") })]
+    VnetHdrMismatch {
+        /// The device's name.
+        name: String,
+        /// Its virtio header size (0: none).
+        has: usize,
+        /// What the use needs, in words.
+        needs: String,
+    },
+
+    /// Something only a TAP device has (a MAC address, a TX filter) asked of a TUN device.
+    #[error("{name} is a TUN device: {what} exist(s) on TAP devices only")]
+    NotTap {
+        /// The device's name.
+        name: String,
+        /// What was asked for.
+        what: &'static str,
+    },
+
+    /// An fd handed over or adopted that is not a TUN/TAP queue (or is one attached to no device).
+    #[error("{what} is not a TUN/TAP queue{}", if *unattached { ": it is /dev/net/tun but attached to no device (TUNSETIFF it before handing it over)" } else { ": pass an fd of /dev/net/tun" })]
+    NotATunQueue {
+        /// The fd, described (`fd 7 (socket:[1234])`).
+        what: String,
+        /// Whether it is an open /dev/net/tun that was never attached.
+        unattached: bool,
+    },
+
+    /// A user name that names no user on this system.
+    #[error("no user named {user:?} on this system (see `getent passwd`): give an existing user or a numeric uid")]
+    NoSuchUser {
+        /// The name given.
+        user: String,
+    },
+
+    /// A number outside the range it must lie in.
+    #[error("{what} {value} is out of range: {allowed}")]
+    OutOfRange {
+        /// What the number is (`batch`, `depth`, `prefix length`).
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The values allowed, in words (`1 to 64`).
+        allowed: String,
+    },
+
     /// A request that cannot be carried out as given (options that contradict each other or the device); the
     /// message says what to change.
     #[error("invalid configuration: {0}")]
@@ -373,9 +430,15 @@ impl From<Error> for io::Error {
             }
             Error::NoTunDevice | Error::NoSuchDevice { .. } => io::ErrorKind::NotFound,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
-            Error::InvalidName { .. } | Error::InvalidConfig(_) | Error::UnsupportedVnetHdr { .. } => {
-                io::ErrorKind::InvalidInput
-            }
+            Error::InvalidName { .. }
+            | Error::InvalidConfig(_)
+            | Error::UnsupportedVnetHdr { .. }
+            | Error::PacketInfo { .. }
+            | Error::VnetHdrMismatch { .. }
+            | Error::NotTap { .. }
+            | Error::NotATunQueue { .. }
+            | Error::NoSuchUser { .. }
+            | Error::OutOfRange { .. } => io::ErrorKind::InvalidInput,
             Error::MalformedPacket { .. } => io::ErrorKind::InvalidData,
             _ => match e.raw_os_error() {
                 Some(errno) => io::Error::from_raw_os_error(errno).kind(),

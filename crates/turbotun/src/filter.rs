@@ -174,7 +174,10 @@ pub fn set_tx_filter(queue: BorrowedFd<'_>, filter: Option<&TxFilter>) -> Result
         None => (0, Vec::new()),
     };
     sys::tun_set_tx_filter(queue, flags, &addrs).map(|_| ()).map_err(|e| match e.raw_os_error() {
-        Some(libc::EINVAL) => Error::InvalidConfig("TUNSETTXFILTER: TX filters exist on TAP devices only".into()),
+        Some(libc::EINVAL) => Error::NotTap {
+            name: sys::tun_get_iff(queue).map_or_else(|_| "the queue's device".to_string(), |(name, _)| name),
+            what: "TX filters (TUNSETTXFILTER)",
+        },
         _ => Error::io("TUNSETTXFILTER", e),
     })
 }

@@ -57,8 +57,8 @@ use crate::sys::{self, iff};
 
 /// The header version this build writes and reads.
 pub const VERSION: u16 = 1;
-/// Most queues one message carries (the tun driver's limit, `MAX_TAP_QUEUES`).
-pub const MAX_QUEUES: usize = 256;
+/// Most queues one message carries: all a device can have.
+pub use crate::device::MAX_QUEUES;
 
 const MAGIC: [u8; 4] = *b"TTQH";
 /// Magic, version and length: read first, then the rest of the header.
@@ -184,11 +184,9 @@ fn fd_facts(fd: BorrowedFd<'_>) -> Result<FdFacts> {
     let (name, flags) = sys::tun_get_iff(fd).map_err(|e| {
         let what = describe_fd(fd);
         match e.raw_os_error() {
-            Some(libc::EBADFD) => Error::InvalidConfig(format!(
-                "{what} is /dev/net/tun but attached to no device: attach it with TUNSETIFF before handing it over"
-            )),
+            Some(libc::EBADFD) => Error::NotATunQueue { what, unattached: true },
             Some(libc::ENOTTY) | Some(libc::EINVAL) | Some(libc::ENOTSOCK) | Some(libc::EBADF) => {
-                Error::InvalidConfig(format!("{what} is not a TUN/TAP queue: pass an fd of /dev/net/tun"))
+                Error::NotATunQueue { what, unattached: false }
             }
             _ => Error::io(format!("TUNGETIFF on {what}"), e),
         }
@@ -256,11 +254,8 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
         return Err(Error::InvalidConfig("no queue to hand over".into()));
     };
     if let Some(pi) = queues.iter().find(|q| q.packet_info()) {
-        return Err(Error::InvalidConfig(format!(
-            "{} has the packet information header (no IFF_NO_PI): a receiver cannot tell from the fd, so it is not \
-             handed over",
-            pi.name()
-        )));
+        // A receiver could not tell from the fd that frames carry it.
+        return Err(Error::PacketInfo { name: pi.name().to_string(), user: "a hand-over" });
     }
     if let Some(other) = queues.iter().find(|q| q.name() != first.name()) {
         return Err(Error::InvalidConfig(format!(

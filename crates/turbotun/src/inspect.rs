@@ -14,6 +14,7 @@ use crate::sys::{self, iff};
 
 /// One TUN/TAP device as the kernel describes it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DeviceReport {
     /// The interface name.
     pub name: String,

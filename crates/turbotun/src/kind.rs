@@ -34,6 +34,16 @@ pub enum Mode {
     Tap,
 }
 
+impl Mode {
+    /// How the packets of a device of this mode begin: an IP header (TUN) or an Ethernet header (TAP).
+    pub fn framing(self) -> turbotun_wire::Framing {
+        match self {
+            Mode::Tun => turbotun_wire::Framing::Ip,
+            Mode::Tap => turbotun_wire::Framing::Ethernet,
+        }
+    }
+}
+
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -4,13 +4,20 @@
 //!   `IFF_MULTI_QUEUE`, `IFF_NAPI`, persist/owner/group) and reports what the kernel granted.
 //! - [`Queue`] is one fd: blocking or non-blocking single-packet and raw I/O.
 //! - [`batch`] splits GSO super-packets into MTU-sized packets and coalesces packets before writing (GRO).
-//! - [`echo::Echo`] answers what the kernel sends into a device (ARP, ND, ICMP and ICMPv6 echo, UDP).
+//! - `echo::Echo` (feature `echo`) answers what the kernel sends into a device (ARP, ND, ICMP and ICMPv6 echo,
+//!   UDP).
 //! - [`filter`]: what the kernel queues for the reader: the TAP TX filter on MAC addresses and an eBPF filter.
 //! - [`netlink::Netlink`] configures addresses, MTU, state, txqueuelen, MAC, bridges and namespaces through
 //!   rtnetlink.
-//! - [`load`]: a paced UDP generator and a sink that counts loss, reordering and duplicates per flow.
+//! - `load` (feature `load`): a paced UDP generator and a sink that counts loss, reordering and duplicates per
+//!   flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
+//! - `smoltcp` (feature `smoltcp`): `smoltcp::QueueDevice`, smoltcp's device over a queue with offloads underneath.
+//! - `uring` (feature `uring`): io_uring forwarding.
+//!
+//! With no feature on, the crate is the dataplane alone: devices, queues, batches, the forwarding engine,
+//! netlink, hand-over and privilege separation.
 //!
 //! ```no_run
 //! use turbotun::batch::{RecvBatch, SendBatch};
@@ -37,6 +44,7 @@
 pub mod batch;
 mod capabilities;
 pub mod device;
+#[cfg(feature = "echo")]
 pub mod echo;
 pub mod error;
 pub mod filter;
@@ -44,12 +52,15 @@ pub mod forward;
 pub mod handover;
 pub mod inspect;
 mod kind;
+#[cfg(feature = "load")]
 pub mod load;
 pub mod netlink;
 pub mod netns;
 pub mod privilege;
 pub mod queue;
 pub mod ring;
+#[cfg(feature = "smoltcp")]
+pub mod smoltcp;
 pub mod socket;
 pub mod stats;
 pub mod steering;

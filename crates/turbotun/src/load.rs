@@ -127,6 +127,7 @@ pub enum Arrival {
 /// of distinct sequence numbers received (the in-order ones and the reordered ones).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct FlowCounts {
     /// Datagrams received, whatever they were.
     pub received: u64,
@@ -231,6 +232,7 @@ impl FlowTracker {
 /// Send failures by kind, in datagrams not sent. None is silent: each is counted and the generator goes on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SendErrors {
     /// `ENOBUFS`: no room in a queue on the way out (a qdisc or a device).
     pub nobufs: u64,
@@ -250,6 +252,7 @@ impl SendErrors {
 /// What a [`Generator`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct GeneratorReport {
     /// The rate asked for, datagrams per second (0: unlimited).
     pub rate_pps: u64,
@@ -618,7 +621,11 @@ impl SinkBuilder {
     /// Binds the socket and sets its options.
     pub fn bind(self) -> Result<Sink> {
         if self.max_flows == 0 || self.max_flows > usize::from(u16::MAX) + 1 {
-            return Err(Error::InvalidConfig(format!("max_flows {} out of range: 1 to 65536", self.max_flows)));
+            return Err(Error::OutOfRange {
+                what: "max_flows",
+                value: self.max_flows as u64,
+                allowed: "1 to 65536".into(),
+            });
         }
         let sock =
             UdpSocket::bind(self.addr).map_err(|e| Error::io(format!("binding the sink to {}", self.addr), e))?;
@@ -653,6 +660,7 @@ pub struct Sink {
 /// What a [`Sink`] received.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SinkReport {
     /// Datagrams received (after splitting GRO reads), with a header or not.
     pub datagrams: u64,
@@ -696,6 +704,7 @@ pub struct SinkReport {
 /// One flow's line of a [`SinkReport`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct FlowReport {
     /// The flow id.
     pub flow: u16,

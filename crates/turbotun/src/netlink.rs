@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
 /// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LinkStats {
     /// Packets received by the interface (for TUN/TAP: written to a queue fd).
     pub rx_packets: u64,
@@ -48,6 +49,7 @@ pub struct LinkStats {
 
 /// What `RTM_GETLINK` tells about one interface.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LinkInfo {
     /// The interface index.
     pub index: u32,
@@ -80,6 +82,7 @@ pub struct LinkInfo {
 /// What the tun driver reports about a device through rtnetlink (`IFLA_TUN_*`). Unlike sysfs, this is
 /// answered in the namespace of the netlink socket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TunInfo {
     /// `IFF_TUN` (1) or `IFF_TAP` (2).
     pub kind: u8,
@@ -479,7 +482,11 @@ impl Netlink {
     fn address_message(&mut self, name: &str, addr: IpAddr, prefix_len: u8) -> Result<AddressMessage> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix_len > max {
-            return Err(Error::InvalidConfig(format!("prefix length {prefix_len} for {addr}: at most {max}")));
+            return Err(Error::OutOfRange {
+                what: "prefix length",
+                value: prefix_len.into(),
+                allowed: format!("0 to {max} for {addr}"),
+            });
         }
         let index = self.link_index(name)?;
         let mut msg = AddressMessage::default();

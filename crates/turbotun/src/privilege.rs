@@ -71,9 +71,7 @@ impl UserSpec {
             return Err(Error::InvalidConfig("empty user name: give a user such as nobody".into()));
         }
         let found = User::from_name(user).map_err(|e| lookup_error(format!("looking up user {user:?}"), e))?;
-        found.map(|u| u.uid.as_raw()).ok_or_else(|| {
-            Error::InvalidConfig(format!("no user named {user:?} on this system (see `getent passwd`): give a uid"))
-        })
+        found.map(|u| u.uid.as_raw()).ok_or_else(|| Error::NoSuchUser { user: user.to_string() })
     }
 
     /// Looks the user and group up (`getpwnam`/`getpwuid`, `getgrnam`) and checks them. A numeric uid without
@@ -88,12 +86,7 @@ impl UserSpec {
             User::from_uid(Uid::from_raw(uid)).map_err(|e| lookup_error(format!("looking up uid {uid}"), e))?
         } else {
             let found = User::from_name(user).map_err(|e| lookup_error(format!("looking up user {user:?}"), e))?;
-            Some(found.ok_or_else(|| {
-                Error::InvalidConfig(format!(
-                    "no user named {user:?} on this system (see `getent passwd`): give an existing user, or a \
-                     numeric uid with a group"
-                ))
-            })?)
+            Some(found.ok_or_else(|| Error::NoSuchUser { user: user.to_string() })?)
         };
         let uid = match &entry {
             Some(entry) => entry.uid.as_raw(),
@@ -258,6 +251,7 @@ fn verify(identity: &Identity) -> Result<()> {
 /// The identity and privilege lines of `/proc/PID/task/TID/status` (or `/proc/PID/status`): what a test or a
 /// supervisor reads to check a dropped process from outside.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ThreadStatus {
     /// `Uid:` real, effective, saved, filesystem.
     pub uids: [u32; 4],

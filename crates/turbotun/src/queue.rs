@@ -330,7 +330,11 @@ impl Queue {
     /// length written (without the header).
     pub fn send_vectored_with_hdr(&self, hdr: &VirtioNetHdrRepr, bufs: &[IoSlice<'_>]) -> Result<usize> {
         if self.vnet_hdr_len == 0 {
-            return Err(Error::InvalidConfig(format!("{} has no virtio header: use send", self.name)));
+            return Err(Error::VnetHdrMismatch {
+                name: self.name.to_string(),
+                has: 0,
+                needs: "use send_vectored".into(),
+            });
         }
         let mut head = [0u8; MAX_VNET_HDR];
         hdr.emit(&mut head[..self.vnet_hdr_len]);
@@ -453,7 +457,7 @@ impl Queue {
     /// Sets a TAP device's MAC address (`SIOCSIFHWADDR` on the queue's own fd). A TUN device has none.
     pub fn set_mac(&self, mac: [u8; 6]) -> Result<()> {
         if self.mode != Mode::Tap {
-            return Err(Error::InvalidConfig(format!("{} is a TUN device: it has no MAC address", self.name)));
+            return Err(Error::NotTap { name: self.name.to_string(), what: "MAC addresses" });
         }
         sys::tun_set_hwaddr(self.fd.as_fd(), mac).map_err(|e| self.link_error("SIOCSIFHWADDR", e))
     }

@@ -8,61 +8,75 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Why a packet that was read was not written. Every drop has one; none is silent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
-#[non_exhaustive]
-pub enum DropReason {
-    /// A frame larger than the buffer it was read into (the kernel reports its full length).
-    TooBig,
-    /// A bad virtio header, offsets that do not fit the packet, or a super-packet that cannot be split.
-    Malformed,
-    /// The kernel refused the write (`EINVAL`): a packet the device cannot take.
-    KernelRefused,
-    /// The destination was down (`EIO`).
-    DeviceDown,
-    /// The destination's queue was full (`EAGAIN`) and the engine was told not to wait ([`WhenFull::Drop`]).
-    QueueFull,
-    /// Read but still held when the forwarder stopped or failed.
-    Stopped,
-    /// Segments of a super-packet beyond [`MAX_SEGMENTS`](crate::batch::MAX_SEGMENTS): a tiny `gso_size` would
-    /// otherwise turn one read into tens of thousands of packets.
-    TooManySegments,
+/// Declares [`DropReason`], its names, and the [`Drops`] counters with a field per reason, once: a new reason is
+/// one line here.
+macro_rules! drop_reasons {
+    ($($(#[$doc:meta])* $variant:ident => $field:ident, fault: $fault:literal;)*) => {
+        /// Why a packet that was read was not written. Every drop has one; none is silent.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+        #[non_exhaustive]
+        pub enum DropReason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl DropReason {
+            /// Every reason, in the order [`Drops`] lists them.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+
+            /// The name used in counters output.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => stringify!($field),)*
+                }
+            }
+
+            /// Whether this drop points at a fault (a bad packet or a refusal) rather than at the device's state.
+            pub fn is_fault(self) -> bool {
+                match self {
+                    $(DropReason::$variant => $fault,)*
+                }
+            }
+        }
+
+        /// Packets not written, by reason.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[non_exhaustive]
+        pub struct Drops {
+            $(#[doc = concat!("See [`DropReason::", stringify!($variant), "`].")] pub $field: u64,)*
+        }
+
+        impl Drops {
+            fn slot(&mut self, reason: DropReason) -> &mut u64 {
+                match reason {
+                    $(DropReason::$variant => &mut self.$field,)*
+                }
+            }
+        }
+    };
 }
 
-impl DropReason {
-    /// Every reason, in the order [`Drops`] lists them.
-    pub const ALL: [DropReason; 7] = [
-        DropReason::TooBig,
-        DropReason::Malformed,
-        DropReason::KernelRefused,
-        DropReason::DeviceDown,
-        DropReason::QueueFull,
-        DropReason::Stopped,
-        DropReason::TooManySegments,
-    ];
-
-    /// The name used in counters output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::TooBig => "too_big",
-            DropReason::Malformed => "malformed",
-            DropReason::KernelRefused => "kernel_refused",
-            DropReason::DeviceDown => "device_down",
-            DropReason::QueueFull => "queue_full",
-            DropReason::Stopped => "stopped",
-            DropReason::TooManySegments => "too_many_segments",
-        }
-    }
-
-    /// Whether this drop points at a fault (a bad packet or a refusal) rather than at the device's state.
-    pub fn is_fault(self) -> bool {
-        matches!(
-            self,
-            DropReason::TooBig | DropReason::Malformed | DropReason::KernelRefused | DropReason::TooManySegments
-        )
-    }
+drop_reasons! {
+    /// A frame larger than the buffer it was read into (the kernel reports its full length).
+    TooBig => too_big, fault: true;
+    /// A bad virtio header, offsets that do not fit the packet, or a super-packet that cannot be split.
+    Malformed => malformed, fault: true;
+    /// The kernel refused the write (`EINVAL`): a packet the device cannot take.
+    KernelRefused => kernel_refused, fault: true;
+    /// The destination was down (`EIO`).
+    DeviceDown => device_down, fault: false;
+    /// The destination's queue was full (`EAGAIN`) and the engine was told not to wait ([`WhenFull::Drop`]).
+    QueueFull => queue_full, fault: false;
+    /// Read but still held when the forwarder stopped or failed.
+    Stopped => stopped, fault: false;
+    /// Segments of a super-packet beyond [`MAX_SEGMENTS`](crate::batch::MAX_SEGMENTS): a tiny `gso_size` would
+    /// otherwise turn one read into tens of thousands of packets.
+    TooManySegments => too_many_segments, fault: true;
+    /// A TCP or UDP checksum that does not add up, found where a packet is handed to a stack that trusts the
+    /// checksums it is given (the smoltcp adapter).
+    BadChecksum => bad_checksum, fault: true;
 }
 
 impl std::fmt::Display for DropReason {
@@ -82,39 +96,7 @@ pub enum WhenFull {
     Drop,
 }
 
-/// Packets not written, by reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Drops {
-    /// See [`DropReason::TooBig`].
-    pub too_big: u64,
-    /// See [`DropReason::Malformed`].
-    pub malformed: u64,
-    /// See [`DropReason::KernelRefused`].
-    pub kernel_refused: u64,
-    /// See [`DropReason::DeviceDown`].
-    pub device_down: u64,
-    /// See [`DropReason::QueueFull`].
-    pub queue_full: u64,
-    /// See [`DropReason::Stopped`].
-    pub stopped: u64,
-    /// See [`DropReason::TooManySegments`].
-    pub too_many_segments: u64,
-}
-
 impl Drops {
-    fn slot(&mut self, reason: DropReason) -> &mut u64 {
-        match reason {
-            DropReason::TooBig => &mut self.too_big,
-            DropReason::Malformed => &mut self.malformed,
-            DropReason::KernelRefused => &mut self.kernel_refused,
-            DropReason::DeviceDown => &mut self.device_down,
-            DropReason::QueueFull => &mut self.queue_full,
-            DropReason::Stopped => &mut self.stopped,
-            DropReason::TooManySegments => &mut self.too_many_segments,
-        }
-    }
-
     /// Counts `n` packets dropped for `reason`.
     pub fn add(&mut self, reason: DropReason, n: u64) {
         *self.slot(reason) += n;
@@ -143,6 +125,7 @@ macro_rules! counters {
         /// What one direction (or one batch object, or the whole forwarder) moved. Cumulative.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
         #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+        #[non_exhaustive]
         pub struct Counters {
             $($(#[$doc])* pub $field: u64,)*
             /// Packets read and not written, by reason.
@@ -153,7 +136,7 @@ macro_rules! counters {
             /// Adds every counter of `other` to this one.
             pub fn add(&mut self, other: &Counters) {
                 $(self.$field += other.$field;)*
-                for reason in DropReason::ALL {
+                for &reason in DropReason::ALL {
                     self.drops.add(reason, other.drops.get(reason));
                 }
             }
@@ -161,7 +144,7 @@ macro_rules! counters {
             /// What changed since `earlier` (an older copy of the same cumulative counters).
             pub fn since(&self, earlier: &Counters) -> Counters {
                 let mut delta = Counters { $($field: self.$field.saturating_sub(earlier.$field),)* ..Counters::default() };
-                for reason in DropReason::ALL {
+                for &reason in DropReason::ALL {
                     delta.drops.add(reason, self.drops.get(reason).saturating_sub(earlier.drops.get(reason)));
                 }
                 delta
@@ -180,7 +163,7 @@ macro_rules! counters {
             /// Adds `delta` (relaxed: counters need no ordering with the packets they count).
             pub fn add(&self, delta: &Counters) {
                 $(if delta.$field > 0 { self.$field.fetch_add(delta.$field, Ordering::Relaxed); })*
-                for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+                for (i, &reason) in DropReason::ALL.iter().enumerate() {
                     let n = delta.drops.get(reason);
                     if n > 0 {
                         self.drops[i].fetch_add(n, Ordering::Relaxed);
@@ -191,7 +174,7 @@ macro_rules! counters {
             /// The counters as they are now.
             pub fn snapshot(&self) -> Counters {
                 let mut c = Counters { $($field: self.$field.load(Ordering::Relaxed),)* ..Counters::default() };
-                for (i, reason) in DropReason::ALL.into_iter().enumerate() {
+                for (i, &reason) in DropReason::ALL.iter().enumerate() {
                     c.drops.add(reason, self.drops[i].load(Ordering::Relaxed));
                 }
                 c
@@ -227,6 +210,7 @@ counters! {
 /// over a long run, flat figures show that nothing leaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ProcessUsage {
     /// Resident set size in KiB (`VmRSS`).
     pub rss_kb: u64,
@@ -294,10 +278,10 @@ mod tests {
     #[test]
     fn test_every_reason_has_its_own_slot() {
         let mut d = Drops::default();
-        for (i, r) in DropReason::ALL.into_iter().enumerate() {
+        for (i, &r) in DropReason::ALL.iter().enumerate() {
             d.add(r, 1 << i);
         }
-        for (i, r) in DropReason::ALL.into_iter().enumerate() {
+        for (i, &r) in DropReason::ALL.iter().enumerate() {
             assert_eq!(d.get(r), 1 << i, "{r}");
         }
     }

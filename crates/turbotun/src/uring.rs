@@ -391,15 +391,19 @@ impl UringOffload {
     fn build(src: &Queue, dst: &Queue, depth: usize, batch: usize, multishot: bool, registered: bool) -> Result<Self> {
         for q in [src, dst] {
             if q.vnet_hdr_len() != OFFSET {
-                return Err(Error::InvalidConfig(format!(
-                    "{} has a {}-byte virtio header: offload through io_uring uses {OFFSET}-byte headers",
-                    q.name(),
-                    q.vnet_hdr_len()
-                )));
+                return Err(Error::VnetHdrMismatch {
+                    name: q.name().to_string(),
+                    has: q.vnet_hdr_len(),
+                    needs: format!("offload through io_uring uses {OFFSET}-byte headers"),
+                });
             }
         }
         if batch == 0 || batch > crate::batch::BATCH_SIZE {
-            return Err(Error::InvalidConfig(format!("batch must be between 1 and {}", crate::batch::BATCH_SIZE)));
+            return Err(Error::OutOfRange {
+                what: "batch",
+                value: batch as u64,
+                allowed: format!("1 to {}", crate::batch::BATCH_SIZE),
+            });
         }
         // Scattered reads take a batch of spares and one for the overflow while the last batch is written.
         let spare = if multishot { 2 * batch } else { 2 * batch + 2 };
@@ -407,10 +411,7 @@ impl UringOffload {
         let ring = ForwardRing::with_spares(src.as_fd(), dst.as_fd(), depth, spare, stride, multishot, registered)
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         let slots = depth + spare;
-        let framing = match dst.mode() {
-            crate::Mode::Tun => turbotun_wire::Framing::Ip,
-            crate::Mode::Tap => turbotun_wire::Framing::Ethernet,
-        };
+        let framing = dst.mode().framing();
         let vnet = dst.offloads().contains(crate::Offloads::CSUM);
         let found = crate::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
         let gro_tcp = vnet && found.tcp != Some(false);

@@ -143,7 +143,7 @@ fn engine_refuses_what_does_not_fit() {
     let threads_and_queues = ForwarderBuilder::new(ForwardMode::Plain).threads(2).validate(2);
     assert!(threads_and_queues.unwrap_err().to_string().contains("don't fit together"));
     let batch = ForwarderBuilder::new(ForwardMode::Offload).batch(0).validate(1);
-    assert!(batch.unwrap_err().to_string().contains("batch must be between 1 and 64"));
+    assert!(batch.unwrap_err().to_string().contains("batch 0 is out of range: 1 to 64"));
     let partial_plain = ForwarderBuilder::new(ForwardMode::Plain).partial_checksums(true).validate(1);
     assert!(partial_plain.unwrap_err().to_string().contains("partial checksums go with offload mode"));
     let registered_block =

@@ -107,7 +107,7 @@ fn tx_filter_drops_frames_for_other_macs() {
         }
         let tun = DeviceBuilder::tun().name(unique_name("tg")).open().unwrap();
         let err = tun.set_tx_filter(Some(&TxFilter::new().unicast(VM_MAC))).unwrap_err();
-        assert!(matches!(err, Error::InvalidConfig(_)) && err.to_string().contains("TAP devices only"), "{err}");
+        assert!(matches!(err, Error::NotTap { .. }) && err.to_string().contains("TAP devices only"), "{err}");
     });
 }
 

@@ -203,7 +203,8 @@ fn device_settings_without_netlink() {
         let err = q.set_mtu(10).unwrap_err();
         assert!(err.to_string().contains("SIOCSIFMTU"), "{err}");
         let tun = DeviceBuilder::tun().name(unique_name("ttdn")).open().unwrap();
-        assert!(tun.queues()[0].set_mac(mac).unwrap_err().to_string().contains("no MAC address"));
+        let err = tun.queues()[0].set_mac(mac).unwrap_err();
+        assert!(matches!(err, turbotun::Error::NotTap { what: "MAC addresses", .. }), "{err}");
         // Legacy virtio byte order: LE is known to every kernel; BE only with CONFIG_TUN_VNET_CROSS_LE.
         q.set_vnet_le(true).unwrap();
         assert!(q.vnet_le().unwrap());

@@ -502,8 +502,24 @@ pub fn parse_headers(data: &[u8]) {
     if let Ok(p) = udp::Packet::new_checked(data) {
         let _ = (p.len(), p.checksum(), p.payload().len(), udp::Repr::parse(&p));
     }
-    let _ = crate::locate_ip(data, Framing::Ip);
-    let _ = crate::locate_ip(data, Framing::Ethernet);
+    for framing in [Framing::Ip, Framing::Ethernet] {
+        let _ = crate::locate_ip(data, framing);
+        // A checksum found wrong is one that completing changes; one found right (other than UDP's "none"),
+        // completing leaves alone up to the two one's-complement zeros.
+        if let Some(right) = crate::partial::verify(data, framing) {
+            let mut copy = data.to_vec();
+            assert!(crate::partial::complete(&mut copy, framing));
+            assert_eq!(crate::partial::verify(&copy, framing), Some(true));
+            let site = crate::partial::site(data, framing).expect("verify found it");
+            let field = site.start + site.offset;
+            let udp_none = site.offset == udp::CHECKSUM_OFFSET && data[field..field + 2] == [0, 0];
+            if !right {
+                assert_ne!(copy, data);
+            } else if !udp_none {
+                assert!(crate::partial::same_up_to_checksum_zero(&copy, data, framing));
+            }
+        }
+    }
     if data.len() >= 4 {
         let s = u16::from_le_bytes([data[0], data[1]]) as usize;
         let o = u16::from_le_bytes([data[2], data[3]]) as usize;

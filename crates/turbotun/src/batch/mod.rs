@@ -18,15 +18,14 @@
 //! Each half is bound to its queue when it is made, so that a batch cannot be read from one queue and its state
 //! used with another.
 
-use turbotun_wire::Framing;
-
-use crate::kind::Mode;
-
 mod recv;
 mod send;
 
+// The halves without their queue, for the async API, which holds its queue its own way.
+#[cfg(feature = "tokio")]
 pub(crate) use recv::RecvHalf;
 pub use recv::{Received, RecvBatch};
+#[cfg(feature = "tokio")]
 pub(crate) use send::{Progress, SendHalf};
 pub use send::{SendBatch, Sent};
 
@@ -38,13 +37,6 @@ pub const BATCH_SIZE: usize = 64;
 /// Linux sends by default (536 bytes) has 123 segments and a UDP one at most 128 (`UDP_MAX_SEGMENTS`); a
 /// `gso_size` of 1 would make 65,000.
 pub const MAX_SEGMENTS: usize = 1024;
-
-fn framing(mode: Mode) -> Framing {
-    match mode {
-        Mode::Tun => Framing::Ip,
-        Mode::Tap => Framing::Ethernet,
-    }
-}
 
 /// What the batch halves' and the write policy's unit tests feed through a socket pair that stands in for a tun fd.
 #[cfg(test)]

@@ -12,21 +12,22 @@ use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{Checksums, Framing};
 
-use super::{framing, MAX_SEGMENTS};
+use super::MAX_SEGMENTS;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{frame_len, Queue, MAX_PACKET, MAX_VNET_HDR};
 use crate::stats::{Counters, DropReason};
 use crate::stop::StopHandle;
 use crate::sys;
 
-/// What one [`RecvBatch::recv`] produced.
+/// What one [`RecvBatch::recv_many`] produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Received {
     /// Packets written to `bufs[..packets]`.
     pub packets: usize,
     /// Segments of the last super-packet that did not fit and will be returned by the next call (no read).
     pub pending: usize,
-    /// What is known of these packets' L4 checksums, to hand to [`crate::batch::SendBatch::send`] with them:
+    /// What is known of these packets' L4 checksums, to hand to [`crate::batch::SendBatch::send_many`] with them:
     /// [`Checksums::Valid`] when we completed or computed them or the kernel marked them `DATA_VALID` (a
     /// coalescer need not verify them again), [`Checksums::Partial`] when segments were left with partial
     /// checksums ([`RecvBatch::partial_checksums`]), [`Checksums::Unverified`] otherwise.
@@ -110,7 +111,7 @@ impl RecvHalf {
     /// A receive half for `queue` (its mode, virtio header size and offloads decide how reads are laid out).
     pub(crate) fn new(queue: &Queue) -> Self {
         RecvHalf {
-            framing: framing(queue.mode()),
+            framing: queue.mode().framing(),
             vnet_hdr_len: queue.vnet_hdr_len(),
             scratch: Box::default(),
             pending: None,
@@ -129,7 +130,7 @@ impl RecvHalf {
     /// Leaves the L4 checksums of the segments of a split super-packet partial, as the kernel's own
     /// segmentation does, instead of summing every payload byte to complete them (most of a split's cost): each
     /// TCP or UDP segment carries the pseudo-header sum in its checksum field (see `turbotun_wire::partial`),
-    /// [`Received::checksums`] says [`Checksums::Partial`], and [`crate::batch::SendBatch::send`] given that writes
+    /// [`Received::checksums`] says [`Checksums::Partial`], and [`crate::batch::SendBatch::send_many`] given that writes
     /// them with `NEEDS_CSUM` so that the kernel completes them. For a program that forwards segments without
     /// reading or changing their payload (or that completes the checksum of those it does change, with
     /// `turbotun_wire::partial::complete`). Packets read whole keep complete checksums; a batch that would

@@ -11,7 +11,7 @@ use turbotun_wire::gso::Splitter;
 use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr};
 use turbotun_wire::{Checksums, Framing};
 
-use super::{framing, BATCH_SIZE};
+use super::BATCH_SIZE;
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::kind::Offloads;
@@ -26,6 +26,7 @@ const MAX_PIECES: usize = 129;
 
 /// What one [`SendBatch::send_many`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sent {
     /// Packets the caller handed in that reached the kernel (merged ones included).
     pub packets: usize,
@@ -95,7 +96,7 @@ impl SendHalf {
         let found = Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
         let (tcp, udp) = (tcp && found.tcp != Some(false), udp && found.udp != Some(false));
         let gro_on = vnet_hdr_len > 0 && (tcp || udp);
-        let framing = framing(queue.mode());
+        let framing = queue.mode().framing();
         SendHalf {
             gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len }).with_gather(true)),
             batch_gro: None,
@@ -216,6 +217,7 @@ impl SendHalf {
 
     /// After [`Progress::Full`] the caller gave up on the batch (a dropped future): the units from `first` on are
     /// counted as stopped, and the coalescer is ready for the next batch.
+    #[cfg(feature = "tokio")]
     pub(crate) fn abandon_units(&mut self, queue: &Queue, lens: &[usize], offset: usize, first: usize) {
         let gro = self.batch_gro.take();
         let rest: u64 = self.to_write.iter().skip(first).map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();

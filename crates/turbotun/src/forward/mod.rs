@@ -315,10 +315,18 @@ impl ForwarderBuilder {
             );
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
-            return Err(Error::InvalidConfig(format!("batch must be between 1 and {MAX_BATCH}")));
+            return Err(Error::OutOfRange {
+                what: "batch",
+                value: self.batch as u64,
+                allowed: format!("1 to {MAX_BATCH}"),
+            });
         }
         if !self.depth.is_power_of_two() || self.depth > MAX_DEPTH {
-            return Err(Error::InvalidConfig(format!("depth must be a power of two between 1 and {MAX_DEPTH}")));
+            return Err(Error::OutOfRange {
+                what: "depth",
+                value: self.depth as u64,
+                allowed: format!("a power of two from 1 to {MAX_DEPTH}"),
+            });
         }
         match self.io {
             Some(IoKind::Uring) if self.threads > 1 => {
@@ -483,7 +491,7 @@ fn registered_vectors_supported() -> Result<()> {
     #[cfg(feature = "uring")]
     return crate::uring::registered_vectors_supported();
     #[cfg(not(feature = "uring"))]
-    Err(Error::InvalidConfig("io_uring needs turbotun's `uring` feature".into()))
+    Err(Error::Unsupported { feature: "io_uring (turbotun was built without its `uring` feature)" })
 }
 
 fn uring_supported() -> Result<()> {
@@ -506,24 +514,23 @@ fn steer_flows(dev: &Device) -> Result<()> {
 fn check_framing(mode: ForwardMode, udp_tunnel: bool, q: &Queue) -> Result<()> {
     let tunnel = crate::device::UDP_TUNNEL_VNET_HDR_LEN;
     match (mode, q.vnet_hdr_len()) {
-        _ if q.packet_info() => Err(Error::InvalidConfig(format!(
-            "{} has the packet information header (no IFF_NO_PI): the forwarder reads frames without one",
-            q.name()
-        ))),
+        _ if q.packet_info() => Err(Error::PacketInfo { name: q.name().to_string(), user: "the forwarder" }),
         (ForwardMode::Plain, 0) => Ok(()),
-        (ForwardMode::Plain, n) => Err(Error::InvalidConfig(format!(
-            "{} has a {n}-byte virtio header: plain mode forwards queues without one",
-            q.name()
-        ))),
-        (_, 0) => Err(Error::InvalidConfig(format!(
-            "{} has no virtio header: {} mode needs one (open it with vnet_hdr({VNET_HDR}))",
-            q.name(),
-            mode.as_str()
-        ))),
-        (ForwardMode::Passthrough, n) if udp_tunnel && n != tunnel => Err(Error::InvalidConfig(format!(
-            "{} has a {n}-byte virtio header: UDP-tunnel passthrough needs the {tunnel}-byte one",
-            q.name()
-        ))),
+        (ForwardMode::Plain, has) => Err(Error::VnetHdrMismatch {
+            name: q.name().to_string(),
+            has,
+            needs: "plain mode forwards queues without one".into(),
+        }),
+        (_, 0) => Err(Error::VnetHdrMismatch {
+            name: q.name().to_string(),
+            has: 0,
+            needs: format!("{} mode needs one (open it with vnet_hdr({VNET_HDR}))", mode.as_str()),
+        }),
+        (ForwardMode::Passthrough, has) if udp_tunnel && has != tunnel => Err(Error::VnetHdrMismatch {
+            name: q.name().to_string(),
+            has,
+            needs: format!("UDP-tunnel passthrough needs the {tunnel}-byte one"),
+        }),
         _ => Ok(()),
     }
 }
@@ -531,6 +538,7 @@ fn check_framing(mode: ForwardMode, udp_tunnel: bool, q: &Queue) -> Result<()> {
 /// A snapshot of a forwarder's counters, one [`Counters`] per direction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ForwardStats {
     /// From the first device to the second.
     pub a_to_b: Counters,

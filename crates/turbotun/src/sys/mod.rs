@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod bpf;
 pub mod ethtool;
+#[cfg(feature = "load")]
 pub mod udp;
 #[cfg(feature = "uring")]
 pub mod uring;
