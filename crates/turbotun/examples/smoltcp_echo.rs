@@ -70,8 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         if !moved {
-            let delay = iface.poll_delay(now, &sockets).map(|d| std::time::Duration::from_micros(d.total_micros()));
-            device.wait(delay)?;
+            device.wait(iface.poll_delay(now, &sockets).map(Into::into))?;
         }
     }
 }
