@@ -12,6 +12,8 @@ have setpriv  || need+=(util-linux)
 have perf     || need+=(linux-perf)
 have ping     || need+=(iputils-ping)
 have arping   || need+=(arping)
+# The WireGuard endpoint is driven by the real `wg` and `wg-quick` in the tests and the bench.
+have wg       || need+=(wireguard-tools)
 have sysctl   || need+=(procps)
 # PNG charts render their text with DejaVu Sans (SVG charts need no font).
 [[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)

@@ -205,7 +205,7 @@ fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool) {
     tx.connect((dst, port)).unwrap();
     let seg = 1200usize;
     if uso {
-        turbotun::socket::set_udp_segment(&tx, seg as u16).unwrap();
+        turbotun::udp::set_udp_segment(&tx, seg as u16).unwrap();
     }
     let mut buf = vec![0u8; 65536];
     let (bursts, per_burst) = if uso { (10u32, 40u32) } else { (30, 8) };

@@ -131,7 +131,7 @@ fn udp_answered(local: &str, peer: &str, gso: bool) {
         assert!(buf[..n] == payload[..], "{size}-byte answer from {peer} differs");
     }
     if gso {
-        turbotun::socket::set_udp_segment(&sock, 1000).unwrap();
+        turbotun::udp::set_udp_segment(&sock, 1000).unwrap();
         let burst: Vec<u8> = (0..20_000).map(|i| (i / 1000) as u8 ^ (i as u8)).collect();
         sock.send_to(&burst, target).unwrap();
         for k in 0..20 {

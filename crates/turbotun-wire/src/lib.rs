@@ -39,6 +39,7 @@
 pub mod arp;
 mod bytes;
 pub mod checksum;
+pub mod ecn;
 mod error;
 pub mod ethernet;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -61,13 +61,15 @@ pub mod queue;
 pub mod ring;
 #[cfg(feature = "smoltcp")]
 pub mod smoltcp;
-pub mod socket;
 pub mod stats;
 pub mod steering;
 pub mod stop;
 mod sys;
+mod threads;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+pub mod tunnel;
+pub mod udp;
 #[cfg(feature = "uring")]
 pub mod uring;
 pub mod wake;

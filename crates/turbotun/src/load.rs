@@ -26,7 +26,6 @@
 //!
 //! Nothing is allocated per packet: each side allocates its buffers once, and the sink a tracker per new flow.
 
-use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -35,7 +34,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::stop::StopHandle;
 use crate::sys;
-use crate::sys::udp::{RecvMeta, MAX_MMSG};
+use crate::udp::{RecvSlots, MAX_MMSG};
+use rustix::net::sockopt;
 
 /// Bytes of [`Header`] at the start of every datagram: the smallest datagram size.
 pub const HEADER_LEN: usize = 16;
@@ -101,7 +101,8 @@ impl Header {
 
 /// The current `CLOCK_MONOTONIC` time in nanoseconds, the clock of [`Header::sent_ns`].
 pub fn monotonic_ns() -> u64 {
-    sys::udp::monotonic_ns()
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64)
 }
 
 /// What happened to one arriving sequence number (see [`FlowTracker::record`]).
@@ -425,13 +426,13 @@ impl Generator {
         sock.connect(self.dest).map_err(|e| Error::io(format!("connecting a generator socket to {}", self.dest), e))?;
         if self.segments > 1 {
             let gso = u16::try_from(self.size).expect("validated: size * segments <= 65507");
-            sys::set_udp_segment(sock.as_fd(), gso).map_err(|e| {
+            sys::udp::set_udp_segment(sock.as_fd(), gso).map_err(|e| {
                 Error::io(format!("UDP GSO (setsockopt UDP_SEGMENT {gso}) on a socket toward {}", self.dest), e)
             })?;
         }
         // A deeper send buffer lets a batch of GSO sends queue at once; the default is enough otherwise, and
         // a refusal (over wmem_max is silently capped) costs nothing but depth.
-        let _ = sys::udp::set_sndbuf(sock.as_fd(), 4 << 20);
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&sock, 4 << 20);
         Ok(sock)
     }
 
@@ -517,7 +518,7 @@ impl Generator {
         let mut done = 0;
         while done < sends {
             r.calls += 1;
-            match sys::udp::send_mmsg(sock.as_fd(), &buf[done * msg_len..], msg_len, sends - done) {
+            match crate::udp::send_equal(sock, &buf[done * msg_len..], msg_len, sends - done) {
                 Ok(n) => {
                     done += n;
                     r.sent += n as u64 * seg;
@@ -632,18 +633,21 @@ impl SinkBuilder {
         let fd = sock.as_fd();
         let want = i32::try_from(self.rcvbuf / 2).unwrap_or(i32::MAX / 2);
         // The kernel doubles the value asked for (half is bookkeeping), so ask for half of what is wanted.
-        let forced = sys::udp::set_rcvbuf_force(fd, want).is_ok();
+        let want = want.max(0) as usize;
+        let forced = sockopt::set_socket_recv_buffer_size_force(fd, want).is_ok();
         if !forced {
-            sys::udp::set_rcvbuf(fd, want).map_err(|e| Error::io("setsockopt(SO_RCVBUF) on the sink", e))?;
+            sockopt::set_socket_recv_buffer_size(fd, want)
+                .map_err(|e| Error::io("setsockopt(SO_RCVBUF) on the sink", e.into()))?;
         }
-        let rcvbuf = sys::udp::rcvbuf(fd).map_err(|e| Error::io("getsockopt(SO_RCVBUF) on the sink", e))?;
+        let rcvbuf = sockopt::socket_recv_buffer_size(fd)
+            .map_err(|e| Error::io("getsockopt(SO_RCVBUF) on the sink", e.into()))?;
         sys::udp::set_rxq_ovfl(fd, true).map_err(|e| Error::io("setsockopt(SO_RXQ_OVFL) on the sink", e))?;
         let gro = self.gro && sys::udp::set_udp_gro(fd, true).is_ok();
         // Wake up now and then to look at the clock and the stop handle (recvmmsg's own timeout is only
         // checked after a datagram arrives).
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .map_err(|e| Error::io("setsockopt(SO_RCVTIMEO) on the sink", e))?;
-        Ok(Sink { sock, gro, rcvbuf: rcvbuf.max(0) as u64, rcvbuf_forced: forced, opts: self })
+        Ok(Sink { sock, gro, rcvbuf: rcvbuf as u64, rcvbuf_forced: forced, opts: self })
     }
 }
 
@@ -739,8 +743,7 @@ impl Sink {
     /// Receives until the duration is over, the idle timeout passes or the stop handle fires (without any of
     /// them: forever), then reports.
     pub fn run(self) -> Result<SinkReport> {
-        let mut buf = vec![0u8; SLOT * MAX_MMSG];
-        let mut meta = [RecvMeta::default(); MAX_MMSG];
+        let mut slots = RecvSlots::new(MAX_MMSG, SLOT);
         let mut flows: Vec<FlowTracker> = Vec::new();
         let mut r =
             SinkReport { rcvbuf: self.rcvbuf, rcvbuf_forced: self.rcvbuf_forced, gro: self.gro, ..Default::default() };
@@ -757,13 +760,8 @@ impl Sink {
             {
                 break;
             }
-            let n = match sys::udp::recv_mmsg(self.sock.as_fd(), &mut buf, SLOT, &mut meta) {
-                Ok(n) => n,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                    continue
-                }
-                Err(e) => return Err(Error::io(format!("recvmmsg on the sink at {}", o.addr), e)),
-            };
+            let n =
+                slots.recv(&self.sock, true).map_err(|e| Error::io(format!("on the sink at {}", o.addr), e.into()))?;
             if n == 0 {
                 continue;
             }
@@ -772,16 +770,15 @@ impl Sink {
             last = now;
             r.reads += 1;
             r.messages += n as u64;
-            for (m, slot) in meta[..n].iter().zip(buf.chunks_exact(SLOT)) {
+            for (m, data) in slots.messages_mut() {
                 if m.truncated {
                     r.truncated += 1;
                 }
                 if let Some(d) = m.drops {
                     r.socket_drops = u64::from(d);
                 }
-                let data = &slot[..m.len.min(SLOT)];
-                let step = if m.gso_size > 0 { usize::from(m.gso_size) } else { data.len().max(1) };
-                for dgram in data.chunks(step) {
+                for dgram in crate::udp::datagrams(m, data) {
+                    let dgram: &[u8] = dgram;
                     r.datagrams += 1;
                     r.bytes += dgram.len() as u64;
                     match Header::parse(dgram) {

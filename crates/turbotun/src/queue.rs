@@ -483,33 +483,14 @@ impl Queue {
         self.wait_or_stop(PollFlags::OUT, Some(stop), timeout)
     }
 
-    /// Waits for `events` on the queue and, with a stop handle, for its wake fd. Errors and hang-ups count as
-    /// ready, so that the next read or write reports them; a signal ends the wait like a timeout.
+    /// Waits for `events` on the queue and, with a stop handle, for its wake fd (see [`crate::stop::wait_or_stop`]).
     pub(crate) fn wait_or_stop(
         &self,
         events: PollFlags,
         stop: Option<&crate::StopHandle>,
         timeout: Option<Duration>,
     ) -> Result<bool> {
-        use rustix::event::{poll, PollFd, Timespec};
-        let wake = stop.map(crate::StopHandle::wake_fd).transpose()?;
-        if stop.is_some_and(crate::StopHandle::is_stopped) {
-            return Ok(false);
-        }
-        let timeout = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos().into() });
-        let mut fds = [PollFd::new(&self.fd, events), PollFd::new(&self.fd, PollFlags::empty())];
-        let count = match &wake {
-            Some(wake) => {
-                fds[1] = PollFd::new(wake, PollFlags::IN);
-                2
-            }
-            None => 1,
-        };
-        match poll(&mut fds[..count], timeout.as_ref()) {
-            Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_some_and(crate::StopHandle::is_stopped)),
-            Err(rustix::io::Errno::INTR) => Ok(false),
-            Err(e) => Err(Error::io("poll", e.into())),
-        }
+        crate::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
     }
 
     /// Counts a packet the caller decided not to send (so that drops are never silent).

@@ -77,6 +77,26 @@ drop_reasons! {
     /// A TCP or UDP checksum that does not add up, found where a packet is handed to a stack that trusts the
     /// checksums it is given (the smoltcp adapter).
     BadChecksum => bad_checksum, fault: true;
+    /// A tunnel's datagram that could not reach its destination (no route, address gone, refused by a firewall).
+    Unreachable => unreachable, fault: false;
+    /// A packet into a tunnel whose destination no peer covers (WireGuard: no AllowedIPs entry), or a peer
+    /// without a known endpoint.
+    NoPeer => no_peer, fault: false;
+    /// A datagram that failed authentication (wrong key, bad MAC or tag), or a handshake message no configured
+    /// peer made.
+    Unauthenticated => unauthenticated, fault: true;
+    /// A datagram whose counter was seen before or is too old (replay protection).
+    Replayed => replayed, fault: true;
+    /// A packet out of a tunnel whose inner source address the sending peer may not use (WireGuard: not in its
+    /// AllowedIPs).
+    NotAllowed => not_allowed, fault: true;
+    /// A packet for a peer with no session that the protocol could not hold until its handshake (its queue full,
+    /// or the handshake given up).
+    NoSession => no_session, fault: false;
+    /// Congestion marked on the outer header of a packet whose transport is not ECN-capable (RFC 6040 says drop).
+    CeOnNotEct => ce_on_not_ect, fault: false;
+    /// A datagram too short or otherwise not of the tunnel's protocol.
+    MalformedDatagram => malformed_datagram, fault: true;
 }
 
 impl std::fmt::Display for DropReason {
@@ -204,6 +224,14 @@ counters! {
     writes,
     /// Coalesced writes the kernel refused, after which that GRO kind was turned off and the packet re-split.
     gro_fallbacks,
+    /// Segmented UDP sends the kernel refused (the datagrams then sent one per message; on `EIO`/`EINVAL`
+    /// segmentation goes off for that socket).
+    gso_fallbacks,
+    /// A tunnel protocol's own datagrams (handshakes, keepalives, cookie replies), sent or received.
+    control,
+    /// Packets a tunnel protocol kept to send once its handshake is done (they leave later, counted then as
+    /// control datagrams, or are counted as `no_session` drops).
+    held,
 }
 
 /// What this process holds right now: resident memory and open file descriptors (from `/proc/self`). Sampled

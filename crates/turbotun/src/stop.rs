@@ -105,6 +105,36 @@ impl StopHandle {
     }
 }
 
+/// Waits for `events` on `fd` and, with a stop handle, for its wake fd: true when `fd` is ready, false on timeout,
+/// on a stop, or when a signal ends the wait. Errors and hang-ups count as ready, so that the next read or write
+/// reports them.
+pub(crate) fn wait_or_stop(
+    fd: BorrowedFd<'_>,
+    events: rustix::event::PollFlags,
+    stop: Option<&StopHandle>,
+    timeout: Option<std::time::Duration>,
+) -> Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let wake = stop.map(StopHandle::wake_fd).transpose()?;
+    if stop.is_some_and(StopHandle::is_stopped) {
+        return Ok(false);
+    }
+    let timeout = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos().into() });
+    let mut fds = [PollFd::new(&fd, events), PollFd::new(&fd, PollFlags::empty())];
+    let count = match &wake {
+        Some(wake) => {
+            fds[1] = PollFd::new(wake, PollFlags::IN);
+            2
+        }
+        None => 1,
+    };
+    match poll(&mut fds[..count], timeout.as_ref()) {
+        Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_some_and(StopHandle::is_stopped)),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(crate::Error::io("poll", e.into())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

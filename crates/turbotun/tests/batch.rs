@@ -32,7 +32,7 @@ fn uso_super_packet_split_through_few_buffers() {
         let dev = offload_tun(&name);
         let q = &dev.queues()[0];
         let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
-        turbotun::socket::set_udp_segment(&sock, 1000).unwrap();
+        turbotun::udp::set_udp_segment(&sock, 1000).unwrap();
         let payload: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
         sock.send_to(&payload, (PEER, 5353)).unwrap();
 
@@ -231,7 +231,7 @@ fn scattered_reads_split_without_copying_and_survive_surprises() {
         let mut expected: Vec<Vec<u8>> = Vec::new();
         let mut seed = 1u8;
         let mut send = |gso: u16, len: usize| {
-            turbotun::socket::set_udp_segment(&sock, gso).unwrap();
+            turbotun::udp::set_udp_segment(&sock, gso).unwrap();
             let payload: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
             seed = seed.wrapping_add(7);
             sock.send_to(&payload, (PEER, 5355)).unwrap();
@@ -340,7 +340,7 @@ fn every_virtio_header_size_works_on_every_path() {
             assert_eq!(parse_ipv4_udp(&buf[..n]).unwrap().4, b"one", "{size}");
 
             // A UDP super-packet split by the receive half, packets `size` bytes into each buffer.
-            turbotun::socket::set_udp_segment(&sock, 500).unwrap();
+            turbotun::udp::set_udp_segment(&sock, 500).unwrap();
             sock.send_to(&[7u8; 2000], (PEER, 9998)).unwrap();
             let mut rxb = RecvBatch::new(q);
             let mut bufs = vec![vec![0u8; size + 1500]; 8];

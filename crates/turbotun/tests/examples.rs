@@ -60,7 +60,7 @@ fn udp_answered(local: &str, peer: &str) {
         assert_eq!(&buf[..n], &payload[..], "{size}-byte answer from {peer}");
     }
     // 20 segments of 1000 bytes in one send: one super-packet into the device, split, answered, coalesced.
-    turbotun::socket::set_udp_segment(&sock, 1000).unwrap();
+    turbotun::udp::set_udp_segment(&sock, 1000).unwrap();
     let burst: Vec<u8> = (0..20_000).map(|i| (i / 1000) as u8 ^ (i as u8)).collect();
     sock.send_to(&burst, target).unwrap();
     for k in 0..20 {

@@ -291,7 +291,7 @@ fn engine_device_deleted_under_traffic() {
         let sock = sides.in_a(|| std::net::UdpSocket::bind((A4, 0)).unwrap());
         sock.connect((B4, 6001)).unwrap();
         if mode == ForwardMode::Offload {
-            turbotun::socket::set_udp_segment(&sock, 1000).unwrap();
+            turbotun::udp::set_udp_segment(&sock, 1000).unwrap();
         }
         let flood = {
             let flooding = flooding.clone();

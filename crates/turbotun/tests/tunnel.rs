@@ -182,7 +182,7 @@ fn udp_gso_intact(b: &std::os::fd::OwnedFd) {
     let rx = turbotun::netns::with_netns(&ns_path(b), || UdpSocket::bind("192.168.80.2:9000").unwrap()).unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let tx = UdpSocket::bind("192.168.80.1:0").unwrap();
-    turbotun::socket::set_udp_segment(&tx, 1200).unwrap();
+    turbotun::udp::set_udp_segment(&tx, 1200).unwrap();
     let data = pattern(12000);
     let mut buf = [0u8; 2048];
     for round in 0..5 {

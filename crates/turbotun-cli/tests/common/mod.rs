@@ -225,7 +225,7 @@ pub fn udp_largest_super_packet_intact(topo: &Topology, src: &str, dst: &str) {
     rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
     tx.connect((dst, 6002)).unwrap();
-    turbotun::socket::set_udp_segment(&tx, 1400).unwrap();
+    turbotun::udp::set_udp_segment(&tx, 1400).unwrap();
     let mut buf = vec![0u8; 65536];
     for send in 0..5u64 {
         let data = pattern(65_494, 1000 + send);
@@ -245,7 +245,7 @@ pub fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool, or
     tx.connect((dst, port)).unwrap();
     let seg = 1200usize;
     if uso {
-        turbotun::socket::set_udp_segment(&tx, seg as u16).unwrap();
+        turbotun::udp::set_udp_segment(&tx, seg as u16).unwrap();
     }
     let mut buf = vec![0u8; 65536];
     let (bursts, per_burst) = if uso { (20u32, 40u32) } else { (50, 8) };

@@ -1,13 +1,13 @@
-//! What the threaded and the tokio runners share: the list of workers, and waiting for the stop handle or the
-//! first failure.
+//! What the threaded and the tokio runners share: the list of workers (waiting for the stop handle or the first
+//! failure is `crate::threads`'s, which the tunnel engine shares too).
 
-use std::sync::mpsc;
 use std::sync::Arc;
 
-use super::{Forwarder, IDLE_WAIT};
-use crate::error::{Error, Result};
+use super::Forwarder;
 use crate::queue::Queue;
-use crate::stop::StopHandle;
+
+#[cfg(feature = "tokio")]
+pub(super) use crate::threads::{panic_message, supervise, Done};
 
 /// One worker's assignment.
 pub(super) struct Job {
@@ -29,34 +29,4 @@ pub(super) fn jobs(fwd: &Forwarder) -> Vec<Job> {
         }
     }
     jobs
-}
-
-/// What a worker reports when it ends.
-pub(super) type Done = (String, Result<()>);
-
-/// Waits for the stop handle or the first worker to fail; returns that failure.
-pub(super) fn supervise(stop: &StopHandle, done_rx: &mpsc::Receiver<Done>) -> Option<Error> {
-    while !stop.is_stopped() {
-        match done_rx.recv_timeout(IDLE_WAIT) {
-            Ok((label, Err(e))) => return Some(worker_error(label, e)),
-            Ok((_, Ok(()))) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-        }
-    }
-    None
-}
-
-fn worker_error(label: String, e: Error) -> Error {
-    match e {
-        e @ Error::WorkerPanicked { .. } => e,
-        e => Error::Worker { worker: label, error: Box::new(e) },
-    }
-}
-
-pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
 }

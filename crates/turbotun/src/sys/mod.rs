@@ -9,7 +9,6 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub mod bpf;
 pub mod ethtool;
-#[cfg(feature = "load")]
 pub mod udp;
 #[cfg(feature = "uring")]
 pub mod uring;
@@ -338,24 +337,6 @@ pub fn io_uring_available() -> bool {
     // SAFETY: `fd` is a fresh io_uring fd owned by nobody else.
     drop(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
     true
-}
-
-/// `UDP_SEGMENT` on a UDP socket: each `send` of up to 64 KiB leaves as datagrams of `segment_size` bytes
-/// (UDP GSO), which reach a TUN/TAP device with USO as one super-packet.
-pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> {
-    const UDP_SEGMENT: libc::c_int = 103;
-    let value: libc::c_int = segment_size.into();
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_UDP,
-            UDP_SEGMENT,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })?;
-    Ok(())
 }
 
 /// A value that owns one fd for its whole life: `as_raw_fd` returns the same open descriptor from creation to

@@ -1,10 +1,11 @@
-//! UDP sockets: batched sends and receives (`sendmmsg`, `recvmmsg` with their control messages), the socket
-//! options the load generator and sink set, and the monotonic clock their datagrams are stamped with.
+//! UDP sockets: batched sends and receives (`sendmmsg`, `recvmmsg` with their control messages: segmentation
+//! offload, ECN, source addresses, the drop counter) and the socket options that no crate wraps.
 //!
-//! Messages live back to back in one caller-owned buffer, one fixed-size slot each, so that a batch needs no
-//! allocation: the message headers, iovecs and control buffers are arrays on the stack, filled per call.
+//! A batch needs no allocation: the message headers, addresses and control buffers are arrays on the stack,
+//! filled per call; the data stays in the caller's buffers.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::cvt;
@@ -16,9 +17,13 @@ pub const MAX_MMSG: usize = 64;
 /// `UDP_GRO`: the socket option and the control message that carries the segment size of a coalesced read.
 const UDP_GRO: libc::c_int = 104;
 
-/// Room for the control messages one received datagram can carry here: `UDP_GRO` (an int) and `SO_RXQ_OVFL`
-/// (a u32), each `CMSG_SPACE(4)` = 24 bytes on 64-bit; 64 leaves room for one more without truncation.
-const CMSG_ROOM: usize = 64;
+/// `UDP_SEGMENT`: the control message (a u16) that splits one send into datagrams of that size.
+const UDP_SEGMENT: libc::c_int = 103;
+
+/// Room for the control messages one received datagram can carry here: `UDP_GRO` (an int), `SO_RXQ_OVFL` (a
+/// u32) and `IP_TOS` (a byte) or `IPV6_TCLASS` (an int), each `CMSG_SPACE` 24 bytes on 64-bit; 128 leaves room
+/// for more without truncation. Sends carry at most `UDP_SEGMENT` and a TOS (16 + 24 bytes).
+const CMSG_ROOM: usize = 128;
 
 /// A control buffer aligned for `struct cmsghdr` (whose first member is a `size_t`).
 #[repr(C, align(8))]
@@ -48,6 +53,136 @@ pub fn send_mmsg(fd: BorrowedFd<'_>, buf: &[u8], msg_len: usize, count: usize) -
     Ok(sent as usize)
 }
 
+/// One message of [`send_msgs`]: the pieces of `iov` gathered into one payload for `dest`; with `segment` > 0
+/// and a payload longer than it, the kernel splits it into datagrams of `segment` bytes (`UDP_SEGMENT`, the
+/// last may be shorter); with `tos`, every datagram carries that TOS byte (IPv4) or traffic class (IPv6).
+#[derive(Debug, Clone, Copy)]
+pub struct SendMsg<'a> {
+    /// Where the datagrams go.
+    pub dest: SocketAddr,
+    /// The payload, in pieces.
+    pub iov: &'a [IoSlice<'a>],
+    /// The datagram size of a segmented send (0: one datagram).
+    pub segment: u16,
+    /// The TOS byte or traffic class (its low two bits are the ECN field).
+    pub tos: Option<u8>,
+}
+
+/// `sendmmsg` of `msgs` (at most [`MAX_MMSG`]) on an unconnected socket, each with its own destination and
+/// control messages. Returns how many the kernel took: fewer than given when message `n` failed, whose error
+/// the next call starting at `n` returns.
+pub fn send_msgs(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<usize> {
+    let count = msgs.len().min(MAX_MMSG);
+    if count == 0 {
+        return Ok(0);
+    }
+    // SAFETY: sockaddr_storage and mmsghdr are plain data; all-zero is a valid empty value of each.
+    let mut addrs: [libc::sockaddr_storage; MAX_MMSG] = unsafe { std::mem::zeroed() };
+    let mut cmsg = [CmsgBuf([0; CMSG_ROOM]); MAX_MMSG];
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; MAX_MMSG] = unsafe { std::mem::zeroed() };
+    for (((m, h), a), c) in msgs.iter().zip(hdrs.iter_mut()).zip(addrs.iter_mut()).zip(cmsg.iter_mut()).take(count) {
+        h.msg_hdr.msg_namelen = write_sockaddr(m.dest, a);
+        h.msg_hdr.msg_name = (a as *mut libc::sockaddr_storage).cast();
+        // IoSlice is guaranteed to have the layout of `struct iovec` on Unix; the kernel only reads through it.
+        h.msg_hdr.msg_iov = m.iov.as_ptr().cast_mut().cast();
+        h.msg_hdr.msg_iovlen = m.iov.len();
+        // A v4-mapped destination leaves as IPv4: its TOS goes at the IPv4 level.
+        let v6 = matches!(m.dest, SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_none());
+        let mut controls: [(libc::c_int, libc::c_int, u32, usize); 2] = [(0, 0, 0, 0); 2];
+        let mut n = 0;
+        if m.segment > 0 && m.iov.iter().map(|p| p.len()).sum::<usize>() > usize::from(m.segment) {
+            controls[n] = (libc::SOL_UDP, UDP_SEGMENT, u32::from(m.segment), 2);
+            n += 1;
+        }
+        if let Some(tos) = m.tos {
+            controls[n] = if v6 {
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, u32::from(tos), 4)
+            } else {
+                (libc::IPPROTO_IP, libc::IP_TOS, u32::from(tos), 4)
+            };
+            n += 1;
+        }
+        if n > 0 {
+            h.msg_hdr.msg_control = c.0.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+            let mut used = 0;
+            // SAFETY: msg_control points to this message's CMSG_ROOM-byte buffer (aligned for cmsghdr) and
+            // msg_controllen says so; FIRSTHDR/NXTHDR stay inside it, and two headers of at most CMSG_SPACE(4)
+            // bytes each fit in CMSG_ROOM. Each data write is `size` (2 or 4) bytes at CMSG_DATA of its header.
+            unsafe {
+                let mut hdr = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                for &(level, kind, value, size) in &controls[..n] {
+                    (*hdr).cmsg_level = level;
+                    (*hdr).cmsg_type = kind;
+                    (*hdr).cmsg_len = libc::CMSG_LEN(size as u32) as _;
+                    if size == 2 {
+                        std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), value as u16);
+                    } else {
+                        std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<libc::c_int>(), value as libc::c_int);
+                    }
+                    used += libc::CMSG_SPACE(size as u32) as usize;
+                    hdr = libc::CMSG_NXTHDR(&h.msg_hdr, hdr);
+                }
+            }
+            h.msg_hdr.msg_controllen = used as _;
+        }
+    }
+    // SAFETY: the first `count` headers each point to their own address, control buffer and the caller's
+    // iovec array (borrowed for the call, only read by the kernel).
+    let sent = cvt(unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), count as libc::c_uint, 0) })?;
+    Ok(sent as usize)
+}
+
+/// Writes `addr` as a `sockaddr_in`/`sockaddr_in6` into `storage`; returns its length.
+fn write_sockaddr(addr: SocketAddr, storage: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((storage as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((storage as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// Reads the address the kernel wrote into `storage` (`len` bytes of it).
+fn read_sockaddr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    match storage.ss_family as libc::c_int {
+        libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, and it is long enough.
+            let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, and it is long enough.
+            let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let port = u16::from_be(sin6.sin6_port);
+            Some(SocketAddr::V6(SocketAddrV6::new(ip, port, u32::from_be(sin6.sin6_flowinfo), sin6.sin6_scope_id)))
+        }
+        _ => None,
+    }
+}
+
 /// What one received message was.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecvMeta {
@@ -60,44 +195,57 @@ pub struct RecvMeta {
     pub drops: Option<u32>,
     /// `MSG_TRUNC` or `MSG_CTRUNC`: the datagram or its control data did not fit.
     pub truncated: bool,
+    /// Who sent it.
+    pub source: Option<SocketAddr>,
+    /// Its TOS byte or traffic class, when the socket asked for it (`IP_RECVTOS`, `IPV6_RECVTCLASS`).
+    pub tos: Option<u8>,
 }
 
-/// `recvmmsg` with `MSG_WAITFORONE` into back-to-back slots of `slot` bytes in `buf`, at most `meta.len()` (and
-/// [`MAX_MMSG`]) messages: sleeps (up to the socket's `SO_RCVTIMEO`) until one datagram is there, then takes
-/// whatever else is queued without waiting. Fills `meta[..n]` and returns `n`.
-pub fn recv_mmsg(fd: BorrowedFd<'_>, buf: &mut [u8], slot: usize, meta: &mut [RecvMeta]) -> io::Result<usize> {
+/// `recvmmsg` into back-to-back slots of `slot` bytes in `buf`, at most `meta.len()` (and [`MAX_MMSG`])
+/// messages. With `wait` (`MSG_WAITFORONE`) it sleeps (up to the socket's `SO_RCVTIMEO`) until one datagram is
+/// there, then takes whatever else is queued without waiting; without (`MSG_DONTWAIT`) it never sleeps. Fills
+/// `meta[..n]` (sources included) and returns `n`.
+pub fn recv_mmsg(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    slot: usize,
+    meta: &mut [RecvMeta],
+    wait: bool,
+) -> io::Result<usize> {
     let count = meta.len().min(MAX_MMSG).min(buf.len().checked_div(slot).unwrap_or(0));
     if count == 0 {
         return Ok(0);
     }
     let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_MMSG];
     let mut cmsg = [CmsgBuf([0; CMSG_ROOM]); MAX_MMSG];
-    // SAFETY: mmsghdr is plain data (pointers, lengths, flags); all-zero is a valid empty header.
+    // SAFETY: sockaddr_storage and mmsghdr are plain data; all-zero is a valid empty value of each.
+    let mut addrs: [libc::sockaddr_storage; MAX_MMSG] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; MAX_MMSG] = unsafe { std::mem::zeroed() };
-    for (i, ((v, h), c)) in iov.iter_mut().zip(hdrs.iter_mut()).zip(cmsg.iter_mut()).take(count).enumerate() {
+    for (i, (((v, h), c), a)) in
+        iov.iter_mut().zip(hdrs.iter_mut()).zip(cmsg.iter_mut()).zip(addrs.iter_mut()).take(count).enumerate()
+    {
         *v = libc::iovec { iov_base: buf[i * slot..].as_mut_ptr().cast(), iov_len: slot };
         h.msg_hdr.msg_iov = v;
         h.msg_hdr.msg_iovlen = 1;
         h.msg_hdr.msg_control = c.0.as_mut_ptr().cast();
         h.msg_hdr.msg_controllen = CMSG_ROOM as _;
+        h.msg_hdr.msg_name = (a as *mut libc::sockaddr_storage).cast();
+        h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     }
+    let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
     // SAFETY: the first `count` headers each point to one iovec over `slot` bytes of `buf` (exclusively borrowed,
-    // the slots do not overlap) and to their own `CMSG_ROOM`-byte control buffer; no source address is asked for;
+    // the slots do not overlap), to their own `CMSG_ROOM`-byte control buffer and to their own address storage;
     // a null timeout leaves the wait to SO_RCVTIMEO.
     let got = unsafe {
-        libc::recvmmsg(
-            fd.as_raw_fd(),
-            hdrs.as_mut_ptr(),
-            count as libc::c_uint,
-            libc::MSG_WAITFORONE,
-            std::ptr::null_mut(),
-        )
+        libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), count as libc::c_uint, flags, std::ptr::null_mut())
     };
     let got = cvt(got)? as usize;
-    for (h, m) in hdrs.iter().zip(meta.iter_mut()).take(got) {
+    for ((h, m), a) in hdrs.iter().zip(meta.iter_mut()).zip(addrs.iter()).take(got) {
         *m = RecvMeta {
             len: h.msg_len as usize,
             truncated: h.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+            source: read_sockaddr(a, h.msg_hdr.msg_namelen),
             ..RecvMeta::default()
         };
         parse_cmsgs(&h.msg_hdr, m);
@@ -105,7 +253,8 @@ pub fn recv_mmsg(fd: BorrowedFd<'_>, buf: &mut [u8], slot: usize, meta: &mut [Re
     Ok(got)
 }
 
-/// Reads the `UDP_GRO` and `SO_RXQ_OVFL` control messages the kernel wrote for one message.
+/// Reads the `UDP_GRO`, `SO_RXQ_OVFL`, `IP_TOS` and `IPV6_TCLASS` control messages the kernel wrote for one
+/// message.
 fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
     // SAFETY: `hdr` was filled by recvmmsg: msg_control points to its control buffer (still alive on the
     // caller's stack) and msg_controllen says how much of it the kernel wrote; CMSG_FIRSTHDR checks that length.
@@ -114,14 +263,18 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
         // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR only return headers that lie wholly inside the written control data.
         let (level, kind, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len as usize) };
         // SAFETY: CMSG_LEN is arithmetic on its argument.
-        let four = unsafe { libc::CMSG_LEN(4) } as usize;
-        if len >= four {
+        let (one, four) = unsafe { (libc::CMSG_LEN(1) as usize, libc::CMSG_LEN(4) as usize) };
+        if (level, kind) == (libc::IPPROTO_IP, libc::IP_TOS) && len >= one {
+            // SAFETY: the header's length covers at least the one data byte read.
+            meta.tos = Some(unsafe { *libc::CMSG_DATA(c) });
+        } else if len >= four {
             // SAFETY: the header's length covers at least 4 data bytes after it; read unaligned because the
             // data's alignment is the kernel's business.
             let value = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>()) };
             match (level, kind) {
                 (libc::SOL_UDP, UDP_GRO) => meta.gso_size = u16::try_from(value).unwrap_or(u16::MAX),
                 (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => meta.drops = Some(value),
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => meta.tos = Some(value as u8),
                 _ => {}
             }
         }
@@ -144,49 +297,34 @@ fn setsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, val
     Ok(())
 }
 
-fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into a live local of that size and updates `len`.
-    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut value as *mut libc::c_int).cast(), &mut len) })?;
-    Ok(value)
-}
-
-/// `SO_RCVBUFFORCE`: a receive buffer past `net.core.rmem_max` (needs CAP_NET_ADMIN; EPERM otherwise).
-pub fn set_rcvbuf_force(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
-}
-
-/// `SO_RCVBUF`: a receive buffer up to `net.core.rmem_max`.
-pub fn set_rcvbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes)
-}
-
-/// The receive buffer the socket has (the kernel doubles what was asked, for its bookkeeping).
-pub fn rcvbuf(fd: BorrowedFd<'_>) -> io::Result<i32> {
-    getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)
-}
-
-/// `SO_SNDBUF`: a send buffer up to `net.core.wmem_max`.
-pub fn set_sndbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes)
-}
-
 /// `SO_RXQ_OVFL`: every received datagram carries the socket's drop counter as a control message.
+#[cfg(feature = "load")]
 pub fn set_rxq_ovfl(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, on.into())
+}
+
+/// `UDP_SEGMENT` on the socket: each send of up to 64 KiB leaves as datagrams of `segment_size` bytes (0: off).
+pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, segment_size.into())
+}
+
+/// `SO_NO_CHECK`: IPv4 datagrams go without a UDP checksum.
+pub fn set_no_check(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, on.into())
+}
+
+/// `SO_MARK`: the firewall mark every packet of the socket carries (0: none); needs CAP_NET_ADMIN.
+pub fn set_mark(fd: BorrowedFd<'_>, mark: u32) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_MARK, mark as libc::c_int)
+}
+
+/// Whether the kernel takes `UDP_SEGMENT` on this socket (a zero socket-wide segment size, which changes
+/// nothing: each send still says its own).
+pub fn udp_segment_supported(fd: BorrowedFd<'_>) -> bool {
+    setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok()
 }
 
 /// `UDP_GRO`: the kernel may coalesce datagrams of one flow into one read, with their size as a control message.
 pub fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, on.into())
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `std::time::Instant` reads, as a number that another process on
-/// the same machine can compare with its own reading (what a one-way latency needs).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into a live local; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }

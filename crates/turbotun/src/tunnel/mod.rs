@@ -1,0 +1,376 @@
+//! The tunnel engine: packets between a TUN (or TAP) device and UDP, with segmentation offload on both sides.
+//!
+//! - **Into the network**: a receive half reads super-packets from each queue and splits them into MTU-sized
+//!   packets (zero copy where it can); each is given to the [`Transform`] (sealed in place, or into a buffer of
+//!   its own); runs of equal-size datagrams to one destination leave as one segmented send, and a batch's sends
+//!   as one `sendmmsg` ([`crate::udp`]).
+//! - **Out of the network**: `recvmmsg` with `UDP_GRO` reads many datagrams per call, split by their segment
+//!   size; each is opened by the transform, its ECN field updated from the outer header (RFC 6040), and the
+//!   packets are coalesced (GRO) and written to the queue with the virtio header by a send half.
+//! - One worker per direction and queue, each queue with its own socket on one address (`SO_REUSEPORT`), so
+//!   that one flow stays on one worker and in order. A transform with timers gets a thread that ticks them.
+//! - Every packet read and every datagram received is written or counted: [`TunnelStats`] holds one
+//!   [`Counters`] per direction with drops by [`DropReason`], the tunnel's own reasons included.
+//!
+//! [`Plain`] is the transform of an unencrypted tunnel: the packet is the datagram. A protocol with keys and a
+//! handshake (WireGuard, in the `turbotun-wg` crate) implements [`Transform`] the same way.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::queue::Queue;
+use crate::stats::{Counters, DropReason, SharedCounters};
+use crate::stop::StopHandle;
+use crate::threads::{run_workers, Worker};
+use crate::udp::{SocketOptions, TunnelSocket};
+
+mod workers;
+
+/// What happens to each packet on its way into and out of a tunnel. Shared by every worker (`&self`): a
+/// transform with state per peer keeps its own locks.
+pub trait Transform: Send + Sync + 'static {
+    /// How many bytes a sealed datagram may be longer than its packet (header, tag, padding): the engine
+    /// sizes the buffers given to [`Self::seal`] with it. A transform that seals in place says 0.
+    fn overhead(&self) -> usize;
+
+    /// Seals one packet read from the device. `packet` may be changed in place; `out` has room for the packet
+    /// plus [`Self::overhead`]. `control` sends the protocol's own datagrams at once (e.g. a handshake this
+    /// packet started).
+    fn seal(&self, packet: &mut [u8], out: &mut [u8], control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed;
+
+    /// Opens one datagram from `from`: the packet inside goes to the start of `out` (which holds any packet a
+    /// datagram can carry). `control` sends the protocol's own datagrams at once (a handshake response, packets
+    /// that waited for the handshake).
+    fn open(
+        &self,
+        datagram: &mut [u8],
+        from: SocketAddr,
+        out: &mut [u8],
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> Opened;
+
+    /// How often [`Self::tick`] wants to run (`None`: never).
+    fn tick_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Runs the protocol's timers (retransmitted handshakes, keepalives), sending through `control`.
+    fn tick(&self, _control: &mut dyn FnMut(&[u8], SocketAddr)) {}
+
+    /// Whether what [`Self::open`] hands out was authenticated end to end (its checksums then need no second
+    /// look before packets are coalesced, as the kernel's own WireGuard marks them).
+    fn authenticates(&self) -> bool {
+        false
+    }
+}
+
+/// What [`Transform::seal`] did with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sealed {
+    /// The packet itself (as it is now) is the datagram, for `to`.
+    InPlace {
+        /// Where it goes.
+        to: SocketAddr,
+    },
+    /// The datagram is `out[..len]`, for `to`.
+    Out {
+        /// Its length.
+        len: usize,
+        /// Where it goes.
+        to: SocketAddr,
+    },
+    /// The transform keeps the packet until it can be sent (a handshake under way); counted as `held`.
+    Held,
+    /// Not sent, for this reason.
+    Dropped(DropReason),
+}
+
+/// What [`Transform::open`] made of a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// A packet for the device: `out[..len]`.
+    Packet {
+        /// Its length.
+        len: usize,
+    },
+    /// One of the protocol's own datagrams (handshake, keepalive, cookie), handled; counted as `control`.
+    Control,
+    /// Not a packet for the device, for this reason.
+    Dropped(DropReason),
+}
+
+/// The transform of a tunnel without encryption: the packet (or frame, on TAP) is the UDP payload, sent to one
+/// remote address and taken only from that address.
+#[derive(Debug, Clone, Copy)]
+pub struct Plain {
+    remote: SocketAddr,
+    ethernet: bool,
+}
+
+impl Plain {
+    /// IP packets (a TUN device) to and from `remote`.
+    pub fn new(remote: SocketAddr) -> Self {
+        Plain { remote, ethernet: false }
+    }
+
+    /// Ethernet frames (a TAP device) to and from `remote`.
+    pub fn ethernet(remote: SocketAddr) -> Self {
+        Plain { remote, ethernet: true }
+    }
+}
+
+impl Transform for Plain {
+    fn overhead(&self) -> usize {
+        0
+    }
+
+    fn seal(&self, _packet: &mut [u8], _out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
+        Sealed::InPlace { to: self.remote }
+    }
+
+    fn open(
+        &self,
+        datagram: &mut [u8],
+        from: SocketAddr,
+        out: &mut [u8],
+        _control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> Opened {
+        if from != self.remote {
+            return Opened::Dropped(DropReason::Unauthenticated);
+        }
+        let looks_right = if self.ethernet {
+            datagram.len() >= turbotun_wire::ethernet::HEADER_LEN
+        } else {
+            matches!(datagram.first().map(|b| b >> 4), Some(4 | 6))
+        };
+        if !looks_right {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        }
+        match out.get_mut(..datagram.len()) {
+            Some(room) => {
+                room.copy_from_slice(datagram);
+                Opened::Packet { len: datagram.len() }
+            }
+            None => Opened::Dropped(DropReason::TooBig),
+        }
+    }
+}
+
+/// A snapshot of a tunnel's counters, one [`Counters`] per direction.
+///
+/// Into the network: `reads`, `super_packets`, `segments` count what was read from the device; `packets`,
+/// `bytes` the datagrams sent; `writes` the system calls that sent them; `held` what the transform kept for
+/// later. Out of the network: `reads` counts receive calls, `segments` the datagrams received; `packets`,
+/// `bytes`, `writes`, `coalesced` what was written to the device. `control` counts the protocol's own datagrams
+/// both ways.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct TunnelStats {
+    /// From the device into the network.
+    pub to_network: Counters,
+    /// From the network to the device.
+    pub from_network: Counters,
+}
+
+/// The live counters of a tunnel: clone it before [`Tunnel::run`] and read it during or after the run.
+#[derive(Debug, Clone, Default)]
+pub struct TunnelStatsHandle {
+    directions: Arc<[SharedCounters; 2]>,
+}
+
+impl TunnelStatsHandle {
+    /// The counters as they are now (workers add theirs after every batch).
+    pub fn snapshot(&self) -> TunnelStats {
+        TunnelStats { to_network: self.directions[0].snapshot(), from_network: self.directions[1].snapshot() }
+    }
+
+    fn device_to_network(&self) -> &SharedCounters {
+        &self.directions[0]
+    }
+
+    fn network_to_device(&self) -> &SharedCounters {
+        &self.directions[1]
+    }
+}
+
+/// Sets a tunnel up: its transform, its sockets (bound here, or given), its stop handle.
+#[derive(Debug)]
+pub struct TunnelBuilder<T: Transform> {
+    transform: Arc<T>,
+    local: Option<SocketAddr>,
+    sockets: Vec<TunnelSocket>,
+    options: SocketOptions,
+    stop: StopHandle,
+}
+
+impl<T: Transform> TunnelBuilder<T> {
+    /// A tunnel through `transform`.
+    pub fn new(transform: Arc<T>) -> Self {
+        TunnelBuilder {
+            transform,
+            local: None,
+            sockets: Vec::new(),
+            options: SocketOptions::default(),
+            stop: StopHandle::new(),
+        }
+    }
+
+    /// The local UDP address: one socket per queue is bound to it (port 0: one port picked for all).
+    pub fn bind(mut self, local: SocketAddr) -> Self {
+        self.local = Some(local);
+        self
+    }
+
+    /// Socket options for the sockets [`Self::bind`] makes (segmentation both ways by default).
+    pub fn socket_options(mut self, options: SocketOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sockets bound elsewhere (e.g. before privileges were dropped), one per queue, instead of [`Self::bind`].
+    pub fn sockets(mut self, sockets: Vec<TunnelSocket>) -> Self {
+        self.sockets = sockets;
+        self
+    }
+
+    /// The tunnel stops when `stop` fires (default: a handle of its own, [`Tunnel::stop_handle`]).
+    pub fn stop_on(mut self, stop: StopHandle) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    /// The tunnel over `queues` (one worker pair each), ready to run. Puts the queues in non-blocking mode.
+    pub fn build<Q: Into<Arc<Queue>>>(self, queues: Vec<Q>) -> Result<Tunnel<T>> {
+        let queues: Vec<Arc<Queue>> = queues.into_iter().map(Into::into).collect();
+        if queues.is_empty() {
+            return Err(Error::InvalidConfig("a tunnel needs at least one queue".into()));
+        }
+        for q in &queues {
+            if q.packet_info() {
+                return Err(Error::PacketInfo { name: q.name().to_string(), user: "the tunnel" });
+            }
+            q.set_nonblocking(true)?;
+        }
+        if queues.len() > 1 {
+            // One flow to one queue (and so one worker and one socket): its packets stay in order.
+            crate::steering::SteeringProgram::flow_hash()?.attach(std::os::fd::AsFd::as_fd(&*queues[0]))?;
+        }
+        let sockets = if !self.sockets.is_empty() {
+            if self.sockets.len() != queues.len() {
+                return Err(Error::InvalidConfig(format!(
+                    "{} sockets for {} queues: the tunnel needs one per queue",
+                    self.sockets.len(),
+                    queues.len()
+                )));
+            }
+            self.sockets
+        } else {
+            let local = self.local.ok_or_else(|| {
+                Error::InvalidConfig("a tunnel needs a local address (bind) or sockets of its own".into())
+            })?;
+            bind_sockets(local, queues.len(), &self.options)?
+        };
+        Ok(Tunnel {
+            queues,
+            sockets: sockets.into_iter().map(Arc::new).collect(),
+            transform: self.transform,
+            stop: self.stop,
+            stats: TunnelStatsHandle::default(),
+        })
+    }
+}
+
+/// `count` sockets on `local`: the first picks the port when `local` has 0, the others share it
+/// (`SO_REUSEPORT`, set on all of them when there are several).
+pub fn bind_sockets(local: SocketAddr, count: usize, options: &SocketOptions) -> Result<Vec<TunnelSocket>> {
+    let options = SocketOptions { reuse_port: options.reuse_port || count > 1, ..*options };
+    let first = TunnelSocket::bind(local, &options)?;
+    let bound = first.local_addr()?;
+    let mut sockets = vec![first];
+    for _ in 1..count {
+        sockets.push(TunnelSocket::bind(bound, &options)?);
+    }
+    Ok(sockets)
+}
+
+/// A tunnel ready to run (see [`TunnelBuilder`]).
+#[derive(Debug)]
+pub struct Tunnel<T: Transform> {
+    queues: Vec<Arc<Queue>>,
+    sockets: Vec<Arc<TunnelSocket>>,
+    transform: Arc<T>,
+    stop: StopHandle,
+    stats: TunnelStatsHandle,
+}
+
+/// How often a worker that waits looks at the stop handle (its wait also ends when the handle fires).
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+impl<T: Transform> Tunnel<T> {
+    /// The local UDP address the sockets are bound to.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.sockets[0].local_addr()
+    }
+
+    /// The sockets, one per queue (to set a firewall mark on while the tunnel runs, for instance).
+    pub fn sockets(&self) -> Vec<Arc<TunnelSocket>> {
+        self.sockets.clone()
+    }
+
+    /// The transform.
+    pub fn transform(&self) -> &Arc<T> {
+        &self.transform
+    }
+
+    /// Fires to end [`Self::run`].
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// The live counters.
+    pub fn stats(&self) -> TunnelStatsHandle {
+        self.stats.clone()
+    }
+
+    /// Runs until the stop handle fires or a worker fails (a device deleted, a socket that cannot send); the
+    /// failure is returned after every worker stopped, with their counts in [`Self::stats`].
+    pub fn run(self) -> Result<TunnelStats> {
+        let mut workers = Vec::new();
+        for (i, (queue, socket)) in self.queues.iter().zip(&self.sockets).enumerate() {
+            let ctx = workers::Ctx {
+                queue: queue.clone(),
+                socket: socket.clone(),
+                transform: self.transform.clone(),
+                stop: self.stop.clone(),
+                stats: self.stats.clone(),
+            };
+            let to = ctx.clone();
+            workers.push(Worker {
+                label: format!("tunnel {}->udp q{i}", queue.name()),
+                work: Box::new(move || workers::to_network(&to)),
+            });
+            workers.push(Worker {
+                label: format!("tunnel udp->{} q{i}", queue.name()),
+                work: Box::new(move || workers::from_network(&ctx)),
+            });
+        }
+        if let Some(interval) = self.transform.tick_interval() {
+            let ctx = workers::Ctx {
+                queue: self.queues[0].clone(),
+                socket: self.sockets[0].clone(),
+                transform: self.transform.clone(),
+                stop: self.stop.clone(),
+                stats: self.stats.clone(),
+            };
+            workers.push(Worker {
+                label: "tunnel timers".to_string(),
+                work: Box::new(move || workers::timers(&ctx, interval)),
+            });
+        }
+        run_workers(workers, &self.stop, false)?;
+        Ok(self.stats.snapshot())
+    }
+}

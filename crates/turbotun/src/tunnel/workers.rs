@@ -1,0 +1,263 @@
+//! The loops a tunnel runs: one per direction and queue, and the transform's timers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use turbotun_wire::{ecn, Checksums};
+
+use super::{Opened, Sealed, Transform, TunnelStatsHandle, IDLE_WAIT};
+use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use crate::error::Result;
+use crate::kind::Mode;
+use crate::queue::{Queue, MAX_PACKET};
+use crate::stats::{Counters, DropReason, SharedCounters};
+use crate::stop::StopHandle;
+use crate::udp::{self, Datagram, RecvSlots, TunnelSocket};
+
+/// What one worker works with.
+pub(super) struct Ctx<T: Transform> {
+    pub queue: Arc<Queue>,
+    pub socket: Arc<TunnelSocket>,
+    pub transform: Arc<T>,
+    pub stop: StopHandle,
+    pub stats: TunnelStatsHandle,
+}
+
+impl<T: Transform> Clone for Ctx<T> {
+    fn clone(&self) -> Self {
+        Ctx {
+            queue: self.queue.clone(),
+            socket: self.socket.clone(),
+            transform: self.transform.clone(),
+            stop: self.stop.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// Link-layer bytes a TAP frame may carry in front of an MTU-sized packet: Ethernet with two VLAN tags.
+const MAX_LINK_HEADER: usize = 22;
+
+/// Messages one receive reads at most: each up to 64 KiB of coalesced datagrams.
+const RECV_SLOTS: usize = 8;
+const RECV_SLOT_SIZE: usize = 65_536;
+
+/// Local counters that are added to the shared ones after every batch.
+struct Published<'a> {
+    shared: &'a SharedCounters,
+    sent: Counters,
+}
+
+impl Published<'_> {
+    fn publish(&mut self, now: &Counters) {
+        self.shared.add(&now.since(&self.sent));
+        self.sent = *now;
+    }
+}
+
+/// Sends the transform's own datagrams at once, counting them as `control` (and their drops by reason).
+fn control_sender<'a>(socket: &'a TunnelSocket, counters: &'a mut Counters) -> impl FnMut(&[u8], SocketAddr) + 'a {
+    move |data: &[u8], to: SocketAddr| {
+        counters.control += 1;
+        let mut sent = Counters::default();
+        // A socket that cannot send at all shows on the next batch's send; here only its drop is counted.
+        let _ = socket.send_one(data, to, &mut sent);
+        for &reason in DropReason::ALL {
+            counters.drops.add(reason, sent.drops.get(reason));
+        }
+    }
+}
+
+/// Where a sealed packet's datagram is.
+#[derive(Clone, Copy)]
+enum At {
+    Packet,
+    Out(usize),
+}
+
+/// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams.
+pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
+    let queue = &*ctx.queue;
+    let offset = queue.vnet_hdr_len();
+    // Room for any packet the device hands over whole: its MTU may be changed while the tunnel runs (wg-quick
+    // sets it after the endpoint starts), and a buffer's pages are touched only as far as packets reach.
+    let size = offset + MAX_PACKET + MAX_LINK_HEADER;
+    let overhead = ctx.transform.overhead();
+    let ip = queue.mode() == Mode::Tun;
+    let mut rx = RecvBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
+    let mut bufs = vec![vec![0u8; size]; BATCH_SIZE];
+    let mut lens = vec![0usize; BATCH_SIZE];
+    // Sealing into buffers of their own only for a transform that needs them.
+    let mut out: Vec<Vec<u8>> =
+        (0..BATCH_SIZE).map(|_| vec![0u8; if overhead > 0 { size + overhead } else { 0 }]).collect();
+    let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
+    let mut counters = Counters::default();
+    let mut control = Counters::default();
+    let mut published = Published { shared: ctx.stats.device_to_network(), sent: Counters::default() };
+    let read_counters = |rx: &RecvBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
+        let mut all = rx.stats();
+        all.add(counters);
+        all.add(control);
+        all
+    };
+    let result = loop {
+        if ctx.stop.is_stopped() {
+            break Ok(());
+        }
+        let got = match rx.try_recv_many(&mut bufs, &mut lens, offset) {
+            Ok(got) => got,
+            Err(e) if e.is_would_block() || e.is_interrupted() => {
+                published.publish(&read_counters(&rx, &counters, &control));
+                if let Err(e) = queue.wait_readable_or_stop(&ctx.stop, Some(IDLE_WAIT)) {
+                    break Err(e);
+                }
+                continue;
+            }
+            Err(e) => break Err(e),
+        };
+        sealed.clear();
+        {
+            let mut send_control = control_sender(&ctx.socket, &mut control);
+            for (i, (buf, o)) in bufs.iter_mut().zip(out.iter_mut()).take(got.packets).enumerate() {
+                let packet = &mut buf[offset..offset + lens[i]];
+                let outer_ecn = if ip { ecn::encapsulate(ecn::of(packet).unwrap_or(ecn::NOT_ECT)) } else { 0 };
+                match ctx.transform.seal(packet, o, &mut send_control) {
+                    Sealed::InPlace { to } => sealed.push((i, At::Packet, to, outer_ecn)),
+                    Sealed::Out { len, to } if len <= o.len() => sealed.push((i, At::Out(len), to, outer_ecn)),
+                    Sealed::Out { .. } => counters.drops.add(DropReason::TooBig, 1),
+                    Sealed::Held => counters.held += 1,
+                    Sealed::Dropped(reason) => counters.drops.add(reason, 1),
+                }
+            }
+        }
+        // The datagrams in the order their packets came, so that a flow stays in order.
+        let mut datagrams: [Datagram<'_>; BATCH_SIZE] =
+            [Datagram { data: &[], dest: SocketAddr::from(([0, 0, 0, 0], 0)), ecn: 0 }; BATCH_SIZE];
+        for (d, &(i, at, dest, ecn_field)) in datagrams.iter_mut().zip(&sealed) {
+            let data: &[u8] = match at {
+                At::Packet => &bufs[i][offset..offset + lens[i]],
+                At::Out(len) => &out[i][..len],
+            };
+            *d = Datagram { data, dest, ecn: ecn_field };
+        }
+        let n = sealed.len();
+        if let Err(e) = ctx.socket.send_datagrams(&datagrams[..n], Some(&ctx.stop), &mut counters) {
+            break Err(e);
+        }
+        published.publish(&read_counters(&rx, &counters, &control));
+    };
+    published.publish(&read_counters(&rx, &counters, &control));
+    result
+}
+
+/// Network -> device: receive many datagrams, open each, coalesce and write the packets.
+pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
+    let queue = &*ctx.queue;
+    let vnet = queue.vnet_hdr_len();
+    let ip = queue.mode() == Mode::Tun;
+    let checksums = if ctx.transform.authenticates() { Checksums::Valid } else { Checksums::Unverified };
+    let mut tx = SendBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
+    let mut slots = RecvSlots::new(RECV_SLOTS, RECV_SLOT_SIZE);
+    // Any packet a datagram can carry, behind room for the virtio header; pages are touched only as used.
+    let mut out = vec![vec![0u8; vnet + RECV_SLOT_SIZE]; BATCH_SIZE];
+    let mut lens = vec![0usize; BATCH_SIZE];
+    let mut counters = Counters::default();
+    let mut control = Counters::default();
+    let mut published = Published { shared: ctx.stats.network_to_device(), sent: Counters::default() };
+    let all = |tx: &SendBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
+        let mut all = tx.stats();
+        all.add(counters);
+        all.add(control);
+        all
+    };
+    let result: Result<()> = 'run: loop {
+        if ctx.stop.is_stopped() {
+            break Ok(());
+        }
+        let messages = match ctx.socket.recv(&mut slots) {
+            Ok(0) => {
+                published.publish(&all(&tx, &counters, &control));
+                if let Err(e) = ctx.socket.wait_readable(Some(&ctx.stop), Some(IDLE_WAIT)) {
+                    break Err(e);
+                }
+                continue;
+            }
+            Ok(n) => n,
+            Err(e) => break Err(e),
+        };
+        counters.reads += 1;
+        let _ = messages; // each message is looked at below
+        let mut k = 0;
+        let mut send_control = control_sender(&ctx.socket, &mut control);
+        for (meta, data) in slots.messages_mut() {
+            let Some(from) = meta.source else {
+                counters.drops.add(DropReason::MalformedDatagram, 1);
+                continue;
+            };
+            if meta.truncated {
+                // Longer than a slot: never a tunnel's datagram (they are at most 64 KiB).
+                counters.drops.add(DropReason::TooBig, 1);
+                continue;
+            }
+            let outer_ecn = meta.tos.unwrap_or(0) & 0b11;
+            for datagram in udp::datagrams(meta, data) {
+                counters.segments += 1;
+                match ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control) {
+                    Opened::Packet { len } => {
+                        let packet = &mut out[k][vnet..vnet + len];
+                        if ip && outer_ecn != ecn::NOT_ECT {
+                            let inner = ecn::of(packet).unwrap_or(ecn::NOT_ECT);
+                            match ecn::decapsulate(outer_ecn, inner) {
+                                None => {
+                                    counters.drops.add(DropReason::CeOnNotEct, 1);
+                                    continue;
+                                }
+                                Some(field) if field != inner => {
+                                    ecn::set(packet, field);
+                                }
+                                Some(_) => {}
+                            }
+                        }
+                        lens[k] = len;
+                        k += 1;
+                        if k == BATCH_SIZE {
+                            if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
+                                break 'run Err(e);
+                            }
+                            k = 0;
+                        }
+                    }
+                    Opened::Control => counters.control += 1,
+                    Opened::Dropped(reason) => counters.drops.add(reason, 1),
+                }
+            }
+        }
+        drop(send_control);
+        if k > 0 {
+            if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
+                break Err(e);
+            }
+        }
+        published.publish(&all(&tx, &counters, &control));
+    };
+    published.publish(&all(&tx, &counters, &control));
+    result
+}
+
+/// The transform's timers, every `interval` until the stop handle fires.
+pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<()> {
+    let mut control = Counters::default();
+    let mut published = Published { shared: ctx.stats.device_to_network(), sent: Counters::default() };
+    let wake = ctx.stop.wake_fd()?;
+    loop {
+        if crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))? || ctx.stop.is_stopped()
+        {
+            break;
+        }
+        ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
+        published.publish(&control);
+    }
+    published.publish(&control);
+    Ok(())
+}

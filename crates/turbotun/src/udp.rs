@@ -1,0 +1,588 @@
+//! UDP with segmentation offload both ways, for the tunnel engine and the load generator and sink: the one UDP
+//! layer of the crate.
+//!
+//! - **Send**: [`TunnelSocket::send_datagrams`] groups runs of datagrams to one destination with one ECN value,
+//!   all of one size but the last (which may be shorter), into one message with `UDP_SEGMENT`, and sends every
+//!   message of a batch with one `sendmmsg`. The datagrams stay where they are: a message's payload is the list
+//!   of their slices.
+//! - **Receive**: [`RecvSlots`] reads many messages per `recvmmsg`, each of which may hold several datagrams of
+//!   one flow coalesced by the kernel (`UDP_GRO`), split here by their segment size.
+//! - **Degrading, counted**: a segmented send the kernel refuses for its segmentation (`EIO`, `EINVAL`) turns
+//!   segmentation off for the socket and is sent again one datagram per message; one too large for the path
+//!   (`EMSGSIZE`: a segment is never fragmented) is sent again one datagram per message, which the kernel may
+//!   fragment. Each is counted in `gso_fallbacks`; a datagram that still cannot go is a drop with its reason.
+//!
+//! Outer datagrams may be fragmented (`IP_PMTUDISC_DONT`), as the kernel's own tunnels allow: a tunnel whose
+//! underlay has a smaller MTU than its packets still carries them.
+
+use std::io::{self, IoSlice};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rustix::event::PollFlags;
+use rustix::net::sockopt;
+
+use crate::error::{Error, Result};
+use crate::stats::{Counters, DropReason};
+use crate::stop::StopHandle;
+use crate::sys;
+
+pub use crate::sys::udp::{RecvMeta, MAX_MMSG};
+
+/// Most datagrams one segmented send carries: the kernel's limit on every release (newer ones take 128).
+pub const MAX_SEGMENTS: usize = 64;
+
+/// The largest payload of one send (all its segments together): the IP length field's limit less the headers.
+pub fn max_send_payload(dest: &SocketAddr) -> usize {
+    if dest.is_ipv6() {
+        65_535 - 8
+    } else {
+        65_535 - 20 - 8
+    }
+}
+
+/// Turns on UDP GSO (`UDP_SEGMENT`) for a UDP socket: each `send` of up to 64 KiB leaves as datagrams of
+/// `segment_size` bytes, which reach a TUN/TAP device with USO as one super-packet.
+pub fn set_udp_segment(socket: &impl AsFd, segment_size: u16) -> Result<()> {
+    sys::udp::set_udp_segment(socket.as_fd(), segment_size).map_err(|e| Error::io("setsockopt(UDP_SEGMENT)", e))
+}
+
+/// `sendmmsg` of `count` equal messages of `msg_len` bytes taken back to back from `buf`, on a connected socket
+/// (the load generator's send); see [`sys::udp::send_mmsg`].
+pub fn send_equal(socket: &impl AsFd, buf: &[u8], msg_len: usize, count: usize) -> io::Result<usize> {
+    sys::udp::send_mmsg(socket.as_fd(), buf, msg_len, count)
+}
+
+/// One datagram to send: its bytes, where it goes, the ECN field its outer header carries.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    /// The UDP payload.
+    pub data: &'a [u8],
+    /// The destination.
+    pub dest: SocketAddr,
+    /// The ECN field (low two bits of the TOS byte or traffic class).
+    pub ecn: u8,
+}
+
+/// Options of a [`TunnelSocket`].
+#[derive(Debug, Clone, Copy)]
+pub struct SocketOptions {
+    /// `SO_REUSEPORT`: several sockets (one per worker) on one address; the kernel keeps each remote address on
+    /// one of them.
+    pub reuse_port: bool,
+    /// Segmented sends (`UDP_SEGMENT`), where the kernel has them.
+    pub gso: bool,
+    /// Coalesced reads (`UDP_GRO`), where the kernel has them.
+    pub gro: bool,
+    /// `SO_MARK` (0: none; anything else needs CAP_NET_ADMIN).
+    pub mark: u32,
+    /// On an IPv6 address: IPv4 too (`IPV6_V6ONLY` off), IPv4 peers seen and addressed as plain IPv4 addresses.
+    pub dual_stack: bool,
+    /// IPv4 datagrams without a UDP checksum (`SO_NO_CHECK`), as the kernel's VXLAN sends by default: the
+    /// tunnel's packets carry their own. The kernel refuses segmented sends on such a socket, so each is sent
+    /// again one datagram per message and segmentation goes off (counted in `gso_fallbacks`).
+    pub zero_checksum: bool,
+    /// Send and receive buffer sizes asked for (capped by `net.core.wmem_max`/`rmem_max`, or forced past them
+    /// with CAP_NET_ADMIN).
+    pub buffer: usize,
+}
+
+impl Default for SocketOptions {
+    fn default() -> Self {
+        SocketOptions {
+            reuse_port: true,
+            gso: true,
+            gro: true,
+            mark: 0,
+            dual_stack: false,
+            zero_checksum: false,
+            buffer: 4 << 20,
+        }
+    }
+}
+
+/// A non-blocking UDP socket with segmentation offload both ways, ECN on every datagram, and sources read with
+/// every message. Shared by reference between the workers that send on it.
+#[derive(Debug)]
+pub struct TunnelSocket {
+    socket: UdpSocket,
+    gso: AtomicBool,
+    gro: bool,
+    /// An IPv6 socket that also carries IPv4: IPv4 destinations are sent to as v4-mapped addresses.
+    dual: bool,
+}
+
+impl TunnelSocket {
+    /// Binds `addr` with `options`. Port 0 picks one ([`Self::local_addr`] says which).
+    pub fn bind(addr: SocketAddr, options: &SocketOptions) -> Result<Self> {
+        use rustix::net::{AddressFamily, SocketType};
+        let family = if addr.is_ipv6() { AddressFamily::INET6 } else { AddressFamily::INET };
+        let fd = rustix::net::socket_with(
+            family,
+            SocketType::DGRAM,
+            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| Error::io("socket(UDP)", e.into()))?;
+        let opt = |what: &'static str, r: rustix::io::Result<()>| r.map_err(|e| Error::io(what, e.into()));
+        if options.reuse_port {
+            opt("setsockopt(SO_REUSEPORT)", sockopt::set_socket_reuseport(&fd, true))?;
+        }
+        let dual = addr.is_ipv6() && options.dual_stack;
+        if addr.is_ipv6() {
+            opt("setsockopt(IPV6_V6ONLY)", sockopt::set_ipv6_v6only(&fd, !dual))?;
+            opt("setsockopt(IPV6_RECVTCLASS)", sockopt::set_ipv6_recvtclass(&fd, true))?;
+            // Outer fragmentation allowed: a packet larger than the path is fragmented rather than lost.
+            let _ = sockopt::set_ipv6_mtu_discover(&fd, sockopt::Ipv6PathMtuDiscovery::DONT);
+        }
+        if !addr.is_ipv6() || dual {
+            opt("setsockopt(IP_RECVTOS)", sockopt::set_ip_recvtos(&fd, true))?;
+            let _ = sockopt::set_ip_mtu_discover(&fd, sockopt::Ipv4PathMtuDiscovery::DONT);
+        }
+        if options.buffer > 0 {
+            // Forced past the system's limit where we may, asked within it otherwise.
+            if sockopt::set_socket_send_buffer_size_force(&fd, options.buffer).is_err() {
+                let _ = sockopt::set_socket_send_buffer_size(&fd, options.buffer);
+            }
+            if sockopt::set_socket_recv_buffer_size_force(&fd, options.buffer).is_err() {
+                let _ = sockopt::set_socket_recv_buffer_size(&fd, options.buffer);
+            }
+        }
+        if options.mark != 0 {
+            sys::udp::set_mark(fd.as_fd(), options.mark)
+                .map_err(|e| crate::error::permission_or_io("setting SO_MARK on the tunnel socket", e))?;
+        }
+        if options.zero_checksum && !addr.is_ipv6() {
+            sys::udp::set_no_check(fd.as_fd(), true).map_err(|e| Error::io("setsockopt(SO_NO_CHECK)", e))?;
+        }
+        rustix::net::bind(&fd, &addr).map_err(|e| Error::io(format!("binding UDP {addr}"), e.into()))?;
+        let gso = options.gso && sys::udp::udp_segment_supported(fd.as_fd());
+        let gro = options.gro && sys::udp::set_udp_gro(fd.as_fd(), true).is_ok();
+        Ok(TunnelSocket { socket: UdpSocket::from(fd), gso: AtomicBool::new(gso), gro, dual })
+    }
+
+    /// The address it is bound to.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.socket.local_addr().map_err(|e| Error::io("getsockname", e))
+    }
+
+    /// Whether sends are segmented (off after the kernel refused a segmented send).
+    pub fn gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Whether reads may be coalesced.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Sets `SO_MARK` (0: none).
+    pub fn set_mark(&self, mark: u32) -> Result<()> {
+        sys::udp::set_mark(self.socket.as_fd(), mark)
+            .map_err(|e| crate::error::permission_or_io("setting SO_MARK on the tunnel socket", e))
+    }
+
+    /// Waits until a datagram can be read, `timeout` passes or `stop` fires (false for the last two).
+    pub fn wait_readable(&self, stop: Option<&StopHandle>, timeout: Option<Duration>) -> Result<bool> {
+        crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
+    }
+
+    /// Reads what is queued into `slots` without waiting: the number of messages read, 0 when none is there.
+    pub fn recv(&self, slots: &mut RecvSlots) -> Result<usize> {
+        let n = slots.recv(&self.socket, false)?;
+        if self.dual {
+            for m in &mut slots.meta[..n] {
+                m.source = m.source.map(unmapped);
+            }
+        }
+        Ok(n)
+    }
+
+    /// The address to send to: a v4-mapped one for an IPv4 peer on a dual-stack socket.
+    fn wire_dest(&self, dest: SocketAddr) -> SocketAddr {
+        match dest {
+            SocketAddr::V4(v4) if self.dual => {
+                SocketAddr::new(std::net::IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+            }
+            other => other,
+        }
+    }
+
+    /// Sends one datagram on its own (a handshake, a keepalive, a reply): no batching, no segmentation.
+    pub fn send_one(&self, data: &[u8], dest: SocketAddr, counters: &mut Counters) -> Result<()> {
+        self.send_datagrams(&[Datagram { data, dest, ecn: 0 }], None, counters)
+    }
+
+    /// Sends `datagrams` in order, grouped into segmented messages where they can be (see the module
+    /// documentation), with as few `sendmmsg` calls as the kernel allows. Every datagram is sent or counted in
+    /// `counters` as a drop with its reason; `packets`, `bytes` and `writes` (system calls) count what went.
+    /// A full socket buffer is waited on (until `stop` fires: the rest is then counted as stopped). Errors only
+    /// for a socket that cannot send at all, after counting what it did not send.
+    pub fn send_datagrams(
+        &self,
+        datagrams: &[Datagram<'_>],
+        stop: Option<&StopHandle>,
+        counters: &mut Counters,
+    ) -> Result<()> {
+        let mut start = 0;
+        while start < datagrams.len() {
+            let end = (start + IOV_MAX).min(datagrams.len());
+            self.send_chunk(&datagrams[start..end], stop, counters)?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// [`Self::send_datagrams`] for at most [`IOV_MAX`] datagrams (the iovec array on the stack).
+    fn send_chunk(&self, datagrams: &[Datagram<'_>], stop: Option<&StopHandle>, counters: &mut Counters) -> Result<()> {
+        let mut iov = [IoSlice::new(&[]); IOV_MAX];
+        for (slot, d) in iov.iter_mut().zip(datagrams) {
+            *slot = IoSlice::new(d.data);
+        }
+        let mut group_room = [(0, 0, 0); IOV_MAX];
+        let groups = group(datagrams, self.gso(), &mut group_room);
+        let mut messages = [sys::udp::SendMsg { dest: datagrams[0].dest, iov: &[], segment: 0, tos: None }; MAX_MMSG];
+        let mut g = 0;
+        while g < groups.len() {
+            let batch = &groups[g..groups.len().min(g + MAX_MMSG)];
+            for (m, &(first, end, segment)) in messages.iter_mut().zip(batch) {
+                let d = &datagrams[first];
+                let dest = self.wire_dest(d.dest);
+                *m = sys::udp::SendMsg { dest, iov: &iov[first..end], segment, tos: Some(d.ecn & 0b11) };
+            }
+            counters.writes += 1;
+            match sys::udp::send_msgs(self.socket.as_fd(), &messages[..batch.len()]) {
+                Ok(n) => {
+                    for &(first, end, _) in &batch[..n] {
+                        count_sent(&datagrams[first..end], counters);
+                    }
+                    g += n;
+                }
+                Err(e) => {
+                    // The first message of the batch failed: decide for it, then go on after it.
+                    let (first, end, segment) = batch[0];
+                    match self.failed(&e, &datagrams[first..end], &iov[first..end], segment, stop, counters) {
+                        Ok(Retry::Again) => {}
+                        Ok(Retry::Next) => g += 1,
+                        Err(fatal) => {
+                            let rest: usize = groups[g..].iter().map(|&(a, b, _)| b - a).sum();
+                            counters.drops.add(DropReason::Stopped, rest as u64);
+                            return Err(fatal);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What a failed send of one message (`datagrams`, gathered from `iov`) becomes.
+    fn failed(
+        &self,
+        e: &io::Error,
+        datagrams: &[Datagram<'_>],
+        iov: &[IoSlice<'_>],
+        segment: u16,
+        stop: Option<&StopHandle>,
+        counters: &mut Counters,
+    ) -> Result<Retry> {
+        let segmented = segment > 0 && datagrams.len() > 1;
+        match e.raw_os_error() {
+            Some(libc::EINTR) => Ok(Retry::Again),
+            Some(libc::EAGAIN) => {
+                // The socket buffer is full: wait for room (backpressure), or give up on a stop.
+                if stop.is_some_and(StopHandle::is_stopped) {
+                    counters.drops.add(DropReason::Stopped, datagrams.len() as u64);
+                    return Ok(Retry::Next);
+                }
+                crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, Some(Duration::from_millis(100)))?;
+                Ok(Retry::Again)
+            }
+            Some(libc::ENOBUFS) => {
+                // The device queue is full for a moment: the kernel gives no readiness for that.
+                std::thread::sleep(Duration::from_micros(50));
+                Ok(Retry::Again)
+            }
+            Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE) if segmented => {
+                if e.raw_os_error() != Some(libc::EMSGSIZE) && self.gso.swap(false, Ordering::Relaxed) {
+                    tracing::warn!("the kernel refused a segmented UDP send ({e}); segmentation off for this socket");
+                }
+                counters.gso_fallbacks += 1;
+                self.send_singly(datagrams, iov, stop, counters)?;
+                Ok(Retry::Next)
+            }
+            Some(libc::EMSGSIZE) => {
+                counters.drops.add(DropReason::TooBig, datagrams.len() as u64);
+                Ok(Retry::Next)
+            }
+            Some(
+                libc::ENETUNREACH
+                | libc::EHOSTUNREACH
+                | libc::ENETDOWN
+                | libc::EHOSTDOWN
+                | libc::EADDRNOTAVAIL
+                | libc::ECONNREFUSED
+                | libc::EPERM
+                | libc::EACCES
+                | libc::EAFNOSUPPORT,
+            ) => {
+                counters.drops.add(DropReason::Unreachable, datagrams.len() as u64);
+                Ok(Retry::Next)
+            }
+            Some(libc::EINVAL) => {
+                counters.drops.add(DropReason::KernelRefused, datagrams.len() as u64);
+                Ok(Retry::Next)
+            }
+            _ => Err(Error::io("sendmmsg on the tunnel socket", copy_error(e))),
+        }
+    }
+
+    /// Sends each of `datagrams` as its own message (after a refused segmented send).
+    fn send_singly(
+        &self,
+        datagrams: &[Datagram<'_>],
+        iov: &[IoSlice<'_>],
+        stop: Option<&StopHandle>,
+        counters: &mut Counters,
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < datagrams.len() {
+            let d = &datagrams[i];
+            let dest = self.wire_dest(d.dest);
+            let msg = [sys::udp::SendMsg { dest, iov: &iov[i..i + 1], segment: 0, tos: Some(d.ecn & 0b11) }];
+            counters.writes += 1;
+            match sys::udp::send_msgs(self.socket.as_fd(), &msg) {
+                Ok(_) => {
+                    count_sent(&datagrams[i..i + 1], counters);
+                    i += 1;
+                }
+                Err(e) => match self.failed(&e, &datagrams[i..i + 1], &iov[i..i + 1], 0, stop, counters)? {
+                    Retry::Again => {}
+                    Retry::Next => i += 1,
+                },
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsFd for TunnelSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+/// Datagrams one [`TunnelSocket::send_datagrams`] chunk handles (its iovecs live on the stack).
+const IOV_MAX: usize = 256;
+
+/// What to do after a failed message.
+enum Retry {
+    /// Send the same message again.
+    Again,
+    /// It was dealt with (sent another way, or counted): go on with the next.
+    Next,
+}
+
+/// A v4-mapped address (`::ffff:a.b.c.d`) as the IPv4 address it stands for; any other unchanged.
+fn unmapped(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+/// An owned copy of `e` that keeps its errno.
+fn copy_error(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+fn count_sent(datagrams: &[Datagram<'_>], counters: &mut Counters) {
+    counters.packets += datagrams.len() as u64;
+    counters.bytes += datagrams.iter().map(|d| d.data.len() as u64).sum::<u64>();
+}
+
+/// Splits `datagrams` into messages: `(first, end, segment)` index ranges, each a run that one segmented send
+/// can carry (one destination, one ECN value, all of the first one's size but the last, which may be shorter;
+/// at most [`MAX_SEGMENTS`] and [`max_send_payload`] bytes), or single datagrams without `gso`.
+fn group<'g>(datagrams: &[Datagram<'_>], gso: bool, out: &'g mut [(usize, usize, u16)]) -> &'g [(usize, usize, u16)] {
+    let mut n = 0;
+    let mut i = 0;
+    while i < datagrams.len() && n < out.len() {
+        let head = &datagrams[i];
+        let size = head.data.len();
+        let mut end = i + 1;
+        let mut total = size;
+        if gso && size > 0 && size <= usize::from(u16::MAX) {
+            let limit = max_send_payload(&head.dest);
+            while end < datagrams.len() && end - i < MAX_SEGMENTS {
+                let d = &datagrams[end];
+                let len = d.data.len();
+                if d.dest != head.dest
+                    || (d.ecn & 0b11) != (head.ecn & 0b11)
+                    || len > size
+                    || len == 0
+                    || total + len > limit
+                {
+                    break;
+                }
+                total += len;
+                end += 1;
+                if len < size {
+                    break; // only the last may be shorter
+                }
+            }
+        }
+        let segment = if end - i > 1 { size as u16 } else { 0 };
+        out[n] = (i, end, segment);
+        n += 1;
+        i = end;
+    }
+    &out[..n]
+}
+
+/// Buffers for batched receives: `slots` messages of `slot_size` bytes each, read by one `recvmmsg`.
+#[derive(Debug)]
+pub struct RecvSlots {
+    buf: Vec<u8>,
+    slot: usize,
+    meta: Vec<RecvMeta>,
+    filled: usize,
+}
+
+impl RecvSlots {
+    /// Room for `slots` messages of `slot_size` bytes (64 KiB holds any coalesced read).
+    pub fn new(slots: usize, slot_size: usize) -> Self {
+        let slots = slots.clamp(1, MAX_MMSG);
+        RecvSlots {
+            buf: vec![0; slots * slot_size],
+            slot: slot_size,
+            meta: vec![RecvMeta::default(); slots],
+            filled: 0,
+        }
+    }
+
+    /// Reads into the slots: with `wait`, sleeps (up to the socket's receive timeout) for the first message;
+    /// without, returns 0 at once when nothing is queued. The number of messages read.
+    pub fn recv(&mut self, socket: &impl AsFd, wait: bool) -> Result<usize> {
+        self.filled = 0;
+        match sys::udp::recv_mmsg(socket.as_fd(), &mut self.buf, self.slot, &mut self.meta, wait) {
+            Ok(n) => {
+                self.filled = n;
+                Ok(n)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(0)
+            }
+            Err(e) => Err(Error::io("recvmmsg", e)),
+        }
+    }
+
+    /// The messages of the last read: what the kernel said of each, and its bytes (several datagrams when
+    /// `gso_size` is set: see [`datagrams`]).
+    pub fn messages_mut(&mut self) -> impl Iterator<Item = (&RecvMeta, &mut [u8])> {
+        let slot = self.slot;
+        self.meta[..self.filled].iter().zip(self.buf.chunks_mut(slot)).map(|(m, s)| {
+            let len = m.len.min(s.len());
+            (m, &mut s[..len])
+        })
+    }
+
+    /// Like [`Self::messages_mut`], read-only.
+    pub fn messages(&self) -> impl Iterator<Item = (&RecvMeta, &[u8])> {
+        self.meta[..self.filled].iter().zip(self.buf.chunks(self.slot)).map(|(m, s)| (m, &s[..m.len.min(s.len())]))
+    }
+}
+
+/// The datagrams of one received message: split by its `UDP_GRO` segment size, or the whole message.
+pub fn datagrams<'a>(meta: &RecvMeta, data: &'a mut [u8]) -> std::slice::ChunksMut<'a, u8> {
+    let step = if meta.gso_size > 0 { usize::from(meta.gso_size) } else { data.len().max(1) };
+    data.chunks_mut(step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(data: &[u8], port: u16, ecn: u8) -> Datagram<'_> {
+        Datagram { data, dest: SocketAddr::from(([127, 0, 0, 1], port)), ecn }
+    }
+
+    #[test]
+    fn test_runs_of_one_size_to_one_place_make_one_message() {
+        let (a, b) = (vec![0u8; 1000], vec![0u8; 400]);
+        let mut out = [(0, 0, 0); 64];
+        // Five of 1000 then a shorter one: one message; the shorter ends it.
+        let ds = [d(&a, 1, 0), d(&a, 1, 0), d(&a, 1, 0), d(&a, 1, 0), d(&a, 1, 0), d(&b, 1, 0), d(&a, 1, 0)];
+        assert_eq!(group(&ds, true, &mut out), &[(0, 6, 1000), (6, 7, 0)]);
+        // Another destination or ECN value starts a new message; a longer one too.
+        let ds = [d(&b, 1, 0), d(&b, 2, 0), d(&b, 2, 2), d(&b, 2, 2), d(&a, 2, 2)];
+        assert_eq!(group(&ds, true, &mut out), &[(0, 1, 0), (1, 2, 0), (2, 4, 400), (4, 5, 0)]);
+        // Without GSO every datagram is its own message.
+        assert_eq!(group(&ds[..2], false, &mut out), &[(0, 1, 0), (1, 2, 0)]);
+    }
+
+    #[test]
+    fn test_a_message_keeps_to_the_kernels_limits() {
+        let big = vec![0u8; 1400];
+        let ds = vec![d(&big, 1, 0); 100];
+        let mut out = [(0, 0, 0); 64];
+        let groups = group(&ds, true, &mut out);
+        // 46 x 1400 = 64,400 fits 65,507; a 47th would not.
+        assert_eq!(groups[0], (0, 46, 1400));
+        let small = vec![0u8; 100];
+        let ds = vec![d(&small, 1, 0); 100];
+        assert_eq!(group(&ds, true, &mut out)[0], (0, MAX_SEGMENTS, 100));
+    }
+
+    /// Over loopback: a dual-stack socket and an IPv4 one exchange a run of datagrams sent as one segmented
+    /// message (received as one coalesced read), their ECN field kept, the dual-stack side seeing a plain IPv4
+    /// source.
+    #[test]
+    fn test_segmented_sends_coalesced_reads_ecn_and_dual_stack_over_loopback() {
+        let options = SocketOptions { dual_stack: true, reuse_port: false, ..SocketOptions::default() };
+        let dual = TunnelSocket::bind("[::]:0".parse().unwrap(), &options).unwrap();
+        let v4 = TunnelSocket::bind("127.0.0.1:0".parse().unwrap(), &SocketOptions::default()).unwrap();
+        let to_v4 = v4.local_addr().unwrap();
+        let to_dual = SocketAddr::from(([127, 0, 0, 1], dual.local_addr().unwrap().port()));
+        let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; if i == 9 { 300 } else { 1000 }]).collect();
+        let datagrams: Vec<Datagram<'_>> =
+            payloads.iter().map(|p| Datagram { data: p, dest: to_v4, ecn: turbotun_wire::ecn::ECT0 }).collect();
+        let mut counters = Counters::default();
+        dual.send_datagrams(&datagrams, None, &mut counters).unwrap();
+        assert_eq!((counters.packets, counters.writes, counters.drops.total()), (10, 1, 0), "{counters:?}");
+        let mut slots = RecvSlots::new(4, 65536);
+        assert!(v4.wait_readable(None, Some(Duration::from_secs(2))).unwrap());
+        let mut got = Vec::new();
+        while got.len() < 10 && v4.recv(&mut slots).unwrap() > 0 {
+            for (meta, data) in slots.messages_mut() {
+                assert_eq!(meta.tos.map(|t| t & 3), Some(turbotun_wire::ecn::ECT0), "{meta:?}");
+                assert_eq!(meta.source.map(|s| s.port()), Some(to_dual.port()));
+                got.extend(datagrams_of(meta, data));
+            }
+        }
+        assert_eq!(got, payloads);
+        // And back: the dual-stack side sees 127.0.0.1, not ::ffff:127.0.0.1.
+        v4.send_one(b"back", to_dual, &mut counters).unwrap();
+        assert!(dual.wait_readable(None, Some(Duration::from_secs(2))).unwrap());
+        assert_eq!(dual.recv(&mut slots).unwrap(), 1);
+        let (meta, data) = slots.messages_mut().next().unwrap();
+        assert_eq!((meta.source, &*data), (Some(to_v4), &b"back"[..]));
+    }
+
+    fn datagrams_of(meta: &RecvMeta, data: &mut [u8]) -> Vec<Vec<u8>> {
+        datagrams(meta, data).map(|d| d.to_vec()).collect()
+    }
+}

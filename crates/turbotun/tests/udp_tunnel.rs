@@ -1,0 +1,251 @@
+//! The tunnel engine with the plain transform on real devices: two private namespaces joined by a veth pair
+//! (the underlay), a TUN device in each, and the engine between each device and a UDP socket on the underlay.
+//! TCP over IPv4 and IPv6 and UDP with GSO cross byte for byte; underlays smaller and larger than the tunnel's
+//! packets; segmented sends the kernel refuses; a socket without UDP GRO. Every packet is written or counted.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::{new_netns, ns_path, unique_name};
+use turbotun::netlink::Netlink;
+use turbotun::netns::with_netns;
+use turbotun::tunnel::{Plain, TunnelBuilder, TunnelStats, TunnelStatsHandle};
+use turbotun::udp::SocketOptions;
+use turbotun::{DeviceBuilder, Offloads, StopHandle};
+
+const PORT: u16 = 5555;
+
+/// Two namespaces with a tunnel between them, stopped and joined when dropped (also on a failed assertion).
+struct Ends {
+    a: OwnedFd,
+    b: OwnedFd,
+    stop: StopHandle,
+    runs: Vec<JoinHandle<turbotun::Result<TunnelStats>>>,
+    stats: Vec<TunnelStatsHandle>,
+    gso: Vec<Arc<turbotun::udp::TunnelSocket>>,
+}
+
+impl Ends {
+    fn in_a<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.a), f).unwrap()
+    }
+
+    fn in_b<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        with_netns(&ns_path(&self.b), f).unwrap()
+    }
+
+    /// Stops both ends and returns their final counters (a, b).
+    fn finish(mut self) -> Vec<TunnelStats> {
+        self.stop.stop();
+        self.runs.drain(..).map(|h| h.join().unwrap().unwrap()).collect()
+    }
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.stop.stop();
+        for h in self.runs.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Underlay 10.201.0.1 <-> .2 at `underlay_mtu`; tunnel devices with 10.202.0.1/24, fd02::1/64 (and .2, ::2) at
+/// `tunnel_mtu`, virtio header and every offload on; a plain tunnel at each end with `options`.
+fn tunnel_pair(underlay_mtu: u32, tunnel_mtu: u32, options: SocketOptions) -> Ends {
+    let (a, b) = (new_netns(), new_netns());
+    let (ul_a, ul_b) = (unique_name("ula"), unique_name("ulb"));
+    let mut nl = Netlink::in_netns(&ns_path(&a)).unwrap();
+    nl.create_veth(&ul_a, &ul_b).unwrap();
+    nl.move_to_netns(&ul_b, &ns_path(&b)).unwrap();
+    let stop = StopHandle::new();
+    let mut ends = Ends { a, b, stop: stop.clone(), runs: Vec::new(), stats: Vec::new(), gso: Vec::new() };
+    for (ns, ul, me, peer, inner4, inner6) in [
+        (&ends.a, &ul_a, "10.201.0.1", "10.201.0.2", "10.202.0.1", "fd02::1"),
+        (&ends.b, &ul_b, "10.201.0.2", "10.201.0.1", "10.202.0.2", "fd02::2"),
+    ] {
+        let path = ns_path(ns);
+        let mut nl = Netlink::in_netns(&path).unwrap();
+        nl.set_mtu(ul, underlay_mtu).unwrap();
+        nl.add_address(ul, me.parse().unwrap(), 24).unwrap();
+        nl.set_up(ul, true).unwrap();
+        nl.set_up("lo", true).unwrap();
+        let name = unique_name("ttu");
+        let remote = SocketAddr::new(peer.parse().unwrap(), PORT);
+        let local = SocketAddr::new(me.parse().unwrap(), PORT);
+        let tunnel = with_netns(&path, || {
+            let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::ALL).open().unwrap();
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/accept_dad"), "0").unwrap();
+            TunnelBuilder::new(Arc::new(Plain::new(remote)))
+                .bind(local)
+                .socket_options(options)
+                .stop_on(stop.clone())
+                .build(dev.into_queues())
+                .unwrap()
+        })
+        .unwrap();
+        nl.set_mtu(&name, tunnel_mtu).unwrap();
+        nl.add_address(&name, inner4.parse().unwrap(), 24).unwrap();
+        nl.add_address(&name, inner6.parse().unwrap(), 64).unwrap();
+        nl.set_up(&name, true).unwrap();
+        ends.stats.push(tunnel.stats());
+        ends.gso.extend(tunnel.sockets());
+        ends.runs.push(std::thread::spawn(move || tunnel.run()));
+    }
+    ends
+}
+
+/// `len` bytes that differ from one offset to the next.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed as u8).collect()
+}
+
+/// A TCP stream of `len` bytes from the namespace `from` to a listener at `to` in `ends`'s other namespace,
+/// compared byte for byte.
+fn tcp_crosses(ends: &Ends, a_to_b: bool, to: IpAddr, len: usize) {
+    let listener =
+        if a_to_b { ends.in_b(|| TcpListener::bind((to, 7000))) } else { ends.in_a(|| TcpListener::bind((to, 7000))) }
+            .unwrap();
+    let data = pattern(len, len as u32);
+    let expected = data.clone();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = Vec::with_capacity(len);
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let connect = || TcpStream::connect_timeout(&SocketAddr::new(to, 7000), Duration::from_secs(5));
+    let mut s = if a_to_b { ends.in_a(connect) } else { ends.in_b(connect) }.unwrap();
+    s.write_all(&data).unwrap();
+    drop(s);
+    let got = receiver.join().unwrap();
+    assert!(
+        got == expected,
+        "{len} bytes to {to}: {} arrived, first difference at {:?}",
+        got.len(),
+        got.iter().zip(&expected).position(|(x, y)| x != y)
+    );
+}
+
+/// 20 datagrams of 1000 bytes in one UDP GSO send from A to B (one super-packet into the tunnel device, split,
+/// sealed, sent and coalesced again on the far side); each arrives whole.
+fn udp_gso_crosses(ends: &Ends) {
+    let rx = ends.in_b(|| UdpSocket::bind(("10.202.0.2", 7001))).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let tx = ends.in_a(|| UdpSocket::bind(("10.202.0.1", 0))).unwrap();
+    turbotun::udp::set_udp_segment(&tx, 1000).unwrap();
+    let burst = pattern(20_000, 7);
+    tx.send_to(&burst, ("10.202.0.2", 7001)).unwrap();
+    let mut buf = [0u8; 2048];
+    for k in 0..20 {
+        let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {k}: {e}"));
+        assert_eq!(&buf[..n], &burst[k * 1000..(k + 1) * 1000], "datagram {k}");
+    }
+}
+
+/// Every packet read was sent and every datagram received was written: nothing dropped either way (a stop can
+/// only count what was in hand when it came).
+fn nothing_lost(stats: &[TunnelStats]) {
+    for (end, s) in ["a", "b"].iter().zip(stats) {
+        for (dir, c) in [("to the network", &s.to_network), ("from the network", &s.from_network)] {
+            let drops = c.drops.total() - c.drops.stopped;
+            assert_eq!(drops, 0, "end {end}, {dir}: {c:?}");
+        }
+    }
+}
+
+#[test]
+fn plain_tunnel_carries_tcp_and_udp_byte_for_byte() {
+    if common::in_netns("plain_tunnel_carries_tcp_and_udp_byte_for_byte", || ()).is_none() {
+        return;
+    }
+    {
+        let ends = tunnel_pair(1500, 1420, SocketOptions::default());
+        assert!(ends.gso.iter().all(|s| s.gso() && s.gro()), "segmentation on both ways on this kernel");
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 16 << 20);
+        tcp_crosses(&ends, false, "fd02::1".parse().unwrap(), 16 << 20);
+        udp_gso_crosses(&ends);
+        let stats = ends.finish();
+        nothing_lost(&stats);
+        let (a, b) = (&stats[0], &stats[1]);
+        // Segmentation both ways: the sender's datagrams left in far fewer system calls than datagrams, and the
+        // receiver's writes to its device were coalesced.
+        assert!(a.to_network.writes * 8 < a.to_network.packets, "a's sends: {:?}", a.to_network);
+        assert!(
+            b.from_network.coalesced > 0 && b.from_network.writes < b.from_network.packets / 4,
+            "{:?}",
+            b.from_network
+        );
+        assert!(a.to_network.super_packets > 0, "the device handed over super-packets: {:?}", a.to_network);
+        assert_eq!(a.to_network.gso_fallbacks + b.to_network.gso_fallbacks, 0);
+    }
+}
+
+#[test]
+fn plain_tunnel_over_a_small_and_a_jumbo_underlay() {
+    if common::in_netns("plain_tunnel_over_a_small_and_a_jumbo_underlay", || ()).is_none() {
+        return;
+    }
+    {
+        // 1420-byte packets in 1448-byte datagrams over a 1280-byte underlay: segmented sends are refused for
+        // their size (a segment is never fragmented) and go again one datagram each, fragmented.
+        let ends = tunnel_pair(1280, 1420, SocketOptions::default());
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 4 << 20);
+        tcp_crosses(&ends, false, "fd02::1".parse().unwrap(), 2 << 20);
+        let stats = ends.finish();
+        nothing_lost(&stats);
+        assert!(stats[0].to_network.gso_fallbacks > 0, "{:?}", stats[0].to_network);
+        // A jumbo underlay and tunnel.
+        let ends = tunnel_pair(9000, 8900, SocketOptions::default());
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 16 << 20);
+        tcp_crosses(&ends, false, "fd02::1".parse().unwrap(), 4 << 20);
+        udp_gso_crosses(&ends);
+        let stats = ends.finish();
+        nothing_lost(&stats);
+        assert_eq!(stats[0].to_network.gso_fallbacks, 0, "{:?}", stats[0].to_network);
+    }
+}
+
+#[test]
+fn refused_segmentation_falls_back_and_is_counted() {
+    if common::in_netns("refused_segmentation_falls_back_and_is_counted", || ()).is_none() {
+        return;
+    }
+    {
+        // Outer datagrams without a UDP checksum: the kernel refuses every segmented send (EINVAL).
+        let options = SocketOptions { zero_checksum: true, ..SocketOptions::default() };
+        let ends = tunnel_pair(1500, 1420, options);
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 8 << 20);
+        udp_gso_crosses(&ends);
+        assert!(!ends.gso[0].gso(), "segmentation went off after the refusal");
+        let stats = ends.finish();
+        nothing_lost(&stats);
+        assert!(stats[0].to_network.gso_fallbacks >= 1, "{:?}", stats[0].to_network);
+    }
+}
+
+#[test]
+fn plain_tunnel_without_udp_gro() {
+    if common::in_netns("plain_tunnel_without_udp_gro", || ()).is_none() {
+        return;
+    }
+    {
+        let options = SocketOptions { gro: false, ..SocketOptions::default() };
+        let ends = tunnel_pair(1500, 1420, options);
+        assert!(ends.gso.iter().all(|s| !s.gro()));
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 8 << 20);
+        tcp_crosses(&ends, false, "fd02::1".parse().unwrap(), 4 << 20);
+        udp_gso_crosses(&ends);
+        let stats = ends.finish();
+        nothing_lost(&stats);
+        // Without coalesced reads each message is one datagram: as many datagrams as the peer sent arrived.
+        assert!(stats[1].from_network.segments >= stats[0].to_network.packets / 2, "{stats:?}");
+    }
+}
