@@ -5,11 +5,14 @@ use clap::{Parser, Subcommand};
 
 mod args;
 mod bench;
+mod counters;
 mod echo_cmd;
 mod fwd;
 mod inspect_cmd;
 mod load_cmd;
 mod open;
+mod tunnel_cmd;
+mod wg_cmd;
 
 #[derive(Debug, Parser)]
 #[command(name = "turbotun", version, about = "Fast Linux TUN/TAP dataplane: inspect, create, forward, benchmark")]
@@ -38,6 +41,11 @@ enum Command {
     Open(open::OpenArgs),
     /// Paced UDP load: `load gen` sends, `load sink` counts loss, reordering and duplicates per flow.
     Load(load_cmd::LoadArgs),
+    /// Tunnel a device's packets over UDP to another `turbotun tunnel` (no encryption) until SIGINT/SIGTERM.
+    Tunnel(tunnel_cmd::TunnelArgs),
+    /// A WireGuard endpoint: creates NAME, serves /var/run/wireguard/NAME.sock for `wg`, runs in the
+    /// background unless -f (what wg-quick runs as WG_QUICK_USERSPACE_IMPLEMENTATION).
+    Wg(wg_cmd::WgArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
     /// no-drop rate; --echo: echo answers per second).
     Bench(bench::BenchArgs),
@@ -64,6 +72,8 @@ fn main() -> std::process::ExitCode {
         Command::Echo(args) => echo_cmd::run(&args),
         Command::Open(args) => open::run(&args),
         Command::Load(args) => load_cmd::run(&args),
+        Command::Tunnel(args) => tunnel_cmd::run(&args),
+        Command::Wg(args) => wg_cmd::run(&args, &["wg"]),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

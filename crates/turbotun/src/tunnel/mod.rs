@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::queue::Queue;
-use crate::stats::{Counters, DropReason, SharedCounters};
+use crate::stats::{Counters, DropReason, Drops, SharedCounters};
 use crate::stop::StopHandle;
 use crate::threads::{run_workers, Worker};
 use crate::udp::{SocketOptions, TunnelSocket};
@@ -56,8 +56,11 @@ pub trait Transform: Send + Sync + 'static {
         None
     }
 
-    /// Runs the protocol's timers (retransmitted handshakes, keepalives), sending through `control`.
-    fn tick(&self, _control: &mut dyn FnMut(&[u8], SocketAddr)) {}
+    /// Runs the protocol's timers (retransmitted handshakes, keepalives), sending through `control`; returns the
+    /// packets it gave up on (held for a handshake that never completed), by reason.
+    fn tick(&self, _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
+        Drops::default()
+    }
 
     /// Whether what [`Self::open`] hands out was authenticated end to end (its checksums then need no second
     /// look before packets are coalesced, as the kernel's own WireGuard marks them).

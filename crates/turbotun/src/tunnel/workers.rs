@@ -86,11 +86,19 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let overhead = ctx.transform.overhead();
     let ip = queue.mode() == Mode::Tun;
     let mut rx = RecvBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
-    let mut bufs = vec![vec![0u8; size]; BATCH_SIZE];
+    // One allocation per set of buffers, large enough to be mapped, not taken from the heap: its pages become
+    // resident only as packets reach them (buffers cloned from one vector would all be written at once).
+    let mut arena = vec![0u8; size * BATCH_SIZE];
+    let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(size).collect();
     let mut lens = vec![0usize; BATCH_SIZE];
     // Sealing into buffers of their own only for a transform that needs them.
-    let mut out: Vec<Vec<u8>> =
-        (0..BATCH_SIZE).map(|_| vec![0u8; if overhead > 0 { size + overhead } else { 0 }]).collect();
+    let out_size = if overhead > 0 { size + overhead } else { 0 };
+    let mut out_arena = vec![0u8; out_size * BATCH_SIZE];
+    let mut out: Vec<&mut [u8]> = if out_size > 0 {
+        out_arena.chunks_mut(out_size).collect()
+    } else {
+        (0..BATCH_SIZE).map(|_| &mut [][..]).collect()
+    };
     let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
     let mut counters = Counters::default();
     let mut control = Counters::default();
@@ -160,7 +168,9 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut tx = SendBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
     let mut slots = RecvSlots::new(RECV_SLOTS, RECV_SLOT_SIZE);
     // Any packet a datagram can carry, behind room for the virtio header; pages are touched only as used.
-    let mut out = vec![vec![0u8; vnet + RECV_SLOT_SIZE]; BATCH_SIZE];
+    let out_size = vnet + RECV_SLOT_SIZE;
+    let mut out_arena = vec![0u8; out_size * BATCH_SIZE];
+    let mut out: Vec<&mut [u8]> = out_arena.chunks_mut(out_size).collect();
     let mut lens = vec![0usize; BATCH_SIZE];
     let mut counters = Counters::default();
     let mut control = Counters::default();
@@ -255,7 +265,10 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         {
             break;
         }
-        ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
+        let lost = ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
+        for &reason in DropReason::ALL {
+            control.drops.add(reason, lost.get(reason));
+        }
         published.publish(&control);
     }
     published.publish(&control);

@@ -1,0 +1,258 @@
+//! The endpoint as `turbotun wg NAME` runs it, following WireGuard's cross-platform userspace interface: create
+//! the TUN device NAME, serve `/var/run/wireguard/NAME.sock`, run the tunnel engine through the WireGuard
+//! transform, and stop on SIGINT/SIGTERM, when the device is deleted (`wg-quick down`) or when the socket file is
+//! removed, removing the socket.
+//!
+//! Without `-f` the command starts itself again in the background and returns once the device and the socket
+//! are up (what `wg-quick up` waits for): the background process reports "ready" (or its error) over a pipe.
+
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use turbotun::privilege::{drop_to, Identity};
+use turbotun::tunnel::{bind_sockets, TunnelBuilder, TunnelStats};
+use turbotun::udp::{SocketOptions, TunnelSocket};
+use turbotun::{DeviceBuilder, Offloads, Queue, StopHandle};
+
+use crate::uapi::{UapiError, UapiSocket};
+use crate::wireguard::WireGuard;
+
+/// The tunnel device's MTU at start (wireguard-go's: 1500 less the outer IPv6 and UDP headers and WireGuard's
+/// 32 bytes); `wg-quick` sets its own.
+pub const DEFAULT_MTU: u32 = 1420;
+
+/// The environment variable that tells a background process to report readiness on its standard output.
+pub const READY_ENV: &str = "TURBOTUN_WG_REPORT_READY";
+
+/// Why the endpoint could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The device, a socket or the engine failed.
+    #[error(transparent)]
+    Turbotun(#[from] turbotun::Error),
+    /// The configuration socket could not be made.
+    #[error(transparent)]
+    Uapi(#[from] UapiError),
+    /// Starting the background process failed, or it reported an error.
+    #[error("{0}")]
+    Background(String),
+}
+
+/// How the endpoint ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Ended {
+    /// SIGINT or SIGTERM.
+    Signal,
+    /// The device was deleted (`wg-quick down`, `ip link del`).
+    DeviceDeleted,
+    /// The configuration socket file was removed.
+    SocketRemoved,
+}
+
+/// What [`run`] is given.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// The interface name.
+    pub name: String,
+    /// Become this user once the device and sockets are open.
+    pub user: Option<Identity>,
+}
+
+/// Runs the endpoint in this process until it ends (see the module documentation). With [`READY_ENV`] set,
+/// prints `ready` on standard output once up and then points standard output and error at `/dev/null`, for
+/// the process that started it in the background.
+pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
+    turbotun::validate_ifname(&options.name)?;
+    let stop = StopHandle::new();
+    stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let device = DeviceBuilder::tun()
+        .name(&options.name)
+        .vnet_hdr(turbotun::wire::VIRTIO_NET_HDR_LEN)
+        .offloads(Offloads::ALL)
+        .open()?;
+    device.queues()[0].set_mtu(DEFAULT_MTU)?;
+    let queues: Vec<Arc<Queue>> = device.into_queues().into_iter().map(Arc::new).collect();
+    let uapi = UapiSocket::bind(&options.name)?;
+    let wg = Arc::new(WireGuard::new());
+    let sockets = bind_port(0, queues.len(), 0)?;
+    wg.set_bound_port(sockets[0].local_addr()?.port());
+    if let Some(identity) = &options.user {
+        drop_to(identity)?;
+        tracing::info!("running as {identity}, no capabilities, no_new_privs");
+    }
+    let name = options.name.clone();
+    if std::env::var_os(READY_ENV).is_some() {
+        println!("ready");
+        detach_stdio();
+    } else {
+        eprintln!(
+            "turbotun wg: {name} up, UDP port {}, configuration socket {}",
+            wg.bound_port(),
+            uapi.path().display()
+        );
+    }
+
+    // The configuration socket's thread: a set that moves the port binds new sockets, which the loop below
+    // hands to a new engine; one that changes the mark sets it on the sockets in use.
+    let current: Arc<Mutex<Vec<Arc<TunnelSocket>>>> = Arc::new(Mutex::new(Vec::new()));
+    let (rebind_tx, rebind_rx) = mpsc::channel::<Vec<TunnelSocket>>();
+    let serving = {
+        let (wg, current, stop) = (wg.clone(), current.clone(), stop.clone());
+        let count = queues.len();
+        let uapi_stop = StopHandle::new();
+        let (uapi_stop2, uapi) = (uapi_stop.clone(), uapi);
+        let handle = std::thread::Builder::new()
+            .name("wg-uapi".into())
+            .spawn(move || {
+                let mut on_set = |old: &crate::config::DeviceConfig, new: &crate::config::DeviceConfig| {
+                    if new.listen_port != old.listen_port {
+                        let sockets = bind_port(new.listen_port, count, new.fwmark).map_err(|e| errno_of(&e))?;
+                        let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
+                        wg.set_bound_port(port);
+                        let _ = rebind_tx.send(sockets);
+                    } else if new.fwmark != old.fwmark {
+                        for socket in current.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                            socket.set_mark(new.fwmark).map_err(|e| errno_of(&e))?;
+                        }
+                    }
+                    Ok(())
+                };
+                let served = uapi.serve(&wg, &mut on_set, &uapi_stop2);
+                let gone = !uapi.still_there();
+                drop(uapi);
+                if let Err(e) = served {
+                    tracing::warn!("configuration socket: {e}");
+                }
+                if gone {
+                    stop.stop();
+                }
+                gone
+            })
+            .map_err(|e| turbotun::Error::Io { context: "spawning the configuration thread".into(), source: e })?;
+        (handle, uapi_stop)
+    };
+
+    let socket_file = crate::uapi::socket_path(&name);
+    let mut sockets = sockets;
+    let mut total = TunnelStats::default();
+    let ended = loop {
+        let engine_stop = StopHandle::new();
+        let tunnel =
+            TunnelBuilder::new(wg.clone()).sockets(sockets).stop_on(engine_stop.clone()).build(queues.clone())?;
+        *current.lock().unwrap_or_else(|e| e.into_inner()) = tunnel.sockets();
+        let stats = tunnel.stats();
+        let engine = std::thread::Builder::new()
+            .name("wg-engine".into())
+            .spawn(move || tunnel.run())
+            .map_err(|e| turbotun::Error::Io { context: "spawning the engine".into(), source: e })?;
+        let mut last_look = Instant::now();
+        let next = loop {
+            if stop.is_stopped() {
+                break None;
+            }
+            if engine.is_finished() {
+                break None;
+            }
+            match rebind_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(new) => break Some(new),
+                Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
+            }
+            if last_look.elapsed() >= Duration::from_secs(1) {
+                last_look = Instant::now();
+                if !socket_file.exists() {
+                    break None;
+                }
+            }
+        };
+        engine_stop.stop();
+        let result =
+            engine.join().unwrap_or_else(|_| Err(turbotun::Error::InvalidConfig("the engine panicked".into())));
+        let run = stats.snapshot();
+        total.to_network.add(&run.to_network);
+        total.from_network.add(&run.from_network);
+        match next {
+            Some(new) => sockets = new,
+            None => {
+                break match result {
+                    Err(turbotun::Error::Worker { error, .. })
+                        if matches!(*error, turbotun::Error::DeviceGone { .. }) =>
+                    {
+                        Ok(Ended::DeviceDeleted)
+                    }
+                    Err(e) => Err(DaemonError::from(e)),
+                    Ok(_) if !socket_file.exists() => Ok(Ended::SocketRemoved),
+                    Ok(_) => Ok(Ended::Signal),
+                };
+            }
+        }
+    };
+    let (handle, uapi_stop) = serving;
+    uapi_stop.stop();
+    let _ = handle.join();
+    ended.map(|ended| (ended, total))
+}
+
+/// `count` sockets on `port` (0: any) for IPv6 and IPv4 alike, with `mark`.
+fn bind_port(port: u16, count: usize, mark: u32) -> turbotun::Result<Vec<TunnelSocket>> {
+    let options = SocketOptions { dual_stack: true, mark, ..SocketOptions::default() };
+    match bind_sockets(SocketAddr::from(([0u16; 8], port)), count, &options) {
+        Ok(sockets) => Ok(sockets),
+        // A kernel without IPv6: IPv4 alone.
+        Err(turbotun::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            bind_sockets(SocketAddr::from(([0, 0, 0, 0], port)), count, &options)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The errno a refused configuration is answered with.
+fn errno_of(e: &turbotun::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Standard output and error to `/dev/null`: nobody reads them once the starting process has returned.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
+    }
+}
+
+/// Starts `program args` (this program in the foreground mode of the endpoint) in the background, in a process
+/// group of its own, and returns once it reports that it is up; its error otherwise.
+pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<u32, DaemonError> {
+    let mut child = Command::new(program)
+        .args(args)
+        .env(READY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| DaemonError::Background(format!("starting {}: {e}", program.display())))?;
+    let mut line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+    }
+    if line.trim() == "ready" {
+        return Ok(child.id());
+    }
+    let mut errors = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut errors);
+    }
+    let status =
+        child.wait().map_err(|e| DaemonError::Background(format!("waiting for the background process: {e}")))?;
+    let errors = errors.trim();
+    Err(DaemonError::Background(if errors.is_empty() {
+        format!("the background process ended ({status})")
+    } else {
+        errors.to_string()
+    }))
+}
