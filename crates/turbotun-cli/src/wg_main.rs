@@ -15,6 +15,13 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    // Started by a WireGuard endpoint that drops its privileges, to remove its socket once it ends.
+    if let Some(spec) = std::env::var_os(turbotun_wg::daemon::KEEPER_ENV) {
+        return match turbotun_wg::daemon::keep_socket(&spec) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(_) => std::process::ExitCode::FAILURE,
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

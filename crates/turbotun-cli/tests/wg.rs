@@ -59,10 +59,15 @@ struct Endpoint {
 
 impl Endpoint {
     fn start(ns: &OwnedFd, which: Impl, name: &str) -> Endpoint {
+        Self::start_with(ns, which, name, &[])
+    }
+
+    /// [`Self::start`] with more options for `turbotun wg`.
+    fn start_with(ns: &OwnedFd, which: Impl, name: &str, options: &[&str]) -> Endpoint {
         let mut command = match which {
             Impl::Turbotun => {
                 let mut c = Command::new(TURBOTUN);
-                c.args(["wg", "-f", name]);
+                c.args(["wg", "-f"]).args(options).arg(name);
                 c
             }
             Impl::WireguardGo => {
@@ -759,4 +764,77 @@ fn soak_keeps_memory_flat() {
     for out in [a.stop(), b.stop()] {
         nothing_lost_but_unroutable(&counters(&out));
     }
+}
+
+#[test]
+fn turbotun_wg_runs_unprivileged_and_still_removes_its_socket() {
+    if !privileged("turbotun_wg_runs_unprivileged_and_still_removes_its_socket") {
+        return;
+    }
+    let nss = underlay(2).nss;
+    let dir = private_dir();
+    let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
+    let (na, nb) = (unique("wgu"), unique("wgv"));
+    let a = Endpoint::start_with(&nss[1], Impl::Turbotun, &na, &["--user", "nobody"]);
+    let b = Endpoint::start(&nss[2], Impl::WireguardGo, &nb);
+    // The endpoint itself: nobody, no capability, no_new_privs.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", a.pid())).unwrap();
+    let field = |name: &str| {
+        status.lines().find(|l| l.starts_with(name)).unwrap().split_whitespace().nth(1).unwrap().to_string()
+    };
+    assert_eq!(
+        (field("Uid:"), field("CapEff:"), field("NoNewPrivs:")),
+        ("65534".into(), "0000000000000000".into(), "1".into())
+    );
+    let file = |k: &Keys| k.private_file.to_str().unwrap().to_string();
+    wg(
+        &nss[1],
+        &[
+            "set",
+            &na,
+            "private-key",
+            &file(&ka),
+            "listen-port",
+            "51860",
+            "peer",
+            &kb.public,
+            "endpoint",
+            "10.201.0.12:51861",
+            "allowed-ips",
+            "10.202.0.2/32",
+        ],
+    );
+    wg(
+        &nss[2],
+        &[
+            "set",
+            &nb,
+            "private-key",
+            &file(&kb),
+            "listen-port",
+            "51861",
+            "peer",
+            &ka.public,
+            "endpoint",
+            "10.201.0.11:51860",
+            "allowed-ips",
+            "10.202.0.1/32",
+        ],
+    );
+    bring_up(&nss[1], &na, "10.202.0.1");
+    bring_up(&nss[2], &nb, "10.202.0.2");
+    assert!(ping_within(&nss[1], "10.202.0.2", 5));
+    tcp_intact(&nss[2], &nss[1], "10.202.0.1", 8 << 20);
+    // A privileged port is out of its reach now: refused, nothing changed.
+    let refused = wg_status(&nss[1], &["set", &na, "listen-port", "80"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(wg(&nss[1], &["show", &na, "listen-port"]).trim() == "51860");
+    // Stopped: the socket goes (its keeper removes it from the root-owned directory).
+    let name = a.name.clone();
+    let mut a = a;
+    let mut child = a.child.take().unwrap();
+    nix_kill(child.id(), "TERM");
+    assert!(child.wait().unwrap().success());
+    wait_for(|| !socket_of(&name).exists(), "the keeper to remove the socket");
+    drop(b);
 }

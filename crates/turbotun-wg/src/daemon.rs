@@ -29,6 +29,9 @@ pub const DEFAULT_MTU: u32 = 1420;
 /// The environment variable that tells a background process to report readiness on its standard output.
 pub const READY_ENV: &str = "TURBOTUN_WG_REPORT_READY";
 
+/// The environment variable that makes the program the socket keeper of [`keep_socket`]: `INODE:PATH`.
+pub const KEEPER_ENV: &str = "TURBOTUN_WG_SOCKET_KEEPER";
+
 /// Why the endpoint could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -82,10 +85,16 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
     let wg = Arc::new(WireGuard::new());
     let sockets = bind_port(0, queues.len(), 0)?;
     wg.set_bound_port(sockets[0].local_addr()?.port());
-    if let Some(identity) = &options.user {
-        drop_to(identity)?;
-        tracing::info!("running as {identity}, no capabilities, no_new_privs");
-    }
+    // Kept alive until this process ends, however it ends: see `keep_socket`.
+    let _keeper = match &options.user {
+        Some(identity) => {
+            let keeper = start_socket_keeper(uapi.path(), uapi.inode())?;
+            drop_to(identity)?;
+            tracing::info!("running as {identity}, no capabilities, no_new_privs");
+            Some(keeper)
+        }
+        None => None,
+    };
     let name = options.name.clone();
     if std::env::var_os(READY_ENV).is_some() {
         println!("ready");
@@ -196,6 +205,43 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
     uapi_stop.stop();
     let _ = handle.join();
     ended.map(|ended| (ended, total))
+}
+
+/// Starts the socket keeper: this program again, as root without capabilities, holding the other end of a pipe
+/// that this process keeps open until it ends. An endpoint that dropped its privileges cannot remove its socket
+/// from the root-owned `/var/run/wireguard`; the keeper does when the pipe closes.
+fn start_socket_keeper(path: &std::path::Path, inode: u64) -> Result<std::process::Child, DaemonError> {
+    let program = std::env::current_exe()
+        .map_err(|e| DaemonError::Background(format!("finding this program for the socket keeper: {e}")))?;
+    Command::new(program)
+        .env(KEEPER_ENV, format!("{inode}:{}", path.display()))
+        .env_remove(READY_ENV)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Its own group: a terminal's Ctrl-C reaches the endpoint, which then ends, and the keeper after it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| DaemonError::Background(format!("starting the socket keeper: {e}")))
+}
+
+/// The socket keeper (see [`KEEPER_ENV`]): gives up every capability, waits until its standard input closes
+/// (the endpoint has ended), then removes the socket at `PATH` if it is still the one with `INODE`.
+pub fn keep_socket(spec: &std::ffi::OsStr) -> Result<(), DaemonError> {
+    let spec = spec.to_string_lossy();
+    let (inode, path) = spec
+        .split_once(':')
+        .and_then(|(i, p)| Some((i.parse::<u64>().ok()?, PathBuf::from(p))))
+        .ok_or_else(|| DaemonError::Background(format!("{KEEPER_ENV}={spec}: expected INODE:PATH")))?;
+    turbotun::privilege::give_up_capabilities()?;
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == inode) {
+        std::fs::remove_file(&path)
+            .map_err(|e| DaemonError::Background(format!("removing {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// `count` sockets on `port` (0: any) for IPv6 and IPv4 alike, with `mark`.

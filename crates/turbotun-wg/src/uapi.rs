@@ -87,6 +87,11 @@ impl UapiSocket {
         &self.path
     }
 
+    /// The socket file's inode (which tells it from a socket another process bound at the same path later).
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
     /// Whether the socket file is still the one bound here (deleting it is a way to stop the endpoint).
     pub fn still_there(&self) -> bool {
         std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode)

@@ -174,6 +174,17 @@ pub fn drop_to(identity: &Identity) -> Result<()> {
     verify(identity)
 }
 
+/// Gives up every capability (all four sets and the bounding set) and sets `no_new_privs`, keeping the user:
+/// for a helper that needs only what its uid owns (a root-owned directory to remove a file from), nothing the
+/// capabilities of root would add. Must run with no other thread alive.
+pub fn give_up_capabilities() -> Result<()> {
+    single_threaded()?;
+    empty_bounding_set().map_err(|e| Error::io("giving up capabilities: PR_CAPBSET_DROP", e))?;
+    clear_capabilities().map_err(|e| Error::io("giving up capabilities", e))?;
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|e| Error::io("giving up capabilities: PR_SET_NO_NEW_PRIVS", std::io::Error::from(e)))
+}
+
 /// Removes every capability this kernel knows from the calling thread's bounding set, so that nothing executed
 /// later (a setuid-root or file-capability binary, were `no_new_privs` ever lifted) can gain one back. The kernel
 /// answers EINVAL for the first number past its last capability; that is where the loop ends.

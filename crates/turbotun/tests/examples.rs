@@ -148,6 +148,46 @@ fn example_smoltcp_echo_serves_the_kernels_tcp() {
     });
 }
 
+/// The plain tunnel example at both ends of a veth pair: TCP crosses it (the example configures its device).
+#[test]
+fn example_plain_tunnel_carries_tcp() {
+    let program = example("plain_tunnel");
+    if common::in_netns("example_plain_tunnel_carries_tcp", || ()).is_none() {
+        return;
+    }
+    let (a, b) = (new_netns(), new_netns());
+    let (ula, ulb) = (common::unique_name("pua"), common::unique_name("pub"));
+    let mut nl = Netlink::in_netns(&ns_path(&a)).unwrap();
+    nl.create_veth(&ula, &ulb).unwrap();
+    nl.move_to_netns(&ulb, &ns_path(&b)).unwrap();
+    for (ns, ul, me) in [(&a, &ula, "192.0.2.1"), (&b, &ulb, "192.0.2.2")] {
+        let mut nl = Netlink::in_netns(&ns_path(ns)).unwrap();
+        nl.add_address(ul, me.parse().unwrap(), 24).unwrap();
+        nl.set_up(ul, true).unwrap();
+    }
+    let (da, db) = (common::unique_name("pta"), common::unique_name("ptb"));
+    let _ta = with_netns(&ns_path(&a), || start(&program, &[&da, "10.9.9.1/24", "192.0.2.1:5555", "192.0.2.2:5555"]))
+        .unwrap();
+    let _tb = with_netns(&ns_path(&b), || start(&program, &[&db, "10.9.9.2/24", "192.0.2.2:5555", "192.0.2.1:5555"]))
+        .unwrap();
+    let listener = with_netns(&ns_path(&b), || TcpListener::bind(("10.9.9.2", 5002)).unwrap()).unwrap();
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i ^ (i >> 7)) as u8).collect();
+    let expected = data.clone();
+    let receiver = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        got
+    });
+    let mut s = with_netns(&ns_path(&a), || {
+        TcpStream::connect_timeout(&"10.9.9.2:5002".parse().unwrap(), Duration::from_secs(5)).unwrap()
+    })
+    .unwrap();
+    s.write_all(&data).unwrap();
+    drop(s);
+    assert!(receiver.join().unwrap() == expected, "the TCP stream crossed the plain tunnel intact");
+}
+
 fn ns_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
