@@ -11,6 +11,7 @@ mod fwd;
 mod inspect_cmd;
 mod load_cmd;
 mod open;
+mod process;
 mod tunnel_cmd;
 mod wg_cmd;
 
@@ -52,23 +53,10 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    // Started by a WireGuard endpoint that drops its privileges, to remove its socket once it ends.
-    if let Some(spec) = std::env::var_os(turbotun_wg::daemon::KEEPER_ENV) {
-        return match turbotun_wg::daemon::keep_socket(&spec) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(_) => std::process::ExitCode::FAILURE,
-        };
+    if let Some(done) = process::start("turbotun") {
+        return done;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
-    // A signal mask inherited from the parent could block the signals that stop the long-running commands.
-    let stop_signals = [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGTERM];
-    if let Err(e) = stop_signals.into_iter().collect::<nix::sys::signal::SigSet>().thread_unblock() {
-        eprintln!("turbotun: cannot unblock SIGINT/SIGTERM: {e}");
-    }
     let result = match cli.command {
         Command::Features(args) => inspect_cmd::features(&args),
         Command::Info(args) => inspect_cmd::info(&args),

@@ -5,6 +5,7 @@
 use clap::Parser;
 
 mod counters;
+mod process;
 mod wg_cmd;
 
 #[derive(Debug, Parser)]
@@ -15,17 +16,9 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    // Started by a WireGuard endpoint that drops its privileges, to remove its socket once it ends.
-    if let Some(spec) = std::env::var_os(turbotun_wg::daemon::KEEPER_ENV) {
-        return match turbotun_wg::daemon::keep_socket(&spec) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(_) => std::process::ExitCode::FAILURE,
-        };
+    if let Some(done) = process::start("turbotun-wg") {
+        return done;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
     match wg_cmd::run(&cli.args, &[]) {
         Ok(()) => std::process::ExitCode::SUCCESS,

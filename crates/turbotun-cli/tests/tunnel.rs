@@ -4,72 +4,21 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use common::{new_netns, ns_path, privileged};
+use common::{new_netns, ns_path, privileged, tcp_between, Running};
 use turbotun::netlink::Netlink;
-use turbotun::netns::with_netns;
 
 const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
 
-/// A `turbotun tunnel` process, killed on drop.
-struct Running(Option<Child>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Running {
-    /// SIGTERM, then the counters line it printed.
-    fn stop(mut self) -> serde_json::Value {
-        let mut child = self.0.take().unwrap();
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        assert!(child.wait().unwrap().success());
-        serde_json::from_str(out.lines().last().unwrap()).unwrap()
-    }
-}
-
 fn start(ns: &OwnedFd, args: &[&str]) -> Running {
-    let mut child = with_netns(&ns_path(ns), || {
-        Command::new(TURBOTUN).arg("tunnel").args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()
-    })
-    .unwrap()
-    .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    child.stdout = Some(out.into_inner());
-    Running(Some(child))
+    common::start_ready(ns, Command::new(TURBOTUN).arg("tunnel").args(args).stderr(Stdio::inherit()))
 }
 
-fn tcp_intact(from: &OwnedFd, to: &OwnedFd, to_addr: &str, len: usize) {
-    let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, 7200))).unwrap().unwrap();
-    let data = common::pattern(len, 3);
-    let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).unwrap();
-        got
-    });
-    let dst: SocketAddr = format!("{to_addr}:7200").parse().unwrap();
-    let mut s =
-        with_netns(&ns_path(from), || TcpStream::connect_timeout(&dst, Duration::from_secs(5))).unwrap().unwrap();
-    s.write_all(&data).unwrap();
-    drop(s);
-    assert!(receiver.join().unwrap() == expected, "{len} bytes to {to_addr}");
+/// The counters line of a stopped `turbotun tunnel`.
+fn stop(running: Running) -> serde_json::Value {
+    serde_json::from_str(running.stop().lines().last().unwrap()).unwrap()
 }
 
 #[test]
@@ -100,9 +49,9 @@ fn plain_tunnel_between_two_namespaces() {
         nl.set_mtu(dev, 1472).unwrap();
         nl.set_up(dev, true).unwrap();
     }
-    tcp_intact(&a, &b, "10.202.0.2", 32 << 20);
-    tcp_intact(&b, &a, "10.202.0.1", 32 << 20);
-    let (ca, cb) = (end_a.stop(), end_b.stop());
+    tcp_between(&a, &b, "10.202.0.2", 7200, 32 << 20);
+    tcp_between(&b, &a, "10.202.0.1", 7200, 32 << 20);
+    let (ca, cb) = (stop(end_a), stop(end_b));
     for c in [&ca, &cb] {
         // Only what came while this end's device was still down (the other's first IPv6 packets) is lost.
         let down = c["drops_by_reason"]["device_down"].as_u64().unwrap();

@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::UdpSocket;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -209,25 +209,9 @@ fn ping_within(ns: &OwnedFd, dst: &str, tries: usize) -> bool {
     (0..tries).any(|_| ping(ns, dst))
 }
 
-/// `len` bytes of TCP from `from` to a listener on `to_addr` in `to`, compared byte for byte.
+/// `len` bytes of TCP from `from` to `to_addr` in `to`, compared byte for byte.
 fn tcp_intact(from: &OwnedFd, to: &OwnedFd, to_addr: &str, len: usize) {
-    let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, 7100))).unwrap().unwrap();
-    let data = common::pattern(len, len as u64);
-    let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut got = Vec::with_capacity(len);
-        s.read_to_end(&mut got).unwrap();
-        got
-    });
-    let dst: SocketAddr = format!("{to_addr}:7100").parse().unwrap();
-    let mut s =
-        with_netns(&ns_path(from), || TcpStream::connect_timeout(&dst, Duration::from_secs(5))).unwrap().unwrap();
-    s.write_all(&data).unwrap();
-    drop(s);
-    let got = receiver.join().unwrap();
-    assert!(got == expected, "{len} bytes to {to_addr}: {} arrived", got.len());
+    common::tcp_between(from, to, to_addr, 7100, len);
 }
 
 /// Two endpoints, `a` in `nss[1]` at 10.202.0.1 and `b` in `nss[2]` at 10.202.0.2, each the other's peer.

@@ -170,22 +170,7 @@ fn example_plain_tunnel_carries_tcp() {
         .unwrap();
     let _tb = with_netns(&ns_path(&b), || start(&program, &[&db, "10.9.9.2/24", "192.0.2.2:5555", "192.0.2.1:5555"]))
         .unwrap();
-    let listener = with_netns(&ns_path(&b), || TcpListener::bind(("10.9.9.2", 5002)).unwrap()).unwrap();
-    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i ^ (i >> 7)) as u8).collect();
-    let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut got = Vec::new();
-        s.read_to_end(&mut got).unwrap();
-        got
-    });
-    let mut s = with_netns(&ns_path(&a), || {
-        TcpStream::connect_timeout(&"10.9.9.2:5002".parse().unwrap(), Duration::from_secs(5)).unwrap()
-    })
-    .unwrap();
-    s.write_all(&data).unwrap();
-    drop(s);
-    assert!(receiver.join().unwrap() == expected, "the TCP stream crossed the plain tunnel intact");
+    tcp_crosses(&a, &b, "10.9.9.2:5002", 8 << 20);
 }
 
 fn ns_path(fd: &OwnedFd) -> PathBuf {
@@ -214,8 +199,14 @@ fn example_forward_carries_tcp() {
         nl.set_up(dev, true).unwrap();
         nl.add_route(peer.parse().unwrap(), 24, dev).unwrap();
     }
-    let listener = with_netns(&ns_path(&ns_b), || TcpListener::bind(("10.0.2.1", 5001)).unwrap()).unwrap();
-    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i ^ (i >> 9)) as u8).collect();
+    tcp_crosses(&ns_a, &ns_b, "10.0.2.1:5001", 4 << 20);
+}
+
+/// `len` bytes of TCP from namespace `from` to a listener at `to` in namespace `to_ns`, compared byte for byte.
+fn tcp_crosses(from: &OwnedFd, to_ns: &OwnedFd, to: &str, len: u32) {
+    let to: SocketAddr = to.parse().unwrap();
+    let listener = with_netns(&ns_path(to_ns), || TcpListener::bind(to).unwrap()).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i ^ (i >> 9)) as u8).collect();
     let expected = data.clone();
     let receiver = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
@@ -223,13 +214,11 @@ fn example_forward_carries_tcp() {
         s.read_to_end(&mut got).unwrap();
         got
     });
-    let mut s = with_netns(&ns_path(&ns_a), || {
-        TcpStream::connect_timeout(&"10.0.2.1:5001".parse().unwrap(), Duration::from_secs(5)).unwrap()
-    })
-    .unwrap();
+    let mut s =
+        with_netns(&ns_path(from), || TcpStream::connect_timeout(&to, Duration::from_secs(5)).unwrap()).unwrap();
     s.write_all(&data).unwrap();
     drop(s);
-    assert!(receiver.join().unwrap() == expected, "the TCP stream crossed the forwarder intact");
+    assert!(receiver.join().unwrap() == expected, "the TCP stream to {to} crossed intact");
 }
 
 /// The jailed monitor: a queue of a TUN device (12-byte virtio header, every offload) handed over by a

@@ -194,9 +194,15 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 pub fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
-    let port = 5001;
-    let listener = topo.in_b(|| TcpListener::bind((dst, port)).unwrap());
+    tcp_between(&topo.ns_a, &topo.ns_b, dst, 5001, len);
+}
+
+/// `len` bytes of TCP from namespace `from` to a listener on `to_addr:port` in namespace `to`, compared byte for
+/// byte.
+pub fn tcp_between(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: usize) {
+    let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, port))).unwrap().unwrap();
     let data = pattern(len, len as u64);
+    let expected = data.clone();
     let receiver = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -204,13 +210,52 @@ pub fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
         s.read_to_end(&mut got).unwrap();
         got
     });
-    let target: SocketAddr = (dst.parse::<IpAddr>().unwrap(), port).into();
-    let mut s = topo.in_a(|| TcpStream::connect_timeout(&target, Duration::from_secs(5)).unwrap());
+    let target: SocketAddr = (to_addr.parse::<IpAddr>().unwrap(), port).into();
+    let mut s =
+        with_netns(&ns_path(from), || TcpStream::connect_timeout(&target, Duration::from_secs(5))).unwrap().unwrap();
     s.write_all(&data).unwrap();
     drop(s);
     let got = receiver.join().unwrap();
-    assert_eq!(got.len(), data.len(), "byte count over {dst}");
-    assert!(got == data, "byte stream over {dst} arrived altered");
+    assert_eq!(got.len(), expected.len(), "byte count over {to_addr}");
+    assert!(got == expected, "byte stream over {to_addr} arrived altered");
+}
+
+/// A child process killed and reaped however the test ends.
+pub struct Running(pub Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Running {
+    /// SIGTERM; what it printed on standard output after `ready`, once it exited 0.
+    pub fn stop(mut self) -> String {
+        let mut child = self.0.take().unwrap();
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "exit after SIGTERM: {status:?}");
+        out
+    }
+}
+
+/// Starts `command` in namespace `ns` with its standard output piped and waits for its `ready` line.
+pub fn start_ready(ns: &OwnedFd, command: &mut Command) -> Running {
+    let mut child = with_netns(&ns_path(ns), || command.stdout(Stdio::piped()).spawn()).unwrap().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "{command:?} announces readiness");
+    child.stdout = Some(out.into_inner());
+    Running(Some(child))
 }
 
 /// Datagrams of many sizes in bursts; each burst is received before the next is sent, so no queue can overflow
