@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Build the benchmark peers into bench/peers/bin/:
 #   bin/tunrs-fwd  (tun-rs 2.8, Rust, release)      bin/wggo-fwd  (wireguard-go tun package, Go)
-# Idempotent: a binary newer than all of its sources is left alone (FORCE=1 rebuilds anyway).
-# Usage: bench/peers/build.sh [tunrs|wggo]...   (default: both)
+# and the tunnel peers of `turbotun bench --tunnel`, released programs built from their published sources:
+#   bin/wireguard-go  (go install golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION)
+#   bin/boringtun-cli (cargo install boringtun-cli --version $BORINGTUN_VERSION --locked)
+# Idempotent: a binary newer than all of its sources, or built from the pinned version, is left alone (FORCE=1
+# rebuilds anyway).
+# Usage: bench/peers/build.sh [tunrs|wggo|wireguard-go|boringtun]...   (default: tunrs and wggo)
 set -euo pipefail
+
+WIREGUARD_GO_VERSION=v0.0.0-20260522210424-ecfc5a8d5446
+BORINGTUN_VERSION=0.7.1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$here/bin"
@@ -50,12 +57,53 @@ build_wggo() {
     echo "wggo-fwd: built $out" >&2
 }
 
+# pinned BINARY VERSION : true when BINARY exists and was built from VERSION (its stamp file says so).
+pinned() {
+    [[ "${FORCE:-0}" != 1 && -x "$1" && "$(cat "$1.version" 2>/dev/null)" == "$2" ]]
+}
+
+# wireguard-go, the program: `go install` into a GOPATH of its own under bench/peers (module cache writable, so
+# that `rm -rf` removes it), then copied to bin/wireguard-go.
+build_wireguard_go() {
+    local out="$bin/wireguard-go" gopath="$here/gopath"
+    if pinned "$out" "$WIREGUARD_GO_VERSION"; then
+        echo "wireguard-go: up to date ($out, $WIREGUARD_GO_VERSION)" >&2; return 0
+    fi
+    command -v go >/dev/null 2>&1 || die "go not found: \`apt-get install golang-go\` to build wireguard-go"
+    echo "wireguard-go: building $WIREGUARD_GO_VERSION (go install, nice)..." >&2
+    (cd "$here" && GOPATH="$gopath" GOBIN="$gopath/bin" GOFLAGS=-modcacherw \
+        nice -n 15 go install -trimpath "golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION") \
+        || die "wireguard-go: go install failed"
+    install -m 0755 "$gopath/bin/wireguard" "$out.tmp" && mv -f "$out.tmp" "$out"
+    echo "$WIREGUARD_GO_VERSION" > "$out.version"
+    echo "wireguard-go: built $out" >&2
+}
+
+# boringtun-cli: `cargo install` from crates.io (its own Cargo.lock, --locked) under bench/peers/boringtun, then
+# copied to bin/boringtun-cli.
+build_boringtun() {
+    local out="$bin/boringtun-cli" root="$here/boringtun"
+    if pinned "$out" "$BORINGTUN_VERSION"; then
+        echo "boringtun-cli: up to date ($out, $BORINGTUN_VERSION)" >&2; return 0
+    fi
+    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain (https://rustup.rs) to build boringtun"
+    echo "boringtun-cli: building $BORINGTUN_VERSION (cargo install, nice; a few minutes)..." >&2
+    CARGO_TARGET_DIR="$root/target" nice -n 15 cargo install boringtun-cli --version "$BORINGTUN_VERSION" \
+        --locked --root "$root" --force --quiet \
+        || die "boringtun-cli: cargo install failed"
+    install -m 0755 "$root/bin/boringtun-cli" "$out.tmp" && mv -f "$out.tmp" "$out"
+    echo "$BORINGTUN_VERSION" > "$out.version"
+    echo "boringtun-cli: built $out" >&2
+}
+
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(tunrs wggo)
 for t in "${targets[@]}"; do
     case "$t" in
         tunrs|tunrs-fwd) build_tunrs ;;
         wggo|wggo-fwd) build_wggo ;;
-        *) die "unknown peer '$t' (known: tunrs, wggo)" ;;
+        wireguard-go) build_wireguard_go ;;
+        boringtun|boringtun-cli) build_boringtun ;;
+        *) die "unknown peer '$t' (known: tunrs, wggo, wireguard-go, boringtun)" ;;
     esac
 done

@@ -59,18 +59,43 @@ fn color(family: &str, index_in_family: usize) -> RGBColor {
     }
 }
 
-/// One bar: median, min and max of the headline metric (none where the mode has no result).
+/// One bar: median, min and max of the metric (none where the mode has no result).
 type Bar = Option<(f64, f64, f64)>;
 
+/// What the bars of a bar chart show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// The headline: Gbps for TCP, received kpps for UDP.
+    Headline,
+    /// Receiver goodput in Gbps, for every traffic kind.
+    Gbps,
+}
+
+impl Metric {
+    fn of(self, s: &Summary, t: &Traffic) -> Option<crate::bench::stats::Spread> {
+        match self {
+            Metric::Headline => s.headline(t.udp),
+            Metric::Gbps => s.gbps,
+        }
+    }
+
+    fn unit(self, t: &Traffic) -> &'static str {
+        match self {
+            Metric::Headline if t.udp => "received kpps",
+            _ => "Gbps",
+        }
+    }
+}
+
 /// Each mode's bar for one traffic kind, and the panel's y range.
-fn panel_values(modes: &[(&str, &str)], summary: &[Summary], t: &Traffic) -> (Vec<Bar>, f64) {
+fn panel_values(modes: &[(&str, &str)], summary: &[Summary], t: &Traffic, metric: Metric) -> (Vec<Bar>, f64) {
     let vals: Vec<Bar> = modes
         .iter()
         .map(|(m, _)| {
             summary
                 .iter()
                 .find(|s| s.mode == *m && s.traffic == t.label)
-                .and_then(|s| s.headline(t.udp))
+                .and_then(|s| metric.of(s, t))
                 .map(|s| (s.median, s.min, s.max))
         })
         .collect();
@@ -96,8 +121,20 @@ fn mode_colors(modes: &[(&str, &str)]) -> Vec<RGBColor> {
         .collect()
 }
 
-/// Write the chart to `path` (.svg or .png).
+/// Write the chart of the headline metric to `path` (.svg or .png).
 pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
+    write_bar_chart(path, summary, traffic, title, Metric::Headline)
+}
+
+/// Write a grouped bar chart of `metric` to `path` (.svg or .png): one panel per traffic kind, one bar per mode
+/// with a min–max whisker.
+pub fn write_bar_chart(
+    path: &Path,
+    summary: &[Summary],
+    traffic: &[Traffic],
+    title: &str,
+    metric: Metric,
+) -> Result<()> {
     // plotters lays text out with a TrueType font, for SVG as for PNG.
     register_font()?;
     let mut modes: Vec<(&str, &str)> = Vec::new();
@@ -109,19 +146,21 @@ pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title:
     if modes.is_empty() || traffic.is_empty() {
         bail!("nothing to chart");
     }
-    let panel_w = (110 * modes.len() as u32 + 120).max(640);
+    // Room for each bar's label (about 7 px a character at 12 px) so that long ones do not run together.
+    let longest = modes.iter().map(|(m, _)| m.chars().count() as u32).max().unwrap_or(0);
+    let panel_w = ((7 * longest + 10).max(110) * modes.len() as u32 + 120).max(640);
     let panel_h = 360u32;
     let size = (panel_w, panel_h * traffic.len() as u32 + 40);
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     match ext.as_str() {
         "svg" => {
             let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(&root, &modes, summary, traffic, title)?;
+            draw(&root, &modes, summary, traffic, title, metric)?;
             root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
         "png" => {
             let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(&root, &modes, summary, traffic, title)?;
+            draw(&root, &modes, summary, traffic, title, metric)?;
             root.present().map_err(|e| anyhow!("write {}: {e}", path.display()))?;
         }
         _ => bail!("--chart: unknown extension {:?} (use .svg or .png)", path.display().to_string()),
@@ -135,6 +174,7 @@ fn draw<DB: DrawingBackend>(
     summary: &[Summary],
     traffic: &[Traffic],
     title: &str,
+    metric: Metric,
 ) -> Result<()>
 where
     DB::ErrorType: 'static,
@@ -145,8 +185,8 @@ where
     let root = root.titled(title, ("sans-serif", 22)).map_err(e)?;
     let panels = root.split_evenly((traffic.len(), 1));
     for (panel, t) in panels.iter().zip(traffic) {
-        let (vals, ymax) = panel_values(modes, summary, t);
-        let unit = if t.udp { "received kpps" } else { "Gbps" };
+        let (vals, ymax) = panel_values(modes, summary, t, metric);
+        let unit = metric.unit(t);
         let n = modes.len();
         let mut chart = ChartBuilder::on(panel)
             .caption(format!("{} — {} (median, min–max)", t.label, t.description), ("sans-serif", 16))

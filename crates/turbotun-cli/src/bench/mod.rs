@@ -1,5 +1,6 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
-//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback). See docs/BENCH.md.
+//! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback); with `--tunnel`, VPN-style tunnels
+//! between the namespaces (tunnel.rs). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
@@ -13,11 +14,13 @@ mod iperf;
 mod loss;
 mod modes;
 mod netcfg;
+mod perfstat;
 mod procfs;
 mod report;
 mod runner;
 mod stats;
 mod topo;
+mod tunnel;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -37,7 +40,8 @@ use runner::{interrupted, is_not_ready, run_one, run_record, Ctx};
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Short run (the main job): 3 s, 1 repetition, modes veth, turbotun-offload, turbotun-plain, tunrs-offload,
-    /// traffic tcp and udp64. --duration, --reps, --modes and --traffic still override.
+    /// traffic tcp and udp64. --duration, --reps, --modes and --traffic still override. Never includes the
+    /// tunnel bench; with --tunnel: every tunnel kind, tcp and udp1372, 1 repetition of 3 s.
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated modes: labels from --list, a turbotun mode without its prefix (`offload`), or a family
@@ -80,6 +84,20 @@ pub struct BenchArgs {
     /// --duration, --reps, --ipv6, --json, --chart.
     #[arg(long, conflicts_with_all = ["traffic", "flamegraph"])]
     pub echo: bool,
+    /// Tunnels instead of forwarders: VPN-style tunnels between two namespaces over a veth underlay (veth,
+    /// the kernel's VXLAN, turbotun tunnel, turbotun wg, wireguard-go, boringtun), iperf3 TCP and UDP through
+    /// each, with every endpoint's CPU, peak RSS and system calls per GB. Honours --quick, --duration, --reps,
+    /// --traffic (tcp, tcp4, udp1372), --json, --chart, --list.
+    #[arg(long, conflicts_with_all = ["loss", "echo", "modes", "flamegraph", "ipv6"])]
+    pub tunnel: bool,
+    /// With --tunnel: comma-separated tunnel kinds (veth, vxlan, turbotun-plain, turbotun-wg, wireguard-go,
+    /// boringtun, turbotun-wg-vs-wireguard-go). Default: all; those that cannot run here are listed as skipped.
+    #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
+    pub tunnel_kinds: Option<Vec<String>>,
+    /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
+    /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
+    #[arg(long, requires = "tunnel")]
+    pub no_syscalls: bool,
     /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),
     /// e.g. 500,1000,10000. Default: the kernel's (500 for TUN).
     #[arg(long, value_delimiter = ',', value_name = "N", requires = "loss")]
@@ -185,6 +203,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
     let peers_dir = modes::peers_dir(&exe);
+    if args.tunnel && args.list {
+        tunnel::print_list(&exe, peers_dir.as_deref());
+        return Ok(());
+    }
     let (all, mut unavailable) = modes::all_modes(&exe, &modes::Support::probe(), peers_dir.as_deref());
     if args.list {
         print_list(&all, &unavailable, peers_dir.as_deref());
@@ -194,6 +216,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     preflight(args)?;
     if let Some(c) = &args.chart {
         chart::check_path(c)?;
+    }
+    if args.tunnel {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 3 } else { 10 }))?;
+        match tunnel::run(&mut ctx, args, peers_dir.as_deref()) {
+            Ok((failures, build_failed)) => finish(&ctx, failures, build_failed),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&ctx.log_dir);
+                return Err(e);
+            }
+        }
+        return Ok(());
     }
     if args.echo {
         let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 2 } else { 5 }))?;
@@ -267,6 +300,7 @@ fn new_ctx(args: &BenchArgs, exe: PathBuf, duration: u64) -> Result<Ctx> {
         run_counter: 0,
         clk_tck: procfs::clk_tck()?,
         txqueuelen: None,
+        count_syscalls: false,
     })
 }
 

@@ -132,6 +132,8 @@ pub enum Kind {
     /// A forwarder between two TAP devices, each a port of a bridge whose other port is a veth to one of the
     /// namespaces: the path of a VM's TAP device on a host bridge, with the forwarder as the VM.
     BridgedForwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
+    /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, bench/tunnel.rs).
+    Tunnel(super::tunnel::Link),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,30 +325,8 @@ pub fn ensure_peers_built(
             continue;
         }
         let Some(dir) = peers else { break };
-        let script = dir.join("build.sh");
-        if !script.is_file() {
-            notes.push((family, format!("{} does not exist", script.display())));
-            continue;
-        }
-        let fresh = !dir.join("bin").join(bin).is_file();
-        if fresh {
-            eprintln!("turbotun bench: building {bin} with {} (first use; takes a few minutes)", script.display());
-        }
-        let log = log_dir.join(format!("build-{family}.log"));
-        let logf = std::fs::File::create(&log).context("create build log")?;
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg(family)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .status()
-            .with_context(|| format!("run {}", script.display()))?;
-        if !status.success() {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-            notes.push((family, format!("build.sh {family} failed: {last} (log {})", log.display())));
+        if let Some(note) = build_peer(dir, family, bin, log_dir)? {
+            notes.push((family, note));
         }
     }
     let mut out = Vec::new();
@@ -374,6 +354,35 @@ pub fn ensure_peers_built(
         }
     }
     Ok((out, !notes.is_empty()))
+}
+
+/// Build (or refresh) one peer with `bench/peers/build.sh TARGET` in `dir`, its output in
+/// `log_dir/build-TARGET.log`; `bin` is the binary it makes under `dir/bin`. Returns why it failed, if it did.
+pub fn build_peer(dir: &Path, target: &str, bin: &str, log_dir: &Path) -> Result<Option<String>> {
+    let script = dir.join("build.sh");
+    if !script.is_file() {
+        return Ok(Some(format!("{} does not exist", script.display())));
+    }
+    if !dir.join("bin").join(bin).is_file() {
+        eprintln!("turbotun bench: building {bin} with {} (first use; takes a few minutes)", script.display());
+    }
+    let log = log_dir.join(format!("build-{target}.log"));
+    let logf = std::fs::File::create(&log).context("create build log")?;
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg(target)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .status()
+        .with_context(|| format!("run {}", script.display()))?;
+    if status.success() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+    Ok(Some(format!("build.sh {target} failed: {last} (log {})", log.display())))
 }
 
 /// First executable named `name` on $PATH.

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 
 use anyhow::{Context, Result};
-use turbotun::netlink::Netlink;
+use turbotun::netlink::{Netlink, Vxlan};
 
 /// A private network namespace, alive while this value (or a process inside) is.
 #[derive(Debug)]
@@ -82,6 +82,8 @@ fn sysctl_path(key: &str) -> PathBuf {
 pub struct Side<'a> {
     pub ns: &'a Netns,
     pub dev: &'a str,
+    /// The device's MTU (the bench's [`MTU`] but for a tunnel's devices).
+    pub mtu: u32,
     pub addrs: Vec<(IpAddr, u8)>,
     /// Destination prefixes routed out of `dev` (the host part is masked off here).
     pub routes: Vec<(IpAddr, u8)>,
@@ -96,6 +98,13 @@ pub fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()>
     let mut nl = a.netlink()?;
     nl.create_veth(dev_a, dev_b).with_context(|| format!("{}: veth {dev_a} to {dev_b}", a.name))?;
     nl.move_to_netns(dev_b, &b.path()).with_context(|| format!("move {dev_b} from {} to {}", a.name, b.name))
+}
+
+/// A point-to-point VXLAN device `name` in `ns` (VNI `vni`, the IANA port 4789), its outer packets from `local`
+/// to `remote` leaving through `underlay`; left down and without an address.
+pub fn create_vxlan(ns: &Netns, name: &str, vni: u32, local: IpAddr, remote: IpAddr, underlay: &str) -> Result<()> {
+    let vxlan = Vxlan { dev: Some(underlay.to_string()), ..Vxlan::new(name, vni, local, remote) };
+    ns.netlink()?.create_vxlan(&vxlan).with_context(|| format!("{}: vxlan {name} to {remote}", ns.name))
 }
 
 /// A bridge `name` in `ns` with `ports` attached, everything up (the ports at the bench's MTU).
@@ -121,7 +130,7 @@ pub fn move_to_netns(from: &Netns, dev: &str, to: &Netns) -> Result<()> {
 pub fn configure(side: &Side<'_>) -> Result<()> {
     let (ns, dev) = (&side.ns.name, side.dev);
     let mut nl = side.ns.netlink()?;
-    nl.set_mtu(dev, MTU).with_context(|| format!("{ns}: mtu of {dev}"))?;
+    nl.set_mtu(dev, side.mtu).with_context(|| format!("{ns}: mtu {} of {dev}", side.mtu))?;
     if let Some(len) = side.txqueuelen {
         nl.set_txqueuelen(dev, len).with_context(|| format!("{ns}: txqueuelen {len} of {dev}"))?;
     }

@@ -42,6 +42,45 @@ pub struct RunRecord {
     /// turbotun's generator and sink, when they made the traffic: both reports as they printed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<super::gen::LoadResult>,
+    /// The endpoint processes of a tunnel (`--tunnel`), A's first, each sampled over the window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<ProcSample>,
+}
+
+/// One process sampled over the measurement window: a tunnel's endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcSample {
+    /// The namespace it runs in: `A` (the iperf3 client's) or `B` (the server's).
+    pub side: String,
+    /// What runs there (`wireguard-go`, `turbotun wg`, ...).
+    pub program: String,
+    pub pid: u32,
+    /// utime+stime over the window, % of one core.
+    pub cpu_percent: Option<f64>,
+    /// CPU time over the window in user space (utime) and in the kernel (stime), seconds.
+    pub user_seconds: Option<f64>,
+    pub sys_seconds: Option<f64>,
+    /// Peak RSS (VmHWM, reset before the window when the kernel allows), kB.
+    pub peak_rss_kb: Option<u64>,
+    /// System calls it entered over the window (`perf stat -e raw_syscalls:sys_enter -p PID`), and the seconds
+    /// perf counted; None when they were not counted.
+    pub syscalls: Option<u64>,
+    pub syscall_seconds: Option<f64>,
+    /// Why the system calls could not be counted in this run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall_error: Option<String>,
+    /// Its counters line, if it printed one when stopped.
+    pub counters: Option<serde_json::Value>,
+    pub exit: Option<String>,
+}
+
+impl ProcSample {
+    /// System calls per gigabyte (10^9 bytes) of goodput at `gbps`: the rate perf counted over the rate the
+    /// traffic moved bytes.
+    pub fn syscalls_per_gb(&self, gbps: f64) -> Option<f64> {
+        let rate = self.syscalls? as f64 / self.syscall_seconds.filter(|s| *s > 0.0)?;
+        (gbps > 0.0).then(|| rate / (gbps / 8.0))
+    }
 }
 
 impl RunRecord {

@@ -15,8 +15,9 @@ use super::gen;
 use super::iperf::{self, IperfResult, Traffic};
 use super::modes::Mode;
 use super::netcfg::Netns;
+use super::perfstat;
 use super::procfs::{self, BoxCpu};
-use super::report::RunRecord;
+use super::report::{ProcSample, RunRecord};
 use super::topo::{self, sleep_checked, terminate, wait_timeout, Topology};
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
@@ -38,6 +39,8 @@ pub struct Ctx {
     pub clk_tck: f64,
     /// The devices' queue length for the next runs (the loss bench's `--txqueuelen`); None: the kernel's.
     pub txqueuelen: Option<u32>,
+    /// Count the system calls of a tunnel's endpoint processes over the window (`perf stat`, see perfstat.rs).
+    pub count_syscalls: bool,
 }
 
 impl Ctx {
@@ -77,8 +80,8 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     let mut rec = run_record(mode, t, rep, ctx.ipv6);
     let mut server = Server::start(ctx, &topo, t)?;
 
-    let before = Before::take(&topo, t, ctx.ipv6)?;
-    let perf = match (flamegraph, before.fwd_pid) {
+    let before = Before::take(&topo, t, ctx)?;
+    let perf = match (flamegraph, before.fwd.as_ref().map(|f| f.pid)) {
         (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
         _ => None,
     };
@@ -107,8 +110,8 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     Ok(rec)
 }
 
-/// Stops the forwarder and keeps its counters and exit status; a forwarder that died during the window fails
-/// the run.
+/// Stops the forwarder and a tunnel's endpoints and keeps their counters and exit status; one that died during
+/// the window fails the run.
 fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
     let alive = topo.forwarder.as_mut().map(|f| f.is_running());
     if let Some(fwd) = topo.forwarder.take() {
@@ -117,6 +120,23 @@ fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
         rec.fwd_exit = exit.status;
         if alive == Some(false) {
             rec.error = Some(format!("forwarder died during the run: {}", exit.stderr_tail));
+        }
+    }
+    let mut endpoints: Vec<_> = topo.endpoints.drain(..).collect();
+    let alive: Vec<bool> = endpoints.iter_mut().map(|e| e.is_running()).collect();
+    // All told at once, so that one endpoint does not see its peer vanish for the seconds the other takes.
+    for e in &endpoints {
+        topo::send_sigterm(e.pid);
+    }
+    for (e, alive) in endpoints.into_iter().zip(alive) {
+        let (pid, label) = (e.pid, e.label.clone());
+        let exit = e.stop();
+        if let Some(s) = rec.endpoints.iter_mut().find(|s| s.pid == pid) {
+            s.counters = exit.counters;
+            s.exit = exit.status;
+        }
+        if !alive && rec.error.is_none() {
+            rec.error = Some(format!("{label} died during the run: {}", exit.stderr_tail));
         }
     }
 }
@@ -235,7 +255,7 @@ pub fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Res
     let args = generator_args(ctx, t);
     let mut cmd = vec![&*exe, "bench", "--udp-roundtrip", &dest];
     cmd.extend(args.iter().map(String::as_str));
-    let before = Before::take(&topo, t, ctx.ipv6)?;
+    let before = Before::take(&topo, t, ctx)?;
     let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
     before.record_after(&mut rec, &topo, t, ctx)?;
     let load: gen::LoadResult =
@@ -269,48 +289,122 @@ fn client_timeout(ctx: &Ctx) -> Duration {
     Duration::from_secs(ctx.duration + 10)
 }
 
+/// What is sampled of one process (the forwarder, or an endpoint of a tunnel) just before the window.
+#[derive(Debug)]
+struct ProcBefore {
+    pid: u32,
+    label: String,
+    /// Whether its peak RSS was reset, so that it covers the window only.
+    rss_reset: bool,
+    ticks: (u64, u64),
+    /// Its system calls being counted, or why they are not.
+    syscalls: Option<Result<perfstat::Counting, String>>,
+}
+
+impl ProcBefore {
+    /// Samples `pid`; with `count_syscalls`, perf is attached to count its system calls once
+    /// [`ProcBefore::begin`] says so (tagged `tag` in the log directory).
+    fn take(pid: u32, label: &str, count_syscalls: Option<(&Path, &str)>) -> Result<ProcBefore> {
+        let syscalls = count_syscalls.map(|(dir, tag)| perfstat::start(pid, dir, tag).map_err(|e| format!("{e:#}")));
+        Ok(ProcBefore {
+            pid,
+            label: label.to_string(),
+            rss_reset: procfs::reset_peak_rss(pid),
+            ticks: procfs::pid_user_sys_ticks(pid)?,
+            syscalls,
+        })
+    }
+
+    /// The window starts: the system calls are counted from now on.
+    fn begin(&mut self) {
+        if let Some(Ok(c)) = self.syscalls.as_mut() {
+            if let Err(e) = c.enable() {
+                self.syscalls = Some(Err(format!("{e:#}")));
+            }
+        }
+    }
+
+    /// The sample over a window of `window` seconds.
+    fn after(self, window: f64, clk_tck: f64) -> ProcSample {
+        let mut s = ProcSample { pid: self.pid, program: self.label, ..Default::default() };
+        if let Ok((user1, sys1)) = procfs::pid_user_sys_ticks(self.pid) {
+            let (user, sys) = (user1.saturating_sub(self.ticks.0), sys1.saturating_sub(self.ticks.1));
+            s.cpu_percent = Some((user + sys) as f64 / clk_tck / window * 100.0);
+            s.user_seconds = Some(user as f64 / clk_tck);
+            s.sys_seconds = Some(sys as f64 / clk_tck);
+        }
+        s.peak_rss_kb = procfs::pid_peak_rss_kb(self.pid);
+        if !self.rss_reset {
+            tracing::debug!("could not reset VmHWM of {}: peak RSS covers its lifetime", self.pid);
+        }
+        match self.syscalls.map(|c| c.and_then(|c| c.finish().map_err(|e| format!("{e:#}")))) {
+            Some(Ok((n, secs))) => {
+                s.syscalls = Some(n);
+                s.syscall_seconds = Some(secs);
+            }
+            Some(Err(e)) => s.syscall_error = Some(e),
+            None => {}
+        }
+        s
+    }
+}
+
 /// What is sampled just before the measurement window, to subtract from the same sampled after it.
 #[derive(Debug)]
 struct Before {
-    fwd_pid: Option<u32>,
+    fwd: Option<ProcBefore>,
+    endpoints: Vec<ProcBefore>,
     dev_tx_dropped: Option<u64>,
     udp_rcvbuf_errors: Option<u64>,
-    /// Whether the forwarder's peak RSS was reset, so that it covers the window only.
-    rss_reset: bool,
-    fwd_ticks: Option<(u64, u64)>,
     box_cpu: BoxCpu,
     start: Instant,
 }
 
 impl Before {
-    fn take(topo: &Topology, t: &Traffic, ipv6: bool) -> Result<Before> {
-        let fwd_pid = topo.forwarder.as_ref().map(|f| f.pid);
+    fn take(topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<Before> {
+        let fwd = topo.forwarder.as_ref().map(|f| ProcBefore::take(f.pid, &f.label, None)).transpose()?;
+        let mut endpoints = Vec::new();
+        for (i, e) in topo.endpoints.iter().enumerate() {
+            let tag = format!("{}-{i}", ctx.run_counter);
+            let count = ctx.count_syscalls.then_some((ctx.log_dir.as_path(), tag.as_str()));
+            endpoints.push(ProcBefore::take(e.pid, &e.label, count)?);
+        }
+        let dev_tx_dropped = topo.tx_dropped();
+        let udp_rcvbuf_errors = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
+        // Counting starts last, just before the window.
+        for e in &mut endpoints {
+            e.begin();
+        }
         Ok(Before {
-            fwd_pid,
-            dev_tx_dropped: topo.tx_dropped(),
-            udp_rcvbuf_errors: if t.udp { topo.rcvbuf_errors(ipv6) } else { None },
-            rss_reset: fwd_pid.map(procfs::reset_peak_rss).unwrap_or(false),
-            fwd_ticks: fwd_pid.map(procfs::pid_user_sys_ticks).transpose()?,
+            fwd,
+            endpoints,
+            dev_tx_dropped,
+            udp_rcvbuf_errors,
             box_cpu: procfs::box_cpu()?,
             start: Instant::now(),
         })
     }
 
     /// Samples after the window into `rec`, as differences from these.
-    fn record_after(self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<()> {
+    fn record_after(mut self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<()> {
+        // The syscall counts end with the window, before anything else is read.
+        for e in &mut self.endpoints {
+            if let Some(Ok(c)) = e.syscalls.as_mut() {
+                c.interrupt();
+            }
+        }
         let window = self.start.elapsed().as_secs_f64();
         let box_cpu = procfs::box_cpu()?;
-        if let (Some(pid), Some((user0, sys0))) = (self.fwd_pid, self.fwd_ticks) {
-            if let Ok((user1, sys1)) = procfs::pid_user_sys_ticks(pid) {
-                let (user, sys) = (user1.saturating_sub(user0), sys1.saturating_sub(sys0));
-                rec.fwd_cpu_percent = Some((user + sys) as f64 / ctx.clk_tck / window * 100.0);
-                rec.fwd_user_seconds = Some(user as f64 / ctx.clk_tck);
-                rec.fwd_sys_seconds = Some(sys as f64 / ctx.clk_tck);
-            }
-            rec.fwd_peak_rss_kb = procfs::pid_peak_rss_kb(pid);
-            if !self.rss_reset {
-                tracing::debug!("could not reset VmHWM of {pid}: peak RSS covers the forwarder's lifetime");
-            }
+        if let Some(fwd) = self.fwd {
+            let s = fwd.after(window, ctx.clk_tck);
+            rec.fwd_cpu_percent = s.cpu_percent;
+            rec.fwd_user_seconds = s.user_seconds;
+            rec.fwd_sys_seconds = s.sys_seconds;
+            rec.fwd_peak_rss_kb = s.peak_rss_kb;
+        }
+        for (i, e) in self.endpoints.into_iter().enumerate() {
+            let side = if i == 0 { "A" } else { "B" };
+            rec.endpoints.push(ProcSample { side: side.into(), ..e.after(window, ctx.clk_tck) });
         }
         rec.box_cpu_percent = box_cpu.percent_since(&self.box_cpu);
         rec.window_seconds = window;
@@ -328,10 +422,18 @@ fn difference(before: Option<u64>, after: Option<u64>) -> Option<u64> {
 
 /// Read a child's stdout to a string on a thread (so a chatty child never blocks on a full pipe).
 fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
-    let out = child.stdout.take();
+    collect(child.stdout.take())
+}
+
+/// The same for its stderr, if piped.
+fn collect_stderr(child: &mut Child) -> JoinHandle<String> {
+    collect(child.stderr.take())
+}
+
+fn collect<R: Read + Send + 'static>(pipe: Option<R>) -> JoinHandle<String> {
     std::thread::spawn(move || {
         let mut s = String::new();
-        if let Some(o) = out {
+        if let Some(o) = pipe {
             let _ = BufReader::new(o).read_to_string(&mut s);
         }
         s
@@ -340,10 +442,32 @@ fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
 
 /// Run `CMD..` inside `ns` to completion within `timeout`, returning its stdout.
 fn run_in_ns(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<(String, ExitStatus)> {
-    let mut child = ns.spawn(
-        Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()),
-    )?;
+    let (out, _, status) = run_in_ns_with(ns, cmd, Stdio::null(), timeout, stop)?;
+    Ok((out, status))
+}
+
+/// Run a tool (`wg set ...`) inside `ns` within `timeout`: its stdout, or an error with what it said on stderr
+/// when it failed.
+pub fn run_tool(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<String> {
+    let (out, err, status) = run_in_ns_with(ns, cmd, Stdio::piped(), timeout, stop)?;
+    if !status.success() {
+        bail!("`{}` failed ({status}): {}", cmd.join(" "), err.trim());
+    }
+    Ok(out)
+}
+
+/// [`run_in_ns`] with stderr as given (piped: collected and returned too).
+fn run_in_ns_with(
+    ns: &Netns,
+    cmd: &[&str],
+    stderr: Stdio,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<(String, String, ExitStatus)> {
+    let mut child =
+        ns.spawn(Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr))?;
     let out = collect_stdout(&mut child);
+    let err = collect_stderr(&mut child);
     let mut child = KillOnDrop(child);
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -357,7 +481,7 @@ fn run_in_ns(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> 
             bail!("{} did not finish within {} s", cmd[0], timeout.as_secs());
         }
     };
-    Ok((out.join().unwrap_or_default(), status))
+    Ok((out.join().unwrap_or_default(), err.join().unwrap_or_default(), status))
 }
 
 /// What an interrupted bench reports, whatever step the signal cut short.

@@ -7,7 +7,7 @@
 //! mix; the namespaces themselves have no name anywhere.
 
 use std::io::{BufRead, BufReader};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,13 +76,36 @@ pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     child.wait().ok()
 }
 
-/// A started forwarder process.
+/// A started forwarder process (or any process the bench starts under a contract like it: an echo, a tunnel's
+/// endpoint).
 #[derive(Debug)]
 pub struct Forwarder {
     child: Child,
     lines: mpsc::Receiver<String>,
     stderr_log: PathBuf,
     pub pid: u32,
+    /// What it is, for messages and records.
+    pub label: String,
+}
+
+/// How a started process tells that it is ready.
+#[derive(Debug, Clone, Copy)]
+pub enum Ready<'a> {
+    /// It prints `ready` on a line of stdout (the forwarder contract, docs/CONTRACTS.md).
+    Line,
+    /// Its configuration socket, a Unix stream socket at this path, accepts connections (WireGuard's
+    /// cross-platform userspace interface).
+    Socket(&'a Path),
+}
+
+/// A process to start: `PROGRAM ARGV..` with `env` added to the bench's environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    pub label: &'a str,
+    pub program: &'a Path,
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub ready: Ready<'a>,
 }
 
 /// What a forwarder printed when it stopped.
@@ -151,9 +174,17 @@ impl Forwarder {
         stderr_log: PathBuf,
         stop: &AtomicBool,
     ) -> Result<Forwarder> {
+        Forwarder::launch(&Launch { label, program, argv, env: &[], ready: Ready::Line }, ns, stderr_log, stop)
+    }
+
+    /// Start a process inside `ns`, stderr to `stderr_log`, and wait until it is ready the way `l.ready` says;
+    /// its stdout lines are kept for the counters line it may print when stopped.
+    pub fn launch(l: &Launch<'_>, ns: &Netns, stderr_log: PathBuf, stop: &AtomicBool) -> Result<Forwarder> {
+        let label = l.label;
         let errf = std::fs::File::create(&stderr_log).context("create forwarder log")?;
-        let mut child =
-            ns.spawn(Command::new(program).args(argv).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(errf))?;
+        let mut cmd = Command::new(l.program);
+        cmd.args(l.argv).envs(l.env.iter().map(|(k, v)| (k, v)));
+        let mut child = ns.spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(errf))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -165,7 +196,11 @@ impl Forwarder {
             }
         });
         let pid = child.id();
-        let mut fwd = Forwarder { child, lines, stderr_log, pid };
+        let mut fwd = Forwarder { child, lines, stderr_log, pid, label: label.to_string() };
+        if let Ready::Socket(path) = l.ready {
+            fwd.wait_for_socket(path, stop)?;
+            return Ok(fwd);
+        }
         let end = Instant::now() + READY_TIMEOUT;
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -196,6 +231,37 @@ impl Forwarder {
                 ))
                 .into());
             }
+        }
+    }
+
+    /// Wait until the Unix socket at `path` accepts a connection (the process serves it), as long as the process
+    /// runs and at most [`READY_TIMEOUT`].
+    fn wait_for_socket(&mut self, path: &Path, stop: &AtomicBool) -> Result<()> {
+        let end = Instant::now() + READY_TIMEOUT;
+        loop {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Ok(());
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Err(NotReady(format!(
+                    "{} exited before serving {} ({st}): {}",
+                    self.label,
+                    path.display(),
+                    tail(&self.stderr_log, 3)
+                ))
+                .into());
+            }
+            if Instant::now() >= end {
+                return Err(NotReady(format!(
+                    "{} did not serve {} within {}s: {}",
+                    self.label,
+                    path.display(),
+                    READY_TIMEOUT.as_secs(),
+                    tail(&self.stderr_log, 3)
+                ))
+                .into());
+            }
+            sleep_checked(Duration::from_millis(20), stop)?;
         }
     }
 
@@ -236,17 +302,34 @@ pub struct Topology {
     ns_b: Option<Netns>,
     /// The run's devices whose TX drops are reported: the first in A, the second (if any) in the server's
     /// namespace.
-    devices: Vec<String>,
+    pub(super) devices: Vec<String>,
     pub server_addr: String,
     pub forwarder: Option<Forwarder>,
+    /// A tunnel's endpoint processes (`--tunnel`): A's, then B's.
+    pub endpoints: Vec<Forwarder>,
+    /// Files the run's processes create and may leave behind (a WireGuard endpoint's configuration socket, which
+    /// lives outside any namespace): removed once the processes are stopped.
+    pub(super) leftovers: Vec<PathBuf>,
     /// The namespace of the bridge(s), for the modes that have one.
     bridge_ns: Option<Netns>,
 }
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        // The forwarder first: its devices go with it, before the namespaces are closed.
+        // The processes first: their devices go with them, before the namespaces are closed. All endpoints are
+        // told at once, then each is waited for.
         self.forwarder.take();
+        for e in &self.endpoints {
+            send_sigterm(e.pid);
+        }
+        self.endpoints.clear();
+        for f in self.leftovers.drain(..) {
+            match std::fs::remove_file(&f) {
+                Ok(()) => tracing::debug!("removed {} left by a stopped endpoint", f.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => eprintln!("turbotun bench: cannot remove {}: {e}", f.display()),
+            }
+        }
     }
 }
 
@@ -287,6 +370,20 @@ fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
 }
 
 impl Topology {
+    /// Namespaces with nothing in them yet.
+    fn empty(ns_a: Netns, ns_b: Option<Netns>) -> Topology {
+        Topology {
+            ns_a,
+            ns_b,
+            devices: Vec::new(),
+            server_addr: String::new(),
+            forwarder: None,
+            endpoints: Vec::new(),
+            leftovers: Vec::new(),
+            bridge_ns: None,
+        }
+    }
+
     /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
     /// the mode has one; `txqueuelen` sets both devices' queue length (for a TUN device the length of the ring
     /// the kernel fills and the forwarder drains), else they keep the kernel's default.
@@ -303,28 +400,21 @@ impl Topology {
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
             let server_addr = if ipv6 { "::1" } else { "127.0.0.1" }.into();
-            return Ok(Topology {
-                ns_a,
-                ns_b: None,
-                devices: Vec::new(),
-                server_addr,
-                forwarder: None,
-                bridge_ns: None,
-            });
+            let mut t = Topology::empty(ns_a, None);
+            t.server_addr = server_addr;
+            return Ok(t);
         }
         let ns_b = end_netns(format!("{base}b"), ipv6)?;
+        if let Kind::Tunnel(link) = &mode.kind {
+            let mut t = Topology::empty(ns_a, Some(ns_b));
+            super::tunnel::set_up(&mut t, link, &base, log_dir, stop)?;
+            return Ok(t);
+        }
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
         let dev_a = format!("{base}x");
         let dev_b = format!("{base}y");
         anyhow::ensure!(dev_a.len() <= 15, "device name {dev_a} longer than 15 bytes");
-        let mut t = Topology {
-            ns_a,
-            ns_b: Some(ns_b),
-            devices: Vec::new(),
-            server_addr: String::new(),
-            forwarder: None,
-            bridge_ns: None,
-        };
+        let mut t = Topology::empty(ns_a, Some(ns_b));
         match &mode.kind {
             Kind::Veth => netcfg::create_veth(&t.ns_a, &dev_a, t.server(), &dev_b)?,
             Kind::VethBridge => {
@@ -355,7 +445,7 @@ impl Topology {
                 netcfg::move_to_netns(&ns_fwd, &dev_a, &t.ns_a)?;
                 netcfg::move_to_netns(&ns_fwd, &dev_b, t.server())?;
             }
-            Kind::Loopback => unreachable!("handled above"),
+            Kind::Loopback | Kind::Tunnel(_) => unreachable!("handled above"),
         }
         t.configure_ends(&dev_a, &dev_b, ipv6, txqueuelen)?;
         t.devices = vec![dev_a, dev_b];
@@ -372,10 +462,22 @@ impl Topology {
     fn configure_ends(&self, dev_a: &str, dev_b: &str, ipv6: bool, txqueuelen: Option<u32>) -> Result<()> {
         let (a4, b4): (IpAddr, IpAddr) = (ADDR_A4.parse()?, ADDR_B4.parse()?);
         let (a6, b6): (IpAddr, IpAddr) = (ADDR_A6.parse()?, ADDR_B6.parse()?);
-        let mut side_a =
-            netcfg::Side { ns: &self.ns_a, dev: dev_a, addrs: vec![(a4, 24)], routes: vec![(b4, 24)], txqueuelen };
-        let mut side_b =
-            netcfg::Side { ns: self.server(), dev: dev_b, addrs: vec![(b4, 24)], routes: vec![(a4, 24)], txqueuelen };
+        let mut side_a = netcfg::Side {
+            ns: &self.ns_a,
+            dev: dev_a,
+            mtu: netcfg::MTU,
+            addrs: vec![(a4, 24)],
+            routes: vec![(b4, 24)],
+            txqueuelen,
+        };
+        let mut side_b = netcfg::Side {
+            ns: self.server(),
+            dev: dev_b,
+            mtu: netcfg::MTU,
+            addrs: vec![(b4, 24)],
+            routes: vec![(a4, 24)],
+            txqueuelen,
+        };
         if ipv6 {
             side_a.addrs.push((a6, 64));
             side_a.routes.push((b6, 64));
@@ -409,19 +511,15 @@ impl Topology {
         let log = log_dir.join(format!("{label}-{dev}.stderr"));
         // Created inside A, so that the device never shows in the root namespace and needs no move.
         let echo = Forwarder::spawn(label, program, &argv, &ns_a, log, stop)?;
-        let mut t = Topology {
-            ns_a,
-            ns_b: None,
-            devices: vec![dev.clone()],
-            server_addr: String::new(),
-            forwarder: Some(echo),
-            bridge_ns: None,
-        };
+        let mut t = Topology::empty(ns_a, None);
+        t.devices = vec![dev.clone()];
+        t.forwarder = Some(echo);
         let (addr, peer, len): (IpAddr, &str, u8) =
             if ipv6 { (ADDR_A6.parse()?, ECHO_PEER6, 64) } else { (ADDR_A4.parse()?, ECHO_PEER4, 24) };
         netcfg::configure(&netcfg::Side {
             ns: &t.ns_a,
             dev: &dev,
+            mtu: netcfg::MTU,
             addrs: vec![(addr, len)],
             routes: vec![],
             txqueuelen: None,
@@ -431,6 +529,26 @@ impl Topology {
             bail!("{label} exited during set-up");
         }
         Ok(t)
+    }
+
+    /// Wait until the server's address answers from A: a TCP connection to a port nobody listens on (9, discard)
+    /// is refused by the server's kernel, which proves the path both ways (ARP, a tunnel's handshake) without
+    /// touching the server process.
+    pub fn wait_reachable(&self, timeout: Duration, stop: &AtomicBool) -> Result<()> {
+        let target = SocketAddr::new(self.server_addr.parse().context("server address")?, 9);
+        let end = Instant::now() + timeout;
+        loop {
+            let attempt = self.ns_a.run(|| TcpStream::connect_timeout(&target, Duration::from_millis(300)))?;
+            let last = match attempt {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() >= end {
+                bail!("{target} not reachable from {} within {}s: {last}", self.ns_a.name, timeout.as_secs());
+            }
+            sleep_checked(Duration::from_millis(50), stop)?;
+        }
     }
 
     /// The server's namespace: B, or A itself for loopback.

@@ -1,0 +1,1168 @@
+//! `turbotun bench --tunnel`: VPN-style tunnels between two network namespaces, measured with iperf3.
+//!
+//! Each run gets two fresh namespaces joined by a veth pair, the underlay (10.201.0.1/24 <-> 10.201.0.2/24, MTU
+//! 1500). Over it each tunnel kind puts a device in each namespace (10.202.0.1/24 <-> 10.202.0.2/24, MTU 1420):
+//! the kernel's VXLAN, or a userspace endpoint process in each namespace (`turbotun tunnel`, `turbotun wg`,
+//! wireguard-go, boringtun). `veth` runs iperf3 over the underlay itself. The iperf3 server runs in B, the
+//! client in A, and the runs, their interleaving, the samples and the summaries are those of the forwarder bench
+//! (`mod.rs::measure`, `runner.rs`, `report.rs::summarize`); this file adds the kinds, their set-up, and the
+//! tables of per-endpoint CPU, peak RSS and system calls per GB.
+//!
+//! WireGuard endpoints follow WireGuard's cross-platform userspace interface: each serves
+//! `/var/run/wireguard/NAME.sock`, which is not per namespace, so every endpoint's device name is unique to the
+//! run (`tt<pid>r<run>ta`, `...tb`); the bench waits until the socket accepts connections, configures it with
+//! the real `wg set` (keys from `wg genkey` in a private directory), and removes any socket left behind.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::chart;
+use super::iperf::Traffic;
+use super::modes::{self, Kind, Mode, Unavailable};
+use super::netcfg::{self, Netns};
+use super::perfstat;
+use super::report::{self, RunRecord, Summary};
+use super::runner::{run_tool, Ctx};
+use super::stats::{fmt_count, fmt_num, fmt_spread, Spread};
+use super::topo::{Forwarder, Launch, Ready, Topology};
+use super::{BenchArgs, Plan};
+
+/// The underlay's addresses: A's, B's.
+pub const UNDERLAY: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2)];
+/// The tunnel devices' addresses: A's, B's.
+pub const INNER: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 202, 0, 1), Ipv4Addr::new(10, 202, 0, 2)];
+pub const PREFIX_LEN: u8 = 24;
+pub const UNDERLAY_MTU: u32 = 1500;
+pub const TUNNEL_MTU: u32 = 1420;
+/// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
+pub const PORT: u16 = 51820;
+pub const VXLAN_VNI: u32 = 42;
+/// Where WireGuard's userspace endpoints serve their configuration sockets, `NAME.sock` (not per namespace).
+pub const WG_SOCKET_DIR: &str = "/var/run/wireguard";
+/// How long a tunnel may take, once configured, to carry a first packet both ways.
+const REACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `wg set` may take.
+const WG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
+/// that each is one packet at the tunnel's MTU of 1420: a 1400-byte payload would be fragmented in two.
+pub const TUNNEL_TRAFFIC: &[Traffic] = &[
+    Traffic {
+        label: "tcp",
+        description: "TCP, one stream, -C cubic",
+        udp: false,
+        streams: 1,
+        payload: 0,
+        gso: 0,
+        rate: 0,
+    },
+    Traffic {
+        label: "tcp4",
+        description: "TCP, four streams (-P 4), -C cubic",
+        udp: false,
+        streams: 4,
+        payload: 0,
+        gso: 0,
+        rate: 0,
+    },
+    Traffic {
+        label: "udp1372",
+        description: "UDP, 1400-byte IP datagrams (1372-byte payload, one packet at MTU 1420), unlimited rate (-b 0)",
+        udp: true,
+        streams: 1,
+        payload: 1372,
+        gso: 0,
+        rate: 0,
+    },
+];
+
+/// The traffic of `--tunnel --quick`.
+pub const QUICK_TRAFFIC: &[&str] = &["tcp", "udp1372"];
+
+/// A program at one end of a tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Program {
+    /// `turbotun tunnel NAME --local ADDR:PORT --remote ADDR:PORT`: says `ready`.
+    TurbotunTunnel,
+    /// `turbotun wg -f NAME`: serves its configuration socket.
+    TurbotunWg,
+    /// wireguard-go, built into bench/peers/bin by build.sh.
+    WireguardGo,
+    /// boringtun-cli, built into bench/peers/bin by build.sh.
+    Boringtun,
+}
+
+impl Program {
+    fn name(self) -> &'static str {
+        match self {
+            Program::TurbotunTunnel => "turbotun tunnel",
+            Program::TurbotunWg => "turbotun wg",
+            Program::WireguardGo => "wireguard-go",
+            Program::Boringtun => "boringtun",
+        }
+    }
+
+    /// Configured with `wg` through its configuration socket.
+    fn is_wg(self) -> bool {
+        self != Program::TurbotunTunnel
+    }
+
+    /// The peers the bench builds: build.sh's target and the binary under bench/peers/bin.
+    fn peer(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Program::WireguardGo => Some(("wireguard-go", "wireguard-go")),
+            Program::Boringtun => Some(("boringtun", "boringtun-cli")),
+            _ => None,
+        }
+    }
+
+    /// Arguments (`{dev}`, `{local}`, `{remote}` stand for the device and the underlay's socket addresses) and
+    /// the environment it runs with.
+    fn argv_env(self) -> (&'static [&'static str], &'static [(&'static str, &'static str)]) {
+        match self {
+            Program::TurbotunTunnel => (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[]),
+            Program::TurbotunWg => (&["wg", "-f", "{dev}"], &[]),
+            Program::WireguardGo => (&["-f", "{dev}"], &[("WG_PROCESS_FOREGROUND", "1")]),
+            // WG_SUDO takes `true` (clap's boolean parser refuses `1`): keep root, do not drop to the sudo user.
+            Program::Boringtun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "true")]),
+        }
+    }
+}
+
+/// How a kind joins the two namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spec {
+    Veth,
+    Vxlan,
+    /// An endpoint process in A and one in B.
+    Pair(Program, Program),
+}
+
+/// A tunnel kind: one row of each table.
+#[derive(Debug, Clone, Copy)]
+pub struct KindSpec {
+    pub label: &'static str,
+    /// The chart's colour family.
+    family: &'static str,
+    pub description: &'static str,
+    spec: Spec,
+}
+
+impl KindSpec {
+    /// No process: the kernel carries it.
+    pub fn is_kernel(&self) -> bool {
+        matches!(self.spec, Spec::Veth | Spec::Vxlan)
+    }
+
+    fn programs(&self) -> Vec<Program> {
+        match self.spec {
+            Spec::Pair(a, b) if a == b => vec![a],
+            Spec::Pair(a, b) => vec![a, b],
+            _ => vec![],
+        }
+    }
+}
+
+/// Every kind, in report order.
+pub const KINDS: &[KindSpec] = &[
+    KindSpec { label: "veth", family: "baseline", description: "iperf3 over the underlay itself", spec: Spec::Veth },
+    KindSpec {
+        label: "vxlan",
+        family: "baseline",
+        description: "the kernel's VXLAN over the underlay (VNI 42, UDP 4789)",
+        spec: Spec::Vxlan,
+    },
+    KindSpec {
+        label: "turbotun-plain",
+        family: "turbotun",
+        description: "`turbotun tunnel` at both ends (packets in UDP, not encrypted)",
+        spec: Spec::Pair(Program::TurbotunTunnel, Program::TurbotunTunnel),
+    },
+    KindSpec {
+        label: "turbotun-wg",
+        family: "turbotun",
+        description: "`turbotun wg` at both ends (WireGuard)",
+        spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+    },
+    KindSpec {
+        label: "wireguard-go",
+        family: "wggo",
+        description: "wireguard-go at both ends",
+        spec: Spec::Pair(Program::WireguardGo, Program::WireguardGo),
+    },
+    KindSpec {
+        label: "boringtun",
+        family: "boringtun",
+        description: "boringtun-cli at both ends",
+        spec: Spec::Pair(Program::Boringtun, Program::Boringtun),
+    },
+    KindSpec {
+        label: "turbotun-wg-vs-wireguard-go",
+        family: "turbotun",
+        description: "`turbotun wg` in A, wireguard-go in B (interoperation)",
+        spec: Spec::Pair(Program::TurbotunWg, Program::WireguardGo),
+    },
+];
+
+/// The kind every ratio is taken against.
+pub const REFERENCE: &str = "wireguard-go";
+
+/// One end of a tunnel, as the bench starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub name: &'static str,
+    pub program: PathBuf,
+    /// `{dev}`, `{local}` and `{remote}` stand for the device and the underlay's socket addresses.
+    pub argv: Vec<&'static str>,
+    pub env: Vec<(String, String)>,
+    /// Configured with `wg set` through its configuration socket, with these keys; None: a `ready` line.
+    pub wg: Option<Arc<WgSetup>>,
+}
+
+/// What configuring WireGuard endpoints takes: the `wg` tool and a key pair for each side.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WgSetup {
+    pub tool: PathBuf,
+    /// A's key, B's key.
+    pub keys: [WgKey; 2],
+}
+
+/// A private key in a file (mode 0600, in a private directory) and its public key.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WgKey {
+    pub private: PathBuf,
+    pub public: String,
+}
+
+/// How a run's namespaces are joined (`modes::Kind::Tunnel`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Link {
+    Veth,
+    Vxlan,
+    /// A's endpoint, B's endpoint.
+    Pair(Box<[Endpoint; 2]>),
+}
+
+/// The namespace of side `i`: A (the client's) or B (the server's).
+fn side_ns(t: &Topology, i: usize) -> &Netns {
+    if i == 0 {
+        &t.ns_a
+    } else {
+        t.server()
+    }
+}
+
+fn side<'a>(ns: &'a Netns, dev: &'a str, mtu: u32, addr: Ipv4Addr) -> netcfg::Side<'a> {
+    netcfg::Side { ns, dev, mtu, addrs: vec![(addr.into(), PREFIX_LEN)], routes: vec![], txqueuelen: None }
+}
+
+/// The configuration socket of WireGuard device `dev`.
+pub fn wg_socket(dev: &str) -> PathBuf {
+    Path::new(WG_SOCKET_DIR).join(format!("{dev}.sock"))
+}
+
+/// Set up `link` between the topology's two namespaces: the underlay, then the tunnel (devices, endpoint
+/// processes, WireGuard configuration, addresses), then a first packet both ways. Everything started is owned
+/// by `t`, so an error tears it down.
+pub(super) fn set_up(t: &mut Topology, link: &Link, base: &str, log_dir: &Path, stop: &AtomicBool) -> Result<()> {
+    let under = [format!("{base}ua"), format!("{base}ub")];
+    let tun = [format!("{base}ta"), format!("{base}tb")];
+    if let Some(long) = under.iter().chain(&tun).find(|n| n.len() > 15) {
+        bail!("device name {long} longer than 15 bytes");
+    }
+    netcfg::create_veth(&t.ns_a, &under[0], t.server(), &under[1])?;
+    for i in 0..2 {
+        netcfg::configure(&side(side_ns(t, i), &under[i], UNDERLAY_MTU, UNDERLAY[i]))?;
+    }
+    let devices = match link {
+        Link::Veth => under,
+        Link::Vxlan => {
+            for i in 0..2 {
+                let (local, remote) = (UNDERLAY[i].into(), UNDERLAY[1 - i].into());
+                netcfg::create_vxlan(side_ns(t, i), &tun[i], VXLAN_VNI, local, remote, &under[i])?;
+            }
+            tun
+        }
+        Link::Pair(ends) => {
+            for (i, e) in ends.iter().enumerate() {
+                start_endpoint(t, e, i, &tun[i], log_dir, stop)?;
+            }
+            tun
+        }
+    };
+    let addrs = if *link == Link::Veth {
+        UNDERLAY
+    } else {
+        for i in 0..2 {
+            netcfg::configure(&side(side_ns(t, i), &devices[i], TUNNEL_MTU, INNER[i]))?;
+        }
+        INNER
+    };
+    t.devices = devices.to_vec();
+    t.server_addr = addrs[1].to_string();
+    t.wait_reachable(REACH_TIMEOUT, stop)?;
+    for e in &mut t.endpoints {
+        if !e.is_running() {
+            bail!("{} exited during set-up", e.label);
+        }
+    }
+    Ok(())
+}
+
+/// Start endpoint `e` on side `i` with device `dev` and wait until it is ready; configure a WireGuard endpoint
+/// with `wg set`. The process, and the socket it may leave, belong to `t` from the start.
+fn start_endpoint(
+    t: &mut Topology,
+    e: &Endpoint,
+    i: usize,
+    dev: &str,
+    log_dir: &Path,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let local = format!("{}:{PORT}", UNDERLAY[i]);
+    let remote = format!("{}:{PORT}", UNDERLAY[1 - i]);
+    let argv: Vec<String> = e
+        .argv
+        .iter()
+        .map(|a| match *a {
+            "{dev}" => dev.to_string(),
+            "{local}" => local.clone(),
+            "{remote}" => remote.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    let socket = wg_socket(dev);
+    let ready = if e.wg.is_some() {
+        clear_stale_socket(&socket)?;
+        t.leftovers.push(socket.clone());
+        Ready::Socket(&socket)
+    } else {
+        Ready::Line
+    };
+    let log = log_dir.join(format!("{}-{dev}.stderr", e.name.replace(' ', "-")));
+    let launch = Launch { label: e.name, program: &e.program, argv: &argv, env: &e.env, ready };
+    let process = Forwarder::launch(&launch, side_ns(t, i), log, stop)?;
+    t.endpoints.push(process);
+    if let Some(wg) = &e.wg {
+        let (key, peer) = (&wg.keys[i], &wg.keys[1 - i]);
+        let tool = wg.tool.to_string_lossy();
+        let private = key.private.to_string_lossy();
+        let (port, allowed) = (PORT.to_string(), format!("{}/32", INNER[1 - i]));
+        let cmd = [
+            &*tool,
+            "set",
+            dev,
+            "private-key",
+            &*private,
+            "listen-port",
+            &port,
+            "peer",
+            &peer.public,
+            "endpoint",
+            &remote,
+            "allowed-ips",
+            &allowed,
+        ];
+        run_tool(side_ns(t, i), &cmd, WG_TIMEOUT, stop).with_context(|| format!("configure {} {dev}", e.name))?;
+    }
+    Ok(())
+}
+
+/// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed. One that is
+/// served belongs to a live device of that name: an error, never touched.
+fn clear_stale_socket(path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("{} is served by another process: a WireGuard device of that name exists", path.display());
+    }
+    std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))
+}
+
+/// The bench process that named a socket `tt<pid>r<run>t{a,b}.sock`, if the name is one of ours.
+fn socket_owner(file_name: &str) -> Option<u32> {
+    let dev = file_name.strip_suffix(".sock")?;
+    let rest = dev.strip_prefix("tt")?;
+    let (pid, run) = rest.split_once('r')?;
+    let run = run.strip_suffix("ta").or_else(|| run.strip_suffix("tb"))?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (all_digits(pid) && all_digits(run)).then(|| pid.parse().ok())?
+}
+
+/// Sockets named by bench processes that are gone and served by nobody: removed (a bench killed by SIGKILL
+/// leaves them).
+fn sweep_stale_sockets() {
+    let Ok(entries) = std::fs::read_dir(WG_SOCKET_DIR) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = socket_owner(&name) else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if clear_stale_socket(&entry.path()).is_ok() {
+            tracing::debug!("removed stale {name}");
+        }
+    }
+}
+
+/// Whether this turbotun has subcommand `sub` (`turbotun SUB --help` succeeds).
+fn has_subcommand(exe: &Path, sub: &str) -> bool {
+    Command::new(exe)
+        .args([sub, "--help"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Finds (and builds on first use) the programs of the selected kinds, and says why one is missing.
+struct Resolver<'a> {
+    exe: &'a Path,
+    peers: Option<&'a Path>,
+    log_dir: &'a Path,
+    /// Whether to build missing peers (not for `--list`).
+    build: bool,
+    wg: Option<PathBuf>,
+    found: Vec<(Program, Result<PathBuf, String>)>,
+    build_failed: bool,
+}
+
+impl Resolver<'_> {
+    fn program(&mut self, p: Program) -> Result<PathBuf, String> {
+        if let Some((_, r)) = self.found.iter().find(|(q, _)| *q == p) {
+            return r.clone();
+        }
+        let r = self.find(p);
+        self.found.push((p, r.clone()));
+        r
+    }
+
+    fn find(&mut self, p: Program) -> Result<PathBuf, String> {
+        if p.is_wg() && self.wg.is_none() {
+            return Err(
+                "`wg` not found: apt-get install wireguard-tools (it configures the WireGuard endpoints)".into()
+            );
+        }
+        match p {
+            Program::TurbotunTunnel | Program::TurbotunWg => {
+                let sub = if p == Program::TurbotunTunnel { "tunnel" } else { "wg" };
+                if has_subcommand(self.exe, sub) {
+                    Ok(self.exe.to_path_buf())
+                } else {
+                    Err(format!("{} has no `{sub}` subcommand (`turbotun {sub} --help` fails)", self.exe.display()))
+                }
+            }
+            Program::WireguardGo | Program::Boringtun => {
+                let (target, bin) = p.peer().expect("a peer");
+                let Some(dir) = self.peers else {
+                    return Err("bench/peers not found (set TURBOTUN_PEERS_DIR)".into());
+                };
+                let path = dir.join("bin").join(bin);
+                if !self.build {
+                    return Ok(path);
+                }
+                match modes::build_peer(dir, target, bin, self.log_dir) {
+                    Ok(None) if path.is_file() => Ok(path),
+                    Ok(None) => Err(format!("build.sh {target} made no {}", path.display())),
+                    Ok(Some(note)) => {
+                        self.build_failed = true;
+                        if path.is_file() {
+                            eprintln!("turbotun bench: {note}; using the existing {bin}");
+                            Ok(path)
+                        } else {
+                            Err(note)
+                        }
+                    }
+                    Err(e) => {
+                        self.build_failed = true;
+                        Err(format!("{e:#}"))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why `k` cannot run here, if it cannot.
+    fn missing(&mut self, k: &KindSpec) -> Option<String> {
+        let reasons: Vec<String> = k.programs().into_iter().filter_map(|p| self.program(p).err()).collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+}
+
+/// The kinds named by `--tunnel-kinds`, or all, in report order.
+fn select_kinds(filter: Option<&[String]>) -> Result<Vec<&'static KindSpec>> {
+    let Some(filter) = filter else { return Ok(KINDS.iter().collect()) };
+    let mut out: Vec<&KindSpec> = Vec::new();
+    for f in filter.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
+        let Some(k) = KINDS.iter().find(|k| k.label == f) else {
+            bail!("unknown tunnel kind {f:?}; known: {}", KINDS.iter().map(|k| k.label).collect::<Vec<_>>().join(", "));
+        };
+        if !out.iter().any(|o| o.label == k.label) {
+            out.push(k);
+        }
+    }
+    if out.is_empty() {
+        bail!("--tunnel-kinds selects nothing");
+    }
+    out.sort_by_key(|k| KINDS.iter().position(|a| a.label == k.label));
+    Ok(out)
+}
+
+fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
+    let labels: Vec<String> = match (&args.traffic, args.quick) {
+        (Some(t), _) => t.iter().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
+        (None, true) => QUICK_TRAFFIC.iter().map(|s| s.to_string()).collect(),
+        (None, false) => TUNNEL_TRAFFIC.iter().map(|t| t.label.to_string()).collect(),
+    };
+    let mut out: Vec<Traffic> = Vec::new();
+    for l in &labels {
+        let Some(t) = TUNNEL_TRAFFIC.iter().find(|t| t.label == l) else {
+            bail!(
+                "traffic {l:?} is not one of --tunnel's: {}",
+                TUNNEL_TRAFFIC.iter().map(|t| t.label).collect::<Vec<_>>().join(", ")
+            );
+        };
+        if !out.contains(t) {
+            out.push(*t);
+        }
+    }
+    if out.is_empty() {
+        bail!("--traffic selects nothing");
+    }
+    Ok(out)
+}
+
+/// A key pair made with `wg genkey` and `wg pubkey`, the private key written to `dir/NAME` with mode 0600.
+fn make_key(tool: &Path, dir: &Path, name: &str) -> Result<WgKey> {
+    let out = Command::new(tool).arg("genkey").stdin(Stdio::null()).output().context("run wg genkey")?;
+    if !out.status.success() {
+        bail!("wg genkey failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let private = dir.join(name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&private)
+        .and_then(|mut f| f.write_all(&out.stdout))
+        .with_context(|| format!("write {}", private.display()))?;
+    let mut child = Command::new(tool)
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("run wg pubkey")?;
+    child.stdin.take().expect("piped stdin").write_all(&out.stdout).context("write to wg pubkey")?;
+    let pubout = child.wait_with_output().context("wait for wg pubkey")?;
+    let public = String::from_utf8_lossy(&pubout.stdout).trim().to_string();
+    if !pubout.status.success() || public.is_empty() {
+        bail!("wg pubkey failed ({}): {}", pubout.status, String::from_utf8_lossy(&pubout.stderr).trim());
+    }
+    Ok(WgKey { private, public })
+}
+
+/// The selected kinds that can run, as modes of the shared engine, and the ones that cannot, with why.
+struct Resolved {
+    modes: Vec<Mode>,
+    skipped: Vec<Unavailable>,
+    build_failed: bool,
+    /// The private directory of the WireGuard keys, removed when dropped.
+    _keys: Option<tempfile::TempDir>,
+}
+
+fn resolve(kinds: &[&KindSpec], r: &mut Resolver<'_>) -> Result<Resolved> {
+    let mut runnable: Vec<&KindSpec> = Vec::new();
+    let mut skipped = Vec::new();
+    for k in kinds {
+        match r.missing(k) {
+            None => runnable.push(k),
+            Some(reason) => skipped.push(Unavailable { mode: k.label.into(), reason }),
+        }
+    }
+    let needs_wg = runnable.iter().any(|k| k.programs().iter().any(|p| p.is_wg()));
+    let (wg, keys) = match (&r.wg, needs_wg && r.build) {
+        (Some(tool), true) => {
+            // A private directory (0700, random name) for the private keys, gone when the bench ends.
+            let dir = tempfile::Builder::new().prefix("turbotun-bench-wg-").tempdir().context("key directory")?;
+            let keys = [make_key(tool, dir.path(), "a.key")?, make_key(tool, dir.path(), "b.key")?];
+            (Some(Arc::new(WgSetup { tool: tool.clone(), keys })), Some(dir))
+        }
+        _ => (None, None),
+    };
+    let mut modes = Vec::new();
+    for k in runnable {
+        let link = match k.spec {
+            Spec::Veth => Link::Veth,
+            Spec::Vxlan => Link::Vxlan,
+            Spec::Pair(a, b) => {
+                let end = |p: Program, r: &mut Resolver<'_>| -> Result<Endpoint> {
+                    let (argv, env) = p.argv_env();
+                    Ok(Endpoint {
+                        name: p.name(),
+                        program: r.program(p).map_err(|e| anyhow!(e))?,
+                        argv: argv.to_vec(),
+                        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                        wg: if p.is_wg() { wg.clone() } else { None },
+                    })
+                };
+                Link::Pair(Box::new([end(a, r)?, end(b, r)?]))
+            }
+        };
+        modes.push(Mode { label: k.label.into(), family: k.family, kind: Kind::Tunnel(link), note: None });
+    }
+    Ok(Resolved { modes, skipped, build_failed: r.build_failed, _keys: keys })
+}
+
+/// `turbotun bench --tunnel --list`: the kinds and whether each can run (peers not built yet are built on first
+/// use), and the traffic kinds.
+pub fn print_list(exe: &Path, peers: Option<&Path>) {
+    let log_dir = std::env::temp_dir();
+    let mut r = Resolver {
+        exe,
+        peers,
+        log_dir: &log_dir,
+        build: false,
+        wg: modes::which("wg"),
+        found: Vec::new(),
+        build_failed: false,
+    };
+    println!("tunnel kinds:");
+    for k in KINDS {
+        let state = match r.missing(k) {
+            Some(reason) => format!("not available: {reason}"),
+            None => {
+                let unbuilt = k
+                    .programs()
+                    .into_iter()
+                    .filter_map(|p| p.peer())
+                    .any(|(_, bin)| !peers.is_some_and(|d| d.join("bin").join(bin).is_file()));
+                if unbuilt {
+                    "(built on first use by bench/peers/build.sh)".to_string()
+                } else {
+                    String::new()
+                }
+            }
+        };
+        println!("  {:<28} {}{}", k.label, k.description, if state.is_empty() { state } else { format!(" {state}") });
+    }
+    println!("traffic kinds:");
+    for t in TUNNEL_TRAFFIC {
+        println!("  {:<28} {}", t.label, t.description);
+    }
+}
+
+/// One endpoint of a row over the repetitions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointRow {
+    /// `A` (the iperf3 client's namespace: the sending end) or `B` (the server's: the receiving end).
+    pub side: String,
+    pub program: String,
+    /// utime+stime over the window, % of one core.
+    pub cpu_percent: Option<Spread>,
+    /// Peak RSS (VmHWM) over the window, MB.
+    pub rss_mb: Option<Spread>,
+    /// System calls per gigabyte (10^9 bytes) of goodput.
+    pub syscalls_per_gb: Option<Spread>,
+}
+
+/// One tunnel kind and traffic kind over the repetitions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TunnelRow {
+    pub kind: String,
+    pub traffic: String,
+    /// No endpoint process: the kernel carries the traffic (veth, vxlan); CPU, RSS and system calls do not
+    /// apply.
+    pub kernel: bool,
+    /// Goodput, retransmits, loss, drops and box CPU, summarized as the forwarder bench does.
+    pub summary: Summary,
+    pub endpoints: Vec<EndpointRow>,
+    /// Both endpoints' CPU (% of a core) over Gbps, per run, median: the cost of one Gbps.
+    pub cpu_per_gbps: Option<Spread>,
+    /// Median Gbps over wireguard-go's, same traffic, same run.
+    pub ratio_wggo_gbps: Option<f64>,
+    /// Median CPU %/Gbps over wireguard-go's (below 1: cheaper per Gbps).
+    pub ratio_wggo_cpu_per_gbps: Option<f64>,
+}
+
+fn spread(runs: &[&RunRecord], f: impl Fn(&RunRecord) -> Option<f64>) -> Option<Spread> {
+    Spread::of(runs.iter().filter_map(|r| f(r)))
+}
+
+fn gbps(r: &RunRecord) -> Option<f64> {
+    r.iperf.as_ref().map(|i| i.gbps).filter(|g| *g > 0.0)
+}
+
+/// The rows, traffic outer and kind inner (report order), with the ratios to wireguard-go.
+pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic]) -> Vec<TunnelRow> {
+    let summaries = report::summarize(runs, kinds, traffic);
+    let mut rows: Vec<TunnelRow> = summaries
+        .into_iter()
+        .filter(|s| s.runs > 0)
+        .map(|s| {
+            let ok: Vec<&RunRecord> = runs
+                .iter()
+                .filter(|r| r.mode == s.mode && r.traffic == s.traffic && r.error.is_none() && r.iperf.is_some())
+                .collect();
+            let kernel = KINDS.iter().find(|k| k.label == s.mode).is_some_and(|k| k.is_kernel());
+            let mut endpoints = Vec::new();
+            for side in ["A", "B"] {
+                let of = |r: &RunRecord| r.endpoints.iter().find(|e| e.side == side).cloned();
+                let Some(program) = ok.iter().find_map(|r| of(r)).map(|e| e.program) else { continue };
+                endpoints.push(EndpointRow {
+                    side: side.into(),
+                    program,
+                    cpu_percent: spread(&ok, |r| of(r)?.cpu_percent),
+                    rss_mb: spread(&ok, |r| Some(of(r)?.peak_rss_kb? as f64 / 1024.0)),
+                    syscalls_per_gb: spread(&ok, |r| of(r)?.syscalls_per_gb(gbps(r)?)),
+                });
+            }
+            let cpu_per_gbps = spread(&ok, |r| {
+                let cpu: Option<f64> = r.endpoints.iter().map(|e| e.cpu_percent).sum();
+                (!r.endpoints.is_empty()).then_some(cpu? / gbps(r)?)
+            });
+            TunnelRow {
+                kind: s.mode.clone(),
+                traffic: s.traffic.clone(),
+                kernel,
+                summary: s,
+                endpoints,
+                cpu_per_gbps,
+                ratio_wggo_gbps: None,
+                ratio_wggo_cpu_per_gbps: None,
+            }
+        })
+        .collect();
+    let reference: Vec<(String, Option<f64>, Option<f64>)> = rows
+        .iter()
+        .filter(|r| r.kind == REFERENCE)
+        .map(|r| (r.traffic.clone(), r.summary.gbps.map(|s| s.median), r.cpu_per_gbps.map(|s| s.median)))
+        .collect();
+    let ratio = |x: Option<f64>, base: Option<f64>| Some(x? / base.filter(|b| *b > 0.0)?);
+    for row in &mut rows {
+        let Some((_, g, c)) = reference.iter().find(|(t, _, _)| *t == row.traffic) else { continue };
+        row.ratio_wggo_gbps = ratio(row.summary.gbps.map(|s| s.median), *g);
+        row.ratio_wggo_cpu_per_gbps = ratio(row.cpu_per_gbps.map(|s| s.median), *c);
+    }
+    rows
+}
+
+/// The JSON document of `--tunnel`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TunnelReport {
+    pub tool: String,
+    pub version: String,
+    pub build: String,
+    pub started_unix: u64,
+    pub kernel: String,
+    pub cpus: usize,
+    pub duration_s: u64,
+    pub reps: u32,
+    /// The underlay and the tunnels' addresses and MTUs.
+    pub underlay: String,
+    pub tunnel: String,
+    pub kinds: Vec<String>,
+    pub traffic: Vec<String>,
+    /// Kinds selected that could not run, with why.
+    pub skipped: Vec<Unavailable>,
+    /// Whether system calls were counted, and how or why not.
+    pub syscalls_counted: bool,
+    pub syscalls: String,
+    pub rows: Vec<TunnelRow>,
+    /// Every run, with both endpoints' samples and counters lines.
+    pub runs: Vec<RunRecord>,
+}
+
+/// Every selected kind that can run, over every traffic kind, interleaved; then the JSON, the chart and the
+/// Markdown. Returns how many runs failed and whether a peer build failed.
+pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usize, bool)> {
+    let traffic = select_traffic(args)?;
+    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
+    anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
+    let kinds = select_kinds(args.tunnel_kinds.as_deref())?;
+    sweep_stale_sockets();
+    let exe = ctx.exe.clone();
+    let mut resolver = Resolver {
+        exe: &exe,
+        peers,
+        log_dir: &ctx.log_dir,
+        build: true,
+        wg: modes::which("wg"),
+        found: Vec::new(),
+        build_failed: false,
+    };
+    let resolved = resolve(&kinds, &mut resolver)?;
+    for s in &resolved.skipped {
+        eprintln!("turbotun bench: skipping {}: {}", s.mode, s.reason);
+    }
+    if resolved.modes.is_empty() {
+        bail!("no selected tunnel kind can run here (see `turbotun bench --tunnel --list`)");
+    }
+    let with_processes = resolved.modes.iter().any(|m| matches!(&m.kind, Kind::Tunnel(Link::Pair(_))));
+    let syscalls = match perfstat::probe(&ctx.log_dir) {
+        _ if args.no_syscalls => "not counted (--no-syscalls)".to_string(),
+        Ok(()) => {
+            ctx.count_syscalls = with_processes;
+            format!("`perf stat -e {} -p PID` on each endpoint process over the window", perfstat::EVENT)
+        }
+        Err(e) => {
+            if with_processes {
+                eprintln!("turbotun bench: system calls not counted: {e:#}");
+            }
+            format!("not counted: {e:#}")
+        }
+    };
+    super::warn_about(&resolved.modes);
+    let plan = Plan { modes: resolved.modes.clone(), traffic: traffic.clone(), duration: ctx.duration, reps };
+    let started_unix = super::now_unix();
+    let (runs, failures) = super::measure(ctx, &plan, None)?;
+    let kinds: Vec<(String, String)> = plan.modes.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
+    let report = TunnelReport {
+        tool: "turbotun bench --tunnel".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        build: super::build_kind().into(),
+        started_unix,
+        kernel: super::kernel(),
+        cpus: super::cpus(),
+        duration_s: ctx.duration,
+        reps,
+        underlay: format!("veth {}/{PREFIX_LEN} <-> {}/{PREFIX_LEN}, MTU {UNDERLAY_MTU}", UNDERLAY[0], UNDERLAY[1]),
+        tunnel: format!("{}/{PREFIX_LEN} <-> {}/{PREFIX_LEN}, MTU {TUNNEL_MTU}", INNER[0], INNER[1]),
+        kinds: kinds.iter().map(|k| k.0.clone()).collect(),
+        traffic: traffic.iter().map(|t| t.label.to_string()).collect(),
+        skipped: resolved.skipped.clone(),
+        syscalls_counted: ctx.count_syscalls,
+        syscalls,
+        rows: rows(&runs, &kinds, &traffic),
+        runs,
+    };
+    super::write_json(args.json.as_deref(), &report)?;
+    if let Some(p) = &args.chart {
+        let summary: Vec<Summary> = report.rows.iter().map(|r| r.summary.clone()).collect();
+        let title =
+            format!("turbotun bench --tunnel — {} s × {} rep(s), {}", report.duration_s, report.reps, report.kernel);
+        chart::write_bar_chart(p, &summary, &traffic, &title, chart::Metric::Gbps)?;
+        eprintln!("turbotun bench: wrote {}", p.display());
+    }
+    super::print_markdown(&markdown(&report, &traffic));
+    Ok((failures, resolved.build_failed))
+}
+
+fn cell(s: Option<Spread>) -> String {
+    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
+}
+
+fn med(s: Option<Spread>) -> String {
+    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
+}
+
+fn med_count(s: Option<Spread>) -> String {
+    s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
+}
+
+/// The cells of one row of a traffic kind's table.
+fn row_cells(r: &TunnelRow, udp: bool) -> Vec<String> {
+    let s = &r.summary;
+    let failed = if s.failed > 0 { format!(" ({} of {} failed)", s.failed, s.runs) } else { String::new() };
+    let mut cells = vec![
+        format!("{}{failed}", r.kind),
+        cell(s.gbps),
+        ratio(r.ratio_wggo_gbps),
+        if udp { cell(s.lost_percent) } else { med_count(s.retransmits) },
+    ];
+    let end = |side: &str| r.endpoints.iter().find(|e| e.side == side);
+    if r.kernel {
+        cells.extend(["kernel", "kernel", "kernel", "–", "n/a", "n/a", "n/a", "n/a"].map(String::from));
+    } else {
+        cells.push(cell(end("A").and_then(|e| e.cpu_percent)));
+        cells.push(cell(end("B").and_then(|e| e.cpu_percent)));
+        cells.push(med(r.cpu_per_gbps));
+        cells.push(ratio(r.ratio_wggo_cpu_per_gbps));
+        cells.push(med(end("A").and_then(|e| e.rss_mb)));
+        cells.push(med(end("B").and_then(|e| e.rss_mb)));
+        cells.push(med_count(end("A").and_then(|e| e.syscalls_per_gb)));
+        cells.push(med_count(end("B").and_then(|e| e.syscalls_per_gb)));
+    }
+    cells.push(med(s.box_cpu_percent));
+    cells
+}
+
+/// The overview (Gbps of every kind and traffic), one table per traffic kind, what the columns mean and the
+/// kinds that were skipped.
+pub fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "## turbotun bench --tunnel ({} build): {} s per run, {} rep(s) interleaved, kernel {}, {} CPUs\n",
+        report.build, report.duration_s, report.reps, report.kernel, report.cpus
+    );
+    let _ = writeln!(
+        o,
+        "Underlay: {}. Tunnel: {}. iperf3 client (the sender) in A, server in B.\n",
+        report.underlay, report.tunnel
+    );
+    let _ = write!(o, "| tunnel |");
+    for t in traffic {
+        let _ = write!(o, " {} Gbps median (min–max) |", t.label);
+    }
+    let _ = write!(o, "\n|---|");
+    for _ in traffic {
+        let _ = write!(o, "---|");
+    }
+    o.push('\n');
+    for kind in &report.kinds {
+        let _ = write!(o, "| {kind} |");
+        for t in traffic {
+            let r = report.rows.iter().find(|r| r.kind == *kind && r.traffic == t.label);
+            let _ = write!(o, " {} |", r.map(|r| cell(r.summary.gbps)).unwrap_or_else(|| "–".into()));
+        }
+        o.push('\n');
+    }
+    for t in traffic {
+        let _ = writeln!(o, "\n### {} — {}\n", t.label, t.description);
+        let _ = writeln!(
+            o,
+            "| tunnel | Gbps | ×wg-go | {} | CPU % A | CPU % B | CPU %/Gbps | ×wg-go | RSS MB A | RSS MB B | \
+             syscalls/GB A | syscalls/GB B | box CPU % |",
+            if t.udp { "lost %" } else { "retr" }
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for r in report.rows.iter().filter(|r| r.traffic == t.label) {
+            let _ = writeln!(o, "| {} |", row_cells(r, t.udp).join(" | "));
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nMedians (min–max) over interleaved repetitions. Gbps = receiver goodput (iperf3); retr = TCP \
+         retransmits (sender); lost % = UDP datagrams sent but not received. A = the client's namespace (its \
+         endpoint encrypts and sends), B = the server's. CPU % = utime+stime of the endpoint process over the \
+         window, % of one core (veth and vxlan: the kernel does the work, in softirq and in iperf3's system \
+         calls, not attributable to a process). CPU %/Gbps = both endpoints' CPU over Gbps, per run. ×wg-go = \
+         the median over {REFERENCE}'s in this run (Gbps: above 1 is faster; CPU %/Gbps: below 1 is cheaper). \
+         RSS MB = peak RSS (VmHWM) of the endpoint over the window. syscalls/GB = system calls the endpoint \
+         entered per 10^9 bytes of goodput: {}. box CPU % = all cores busy over the window.",
+        report.syscalls
+    );
+    if !report.skipped.is_empty() {
+        let _ = writeln!(o, "\nSkipped:");
+        for u in &report.skipped {
+            let _ = writeln!(o, "- {}: {}", u.mode, u.reason);
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::iperf::IperfResult;
+    use crate::bench::report::ProcSample;
+
+    fn rec(kind: &str, traffic: &str, rep: u32, gbps: f64, cpu: Option<f64>) -> RunRecord {
+        let udp = traffic.starts_with("udp");
+        let endpoint = |side: &str, cpu: f64| ProcSample {
+            side: side.into(),
+            program: kind.into(),
+            pid: 1,
+            cpu_percent: Some(cpu),
+            peak_rss_kb: Some(10 * 1024),
+            // 1 Gbps is 0.125 GB/s: 125,000 system calls a second is a million per GB.
+            syscalls: Some((125_000.0 * gbps * 2.0) as u64),
+            syscall_seconds: Some(2.0),
+            ..Default::default()
+        };
+        RunRecord {
+            mode: kind.into(),
+            family: "x".into(),
+            traffic: traffic.into(),
+            rep,
+            iperf: Some(IperfResult {
+                gbps,
+                retransmits: (!udp).then_some(7),
+                udp_lost_percent: udp.then_some(12.0),
+                udp_packets: udp.then_some(100),
+                udp_received: udp.then_some(88),
+                udp_lost: udp.then_some(12),
+                seconds: 2.0,
+                ..Default::default()
+            }),
+            endpoints: cpu.map(|c| vec![endpoint("A", c), endpoint("B", c / 2.0)]).unwrap_or_default(),
+            box_cpu_percent: Some(90.0),
+            ..Default::default()
+        }
+    }
+
+    fn sample() -> (Vec<RunRecord>, Vec<(String, String)>) {
+        let mut runs = Vec::new();
+        for rep in 1..=3 {
+            let r = f64::from(rep);
+            runs.push(rec("veth", "tcp", rep, 20.0 + r, None));
+            runs.push(rec("wireguard-go", "tcp", rep, 1.0 + r / 10.0, Some(100.0)));
+            runs.push(rec("boringtun", "tcp", rep, 2.2, Some(110.0)));
+            runs.push(rec("wireguard-go", "udp1372", rep, 0.5, Some(100.0)));
+        }
+        runs.push(RunRecord { error: Some("boom".into()), iperf: None, ..rec("boringtun", "tcp", 4, 0.0, None) });
+        let kinds = [("veth", "baseline"), ("wireguard-go", "wggo"), ("boringtun", "boringtun")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec();
+        (runs, kinds)
+    }
+
+    #[test]
+    fn rows_endpoints_and_ratios() {
+        let (runs, kinds) = sample();
+        let rows = rows(&runs, &kinds, TUNNEL_TRAFFIC);
+        let labels: Vec<(&str, &str)> = rows.iter().map(|r| (r.kind.as_str(), r.traffic.as_str())).collect();
+        assert_eq!(
+            labels,
+            [("veth", "tcp"), ("wireguard-go", "tcp"), ("boringtun", "tcp"), ("wireguard-go", "udp1372")]
+        );
+        let veth = &rows[0];
+        assert!(veth.kernel && veth.endpoints.is_empty() && veth.cpu_per_gbps.is_none());
+        let wg = &rows[1];
+        assert!(!wg.kernel);
+        assert!((wg.summary.gbps.unwrap().median - 1.2).abs() < 1e-9);
+        assert_eq!(wg.ratio_wggo_gbps, Some(1.0));
+        assert_eq!(wg.endpoints.len(), 2);
+        assert_eq!(wg.endpoints[0].cpu_percent.unwrap().median, 100.0);
+        assert_eq!(wg.endpoints[1].cpu_percent.unwrap().median, 50.0);
+        assert_eq!(wg.endpoints[0].rss_mb.unwrap().median, 10.0);
+        let per_gb = wg.endpoints[0].syscalls_per_gb.unwrap().median;
+        assert!((per_gb - 1e6).abs() < 1.0, "{per_gb}");
+        // Both endpoints, 150 % of a core, over 1.2 Gbps.
+        assert!((wg.cpu_per_gbps.unwrap().median - 125.0).abs() < 1e-9);
+        let bt = &rows[2];
+        assert_eq!((bt.summary.runs, bt.summary.failed), (4, 1));
+        assert!((bt.ratio_wggo_gbps.unwrap() - 2.2 / 1.2).abs() < 1e-9);
+        assert!((bt.ratio_wggo_cpu_per_gbps.unwrap() - (165.0 / 2.2) / 125.0).abs() < 1e-9);
+        assert_eq!(veth.ratio_wggo_cpu_per_gbps, None);
+        assert!((veth.ratio_wggo_gbps.unwrap() - 22.0 / 1.2).abs() < 1e-9);
+        let udp = &rows[3];
+        assert_eq!(udp.summary.lost_percent.unwrap().median, 12.0);
+    }
+
+    fn report() -> TunnelReport {
+        let (runs, kinds) = sample();
+        TunnelReport {
+            tool: "t".into(),
+            version: "0".into(),
+            build: "debug".into(),
+            started_unix: 0,
+            kernel: "6.18".into(),
+            cpus: 2,
+            duration_s: 2,
+            reps: 3,
+            underlay: "u".into(),
+            tunnel: "t".into(),
+            kinds: kinds.iter().map(|k| k.0.clone()).collect(),
+            traffic: vec!["tcp".into(), "udp1372".into()],
+            skipped: vec![Unavailable { mode: "turbotun-wg".into(), reason: "no `wg` subcommand".into() }],
+            syscalls_counted: true,
+            syscalls: "perf".into(),
+            rows: rows(&runs, &kinds, TUNNEL_TRAFFIC),
+            runs,
+        }
+    }
+
+    #[test]
+    fn markdown_tables() {
+        let r = report();
+        let traffic = [TUNNEL_TRAFFIC[0], TUNNEL_TRAFFIC[2]];
+        let md = markdown(&r, &traffic);
+        assert!(md.contains("| tunnel | tcp Gbps median (min–max) | udp1372 Gbps median (min–max) |"), "{md}");
+        assert!(md.contains("| veth | 22.0 (21.0–23.0) | – |"), "{md}");
+        assert!(md.contains("| veth | 22.0 (21.0–23.0) | 18.33× | 7 | kernel | kernel | kernel | – | n/a |"), "{md}");
+        assert!(md.contains("| wireguard-go | 1.20 (1.10–1.30) | 1.00× | 7 | 100 | 50.0 | 125 | 1.00× | 10.0 | 10.0 | 1.0M | 1.0M |"), "{md}");
+        assert!(md.contains("| boringtun (1 of 4 failed) | 2.20 |"), "{md}");
+        assert!(md.contains("| lost % |") && md.contains("| wireguard-go | 0.500 | 1.00× | 12.0 |"), "{md}");
+        assert!(md.contains("- turbotun-wg: no `wg` subcommand"), "{md}");
+        for block in md.split("\n\n") {
+            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
+            if let Some(h) = rows.first() {
+                for row in &rows {
+                    assert_eq!(row.matches('|').count(), h.matches('|').count(), "{row}");
+                }
+            }
+        }
+        let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.rows.len(), r.rows.len());
+        assert_eq!(back.runs[1].endpoints, r.runs[1].endpoints);
+    }
+
+    #[test]
+    fn kinds_and_traffic_selection() {
+        assert_eq!(select_kinds(None).unwrap().len(), KINDS.len());
+        let k = select_kinds(Some(&["wireguard-go".into(), "veth".into(), "veth".into()])).unwrap();
+        assert_eq!(k.iter().map(|k| k.label).collect::<Vec<_>>(), ["veth", "wireguard-go"]);
+        assert!(select_kinds(Some(&["wggo".into()])).is_err());
+        assert!(select_kinds(Some(&[" ".into()])).is_err());
+        let interop = KINDS.iter().find(|k| k.label == "turbotun-wg-vs-wireguard-go").unwrap();
+        assert_eq!(interop.programs(), [Program::TurbotunWg, Program::WireguardGo]);
+        assert!(KINDS.iter().any(|k| k.label == REFERENCE));
+        assert!(KINDS.iter().filter(|k| k.is_kernel()).all(|k| k.programs().is_empty()));
+        // The UDP datagrams fit the tunnel's MTU whole: 20 bytes of IP and 8 of UDP header.
+        assert!(TUNNEL_TRAFFIC.iter().all(|t| !t.udp || t.payload + 28 <= TUNNEL_MTU));
+    }
+
+    #[test]
+    fn socket_names() {
+        assert_eq!(socket_owner("tt1234r5ta.sock"), Some(1234));
+        assert_eq!(socket_owner("tt1234r56tb.sock"), Some(1234));
+        for other in ["wg0.sock", "tt1234r5ta", "tt1234r5tc.sock", "ttxr5ta.sock", "tt12r.sock", "tt1234rta.sock"] {
+            assert_eq!(socket_owner(other), None, "{other}");
+        }
+        assert_eq!(wg_socket("tt1r1ta"), PathBuf::from("/var/run/wireguard/tt1r1ta.sock"));
+    }
+
+    #[test]
+    fn command_line() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let c =
+            Cli::try_parse_from(["t", "--tunnel", "--tunnel-kinds", "veth,vxlan", "--traffic", "tcp", "--no-syscalls"])
+                .unwrap();
+        assert!(c.bench.tunnel && c.bench.no_syscalls);
+        assert_eq!(c.bench.tunnel_kinds.as_deref(), Some(&["veth".to_string(), "vxlan".to_string()][..]));
+        for bad in [
+            &["t", "--tunnel", "--loss"][..],
+            &["t", "--tunnel", "--echo"],
+            &["t", "--tunnel", "--modes", "veth"],
+            &["t", "--tunnel", "--ipv6"],
+            &["t", "--tunnel-kinds", "veth"],
+            &["t", "--no-syscalls"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn endpoint_arguments() {
+        let (argv, env) = Program::Boringtun.argv_env();
+        assert!(argv.contains(&"--disable-drop-privileges") && env.contains(&("WG_SUDO", "true")));
+        let (argv, env) = Program::WireguardGo.argv_env();
+        assert_eq!((argv, env), (&["-f", "{dev}"][..], &[("WG_PROCESS_FOREGROUND", "1")][..]));
+        for p in [Program::TurbotunTunnel, Program::TurbotunWg, Program::WireguardGo, Program::Boringtun] {
+            assert!(p.argv_env().0.contains(&"{dev}"), "{p:?}");
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! End-to-end test of `turbotun bench --tunnel`: the real bench binary runs veth, the kernel's VXLAN and
+//! wireguard-go (built into bench/peers/bin on first use) for one short repetition of TCP and UDP, and the test
+//! checks that the table and the JSON carry numbers for those rows, and that nothing is left behind: no
+//! namespace, device, WireGuard configuration socket, key directory or process. Needs root, iperf3, wg
+//! (wireguard-tools), go and perf: skipped without them, except under CI=true where it fails.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tools the run needs, with the package that has each.
+const TOOLS: &[(&str, &str)] =
+    &[("iperf3", "iperf3"), ("wg", "wireguard-tools"), ("go", "golang-go"), ("perf", "linux-perf")];
+
+fn which(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let extra = [Path::new("/usr/local/go/bin").to_path_buf()];
+    std::env::split_paths(&path).chain(extra).any(|d| d.join(name).is_file())
+}
+
+/// `true` when the test can run; panics under CI=true when it cannot.
+fn runnable(test: &str) -> bool {
+    if !common::privileged(test) {
+        return false;
+    }
+    let missing: Vec<String> =
+        TOOLS.iter().filter(|(t, _)| !which(t)).map(|(t, p)| format!("{t} (apt-get install {p})")).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: missing tools under CI=true: {}", missing.join(", "));
+    }
+    eprintln!("SKIPPED {test}: missing {}", missing.join(", "));
+    false
+}
+
+/// Names in `dir` that start with `prefix`.
+fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// Makes this test process the reaper of its orphaned descendants, so that a process the bench leaves behind
+/// (an endpoint, an iperf3, a perf) becomes a child of the test when the bench exits, wherever it runs.
+fn become_subreaper() {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes integer arguments only and changes no memory.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
+    assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER: {}", std::io::Error::last_os_error());
+}
+
+/// This process's children, with their command lines (every thread's: an orphan goes to one of them).
+fn children() -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .map(|pid| {
+            // A zombie has no command line, but its name and state are in stat.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            format!("{} [{}]", String::from_utf8_lossy(&cmdline).replace('\0', " "), stat.trim())
+        })
+        .collect()
+}
+
+/// Command lines of the live processes that contain `needle`.
+fn processes_with(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some(cmdline)
+        })
+        .collect()
+}
+
+fn number(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+#[test]
+fn bench_tunnel_veth_vxlan_wireguard_go() {
+    if !runnable("bench_tunnel_veth_vxlan_wireguard_go") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (json, chart) = (dir.path().join("tunnel.json"), dir.path().join("tunnel.svg"));
+    let key_dirs_before = entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
+    become_subreaper();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turbotun"))
+        .args(["bench", "--tunnel", "--tunnel-kinds", "veth,vxlan,wireguard-go", "--traffic", "tcp,udp1372"])
+        .args(["--duration", "1", "--reps", "1", "--json"])
+        .arg(&json)
+        .arg("--chart")
+        .arg(&chart)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run turbotun bench --tunnel");
+    let pid = child.id();
+    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out_reader = read_all(Box::new(child.stdout.take().unwrap()));
+    let err_reader = read_all(Box::new(child.stderr.take().unwrap()));
+    // Building wireguard-go the first time takes part of this.
+    let deadline = started + Duration::from_secs(180);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("turbotun bench --tunnel did not finish within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (stdout, stderr) = (out_reader.join().unwrap(), err_reader.join().unwrap());
+    assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
+    eprintln!("bench --tunnel took {:.1} s", started.elapsed().as_secs_f64());
+
+    // Nothing left behind. The namespaces are private (never under /run/netns) and die with the last process
+    // inside: with no process of the run left, none is. The devices lived in them. The configuration sockets
+    // live in /var/run/wireguard, outside any namespace.
+    let prefix = format!("tt{pid}r");
+    assert!(entries_with_prefix("/run/netns", &prefix).is_empty(), "named namespaces left");
+    let devices = entries_with_prefix("/sys/class/net", &prefix);
+    assert!(devices.is_empty(), "devices left in the root namespace: {devices:?}");
+    let sockets = entries_with_prefix("/var/run/wireguard", &prefix);
+    assert!(sockets.is_empty(), "configuration sockets left: {sockets:?}");
+    let left = processes_with(&prefix);
+    assert!(left.is_empty(), "endpoint processes left: {left:?}");
+    // Whatever the bench started and left running is now this test's child (iperf3, perf, an endpoint).
+    std::thread::sleep(Duration::from_millis(200));
+    let orphans = children();
+    assert!(orphans.is_empty(), "processes of the bench left running: {orphans:?}");
+    let key_dirs = entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
+    assert!(key_dirs.iter().all(|d| key_dirs_before.contains(d)), "key directory left: {key_dirs:?}");
+
+    // The table: an overview row per kind, a table per traffic kind, the kernel rows marked so.
+    for kind in ["veth", "vxlan", "wireguard-go"] {
+        assert!(stdout.contains(&format!("| {kind} | ")), "no {kind} row:\n{stdout}");
+    }
+    assert!(stdout.contains("### tcp") && stdout.contains("### udp1372"), "{stdout}");
+    assert!(stdout.contains("| kernel | kernel |"), "{stdout}");
+    assert!(chart.is_file() && std::fs::read_to_string(&chart).unwrap().contains("wireguard-go"), "no chart");
+
+    // The JSON: every run succeeded, and every row has its numbers.
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6, "3 kinds × 2 traffic kinds × 1 repetition");
+    for r in runs {
+        assert!(r["error"].is_null(), "run failed: {r}");
+    }
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    let counted = v["syscalls_counted"].as_bool().unwrap();
+    assert!(counted, "system calls not counted: {}", v["syscalls"]);
+    for row in rows {
+        let (kind, traffic) = (row["kind"].as_str().unwrap(), row["traffic"].as_str().unwrap());
+        let s = &row["summary"];
+        assert!(number(&s["gbps"]["median"]) > 0.0, "{kind} {traffic}: no goodput: {row}");
+        if traffic == "tcp" {
+            assert!(s["retransmits"]["median"].is_number(), "{row}");
+        } else {
+            assert!(number(&s["lost_percent"]["median"]) >= 0.0, "{row}");
+        }
+        assert!(number(&row["ratio_wggo_gbps"]) > 0.0, "{row}");
+        if kind == "wireguard-go" {
+            assert!(!row["kernel"].as_bool().unwrap());
+            assert!((number(&row["ratio_wggo_gbps"]) - 1.0).abs() < 1e-9, "{row}");
+            assert!(number(&row["cpu_per_gbps"]["median"]) > 0.0, "{row}");
+            let ends = row["endpoints"].as_array().unwrap();
+            assert_eq!(ends.len(), 2, "{row}");
+            for (e, side) in ends.iter().zip(["A", "B"]) {
+                assert_eq!(e["side"], side);
+                assert_eq!(e["program"], "wireguard-go");
+                assert!(number(&e["cpu_percent"]["median"]) > 0.0, "{e}");
+                assert!(number(&e["rss_mb"]["median"]) > 0.0, "{e}");
+                assert!(number(&e["syscalls_per_gb"]["median"]) > 0.0, "{e}");
+            }
+        } else {
+            assert!(row["kernel"].as_bool().unwrap(), "{row}");
+            assert!(row["endpoints"].as_array().unwrap().is_empty(), "{row}");
+        }
+    }
+}
