@@ -67,6 +67,15 @@ pub trait Transform: Send + Sync + 'static {
     fn authenticates(&self) -> bool {
         false
     }
+
+    /// Whether packets cross with their TCP/UDP checksums partial (the pseudo-header sum, see
+    /// `turbotun_wire::partial`): the sending end leaves the segments it splits partial, the receiving end has
+    /// its kernel complete every packet it writes (`NEEDS_CSUM`), so that neither sums a payload byte, as the
+    /// kernel's own UDP tunnels offload the inner checksum. Only for a protocol whose both ends are this engine,
+    /// and whose datagrams carry a UDP checksum of their own (it covers the packet on the way).
+    fn partial_checksums(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Transform::seal`] did with a packet.
@@ -127,6 +136,10 @@ impl Plain {
 impl Transform for Plain {
     fn overhead(&self) -> usize {
         0
+    }
+
+    fn partial_checksums(&self) -> bool {
+        true
     }
 
     fn seal(&self, _packet: &mut [u8], _out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {

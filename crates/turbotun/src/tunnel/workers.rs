@@ -85,7 +85,9 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let size = offset + MAX_PACKET + MAX_LINK_HEADER;
     let overhead = ctx.transform.overhead();
     let ip = queue.mode() == Mode::Tun;
-    let mut rx = RecvBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
+    let mut rx = RecvBatch::new(ctx.queue.clone())
+        .partial_checksums(ctx.transform.partial_checksums())
+        .stop_on(ctx.stop.clone());
     // One allocation per set of buffers, large enough to be mapped, not taken from the heap: its pages become
     // resident only as packets reach them (buffers cloned from one vector would all be written at once).
     let mut arena = vec![0u8; size * BATCH_SIZE];
@@ -164,7 +166,13 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let queue = &*ctx.queue;
     let vnet = queue.vnet_hdr_len();
     let ip = queue.mode() == Mode::Tun;
-    let checksums = if ctx.transform.authenticates() { Checksums::Valid } else { Checksums::Unverified };
+    let checksums = if ctx.transform.partial_checksums() {
+        Checksums::Partial
+    } else if ctx.transform.authenticates() {
+        Checksums::Valid
+    } else {
+        Checksums::Unverified
+    };
     let mut tx = SendBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
     let mut slots = RecvSlots::new(RECV_SLOTS, RECV_SLOT_SIZE);
     // Any packet a datagram can carry, behind room for the virtio header; pages are touched only as used.

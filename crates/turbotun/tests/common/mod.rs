@@ -201,30 +201,7 @@ impl Sides {
     /// Segments and datagrams either namespace's stack dropped for a bad checksum so far (TCP `InCsumErrors`,
     /// UDP `InCsumErrors`, `Udp6InCsumErrors`): a retransmission would hide them from the data checks.
     pub fn checksum_errors(&self) -> u64 {
-        fn read() -> u64 {
-            let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
-            let lines: Vec<&str> = snmp.lines().collect();
-            let mut total = 0;
-            for pair in lines.chunks(2) {
-                let [names, values] = pair else { continue };
-                if !(names.starts_with("Tcp:") || names.starts_with("Udp:")) {
-                    continue;
-                }
-                for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
-                    if n == "InCsumErrors" {
-                        total += v.parse::<u64>().unwrap();
-                    }
-                }
-            }
-            let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
-            for line in snmp6.lines() {
-                if let Some(v) = line.strip_prefix("Udp6InCsumErrors") {
-                    total += v.trim().parse::<u64>().unwrap();
-                }
-            }
-            total
-        }
-        self.in_a(read) + self.in_b(read)
+        self.in_a(checksum_errors_here) + self.in_b(checksum_errors_here)
     }
 
     /// A TCP stream of `len` bytes from A to B arrives intact (retrying the connect while a TAP path resolves
@@ -293,4 +270,30 @@ pub fn tcp_stream_intact(
     stream.write_all(&data).unwrap();
     drop(stream);
     assert!(receiver.join().unwrap() == expected, "TCP stream to {target} arrived altered");
+}
+
+/// TCP and UDP segments and datagrams the calling thread's namespace dropped for a bad checksum so far (TCP and
+/// UDP `InCsumErrors`, `Udp6InCsumErrors`).
+pub fn checksum_errors_here() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
+    let lines: Vec<&str> = snmp.lines().collect();
+    let mut total = 0;
+    for pair in lines.chunks(2) {
+        let [names, values] = pair else { continue };
+        if !(names.starts_with("Tcp:") || names.starts_with("Udp:")) {
+            continue;
+        }
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if n == "InCsumErrors" {
+                total += v.parse::<u64>().unwrap();
+            }
+        }
+    }
+    let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").unwrap();
+    for line in snmp6.lines() {
+        if let Some(v) = line.strip_prefix("Udp6InCsumErrors") {
+            total += v.trim().parse::<u64>().unwrap();
+        }
+    }
+    total
 }
