@@ -115,6 +115,8 @@ struct Cache {
     route: Option<(IpAddr, usize, u64, Option<SocketAddr>)>,
     /// The last authenticated source: (peer position, the peer's `endpoint_gen`, address).
     seen: Option<(usize, u64, SocketAddr)>,
+    /// The last inner source address found allowed, and for which peer.
+    allowed: Option<(IpAddr, usize)>,
 }
 
 thread_local! {
@@ -192,7 +194,14 @@ impl WireGuard {
             let mut cell = cell.borrow_mut();
             let fresh = matches!(&*cell, Some(c) if c.owner == self.id && c.generation == generation);
             if !fresh {
-                *cell = Some(Cache { owner: self.id, generation, rt: self.runtime(), route: None, seen: None });
+                *cell = Some(Cache {
+                    owner: self.id,
+                    generation,
+                    rt: self.runtime(),
+                    route: None,
+                    seen: None,
+                    allowed: None,
+                });
             }
             f(cell.as_mut().expect("filled above"))
         })
@@ -446,9 +455,19 @@ impl Transform for WireGuard {
             }
             match opened.0 {
                 Opened::Packet { len } => {
-                    // Cryptokey routing: the inner source must be one the sending peer may use.
-                    let allowed =
-                        opened.2.and_then(|src| rt.routes.longest_match(src)).is_some_and(|(_, &i)| i == position);
+                    // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source
+                    // is looked up once).
+                    let allowed = match opened.2 {
+                        Some(src) if cache.allowed == Some((src, position)) => true,
+                        Some(src) => {
+                            let ok = rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
+                            if ok {
+                                cache.allowed = Some((src, position));
+                            }
+                            ok
+                        }
+                        None => false,
+                    };
                     if allowed {
                         Opened::Packet { len }
                     } else {
