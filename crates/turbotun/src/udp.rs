@@ -189,6 +189,24 @@ impl TunnelSocket {
         crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
     }
 
+    /// Blocking or non-blocking mode (a new socket is non-blocking). On a blocking socket a full send buffer is
+    /// waited for in the kernel, and [`Self::recv_wait`] sleeps until a datagram comes.
+    pub fn set_blocking(&self, blocking: bool) -> Result<()> {
+        self.socket.set_nonblocking(!blocking).map_err(|e| Error::io("fcntl(O_NONBLOCK) on the tunnel socket", e))
+    }
+
+    /// Like [`Self::recv`], but on a blocking socket the first message is waited for (`MSG_WAITFORONE`); 0 when
+    /// a signal ended the wait.
+    pub fn recv_wait(&self, slots: &mut RecvSlots) -> Result<usize> {
+        let n = slots.recv(&self.socket, true)?;
+        if self.dual {
+            for m in &mut slots.meta[..n] {
+                m.source = m.source.map(unmapped);
+            }
+        }
+        Ok(n)
+    }
+
     /// Reads what is queued into `slots` without waiting: the number of messages read, 0 when none is there.
     pub fn recv(&self, slots: &mut RecvSlots) -> Result<usize> {
         let n = slots.recv(&self.socket, false)?;

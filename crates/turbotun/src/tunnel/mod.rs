@@ -258,7 +258,9 @@ impl<T: Transform> TunnelBuilder<T> {
         self
     }
 
-    /// The tunnel over `queues` (one worker pair each), ready to run. Puts the queues in non-blocking mode.
+    /// The tunnel over `queues` (one worker pair each), ready to run. Puts the queues and sockets in blocking
+    /// mode: a worker sleeps in its read (one system call per batch, none to wait), and is woken at the end
+    /// with the wake-up signal (see [`crate::wake`]), whose handler is installed here.
     pub fn build<Q: Into<Arc<Queue>>>(self, queues: Vec<Q>) -> Result<Tunnel<T>> {
         let queues: Vec<Arc<Queue>> = queues.into_iter().map(Into::into).collect();
         if queues.is_empty() {
@@ -268,8 +270,9 @@ impl<T: Transform> TunnelBuilder<T> {
             if q.packet_info() {
                 return Err(Error::PacketInfo { name: q.name().to_string(), user: "the tunnel" });
             }
-            q.set_nonblocking(true)?;
+            q.set_nonblocking(false)?;
         }
+        crate::wake::prepare()?;
         if queues.len() > 1 {
             // One flow to one queue (and so one worker and one socket): its packets stay in order.
             crate::steering::SteeringProgram::flow_hash()?.attach(std::os::fd::AsFd::as_fd(&*queues[0]))?;
@@ -289,6 +292,9 @@ impl<T: Transform> TunnelBuilder<T> {
             })?;
             bind_sockets(local, queues.len(), &self.options)?
         };
+        for socket in &sockets {
+            socket.set_blocking(true)?;
+        }
         Ok(Tunnel {
             queues,
             sockets: sockets.into_iter().map(Arc::new).collect(),
@@ -321,9 +327,6 @@ pub struct Tunnel<T: Transform> {
     stop: StopHandle,
     stats: TunnelStatsHandle,
 }
-
-/// How often a worker that waits looks at the stop handle (its wait also ends when the handle fires).
-const IDLE_WAIT: Duration = Duration::from_millis(100);
 
 impl<T: Transform> Tunnel<T> {
     /// The local UDP address the sockets are bound to.
@@ -386,7 +389,7 @@ impl<T: Transform> Tunnel<T> {
                 work: Box::new(move || workers::timers(&ctx, interval)),
             });
         }
-        run_workers(workers, &self.stop, false)?;
+        run_workers(workers, &self.stop, true)?;
         Ok(self.stats.snapshot())
     }
 }

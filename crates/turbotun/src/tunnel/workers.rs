@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use turbotun_wire::{ecn, Checksums};
 
-use super::{Opened, Sealed, Transform, TunnelStatsHandle, IDLE_WAIT};
+use super::{Opened, Sealed, Transform, TunnelStatsHandle};
 use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::error::Result;
 use crate::kind::Mode;
@@ -76,8 +76,10 @@ enum At {
     Out(usize),
 }
 
-/// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams.
+/// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams. The first read of
+/// a batch sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
 pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
+    crate::wake::unblock()?;
     let queue = &*ctx.queue;
     let offset = queue.vnet_hdr_len();
     // Room for any packet the device hands over whole: its MTU may be changed while the tunnel runs (wg-quick
@@ -117,11 +119,9 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         }
         let got = match rx.try_recv_many(&mut bufs, &mut lens, offset) {
             Ok(got) => got,
-            Err(e) if e.is_would_block() || e.is_interrupted() => {
+            // Woken (to stop, or by any other signal): the loop looks at the stop handle.
+            Err(e) if e.is_interrupted() || e.is_would_block() => {
                 published.publish(&read_counters(&rx, &counters, &control));
-                if let Err(e) = queue.wait_readable_or_stop(&ctx.stop, Some(IDLE_WAIT)) {
-                    break Err(e);
-                }
                 continue;
             }
             Err(e) => break Err(e),
@@ -161,8 +161,10 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     result
 }
 
-/// Network -> device: receive many datagrams, open each, coalesce and write the packets.
+/// Network -> device: receive many datagrams (sleeping in the kernel for the first), open each, coalesce and
+/// write the packets.
 pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
+    crate::wake::unblock()?;
     let queue = &*ctx.queue;
     let vnet = queue.vnet_hdr_len();
     let ip = queue.mode() == Mode::Tun;
@@ -193,12 +195,10 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         if ctx.stop.is_stopped() {
             break Ok(());
         }
-        let messages = match ctx.socket.recv(&mut slots) {
+        let messages = match ctx.socket.recv_wait(&mut slots) {
+            // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Ok(0) => {
                 published.publish(&all(&tx, &counters, &control));
-                if let Err(e) = ctx.socket.wait_readable(Some(&ctx.stop), Some(IDLE_WAIT)) {
-                    break Err(e);
-                }
                 continue;
             }
             Ok(n) => n,
@@ -219,6 +219,15 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                 continue;
             }
             let outer_ecn = meta.tos.unwrap_or(0) & 0b11;
+            // A coalesced read is one flow's run of datagrams: written in one batch, its packets coalesce into
+            // one write, so the batch so far goes first if the run would not fit behind it.
+            let count = if meta.gso_size > 0 { data.len().div_ceil(usize::from(meta.gso_size)) } else { 1 };
+            if k > 0 && k + count > BATCH_SIZE {
+                if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
+                    break 'run Err(e);
+                }
+                k = 0;
+            }
             for datagram in udp::datagrams(meta, data) {
                 counters.segments += 1;
                 match ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control) {
