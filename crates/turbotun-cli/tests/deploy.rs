@@ -6,43 +6,22 @@
 //! Every namespace here is private (never named in /run/netns) and vanishes with its devices when the test ends;
 //! the socket lives in a private temporary directory removed at the end.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{new_netns, ns_path, privileged, A4, A6, B4, B6};
 use turbotun::netlink::Netlink;
-use turbotun::netns::{with_netns, with_private_netns};
+use turbotun::netns::with_netns;
 use turbotun::privilege::ThreadStatus;
 
-const A4: &str = "10.0.1.1";
-const B4: &str = "10.0.2.1";
-const A6: &str = "fd00:1::1";
-const B6: &str = "fd00:2::1";
 const NOBODY: u32 = 65534;
-
-fn privileged(test: &str) -> bool {
-    match with_private_netns(|| ()) {
-        Ok(()) => true,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: needs root: {e}");
-            false
-        }
-    }
-}
-
-fn new_netns() -> OwnedFd {
-    with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
-        .expect("private netns")
-}
-
-fn ns_path(fd: &OwnedFd) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-}
 
 fn turbotun() -> Command {
     Command::new(env!("CARGO_BIN_EXE_turbotun"))
@@ -155,83 +134,16 @@ impl Topology {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Sends `len` bytes from A to `dst` in B over TCP; while they flow, `during` runs (on the test's thread).
 fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize, during: impl FnOnce()) {
-    let port = 5001;
-    let listener = topo.in_b(|| TcpListener::bind((dst, port)).unwrap());
-    let data = pattern(len, len as u64);
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut got = Vec::with_capacity(len);
-        s.read_to_end(&mut got).unwrap();
-        got
-    });
-    let target: SocketAddr = (dst.parse::<IpAddr>().unwrap(), port).into();
-    let mut s = topo.in_a(|| TcpStream::connect_timeout(&target, Duration::from_secs(5)).unwrap());
-    let sender = {
-        let data = data.clone();
-        std::thread::spawn(move || {
-            s.write_all(&data).unwrap();
-        })
-    };
-    during();
-    sender.join().unwrap();
-    let got = receiver.join().unwrap();
-    assert_eq!(got.len(), data.len(), "byte count over {dst}");
-    assert!(got == data, "byte stream over {dst} arrived altered");
+    common::tcp_between_while(&topo.ns_a, &topo.ns_b, dst, 5001, len, during);
 }
 
 /// Bursts of datagrams of many sizes (or, with `uso`, UDP GSO sends of 40 segments that cross as
 /// super-packets); each burst is received before the next is sent, so every datagram must arrive, in order.
 fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool) {
-    let port = 6001;
-    let rx = topo.in_b(|| UdpSocket::bind((dst, port)).unwrap());
-    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
-    tx.connect((dst, port)).unwrap();
-    let seg = 1200usize;
-    if uso {
-        turbotun::udp::set_udp_segment(&tx, seg as u16).unwrap();
-    }
-    let mut buf = vec![0u8; 65536];
-    let (bursts, per_burst) = if uso { (10u32, 40u32) } else { (30, 8) };
-    for burst in 0..bursts {
-        let mut expected = Vec::new();
-        let mut gso_send = Vec::new();
-        for k in 0..per_burst {
-            let i = burst * per_burst + k;
-            let size = if uso { seg } else { 4 + (i as usize * 37) % 1400 };
-            let mut d = pattern(size, u64::from(i));
-            d[..4].copy_from_slice(&i.to_be_bytes());
-            if uso {
-                gso_send.extend_from_slice(&d);
-            } else {
-                tx.send(&d).unwrap();
-            }
-            expected.push(d);
-        }
-        if uso {
-            tx.send(&gso_send).unwrap();
-        }
-        for (k, want) in expected.iter().enumerate() {
-            let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("burst {burst} datagram {k} over {dst}: {e}"));
-            assert_eq!(&buf[..n], &want[..], "burst {burst} datagram {k} over {dst} (uso {uso})");
-        }
-    }
+    let bursts = if uso { 10 } else { 30 };
+    common::udp_datagrams_between(&topo.ns_a, &topo.ns_b, src, dst, uso, true, bursts);
 }
 
 /// The checks every deployment must pass, with the forwarder's identity read while TCP flows.

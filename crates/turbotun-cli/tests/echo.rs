@@ -1,30 +1,17 @@
 //! `turbotun echo` as a process in a private network namespace: ping and ping -6 through a TUN device, arping
 //! and ping through a TAP device, UDP datagrams (and a UDP GSO send in offload mode) coming back byte for byte.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{ns_path, privileged};
 use turbotun::netns::{with_netns, with_private_netns};
-
-fn privileged(test: &str) -> bool {
-    match with_private_netns(|| ()) {
-        Ok(()) => true,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: needs root: {e}");
-            false
-        }
-    }
-}
-
-fn ns_path(fd: &OwnedFd) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-}
 
 /// The ring length every echo here is started with (`--txqueuelen`), checked by one test.
 const ECHO_TXQUEUELEN: &str = "2345";

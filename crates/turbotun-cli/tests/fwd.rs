@@ -193,20 +193,14 @@ fn fwd_exits_when_a_device_disappears() {
 
 fn exits_when_a_device_disappears(extra: &[&str]) {
     let ns = new_netns();
-    let mut child = with_netns(&ns_path(&ns), || {
+    let mut running = common::start_ready(
+        &ns,
         Command::new(env!("CARGO_BIN_EXE_turbotun"))
             .args(["fwd", "ttgone0", "ttgone1"])
             .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    })
-    .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+            .stderr(Stdio::piped()),
+    );
+    let mut child = running.0.take().unwrap();
     Netlink::in_netns(&ns_path(&ns)).unwrap().delete_link("ttgone1").unwrap();
     let started = Instant::now();
     let status = loop {
@@ -242,19 +236,12 @@ fn fwd_stops_promptly_on_sigint() {
         &["--io", "uring"],
     ] {
         let ns = new_netns();
-        let mut child = with_netns(&ns_path(&ns), || {
-            Command::new(env!("CARGO_BIN_EXE_turbotun"))
-                .args(["fwd", "ttstop0", "ttstop1"])
-                .args(extra)
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
+        let mut running = common::start_ready(
+            &ns,
+            Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "ttstop0", "ttstop1"]).args(extra),
+        );
+        let mut child = running.0.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
         let started = Instant::now();
         assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
         let status = child.wait().unwrap();

@@ -16,7 +16,7 @@ pub const OP_REQUEST: u16 = 1;
 pub const OP_REPLY: u16 = 2;
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const HTYPE: Range<usize> = 0..2;

@@ -25,7 +25,7 @@ pub const MAX_VLAN_TAGS: usize = 2;
 pub const MAX_HEADER_LEN: usize = HEADER_LEN + MAX_VLAN_TAGS * VLAN_TAG_LEN;
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const DESTINATION: Range<usize> = 0..6;
@@ -95,8 +95,8 @@ impl<T: AsRef<[u8]>> Frame<T> {
 
     /// The outer EtherType (a VLAN TPID when tagged).
     pub fn ethertype(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[12], b[13]])
+        let b = &self.buffer.as_ref()[field::ETHERTYPE];
+        u16::from_be_bytes([b[0], b[1]])
     }
 
     /// Number of VLAN tags (0..=2).
@@ -198,6 +198,23 @@ impl Repr {
         }
         buf[o..o + 2].copy_from_slice(&self.ethertype.to_be_bytes());
         Ok(n)
+    }
+}
+
+/// One line that names the frame: addresses, VLAN tags and the ethertype they carry.
+impl<T: AsRef<[u8]>> core::fmt::Display for Frame<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mac = |m: [u8; 6]| {
+            let [a, b, c, d, e, g] = m;
+            format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+        };
+        write!(f, "Ethernet {} > {}", mac(self.src_addr()), mac(self.dst_addr()))?;
+        for i in 0..self.vlan_count() {
+            if let Some(id) = self.vlan_id(i) {
+                write!(f, " vlan {id}")?;
+            }
+        }
+        write!(f, " type {:#06x}", self.inner_ethertype())
     }
 }
 

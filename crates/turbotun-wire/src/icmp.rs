@@ -11,7 +11,7 @@ pub const ECHO_REPLY: u8 = 0;
 pub const ECHO_REQUEST: u8 = 8;
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const TYPE: usize = 0;

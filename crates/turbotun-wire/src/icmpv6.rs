@@ -43,7 +43,7 @@ pub mod na_flags {
 }
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const TYPE: usize = 0;

@@ -9,7 +9,7 @@ pub const MIN_HEADER_LEN: usize = 20;
 pub const MAX_HEADER_LEN: usize = 60;
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const VER_IHL: usize = 0;
@@ -264,6 +264,29 @@ impl Repr {
         p.set_src_addr(self.src);
         p.set_dst_addr(self.dst);
         p.fill_checksum();
+        Ok(())
+    }
+}
+
+/// One line that names the packet (for a drop's log line or a failed test): addresses, protocol, length,
+/// identification, TTL, and the fragment and DF bits.
+impl<T: AsRef<[u8]>> core::fmt::Display for Packet<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (src, dst) = (core::net::Ipv4Addr::from(self.src_addr()), core::net::Ipv4Addr::from(self.dst_addr()));
+        write!(
+            f,
+            "IPv4 {src} > {dst} proto {} len {} id {} ttl {}",
+            self.protocol(),
+            self.total_len(),
+            self.ident(),
+            self.ttl()
+        )?;
+        if self.dont_frag() {
+            f.write_str(" DF")?;
+        }
+        if self.is_fragment() {
+            write!(f, " frag {}{}", self.frag_offset(), if self.more_frags() { "+" } else { "" })?;
+        }
         Ok(())
     }
 }

@@ -21,7 +21,7 @@ pub mod next_header {
 }
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const VER_TC_FLOW: Range<usize> = 0..4;
@@ -288,6 +288,14 @@ impl Repr {
         p.set_src_addr(self.src);
         p.set_dst_addr(self.dst);
         Ok(())
+    }
+}
+
+/// One line that names the packet: addresses, next header, payload length, hop limit.
+impl<T: AsRef<[u8]>> core::fmt::Display for Packet<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (src, dst) = (core::net::Ipv6Addr::from(self.src_addr()), core::net::Ipv6Addr::from(self.dst_addr()));
+        write!(f, "IPv6 {src} > {dst} next {} len {} hops {}", self.next_header(), self.payload_len(), self.hop_limit())
     }
 }
 

@@ -52,6 +52,7 @@ pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
 pub mod partial;
+pub mod scatter;
 mod small_copy;
 pub mod tcp;
 pub mod tunnel;

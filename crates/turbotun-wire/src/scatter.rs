@@ -41,8 +41,11 @@ impl ScatterShape {
     /// The shape of `splitter`'s super-packet laid over `segments` buffers; `None` for a packet that is not a
     /// super-packet, or fewer than two buffers.
     pub fn of(splitter: &Splitter<'_>, segments: usize) -> Option<Self> {
-        (splitter.is_gso() && segments >= 2 && splitter.gso_size() > 0)
-            .then(|| ScatterShape { hdr_len: splitter.hdr_len(), gso_size: splitter.gso_size(), segments })
+        (splitter.is_gso() && segments >= 2 && splitter.gso_size() > 0).then(|| ScatterShape {
+            hdr_len: splitter.hdr_len(),
+            gso_size: splitter.gso_size(),
+            segments,
+        })
     }
 
     /// The same shape over `segments` buffers.
@@ -122,7 +125,7 @@ impl ScatterShape {
     /// Joins a scattered frame of `len` bytes into `overflow[..len]`, where the read put the bytes past the
     /// segment buffers at the start of `overflow` (`bufs[i]` hold their pieces at `offset`). `overflow` must hold
     /// `len` bytes; false (nothing moved) otherwise.
-    pub fn join<B: AsRef<[u8]>>(&self, bufs: &[B], offset: usize, len: usize, overflow: &mut [u8]) -> bool {
+    pub fn join<B: AsMut<[u8]>>(&self, bufs: &mut [B], offset: usize, len: usize, overflow: &mut [u8]) -> bool {
         let in_segments = self.in_segments().min(len);
         if overflow.len() < len || bufs.len() < self.segments {
             return false;
@@ -130,13 +133,13 @@ impl ScatterShape {
         // What overflowed goes behind the part that was in the segment buffers.
         overflow.copy_within(..len - in_segments, in_segments);
         let mut at = 0;
-        for (i, buf) in bufs.iter().take(self.segments).enumerate() {
+        for (i, buf) in bufs.iter_mut().take(self.segments).enumerate() {
             if at >= in_segments {
                 break;
             }
             let piece = self.piece(i);
             let n = piece.len().min(in_segments - at);
-            let Some(src) = buf.as_ref().get(offset + piece.start..offset + piece.start + n) else { return false };
+            let Some(src) = buf.as_mut().get(offset + piece.start..offset + piece.start + n) else { return false };
             overflow[at..at + n].copy_from_slice(src);
             at += n;
         }
@@ -211,7 +214,7 @@ mod tests {
             } else {
                 assert_eq!(placed, Placement::Join);
             }
-            assert!(shape.join(&bufs, 10, frame.len(), &mut overflow));
+            assert!(shape.join(&mut bufs, 10, frame.len(), &mut overflow));
             assert_eq!(&overflow[..frame.len()], &frame[..], "{payload_len}/{gso}");
         }
         // A packet that is no super-packet: whole if it fits the first buffer.
@@ -219,7 +222,7 @@ mod tests {
         assert_eq!(shape.placement(&plain, shape.buffer_len()), Placement::Whole);
         assert_eq!(shape.placement(&plain, shape.buffer_len() + 1), Placement::Join);
         // Too little room: nothing moved, nothing panics.
-        assert!(!shape.join(&[vec![0u8; 4]], 10, 5000, &mut [0u8; 100]));
+        assert!(!shape.join(&mut [vec![0u8; 4]], 10, 5000, &mut [0u8; 100]));
     }
 
     #[test]

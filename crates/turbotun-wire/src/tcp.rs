@@ -24,7 +24,7 @@ pub mod flags {
 }
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const SRC_PORT: Range<usize> = 0..2;
@@ -280,6 +280,23 @@ impl Repr {
         p.set_checksum(0);
         p.set_urgent(0);
         Ok(())
+    }
+}
+
+/// One line that names the segment: ports, sequence and acknowledgement numbers, flags, window, payload length.
+impl<T: AsRef<[u8]>> core::fmt::Display for Packet<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "TCP {} > {} seq {} ack {} flags {:#04x} win {} len {}",
+            self.src_port(),
+            self.dst_port(),
+            self.seq_number(),
+            self.ack_number(),
+            self.flags(),
+            self.window(),
+            self.payload().len()
+        )
     }
 }
 

@@ -9,7 +9,7 @@ pub const HEADER_LEN: usize = 8;
 pub const CHECKSUM_OFFSET: usize = 6;
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const SRC_PORT: Range<usize> = 0..2;
@@ -128,6 +128,13 @@ impl Repr {
         p.set_len(self.payload_len.saturating_add(HEADER_LEN as u16));
         p.set_checksum(0);
         Ok(())
+    }
+}
+
+/// One line that names the datagram: ports and length.
+impl<T: AsRef<[u8]>> core::fmt::Display for Packet<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "UDP {} > {} len {}", self.src_port(), self.dst_port(), self.len())
     }
 }
 

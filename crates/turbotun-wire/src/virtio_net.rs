@@ -96,7 +96,7 @@ pub mod gso {
 }
 
 /// Byte ranges of the fields.
-pub mod field {
+mod field {
     #![allow(missing_docs)]
     use std::ops::Range;
     pub const FLAGS: usize = 0;
@@ -176,6 +176,14 @@ impl<T: AsRef<[u8]>> VirtioNetHdr<T> {
     pub fn num_buffers(&self) -> Option<u16> {
         let b = self.buffer.as_ref();
         (b.len() >= field::NUM_BUFFERS.end).then(|| le16(b, field::NUM_BUFFERS))
+    }
+    /// `hash_value` and `hash_report` of a `virtio_net_hdr_v1_hash` (`VIRTIO_NET_F_HASH_REPORT`), `None` when
+    /// the buffer is shorter than 20 bytes.
+    pub fn hash(&self) -> Option<(u32, u16)> {
+        let b = self.buffer.as_ref();
+        let value = b.get(field::HASH_VALUE)?;
+        let report = le16(b.get(..field::HASH_REPORT.end)?, field::HASH_REPORT);
+        Some((u32::from_le_bytes([value[0], value[1], value[2], value[3]]), report))
     }
     /// The tunnel fields of a `virtio_net_hdr_v1_hash_tunnel`, `None` when the buffer is shorter than 24 bytes.
     pub fn tunnel_offsets(&self) -> Option<TunnelOffsets> {
@@ -330,6 +338,18 @@ impl VirtioNetHdrRepr {
         self.flags & flags::NEEDS_CSUM != 0
     }
 
+    /// Finishes a packet handed over whole (not a super-packet) with this header: its partial checksum
+    /// (`NEEDS_CSUM`) completed. Returns whether its L4 checksum is now known good (completed here, or marked
+    /// `DATA_VALID` by the kernel); an error if the checksum offsets lie outside the packet (it is then left as
+    /// it was). The one rule every read path uses.
+    pub fn finish_whole(&self, packet: &mut [u8]) -> Result<bool, WireError> {
+        if self.needs_csum() {
+            crate::checksum::complete_partial(packet, self.csum_start.into(), self.csum_offset.into())?;
+            return Ok(true);
+        }
+        Ok(self.flags & flags::DATA_VALID != 0)
+    }
+
     /// Whether `gso_type` marks a UDP-tunnel super-packet (either tunnel bit).
     pub fn is_udp_tunnel(&self) -> bool {
         self.gso_type & gso::UDP_TUNNEL != 0
@@ -346,6 +366,17 @@ impl VirtioNetHdrRepr {
         matches!(
             len,
             VIRTIO_NET_HDR_LEN | VIRTIO_NET_HDR_V1_LEN | VIRTIO_NET_HDR_V1_HASH_LEN | VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN
+        )
+    }
+}
+
+/// One line that names the header: flags, GSO type and size, header length, checksum offsets.
+impl core::fmt::Display for VirtioNetHdrRepr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "virtio flags {:#04x} gso_type {:#04x} gso_size {} hdr_len {} csum {}+{}",
+            self.flags, self.gso_type, self.gso_size, self.hdr_len, self.csum_start, self.csum_offset
         )
     }
 }

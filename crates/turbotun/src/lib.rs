@@ -40,40 +40,38 @@
 //! steering eBPF) instead of failing, and what was granted is reported; all `unsafe` code lives in the private `sys` module.
 
 #![warn(missing_docs)]
+// Unsafe code is denied everywhere but in `sys`, the one module that makes system calls and ioctls (each block
+// with a `// SAFETY:` comment); a `pub` item that cannot be reached from outside says so (`pub(crate)`).
+#![deny(unsafe_code)]
+#![warn(unreachable_pub)]
 
-pub mod batch;
-mod capabilities;
-pub mod device;
-#[cfg(feature = "echo")]
-pub mod echo;
+// The source is grouped by what each part is (the folders read like docs/ARCHITECTURE.md); the public paths
+// stay flat: `turbotun::batch`, `turbotun::netlink`, ...
+mod applications;
+mod configuration;
+mod dataplane;
+mod deployment;
+mod devices;
 pub mod error;
-pub mod filter;
-pub mod forward;
-pub mod handover;
-pub mod inspect;
-mod kind;
-#[cfg(feature = "load")]
-pub mod load;
-pub mod netlink;
-pub mod netns;
-pub mod privilege;
-pub mod queue;
-pub mod ring;
-#[cfg(feature = "smoltcp")]
-pub mod smoltcp;
-pub mod stats;
-pub mod steering;
-pub mod stop;
+#[allow(unsafe_code)]
 mod sys;
-mod threads;
+
+#[cfg(feature = "echo")]
+pub use applications::echo;
+#[cfg(feature = "load")]
+pub use applications::load;
+pub use configuration::{netlink, netns};
+#[cfg(feature = "smoltcp")]
+pub use dataplane::smoltcp;
 #[cfg(feature = "tokio")]
-pub mod tokio;
-pub mod tunnel;
-pub mod udp;
+pub use dataplane::tokio;
 #[cfg(feature = "uring")]
-pub mod uring;
-pub mod wake;
-mod write_policy;
+pub use dataplane::uring;
+pub use dataplane::{batch, forward, ring, stats, stop, tunnel, udp, wake};
+pub(crate) use dataplane::{threads, write_policy};
+pub use deployment::{handover, privilege};
+pub(crate) use devices::{capabilities, kind};
+pub use devices::{device, filter, inspect, queue, steering};
 
 pub use capabilities::{Capabilities, GroWriteSupport};
 pub use device::{Device, DeviceBuilder, Mode, Offloads};

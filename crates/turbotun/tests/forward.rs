@@ -189,13 +189,13 @@ fn uring_offload_multishot_with_a_per_packet_hook() {
                 let mut fwd = turbotun::uring::UringOffload::new(&src, &dst, 16, 64).unwrap();
                 let (mut seen, mut not_ip) = (0u64, 0u64);
                 while !stop.is_stopped() {
-                    fwd.poll_with(&dst, Duration::from_millis(50), |packet| {
+                    fwd.poll_with(Duration::from_millis(50), |packet| {
                         seen += 1;
                         not_ip += u64::from(!matches!(packet.first().map(|b| b >> 4), Some(4 | 6)));
                     })
                     .unwrap();
                 }
-                fwd.drain(&dst, Duration::from_millis(100)).unwrap();
+                fwd.drain(Duration::from_millis(100)).unwrap();
                 (fwd.stats(), seen, not_ip)
             })
         })

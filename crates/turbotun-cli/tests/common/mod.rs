@@ -200,6 +200,11 @@ pub fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
 /// `len` bytes of TCP from namespace `from` to a listener on `to_addr:port` in namespace `to`, compared byte for
 /// byte.
 pub fn tcp_between(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: usize) {
+    tcp_between_while(from, to, to_addr, port, len, || {});
+}
+
+/// [`tcp_between`], with `during` run on the test's thread while the bytes flow.
+pub fn tcp_between_while(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: usize, during: impl FnOnce()) {
     let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, port))).unwrap().unwrap();
     let data = pattern(len, len as u64);
     let expected = data.clone();
@@ -213,8 +218,9 @@ pub fn tcp_between(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: 
     let target: SocketAddr = (to_addr.parse::<IpAddr>().unwrap(), port).into();
     let mut s =
         with_netns(&ns_path(from), || TcpStream::connect_timeout(&target, Duration::from_secs(5))).unwrap().unwrap();
-    s.write_all(&data).unwrap();
-    drop(s);
+    let sender = std::thread::spawn(move || s.write_all(&data).unwrap());
+    during();
+    sender.join().unwrap();
     let got = receiver.join().unwrap();
     assert_eq!(got.len(), expected.len(), "byte count over {to_addr}");
     assert!(got == expected, "byte stream over {to_addr} arrived altered");
@@ -283,17 +289,23 @@ pub fn udp_largest_super_packet_intact(topo: &Topology, src: &str, dst: &str) {
 }
 
 pub fn udp_datagrams_intact(topo: &Topology, src: &str, dst: &str, uso: bool, ordered: bool) {
+    let bursts = if uso { 20 } else { 50 };
+    udp_datagrams_between(&topo.ns_a, &topo.ns_b, src, dst, uso, ordered, bursts);
+}
+
+/// [`udp_datagrams_intact`] from namespace `a` to `b`, `bursts` bursts.
+pub fn udp_datagrams_between(a: &OwnedFd, b: &OwnedFd, src: &str, dst: &str, uso: bool, ordered: bool, bursts: u32) {
     let port = 6001;
-    let rx = topo.in_b(|| UdpSocket::bind((dst, port)).unwrap());
+    let rx = with_netns(&ns_path(b), || UdpSocket::bind((dst, port)).unwrap()).unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let tx = topo.in_a(|| UdpSocket::bind((src, 0)).unwrap());
+    let tx = with_netns(&ns_path(a), || UdpSocket::bind((src, 0)).unwrap()).unwrap();
     tx.connect((dst, port)).unwrap();
     let seg = 1200usize;
     if uso {
         turbotun::udp::set_udp_segment(&tx, seg as u16).unwrap();
     }
     let mut buf = vec![0u8; 65536];
-    let (bursts, per_burst) = if uso { (20u32, 40u32) } else { (50, 8) };
+    let per_burst = if uso { 40u32 } else { 8 };
     for burst in 0..bursts {
         let mut expected = Vec::new();
         let mut gso_send = Vec::new();

@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 /// One eBPF instruction (`struct bpf_insn`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BpfInsn {
+pub(crate) struct BpfInsn {
     pub code: u8,
     /// dst_reg in the low nibble, src_reg in the high nibble.
     pub regs: u8,
@@ -38,7 +38,7 @@ struct ProgLoadAttr {
 /// The first load asks for no verifier log: with a log the kernel fails a valid program with `ENOSPC` when the
 /// log outgrows its buffer (a long program logs a line per instruction). Only a refused program is loaded again
 /// with a log, grown until it holds the verifier's reason, which the error then carries.
-pub fn load_socket_filter(insns: &[BpfInsn], name: &str) -> io::Result<OwnedFd> {
+pub(crate) fn load_socket_filter(insns: &[BpfInsn], name: &str) -> io::Result<OwnedFd> {
     let err = match prog_load(insns, name, None) {
         Ok(fd) => return Ok(fd),
         Err(e) => e,

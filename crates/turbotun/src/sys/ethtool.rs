@@ -45,7 +45,7 @@ fn ethtool(sock: &OwnedFd, ifname: &str, buf: &mut [u32]) -> io::Result<()> {
 }
 
 /// Every feature of `ifname` with whether it is active: `("tx-tcp-segmentation", true)`, ...
-pub fn features(ifname: &str) -> io::Result<Vec<(String, bool)>> {
+pub(crate) fn features(ifname: &str) -> io::Result<Vec<(String, bool)>> {
     let sock = socket()?;
     // struct ethtool_sset_info { cmd; reserved; u64 sset_mask; u32 data[] }: ask for one set.
     let mut sset = [ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_FEATURES, 0, 0];

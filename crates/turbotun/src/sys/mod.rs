@@ -7,14 +7,14 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-pub mod bpf;
-pub mod ethtool;
-pub mod udp;
+pub(crate) mod bpf;
+pub(crate) mod ethtool;
+pub(crate) mod udp;
 #[cfg(feature = "uring")]
-pub mod uring;
+pub(crate) mod uring;
 
 /// `IFNAMSIZ`: interface names are at most 15 bytes plus the terminating NUL.
-pub const IFNAMSIZ: usize = libc::IFNAMSIZ;
+pub(crate) const IFNAMSIZ: usize = libc::IFNAMSIZ;
 
 /// Request flags of `TUNSETIFF` (`ifr_flags`), as the kernel's `if_tun.h` defines them.
 pub mod iff {
@@ -51,22 +51,22 @@ pub mod iff {
 }
 
 /// Offload bits of `TUNSETOFFLOAD`.
-pub mod tun_f {
-    pub const CSUM: u32 = libc::TUN_F_CSUM;
-    pub const TSO4: u32 = libc::TUN_F_TSO4;
-    pub const TSO6: u32 = libc::TUN_F_TSO6;
-    pub const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
-    pub const UFO: u32 = libc::TUN_F_UFO;
-    pub const USO4: u32 = libc::TUN_F_USO4;
-    pub const USO6: u32 = libc::TUN_F_USO6;
+pub(crate) mod tun_f {
+    pub(crate) const CSUM: u32 = libc::TUN_F_CSUM;
+    pub(crate) const TSO4: u32 = libc::TUN_F_TSO4;
+    pub(crate) const TSO6: u32 = libc::TUN_F_TSO6;
+    pub(crate) const TSO_ECN: u32 = libc::TUN_F_TSO_ECN;
+    pub(crate) const UFO: u32 = libc::TUN_F_UFO;
+    pub(crate) const USO4: u32 = libc::TUN_F_USO4;
+    pub(crate) const USO6: u32 = libc::TUN_F_USO6;
     /// Linux 6.17+: TCP/UDP super-packets inside a UDP tunnel (VXLAN, Geneve); `include/uapi/linux/if_tun.h`.
-    pub const UDP_TUNNEL_GSO: u32 = 0x080;
+    pub(crate) const UDP_TUNNEL_GSO: u32 = 0x080;
     /// Linux 6.17+: such super-packets whose outer UDP checksum is left to the reader (with `UDP_TUNNEL_GSO`).
-    pub const UDP_TUNNEL_GSO_CSUM: u32 = 0x100;
+    pub(crate) const UDP_TUNNEL_GSO_CSUM: u32 = 0x100;
 }
 
 /// `TUN_FLT_ALLMULTI`: the TX filter passes every multicast destination.
-pub const TUN_FLT_ALLMULTI: u16 = 0x0001;
+pub(crate) const TUN_FLT_ALLMULTI: u16 = 0x0001;
 
 /// `struct ifreq` restricted to the members the tun driver reads: a name and the flags short.
 #[repr(C)]
@@ -117,7 +117,7 @@ fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
 }
 
 /// Opens a path read-write with `O_CLOEXEC` (and `O_NONBLOCK` when asked).
-pub fn open_rdwr(path: &CStr, nonblocking: bool) -> io::Result<OwnedFd> {
+pub(crate) fn open_rdwr(path: &CStr, nonblocking: bool) -> io::Result<OwnedFd> {
     let mut flags = libc::O_RDWR | libc::O_CLOEXEC;
     if nonblocking {
         flags |= libc::O_NONBLOCK;
@@ -129,7 +129,7 @@ pub fn open_rdwr(path: &CStr, nonblocking: bool) -> io::Result<OwnedFd> {
 }
 
 /// Opens a path read-only with `O_CLOEXEC` (namespace files).
-pub fn open_rdonly(path: &CStr) -> io::Result<OwnedFd> {
+pub(crate) fn open_rdonly(path: &CStr) -> io::Result<OwnedFd> {
     // SAFETY: `path` is a valid NUL-terminated string.
     let fd = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
     // SAFETY: `fd` was just returned by open and is owned by nobody else.
@@ -137,7 +137,7 @@ pub fn open_rdonly(path: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// `TUNSETIFF`: attaches the fd to the named device (creating it if allowed). Returns the name the kernel chose.
-pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<String> {
+pub(crate) fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<String> {
     let mut req = IfReq::new(name, flags)?;
     // SAFETY: TUNSETIFF reads and writes a `struct ifreq`; `req` is a properly sized, initialized ifreq.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req as *mut IfReq) })?;
@@ -145,7 +145,7 @@ pub fn tun_set_iff(fd: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<Str
 }
 
 /// `TUNGETIFF`: the attached device's name and its flags as the kernel reports them.
-pub fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
+pub(crate) fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
     let mut req = IfReq::new("", 0)?;
     // SAFETY: TUNGETIFF writes a `struct ifreq` into the pointed-to buffer, which is large enough.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETIFF, &mut req as *mut IfReq) })?;
@@ -153,7 +153,7 @@ pub fn tun_get_iff(fd: BorrowedFd<'_>) -> io::Result<(String, u16)> {
 }
 
 /// `TUNSETQUEUE`: attach (`IFF_ATTACH_QUEUE`) or detach (`IFF_DETACH_QUEUE`) this queue of a multiqueue device.
-pub fn tun_set_queue(fd: BorrowedFd<'_>, flags: u16) -> io::Result<()> {
+pub(crate) fn tun_set_queue(fd: BorrowedFd<'_>, flags: u16) -> io::Result<()> {
     let mut req = IfReq::new("", flags)?;
     // SAFETY: TUNSETQUEUE reads a `struct ifreq`; `req` is valid for the call.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETQUEUE, &mut req as *mut IfReq) })?;
@@ -161,7 +161,7 @@ pub fn tun_set_queue(fd: BorrowedFd<'_>, flags: u16) -> io::Result<()> {
 }
 
 /// `TUNGETFEATURES`: the `IFF_*` flags this kernel's tun driver accepts.
-pub fn tun_get_features(fd: BorrowedFd<'_>) -> io::Result<u32> {
+pub(crate) fn tun_get_features(fd: BorrowedFd<'_>) -> io::Result<u32> {
     let mut features: libc::c_uint = 0;
     // SAFETY: TUNGETFEATURES writes one unsigned int through the pointer.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETFEATURES, &mut features as *mut libc::c_uint) })?;
@@ -189,51 +189,51 @@ fn ioctl_set_value(fd: BorrowedFd<'_>, request: libc::Ioctl, value: libc::c_ulon
     Ok(())
 }
 
-pub fn tun_set_vnet_hdr_sz(fd: BorrowedFd<'_>, size: i32) -> io::Result<()> {
+pub(crate) fn tun_set_vnet_hdr_sz(fd: BorrowedFd<'_>, size: i32) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETVNETHDRSZ, size)
 }
 
-pub fn tun_get_vnet_hdr_sz(fd: BorrowedFd<'_>) -> io::Result<i32> {
+pub(crate) fn tun_get_vnet_hdr_sz(fd: BorrowedFd<'_>) -> io::Result<i32> {
     ioctl_get_int_ptr(fd, libc::TUNGETVNETHDRSZ)
 }
 
-pub fn tun_set_offload(fd: BorrowedFd<'_>, offloads: u32) -> io::Result<()> {
+pub(crate) fn tun_set_offload(fd: BorrowedFd<'_>, offloads: u32) -> io::Result<()> {
     ioctl_set_value(fd, libc::TUNSETOFFLOAD, offloads as libc::c_ulong)
 }
 
-pub fn tun_set_persist(fd: BorrowedFd<'_>, persist: bool) -> io::Result<()> {
+pub(crate) fn tun_set_persist(fd: BorrowedFd<'_>, persist: bool) -> io::Result<()> {
     ioctl_set_value(fd, libc::TUNSETPERSIST, persist as libc::c_ulong)
 }
 
-pub fn tun_set_owner(fd: BorrowedFd<'_>, uid: u32) -> io::Result<()> {
+pub(crate) fn tun_set_owner(fd: BorrowedFd<'_>, uid: u32) -> io::Result<()> {
     ioctl_set_value(fd, libc::TUNSETOWNER, uid as libc::c_ulong)
 }
 
-pub fn tun_set_group(fd: BorrowedFd<'_>, gid: u32) -> io::Result<()> {
+pub(crate) fn tun_set_group(fd: BorrowedFd<'_>, gid: u32) -> io::Result<()> {
     ioctl_set_value(fd, libc::TUNSETGROUP, gid as libc::c_ulong)
 }
 
 /// `TUNSETLINK`: the ARPHRD link type (only while the device is down and has no queue attached elsewhere).
-pub fn tun_set_link(fd: BorrowedFd<'_>, link_type: u32) -> io::Result<()> {
+pub(crate) fn tun_set_link(fd: BorrowedFd<'_>, link_type: u32) -> io::Result<()> {
     ioctl_set_value(fd, libc::TUNSETLINK, link_type as libc::c_ulong)
 }
 
-pub fn tun_set_sndbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
+pub(crate) fn tun_set_sndbuf(fd: BorrowedFd<'_>, bytes: i32) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETSNDBUF, bytes)
 }
 
-pub fn tun_get_sndbuf(fd: BorrowedFd<'_>) -> io::Result<i32> {
+pub(crate) fn tun_get_sndbuf(fd: BorrowedFd<'_>) -> io::Result<i32> {
     ioctl_get_int_ptr(fd, libc::TUNGETSNDBUF)
 }
 
-pub fn tun_set_carrier(fd: BorrowedFd<'_>, carrier: bool) -> io::Result<()> {
+pub(crate) fn tun_set_carrier(fd: BorrowedFd<'_>, carrier: bool) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETCARRIER, carrier as libc::c_int)
 }
 
 /// `TUNSETTXFILTER`: a TAP device's filter on destination MAC addresses, applied before a frame is queued for
 /// the reader. `addrs` empty turns the filter off. Returns how many addresses the kernel matches exactly (the
 /// first 8; further multicast addresses are hashed).
-pub fn tun_set_tx_filter(fd: BorrowedFd<'_>, flags: u16, addrs: &[[u8; 6]]) -> io::Result<usize> {
+pub(crate) fn tun_set_tx_filter(fd: BorrowedFd<'_>, flags: u16, addrs: &[[u8; 6]]) -> io::Result<usize> {
     // `struct tun_filter { __u16 flags; __u16 count; __u8 addr[][ETH_ALEN]; }`, laid out by hand: 4 bytes of
     // header, then the addresses back to back.
     let count = u16::try_from(addrs.len())
@@ -252,17 +252,17 @@ pub fn tun_set_tx_filter(fd: BorrowedFd<'_>, flags: u16, addrs: &[[u8; 6]]) -> i
 
 /// `TUNSETFILTEREBPF`: install (fd >= 0) or remove (-1) a socket-filter eBPF program run on every frame before it
 /// is queued for the reader; it returns how many bytes to keep, 0 drops the frame.
-pub fn tun_set_filter_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
+pub(crate) fn tun_set_filter_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETFILTEREBPF, prog)
 }
 
 /// `TUNSETSTEERINGEBPF`: install (fd >= 0) or remove (-1) a queue-steering eBPF program.
-pub fn tun_set_steering_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
+pub(crate) fn tun_set_steering_ebpf(fd: BorrowedFd<'_>, prog: RawFd) -> io::Result<()> {
     ioctl_set_int_ptr(fd, libc::TUNSETSTEERINGEBPF, prog)
 }
 
 /// `TUNGETDEVNETNS`: an fd of the network namespace the device lives in now.
-pub fn tun_get_dev_netns(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub(crate) fn tun_get_dev_netns(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // SAFETY: TUNGETDEVNETNS takes no argument and returns a new fd or -1.
     let ns = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETDEVNETNS) })?;
     // SAFETY: the kernel just created `ns` for us; nobody else owns it.
@@ -270,7 +270,7 @@ pub fn tun_get_dev_netns(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 }
 
 /// Sets or clears `O_NONBLOCK` on the open file description.
-pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> {
     // SAFETY: F_GETFL takes no argument.
     let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
     let flags = if nonblocking { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
@@ -279,13 +279,13 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> io::Result<()> 
     Ok(())
 }
 
-pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+pub(crate) fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the duration of the call.
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
 }
 
 /// Moves the calling thread into the network namespace `ns` (an fd of `/run/netns/NAME` or `/proc/PID/ns/net`).
-pub fn setns_net(ns: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn setns_net(ns: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: setns only reads its arguments; changing this thread's network namespace does not affect memory safety.
     cvt(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
     Ok(())
@@ -293,7 +293,7 @@ pub fn setns_net(ns: BorrowedFd<'_>) -> io::Result<()> {
 
 /// Gives the calling thread a new, private network namespace (used by tests and probes; it disappears with the
 /// last thread or fd that refers to it, taking its devices along).
-pub fn unshare_net() -> io::Result<()> {
+pub(crate) fn unshare_net() -> io::Result<()> {
     // SAFETY: CLONE_NEWNET only changes this thread's network namespace; no memory is touched.
     cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
     Ok(())
@@ -323,7 +323,7 @@ pub fn effective_capabilities() -> io::Result<u64> {
 }
 
 /// Whether the kernel accepts io_uring set-up (it can be compiled out or disabled by sysctl).
-pub fn io_uring_available() -> bool {
+pub(crate) fn io_uring_available() -> bool {
     #[repr(C)]
     struct IoUringParams {
         raw: [u32; 30],
@@ -342,14 +342,14 @@ pub fn io_uring_available() -> bool {
 /// A value that owns one fd for its whole life: `as_raw_fd` returns the same open descriptor from creation to
 /// drop (it is never replaced or closed early). What tokio's reactor needs of a registered fd.
 #[cfg(feature = "tokio")]
-pub trait StableFd: AsRawFd {}
+pub(crate) trait StableFd: AsRawFd {}
 
 #[cfg(feature = "tokio")]
 impl<T: StableFd> StableFd for std::sync::Arc<T> {}
 
 /// Registers an fd owner with tokio's reactor for readable, writable and error readiness.
 #[cfg(feature = "tokio")]
-pub fn register_with_tokio<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
+pub(crate) fn register_with_tokio<T: StableFd>(owner: T) -> io::Result<::tokio::io::unix::AsyncFd<T>> {
     // Error readiness too: a deleted device reports only EPOLLERR, which readable interest alone never sees.
     let interest =
         ::tokio::io::Interest::READABLE.add(::tokio::io::Interest::WRITABLE).add(::tokio::io::Interest::ERROR);
@@ -359,7 +359,7 @@ pub fn register_with_tokio<T: StableFd>(owner: T) -> io::Result<::tokio::io::uni
 }
 
 /// One write gathered from several buffers (`writev`): a packet assembled from pieces without copying them.
-pub fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+pub(crate) fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
     let count = bufs.len().min(libc::c_int::MAX as usize) as libc::c_int;
     // SAFETY: `IoSlice` is guaranteed ABI-compatible with `struct iovec` on Unix; the slices are live and only
     // read by the kernel for the duration of the call.
@@ -368,7 +368,7 @@ pub fn writev(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<u
 
 /// The signal that interrupts a thread blocked in a read (see [`install_wake_handler`]). A real-time signal
 /// above the ones glibc keeps for itself, so that it does not collide with an application's SIGUSR1/2.
-pub fn wake_signal() -> libc::c_int {
+pub(crate) fn wake_signal() -> libc::c_int {
     libc::SIGRTMIN() + 3
 }
 
@@ -378,7 +378,7 @@ extern "C" fn wake_handler(_signo: libc::c_int) {
 
 /// Installs a do-nothing handler for [`wake_signal`] without `SA_RESTART`, so that a blocking read in the
 /// signalled thread returns `EINTR` instead of being restarted.
-pub fn install_wake_handler() -> io::Result<()> {
+pub(crate) fn install_wake_handler() -> io::Result<()> {
     // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags), filled in by the kernel below.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: a null new action only reads the current one into `old`, a valid sigaction owned by this frame.
@@ -408,7 +408,7 @@ pub fn install_wake_handler() -> io::Result<()> {
 
 /// Unblocks [`wake_signal`] in the calling thread (a mask inherited from the parent process or the spawning
 /// thread could block it, and a blocked wake-up never interrupts the read it is meant for).
-pub fn unblock_wake_signal() -> io::Result<()> {
+pub(crate) fn unblock_wake_signal() -> io::Result<()> {
     // SAFETY: an all-zero sigset_t is a valid value, initialised by sigemptyset below.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t owned by this frame; the signal number is a valid real-time signal.
@@ -441,11 +441,11 @@ pub(crate) fn wake_thread<T>(thread: &std::thread::JoinHandle<T>) -> io::Result<
 
 /// Most slices [`read_scattered`] takes: a batch of 64 buffers plus the virtio header and the overflow buffer
 /// (the kernel's limit is `UIO_MAXIOV`, 1024). The iovec array lives on the stack, filled per read.
-pub const MAX_SCATTER: usize = 66;
+pub(crate) const MAX_SCATTER: usize = 66;
 
 /// One read scattered over `parts` in order (at most [`MAX_SCATTER`]); with `nowait` it never sleeps
 /// (`RWF_NOWAIT`, see [`read2`]).
-pub fn read_scattered<'a>(
+pub(crate) fn read_scattered<'a>(
     fd: BorrowedFd<'_>,
     parts: impl IntoIterator<Item = &'a mut [u8]>,
     nowait: bool,
@@ -466,7 +466,7 @@ pub fn read_scattered<'a>(
 /// `SO_PEERCRED` of a connected Unix socket: the peer's pid (0 when the peer is outside the caller's PID
 /// namespace), uid and gid, read into a plain `struct ucred` (the pid may be 0, which a non-zero type could not
 /// hold).
-pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
+pub(crate) fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED writes at most `len` bytes (one `struct ucred`) into `cred`, a live local of that size,
@@ -485,7 +485,7 @@ pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(i32, u32, u32)> {
 
 /// One read scattered over the caller's slices (`preadv2`), e.g. guest memory described by a descriptor chain;
 /// with `nowait` it never sleeps (`RWF_NOWAIT`).
-pub fn readv(fd: BorrowedFd<'_>, bufs: &mut [std::io::IoSliceMut<'_>], nowait: bool) -> io::Result<usize> {
+pub(crate) fn readv(fd: BorrowedFd<'_>, bufs: &mut [std::io::IoSliceMut<'_>], nowait: bool) -> io::Result<usize> {
     let count = bufs.len().min(libc::c_int::MAX as usize) as libc::c_int;
     let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
     // SAFETY: `IoSliceMut` is guaranteed ABI-compatible with `struct iovec` on Unix; the slices are live and
@@ -495,12 +495,12 @@ pub fn readv(fd: BorrowedFd<'_>, bufs: &mut [std::io::IoSliceMut<'_>], nowait: b
 
 /// `TUNSETVNETLE` / `TUNSETVNETBE`: the virtio header's byte order for a legacy (pre-1.0) guest; `big` picks
 /// the BE request, which kernels without `CONFIG_TUN_VNET_CROSS_LE` refuse with `EINVAL`.
-pub fn tun_set_vnet_endian(fd: BorrowedFd<'_>, big: bool, on: bool) -> io::Result<()> {
+pub(crate) fn tun_set_vnet_endian(fd: BorrowedFd<'_>, big: bool, on: bool) -> io::Result<()> {
     ioctl_set_int_ptr(fd, if big { libc::TUNSETVNETBE } else { libc::TUNSETVNETLE }, on as libc::c_int)
 }
 
 /// `TUNGETVNETLE` / `TUNGETVNETBE`.
-pub fn tun_get_vnet_endian(fd: BorrowedFd<'_>, big: bool) -> io::Result<bool> {
+pub(crate) fn tun_get_vnet_endian(fd: BorrowedFd<'_>, big: bool) -> io::Result<bool> {
     ioctl_get_int_ptr(fd, if big { libc::TUNGETVNETBE } else { libc::TUNGETVNETLE }).map(|v| v != 0)
 }
 
@@ -527,7 +527,7 @@ fn ifreq_name(name: &str) -> io::Result<[u8; IFNAMSIZ]> {
 
 /// A datagram socket of the calling thread's network namespace, for the classic interface ioctls (which look the
 /// name up in the socket's namespace). `AF_UNIX`: it needs no network protocol and no address.
-pub fn ioctl_socket() -> io::Result<OwnedFd> {
+pub(crate) fn ioctl_socket() -> io::Result<OwnedFd> {
     // SAFETY: socket returns a new fd or -1.
     let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` is new and owned by nobody else.
@@ -535,7 +535,7 @@ pub fn ioctl_socket() -> io::Result<OwnedFd> {
 }
 
 /// `SIOCGIFMTU`: the MTU of interface `name`, through `sock`.
-pub fn ifreq_get_mtu(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
+pub(crate) fn ifreq_get_mtu(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
     let mut req = IfReqInt { name: ifreq_name(name)?, value: 0, _pad: [0; 20] };
     // SAFETY: SIOCGIFMTU reads the name and writes the int member of a full-size `struct ifreq`.
     cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFMTU as libc::Ioctl, &mut req as *mut IfReqInt) })?;
@@ -543,7 +543,7 @@ pub fn ifreq_get_mtu(sock: BorrowedFd<'_>, name: &str) -> io::Result<u32> {
 }
 
 /// `SIOCSIFMTU`: sets the MTU of interface `name`, through `sock`.
-pub fn ifreq_set_mtu(sock: BorrowedFd<'_>, name: &str, mtu: u32) -> io::Result<()> {
+pub(crate) fn ifreq_set_mtu(sock: BorrowedFd<'_>, name: &str, mtu: u32) -> io::Result<()> {
     let value = libc::c_int::try_from(mtu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut req = IfReqInt { name: ifreq_name(name)?, value, _pad: [0; 20] };
     // SAFETY: SIOCSIFMTU reads a full-size `struct ifreq` (name and int member).
@@ -552,7 +552,7 @@ pub fn ifreq_set_mtu(sock: BorrowedFd<'_>, name: &str, mtu: u32) -> io::Result<(
 }
 
 /// `SIOCGIFFLAGS`: the interface flags (`IFF_UP`, ...) of `name`, through `sock`.
-pub fn ifreq_get_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u16> {
+pub(crate) fn ifreq_get_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u16> {
     let mut req = IfReq::new(name, 0)?;
     // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of a full-size `struct ifreq`.
     cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as libc::Ioctl, &mut req as *mut IfReq) })?;
@@ -560,7 +560,7 @@ pub fn ifreq_get_flags(sock: BorrowedFd<'_>, name: &str) -> io::Result<u16> {
 }
 
 /// `SIOCSIFFLAGS`: sets the interface flags of `name`, through `sock`.
-pub fn ifreq_set_flags(sock: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<()> {
+pub(crate) fn ifreq_set_flags(sock: BorrowedFd<'_>, name: &str, flags: u16) -> io::Result<()> {
     let mut req = IfReq::new(name, flags)?;
     // SAFETY: SIOCSIFFLAGS reads a full-size `struct ifreq` (name and flags).
     cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as libc::Ioctl, &mut req as *mut IfReq) })?;
@@ -568,7 +568,7 @@ pub fn ifreq_set_flags(sock: BorrowedFd<'_>, name: &str, flags: u16) -> io::Resu
 }
 
 /// `SIOCGIFHWADDR` on the tun fd itself (the tun driver answers it for its device, in any namespace).
-pub fn tun_get_hwaddr(fd: BorrowedFd<'_>) -> io::Result<[u8; 6]> {
+pub(crate) fn tun_get_hwaddr(fd: BorrowedFd<'_>) -> io::Result<[u8; 6]> {
     let mut req = IfReqAddr { name: [0; IFNAMSIZ], family: 0, data: [0; 14], _pad: [0; 8] };
     // SAFETY: the tun driver writes a full-size `struct ifreq` with the device's hardware address.
     cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR as libc::Ioctl, &mut req as *mut IfReqAddr) })?;
@@ -578,7 +578,7 @@ pub fn tun_get_hwaddr(fd: BorrowedFd<'_>) -> io::Result<[u8; 6]> {
 }
 
 /// `SIOCSIFHWADDR` on the tun fd itself (TAP devices; an Ethernet address).
-pub fn tun_set_hwaddr(fd: BorrowedFd<'_>, mac: [u8; 6]) -> io::Result<()> {
+pub(crate) fn tun_set_hwaddr(fd: BorrowedFd<'_>, mac: [u8; 6]) -> io::Result<()> {
     let mut req = IfReqAddr { name: [0; IFNAMSIZ], family: libc::ARPHRD_ETHER, data: [0; 14], _pad: [0; 8] };
     req.data[..6].copy_from_slice(&mac);
     // SAFETY: the tun driver reads a full-size `struct ifreq` holding the new address.

@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::cvt;
 
-/// Most messages one [`send_mmsg`] or [`recv_mmsg`] call handles (the kernel's limit, `UIO_MAXIOV`, is 1024; 64
+/// Most messages one `sendmmsg` or `recvmmsg` call here handles (the kernel's limit, `UIO_MAXIOV`, is 1024; 64
 /// keeps the stack arrays at a few KiB and is already past the point where the per-call cost stops mattering).
 pub const MAX_MMSG: usize = 64;
 
@@ -33,7 +33,7 @@ struct CmsgBuf([u8; CMSG_ROOM]);
 /// `sendmmsg` of `count` messages of `msg_len` bytes each, taken back to back from the start of `buf`, on a
 /// connected socket. Returns how many the kernel took (fewer than asked when it stopped at an error, which it
 /// then reports on the next call). `count` is capped at [`MAX_MMSG`] and at what `buf` holds.
-pub fn send_mmsg(fd: BorrowedFd<'_>, buf: &[u8], msg_len: usize, count: usize) -> io::Result<usize> {
+pub(crate) fn send_mmsg(fd: BorrowedFd<'_>, buf: &[u8], msg_len: usize, count: usize) -> io::Result<usize> {
     let count = count.min(MAX_MMSG).min(buf.len().checked_div(msg_len).unwrap_or(0));
     if count == 0 {
         return Ok(0);
@@ -57,7 +57,7 @@ pub fn send_mmsg(fd: BorrowedFd<'_>, buf: &[u8], msg_len: usize, count: usize) -
 /// and a payload longer than it, the kernel splits it into datagrams of `segment` bytes (`UDP_SEGMENT`, the
 /// last may be shorter); with `tos`, every datagram carries that TOS byte (IPv4) or traffic class (IPv6).
 #[derive(Debug, Clone, Copy)]
-pub struct SendMsg<'a> {
+pub(crate) struct SendMsg<'a> {
     /// Where the datagrams go.
     pub dest: SocketAddr,
     /// The payload, in pieces.
@@ -71,7 +71,7 @@ pub struct SendMsg<'a> {
 /// `sendmmsg` of `msgs` (at most [`MAX_MMSG`]) on an unconnected socket, each with its own destination and
 /// control messages. Returns how many the kernel took: fewer than given when message `n` failed, whose error
 /// the next call starting at `n` returns.
-pub fn send_msgs(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<usize> {
+pub(crate) fn send_msgs(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<usize> {
     let count = msgs.len().min(MAX_MMSG);
     if count == 0 {
         return Ok(0);
@@ -205,7 +205,7 @@ pub struct RecvMeta {
 /// messages. With `wait` (`MSG_WAITFORONE`) it sleeps (up to the socket's `SO_RCVTIMEO`) until one datagram is
 /// there, then takes whatever else is queued without waiting; without (`MSG_DONTWAIT`) it never sleeps. Fills
 /// `meta[..n]` (sources included) and returns `n`.
-pub fn recv_mmsg(
+pub(crate) fn recv_mmsg(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
     slot: usize,
@@ -299,32 +299,32 @@ fn setsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, val
 
 /// `SO_RXQ_OVFL`: every received datagram carries the socket's drop counter as a control message.
 #[cfg(feature = "load")]
-pub fn set_rxq_ovfl(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+pub(crate) fn set_rxq_ovfl(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, on.into())
 }
 
 /// `UDP_SEGMENT` on the socket: each send of up to 64 KiB leaves as datagrams of `segment_size` bytes (0: off).
-pub fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> {
+pub(crate) fn set_udp_segment(fd: BorrowedFd<'_>, segment_size: u16) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, segment_size.into())
 }
 
 /// `SO_NO_CHECK`: IPv4 datagrams go without a UDP checksum.
-pub fn set_no_check(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+pub(crate) fn set_no_check(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, on.into())
 }
 
 /// `SO_MARK`: the firewall mark every packet of the socket carries (0: none); needs CAP_NET_ADMIN.
-pub fn set_mark(fd: BorrowedFd<'_>, mark: u32) -> io::Result<()> {
+pub(crate) fn set_mark(fd: BorrowedFd<'_>, mark: u32) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_MARK, mark as libc::c_int)
 }
 
 /// Whether the kernel takes `UDP_SEGMENT` on this socket (a zero socket-wide segment size, which changes
 /// nothing: each send still says its own).
-pub fn udp_segment_supported(fd: BorrowedFd<'_>) -> bool {
+pub(crate) fn udp_segment_supported(fd: BorrowedFd<'_>) -> bool {
     setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok()
 }
 
 /// `UDP_GRO`: the kernel may coalesce datagrams of one flow into one read, with their size as a control message.
-pub fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, on.into())
 }

@@ -38,7 +38,7 @@ enum SlotState {
 
 /// Which operation a completion belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     /// The multishot read (its slot is the provided buffer it filled), or a scattered read (its slot is the
     /// first piece's).
     Read,
@@ -47,17 +47,49 @@ pub enum Op {
 
 /// One completion: the slot (for a failed read: none), the operation, and its result: bytes moved, or the errno.
 #[derive(Debug)]
-pub struct Completion {
+pub(crate) struct Completion {
     pub slot: Option<usize>,
     pub op: Op,
     pub result: Result<usize, i32>,
 }
 
-const READ_TAG: u64 = 1 << 32;
-const WRITE_TAG: u64 = 2 << 32;
-const READV_TAG: u64 = 3 << 32;
-/// user_data of the cancellation request made on drop.
-const CANCEL_TAG: u64 = u64::MAX;
+/// What a request is, carried in its `user_data` and read back from its completion: encoded and decoded here
+/// only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    /// The multishot read over provided slots.
+    MultishotRead,
+    /// A scattered read, named by its first piece's slot.
+    ScatteredRead(u32),
+    /// A write, named by its first piece's slot.
+    Write(u32),
+    /// The cancellation made on drop.
+    Cancel,
+}
+
+impl Tag {
+    const KIND_SHIFT: u32 = 32;
+
+    fn encode(self) -> u64 {
+        match self {
+            Tag::MultishotRead => 1 << Self::KIND_SHIFT,
+            Tag::Write(slot) => (2 << Self::KIND_SHIFT) | u64::from(slot),
+            Tag::ScatteredRead(slot) => (3 << Self::KIND_SHIFT) | u64::from(slot),
+            Tag::Cancel => u64::MAX,
+        }
+    }
+
+    fn decode(data: u64) -> Option<Tag> {
+        let slot = data as u32;
+        match data >> Self::KIND_SHIFT {
+            _ if data == u64::MAX => Some(Tag::Cancel),
+            1 if slot == 0 => Some(Tag::MultishotRead),
+            2 => Some(Tag::Write(slot)),
+            3 => Some(Tag::ScatteredRead(slot)),
+            _ => None,
+        }
+    }
+}
 const BUFFER_GROUP: u16 = 0;
 const PAGE: usize = 4096;
 
@@ -120,7 +152,7 @@ impl Drop for BufRing {
 
 /// Whether this kernel has what [`ForwardRing`] needs: io_uring with `IORING_FEAT_EXT_ARG`, the multishot
 /// read (Linux 6.7; provided-buffer rings came in 5.19), `READV`, `WRITE` and `WRITEV`.
-pub fn probe_forward_ring() -> io::Result<()> {
+pub(crate) fn probe_forward_ring() -> io::Result<()> {
     let ring = IoUring::new(8)?;
     if !ring.params().is_feature_ext_arg() {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "io_uring without IORING_FEAT_EXT_ARG (Linux < 5.11)"));
@@ -145,7 +177,7 @@ pub fn probe_forward_ring() -> io::Result<()> {
 
 /// Whether this kernel has the vectored reads and writes from registered buffers (`READV_FIXED`,
 /// `WRITEV_FIXED`: Linux 6.15) that [`ForwardRing::with_spares`] uses when asked to register its arena.
-pub fn probe_registered_vectors() -> io::Result<()> {
+pub(crate) fn probe_registered_vectors() -> io::Result<()> {
     let ring = IoUring::new(8)?;
     let mut probe = io_uring::Probe::new();
     ring.submitter().register_probe(&mut probe)?;
@@ -161,7 +193,7 @@ pub fn probe_registered_vectors() -> io::Result<()> {
 
 /// A ring of `depth` buffers of `stride` bytes reading frames from `src` and writing them to `dst`, plus
 /// `spare` buffers of the same size that are never read into.
-pub struct ForwardRing {
+pub(crate) struct ForwardRing {
     ring: IoUring,
     src: OwnedFd,
     dst: OwnedFd,
@@ -206,7 +238,7 @@ impl ForwardRing {
     /// Sets up the ring (`depth` a power of two up to 32768) and provides every buffer; the fds are duplicated,
     /// so the ring does not depend on the caller keeping them open. Completions are run only when we wait for
     /// them (`DEFER_TASKRUN`, 6.1+) where the kernel allows it.
-    pub fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
+    pub(crate) fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, depth: usize, stride: usize) -> io::Result<Self> {
         Self::with_spares(src, dst, depth, 0, stride, true, false)
     }
 
@@ -215,7 +247,7 @@ impl ForwardRing {
     /// frames are read with [`Self::readv_into`]. With `registered` (and without `multishot`) the whole arena is
     /// registered with the ring (`IORING_REGISTER_BUFFERS`: its pages are pinned, so all of it becomes resident)
     /// and [`Self::readv_into`] and [`Self::writev_from`] use `READV_FIXED` and `WRITEV_FIXED` (Linux 6.15).
-    pub fn with_spares(
+    pub(crate) fn with_spares(
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
         depth: usize,
@@ -310,19 +342,19 @@ impl ForwardRing {
         })
     }
 
-    pub fn stride(&self) -> usize {
+    pub(crate) fn stride(&self) -> usize {
         self.stride
     }
 
     /// Slots provided for reads (`0..depth`); the spares follow.
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.depth
     }
 
     /// The bytes of a filled slot, writable: a slot that is ours (a read completed into it, or a spare not
     /// being written) is touched by nobody else until it is written or recycled, both of which take
     /// `&mut self` and so end this borrow.
-    pub fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+    pub(crate) fn slot_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
         self.check_filled(slot).ok()?;
         // SAFETY: a Filled slot is ours (see `slot`); the range lies inside the allocation and no other
         // reference to it exists while `&mut self` is borrowed.
@@ -340,7 +372,7 @@ impl ForwardRing {
 
     /// Several filled slots at once, writable, in the order given, each at most once (an error names a slot
     /// that is not ours or is named twice).
-    pub fn slots_mut(&mut self, slots: &[u32]) -> io::Result<Vec<&mut [u8]>> {
+    pub(crate) fn slots_mut(&mut self, slots: &[u32]) -> io::Result<Vec<&mut [u8]>> {
         self.next_pass();
         for &s in slots {
             let s = s as usize;
@@ -368,7 +400,7 @@ impl ForwardRing {
     }
 
     /// The bytes of a filled slot (what its read brought), or `None` while the kernel may use it.
-    pub fn slot(&self, slot: usize) -> Option<&[u8]> {
+    pub(crate) fn slot(&self, slot: usize) -> Option<&[u8]> {
         self.check_filled(slot).ok()?;
         // SAFETY: a Filled slot is ours: the kernel neither reads nor writes it until we queue a write (which
         // takes `&mut self`, ending this borrow) or recycle it; the range lies inside the allocation.
@@ -376,7 +408,7 @@ impl ForwardRing {
     }
 
     /// Gives a filled slot back to the kernel for a later read (spares are not read into: refused).
-    pub fn recycle(&mut self, slot: usize) -> io::Result<()> {
+    pub(crate) fn recycle(&mut self, slot: usize) -> io::Result<()> {
         self.check_filled(slot)?;
         if slot >= self.depth {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("slot {slot} is a spare")));
@@ -389,7 +421,7 @@ impl ForwardRing {
 
     /// Queues a write of the first `len` bytes of a filled slot; its completion names the slot, which is then
     /// filled (ours) again, to recycle or to write again.
-    pub fn write_from(&mut self, slot: usize, len: usize) -> io::Result<()> {
+    pub(crate) fn write_from(&mut self, slot: usize, len: usize) -> io::Result<()> {
         self.check_filled(slot)?;
         if len > self.stride {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "write longer than the slot"));
@@ -398,7 +430,7 @@ impl ForwardRing {
         let entry = opcode::Write::new(types::Fd(self.dst.as_raw_fd()), ptr, len as u32)
             .offset(u64::MAX)
             .build()
-            .user_data(WRITE_TAG | slot as u64);
+            .user_data(Tag::Write(slot as u32).encode());
         // The entry points into the arena at a slot now marked Writing, so safe code does not touch it (nor
         // free it, see Drop) until the completion is reaped; the fd is owned by `self`.
         self.push(&entry)?;
@@ -413,7 +445,7 @@ impl ForwardRing {
     /// the other. Its completion names the first piece's slot, and every slot of the read is then filled
     /// (ours) again. Each slot must be filled and appear once; only one such read should be in flight on a tun
     /// fd at a time (several complete in no particular order).
-    pub fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+    pub(crate) fn readv_into(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
         let entry = self.vectored_entry(true, head);
         // The iovecs live in `self.iovecs[head]` (not touched again until this read completes, since its head
@@ -429,7 +461,8 @@ impl ForwardRing {
     /// registered arena (buffer 0 holds every piece) when there is one; its completion is tagged with `head`.
     fn vectored_entry(&self, read: bool, head: usize) -> io_uring::squeue::Entry {
         let (iov, n) = (self.iovecs[head].as_ptr(), self.iovecs[head].len() as u32);
-        let (fd, tag) = if read { (&self.src, READV_TAG) } else { (&self.dst, WRITE_TAG) };
+        let (fd, tag) =
+            if read { (&self.src, Tag::ScatteredRead(head as u32)) } else { (&self.dst, Tag::Write(head as u32)) };
         let fd = types::Fd(fd.as_raw_fd());
         let entry = match (read, self.registered) {
             (true, true) => opcode::ReadvFixed::new(fd, iov, n, 0).offset(u64::MAX).build(),
@@ -437,7 +470,7 @@ impl ForwardRing {
             (false, true) => opcode::WritevFixed::new(fd, iov, n, 0).offset(u64::MAX).build(),
             (false, false) => opcode::Writev::new(fd, iov, n).offset(u64::MAX).build(),
         };
-        entry.user_data(tag | head as u64)
+        entry.user_data(tag.encode())
     }
 
     /// Checks that every piece lies in a distinct slot of ours and stores their iovecs under the first piece's
@@ -484,7 +517,7 @@ impl ForwardRing {
     /// Queues one gathered write of `pieces` (slot, byte range), in order; its completion names the first
     /// piece's slot, and every slot of the write is then filled (ours) again. Each slot must be filled and
     /// appear once.
-    pub fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
+    pub(crate) fn writev_from(&mut self, pieces: &[(u32, std::ops::Range<usize>)]) -> io::Result<()> {
         let head = self.check_pieces(pieces)?;
         let entry = self.vectored_entry(false, head);
         // The iovecs live in `self.iovecs[head]` (not touched again until this write completes, since its head
@@ -497,7 +530,7 @@ impl ForwardRing {
     }
 
     /// Scattered reads submitted and not yet completed.
-    pub fn readv_in_flight(&self) -> usize {
+    pub(crate) fn readv_in_flight(&self) -> usize {
         self.readv_in_flight
     }
 
@@ -524,7 +557,7 @@ impl ForwardRing {
         let entry = opcode::ReadMulti::new(types::Fd(self.src.as_raw_fd()), 0, BUFFER_GROUP)
             .offset(u64::MAX)
             .build()
-            .user_data(READ_TAG);
+            .user_data(Tag::MultishotRead.encode());
         // The read writes only into buffers of the registered provided ring, all inside the arena and marked
         // Provided until a completion hands one back.
         self.push(&entry)?;
@@ -535,11 +568,11 @@ impl ForwardRing {
     /// Submits what is queued (arming the read if it is not, and buffers are provided) and waits up to
     /// `timeout` for at least one completion. Returns false on timeout or when a signal interrupted the wait.
     /// Writes submitted and not yet completed.
-    pub fn writes_in_flight(&self) -> usize {
+    pub(crate) fn writes_in_flight(&self) -> usize {
         self.writes_in_flight
     }
 
-    pub fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
+    pub(crate) fn submit_and_wait(&mut self, timeout: Duration) -> io::Result<bool> {
         if self.multishot && !self.read_armed && self.states.contains(&SlotState::Provided) {
             self.arm_read()?;
         }
@@ -561,12 +594,12 @@ impl ForwardRing {
     /// Moves every completion that is ready into `out`. A read's slot is filled (ours); a written slot is
     /// filled again (recycle it, or write it again). `ENOBUFS` from the read (every buffer in use) is not
     /// reported: the read is armed again once a buffer is recycled.
-    pub fn reap(&mut self, out: &mut Vec<Completion>) {
+    pub(crate) fn reap(&mut self, out: &mut Vec<Completion>) {
         for cqe in self.ring.completion() {
             let (data, res, flags) = (cqe.user_data(), cqe.result(), cqe.flags());
             let result = if res < 0 { Err(-res) } else { Ok(res as usize) };
-            match data {
-                READ_TAG => {
+            match Tag::decode(data) {
+                Some(Tag::MultishotRead) => {
                     if !io_uring::cqueue::more(flags) {
                         self.read_armed = false;
                     }
@@ -579,8 +612,8 @@ impl ForwardRing {
                     }
                     out.push(Completion { slot, op: Op::Read, result });
                 }
-                d if d & !u64::from(u32::MAX) == READV_TAG => {
-                    let slot = (d & u64::from(u32::MAX)) as usize;
+                Some(Tag::ScatteredRead(slot)) => {
+                    let slot = slot as usize;
                     if slot < self.states.len() {
                         for &m in &self.members[slot] {
                             self.states[m as usize] = SlotState::Filled;
@@ -589,8 +622,8 @@ impl ForwardRing {
                     }
                     out.push(Completion { slot: Some(slot), op: Op::Read, result });
                 }
-                d if d & !u64::from(u32::MAX) == WRITE_TAG => {
-                    let slot = (d & u64::from(u32::MAX)) as usize;
+                Some(Tag::Write(slot)) => {
+                    let slot = slot as usize;
                     if slot < self.states.len() {
                         for &m in &self.members[slot] {
                             self.states[m as usize] = SlotState::Filled;
@@ -609,7 +642,7 @@ impl Drop for ForwardRing {
     fn drop(&mut self) {
         // Cancel everything and wait for the kernel to let go of every buffer before the memory is freed.
         if self.read_armed || self.writes_in_flight > 0 || self.readv_in_flight > 0 {
-            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_TAG);
+            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(Tag::Cancel.encode());
             // SAFETY: a cancellation request refers to no memory of ours.
             let mut queued = unsafe { self.ring.submission().push(&cancel) }.is_ok();
             if !queued {
@@ -645,5 +678,20 @@ impl Drop for ForwardRing {
         // SAFETY: `arena` came from `Box::into_raw` of a `len`-byte boxed slice in `new`, and no operation is in
         // flight any more (checked above), so nothing else refers to it.
         drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.arena.as_ptr(), len)) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_every_tag_round_trips_and_nothing_else_decodes() {
+        for tag in [Tag::MultishotRead, Tag::Write(0), Tag::Write(7), Tag::ScatteredRead(u32::MAX), Tag::Cancel] {
+            assert_eq!(Tag::decode(tag.encode()), Some(tag), "{tag:?}");
+        }
+        for data in [0, 4 << 32, (1 << 32) | 5, 12345] {
+            assert_eq!(Tag::decode(data), None, "{data:#x}");
+        }
     }
 }

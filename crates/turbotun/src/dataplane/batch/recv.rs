@@ -8,7 +8,8 @@
 use std::borrow::Borrow;
 use std::os::fd::AsFd;
 
-use turbotun_wire::gso::{SplitProgress, Splitter, MAX_HEADER_LEN};
+use turbotun_wire::gso::{SplitProgress, Splitter};
+use turbotun_wire::scatter::{Placement, ScatterShape};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{Checksums, Framing};
 
@@ -53,9 +54,9 @@ enum Layout {
     Direct,
     /// Into the scratch buffer, to be split by copying.
     Scratch,
-    /// `h + g` bytes into the first buffer at `offset`, `g` bytes into each of the next `k - 1` buffers at
-    /// `offset + h`, the rest into scratch: the shape of a super-packet of header length `h` and gso_size `g`.
-    Scattered { h: usize, g: usize, k: usize },
+    /// Each segment's part into its own buffer at `offset` (see [`ScatterShape::piece`]), the rest into scratch:
+    /// the shape of the last super-packet.
+    Scattered(ScatterShape),
 }
 
 impl Layout {
@@ -65,7 +66,7 @@ impl Layout {
             Layout::Direct => first_buf,
             Layout::Scratch => scratch,
             // A scattered frame is reassembled in scratch when it is not the predicted super-packet.
-            Layout::Scattered { .. } => scratch,
+            Layout::Scattered(_) => scratch,
         }
     }
 }
@@ -87,9 +88,9 @@ pub(crate) struct RecvHalf {
     /// after one comes back empty the next 1, 2, 4 ... 16 batches take one read each (e.g. a stream of ACKs).
     skip_further: u8,
     next_skip: u8,
-    /// Header length and gso_size of the last super-packet: the next read is scattered so that, if they hold,
-    /// each segment's payload lands in its own buffer right behind room for its header (zero-copy split).
-    predicted: Option<(usize, usize)>,
+    /// The shape of the last super-packet: the next read is scattered so that, if it holds, each segment's
+    /// payload lands in its own buffer right behind room for its header (zero-copy split).
+    predicted: Option<ScatterShape>,
     /// Hand UDP super-packets over whole, each packet with its virtio header in front (see
     /// [`RecvBatch::keep_udp_super_packets`]).
     whole_udp: bool,
@@ -337,7 +338,7 @@ impl RecvHalf {
             }
             let in_place = match layout {
                 Layout::Direct => Some(self.deliver_whole(&hdr, &mut bufs[0].as_mut()[offset..offset + len], lens)),
-                Layout::Scattered { h, g, k } => self.split_scattered(&hdr, len, bufs, lens, offset, (h, g, k)),
+                Layout::Scattered(shape) => self.split_scattered(&hdr, len, bufs, lens, offset, shape),
                 Layout::Scratch => None,
             };
             let received = match in_place {
@@ -361,16 +362,16 @@ impl RecvHalf {
         if self.scratch.is_empty() {
             self.scratch = vec![0u8; MAX_PACKET].into_boxed_slice();
         }
-        let Some((h, g)) = self.predicted else {
+        let Some(shape) = self.predicted else {
             return Layout::Scratch;
         };
         let k = bufs.len().min(sys::MAX_SCATTER - 2);
         // Every buffer must have room for its part; otherwise the copying split (which reports small buffers).
-        if k < 2 || bufs[..k].iter_mut().any(|b| b.as_mut().len() < offset + h + g) {
+        if k < 2 || bufs[..k].iter_mut().any(|b| b.as_mut().len() < offset + shape.buffer_len()) {
             self.predicted = None;
             return Layout::Scratch;
         }
-        Layout::Scattered { h, g, k }
+        Layout::Scattered(shape.with_segments(k))
     }
 
     /// The one read: the virtio header into a small array, the frame where `layout` says. Returns the header and
@@ -397,11 +398,11 @@ impl RecvHalf {
                 let parts = head_part.chain(std::iter::once(&mut self.scratch[..]));
                 sys::read_scattered(queue.as_fd(), parts, nowait)
             }
-            Layout::Scattered { h, g, k } => {
+            Layout::Scattered(shape) => {
                 let parts = head_part
-                    .chain(bufs[..k].iter_mut().enumerate().map(|(i, b)| {
-                        let start = if i == 0 { offset } else { offset + h };
-                        &mut b.as_mut()[start..offset + h + g]
+                    .chain(bufs[..shape.segments].iter_mut().enumerate().map(|(i, b)| {
+                        let piece = shape.piece(i);
+                        &mut b.as_mut()[offset + piece.start..offset + piece.end]
                     }))
                     .chain(std::iter::once(&mut self.scratch[..]));
                 sys::read_scattered(queue.as_fd(), parts, nowait)
@@ -451,9 +452,9 @@ impl RecvHalf {
     ) -> Option<Received> {
         match layout {
             Layout::Direct => {}
-            Layout::Scratch | Layout::Scattered { .. } => {
-                if let Layout::Scattered { h, g, k } = layout {
-                    self.reassemble(bufs, offset, (h, g, k), len);
+            Layout::Scratch | Layout::Scattered(_) => {
+                if let Layout::Scattered(shape) = layout {
+                    shape.join(bufs, offset, len, &mut self.scratch);
                 }
                 let first = bufs[0].as_mut();
                 if first.len() < offset + len {
@@ -473,7 +474,7 @@ impl RecvHalf {
 
     /// The frame sits scattered as [`Layout::Scattered`] put it. If it is the predicted super-packet, each
     /// segment only needs its header written: no payload byte is copied. A plain packet that fits the first
-    /// buffer is delivered where it is. Anything else is reassembled in scratch (`None`: split by copying).
+    /// buffer is delivered where it is. Anything else is joined in scratch (`None`: split by copying).
     fn split_scattered<B: AsMut<[u8]>>(
         &mut self,
         hdr: &VirtioNetHdrRepr,
@@ -481,77 +482,24 @@ impl RecvHalf {
         bufs: &mut [B],
         lens: &mut [usize],
         offset: usize,
-        (h, g, k): (usize, usize, usize),
+        shape: ScatterShape,
     ) -> Option<Received> {
-        let in_bufs = h + g + (k - 1) * g;
-        if !hdr.is_gso() && len <= h + g {
-            return Some(self.deliver_whole(hdr, &mut bufs[0].as_mut()[offset..offset + len], lens));
-        }
-        if hdr.is_gso() && len >= h && len <= in_bufs {
-            if let Some(received) = self.split_in_place(hdr, len, bufs, lens, offset, (h, g, k)) {
-                return Some(received);
+        match shape.placement(hdr, len) {
+            Placement::Whole => {
+                return Some(self.deliver_whole(hdr, &mut bufs[0].as_mut()[offset..offset + len], lens));
             }
+            Placement::Segments => {
+                let split = shape.split_in_place(hdr, len, self.framing, self.partial, bufs, offset, lens);
+                if let Some((count, left_partial)) = split {
+                    self.stats.zero_copy_splits += 1;
+                    let progress = SplitProgress { produced: count, next: count, total: count };
+                    return Some(self.received(hdr, left_partial, progress));
+                }
+            }
+            Placement::Join => {}
         }
-        self.reassemble(bufs, offset, (h, g, k), len);
+        shape.join(bufs, offset, len, &mut self.scratch);
         None
-    }
-
-    /// Writes each segment's header in front of its payload, which the scattered read already put in place.
-    fn split_in_place<B: AsMut<[u8]>>(
-        &mut self,
-        hdr: &VirtioNetHdrRepr,
-        len: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-        (h, g, k): (usize, usize, usize),
-    ) -> Option<Received> {
-        let mut template = [0u8; MAX_HEADER_LEN];
-        let template = &mut template[..h.min(MAX_HEADER_LEN)];
-        template.copy_from_slice(&bufs[0].as_mut()[offset..offset + template.len()]);
-        let splitter =
-            Splitter::from_head(hdr, template, len, self.framing).ok()?.leave_checksums_partial(self.partial);
-        if splitter.gso_size() != g || splitter.segment_count() > k {
-            return None;
-        }
-        for i in 0..splitter.segment_count() {
-            let plen = splitter.segment_payload_len(i);
-            let (front, back) = bufs[i].as_mut().split_at_mut(offset + h);
-            // Cannot fail for a validated splitter; if it did, the frame is reassembled and split by copying.
-            splitter.write_header(i, &back[..plen], &mut front[offset..]).ok()?;
-            lens[i] = h + plen;
-        }
-        let total = splitter.segment_count();
-        self.stats.zero_copy_splits += 1;
-        Some(self.received(
-            hdr,
-            splitter.checksums_left_partial(),
-            SplitProgress { produced: total, next: total, total },
-        ))
-    }
-
-    /// Moves a scattered frame of `len` bytes (see [`Layout::Scattered`]) into `scratch[..len]`.
-    fn reassemble<B: AsMut<[u8]>>(
-        &mut self,
-        bufs: &mut [B],
-        offset: usize,
-        (h, g, k): (usize, usize, usize),
-        len: usize,
-    ) {
-        let in_bufs = (h + g + (k - 1) * g).min(len);
-        // What overflowed into scratch goes behind the part that was in the buffers.
-        self.scratch.copy_within(..len - in_bufs, in_bufs);
-        let mut at = 0;
-        for (i, b) in bufs[..k].iter_mut().enumerate() {
-            if at >= in_bufs {
-                break;
-            }
-            let start = if i == 0 { offset } else { offset + h };
-            let part = if i == 0 { h + g } else { g };
-            let n = part.min(in_bufs - at);
-            self.scratch[at..at + n].copy_from_slice(&b.as_mut()[start..start + n]);
-            at += n;
-        }
     }
 
     /// The copying split of a frame in `scratch[..len]`; segments that do not fit stay pending.
@@ -573,7 +521,8 @@ impl RecvHalf {
             }
         };
         if splitter.is_gso() {
-            self.predicted = Some((splitter.hdr_len(), splitter.gso_size()));
+            // The segment count is the next layout's (what the buffers then hold).
+            self.predicted = ScatterShape::of(&splitter, 2);
         }
         let total = splitter.segment_count();
         if total > MAX_SEGMENTS {
@@ -617,16 +566,14 @@ impl RecvHalf {
     /// Hands over a GSO_NONE packet that already sits where it belongs (in the first buffer), its checksum
     /// completed if partial.
     fn deliver_whole(&mut self, hdr: &VirtioNetHdrRepr, packet: &mut [u8], lens: &mut [usize]) -> Received {
-        let mut valid = hdr.flags & flags::DATA_VALID != 0;
-        if hdr.flags & flags::NEEDS_CSUM != 0 {
-            let (start, offset) = (hdr.csum_start.into(), hdr.csum_offset.into());
-            if let Err(e) = turbotun_wire::checksum::complete_partial(packet, start, offset) {
+        let valid = match hdr.finish_whole(packet) {
+            Ok(valid) => valid,
+            Err(e) => {
                 tracing::debug!("dropping a frame: {}", Malformed::PartialChecksum(e));
                 self.stats.drops.add(DropReason::Malformed, 1);
                 return Received::NOTHING;
             }
-            valid = true;
-        }
+        };
         lens[0] = packet.len();
         self.stats.segments += 1;
         Received { packets: 1, pending: 0, checksums: Checksums::from(valid) }

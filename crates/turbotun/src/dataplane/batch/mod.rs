@@ -51,14 +51,14 @@ pub(crate) mod testing {
 
     /// A queue whose reads return what the other end sends, and whose writes it receives: a TUN queue with a
     /// virtio header and every offload.
-    pub fn fake_queue() -> (Queue, UnixDatagram) {
+    pub(crate) fn fake_queue() -> (Queue, UnixDatagram) {
         let (ours, peer) = UnixDatagram::pair().unwrap();
         (Queue::new(ours.into(), "fake0".into(), 0, Mode::Tun, VIRTIO_NET_HDR_LEN, Offloads::ALL), peer)
     }
 
     /// A TCP/IPv4 super-packet (10.0.0.1:1 -> 10.0.0.2:2, sequence number `seq`) carrying `payload` in segments of
     /// `gso_size`, its checksum left partial, and the virtio header that describes it.
-    pub fn tcp4_super_packet(payload: &[u8], gso_size: u16, seq: u32) -> (VirtioNetHdrRepr, Vec<u8>) {
+    pub(crate) fn tcp4_super_packet(payload: &[u8], gso_size: u16, seq: u32) -> (VirtioNetHdrRepr, Vec<u8>) {
         let (ip_len, tcp_len) = (ipv4::MIN_HEADER_LEN, tcp::MIN_HEADER_LEN);
         let mut packet = vec![0u8; ip_len + tcp_len + payload.len()];
         let ip = ipv4::Repr {
@@ -84,4 +84,89 @@ pub(crate) mod testing {
         };
         (hdr, packet)
     }
+}
+
+/// Which GRO kinds a send path coalesces, and the coalescers it makes with them: the one rule, for every I/O
+/// path, for turning a kind off when the kernel refuses a coalesced write of that kind.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroKinds {
+    pub tcp: bool,
+    pub udp: bool,
+    framing: turbotun_wire::Framing,
+    vnet_hdr_len: usize,
+}
+
+impl GroKinds {
+    /// The kinds asked for, less any kind the kernel was found to refuse ([`crate::Capabilities::get`], if it
+    /// ran; otherwise the first refused write turns the kind off). None without a virtio header.
+    pub(crate) fn new(framing: turbotun_wire::Framing, vnet_hdr_len: usize, tcp: bool, udp: bool) -> Self {
+        let found = crate::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
+        let on = vnet_hdr_len > 0;
+        GroKinds {
+            tcp: on && tcp && found.tcp != Some(false),
+            udp: on && udp && found.udp != Some(false),
+            framing,
+            vnet_hdr_len,
+        }
+    }
+
+    /// A coalescer for these kinds (gathered writes), none if both are off.
+    pub(crate) fn coalescer(&self) -> Option<turbotun_wire::gro::Gro> {
+        (self.tcp || self.udp).then(|| {
+            turbotun_wire::gro::Gro::new(turbotun_wire::gro::GroConfig {
+                tcp: self.tcp,
+                udp: self.udp,
+                framing: self.framing,
+                vnet_hdr_len: self.vnet_hdr_len,
+            })
+            .with_gather(true)
+        })
+    }
+
+    /// The kernel refused a coalesced packet with header `hdr`: its kind goes off (logged the first time).
+    pub(crate) fn refuse(&mut self, hdr: &turbotun_wire::VirtioNetHdrRepr, queue: &str) {
+        if hdr.gso_kind() == turbotun_wire::virtio_net::gso::UDP_L4 {
+            if std::mem::replace(&mut self.udp, false) {
+                tracing::warn!("{queue}: kernel refused a coalesced UDP write; UDP GRO off");
+            }
+        } else if std::mem::replace(&mut self.tcp, false) {
+            tracing::warn!("{queue}: kernel refused a coalesced TCP write; TCP GRO off");
+        }
+    }
+}
+
+/// Decides a batch's write units, for every I/O path: the coalescer's heads (each with the virtio header of
+/// its coalesced packet), or without one every packet, with a zeroed header or one asking the kernel to
+/// complete a partial checksum (completed here on a queue without a virtio header, which cannot ask). Packets
+/// are `bufs[i][offset..offset + lens[i]]`, headers at `offset - vnet_hdr_len`. Returns how many packets were
+/// merged into others.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
+    gro: Option<&mut turbotun_wire::gro::Gro>,
+    bufs: &mut [B],
+    lens: &mut [usize],
+    offset: usize,
+    vnet_hdr_len: usize,
+    framing: turbotun_wire::Framing,
+    checksums: turbotun_wire::Checksums,
+    to_write: &mut Vec<usize>,
+) -> usize {
+    if let Some(gro) = gro {
+        return gro.coalesce(bufs, lens, offset, checksums, to_write).coalesced;
+    }
+    to_write.clear();
+    to_write.extend(0..bufs.len());
+    let partial = checksums == turbotun_wire::Checksums::Partial;
+    for (buf, &len) in bufs.iter_mut().zip(lens.iter()) {
+        let Some(frame) = buf.as_mut().get_mut(offset - vnet_hdr_len..offset + len) else {
+            continue; // Too short for its length: the write reports it.
+        };
+        let (vh, packet) = frame.split_at_mut(vnet_hdr_len);
+        if partial && vnet_hdr_len == 0 {
+            turbotun_wire::partial::complete(packet, framing);
+        } else {
+            turbotun_wire::partial::write_plain_header(vh, packet, framing, partial);
+        }
+    }
+    0
 }

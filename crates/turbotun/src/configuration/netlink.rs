@@ -114,15 +114,15 @@ impl TunInfo {
 /// `IFLA_TUN_*` attribute types (`linux/if_link.h`). netlink-packet-route 0.34 has no variants for them and
 /// hands every one over as `InfoTun::Other`.
 mod ifla_tun {
-    pub const OWNER: u16 = 1;
-    pub const GROUP: u16 = 2;
-    pub const TYPE: u16 = 3;
-    pub const PI: u16 = 4;
-    pub const VNET_HDR: u16 = 5;
-    pub const PERSIST: u16 = 6;
-    pub const MULTI_QUEUE: u16 = 7;
-    pub const NUM_QUEUES: u16 = 8;
-    pub const NUM_DISABLED_QUEUES: u16 = 9;
+    pub(super) const OWNER: u16 = 1;
+    pub(super) const GROUP: u16 = 2;
+    pub(super) const TYPE: u16 = 3;
+    pub(super) const PI: u16 = 4;
+    pub(super) const VNET_HDR: u16 = 5;
+    pub(super) const PERSIST: u16 = 6;
+    pub(super) const MULTI_QUEUE: u16 = 7;
+    pub(super) const NUM_QUEUES: u16 = 8;
+    pub(super) const NUM_DISABLED_QUEUES: u16 = 9;
 }
 
 fn tun_info(attrs: &[netlink_packet_route::link::InfoTun]) -> TunInfo {

@@ -93,7 +93,7 @@ impl Writer {
     /// Writes one frame (virtio header, if the queue has one, and packet, in pieces) until the kernel takes it
     /// or the policy says otherwise. `may_resplit`: whether a refused GSO frame is ours to split again. `wait`:
     /// whether a full queue is waited on here (else [`Written::Full`], for a caller that waits elsewhere).
-    pub fn write(
+    pub(crate) fn write(
         &self,
         queue: &Queue,
         iov: &[IoSlice<'_>],
@@ -134,7 +134,7 @@ impl Writer {
     }
 
     /// Counts `packets` as dropped for `reason`, in `stats` and in the queue's `tx_dropped`.
-    pub fn drop(
+    pub(crate) fn drop(
         &self,
         queue: &Queue,
         reason: DropReason,

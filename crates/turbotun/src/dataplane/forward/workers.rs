@@ -43,7 +43,7 @@ impl std::fmt::Debug for WorkerCtx {
 }
 
 impl WorkerCtx {
-    pub fn new(fwd: &Forwarder, a_to_b: bool) -> Self {
+    pub(super) fn new(fwd: &Forwarder, a_to_b: bool) -> Self {
         WorkerCtx {
             mode: fwd.config.mode,
             io: fwd.io,
@@ -60,7 +60,7 @@ impl WorkerCtx {
     }
 
     /// The direction this worker moves packets in.
-    pub fn direction(&self) -> Direction {
+    pub(super) fn direction(&self) -> Direction {
         if self.a_to_b {
             Direction::AToB
         } else {
@@ -68,12 +68,12 @@ impl WorkerCtx {
         }
     }
 
-    pub fn shared(&self) -> &SharedCounters {
+    pub(super) fn shared(&self) -> &SharedCounters {
         self.stats.direction(self.a_to_b)
     }
 
     /// The write policy's writer for `dst`.
-    pub fn writer(&self, dst: &Queue) -> Writer {
+    pub(super) fn writer(&self, dst: &Queue) -> Writer {
         Writer { vnet_hdr_len: dst.vnet_hdr_len(), when_full: self.when_full, stop: Some(self.stop.clone()) }
     }
 }
@@ -86,12 +86,12 @@ pub(super) struct Flusher<'a> {
 }
 
 impl<'a> Flusher<'a> {
-    pub fn new(shared: &'a SharedCounters) -> Self {
+    pub(super) fn new(shared: &'a SharedCounters) -> Self {
         Flusher { shared, last: Counters::default() }
     }
 
     /// Adds what changed since the last flush; returns it.
-    pub fn flush(&mut self, now: Counters) -> Counters {
+    pub(super) fn flush(&mut self, now: Counters) -> Counters {
         let delta = now.since(&self.last);
         self.shared.add(&delta);
         self.last = now;
@@ -99,7 +99,7 @@ impl<'a> Flusher<'a> {
     }
 
     /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush.
-    pub fn maybe_flush(&mut self, now: Counters) {
+    pub(super) fn maybe_flush(&mut self, now: Counters) {
         if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY {
             self.flush(now);
         }
@@ -242,45 +242,8 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 /// `tx_dropped` (the ring has no queue to count them on).
 #[cfg(feature = "uring")]
 fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
-    let mut ring = crate::uring::UringForwarder::new(src, dst, ctx.depth)?.when_full(ctx.when_full);
-    let mut flusher = Flusher::new(ctx.shared());
-    let flush = |flusher: &mut Flusher, now: Counters| {
-        let delta = flusher.flush(now);
-        let write_side = delta.drops.total() - delta.drops.too_big - delta.drops.malformed;
-        if write_side > 0 {
-            dst.count_tx_drop(write_side);
-        }
-    };
-    let mut last_flushed_reads = 0;
-    let result = loop {
-        if ctx.stop.is_stopped() {
-            break Ok(());
-        }
-        let polled = match &ctx.per_packet {
-            Some(hook) => ring.poll_with(IDLE_WAIT, |frame| hook(ctx.direction(), frame)),
-            None => ring.poll(IDLE_WAIT),
-        };
-        match polled {
-            Ok(busy) => {
-                let now = ring.stats();
-                if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
-                    last_flushed_reads = now.reads;
-                    flush(&mut flusher, now);
-                }
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    // Frames read and handed to the kernel for writing: after a stop, wait for their completions; whatever is
-    // still held then (or at once, after a failure) is counted with its reason.
-    let reason = match &result {
-        Err(e) => crate::write_policy::lost_with(e),
-        Ok(()) => ring.drain(IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped),
-    };
-    ring.abandon(reason);
-    let last = ring.stats();
-    flush(&mut flusher, last);
-    result
+    let ring = crate::uring::UringForwarder::new(src, dst, ctx.depth)?.when_full(ctx.when_full);
+    run_rounds(ring, ctx, Some(dst))
 }
 
 /// Offload through io_uring: reads, splits and coalesced writes over one slot arena, the writes of a round
@@ -289,41 +252,56 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
     // and a batch's worth of slots replaces `depth` 64 KiB read slots.
-    let mut fwd = crate::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
+    let fwd = crate::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
         .partial_checksums(ctx.partial_checksums)
         .when_full(ctx.when_full)
         .stop_on(ctx.stop.clone());
+    run_rounds(fwd, ctx, None)
+}
+
+/// The io_uring worker loop, for both kinds of ring: rounds until the stop handle fires, the counters added up
+/// now and then; after a stop the writes in flight are waited for, and whatever is still held then (or at once,
+/// after a failure) is counted with its reason. With `count_on`, drops on the write side are also added to
+/// that queue's `tx_dropped`.
+#[cfg(feature = "uring")]
+fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Option<&Queue>) -> Result<()> {
     let mut flusher = Flusher::new(ctx.shared());
+    let flush = |flusher: &mut Flusher, now: Counters| {
+        let delta = flusher.flush(now);
+        let write_side = delta.drops.total() - delta.drops.too_big - delta.drops.malformed;
+        if let (Some(dst), true) = (count_on, write_side > 0) {
+            dst.count_tx_drop(write_side);
+        }
+    };
     let mut last_flushed_reads = 0;
+    let mut no_hook = |_: &mut [u8]| {};
     let result = loop {
         if ctx.stop.is_stopped() {
             break Ok(());
         }
         let polled = match &ctx.per_packet {
-            Some(hook) => fwd.poll_with(dst, IDLE_WAIT, |packet| hook(ctx.direction(), packet)),
-            None => fwd.poll(dst, IDLE_WAIT),
+            Some(hook) => ring.round(IDLE_WAIT, &mut |packet: &mut [u8]| hook(ctx.direction(), packet)),
+            None => ring.round(IDLE_WAIT, &mut no_hook),
         };
         match polled {
             Ok(busy) => {
-                let now = fwd.stats();
+                let now = ring.counters();
                 if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
                     last_flushed_reads = now.reads;
-                    flusher.flush(now);
+                    flush(&mut flusher, now);
                 }
             }
             Err(e) => break Err(e),
         }
     };
-    // After a stop, the writes in flight are waited for; whatever is still held then (or at once, after a
-    // failure) is counted with its reason.
     let reason = match &result {
         Err(e) => crate::write_policy::lost_with(e),
         Ok(()) => {
-            fwd.drain(dst, IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped)
+            ring.wait_for_writes(IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped)
         }
     };
-    fwd.abandon(reason);
-    let last = fwd.stats();
-    flusher.flush(last);
+    ring.give_up(reason);
+    let last = ring.counters();
+    flush(&mut flusher, last);
     result
 }

@@ -50,7 +50,7 @@ pub fn set_udp_segment(socket: &impl AsFd, segment_size: u16) -> Result<()> {
 }
 
 /// `sendmmsg` of `count` equal messages of `msg_len` bytes taken back to back from `buf`, on a connected socket
-/// (the load generator's send); see [`sys::udp::send_mmsg`].
+/// (the load generator's send): fewer than `count` when the kernel stopped at an error it reports next time.
 pub fn send_equal(socket: &impl AsFd, buf: &[u8], msg_len: usize, count: usize) -> io::Result<usize> {
     sys::udp::send_mmsg(socket.as_fd(), buf, msg_len, count)
 }

@@ -6,16 +6,14 @@
 use std::borrow::Borrow;
 use std::io::{self, IoSlice};
 
-use turbotun_wire::gro::{Gro, GroConfig};
-use turbotun_wire::gso::Splitter;
-use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr};
+use turbotun_wire::gro::Gro;
+use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 use turbotun_wire::{Checksums, Framing};
 
-use super::BATCH_SIZE;
-use crate::capabilities::Capabilities;
+use super::{prepare_units, GroKinds, BATCH_SIZE};
 use crate::error::{Error, Result};
 use crate::kind::Offloads;
-use crate::queue::{Queue, MAX_PACKET};
+use crate::queue::Queue;
 use crate::stats::{Counters, DropReason, WhenFull};
 use crate::stop::StopHandle;
 use crate::write_policy::{lost_with, Unit, Writer, Written};
@@ -63,10 +61,8 @@ pub(crate) struct SendHalf {
     gro_rebuilt: bool,
     framing: Framing,
     vnet_hdr_len: usize,
-    gro_tcp: bool,
-    gro_udp: bool,
+    kinds: GroKinds,
     to_write: Vec<usize>,
-    scratch: Vec<u8>,
     /// A coalesced packet joined from its pieces, for the rare paths that need one contiguous frame.
     joined: Vec<u8>,
     stats: Counters,
@@ -75,11 +71,7 @@ pub(crate) struct SendHalf {
 
 impl std::fmt::Debug for SendHalf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendHalf")
-            .field("gro_tcp", &self.gro_tcp)
-            .field("gro_udp", &self.gro_udp)
-            .field("stats", &self.stats)
-            .finish()
+        f.debug_struct("SendHalf").field("gro", &self.kinds).field("stats", &self.stats).finish()
     }
 }
 
@@ -89,24 +81,20 @@ impl SendHalf {
         Self::with_gro(queue, vnet, vnet && queue.offloads().contains(Offloads::USO4 | Offloads::USO6))
     }
 
-    /// Coalescing of the given kinds, less any kind the kernel was found to refuse ([`Capabilities::get`], if it
+    /// Coalescing of the given kinds, less any kind the kernel was found to refuse ([`crate::Capabilities::get`], if it
     /// ran; otherwise the first refused write turns the kind off).
     pub(crate) fn with_gro(queue: &Queue, tcp: bool, udp: bool) -> Self {
         let vnet_hdr_len = queue.vnet_hdr_len();
-        let found = Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
-        let (tcp, udp) = (tcp && found.tcp != Some(false), udp && found.udp != Some(false));
-        let gro_on = vnet_hdr_len > 0 && (tcp || udp);
         let framing = queue.mode().framing();
+        let kinds = GroKinds::new(framing, vnet_hdr_len, tcp, udp);
         SendHalf {
-            gro: gro_on.then(|| Gro::new(GroConfig { tcp, udp, framing, vnet_hdr_len }).with_gather(true)),
+            gro: kinds.coalescer(),
             batch_gro: None,
             gro_rebuilt: false,
             framing,
             vnet_hdr_len,
-            gro_tcp: gro_on && tcp,
-            gro_udp: gro_on && udp,
+            kinds,
             to_write: Vec::with_capacity(BATCH_SIZE),
-            scratch: Vec::new(),
             joined: Vec::new(),
             stats: Counters::default(),
             writer: Writer { vnet_hdr_len, ..Writer::default() },
@@ -128,7 +116,7 @@ impl SendHalf {
     }
 
     pub(crate) fn gro_kinds(&self) -> (bool, bool) {
-        (self.gro_tcp, self.gro_udp)
+        (self.kinds.tcp, self.kinds.udp)
     }
 
     /// [`SendBatch::send_many`]: prepare, then write every unit (waiting for room as the policy says).
@@ -236,29 +224,10 @@ impl SendHalf {
         offset: usize,
         checksums: Checksums,
     ) {
-        match self.gro.as_mut() {
-            Some(gro) => {
-                let stats = gro.coalesce(bufs, lens, offset, checksums, &mut self.to_write);
-                self.stats.coalesced += stats.coalesced as u64;
-            }
-            None => {
-                self.to_write.clear();
-                self.to_write.extend(0..bufs.len());
-                let (vlen, partial) = (self.vnet_hdr_len, checksums == Checksums::Partial);
-                for (buf, &len) in bufs.iter_mut().zip(lens.iter()) {
-                    let Some(frame) = buf.as_mut().get_mut(offset - vlen..offset + len) else {
-                        continue; // Too short for its length: the write reports it.
-                    };
-                    let (vh, packet) = frame.split_at_mut(vlen);
-                    if partial && vlen == 0 {
-                        // No header to ask the kernel with: completed here.
-                        turbotun_wire::partial::complete(packet, self.framing);
-                    } else {
-                        turbotun_wire::partial::write_plain_header(vh, packet, self.framing, partial);
-                    }
-                }
-            }
-        }
+        let gro = self.gro.as_mut();
+        let coalesced =
+            prepare_units(gro, bufs, lens, offset, self.vnet_hdr_len, self.framing, checksums, &mut self.to_write);
+        self.stats.coalesced += coalesced as u64;
     }
 
     /// Writes packet `head` as the coalescer assembled it: one `writev` of the virtio header and head packet plus
@@ -329,68 +298,21 @@ impl SendHalf {
         }
     }
 
-    /// The kernel refused a coalesced packet: that GRO kind goes off (logged once) and the packet is split again
-    /// and written segment by segment, each through the same write policy, so no data is lost.
+    /// The kernel refused a coalesced packet: that GRO kind goes off and the packet is split again and written
+    /// segment by segment, each through the same write policy, so no data is lost (the rule every path shares:
+    /// [`GroKinds::refuse`], [`crate::write_policy::write_split`]).
     fn resplit(&mut self, queue: &Queue, hdr: &VirtioNetHdrRepr, packet: &[u8], unit: Unit) -> Result<()> {
         self.stats.gro_fallbacks += 1;
-        let kind = hdr.gso_kind();
-        if kind == gso::UDP_L4 && self.gro_udp {
-            tracing::warn!("{}: kernel refused a coalesced UDP write; UDP GRO off", queue.name());
-            self.gro_udp = false;
-        } else if kind != gso::UDP_L4 && self.gro_tcp {
-            tracing::warn!("{}: kernel refused a coalesced TCP write; TCP GRO off", queue.name());
-            self.gro_tcp = false;
-        }
-        self.rebuild_gro();
-        let splitter = match Splitter::new(hdr, packet, self.framing) {
-            Ok(s) => s,
-            Err(e) => {
-                self.drop_packets(queue, DropReason::Malformed, unit.packets, &io::Error::other(e.to_string()));
-                return Ok(());
-            }
-        };
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize(self.vnet_hdr_len + MAX_PACKET, 0);
-        let mut result = Ok(());
-        let count = splitter.segment_count();
-        for index in 0..count {
-            scratch[..self.vnet_hdr_len].fill(0);
-            match splitter.write_segment(index, &mut scratch[self.vnet_hdr_len..]) {
-                Ok(len) => {
-                    let frame = [IoSlice::new(&scratch[..self.vnet_hdr_len + len])];
-                    // Its segments are waited for (a re-split is rare, and not resumable).
-                    result = self.write_frame(queue, &frame, Unit { packets: 1, bytes: len as u64 }, true).map(drop);
-                    if let Err(e) = &result {
-                        // The queue failed: the segments after this one are lost with it.
-                        let rest = (count - index - 1) as u64;
-                        self.drop_packets(queue, lost_with(e), rest, &io::Error::other(e.to_string()));
-                        break;
-                    }
-                }
-                Err(e) => self.drop_packets(queue, DropReason::Malformed, 1, &io::Error::other(e.to_string())),
-            }
-        }
-        self.scratch = scratch;
-        result
+        self.kinds.refuse(hdr, queue.name());
+        self.gro_rebuilt = true;
+        self.gro = self.kinds.coalescer();
+        crate::write_policy::write_split(&self.writer, queue, self.framing, hdr, packet, unit.packets, &mut self.stats)
     }
 
     fn drop_packets(&mut self, queue: &Queue, reason: DropReason, packets: u64, e: &io::Error) {
         if packets > 0 {
             self.writer.drop(queue, reason, packets, e, &mut self.stats);
         }
-    }
-
-    fn rebuild_gro(&mut self) {
-        self.gro_rebuilt = true;
-        self.gro = (self.gro_tcp || self.gro_udp).then(|| {
-            Gro::new(GroConfig {
-                tcp: self.gro_tcp,
-                udp: self.gro_udp,
-                framing: self.framing,
-                vnet_hdr_len: self.vnet_hdr_len,
-            })
-            .with_gather(true)
-        });
     }
 }
 
@@ -400,7 +322,7 @@ impl SendHalf {
 /// `Q` is how the half holds its queue: `&Queue`, `Arc<Queue>` or the `Queue` itself. Coalescing needs no room
 /// in the caller's buffers (merged packets are written as gathered pieces): each buffer needs `offset` bytes in
 /// front of its packet (at least the queue's virtio header size), where the header is written, and no more.
-/// Building one is cheap and probes nothing: a GRO kind [`Capabilities::get`] found refused (if it ran) is off
+/// Building one is cheap and probes nothing: a GRO kind [`crate::Capabilities::get`] found refused (if it ran) is off
 /// from the start, and otherwise the first coalesced write the kernel refuses turns that kind off and is split
 /// again, never lost.
 #[derive(Debug)]

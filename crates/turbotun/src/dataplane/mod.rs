@@ -1,0 +1,20 @@
+//! The dataplane: moving packets between queues, sockets and the application. The batch halves (split and
+//! coalesce), the forwarding engine and its io_uring paths over a slot ring, the tunnel engine over the UDP
+//! layer, the one write policy, the counters, stopping and waking workers, and the async and smoltcp front ends.
+
+pub mod batch;
+pub mod forward;
+pub mod ring;
+#[cfg(feature = "smoltcp")]
+pub mod smoltcp;
+pub mod stats;
+pub mod stop;
+pub(crate) mod threads;
+#[cfg(feature = "tokio")]
+pub mod tokio;
+pub mod tunnel;
+pub mod udp;
+#[cfg(feature = "uring")]
+pub mod uring;
+pub mod wake;
+pub(crate) mod write_policy;

@@ -1,0 +1,10 @@
+//! The device: opening TUN/TAP devices and their queues, their modes and offloads, what the kernel supports,
+//! the filters and steering program attached to them, and reports on them.
+
+pub(crate) mod capabilities;
+pub mod device;
+pub mod filter;
+pub mod inspect;
+pub(crate) mod kind;
+pub mod queue;
+pub mod steering;
