@@ -198,18 +198,17 @@ impl TunnelSocket {
     /// Like [`Self::recv`], but on a blocking socket the first message is waited for (`MSG_WAITFORONE`); 0 when
     /// a signal ended the wait.
     pub fn recv_wait(&self, slots: &mut RecvSlots) -> Result<usize> {
-        let n = slots.recv(&self.socket, true)?;
-        if self.dual {
-            for m in &mut slots.meta[..n] {
-                m.source = m.source.map(unmapped);
-            }
-        }
-        Ok(n)
+        self.read(slots, true)
     }
 
     /// Reads what is queued into `slots` without waiting: the number of messages read, 0 when none is there.
     pub fn recv(&self, slots: &mut RecvSlots) -> Result<usize> {
-        let n = slots.recv(&self.socket, false)?;
+        self.read(slots, false)
+    }
+
+    /// One `recvmmsg`, sources as plain IPv4 addresses on a dual-stack socket.
+    fn read(&self, slots: &mut RecvSlots, wait: bool) -> Result<usize> {
+        let n = slots.recv(&self.socket, wait)?;
         if self.dual {
             for m in &mut slots.meta[..n] {
                 m.source = m.source.map(unmapped);

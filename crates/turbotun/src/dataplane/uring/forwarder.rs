@@ -133,14 +133,7 @@ impl UringForwarder {
     /// written too), so that a forwarder that stops counts what it read as written or dropped. Returns how many
     /// writes are still in flight.
     pub fn drain(&mut self, timeout: Duration) -> Result<usize> {
-        let deadline = std::time::Instant::now() + timeout;
-        while self.ring.writes_in_flight() > 0 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            self.poll(left)?;
-        }
+        super::until_written(timeout, |s: &mut Self| s.ring.writes_in_flight(), |s, left| s.poll(left), self)?;
         Ok(self.ring.writes_in_flight())
     }
 

@@ -77,34 +77,45 @@ pub(crate) trait Rounds {
     fn give_up(&mut self, reason: crate::stats::DropReason);
 }
 
-impl Rounds for UringForwarder {
-    fn round(&mut self, timeout: std::time::Duration, hook: &mut dyn FnMut(&mut [u8])) -> Result<bool> {
-        self.poll_with(timeout, hook)
-    }
-    fn counters(&self) -> crate::stats::Counters {
-        self.stats()
-    }
-    fn wait_for_writes(&mut self, timeout: std::time::Duration) -> Result<usize> {
-        self.drain(timeout)
-    }
-    fn give_up(&mut self, reason: crate::stats::DropReason) {
-        self.abandon(reason)
-    }
+/// `Rounds` for a ring type, whose methods of the same meaning it forwards to.
+macro_rules! rounds {
+    ($ring:ty) => {
+        impl Rounds for $ring {
+            fn round(&mut self, timeout: std::time::Duration, hook: &mut dyn FnMut(&mut [u8])) -> Result<bool> {
+                self.poll_with(timeout, hook)
+            }
+            fn counters(&self) -> crate::stats::Counters {
+                self.stats()
+            }
+            fn wait_for_writes(&mut self, timeout: std::time::Duration) -> Result<usize> {
+                self.drain(timeout)
+            }
+            fn give_up(&mut self, reason: crate::stats::DropReason) {
+                self.abandon(reason)
+            }
+        }
+    };
 }
 
-impl Rounds for UringOffload {
-    fn round(&mut self, timeout: std::time::Duration, hook: &mut dyn FnMut(&mut [u8])) -> Result<bool> {
-        self.poll_with(timeout, hook)
+rounds!(UringForwarder);
+rounds!(UringOffload);
+
+/// Polls `ring` (with `poll`) until `in_flight` says no write is left or `timeout` passed.
+fn until_written<R>(
+    timeout: std::time::Duration,
+    in_flight: impl Fn(&mut R) -> usize,
+    mut poll: impl FnMut(&mut R, std::time::Duration) -> Result<bool>,
+    ring: &mut R,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    while in_flight(ring) > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        poll(ring, left)?;
     }
-    fn counters(&self) -> crate::stats::Counters {
-        self.stats()
-    }
-    fn wait_for_writes(&mut self, timeout: std::time::Duration) -> Result<usize> {
-        self.drain(timeout)
-    }
-    fn give_up(&mut self, reason: crate::stats::DropReason) {
-        self.abandon(reason)
-    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -277,14 +277,7 @@ impl UringOffload {
     /// returns how many of the packets read are neither written nor dropped, for the caller to count as
     /// stopped.
     pub fn drain(&mut self, timeout: Duration) -> Result<usize> {
-        let deadline = std::time::Instant::now() + timeout;
-        while self.ring.writes_in_flight() > 0 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            self.poll(left)?;
-        }
+        super::until_written(timeout, |s: &mut Self| s.ring.writes_in_flight(), |s, left| s.poll(left), self)?;
         Ok(self.units_in_flight())
     }
 
