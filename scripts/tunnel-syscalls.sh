@@ -8,27 +8,8 @@ set -euo pipefail
 umask 077
 seconds=${1:-5}
 turbotun=${2:-$(dirname "$0")/../target/release/turbotun}
-tag=$$ a=scta$$ b=sctb$$ wa=wca$$ wb=wcb$$
-dir=$(mktemp -d)
-cleanup() {
-    for ns in $a $b; do ip netns pids $ns 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-    sleep 0.5
-    ip netns del $a 2>/dev/null || true; ip netns del $b 2>/dev/null || true
-    rm -rf "$dir" "/var/run/wireguard/$wa.sock" "/var/run/wireguard/$wb.sock"
-}
-trap cleanup EXIT
-ip netns add $a; ip netns add $b
-ip link add ul$tag netns $a type veth peer name ur$tag netns $b
-ip -n $a addr add 10.201.0.1/24 dev ul$tag; ip -n $a link set ul$tag up; ip -n $a link set lo up
-ip -n $b addr add 10.201.0.2/24 dev ur$tag; ip -n $b link set ur$tag up; ip -n $b link set lo up
-ip netns exec $a "$turbotun" wg -f $wa >"$dir/a.out" 2>/dev/null & pa=$!
-ip netns exec $b "$turbotun" wg -f $wb >"$dir/b.out" 2>/dev/null & pb=$!
-for _ in $(seq 50); do [[ -S /var/run/wireguard/$wa.sock && -S /var/run/wireguard/$wb.sock ]] && break; sleep 0.1; done
-wg genkey >"$dir/ka"; wg genkey >"$dir/kb"
-ip netns exec $a wg set $wa private-key "$dir/ka" listen-port 51910 peer "$(wg pubkey <"$dir/kb")" endpoint 10.201.0.2:51911 allowed-ips 10.202.0.2/32
-ip netns exec $b wg set $wb private-key "$dir/kb" listen-port 51911 peer "$(wg pubkey <"$dir/ka")" endpoint 10.201.0.1:51910 allowed-ips 10.202.0.1/32
-ip -n $a addr add 10.202.0.1/24 dev $wa; ip -n $a link set $wa mtu 1420 up
-ip -n $b addr add 10.202.0.2/24 dev $wb; ip -n $b link set $wb mtu 1420 up
+source "$(dirname "$0")/wg-pair.sh"
+wg_pair_up "$turbotun" sc 51910
 ip netns exec $a ping -c 1 -W 2 10.202.0.2 >/dev/null
 ip netns exec $b iperf3 -s -D -1 -p 5298
 sleep 0.3

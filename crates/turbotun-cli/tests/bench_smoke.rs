@@ -3,55 +3,16 @@
 //! and the charts, and leaves no namespace, device or process behind. Figures are not asserted. Needs root (and
 //! iperf3): skipped otherwise, except under CI=true where it fails.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn is_root() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|rest| rest.split_whitespace().nth(1).map(|e| e == "0"))
-        .unwrap_or(false)
-}
-
-/// `true` when the test should run; panics under CI without root.
-fn privileged() -> bool {
-    if is_root() {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("bench smoke test needs root (CI=true)");
-    }
-    println!("skipped: needs root");
-    false
-}
+use std::process::Command;
+use std::time::Duration;
 
 /// What one `turbotun bench` invocation left behind.
 struct BenchRun {
     stdout: String,
     json: serde_json::Value,
     chart: String,
-}
-
-/// Names in a directory (`/run/netns`, `/sys/class/net`) that start with `prefix`.
-fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
-}
-
-/// Processes whose command line names one of the bench's devices (`tt<pid>r<run>x`): its forwarders and
-/// echoes. (Once the bench has exited its children would belong to init, so they are found by name.)
-fn processes_naming(prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(prefix).then_some(cmdline)
-        })
-        .collect()
 }
 
 /// Run `turbotun bench --quick --duration 1 ARGS --json F --chart F.svg`, assert it succeeded, produced the
@@ -61,41 +22,9 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("bench.json");
     let chart = dir.join("bench.svg");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turbotun"))
-        .args(["bench", "--quick", "--duration", "1"])
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .arg("--chart")
-        .arg(&chart)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run turbotun bench");
-    let pid = child.id();
-    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out_reader = read_all(Box::new(child.stdout.take().unwrap()));
-    let err_reader = read_all(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("turbotun bench did not finish within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let stdout = out_reader.join().unwrap();
-    let stderr = err_reader.join().unwrap();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_turbotun"));
+    bench.args(["bench", "--quick", "--duration", "1"]).args(args).arg("--json").arg(&json).arg("--chart").arg(&chart);
+    let common::Finished { status, pid, stdout, stderr } = common::run_within(&mut bench, Duration::from_secs(180));
     assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
     assert!(
         stdout.contains("| mode |") || stdout.contains("| offered kpps |") || stdout.contains("| echo |"),
@@ -105,11 +34,11 @@ fn run_bench(name: &str, args: &[&str]) -> BenchRun {
     // Nothing left behind. The bench's namespaces are private (no name under /run/netns) and go with their
     // last fd, and its devices live in them; neither may show up here.
     let prefix = format!("tt{pid}r");
-    let named = entries_with_prefix("/run/netns", &prefix);
+    let named = common::entries_with_prefix("/run/netns", &prefix);
     assert!(named.is_empty(), "named namespaces left behind: {named:?}");
-    let devices = entries_with_prefix("/sys/class/net", &prefix);
+    let devices = common::entries_with_prefix("/sys/class/net", &prefix);
     assert!(devices.is_empty(), "devices left in the root namespace: {devices:?}");
-    let left = processes_naming(&prefix);
+    let left = common::processes_with(&prefix);
     assert!(left.is_empty(), "processes of the bench still running: {left:?}");
 
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -138,7 +67,7 @@ fn assert_traffic(v: &serde_json::Value, expected_runs: usize) {
 
 #[test]
 fn bench_quick_baselines() {
-    if !privileged() {
+    if !common::privileged("bench_quick_baselines") {
         return;
     }
     let r = run_bench("baselines", &["--modes", "veth,loopback", "--traffic", "tcp,udp64"]);
@@ -150,7 +79,7 @@ fn bench_quick_baselines() {
 
 #[test]
 fn bench_quick_turbotun_forwarder() {
-    if !privileged() {
+    if !common::privileged("bench_quick_turbotun_forwarder") {
         return;
     }
     let r = run_bench("fwd", &["--modes", "turbotun-offload,turbotun-plain", "--traffic", "tcp,udp64"]);
@@ -169,7 +98,7 @@ fn bench_quick_turbotun_forwarder() {
 /// ceiling, and the estimated cycles table has a row per forwarder with the clock and why it is an estimate.
 #[test]
 fn bench_quick_ceiling_uring_offload_and_cycles() {
-    if !privileged() {
+    if !common::privileged("bench_quick_ceiling_uring_offload_and_cycles") {
         return;
     }
     let r = run_bench("ceiling", &["--modes", "ceiling,turbotun-uring-offload", "--traffic", "tcp"]);
@@ -194,7 +123,7 @@ fn bench_quick_ceiling_uring_offload_and_cycles() {
 /// and UDP over IPv6, the forwarder counts packets, and nothing (namespace, bridge, veth, TAP) is left behind.
 #[test]
 fn bench_quick_virt_bridged_modes() {
-    if !privileged() {
+    if !common::privileged("bench_quick_virt_bridged_modes") {
         return;
     }
     let r = run_bench("virt", &["--modes", "veth-bridge,turbotun-tap-bridge", "--traffic", "tcp,udp64", "--ipv6"]);
@@ -210,7 +139,7 @@ fn bench_quick_virt_bridged_modes() {
 
 #[test]
 fn bench_loss_quick_one_mode() {
-    if !privileged() {
+    if !common::privileged("bench_loss_quick_one_mode") {
         return;
     }
     let r =
@@ -240,7 +169,7 @@ fn bench_loss_quick_one_mode() {
 
 #[test]
 fn bench_echo_quick_offload() {
-    if !privileged() {
+    if !common::privileged("bench_echo_quick_offload") {
         return;
     }
     let r = run_bench("echo", &["--echo", "--modes", "naive,offload"]);

@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The tools the run needs, with the package that has each.
@@ -37,12 +37,6 @@ fn runnable(test: &str) -> bool {
     false
 }
 
-/// Names in `dir` that start with `prefix`.
-fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
-}
-
 /// Makes this test process the reaper of its orphaned descendants, so that a process the bench leaves behind
 /// (an endpoint, an iperf3, a perf) becomes a child of the test when the bench exits, wherever it runs.
 fn become_subreaper() {
@@ -67,19 +61,6 @@ fn children() -> Vec<String> {
         .collect()
 }
 
-/// Command lines of the live processes that contain `needle`.
-fn processes_with(needle: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(needle).then_some(cmdline)
-        })
-        .collect()
-}
-
 fn number(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -91,44 +72,18 @@ fn bench_tunnel_veth_vxlan_wireguard_go() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (json, chart) = (dir.path().join("tunnel.json"), dir.path().join("tunnel.svg"));
-    let key_dirs_before = entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
+    let key_dirs_before = common::entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
     become_subreaper();
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turbotun"))
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_turbotun"));
+    bench
         .args(["bench", "--tunnel", "--tunnel-kinds", "veth,vxlan,wireguard-go", "--traffic", "tcp,udp1372"])
         .args(["--duration", "1", "--reps", "1", "--json"])
         .arg(&json)
         .arg("--chart")
-        .arg(&chart)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run turbotun bench --tunnel");
-    let pid = child.id();
-    let read_all = |mut r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out_reader = read_all(Box::new(child.stdout.take().unwrap()));
-    let err_reader = read_all(Box::new(child.stderr.take().unwrap()));
-    // Building wireguard-go the first time takes part of this.
-    let deadline = started + Duration::from_secs(180);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("turbotun bench --tunnel did not finish within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (stdout, stderr) = (out_reader.join().unwrap(), err_reader.join().unwrap());
+        .arg(&chart);
+    // Building wireguard-go the first time takes part of the time allowed.
+    let common::Finished { status, pid, stdout, stderr } = common::run_within(&mut bench, Duration::from_secs(180));
     assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
     eprintln!("bench --tunnel took {:.1} s", started.elapsed().as_secs_f64());
 
@@ -136,18 +91,18 @@ fn bench_tunnel_veth_vxlan_wireguard_go() {
     // inside: with no process of the run left, none is. The devices lived in them. The configuration sockets
     // live in /var/run/wireguard, outside any namespace.
     let prefix = format!("tt{pid}r");
-    assert!(entries_with_prefix("/run/netns", &prefix).is_empty(), "named namespaces left");
-    let devices = entries_with_prefix("/sys/class/net", &prefix);
+    assert!(common::entries_with_prefix("/run/netns", &prefix).is_empty(), "named namespaces left");
+    let devices = common::entries_with_prefix("/sys/class/net", &prefix);
     assert!(devices.is_empty(), "devices left in the root namespace: {devices:?}");
-    let sockets = entries_with_prefix("/var/run/wireguard", &prefix);
+    let sockets = common::entries_with_prefix("/var/run/wireguard", &prefix);
     assert!(sockets.is_empty(), "configuration sockets left: {sockets:?}");
-    let left = processes_with(&prefix);
+    let left = common::processes_with(&prefix);
     assert!(left.is_empty(), "endpoint processes left: {left:?}");
     // Whatever the bench started and left running is now this test's child (iperf3, perf, an endpoint).
     std::thread::sleep(Duration::from_millis(200));
     let orphans = children();
     assert!(orphans.is_empty(), "processes of the bench left running: {orphans:?}");
-    let key_dirs = entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
+    let key_dirs = common::entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
     assert!(key_dirs.iter().all(|d| key_dirs_before.contains(d)), "key directory left: {key_dirs:?}");
 
     // The table: an overview row per kind, a table per traffic kind, the kernel rows marked so.

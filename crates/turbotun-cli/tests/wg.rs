@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{new_netns, ns_path, privileged};
+use common::{new_netns, ns_path, pattern, privileged};
 use turbotun::netlink::Netlink;
 use turbotun::netns::with_netns;
 
@@ -131,6 +131,11 @@ fn wg(ns: &OwnedFd, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `wg` with the arguments of one command line (words separated by spaces; no word here has one).
+fn wg_line(ns: &OwnedFd, line: &str) -> String {
+    wg(ns, &line.split(' ').collect::<Vec<_>>())
+}
+
 fn wg_status(ns: &OwnedFd, args: &[&str]) -> Output {
     with_netns(&ns_path(ns), || Command::new("wg").args(args).output()).unwrap().expect("wg (apt: wireguard-tools)")
 }
@@ -231,40 +236,18 @@ fn pair(a: Impl, b: Impl) -> Pair {
     let eb = Endpoint::start(&nss[2], b, &nb);
     let ka_file = ka.private_file.to_str().unwrap().to_string();
     let kb_file = kb.private_file.to_str().unwrap().to_string();
-    wg(
-        &nss[1],
-        &[
-            "set",
-            &na,
-            "private-key",
-            &ka_file,
-            "listen-port",
-            "51820",
-            "peer",
-            &kb.public,
-            "endpoint",
-            "10.201.0.12:51821",
-            "allowed-ips",
-            "10.202.0.2/32",
-        ],
+    let line = format!(
+        "set {na} private-key {ka_file} listen-port 51820 \
+            peer {} endpoint 10.201.0.12:51821 allowed-ips 10.202.0.2/32",
+        kb.public
     );
-    wg(
-        &nss[2],
-        &[
-            "set",
-            &nb,
-            "private-key",
-            &kb_file,
-            "listen-port",
-            "51821",
-            "peer",
-            &ka.public,
-            "endpoint",
-            "10.201.0.11:51820",
-            "allowed-ips",
-            "10.202.0.1/32",
-        ],
+    wg_line(&nss[1], &line);
+    let line = format!(
+        "set {nb} private-key {kb_file} listen-port 51821 \
+            peer {} endpoint 10.201.0.11:51820 allowed-ips 10.202.0.1/32",
+        ka.public
     );
+    wg_line(&nss[2], &line);
     bring_up(&nss[1], &na, "10.202.0.1");
     bring_up(&nss[2], &nb, "10.202.0.2");
     let _ = (ka.private, kb.private);
@@ -337,23 +320,12 @@ fn wg_quick_up_and_down_with_turbotun_wg() {
     let peer_name = unique("wgp");
     let peer = Endpoint::start(&nss[2], Impl::WireguardGo, &peer_name);
     let kb_file = kb.private_file.to_str().unwrap().to_string();
-    wg(
-        &nss[2],
-        &[
-            "set",
-            &peer_name,
-            "private-key",
-            &kb_file,
-            "listen-port",
-            "51831",
-            "peer",
-            &ka.public,
-            "endpoint",
-            "10.201.0.11:51830",
-            "allowed-ips",
-            "10.203.0.1/32",
-        ],
+    let line = format!(
+        "set {peer_name} private-key {kb_file} listen-port 51831 \
+            peer {} endpoint 10.201.0.11:51830 allowed-ips 10.203.0.1/32",
+        ka.public
     );
+    wg_line(&nss[2], &line);
     bring_up(&nss[2], &peer_name, "10.203.0.2");
 
     let wg_quick = |verb: &str| {
@@ -400,66 +372,31 @@ fn several_peers_roaming_and_a_restarted_peer() {
     let one = Endpoint::start(&nss[1], Impl::WireguardGo, &n1);
     let mut two = Endpoint::start(&nss[2], Impl::Turbotun, &n2);
     let file = |k: &Keys| k.private_file.to_str().unwrap().to_string();
-    wg(
-        &nss[0],
-        &[
-            "set",
-            &nh,
-            "private-key",
-            &file(&kh),
-            "listen-port",
-            "51840",
-            "peer",
-            &k1.public,
-            "endpoint",
-            "10.201.0.11:51841",
-            "allowed-ips",
-            "10.202.0.2/32,10.210.0.0/24",
-            "peer",
-            &k2.public,
-            "endpoint",
-            "10.201.0.12:51842",
-            "allowed-ips",
-            "10.202.0.3/32",
-        ],
+    let line = format!(
+        "set {nh} private-key {} listen-port 51840 \
+            peer {} endpoint 10.201.0.11:51841 allowed-ips 10.202.0.2/32,10.210.0.0/24 \
+            peer {} endpoint 10.201.0.12:51842 allowed-ips 10.202.0.3/32",
+        &file(&kh),
+        k1.public,
+        k2.public
     );
-    wg(
+    wg_line(&nss[0], &line);
+    wg_line(
         &nss[1],
-        &[
-            "set",
-            &n1,
-            "private-key",
+        &format!(
+            "set {n1} private-key {} listen-port 51841 peer {} endpoint 10.201.0.1:51840 allowed-ips 10.202.0.0/24",
             &file(&k1),
-            "listen-port",
-            "51841",
-            "peer",
-            &kh.public,
-            "endpoint",
-            "10.201.0.1:51840",
-            "allowed-ips",
-            "10.202.0.0/24",
-        ],
+            kh.public
+        ),
     );
     let set_two = |ns: &OwnedFd| {
-        wg(
-            ns,
-            &[
-                "set",
-                &n2,
-                "private-key",
-                &file(&k2),
-                "listen-port",
-                "51842",
-                "peer",
-                &kh.public,
-                "endpoint",
-                "10.201.0.1:51840",
-                "allowed-ips",
-                "10.202.0.0/24",
-                "persistent-keepalive",
-                "1",
-            ],
+        let line = format!(
+            "set {n2} private-key {} listen-port 51842 \
+                peer {} endpoint 10.201.0.1:51840 allowed-ips 10.202.0.0/24 persistent-keepalive 1",
+            &file(&k2),
+            kh.public
         );
+        wg_line(ns, &line);
     };
     set_two(&nss[2]);
     bring_up(&nss[0], &nh, "10.202.0.1");
@@ -529,16 +466,11 @@ fn bad_input_at_the_udp_port_is_counted_and_traffic_goes_on() {
     // Junk from B's namespace (another port) to A's.
     let junk = with_netns(&ns_path(&p.nss[2]), || UdpSocket::bind("10.201.0.12:0")).unwrap().unwrap();
     let a_port = "10.201.0.11:51820";
-    let mut seed = 0x9e37_79b9_u32;
+    // Each call a different deterministic pattern, so that a failure reproduces.
+    let mut seed = 0x9e37_79b9_u64;
     let mut random = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 17;
-                seed ^= seed << 5;
-                seed as u8
-            })
-            .collect()
+        seed += 1;
+        pattern(n, seed)
     };
     // Random bytes of every small length and some large ones; datagrams shaped like each message type but
     // truncated or with random contents (a data message: type 4, a random index and counter).
@@ -650,20 +582,13 @@ fn a_bad_configuration_changes_nothing() {
     let dir = private_dir();
     let k = keys(dir.path(), "k");
     let peer = keys(dir.path(), "p");
-    wg(
+    wg_line(
         &nss[1],
-        &[
-            "set",
-            &name,
-            "private-key",
+        &format!(
+            "set {name} private-key {} listen-port 51850 peer {} allowed-ips 10.0.0.0/8",
             k.private_file.to_str().unwrap(),
-            "listen-port",
-            "51850",
-            "peer",
-            &peer.public,
-            "allowed-ips",
-            "10.0.0.0/8",
-        ],
+            peer.public
+        ),
     );
     let get = |socket: &Path| -> String {
         let mut s = UnixStream::connect(socket).unwrap();
@@ -771,39 +696,21 @@ fn turbotun_wg_runs_unprivileged_and_still_removes_its_socket() {
         ("65534".into(), "0000000000000000".into(), "1".into())
     );
     let file = |k: &Keys| k.private_file.to_str().unwrap().to_string();
-    wg(
+    wg_line(
         &nss[1],
-        &[
-            "set",
-            &na,
-            "private-key",
+        &format!(
+            "set {na} private-key {} listen-port 51860 peer {} endpoint 10.201.0.12:51861 allowed-ips 10.202.0.2/32",
             &file(&ka),
-            "listen-port",
-            "51860",
-            "peer",
-            &kb.public,
-            "endpoint",
-            "10.201.0.12:51861",
-            "allowed-ips",
-            "10.202.0.2/32",
-        ],
+            kb.public
+        ),
     );
-    wg(
+    wg_line(
         &nss[2],
-        &[
-            "set",
-            &nb,
-            "private-key",
+        &format!(
+            "set {nb} private-key {} listen-port 51861 peer {} endpoint 10.201.0.11:51860 allowed-ips 10.202.0.1/32",
             &file(&kb),
-            "listen-port",
-            "51861",
-            "peer",
-            &ka.public,
-            "endpoint",
-            "10.201.0.11:51860",
-            "allowed-ips",
-            "10.202.0.1/32",
-        ],
+            ka.public
+        ),
     );
     bring_up(&nss[1], &na, "10.202.0.1");
     bring_up(&nss[2], &nb, "10.202.0.2");

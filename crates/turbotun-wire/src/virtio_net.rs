@@ -471,4 +471,29 @@ mod tests {
         assert!(VirtioNetHdrRepr::is_valid_size(12));
         assert!(!VirtioNetHdrRepr::is_valid_size(11));
     }
+
+    #[test]
+    fn a_packet_handed_over_whole_is_finished_by_its_header() {
+        use crate::fuzzing::{payload, Spec};
+        use crate::{partial, Framing};
+        let good = Spec::tcp4().build(&payload(300, 3));
+        let mut marked = good.clone();
+        let needs_csum = partial::make_partial(&mut marked, Framing::Ip).unwrap();
+        let data_valid = VirtioNetHdrRepr { flags: flags::DATA_VALID, ..Default::default() };
+        let out_of_range = VirtioNetHdrRepr { csum_start: 20, csum_offset: 400, ..needs_csum };
+        // (header, packet as read, Ok(known good) or an error, the packet afterwards)
+        type Case<'a> = (VirtioNetHdrRepr, &'a [u8], Option<bool>, &'a [u8]);
+        let cases: [Case<'_>; 5] = [
+            (needs_csum, &marked, Some(true), &good),
+            (data_valid, &good, Some(true), &good),
+            (VirtioNetHdrRepr::default(), &good, Some(false), &good),
+            (VirtioNetHdrRepr::default(), &marked, Some(false), &marked),
+            (out_of_range, &marked, None, &marked),
+        ];
+        for (i, (hdr, read, known_good, after)) in cases.into_iter().enumerate() {
+            let mut packet = read.to_vec();
+            assert_eq!(hdr.finish_whole(&mut packet).ok(), known_good, "case {i}");
+            assert_eq!(packet, after, "case {i}");
+        }
+    }
 }

@@ -23,17 +23,6 @@ fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
     fd.try_clone_to_owned().expect("dup")
 }
 
-/// How many fds of this process are queues of device `name` (the `iff:` line of `/proc/self/fdinfo`): other
-/// tests run in parallel, so fds are counted per device rather than in total.
-fn fds_of(name: &str) -> usize {
-    let want = format!("iff:\t{name}\n");
-    std::fs::read_dir("/proc/self/fdinfo")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter(|info| info.contains(&want))
-        .count()
-}
-
 /// Whether an fd number is still open in this process.
 fn is_open(raw: i32) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{raw}")).is_ok()
@@ -129,9 +118,9 @@ fn from_borrowed_fd_keeps_the_callers_fd() {
         let n = recv_matching(&adopted, &mut buf, T, |p| parse_ipv4_udp(p).is_some_and(|(_, _, _, dp, _)| dp == 9999));
         assert_eq!(parse_ipv4_udp(&buf[..n]).unwrap().4, b"through the adopted fd");
 
-        assert_eq!(fds_of(&name), 2, "the caller's fd and the duplicate");
+        assert_eq!(common::fds_of(&name), 2, "the caller's fd and the duplicate");
         drop(adopted);
-        assert_eq!(fds_of(&name), 1, "the duplicate was closed");
+        assert_eq!(common::fds_of(&name), 1, "the duplicate was closed");
         assert!(is_open(original.as_raw_fd()), "the caller's fd stays open");
         original.sndbuf().expect("the caller's queue still works");
         sock.send_to(b"still here", (PEER, 9999)).unwrap();
@@ -242,7 +231,7 @@ fn recv_queues_trusts_nothing() {
             drop(tx);
             let err = recv_queues(&rx).unwrap_err().to_string();
             assert!(err.contains(why), "{why}: {err}");
-            assert_eq!(fds_of(&name), 1, "{why}: every received fd was closed");
+            assert_eq!(common::fds_of(&name), 1, "{why}: every received fd was closed");
         }
         // A good message after all that is taken.
         let (tx, rx) = UnixStream::pair().unwrap();

@@ -216,16 +216,6 @@ fn device_settings_without_netlink() {
     });
 }
 
-/// How many fds of this process are queues of device `name` (the `iff:` line of `/proc/self/fdinfo`).
-fn fds_of(name: &str) -> usize {
-    let want = format!("iff:\t{name}\n");
-    std::fs::read_dir("/proc/self/fdinfo")
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-        .filter(|info| info.contains(&want))
-        .count()
-}
-
 /// A guest raises its queue-pair count and lowers it again: queues attached to a running multiqueue device and
 /// taken out; fds cloned, handed out as raw numbers and taken back, none leaked.
 #[test]
@@ -238,26 +228,26 @@ fn queues_added_removed_cloned_and_given_away() {
         dev.add_queue().unwrap();
         let third = dev.add_queue().unwrap();
         assert_eq!((third.index(), third.vnet_hdr_len()), (2, 12));
-        assert_eq!((dev.queues().len(), queues(&name), fds_of(&name)), (3, 3, 3));
+        assert_eq!((dev.queues().len(), queues(&name), common::fds_of(&name)), (3, 3, 3));
         // One offload mask per device: set through the newest queue, seen through the first.
         dev.queues()[2].set_offloads(Offloads::TCP).unwrap();
         assert_eq!(dev.queues()[0].offloads(), Offloads::TCP);
         let removed = dev.remove_queue(1).unwrap();
         assert!(dev.remove_queue(0).is_none(), "the first queue stays");
         drop(removed);
-        assert_eq!((dev.queues().len(), queues(&name), fds_of(&name)), (2, 2, 2));
+        assert_eq!((dev.queues().len(), queues(&name), common::fds_of(&name)), (2, 2, 2));
 
         let clone = dev.queues()[0].try_clone().unwrap();
         assert_eq!((clone.name(), clone.offloads()), (name.as_str(), Offloads::TCP));
-        assert_eq!(fds_of(&name), 3);
+        assert_eq!(common::fds_of(&name), 3);
         // Given away as an OwnedFd (for another process or a later adoption) and adopted back: one fd throughout.
         let owned: OwnedFd = clone.into();
-        assert_eq!(fds_of(&name), 3, "given away, still open");
+        assert_eq!(common::fds_of(&name), 3, "given away, still open");
         let back = Queue::from_fd(owned, Offloads::TCP).unwrap();
         assert_eq!(back.name(), name);
-        assert_eq!(fds_of(&name), 3);
+        assert_eq!(common::fds_of(&name), 3);
         drop(back);
-        assert_eq!(fds_of(&name), 2, "every clone closed");
+        assert_eq!(common::fds_of(&name), 2, "every clone closed");
 
         let single = DeviceBuilder::tap().name(unique_name("ttqa")).open();
         let err = single.unwrap().add_queue().unwrap_err();

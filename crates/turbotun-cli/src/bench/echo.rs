@@ -22,9 +22,9 @@ use turbotun::queue::MAX_PACKET;
 use turbotun::{DeviceBuilder, StopHandle};
 
 use super::iperf::Traffic;
-use super::report::{RunRecord, Summary};
+use super::report::{ReportHeader, RunRecord, Summary};
 use super::runner::{interrupted, is_not_ready, run_echo, Ctx, EchoProgram};
-use super::stats::{fmt_num, fmt_spread, Spread};
+use super::stats::{cell, fmt_num, med, Spread};
 use super::BenchArgs;
 
 /// The traffic each echo is offered: the generator as fast as the kernel takes it, one flow.
@@ -236,12 +236,9 @@ pub fn goals(rows: &[EchoRow]) -> Vec<Goal> {
 /// The JSON document of `--echo`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EchoReport {
-    pub tool: String,
-    pub version: String,
-    pub build: String,
-    pub started_unix: u64,
-    pub kernel: String,
-    pub cpus: usize,
+    /// Which program, which build, on which machine, when.
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub duration_s: u64,
     pub reps: u32,
     pub ipv6: bool,
@@ -329,12 +326,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
         ECHO_TRAFFIC.iter().copied().filter(|t| cases.iter().any(|(_, c)| c.label == t.label)).collect();
     let rows = echo_rows(&runs, &labels, &traffic);
     let report = EchoReport {
-        tool: "turbotun bench --echo".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        build: super::build_kind().into(),
-        started_unix,
-        kernel: super::kernel(),
-        cpus: super::cpus(),
+        header: ReportHeader::here("turbotun bench --echo", started_unix),
         duration_s: ctx.duration,
         reps,
         ipv6: ctx.ipv6,
@@ -368,17 +360,9 @@ fn write_echo_chart(path: &std::path::Path, report: &EchoReport, traffic: &[Traf
         .collect();
     let title = format!(
         "turbotun bench --echo — answers received, {} s × {} rep(s), {}",
-        report.duration_s, report.reps, report.kernel
+        report.duration_s, report.reps, report.header.kernel
     );
     super::chart::write_chart(path, &summary, traffic, &title)
-}
-
-fn cell(s: Option<Spread>) -> String {
-    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
-}
-
-fn med(s: Option<Spread>) -> String {
-    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
 }
 
 /// The table, the goal line and what the columns mean.
@@ -387,12 +371,12 @@ pub fn markdown(report: &EchoReport) -> String {
     let _ = writeln!(
         o,
         "## turbotun bench --echo ({} build): {} s per run, {} rep(s) interleaved, IPv{}, kernel {}, {} CPUs\n",
-        report.build,
+        report.header.build,
         report.duration_s,
         report.reps,
         if report.ipv6 { 6 } else { 4 },
-        report.kernel,
-        report.cpus
+        report.header.kernel,
+        report.header.cpus
     );
     let _ = writeln!(
         o,
@@ -586,12 +570,7 @@ mod tests {
         let runs = sample();
         let rows = echo_rows(&runs, &["naive", "echo-offload"], ECHO_TRAFFIC);
         let report = EchoReport {
-            tool: "t".into(),
-            version: "0".into(),
-            build: "debug".into(),
-            started_unix: 0,
-            kernel: "6.18".into(),
-            cpus: 2,
+            header: ReportHeader::for_tests("t"),
             duration_s: 2,
             reps: 3,
             ipv6: false,
@@ -605,10 +584,7 @@ mod tests {
         assert!(md.contains("| naive | udp64 | 200 | 102 (101–103) | 1.00× |"), "{md}");
         assert!(md.contains("| echo-offload (1 of 4 failed) | gso64 |"), "{md}");
         assert!(md.contains("10.00× (gso64 1020 kpps against naive 102 kpps) — met"), "{md}");
-        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
-        for r in &rows {
-            assert_eq!(r.matches('|').count(), rows[0].matches('|').count(), "{r}");
-        }
+        crate::bench::report::assert_rows_match_headers(&md);
         let back: EchoReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
         assert_eq!(back.goals, report.goals);

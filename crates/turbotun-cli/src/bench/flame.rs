@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use inferno::collapse::Collapse;
 
-use super::topo::{terminate, wait_timeout};
+use super::process::{terminate, wait_timeout};
 
 /// A running `perf record`.
 #[derive(Debug)]

@@ -19,26 +19,32 @@ pub struct Traffic {
     pub rate: u64,
 }
 
+/// TCP, one stream: the forwarding and the tunnel benches' first traffic kind.
+pub const TCP_ONE_STREAM: Traffic = Traffic {
+    label: "tcp",
+    description: "TCP, one stream, -C cubic",
+    udp: false,
+    streams: 1,
+    payload: 0,
+    gso: 0,
+    rate: 0,
+};
+
+/// TCP, four streams.
+pub const TCP_FOUR_STREAMS: Traffic = Traffic {
+    label: "tcp4",
+    description: "TCP, four streams (-P 4), -C cubic",
+    udp: false,
+    streams: 4,
+    payload: 0,
+    gso: 0,
+    rate: 0,
+};
+
 /// Every traffic kind, in report order. Adding one is one entry.
 pub const TRAFFIC: &[Traffic] = &[
-    Traffic {
-        label: "tcp",
-        description: "TCP, one stream, -C cubic",
-        udp: false,
-        streams: 1,
-        payload: 0,
-        gso: 0,
-        rate: 0,
-    },
-    Traffic {
-        label: "tcp4",
-        description: "TCP, four streams (-P 4), -C cubic",
-        udp: false,
-        streams: 4,
-        payload: 0,
-        gso: 0,
-        rate: 0,
-    },
+    TCP_ONE_STREAM,
+    TCP_FOUR_STREAMS,
     Traffic {
         label: "udp64",
         description: "UDP, 64-byte payload, unlimited rate (-b 0)",

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::chart;
 use super::iperf::Traffic;
 use super::modes::{Mode, Unavailable};
-use super::report::RunRecord;
+use super::report::{ReportHeader, RunRecord};
 use super::runner::{interrupted, is_not_ready, run_one, Ctx};
 use super::stats::fmt_num;
 use super::BenchArgs;
@@ -213,12 +213,9 @@ pub struct NoDrop {
 /// The JSON document of `--loss`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LossReport {
-    pub tool: String,
-    pub version: String,
-    pub build: String,
-    pub started_unix: u64,
-    pub kernel: String,
-    pub cpus: usize,
+    /// Which program, which build, on which machine, when.
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub payload_bytes: u32,
     pub trial_seconds: u64,
     pub ipv6: bool,
@@ -275,12 +272,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<U
     measured?;
     let Trials { rows, runs, failures, .. } = t;
     let report = LossReport {
-        tool: "turbotun bench --loss".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        build: super::build_kind().into(),
-        started_unix,
-        kernel: super::kernel(),
-        cpus: super::cpus(),
+        header: ReportHeader::here("turbotun bench --loss", started_unix),
         payload_bytes: PAYLOAD,
         trial_seconds: ctx.duration,
         ipv6: ctx.ipv6,
@@ -446,12 +438,12 @@ pub fn markdown(report: &LossReport) -> String {
     let _ = writeln!(
         o,
         "## turbotun bench --loss ({} build): {}-byte UDP, one flow, {} s trials, IPv{}, kernel {}, {} CPUs\n",
-        report.build,
+        report.header.build,
         report.payload_bytes,
         report.trial_seconds,
         if report.ipv6 { 6 } else { 4 },
-        report.kernel,
-        report.cpus
+        report.header.kernel,
+        report.header.cpus
     );
     for &txq in &report.txqueuelens {
         for mode in &report.modes {
@@ -570,7 +562,7 @@ fn write_chart(path: &std::path::Path, report: &LossReport) -> Result<()> {
                 .collect(),
         })
         .collect();
-    let title = format!("turbotun bench --loss — {} s trials, {}", report.trial_seconds, report.kernel);
+    let title = format!("turbotun bench --loss — {} s trials, {}", report.trial_seconds, report.header.kernel);
     chart::write_line_chart(path, &panels, &title)
 }
 
@@ -723,12 +715,7 @@ mod tests {
         }
         rows.push(LossRow::from_run(&record(10, 10, 0), 99_000, None, "search"));
         let report = LossReport {
-            tool: "t".into(),
-            version: "0".into(),
-            build: "debug".into(),
-            started_unix: 0,
-            kernel: "6.18".into(),
-            cpus: 2,
+            header: ReportHeader::for_tests("t"),
             payload_bytes: 64,
             trial_seconds: 2,
             ipv6: false,
@@ -761,14 +748,7 @@ mod tests {
         let second = md.find("| 150 | 300000 | 300000 |").expect(&md);
         assert!(first < second && !md.contains("| 99 |"), "{md}");
         assert!(md.contains("| turbotun-offload | default | ≥ 150 (the top rate) | – | 0 | 149 |"), "{md}");
-        for block in md.split("\n\n") {
-            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
-            if let Some(h) = rows.first() {
-                for r in &rows {
-                    assert_eq!(r.matches('|').count(), h.matches('|').count(), "{r}");
-                }
-            }
-        }
+        crate::bench::report::assert_rows_match_headers(&md);
         let back: LossReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
         assert_eq!(back.rows[0].received, report.rows[0].received);

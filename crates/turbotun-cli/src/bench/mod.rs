@@ -15,6 +15,7 @@ mod loss;
 mod modes;
 mod netcfg;
 mod perfstat;
+mod process;
 mod procfs;
 mod report;
 mod runner;
@@ -33,7 +34,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use iperf::{Traffic, TRAFFIC};
 use modes::{Mode, Unavailable};
-use report::{Report, RunRecord};
+use report::{Report, ReportHeader, RunRecord};
 use runner::{interrupted, is_not_ready, run_one, run_record, Ctx};
 
 /// Arguments of `turbotun bench`.
@@ -477,12 +478,7 @@ fn build_report(
 ) -> Report {
     let mode_list: Vec<(String, String)> = plan.modes.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
     Report {
-        tool: "turbotun bench".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        build: build_kind().into(),
-        started_unix,
-        kernel: kernel(),
-        cpus: cpus(),
+        header: ReportHeader::here("turbotun bench", started_unix),
         duration_s: plan.duration,
         reps: plan.reps,
         ipv6,
@@ -573,7 +569,7 @@ fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
             plan.duration,
             plan.reps,
             if args.ipv6 { 6 } else { 4 },
-            report.kernel
+            report.header.kernel
         );
         chart::write_chart(p, &report.summary, &plan.traffic, &title)?;
         eprintln!("turbotun bench: wrote {}", p.display());

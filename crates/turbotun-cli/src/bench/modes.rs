@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
@@ -133,7 +134,7 @@ pub enum Kind {
     /// namespaces: the path of a VM's TAP device on a host bridge, with the forwarder as the VM.
     BridgedForwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
     /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, bench/tunnel.rs).
-    Tunnel(super::tunnel::Link),
+    Tunnel(Link),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,6 +390,42 @@ pub fn build_peer(dir: &Path, target: &str, bin: &str, log_dir: &Path) -> Result
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// One end of a tunnel, as the bench starts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub name: &'static str,
+    pub program: PathBuf,
+    /// `{dev}`, `{local}` and `{remote}` stand for the device and the underlay's socket addresses.
+    pub argv: Vec<&'static str>,
+    pub env: Vec<(String, String)>,
+    /// Configured with `wg set` through its configuration socket, with these keys; None: a `ready` line.
+    pub wg: Option<Arc<WgSetup>>,
+}
+
+/// What configuring WireGuard endpoints takes: the `wg` tool and a key pair for each side.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WgSetup {
+    pub tool: PathBuf,
+    /// A's key, B's key.
+    pub keys: [WgKey; 2],
+}
+
+/// A private key in a file (mode 0600, in a private directory) and its public key.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WgKey {
+    pub private: PathBuf,
+    pub public: String,
+}
+
+/// How a run's namespaces are joined (`modes::Kind::Tunnel`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Link {
+    Veth,
+    Vxlan,
+    /// A's endpoint, B's endpoint.
+    Pair(Box<[Endpoint; 2]>),
 }
 
 #[cfg(test)]

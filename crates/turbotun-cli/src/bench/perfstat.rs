@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::topo::{terminate, wait_timeout};
+use super::process::{terminate, wait_timeout};
 
 /// The tracepoint counted.
 pub const EVENT: &str = "raw_syscalls:sys_enter";

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::iperf::{IperfResult, Traffic};
 use super::modes::Unavailable;
-use super::stats::{fmt_count, fmt_num, fmt_spread, Spread};
+use super::stats::{cell, med, med_count, ratio, Spread};
 
 /// One measured run: one mode, one traffic kind, one repetition.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -158,9 +158,10 @@ impl Summary {
     }
 }
 
-/// The whole JSON document.
+/// What every bench report opens with: which program and build ran, on which kernel and how many CPUs, and
+/// when. Flattened into each report's JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Report {
+pub struct ReportHeader {
     pub tool: String,
     pub version: String,
     /// `release` or `debug` (turbotun's forwarder is this same binary).
@@ -168,6 +169,54 @@ pub struct Report {
     pub started_unix: u64,
     pub kernel: String,
     pub cpus: usize,
+}
+
+impl ReportHeader {
+    /// This program on this machine, started at `started_unix`.
+    pub fn here(tool: &str, started_unix: u64) -> Self {
+        ReportHeader {
+            tool: tool.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            build: super::build_kind().into(),
+            started_unix,
+            kernel: super::kernel(),
+            cpus: super::cpus(),
+        }
+    }
+
+    /// A fixed header for the report tests.
+    #[cfg(test)]
+    pub fn for_tests(tool: &str) -> Self {
+        ReportHeader {
+            tool: tool.into(),
+            version: "0".into(),
+            build: "debug".into(),
+            started_unix: 0,
+            kernel: "6.18".into(),
+            cpus: 2,
+        }
+    }
+}
+
+/// Every row of every Markdown table in `md` has as many cells as its header (the report tests' check).
+#[cfg(test)]
+pub fn assert_rows_match_headers(md: &str) {
+    for block in md.split("\n\n") {
+        let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
+        if let Some(header) = rows.first() {
+            for row in &rows {
+                assert_eq!(row.matches('|').count(), header.matches('|').count(), "{row}\nin\n{block}");
+            }
+        }
+    }
+}
+
+/// The whole JSON document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Which program, which build, on which machine, when.
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub duration_s: u64,
     pub reps: u32,
     pub ipv6: bool,
@@ -299,22 +348,6 @@ pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traf
     out
 }
 
-fn cell(s: Option<Spread>) -> String {
-    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
-}
-
-fn med(s: Option<Spread>) -> String {
-    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
-}
-
-fn med_count(s: Option<Spread>) -> String {
-    s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
-}
-
-fn ratio(r: Option<f64>) -> String {
-    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
-}
-
 /// The Markdown report: an overview (one row per mode, one column per traffic kind) and one detail table per
 /// traffic kind.
 pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
@@ -322,12 +355,12 @@ pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
     let _ = writeln!(
         o,
         "## turbotun bench ({} build): {} s per run, {} rep(s) interleaved, IPv{}, kernel {}, {} CPUs\n",
-        report.build,
+        report.header.build,
         report.duration_s,
         report.reps,
         if report.ipv6 { 6 } else { 4 },
-        report.kernel,
-        report.cpus
+        report.header.kernel,
+        report.header.cpus
     );
     let modes = report_modes(report);
     overview(&mut o, report, &modes, traffic);
@@ -553,12 +586,7 @@ mod tests {
                 .collect();
         let summary = summarize(&runs, &modes, &traffic);
         let report = Report {
-            tool: "turbotun bench".into(),
-            version: "0".into(),
-            build: "debug".into(),
-            started_unix: 0,
-            kernel: "6.18".into(),
-            cpus: 2,
+            header: ReportHeader::for_tests("turbotun bench"),
             duration_s: 1,
             reps: 3,
             ipv6: false,
@@ -602,16 +630,7 @@ mod tests {
         assert!(md.contains("| tunrs-offload (1 of 4 failed) | 7.00 (6.00–8.00) |"), "{md}");
         assert!(md.contains("### udp64"), "{md}");
         assert!(md.contains("- turbotun-uring: no --io"), "{md}");
-        // every table row has the same number of cells as its header
-        for block in md.split("\n\n") {
-            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
-            if let Some(h) = rows.first() {
-                let n = h.matches('|').count();
-                for r in &rows {
-                    assert_eq!(r.matches('|').count(), n, "{r}");
-                }
-            }
-        }
+        assert_rows_match_headers(&md);
         // JSON round trip
         let j = serde_json::to_string(&report).unwrap();
         let back: Report = serde_json::from_str(&j).unwrap();

@@ -1,8 +1,7 @@
 //! One run: the topology, the server in B, the client in A, and the samples taken around the measurement window.
 
-use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -14,11 +13,11 @@ use super::flame;
 use super::gen;
 use super::iperf::{self, IperfResult, Traffic};
 use super::modes::Mode;
-use super::netcfg::Netns;
 use super::perfstat;
+use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop};
 use super::procfs::{self, BoxCpu};
 use super::report::{ProcSample, RunRecord};
-use super::topo::{self, sleep_checked, terminate, wait_timeout, Topology};
+use super::topo::{self, Topology};
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
 const SINK_PORT: u16 = 5202;
@@ -46,16 +45,6 @@ pub struct Ctx {
 impl Ctx {
     pub fn interrupted(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
-    }
-}
-
-/// Kills (SIGTERM, then SIGKILL) a child process when dropped.
-#[derive(Debug)]
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        terminate(&mut self.0, Duration::from_secs(1));
     }
 }
 
@@ -126,7 +115,7 @@ fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
     let alive: Vec<bool> = endpoints.iter_mut().map(|e| e.is_running()).collect();
     // All told at once, so that one endpoint does not see its peer vanish for the seconds the other takes.
     for e in &endpoints {
-        topo::send_sigterm(e.pid);
+        send_sigterm(e.pid);
     }
     for (e, alive) in endpoints.into_iter().zip(alive) {
         let (pid, label) = (e.pid, e.label.clone());
@@ -418,70 +407,6 @@ impl Before {
 
 fn difference(before: Option<u64>, after: Option<u64>) -> Option<u64> {
     Some(after?.saturating_sub(before?))
-}
-
-/// Read a child's stdout to a string on a thread (so a chatty child never blocks on a full pipe).
-fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
-    collect(child.stdout.take())
-}
-
-/// The same for its stderr, if piped.
-fn collect_stderr(child: &mut Child) -> JoinHandle<String> {
-    collect(child.stderr.take())
-}
-
-fn collect<R: Read + Send + 'static>(pipe: Option<R>) -> JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(o) = pipe {
-            let _ = BufReader::new(o).read_to_string(&mut s);
-        }
-        s
-    })
-}
-
-/// Run `CMD..` inside `ns` to completion within `timeout`, returning its stdout.
-fn run_in_ns(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<(String, ExitStatus)> {
-    let (out, _, status) = run_in_ns_with(ns, cmd, Stdio::null(), timeout, stop)?;
-    Ok((out, status))
-}
-
-/// Run a tool (`wg set ...`) inside `ns` within `timeout`: its stdout, or an error with what it said on stderr
-/// when it failed.
-pub fn run_tool(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<String> {
-    let (out, err, status) = run_in_ns_with(ns, cmd, Stdio::piped(), timeout, stop)?;
-    if !status.success() {
-        bail!("`{}` failed ({status}): {}", cmd.join(" "), err.trim());
-    }
-    Ok(out)
-}
-
-/// [`run_in_ns`] with stderr as given (piped: collected and returned too).
-fn run_in_ns_with(
-    ns: &Netns,
-    cmd: &[&str],
-    stderr: Stdio,
-    timeout: Duration,
-    stop: &AtomicBool,
-) -> Result<(String, String, ExitStatus)> {
-    let mut child =
-        ns.spawn(Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr))?;
-    let out = collect_stdout(&mut child);
-    let err = collect_stderr(&mut child);
-    let mut child = KillOnDrop(child);
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = wait_timeout(&mut child.0, Duration::from_millis(100)) {
-            break st;
-        }
-        if stop.load(Ordering::Relaxed) {
-            bail!("interrupted");
-        }
-        if Instant::now() >= deadline {
-            bail!("{} did not finish within {} s", cmd[0], timeout.as_secs());
-        }
-    };
-    Ok((out.join().unwrap_or_default(), err.join().unwrap_or_default(), status))
 }
 
 /// What an interrupted bench reports, whatever step the signal cut short.

@@ -62,6 +62,26 @@ pub fn fmt_count(x: f64) -> String {
     }
 }
 
+/// A table cell: the median and spread, or a dash for no data.
+pub fn cell(s: Option<Spread>) -> String {
+    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
+}
+
+/// A table cell: the median alone, or a dash.
+pub fn med(s: Option<Spread>) -> String {
+    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
+}
+
+/// A table cell: the median as a count (`7.4k`), or a dash.
+pub fn med_count(s: Option<Spread>) -> String {
+    s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
+}
+
+/// A table cell: a ratio (`1.46×`), or a dash.
+pub fn ratio(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

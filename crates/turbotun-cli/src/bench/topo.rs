@@ -1,5 +1,6 @@
 //! The topology of one run (two private namespaces, or one for loopback), the forwarder process, and their
-//! teardown.
+//! teardown; for the tunnel bench (`tunnel.rs`), the underlay between the namespaces and the tunnel over it:
+//! devices, endpoint processes and their WireGuard configuration.
 //!
 //! Everything created here is owned by a value whose `Drop` removes it: child processes are stopped, and
 //! closing a namespace's fd lets the kernel destroy it with the devices inside. Names (`tt<pid>r<run>a`) are
@@ -7,17 +8,18 @@
 //! mix; the namespaces themselves have no name anywhere.
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::modes::{Kind, Mode};
+use super::modes::{Endpoint, Kind, Link, Mode};
 use super::netcfg::{self, Netns};
+use super::process::{run_tool, send_sigterm, sleep_checked, terminate};
 
 pub const ADDR_A4: &str = "10.0.1.1";
 pub const ADDR_B4: &str = "10.0.2.1";
@@ -28,53 +30,22 @@ pub const ECHO_PEER4: &str = "10.0.1.2";
 pub const ECHO_PEER6: &str = "fd00:1::2";
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Interruptible sleep: returns an error as soon as `stop` is set.
-pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
-    let end = Instant::now() + d;
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            bail!("interrupted");
-        }
-        let now = Instant::now();
-        if now >= end {
-            return Ok(());
-        }
-        std::thread::sleep((end - now).min(Duration::from_millis(50)));
-    }
-}
-
-/// SIGTERM a process by pid.
-pub fn send_sigterm(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        // It may have exited already: nothing to stop then.
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-    }
-}
-
-/// Wait for a child with a deadline; `None` if it is still running at the deadline.
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let end = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) => return Some(st),
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
-            _ => return None,
-        }
-    }
-}
-
-/// Stop a child: SIGTERM, then SIGKILL after `grace`.
-pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
-    if let Ok(Some(st)) = child.try_wait() {
-        return Some(st);
-    }
-    send_sigterm(child.id());
-    if let Some(st) = wait_timeout(child, grace) {
-        return Some(st);
-    }
-    let _ = child.kill();
-    child.wait().ok()
-}
+/// The underlay's addresses: A's, B's.
+pub const UNDERLAY: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2)];
+/// The tunnel devices' addresses: A's, B's.
+pub const INNER: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 202, 0, 1), Ipv4Addr::new(10, 202, 0, 2)];
+pub const PREFIX_LEN: u8 = 24;
+pub const UNDERLAY_MTU: u32 = 1500;
+pub const TUNNEL_MTU: u32 = 1420;
+/// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
+pub const PORT: u16 = 51820;
+pub const VXLAN_VNI: u32 = 42;
+/// Where WireGuard's userspace endpoints serve their configuration sockets, `NAME.sock` (not per namespace).
+pub const WG_SOCKET_DIR: &str = "/var/run/wireguard";
+/// How long a tunnel may take, once configured, to carry a first packet both ways.
+const REACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `wg set` may take.
+const WG_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started forwarder process (or any process the bench starts under a contract like it: an echo, a tunnel's
 /// endpoint).
@@ -407,7 +378,7 @@ impl Topology {
         let ns_b = end_netns(format!("{base}b"), ipv6)?;
         if let Kind::Tunnel(link) = &mode.kind {
             let mut t = Topology::empty(ns_a, Some(ns_b));
-            super::tunnel::set_up(&mut t, link, &base, log_dir, stop)?;
+            set_up_tunnel(&mut t, link, &base, log_dir, stop)?;
             return Ok(t);
         }
         // Device names: at most 15 bytes ("tt" + pid (<= 7) + "r" + run + "x").
@@ -613,6 +584,143 @@ fn proc_net_has_port(text: &str, port: u16, state: &str) -> bool {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() > 3 && f[1].ends_with(&suffix) && f[3] == state
     })
+}
+
+/// The namespace of side `i`: A (the client's) or B (the server's).
+fn side_ns(t: &Topology, i: usize) -> &Netns {
+    if i == 0 {
+        &t.ns_a
+    } else {
+        t.server()
+    }
+}
+
+fn side<'a>(ns: &'a Netns, dev: &'a str, mtu: u32, addr: Ipv4Addr) -> netcfg::Side<'a> {
+    netcfg::Side { ns, dev, mtu, addrs: vec![(addr.into(), PREFIX_LEN)], routes: vec![], txqueuelen: None }
+}
+
+/// The configuration socket of WireGuard device `dev`.
+pub fn wg_socket(dev: &str) -> PathBuf {
+    Path::new(WG_SOCKET_DIR).join(format!("{dev}.sock"))
+}
+
+/// Set up `link` between the topology's two namespaces: the underlay, then the tunnel (devices, endpoint
+/// processes, WireGuard configuration, addresses), then a first packet both ways. Everything started is owned
+/// by `t`, so an error tears it down.
+fn set_up_tunnel(t: &mut Topology, link: &Link, base: &str, log_dir: &Path, stop: &AtomicBool) -> Result<()> {
+    let under = [format!("{base}ua"), format!("{base}ub")];
+    let tun = [format!("{base}ta"), format!("{base}tb")];
+    if let Some(long) = under.iter().chain(&tun).find(|n| n.len() > 15) {
+        bail!("device name {long} longer than 15 bytes");
+    }
+    netcfg::create_veth(&t.ns_a, &under[0], t.server(), &under[1])?;
+    for i in 0..2 {
+        netcfg::configure(&side(side_ns(t, i), &under[i], UNDERLAY_MTU, UNDERLAY[i]))?;
+    }
+    let devices = match link {
+        Link::Veth => under,
+        Link::Vxlan => {
+            for i in 0..2 {
+                let (local, remote) = (UNDERLAY[i].into(), UNDERLAY[1 - i].into());
+                netcfg::create_vxlan(side_ns(t, i), &tun[i], VXLAN_VNI, local, remote, &under[i])?;
+            }
+            tun
+        }
+        Link::Pair(ends) => {
+            for (i, e) in ends.iter().enumerate() {
+                start_endpoint(t, e, i, &tun[i], log_dir, stop)?;
+            }
+            tun
+        }
+    };
+    let addrs = if *link == Link::Veth {
+        UNDERLAY
+    } else {
+        for i in 0..2 {
+            netcfg::configure(&side(side_ns(t, i), &devices[i], TUNNEL_MTU, INNER[i]))?;
+        }
+        INNER
+    };
+    t.devices = devices.to_vec();
+    t.server_addr = addrs[1].to_string();
+    t.wait_reachable(REACH_TIMEOUT, stop)?;
+    for e in &mut t.endpoints {
+        if !e.is_running() {
+            bail!("{} exited during set-up", e.label);
+        }
+    }
+    Ok(())
+}
+
+/// Start endpoint `e` on side `i` with device `dev` and wait until it is ready; configure a WireGuard endpoint
+/// with `wg set`. The process, and the socket it may leave, belong to `t` from the start.
+fn start_endpoint(
+    t: &mut Topology,
+    e: &Endpoint,
+    i: usize,
+    dev: &str,
+    log_dir: &Path,
+    stop: &AtomicBool,
+) -> Result<()> {
+    let local = format!("{}:{PORT}", UNDERLAY[i]);
+    let remote = format!("{}:{PORT}", UNDERLAY[1 - i]);
+    let argv: Vec<String> = e
+        .argv
+        .iter()
+        .map(|a| match *a {
+            "{dev}" => dev.to_string(),
+            "{local}" => local.clone(),
+            "{remote}" => remote.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    let socket = wg_socket(dev);
+    let ready = if e.wg.is_some() {
+        clear_stale_socket(&socket)?;
+        t.leftovers.push(socket.clone());
+        Ready::Socket(&socket)
+    } else {
+        Ready::Line
+    };
+    let log = log_dir.join(format!("{}-{dev}.stderr", e.name.replace(' ', "-")));
+    let launch = Launch { label: e.name, program: &e.program, argv: &argv, env: &e.env, ready };
+    let process = Forwarder::launch(&launch, side_ns(t, i), log, stop)?;
+    t.endpoints.push(process);
+    if let Some(wg) = &e.wg {
+        let (key, peer) = (&wg.keys[i], &wg.keys[1 - i]);
+        let tool = wg.tool.to_string_lossy();
+        let private = key.private.to_string_lossy();
+        let (port, allowed) = (PORT.to_string(), format!("{}/32", INNER[1 - i]));
+        let cmd = [
+            &*tool,
+            "set",
+            dev,
+            "private-key",
+            &*private,
+            "listen-port",
+            &port,
+            "peer",
+            &peer.public,
+            "endpoint",
+            &remote,
+            "allowed-ips",
+            &allowed,
+        ];
+        run_tool(side_ns(t, i), &cmd, WG_TIMEOUT, stop).with_context(|| format!("configure {} {dev}", e.name))?;
+    }
+    Ok(())
+}
+
+/// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed. One that is
+/// served belongs to a live device of that name: an error, never touched.
+pub fn clear_stale_socket(path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("{} is served by another process: a WireGuard device of that name exists", path.display());
+    }
+    std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))
 }
 
 #[cfg(test)]

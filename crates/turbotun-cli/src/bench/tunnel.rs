@@ -5,8 +5,8 @@
 //! the kernel's VXLAN, or a userspace endpoint process in each namespace (`turbotun tunnel`, `turbotun wg`,
 //! wireguard-go, boringtun). `veth` runs iperf3 over the underlay itself. The iperf3 server runs in B, the
 //! client in A, and the runs, their interleaving, the samples and the summaries are those of the forwarder bench
-//! (`mod.rs::measure`, `runner.rs`, `report.rs::summarize`); this file adds the kinds, their set-up, and the
-//! tables of per-endpoint CPU, peak RSS and system calls per GB.
+//! (`mod.rs::measure`, `runner.rs`, `report.rs::summarize`); the set-up of each run is `topo.rs`'s, like every
+//! topology's; this file adds the kinds, and the tables of per-endpoint CPU, peak RSS and system calls per GB.
 //!
 //! WireGuard endpoints follow WireGuard's cross-platform userspace interface: each serves
 //! `/var/run/wireguard/NAME.sock`, which is not per namespace, so every endpoint's device name is unique to the
@@ -15,66 +15,29 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::Ipv4Addr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::chart;
-use super::iperf::Traffic;
-use super::modes::{self, Kind, Mode, Unavailable};
-use super::netcfg::{self, Netns};
+use super::iperf::{self, Traffic};
+use super::modes::{self, Endpoint, Kind, Link, Mode, Unavailable, WgKey, WgSetup};
 use super::perfstat;
-use super::report::{self, RunRecord, Summary};
-use super::runner::{run_tool, Ctx};
-use super::stats::{fmt_count, fmt_num, fmt_spread, Spread};
-use super::topo::{Forwarder, Launch, Ready, Topology};
+use super::report::{self, ReportHeader, RunRecord, Summary};
+use super::runner::Ctx;
+use super::stats::{cell, med, med_count, ratio, Spread};
+use super::topo::{clear_stale_socket, INNER, PREFIX_LEN, TUNNEL_MTU, UNDERLAY, UNDERLAY_MTU, WG_SOCKET_DIR};
 use super::{BenchArgs, Plan};
-
-/// The underlay's addresses: A's, B's.
-pub const UNDERLAY: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2)];
-/// The tunnel devices' addresses: A's, B's.
-pub const INNER: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 202, 0, 1), Ipv4Addr::new(10, 202, 0, 2)];
-pub const PREFIX_LEN: u8 = 24;
-pub const UNDERLAY_MTU: u32 = 1500;
-pub const TUNNEL_MTU: u32 = 1420;
-/// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
-pub const PORT: u16 = 51820;
-pub const VXLAN_VNI: u32 = 42;
-/// Where WireGuard's userspace endpoints serve their configuration sockets, `NAME.sock` (not per namespace).
-pub const WG_SOCKET_DIR: &str = "/var/run/wireguard";
-/// How long a tunnel may take, once configured, to carry a first packet both ways.
-const REACH_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long `wg set` may take.
-const WG_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
 /// that each is one packet at the tunnel's MTU of 1420: a 1400-byte payload would be fragmented in two.
 pub const TUNNEL_TRAFFIC: &[Traffic] = &[
-    Traffic {
-        label: "tcp",
-        description: "TCP, one stream, -C cubic",
-        udp: false,
-        streams: 1,
-        payload: 0,
-        gso: 0,
-        rate: 0,
-    },
-    Traffic {
-        label: "tcp4",
-        description: "TCP, four streams (-P 4), -C cubic",
-        udp: false,
-        streams: 4,
-        payload: 0,
-        gso: 0,
-        rate: 0,
-    },
+    iperf::TCP_ONE_STREAM,
+    iperf::TCP_FOUR_STREAMS,
     Traffic {
         label: "udp1372",
         description: "UDP, 1400-byte IP datagrams (1372-byte payload, one packet at MTU 1420), unlimited rate (-b 0)",
@@ -216,179 +179,6 @@ pub const KINDS: &[KindSpec] = &[
 
 /// The kind every ratio is taken against.
 pub const REFERENCE: &str = "wireguard-go";
-
-/// One end of a tunnel, as the bench starts it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    pub name: &'static str,
-    pub program: PathBuf,
-    /// `{dev}`, `{local}` and `{remote}` stand for the device and the underlay's socket addresses.
-    pub argv: Vec<&'static str>,
-    pub env: Vec<(String, String)>,
-    /// Configured with `wg set` through its configuration socket, with these keys; None: a `ready` line.
-    pub wg: Option<Arc<WgSetup>>,
-}
-
-/// What configuring WireGuard endpoints takes: the `wg` tool and a key pair for each side.
-#[derive(Debug, PartialEq, Eq)]
-pub struct WgSetup {
-    pub tool: PathBuf,
-    /// A's key, B's key.
-    pub keys: [WgKey; 2],
-}
-
-/// A private key in a file (mode 0600, in a private directory) and its public key.
-#[derive(Debug, PartialEq, Eq)]
-pub struct WgKey {
-    pub private: PathBuf,
-    pub public: String,
-}
-
-/// How a run's namespaces are joined (`modes::Kind::Tunnel`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Link {
-    Veth,
-    Vxlan,
-    /// A's endpoint, B's endpoint.
-    Pair(Box<[Endpoint; 2]>),
-}
-
-/// The namespace of side `i`: A (the client's) or B (the server's).
-fn side_ns(t: &Topology, i: usize) -> &Netns {
-    if i == 0 {
-        &t.ns_a
-    } else {
-        t.server()
-    }
-}
-
-fn side<'a>(ns: &'a Netns, dev: &'a str, mtu: u32, addr: Ipv4Addr) -> netcfg::Side<'a> {
-    netcfg::Side { ns, dev, mtu, addrs: vec![(addr.into(), PREFIX_LEN)], routes: vec![], txqueuelen: None }
-}
-
-/// The configuration socket of WireGuard device `dev`.
-pub fn wg_socket(dev: &str) -> PathBuf {
-    Path::new(WG_SOCKET_DIR).join(format!("{dev}.sock"))
-}
-
-/// Set up `link` between the topology's two namespaces: the underlay, then the tunnel (devices, endpoint
-/// processes, WireGuard configuration, addresses), then a first packet both ways. Everything started is owned
-/// by `t`, so an error tears it down.
-pub(super) fn set_up(t: &mut Topology, link: &Link, base: &str, log_dir: &Path, stop: &AtomicBool) -> Result<()> {
-    let under = [format!("{base}ua"), format!("{base}ub")];
-    let tun = [format!("{base}ta"), format!("{base}tb")];
-    if let Some(long) = under.iter().chain(&tun).find(|n| n.len() > 15) {
-        bail!("device name {long} longer than 15 bytes");
-    }
-    netcfg::create_veth(&t.ns_a, &under[0], t.server(), &under[1])?;
-    for i in 0..2 {
-        netcfg::configure(&side(side_ns(t, i), &under[i], UNDERLAY_MTU, UNDERLAY[i]))?;
-    }
-    let devices = match link {
-        Link::Veth => under,
-        Link::Vxlan => {
-            for i in 0..2 {
-                let (local, remote) = (UNDERLAY[i].into(), UNDERLAY[1 - i].into());
-                netcfg::create_vxlan(side_ns(t, i), &tun[i], VXLAN_VNI, local, remote, &under[i])?;
-            }
-            tun
-        }
-        Link::Pair(ends) => {
-            for (i, e) in ends.iter().enumerate() {
-                start_endpoint(t, e, i, &tun[i], log_dir, stop)?;
-            }
-            tun
-        }
-    };
-    let addrs = if *link == Link::Veth {
-        UNDERLAY
-    } else {
-        for i in 0..2 {
-            netcfg::configure(&side(side_ns(t, i), &devices[i], TUNNEL_MTU, INNER[i]))?;
-        }
-        INNER
-    };
-    t.devices = devices.to_vec();
-    t.server_addr = addrs[1].to_string();
-    t.wait_reachable(REACH_TIMEOUT, stop)?;
-    for e in &mut t.endpoints {
-        if !e.is_running() {
-            bail!("{} exited during set-up", e.label);
-        }
-    }
-    Ok(())
-}
-
-/// Start endpoint `e` on side `i` with device `dev` and wait until it is ready; configure a WireGuard endpoint
-/// with `wg set`. The process, and the socket it may leave, belong to `t` from the start.
-fn start_endpoint(
-    t: &mut Topology,
-    e: &Endpoint,
-    i: usize,
-    dev: &str,
-    log_dir: &Path,
-    stop: &AtomicBool,
-) -> Result<()> {
-    let local = format!("{}:{PORT}", UNDERLAY[i]);
-    let remote = format!("{}:{PORT}", UNDERLAY[1 - i]);
-    let argv: Vec<String> = e
-        .argv
-        .iter()
-        .map(|a| match *a {
-            "{dev}" => dev.to_string(),
-            "{local}" => local.clone(),
-            "{remote}" => remote.clone(),
-            other => other.to_string(),
-        })
-        .collect();
-    let socket = wg_socket(dev);
-    let ready = if e.wg.is_some() {
-        clear_stale_socket(&socket)?;
-        t.leftovers.push(socket.clone());
-        Ready::Socket(&socket)
-    } else {
-        Ready::Line
-    };
-    let log = log_dir.join(format!("{}-{dev}.stderr", e.name.replace(' ', "-")));
-    let launch = Launch { label: e.name, program: &e.program, argv: &argv, env: &e.env, ready };
-    let process = Forwarder::launch(&launch, side_ns(t, i), log, stop)?;
-    t.endpoints.push(process);
-    if let Some(wg) = &e.wg {
-        let (key, peer) = (&wg.keys[i], &wg.keys[1 - i]);
-        let tool = wg.tool.to_string_lossy();
-        let private = key.private.to_string_lossy();
-        let (port, allowed) = (PORT.to_string(), format!("{}/32", INNER[1 - i]));
-        let cmd = [
-            &*tool,
-            "set",
-            dev,
-            "private-key",
-            &*private,
-            "listen-port",
-            &port,
-            "peer",
-            &peer.public,
-            "endpoint",
-            &remote,
-            "allowed-ips",
-            &allowed,
-        ];
-        run_tool(side_ns(t, i), &cmd, WG_TIMEOUT, stop).with_context(|| format!("configure {} {dev}", e.name))?;
-    }
-    Ok(())
-}
-
-/// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed. One that is
-/// served belongs to a live device of that name: an error, never touched.
-fn clear_stale_socket(path: &Path) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(());
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        bail!("{} is served by another process: a WireGuard device of that name exists", path.display());
-    }
-    std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))
-}
 
 /// The bench process that named a socket `tt<pid>r<run>t{a,b}.sock`, if the name is one of ours.
 fn socket_owner(file_name: &str) -> Option<u32> {
@@ -762,12 +552,9 @@ pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic])
 /// The JSON document of `--tunnel`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TunnelReport {
-    pub tool: String,
-    pub version: String,
-    pub build: String,
-    pub started_unix: u64,
-    pub kernel: String,
-    pub cpus: usize,
+    /// Which program, which build, on which machine, when.
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub duration_s: u64,
     pub reps: u32,
     /// The underlay and the tunnels' addresses and MTUs.
@@ -830,12 +617,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
     let (runs, failures) = super::measure(ctx, &plan, None)?;
     let kinds: Vec<(String, String)> = plan.modes.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
     let report = TunnelReport {
-        tool: "turbotun bench --tunnel".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        build: super::build_kind().into(),
-        started_unix,
-        kernel: super::kernel(),
-        cpus: super::cpus(),
+        header: ReportHeader::here("turbotun bench --tunnel", started_unix),
         duration_s: ctx.duration,
         reps,
         underlay: format!("veth {}/{PREFIX_LEN} <-> {}/{PREFIX_LEN}, MTU {UNDERLAY_MTU}", UNDERLAY[0], UNDERLAY[1]),
@@ -851,29 +633,15 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
     super::write_json(args.json.as_deref(), &report)?;
     if let Some(p) = &args.chart {
         let summary: Vec<Summary> = report.rows.iter().map(|r| r.summary.clone()).collect();
-        let title =
-            format!("turbotun bench --tunnel — {} s × {} rep(s), {}", report.duration_s, report.reps, report.kernel);
+        let title = format!(
+            "turbotun bench --tunnel — {} s × {} rep(s), {}",
+            report.duration_s, report.reps, report.header.kernel
+        );
         chart::write_bar_chart(p, &summary, &traffic, &title, chart::Metric::Gbps)?;
         eprintln!("turbotun bench: wrote {}", p.display());
     }
     super::print_markdown(&markdown(&report, &traffic));
     Ok((failures, resolved.build_failed))
-}
-
-fn cell(s: Option<Spread>) -> String {
-    s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
-}
-
-fn med(s: Option<Spread>) -> String {
-    s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
-}
-
-fn med_count(s: Option<Spread>) -> String {
-    s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
-}
-
-fn ratio(r: Option<f64>) -> String {
-    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
 }
 
 /// The cells of one row of a traffic kind's table.
@@ -910,7 +678,7 @@ pub fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
     let _ = writeln!(
         o,
         "## turbotun bench --tunnel ({} build): {} s per run, {} rep(s) interleaved, kernel {}, {} CPUs\n",
-        report.build, report.duration_s, report.reps, report.kernel, report.cpus
+        report.header.build, report.duration_s, report.reps, report.header.kernel, report.header.cpus
     );
     let _ = writeln!(
         o,
@@ -973,6 +741,7 @@ mod tests {
     use super::*;
     use crate::bench::iperf::IperfResult;
     use crate::bench::report::ProcSample;
+    use crate::bench::topo::wg_socket;
 
     fn rec(kind: &str, traffic: &str, rep: u32, gbps: f64, cpu: Option<f64>) -> RunRecord {
         let udp = traffic.starts_with("udp");
@@ -1060,12 +829,7 @@ mod tests {
     fn report() -> TunnelReport {
         let (runs, kinds) = sample();
         TunnelReport {
-            tool: "t".into(),
-            version: "0".into(),
-            build: "debug".into(),
-            started_unix: 0,
-            kernel: "6.18".into(),
-            cpus: 2,
+            header: ReportHeader::for_tests("t"),
             duration_s: 2,
             reps: 3,
             underlay: "u".into(),
@@ -1092,14 +856,7 @@ mod tests {
         assert!(md.contains("| boringtun (1 of 4 failed) | 2.20 |"), "{md}");
         assert!(md.contains("| lost % |") && md.contains("| wireguard-go | 0.500 | 1.00× | 12.0 |"), "{md}");
         assert!(md.contains("- turbotun-wg: no `wg` subcommand"), "{md}");
-        for block in md.split("\n\n") {
-            let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
-            if let Some(h) = rows.first() {
-                for row in &rows {
-                    assert_eq!(row.matches('|').count(), h.matches('|').count(), "{row}");
-                }
-            }
-        }
+        crate::bench::report::assert_rows_match_headers(&md);
         let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.rows.len(), r.rows.len());
         assert_eq!(back.runs[1].endpoints, r.runs[1].endpoints);

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -337,4 +337,66 @@ pub fn udp_datagrams_between(a: &OwnedFd, b: &OwnedFd, src: &str, dst: &str, uso
             assert_eq!(g, want, "burst {burst} datagram {k} over {dst} (uso {uso}, ordered {ordered})");
         }
     }
+}
+
+/// Names in a directory (`/run/netns`, `/sys/class/net`, `/var/run/wireguard`) that start with `prefix`.
+pub fn entries_with_prefix(dir: &str, prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// Command lines of the live processes that contain `needle` (a process whose parent has exited belongs to init,
+/// so it is found by name).
+pub fn processes_with(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some(cmdline)
+        })
+        .collect()
+}
+
+/// A finished run of a command: its exit status, its process id and what it printed.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub pid: u32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `command` with both outputs read as it runs (so that neither pipe fills), killed and the test failed if
+/// it has not exited within `limit`.
+pub fn run_within(command: &mut Command, limit: Duration) -> Finished {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+    let pid = child.id();
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out_reader = read_all(Box::new(child.stdout.take().unwrap()));
+    let err_reader = read_all(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{command:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Finished { status, pid, stdout: out_reader.join().unwrap(), stderr: err_reader.join().unwrap() }
 }

@@ -297,3 +297,14 @@ pub fn checksum_errors_here() -> u64 {
     }
     total
 }
+
+/// How many fds of this process are queues of device `name` (the `iff:` line of `/proc/self/fdinfo`): other
+/// tests run in parallel, so fds are counted per device rather than in total.
+pub fn fds_of(name: &str) -> usize {
+    let want = format!("iff:\t{name}\n");
+    std::fs::read_dir("/proc/self/fdinfo")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|info| info.contains(&want))
+        .count()
+}

@@ -170,3 +170,95 @@ pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
     }
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
+    use turbotun_wire::{partial, Checksums, Framing};
+
+    use super::testing::tcp4_super_packet;
+    use super::{prepare_units, GroKinds};
+
+    const V: usize = VIRTIO_NET_HDR_LEN;
+
+    /// Four consecutive 500-byte segments of one TCP flow, each with its checksum left partial, behind `offset`
+    /// bytes of room.
+    fn segments(offset: usize) -> (Vec<Vec<u8>>, Vec<usize>) {
+        let (mut bufs, mut lens) = (Vec::new(), Vec::new());
+        for i in 0..4u32 {
+            let (_, packet) = tcp4_super_packet(&[i as u8; 500], 500, 1 + 500 * i);
+            let mut buf = vec![0xee; offset];
+            buf.extend_from_slice(&packet);
+            lens.push(packet.len());
+            bufs.push(buf);
+        }
+        (bufs, lens)
+    }
+
+    #[test]
+    fn without_a_coalescer_every_packet_is_a_unit_with_its_own_header() {
+        // (virtio header length, what the caller vouches for, the header each packet gets, checksum afterwards)
+        let cases = [
+            (V, Checksums::Partial, Some(true), Some(false)),
+            (V, Checksums::Valid, Some(false), Some(false)),
+            (0, Checksums::Partial, None, Some(true)),
+        ];
+        for (vlen, checksums, needs_csum, complete) in cases {
+            let (mut bufs, mut lens) = segments(V);
+            let mut to_write = vec![99];
+            let merged = prepare_units(None, &mut bufs, &mut lens, V, vlen, Framing::Ip, checksums, &mut to_write);
+            assert_eq!((merged, to_write.as_slice()), (0, &[0, 1, 2, 3][..]), "{checksums:?}");
+            for buf in &bufs {
+                if let Some(needs_csum) = needs_csum {
+                    let hdr = VirtioNetHdrRepr::parse(&buf[V - vlen..V]).unwrap();
+                    assert_eq!(hdr.needs_csum(), needs_csum, "{checksums:?}");
+                    assert!(!hdr.is_gso());
+                }
+                assert_eq!(partial::verify(&buf[V..], Framing::Ip), complete, "{checksums:?} over {vlen}");
+            }
+        }
+        // A buffer shorter than its length is left for the write to report, not a panic here.
+        let (mut bufs, mut lens) = segments(V);
+        lens[1] += 100;
+        let mut to_write = Vec::new();
+        prepare_units(None, &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        assert_eq!(to_write, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn with_a_coalescer_one_flow_is_one_unit() {
+        let mut gro = GroKinds { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: V }.coalescer();
+        let (mut bufs, mut lens) = segments(V);
+        let mut to_write = Vec::new();
+        let merged =
+            prepare_units(gro.as_mut(), &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        assert_eq!((merged, to_write.as_slice()), (3, &[0][..]));
+        let hdr = VirtioNetHdrRepr::parse(&bufs[0][..V]).unwrap();
+        assert_eq!((hdr.gso_kind(), hdr.gso_size), (gso::TCPV4, 500));
+    }
+
+    #[test]
+    fn a_refused_kind_goes_off_and_the_other_stays() {
+        let tcp_hdr = VirtioNetHdrRepr { gso_type: gso::TCPV4, ..Default::default() };
+        let udp_hdr = VirtioNetHdrRepr { gso_type: gso::UDP_L4, ..Default::default() };
+        // (kinds asked for, the refused writes' headers, tcp and udp afterwards, whether a coalescer is made)
+        type Case<'a> = ((bool, bool), &'a [VirtioNetHdrRepr], (bool, bool), bool);
+        let cases: [Case; 5] = [
+            ((true, true), &[], (true, true), true),
+            ((true, true), &[udp_hdr], (true, false), true),
+            ((true, true), &[tcp_hdr], (false, true), true),
+            ((true, false), &[tcp_hdr, tcp_hdr], (false, false), false),
+            ((true, true), &[tcp_hdr, udp_hdr], (false, false), false),
+        ];
+        for ((tcp, udp), refused, after, coalesces) in cases {
+            let mut kinds = GroKinds { tcp, udp, framing: Framing::Ip, vnet_hdr_len: V };
+            for hdr in refused {
+                kinds.refuse(hdr, "test0");
+            }
+            assert_eq!(((kinds.tcp, kinds.udp), kinds.coalescer().is_some()), (after, coalesces), "{refused:?}");
+        }
+        // No virtio header, no coalesced writes.
+        let none = GroKinds::new(Framing::Ip, 0, true, true);
+        assert!(!none.tcp && !none.udp && none.coalescer().is_none());
+    }
+}

@@ -4,6 +4,7 @@
 //! write units, a refused coalesced write) is the same code (`turbotun_wire::scatter`, `crate::batch`,
 //! `crate::write_policy`).
 
+use std::ops::Range;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
@@ -12,7 +13,6 @@ use turbotun_wire::scatter::ScatterShape;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 use turbotun_wire::Checksums;
 
-use super::scatter::Scatter;
 use super::{ring_error, OFFSET};
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::queue::{Queue, MAX_PACKET};
@@ -29,6 +29,20 @@ pub(super) enum ReadMode {
     Scattered(Scatter),
 }
 
+/// The state of scattered reads.
+#[derive(Debug, Default)]
+pub(super) struct Scatter {
+    /// Reads and writes through the registered slot arena (`READV_FIXED`/`WRITEV_FIXED`).
+    pub(super) registered: bool,
+    /// The shape of the last super-packet: the next read is laid out for it.
+    pub(super) predicted: Option<ScatterShape>,
+    /// The pieces of the read in flight (slot, byte range): with a shape, its segment slots then the overflow
+    /// slot; without, one slot for the whole frame.
+    pub(super) plan: Vec<(u32, Range<usize>)>,
+    /// The shape the read in flight was laid out for.
+    pub(super) shape_in_flight: Option<ScatterShape>,
+}
+
 /// A super-packet being split into spare slots, whose remaining segments wait for free spares.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Splitting {
@@ -43,7 +57,7 @@ pub(super) struct Splitting {
 /// sit in the transmit ring.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Unit {
-    pieces: Vec<(u32, std::ops::Range<usize>)>,
+    pieces: Vec<(u32, Range<usize>)>,
     packets: u64,
     bytes: u64,
     first_pos: u32,

@@ -14,20 +14,6 @@ use crate::error::Result;
 use crate::queue::MAX_PACKET;
 use crate::stats::DropReason;
 
-/// The state of scattered reads.
-#[derive(Debug, Default)]
-pub(crate) struct Scatter {
-    /// Reads and writes through the registered slot arena (`READV_FIXED`/`WRITEV_FIXED`).
-    pub(crate) registered: bool,
-    /// The shape of the last super-packet: the next read is laid out for it.
-    pub(crate) predicted: Option<ScatterShape>,
-    /// The pieces of the read in flight (slot, byte range): with a shape, its segment slots then the overflow
-    /// slot; without, one slot for the whole frame.
-    pub(crate) plan: Vec<(u32, Range<usize>)>,
-    /// The shape the read in flight was laid out for.
-    pub(crate) shape_in_flight: Option<ScatterShape>,
-}
-
 impl UringOffload {
     /// Queues the next read (submitted by the next round's `io_uring_enter`) once the last one was handled,
     /// laid out by the prediction if there is one and enough spares are free.
