@@ -169,6 +169,10 @@ fn send_and_recv_queues() {
         }
         let tun = Netlink::new().unwrap().link(&name).expect("the device lives on").tun.unwrap();
         assert_eq!(tun.num_queues, 2, "both queues attached, held by the receiver");
+        // The offloads are the device's: renegotiated through one received queue, the other sees it too.
+        queues[0].set_offloads(Offloads::CSUM).unwrap();
+        assert_eq!(queues[1].offloads(), Offloads::CSUM);
+        assert!(!queues[1].receives_super_packets());
 
         // Mixing devices in one hand-over is refused before anything is sent.
         let other = DeviceBuilder::tun().name(unique_name("ths")).open().unwrap();

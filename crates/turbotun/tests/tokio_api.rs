@@ -67,3 +67,27 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
         });
     });
 }
+
+#[test]
+fn async_send_to_a_device_that_is_down_fails_at_once() {
+    in_netns("async_send_to_a_device_that_is_down_fails_at_once", || {
+        // The kernel reports a TUN fd writable only while its device is up: a write that waited for writability
+        // first would wait forever here instead of failing.
+        let name = unique_name("tdn");
+        let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::ALL).open().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().unwrap();
+        rt.block_on(async {
+            let q = AsyncQueue::new(dev.into_queues().remove(0)).unwrap();
+            let packet = ipv4_udp(LOCAL, PEER, 9, 4446, b"to a device that is down");
+            let sent = tokio::time::timeout(Duration::from_secs(3), q.send(&packet)).await.expect("not left waiting");
+            assert!(matches!(sent, Err(turbotun::Error::DeviceDown { .. })), "{sent:?}");
+            let mut batch = q.send_batch();
+            let mut bufs = vec![[vec![0u8; 10], packet.clone()].concat()];
+            let mut lens = [packet.len()];
+            let sent = tokio::time::timeout(Duration::from_secs(3), batch.send_many(&mut bufs, &mut lens, 10, false))
+                .await
+                .expect("not left waiting");
+            assert_eq!(batch.stats().drops.get(turbotun::DropReason::DeviceDown), 1, "{sent:?}");
+        });
+    });
+}

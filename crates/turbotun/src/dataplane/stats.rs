@@ -122,6 +122,13 @@ impl Drops {
         *self.slot(reason) += n;
     }
 
+    /// Adds every reason's count of `other`.
+    pub fn add_all(&mut self, other: &Drops) {
+        for &reason in DropReason::ALL {
+            self.add(reason, other.get(reason));
+        }
+    }
+
     /// Packets dropped for `reason`.
     pub fn get(&self, reason: DropReason) -> u64 {
         let mut copy = *self;
@@ -156,9 +163,7 @@ macro_rules! counters {
             /// Adds every counter of `other` to this one.
             pub fn add(&mut self, other: &Counters) {
                 $(self.$field += other.$field;)*
-                for &reason in DropReason::ALL {
-                    self.drops.add(reason, other.drops.get(reason));
-                }
+                self.drops.add_all(&other.drops);
             }
 
             /// What changed since `earlier` (an older copy of the same cumulative counters).
@@ -266,6 +271,53 @@ impl ProcessUsage {
         let open_fds = std::fs::read_dir("/proc/self/fd")?.count().saturating_sub(1) as u64;
         Ok(ProcessUsage { rss_kb: field("VmRSS:"), peak_rss_kb: field("VmHWM:"), open_fds, threads: field("Threads:") })
     }
+}
+
+/// Packets between two additions to the shared counters while busy: the shared atomics sit on a cache line
+/// that other threads read, so adding per packet would cost more than the packet.
+pub(crate) const FLUSH_EVERY: u64 = 64;
+
+/// Adds a worker's cumulative counters to the shared ones, as differences since the last time.
+#[derive(Debug)]
+pub(crate) struct Flusher<'a> {
+    shared: &'a SharedCounters,
+    last: Counters,
+}
+
+impl<'a> Flusher<'a> {
+    pub(crate) fn new(shared: &'a SharedCounters) -> Self {
+        Flusher { shared, last: Counters::default() }
+    }
+
+    /// Adds what changed since the last flush; returns it.
+    pub(crate) fn flush(&mut self, now: Counters) -> Counters {
+        let delta = now.since(&self.last);
+        self.shared.add(&delta);
+        self.last = now;
+        delta
+    }
+
+    /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush.
+    pub(crate) fn maybe_flush(&mut self, now: Counters) {
+        if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY {
+            self.flush(now);
+        }
+    }
+}
+
+/// The counters of one direction's batch halves together (their fields do not overlap).
+pub(crate) fn batch_counts(rx: Counters, tx: Counters) -> Counters {
+    let mut c = rx;
+    c.add(&tx);
+    c
+}
+
+/// [`batch_counts`] at the end of a worker: `pending` segments still in the receive half were read and will
+/// not be written.
+pub(crate) fn final_batch_counts(rx: Counters, tx: Counters, pending: usize) -> Counters {
+    let mut c = batch_counts(rx, tx);
+    c.drops.add(DropReason::Stopped, pending as u64);
+    c
 }
 
 #[cfg(test)]

@@ -121,10 +121,26 @@ impl AsyncQueue {
     /// Writes one packet (see [`Queue::send`]), waiting for room without blocking the thread when the queue is
     /// full. Cancellation safe: the packet is written whole or not at all.
     pub async fn send(&self, packet: &[u8]) -> Result<usize> {
+        self.write_when_room(|q| match q.send(packet) {
+            Err(e) if e.is_would_block() => Ok(None),
+            other => other.map(Some),
+        })
+        .await
+    }
+
+    /// Runs `write` at once, and again each time the queue becomes writable for as long as it finds the queue
+    /// full (`Ok(None)`). Never waits before the first try: a TUN fd is reported writable only while its device
+    /// is up, and a write to a device that is down must fail (and be counted), not wait.
+    pub(crate) async fn write_when_room<T>(&self, mut write: impl FnMut(&Queue) -> Result<Option<T>>) -> Result<T> {
+        let mut ready: Option<Ready<'_>> = None;
         loop {
-            if let Some(done) = self.writable().await?.try_io(|q| q.send(packet)) {
-                return done;
+            if let Some(done) = write(self.get_ref())? {
+                return Ok(done);
             }
+            if let Some(mut stale) = ready.take() {
+                stale.clear();
+            }
+            ready = Some(self.writable().await?);
         }
     }
 
@@ -248,22 +264,21 @@ impl AsyncSendBatch {
         let n = self.half.prepare(bufs, lens, offset, checksums.into())?;
         let (bufs, lens) = (&bufs[..n], &lens[..n]);
         let mut writing = Writing { half: &mut self.half, queue: &self.queue, lens, offset, next: 0, done: false };
-        loop {
-            let mut ready = writing.queue.writable().await?;
-            let (queue, next) = (writing.queue.get_ref(), writing.next);
-            match writing.half.write_units(queue, bufs, lens, offset, next, false) {
-                Ok(Progress::Done) => break,
+        let queue = writing.queue;
+        queue
+            .write_when_room(|q| match writing.half.write_units(q, bufs, lens, offset, writing.next, false) {
+                Ok(Progress::Done) => Ok(Some(())),
                 Ok(Progress::Full(k)) => {
                     writing.next = k;
-                    ready.clear();
+                    Ok(None)
                 }
                 Err(e) => {
                     // Counted by `write_units` already.
                     writing.done = true;
-                    return Err(e);
+                    Err(e)
                 }
-            }
-        }
+            })
+            .await?;
         writing.done = true;
         drop(writing);
         Ok(self.half.sent_since(&before))

@@ -158,7 +158,7 @@ impl TunnelSocket {
             sys::udp::set_no_check(fd.as_fd(), true).map_err(|e| Error::io("setsockopt(SO_NO_CHECK)", e))?;
         }
         rustix::net::bind(&fd, &addr).map_err(|e| Error::io(format!("binding UDP {addr}"), e.into()))?;
-        let gso = options.gso && sys::udp::udp_segment_supported(fd.as_fd());
+        let gso = options.gso && sys::udp::set_udp_segment(fd.as_fd(), 0).is_ok();
         let gro = options.gro && sys::udp::set_udp_gro(fd.as_fd(), true).is_ok();
         Ok(TunnelSocket { socket: UdpSocket::from(fd), gso: AtomicBool::new(gso), gro, dual })
     }
@@ -280,7 +280,7 @@ impl TunnelSocket {
                 Err(e) => {
                     // The first message of the batch failed: decide for it, then go on after it.
                     let (first, end, segment) = batch[0];
-                    match self.failed(&e, &datagrams[first..end], &iov[first..end], segment, stop, counters) {
+                    match self.failed(e, &datagrams[first..end], &iov[first..end], segment, stop, counters) {
                         Ok(Retry::Again) => {}
                         Ok(Retry::Next) => g += 1,
                         Err(fatal) => {
@@ -298,7 +298,7 @@ impl TunnelSocket {
     /// What a failed send of one message (`datagrams`, gathered from `iov`) becomes.
     fn failed(
         &self,
-        e: &io::Error,
+        e: io::Error,
         datagrams: &[Datagram<'_>],
         iov: &[IoSlice<'_>],
         segment: u16,
@@ -307,14 +307,17 @@ impl TunnelSocket {
     ) -> Result<Retry> {
         let segmented = segment > 0 && datagrams.len() > 1;
         match e.raw_os_error() {
-            Some(libc::EINTR) => Ok(Retry::Again),
-            Some(libc::EAGAIN) => {
-                // The socket buffer is full: wait for room (backpressure), or give up on a stop.
+            Some(errno @ (libc::EINTR | libc::EAGAIN)) => {
+                // Interrupted (the wake-up signal at the stop ends a blocking send) or the socket buffer full:
+                // give up on a stop; else send again, after waiting for room (backpressure) if it was full.
                 if stop.is_some_and(StopHandle::is_stopped) {
                     counters.drops.add(DropReason::Stopped, datagrams.len() as u64);
                     return Ok(Retry::Next);
                 }
-                crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, Some(Duration::from_millis(100)))?;
+                if errno == libc::EAGAIN {
+                    let room = Some(Duration::from_millis(100));
+                    crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, room)?;
+                }
                 Ok(Retry::Again)
             }
             Some(libc::ENOBUFS) => {
@@ -352,7 +355,7 @@ impl TunnelSocket {
                 counters.drops.add(DropReason::KernelRefused, datagrams.len() as u64);
                 Ok(Retry::Next)
             }
-            _ => Err(Error::io("sendmmsg on the tunnel socket", copy_error(e))),
+            _ => Err(Error::io("sendmmsg on the tunnel socket", e)),
         }
     }
 
@@ -375,7 +378,7 @@ impl TunnelSocket {
                     count_sent(&datagrams[i..i + 1], counters);
                     i += 1;
                 }
-                Err(e) => match self.failed(&e, &datagrams[i..i + 1], &iov[i..i + 1], 0, stop, counters)? {
+                Err(e) => match self.failed(e, &datagrams[i..i + 1], &iov[i..i + 1], 0, stop, counters)? {
                     Retry::Again => {}
                     Retry::Next => i += 1,
                 },
@@ -410,14 +413,6 @@ fn unmapped(addr: SocketAddr) -> SocketAddr {
             None => addr,
         },
         v4 => v4,
-    }
-}
-
-/// An owned copy of `e` that keeps its errno.
-fn copy_error(e: &io::Error) -> io::Error {
-    match e.raw_os_error() {
-        Some(errno) => io::Error::from_raw_os_error(errno),
-        None => io::Error::new(e.kind(), e.to_string()),
     }
 }
 

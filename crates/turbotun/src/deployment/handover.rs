@@ -411,6 +411,11 @@ pub fn recv_queues_with_header(socket: &UnixStream) -> Result<(HandoverHeader, V
                 header.vnet_hdr_len
             )));
         }
+        // Queues of one device share one view of its offloads, as `Device::open` gives them.
+        let queue = match queues.first() {
+            Some(first) => queue.sharing_offloads_with(first),
+            None => queue,
+        };
         queues.push(queue);
     }
     Ok((header, queues))
@@ -530,8 +535,7 @@ impl QueueListener {
 
     /// The next connection, or `None` once `stop` fires.
     fn next_connection(&self, stop: &StopHandle) -> Result<Option<UnixStream>> {
-        use rustix::event::{poll, PollFd, PollFlags};
-        let wake = stop.wake_fd()?;
+        use rustix::event::PollFlags;
         loop {
             if stop.is_stopped() {
                 return Ok(None);
@@ -542,11 +546,7 @@ impl QueueListener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
             }
-            let mut fds = [PollFd::new(&self.listener, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
-            match poll(&mut fds, None) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Error::io("waiting for a hand-over (poll)", e.into())),
-            }
+            crate::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
         }
     }
 }

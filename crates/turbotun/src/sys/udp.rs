@@ -318,12 +318,6 @@ pub(crate) fn set_mark(fd: BorrowedFd<'_>, mark: u32) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_MARK, mark as libc::c_int)
 }
 
-/// Whether the kernel takes `UDP_SEGMENT` on this socket (a zero socket-wide segment size, which changes
-/// nothing: each send still says its own).
-pub(crate) fn udp_segment_supported(fd: BorrowedFd<'_>) -> bool {
-    setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok()
-}
-
 /// `UDP_GRO`: the kernel may coalesce datagrams of one flow into one read, with their size as a control message.
 pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, on.into())

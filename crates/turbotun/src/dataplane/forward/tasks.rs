@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::supervise::{jobs, panic_message, supervise, Done};
-use super::workers::{
-    arena, batch_counts, each_packet, final_batch_counts, packet_offset, raw_frame, Flusher, WorkerCtx,
-};
+use super::workers::{arena, each_packet, packet_offset, raw_frame, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder};
 use crate::error::{Error, Result};
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::Counters;
+use crate::stats::{batch_counts, final_batch_counts, Flusher};
 use crate::tokio::AsyncQueue;
 use crate::write_policy::Written;
 
@@ -130,13 +129,12 @@ async fn forward_raw(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) -> Res
             hook(ctx.direction(), &mut buf[vnet_hdr_len..n]);
         }
         // A full queue is awaited, not waited on: the write policy hands it back instead of polling.
-        let written = loop {
-            let mut ready = dst.writable().await?;
-            match writer.write(dst.get_ref(), &[IoSlice::new(&buf[..n])], unit, false, false, &mut c) {
-                Ok(Written::Full) => ready.clear(),
-                other => break other,
-            }
-        };
+        let written = dst
+            .write_when_room(|q| match writer.write(q, &[IoSlice::new(&buf[..n])], unit, false, false, &mut c) {
+                Ok(Written::Full) => Ok(None),
+                other => other.map(Some),
+            })
+            .await;
         flusher.flush(c);
         written?;
     }

@@ -1,6 +1,6 @@
 //! The loops one worker runs, one per way of moving packets: split and coalesce (offload), one frame per read
 //! and write (plain and passthrough), and io_uring. Each counts into its own [`Counters`] and adds what changed
-//! to the forwarder's shared counters every [`FLUSH_EVERY`] packets and whenever it goes idle.
+//! to the forwarder's shared counters every [`FLUSH_EVERY`](crate::stats::FLUSH_EVERY) packets and whenever it goes idle.
 
 use std::io::IoSlice;
 
@@ -10,13 +10,9 @@ use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, I
 use crate::batch::{RecvBatch, SendBatch};
 use crate::error::Result;
 use crate::queue::{Queue, MAX_PACKET, MAX_VNET_HDR};
-use crate::stats::{Counters, DropReason, SharedCounters, WhenFull};
+use crate::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
 use crate::stop::StopHandle;
 use crate::write_policy::{Unit, Writer};
-
-/// Packets between two additions to the shared counters while busy: the shared atomics sit on a cache line
-/// that other threads read, so adding per packet would cost more than the packet.
-pub(super) const FLUSH_EVERY: u64 = 64;
 
 /// What a worker needs to know besides its two queues.
 #[derive(Clone)]
@@ -78,34 +74,6 @@ impl WorkerCtx {
     }
 }
 
-/// Adds a worker's cumulative counters to the shared ones, as differences since the last time.
-#[derive(Debug)]
-pub(super) struct Flusher<'a> {
-    shared: &'a SharedCounters,
-    last: Counters,
-}
-
-impl<'a> Flusher<'a> {
-    pub(super) fn new(shared: &'a SharedCounters) -> Self {
-        Flusher { shared, last: Counters::default() }
-    }
-
-    /// Adds what changed since the last flush; returns it.
-    pub(super) fn flush(&mut self, now: Counters) -> Counters {
-        let delta = now.since(&self.last);
-        self.shared.add(&delta);
-        self.last = now;
-        delta
-    }
-
-    /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush.
-    pub(super) fn maybe_flush(&mut self, now: Counters) {
-        if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY {
-            self.flush(now);
-        }
-    }
-}
-
 pub(super) fn run_worker(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     match (ctx.io, ctx.mode) {
         #[cfg(feature = "uring")]
@@ -128,21 +96,6 @@ pub(super) fn arena(batch: usize) -> (Vec<u8>, usize) {
 /// half needs its source's in front of each packet, the send half its destination's).
 pub(super) fn packet_offset(src: &Queue, dst: &Queue) -> usize {
     src.vnet_hdr_len().max(dst.vnet_hdr_len())
-}
-
-/// The counters of one direction's batch halves together (their fields do not overlap).
-pub(super) fn batch_counts(rx: Counters, tx: Counters) -> Counters {
-    let mut c = rx;
-    c.add(&tx);
-    c
-}
-
-/// [`batch_counts`] at the end of a worker: `pending` segments still in the receive half were read and will
-/// not be written.
-pub(super) fn final_batch_counts(rx: Counters, tx: Counters, pending: usize) -> Counters {
-    let mut c = batch_counts(rx, tx);
-    c.drops.add(DropReason::Stopped, pending as u64);
-    c
 }
 
 /// Hands every packet of a batch to the per-packet hook, if there is one.
@@ -286,7 +239,7 @@ fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Op
         match polled {
             Ok(busy) => {
                 let now = ring.counters();
-                if !busy || now.reads - last_flushed_reads >= FLUSH_EVERY {
+                if !busy || now.reads - last_flushed_reads >= crate::stats::FLUSH_EVERY {
                     last_flushed_reads = now.reads;
                     flush(&mut flusher, now);
                 }
@@ -296,9 +249,9 @@ fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Op
     };
     let reason = match &result {
         Err(e) => crate::write_policy::lost_with(e),
-        Ok(()) => {
-            ring.wait_for_writes(IDLE_WAIT).map_or_else(|e| crate::write_policy::lost_with(&e), |_| DropReason::Stopped)
-        }
+        Ok(()) => ring
+            .wait_for_writes(IDLE_WAIT)
+            .map_or_else(|e| crate::write_policy::lost_with(&e), |_| crate::stats::DropReason::Stopped),
     };
     ring.give_up(reason);
     let last = ring.counters();

@@ -11,7 +11,7 @@ use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::error::Result;
 use crate::kind::Mode;
 use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{Counters, DropReason, SharedCounters};
+use crate::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher};
 use crate::stop::StopHandle;
 use crate::udp::{self, Datagram, RecvSlots, TunnelSocket};
 
@@ -36,25 +36,9 @@ impl<T: Transform> Clone for Ctx<T> {
     }
 }
 
-/// Link-layer bytes a TAP frame may carry in front of an MTU-sized packet: Ethernet with two VLAN tags.
-const MAX_LINK_HEADER: usize = 22;
-
 /// Messages one receive reads at most: each up to 64 KiB of coalesced datagrams.
 const RECV_SLOTS: usize = 8;
 const RECV_SLOT_SIZE: usize = 65_536;
-
-/// Local counters that are added to the shared ones after every batch.
-struct Published<'a> {
-    shared: &'a SharedCounters,
-    sent: Counters,
-}
-
-impl Published<'_> {
-    fn publish(&mut self, now: &Counters) {
-        self.shared.add(&now.since(&self.sent));
-        self.sent = *now;
-    }
-}
 
 /// Sends the transform's own datagrams at once, counting them as `control` (and their drops by reason).
 fn control_sender<'a>(socket: &'a TunnelSocket, counters: &'a mut Counters) -> impl FnMut(&[u8], SocketAddr) + 'a {
@@ -63,9 +47,7 @@ fn control_sender<'a>(socket: &'a TunnelSocket, counters: &'a mut Counters) -> i
         let mut sent = Counters::default();
         // A socket that cannot send at all shows on the next batch's send; here only its drop is counted.
         let _ = socket.send_one(data, to, &mut sent);
-        for &reason in DropReason::ALL {
-            counters.drops.add(reason, sent.drops.get(reason));
-        }
+        counters.drops.add_all(&sent.drops);
     }
 }
 
@@ -82,9 +64,10 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     crate::wake::unblock()?;
     let queue = &*ctx.queue;
     let offset = queue.vnet_hdr_len();
-    // Room for any packet the device hands over whole: its MTU may be changed while the tunnel runs (wg-quick
-    // sets it after the endpoint starts), and a buffer's pages are touched only as far as packets reach.
-    let size = offset + MAX_PACKET + MAX_LINK_HEADER;
+    // Room for any frame the device hands over whole (`MAX_PACKET` has the link header's room): its MTU may be
+    // changed while the tunnel runs (wg-quick sets it after the endpoint starts), and a buffer's pages are
+    // touched only as far as packets reach.
+    let size = offset + MAX_PACKET;
     let overhead = ctx.transform.overhead();
     let ip = queue.mode() == Mode::Tun;
     let mut rx = RecvBatch::new(ctx.queue.clone())
@@ -106,13 +89,9 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
     let mut counters = Counters::default();
     let mut control = Counters::default();
-    let mut published = Published { shared: ctx.stats.device_to_network(), sent: Counters::default() };
-    let read_counters = |rx: &RecvBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
-        let mut all = rx.stats();
-        all.add(counters);
-        all.add(control);
-        all
-    };
+    let mut flusher = Flusher::new(ctx.stats.device_to_network());
+    // What the socket counted for the packets' datagrams and for the control datagrams, added together.
+    let sent = |counters: &Counters, control: &Counters| batch_counts(*counters, *control);
     let result = loop {
         if ctx.stop.is_stopped() {
             break Ok(());
@@ -121,7 +100,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             Ok(got) => got,
             // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Err(e) if e.is_interrupted() || e.is_would_block() => {
-                published.publish(&read_counters(&rx, &counters, &control));
+                flusher.flush(batch_counts(rx.stats(), sent(&counters, &control)));
                 continue;
             }
             Err(e) => break Err(e),
@@ -155,9 +134,9 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         if let Err(e) = ctx.socket.send_datagrams(&datagrams[..n], Some(&ctx.stop), &mut counters) {
             break Err(e);
         }
-        published.publish(&read_counters(&rx, &counters, &control));
+        flusher.flush(batch_counts(rx.stats(), sent(&counters, &control)));
     };
-    published.publish(&read_counters(&rx, &counters, &control));
+    flusher.flush(final_batch_counts(rx.stats(), sent(&counters, &control), rx.pending()));
     result
 }
 
@@ -184,28 +163,25 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut lens = vec![0usize; BATCH_SIZE];
     let mut counters = Counters::default();
     let mut control = Counters::default();
-    let mut published = Published { shared: ctx.stats.network_to_device(), sent: Counters::default() };
+    let mut flusher = Flusher::new(ctx.stats.network_to_device());
     let all = |tx: &SendBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
-        let mut all = tx.stats();
-        all.add(counters);
-        all.add(control);
-        all
+        batch_counts(batch_counts(*counters, *control), tx.stats())
     };
     let result: Result<()> = 'run: loop {
         if ctx.stop.is_stopped() {
             break Ok(());
         }
-        let messages = match ctx.socket.recv_wait(&mut slots) {
+        match ctx.socket.recv_wait(&mut slots) {
             // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Ok(0) => {
-                published.publish(&all(&tx, &counters, &control));
+                flusher.flush(all(&tx, &counters, &control));
                 continue;
             }
-            Ok(n) => n,
+            // Each message is looked at below.
+            Ok(_) => {}
             Err(e) => break Err(e),
-        };
+        }
         counters.reads += 1;
-        let _ = messages; // each message is looked at below
         let mut k = 0;
         let mut send_control = control_sender(&ctx.socket, &mut control);
         for (meta, data) in slots.messages_mut() {
@@ -266,16 +242,16 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                 break Err(e);
             }
         }
-        published.publish(&all(&tx, &counters, &control));
+        flusher.flush(all(&tx, &counters, &control));
     };
-    published.publish(&all(&tx, &counters, &control));
+    flusher.flush(all(&tx, &counters, &control));
     result
 }
 
 /// The transform's timers, every `interval` until the stop handle fires.
 pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<()> {
     let mut control = Counters::default();
-    let mut published = Published { shared: ctx.stats.device_to_network(), sent: Counters::default() };
+    let mut flusher = Flusher::new(ctx.stats.device_to_network());
     let wake = ctx.stop.wake_fd()?;
     loop {
         if crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))? || ctx.stop.is_stopped()
@@ -283,11 +259,9 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
             break;
         }
         let lost = ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
-        for &reason in DropReason::ALL {
-            control.drops.add(reason, lost.get(reason));
-        }
-        published.publish(&control);
+        control.drops.add_all(&lost);
+        flusher.flush(control);
     }
-    published.publish(&control);
+    flusher.flush(control);
     Ok(())
 }
