@@ -25,6 +25,10 @@ use crate::sys::{self, iff};
 pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
 pub use crate::kind::MAX_VNET_HDR;
 
+/// Slices (the virtio header's included) that a vectored call with a header of its own gathers on the stack; a
+/// longer chain is gathered in a vector.
+const STACK_IOV: usize = 16;
+
 /// The length after the virtio header of a frame that one read of `n` bytes put into buffers of `capacity` bytes
 /// in all (the header included), or why it cannot be used: the tun driver reports a frame's full length even
 /// when the buffers were shorter, so a read longer than its buffers is a frame cut short
@@ -220,10 +224,7 @@ impl Queue {
             )));
         }
         let (hdr, len) = self.read_with_hdr(buf, nowait)?;
-        if hdr.flags & turbotun_wire::virtio_net::flags::NEEDS_CSUM != 0 {
-            turbotun_wire::checksum::complete_partial(&mut buf[..len], hdr.csum_start.into(), hdr.csum_offset.into())
-                .map_err(|e| Error::malformed(&self.name, Malformed::PartialChecksum(e)))?;
-        }
+        hdr.finish_whole(&mut buf[..len]).map_err(|e| Error::malformed(&self.name, Malformed::PartialChecksum(e)))?;
         Ok(len)
     }
 
@@ -244,10 +245,8 @@ impl Queue {
         if self.vnet_hdr_len == 0 {
             return Ok((VirtioNetHdrRepr::default(), n));
         }
-        let len = n.checked_sub(self.vnet_hdr_len).ok_or_else(|| {
-            self.rx.errors.fetch_add(1, Ordering::Relaxed);
-            Error::malformed(&self.name, Malformed::ShortRead)
-        })?;
+        // Counted as an error by `read_scattered` already.
+        let len = n.checked_sub(self.vnet_hdr_len).ok_or_else(|| Error::malformed(&self.name, Malformed::ShortRead))?;
         let hdr = VirtioNetHdrRepr::parse(&head[..self.vnet_hdr_len])
             .map_err(|e| Error::malformed(&self.name, Malformed::VirtioHeader(e)))?;
         Ok((hdr, len))
@@ -281,11 +280,21 @@ impl Queue {
     /// slices hold the packet alone.
     pub fn recv_vectored_with_hdr(&self, bufs: &mut [IoSliceMut<'_>]) -> Result<(VirtioNetHdrRepr, usize)> {
         let mut head = [0u8; MAX_VNET_HDR];
-        let mut iov: Vec<IoSliceMut<'_>> = Vec::with_capacity(bufs.len() + 1);
-        iov.push(IoSliceMut::new(&mut head[..self.vnet_hdr_len]));
-        iov.extend(bufs.iter_mut().map(|b| IoSliceMut::new(&mut b[..])));
-        let n = self.read_scattered(&mut iov, false)?;
-        drop(iov);
+        let head_slice = IoSliceMut::new(&mut head[..self.vnet_hdr_len]);
+        let count = bufs.len();
+        let n = if count < STACK_IOV {
+            let mut iov: [IoSliceMut<'_>; STACK_IOV] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
+            iov[0] = head_slice;
+            for (slot, b) in iov[1..].iter_mut().zip(bufs.iter_mut()) {
+                *slot = IoSliceMut::new(b);
+            }
+            self.read_scattered(&mut iov[..=count], false)?
+        } else {
+            let mut iov: Vec<IoSliceMut<'_>> = Vec::with_capacity(count + 1);
+            iov.push(head_slice);
+            iov.extend(bufs.iter_mut().map(|b| IoSliceMut::new(&mut b[..])));
+            self.read_scattered(&mut iov, false)?
+        };
         self.header_of(&head, n)
     }
 
@@ -338,10 +347,15 @@ impl Queue {
         }
         let mut head = [0u8; MAX_VNET_HDR];
         hdr.emit(&mut head[..self.vnet_hdr_len]);
-        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(bufs.len() + 1);
-        iov.push(IoSlice::new(&head[..self.vnet_hdr_len]));
-        iov.extend_from_slice(bufs);
-        let n = self.write_gathered(&iov)?;
+        let head = IoSlice::new(&head[..self.vnet_hdr_len]);
+        let n = if bufs.len() < STACK_IOV {
+            let mut iov = [IoSlice::new(&[]); STACK_IOV];
+            iov[0] = head;
+            iov[1..=bufs.len()].copy_from_slice(bufs);
+            self.write_gathered(&iov[..=bufs.len()])?
+        } else {
+            self.write_gathered(&[&[head][..], bufs].concat())?
+        };
         Ok(n.saturating_sub(self.vnet_hdr_len))
     }
 

@@ -382,7 +382,7 @@ impl UringOffload {
                 self.stats.writes += 1;
                 self.stats.packets += unit.packets;
                 self.stats.bytes += unit.bytes;
-                return self.finish(unit);
+                return self.finish(head, unit);
             }
             Err(errno) => errno,
         };
@@ -397,28 +397,31 @@ impl UringOffload {
             WriteFailure::Drop(reason) => {
                 self.stats.drops.add(reason, unit.packets);
                 self.dst.count_tx_drop(unit.packets);
-                self.finish(unit)
+                self.finish(head, unit)
             }
             WriteFailure::Resplit => {
                 let result = self.resplit(&unit);
-                self.finish(unit)?;
+                self.finish(head, unit)?;
                 result
             }
             WriteFailure::Fatal => {
                 let err = queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno));
                 self.stats.drops.add(crate::write_policy::lost_with(&err), unit.packets);
-                self.finish(unit)?;
+                self.finish(head, unit)?;
                 Err(err)
             }
         }
     }
 
     /// The slots of a finished write leave the transmit ring (in ring order, once every earlier write has
-    /// finished too): read slots go back to the kernel, spares to the spare list.
-    fn finish(&mut self, unit: Unit) -> Result<()> {
+    /// finished too): read slots go back to the kernel, spares to the spare list. The unit goes back to its
+    /// place emptied, so that the next write from that slot reuses its vector.
+    fn finish(&mut self, head: usize, mut unit: Unit) -> Result<()> {
         for k in 0..unit.pieces.len() {
             self.tx.complete(unit.first_pos.wrapping_add(k as u32));
         }
+        unit.pieces.clear();
+        self.units[head] = unit;
         while let Some(slot) = self.tx.release_completed() {
             self.give_back(slot.index)?;
         }

@@ -81,7 +81,6 @@ impl UringOffload {
     }
 
     fn place_scattered(&mut self, n: usize, plan: &[(u32, Range<usize>)], shape: Option<ScatterShape>) -> Result<()> {
-        let all = |plan: &[(u32, Range<usize>)]| plan.iter().map(|(s, _)| *s).collect::<Vec<u32>>();
         // What the read's pieces hold together; with a shape the overflow slot also has room for the segments'
         // part when a frame of another shape is joined in it (its capacity bounds the whole frame).
         let capacity = match shape {
@@ -97,7 +96,7 @@ impl UringOffload {
             }
             Err(reason) => {
                 self.stats.drops.add(reason, 1);
-                self.spares.extend(all(plan));
+                self.spares.extend(plan.iter().map(|(s, _)| *s));
                 return Ok(());
             }
         };
@@ -105,7 +104,7 @@ impl UringOffload {
             // One slot holds the header and the whole frame: as the multishot read leaves it.
             if self.rx.push(crate::ring::Slot { index: plan[0].0, len: n as u32 }).is_err() {
                 self.stats.drops.add(DropReason::Malformed, 1);
-                self.spares.extend(all(plan));
+                self.spares.extend(plan.iter().map(|(s, _)| *s));
             }
             return Ok(());
         };
@@ -136,15 +135,12 @@ impl UringOffload {
     /// The predicted super-packet (or a packet that fits the first slot): each segment's payload already sits
     /// in its own slot; only the headers are written. False if the frame has another shape.
     fn split_in_place(&mut self, len: usize, plan: &[(u32, Range<usize>)], shape: ScatterShape) -> Result<bool> {
-        let k = shape.segments;
-        self.slot_ids.clear();
-        self.slot_ids.extend(plan[..k].iter().map(|(s, _)| *s));
-        let mut bufs =
-            self.ring.slots_mut(&self.slot_ids).map_err(|e| super::ring_error(&self.src_name, &self.dst_name, e))?;
-        let Ok(hdr) = VirtioNetHdrRepr::parse(&bufs[0][..OFFSET]) else { return Ok(false) };
+        // The header alone decides; the segment slots are borrowed only for a split.
+        let Some(Ok(hdr)) = self.ring.slot(plan[0].0 as usize).map(|b| VirtioNetHdrRepr::parse(&b[..OFFSET])) else {
+            return Ok(false);
+        };
         match shape.placement(&hdr, len) {
             Placement::Whole => {
-                drop(bufs);
                 // Delivered where it is, as a multishot read leaves it.
                 if self.rx.push(crate::ring::Slot { index: plan[0].0, len: (OFFSET + len) as u32 }).is_err() {
                     return Ok(false);
@@ -153,6 +149,13 @@ impl UringOffload {
                 Ok(true)
             }
             Placement::Segments => {
+                let k = shape.segments;
+                self.slot_ids.clear();
+                self.slot_ids.extend(plan[..k].iter().map(|(s, _)| *s));
+                let mut bufs = self
+                    .ring
+                    .slots_mut(&self.slot_ids)
+                    .map_err(|e| super::ring_error(&self.src_name, &self.dst_name, e))?;
                 let mut lens = [0usize; crate::sys::MAX_SCATTER];
                 let split = shape.split_in_place(&hdr, len, self.framing, self.partial, &mut bufs, OFFSET, &mut lens);
                 drop(bufs);
