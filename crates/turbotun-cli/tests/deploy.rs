@@ -27,6 +27,30 @@ fn turbotun() -> Command {
     Command::new(env!("CARGO_BIN_EXE_turbotun"))
 }
 
+/// `turbotun fwd [--mode MODE] --from-socket SOCKET`, run as nobody.
+fn fwd_from_socket(mode: Option<&str>, socket: &Path) -> Command {
+    let mut cmd = turbotun();
+    cmd.arg("fwd");
+    if let Some(mode) = mode {
+        cmd.args(["--mode", mode]);
+    }
+    cmd.arg("--from-socket").arg(socket).uid(NOBODY).gid(NOBODY);
+    cmd
+}
+
+/// Starts `cmd`, a forwarder that listens on `socket` (in namespace `ns` if given), stdout discarded, and waits
+/// until it listens.
+fn start_listening(ns: Option<&OwnedFd>, mut cmd: Command, socket: &Path, stderr: Stdio) -> Child {
+    cmd.stdout(Stdio::null()).stderr(stderr);
+    let child = match ns {
+        Some(ns) => with_netns(&ns_path(ns), || cmd.spawn()).unwrap(),
+        None => cmd.spawn(),
+    }
+    .unwrap();
+    wait_for(socket);
+    child
+}
+
 /// A forwarder process between devices `dev_a` and `dev_b`, which it holds in `ns_fwd`; killed and reaped on drop.
 struct Topology {
     ns_a: OwnedFd,
@@ -256,9 +280,7 @@ fn handover_to_an_unprivileged_forwarder() {
         let dir = socket_dir();
         let socket = dir.path().join("queues.sock");
         let mut topo = Topology::new();
-        let mut cmd = turbotun();
-        cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&socket).uid(NOBODY).gid(NOBODY);
-        topo.spawn(cmd);
+        topo.spawn(fwd_from_socket(Some(mode), &socket));
         wait_for(&socket);
         open_and_send(&topo, devs.0, mode, &socket);
         open_and_send(&topo, devs.1, mode, &socket);
@@ -301,19 +323,7 @@ fn handover_refusals() {
 
     // A device opened for plain mode handed to an offload forwarder: refused, and `open` says why.
     let socket = dir.path().join("mismatch.sock");
-    let mut fwd = with_netns(&ns_path(&ns), || {
-        turbotun()
-            .args(["fwd", "--mode", "offload", "--from-socket"])
-            .arg(&socket)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    })
-    .unwrap();
-    wait_for(&socket);
+    let mut fwd = start_listening(Some(&ns), fwd_from_socket(Some("offload"), &socket), &socket, Stdio::piped());
     let run_open = |name: &str, mode: &str| {
         with_netns(&ns_path(&ns), || {
             turbotun()
@@ -378,19 +388,7 @@ fn open_refuses_a_listener_of_another_user() {
     std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let socket = shared.path().join("queues.sock");
     let ns = new_netns();
-    let mut listener = with_netns(&ns_path(&ns), || {
-        turbotun()
-            .args(["fwd", "--mode", "offload", "--from-socket"])
-            .arg(&socket)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    })
-    .unwrap();
-    wait_for(&socket);
+    let mut listener = start_listening(Some(&ns), fwd_from_socket(Some("offload"), &socket), &socket, Stdio::null());
     let open = |extra: &[&str]| {
         with_netns(&ns_path(&ns), || {
             turbotun().args(["open", "ttstray0"]).args(extra).arg("--send-to").arg(&socket).output().unwrap()
@@ -469,16 +467,7 @@ fn a_signal_while_waiting_for_queues_removes_the_socket() {
     for signal in ["-TERM", "-INT"] {
         let dir = socket_dir();
         let socket = dir.path().join("queues.sock");
-        let mut fwd = turbotun()
-            .args(["fwd", "--from-socket"])
-            .arg(&socket)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_for(&socket);
+        let mut fwd = start_listening(None, fwd_from_socket(None, &socket), &socket, Stdio::piped());
         let status = Command::new("kill").args([signal, &fwd.id().to_string()]).status().unwrap();
         assert!(status.success());
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -530,9 +519,7 @@ fn sigkill_and_restart_on_persistent_devices() {
         assert!(out.status.success(), "create {dev}: {out:?}");
     }
     let first = dir.path().join("first.sock");
-    let mut cmd = turbotun();
-    cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&first).uid(NOBODY).gid(NOBODY);
-    topo.spawn(cmd);
+    topo.spawn(fwd_from_socket(Some(mode), &first));
     wait_for(&first);
     open_and_send(&topo, dev_a, mode, &first);
     open_and_send(&topo, dev_b, mode, &first);
@@ -553,9 +540,7 @@ fn sigkill_and_restart_on_persistent_devices() {
 
     // The restart: each device opened where it lives and handed to a new unprivileged forwarder.
     let second = dir.path().join("second.sock");
-    let mut cmd = turbotun();
-    cmd.args(["fwd", "--mode", mode, "--from-socket"]).arg(&second).uid(NOBODY).gid(NOBODY);
-    topo.spawn(cmd);
+    topo.spawn(fwd_from_socket(Some(mode), &second));
     wait_for(&second);
     open_in_and_send(&topo.ns_a, dev_a, mode, &second);
     open_in_and_send(&topo.ns_b, dev_b, mode, &second);

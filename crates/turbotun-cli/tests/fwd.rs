@@ -200,7 +200,7 @@ fn exits_when_a_device_disappears(extra: &[&str]) {
             .args(extra)
             .stderr(Stdio::piped()),
     );
-    let mut child = running.0.take().unwrap();
+    let child = running.0.as_mut().unwrap();
     Netlink::in_netns(&ns_path(&ns)).unwrap().delete_link("ttgone1").unwrap();
     let started = Instant::now();
     let status = loop {
@@ -240,7 +240,7 @@ fn fwd_stops_promptly_on_sigint() {
             &ns,
             Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "ttstop0", "ttstop1"]).args(extra),
         );
-        let mut child = running.0.take().unwrap();
+        let child = running.0.as_mut().unwrap();
         let mut out = child.stdout.take().unwrap();
         let started = Instant::now();
         assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());

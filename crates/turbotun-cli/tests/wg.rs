@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{new_netns, ns_path, pattern, privileged};
+use common::{new_netns, ns_path, pattern, privileged, processes_with};
 use turbotun::netlink::Netlink;
 use turbotun::netns::with_netns;
 
@@ -250,7 +250,6 @@ fn pair(a: Impl, b: Impl) -> Pair {
     wg_line(&nss[2], &line);
     bring_up(&nss[1], &na, "10.202.0.1");
     bring_up(&nss[2], &nb, "10.202.0.2");
-    let _ = (ka.private, kb.private);
     Pair { nss, a: ea, b: eb, dir }
 }
 
@@ -350,10 +349,7 @@ fn wg_quick_up_and_down_with_turbotun_wg() {
     assert!(down.status.success(), "wg-quick down: {}", String::from_utf8_lossy(&down.stderr));
     // wg-quick down only deletes the link: the endpoint notices, exits and removes its socket.
     wait_for(|| !socket_of(&name).exists(), "the socket to go after wg-quick down");
-    wait_for(
-        || !Command::new("pgrep").args(["-f", &format!("turbotun-wg --foreground {name}")]).status().unwrap().success(),
-        "the endpoint to exit",
-    );
+    wait_for(|| processes_with(&format!("turbotun-wg --foreground {name}")).is_empty(), "the endpoint to exit");
     drop(peer);
 }
 

@@ -80,28 +80,8 @@ pub fn key_from_hex(text: &str) -> Option<Key> {
 
 /// A prefix `ADDR/LEN` with its host bits cleared.
 pub fn parse_prefix(text: &str) -> Option<(IpAddr, u8)> {
-    let (addr, len) = text.split_once('/')?;
-    let addr: IpAddr = addr.parse().ok()?;
-    let len: u8 = len.parse().ok()?;
-    let bits = if addr.is_ipv4() { 32 } else { 128 };
-    if len > bits {
-        return None;
-    }
-    Some((masked(addr, len), len))
-}
-
-/// `addr` with all but its first `len` bits cleared.
-pub fn masked(addr: IpAddr, len: u8) -> IpAddr {
-    match addr {
-        IpAddr::V4(a) => {
-            let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
-            IpAddr::V4((u32::from(a) & mask).into())
-        }
-        IpAddr::V6(a) => {
-            let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
-            IpAddr::V6((u128::from(a) & mask).into())
-        }
-    }
+    let net = ip_network::IpNetwork::from_str_truncate(text).ok()?;
+    Some((net.network_address(), net.netmask()))
 }
 
 /// Where a peer section's lines go.
@@ -147,6 +127,13 @@ pub fn apply_set(
             };
             continue;
         }
+        // A new peer's first line other than update_only creates it.
+        if let Section::New(public) = section {
+            if key != "update_only" {
+                new.peers.push(PeerConfig::new(public));
+                section = Section::Peer(new.peers.len() - 1);
+            }
+        }
         match section {
             Section::Device => match key {
                 "private_key" => {
@@ -168,21 +155,12 @@ pub fn apply_set(
                 _ => return Err(refuse(libc::EINVAL, "not a device key")),
             },
             Section::Ignored => {}
-            Section::New(public) if key == "update_only" => {
+            Section::New(_) => {
+                // update_only, the only line that leaves a new peer uncreated.
                 if value != "true" {
                     return Err(refuse(libc::EINVAL, "update_only takes only true"));
                 }
-                let _ = public;
                 section = Section::Ignored;
-            }
-            Section::New(public) => {
-                new.peers.push(PeerConfig::new(public));
-                let i = new.peers.len() - 1;
-                section = Section::Peer(i);
-                apply_peer_line(&mut new, i, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
-                if key == "remove" {
-                    section = Section::Ignored;
-                }
             }
             Section::Peer(i) => {
                 apply_peer_line(&mut new, i, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;

@@ -189,11 +189,7 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
             Some(new) => sockets = new,
             None => {
                 break match result {
-                    Err(turbotun::Error::Worker { error, .. })
-                        if matches!(*error, turbotun::Error::DeviceGone { .. }) =>
-                    {
-                        Ok(Ended::DeviceDeleted)
-                    }
+                    Err(e) if e.is_device_gone() => Ok(Ended::DeviceDeleted),
                     Err(e) => Err(DaemonError::from(e)),
                     Ok(_) if !socket_file.exists() => Ok(Ended::SocketRemoved),
                     Ok(_) => Ok(Ended::Signal),

@@ -60,8 +60,8 @@ impl UapiSocket {
         Self::bind_at(&socket_path(name))
     }
 
-    /// [`Self::bind`] at another path (for tests).
-    pub fn bind_at(path: &Path) -> Result<Self, UapiError> {
+    /// [`Self::bind`] at `path`.
+    fn bind_at(path: &Path) -> Result<Self, UapiError> {
         let io_error = |what, source| UapiError::Io { what, path: path.to_path_buf(), source };
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(|e| io_error("creating", e))?;

@@ -13,9 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = builder.device(Mode::Tun).name(name_a).open()?;
     let b = builder.device(Mode::Tun).name(name_b).open()?;
     let forwarder = builder.build(a, b)?;
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, forwarder.stop_handle().as_flag().clone())?;
-    }
+    // Through the handle, not its flag alone: a signal then also ends the workers' waits at once.
+    forwarder.stop_handle().stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let stats = forwarder.stats();
     println!("ready");
     forwarder.run()?;

@@ -5,17 +5,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::OwnedFd;
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{new_netns, ns_path, unique_name};
+use common::{new_netns, ns_path, tcp_stream_intact, unique_name, Sides};
 use turbotun::netlink::Netlink;
 use turbotun::netns::with_netns;
-use turbotun::tunnel::{Plain, TunnelBuilder, TunnelStats, TunnelStatsHandle};
+use turbotun::tunnel::{Plain, TunnelBuilder, TunnelStats};
 use turbotun::udp::SocketOptions;
 use turbotun::{DeviceBuilder, Offloads, StopHandle};
 
@@ -23,28 +21,25 @@ const PORT: u16 = 5555;
 
 /// Two namespaces with a tunnel between them, stopped and joined when dropped (also on a failed assertion).
 struct Ends {
-    a: OwnedFd,
-    b: OwnedFd,
+    sides: Sides,
     stop: StopHandle,
     runs: Vec<JoinHandle<turbotun::Result<TunnelStats>>>,
-    stats: Vec<TunnelStatsHandle>,
     gso: Vec<Arc<turbotun::udp::TunnelSocket>>,
 }
 
 impl Ends {
     fn in_a<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        with_netns(&ns_path(&self.a), f).unwrap()
+        self.sides.in_a(f)
     }
 
     fn in_b<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        with_netns(&ns_path(&self.b), f).unwrap()
+        self.sides.in_b(f)
     }
 
     /// Stops both ends and returns their final counters (a, b), after checking that neither stack dropped a
     /// segment for a bad checksum (checksums cross the plain tunnel partial and are completed by the kernel).
     fn finish(mut self) -> Vec<TunnelStats> {
-        let bad = self.in_a(common::checksum_errors_here) + self.in_b(common::checksum_errors_here);
-        assert_eq!(bad, 0, "segments dropped for a bad checksum");
+        assert_eq!(self.sides.checksum_errors(), 0, "segments dropped for a bad checksum");
         self.stop.stop();
         self.runs.drain(..).map(|h| h.join().unwrap().unwrap()).collect()
     }
@@ -68,10 +63,10 @@ fn tunnel_pair(underlay_mtu: u32, tunnel_mtu: u32, options: SocketOptions) -> En
     nl.create_veth(&ul_a, &ul_b).unwrap();
     nl.move_to_netns(&ul_b, &ns_path(&b)).unwrap();
     let stop = StopHandle::new();
-    let mut ends = Ends { a, b, stop: stop.clone(), runs: Vec::new(), stats: Vec::new(), gso: Vec::new() };
+    let mut ends = Ends { sides: Sides { a, b }, stop: stop.clone(), runs: Vec::new(), gso: Vec::new() };
     for (ns, ul, me, peer, inner4, inner6) in [
-        (&ends.a, &ul_a, "10.201.0.1", "10.201.0.2", "10.202.0.1", "fd02::1"),
-        (&ends.b, &ul_b, "10.201.0.2", "10.201.0.1", "10.202.0.2", "fd02::2"),
+        (&ends.sides.a, &ul_a, "10.201.0.1", "10.201.0.2", "10.202.0.1", "fd02::1"),
+        (&ends.sides.b, &ul_b, "10.201.0.2", "10.201.0.1", "10.202.0.2", "fd02::2"),
     ] {
         let path = ns_path(ns);
         let mut nl = Netlink::in_netns(&path).unwrap();
@@ -97,7 +92,6 @@ fn tunnel_pair(underlay_mtu: u32, tunnel_mtu: u32, options: SocketOptions) -> En
         nl.add_address(&name, inner4.parse().unwrap(), 24).unwrap();
         nl.add_address(&name, inner6.parse().unwrap(), 64).unwrap();
         nl.set_up(&name, true).unwrap();
-        ends.stats.push(tunnel.stats());
         ends.gso.extend(tunnel.sockets());
         ends.runs.push(std::thread::spawn(move || tunnel.run()));
     }
@@ -112,29 +106,10 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 /// A TCP stream of `len` bytes from the namespace `from` to a listener at `to` in `ends`'s other namespace,
 /// compared byte for byte.
 fn tcp_crosses(ends: &Ends, a_to_b: bool, to: IpAddr, len: usize) {
-    let listener =
-        if a_to_b { ends.in_b(|| TcpListener::bind((to, 7000))) } else { ends.in_a(|| TcpListener::bind((to, 7000))) }
-            .unwrap();
-    let data = pattern(len, len as u32);
-    let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut got = Vec::with_capacity(len);
-        s.read_to_end(&mut got).unwrap();
-        got
-    });
-    let connect = || TcpStream::connect_timeout(&SocketAddr::new(to, 7000), Duration::from_secs(5));
-    let mut s = if a_to_b { ends.in_a(connect) } else { ends.in_b(connect) }.unwrap();
-    s.write_all(&data).unwrap();
-    drop(s);
-    let got = receiver.join().unwrap();
-    assert!(
-        got == expected,
-        "{len} bytes to {to}: {} arrived, first difference at {:?}",
-        got.len(),
-        got.iter().zip(&expected).position(|(x, y)| x != y)
-    );
+    let (listen, from) = if a_to_b { (&ends.sides.b, &ends.sides.a) } else { (&ends.sides.a, &ends.sides.b) };
+    let connect =
+        |t: &SocketAddr| with_netns(&ns_path(from), || TcpStream::connect_timeout(t, Duration::from_secs(5))).unwrap();
+    tcp_stream_intact(listen, SocketAddr::new(to, 7000), pattern(len, len as u32), connect);
 }
 
 /// 20 datagrams of 1000 bytes in one UDP GSO send from A to B (one super-packet into the tunnel device, split,

@@ -284,7 +284,7 @@ pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, 
     }
 }
 
-fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Option<Spread> {
+pub(super) fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f: F) -> Option<Spread> {
     Spread::of(runs.iter().filter_map(|r| f(r)))
 }
 

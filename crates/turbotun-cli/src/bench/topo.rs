@@ -38,10 +38,8 @@ pub const PREFIX_LEN: u8 = 24;
 pub const UNDERLAY_MTU: u32 = 1500;
 pub const TUNNEL_MTU: u32 = 1420;
 /// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
-pub const PORT: u16 = 51820;
-pub const VXLAN_VNI: u32 = 42;
-/// Where WireGuard's userspace endpoints serve their configuration sockets, `NAME.sock` (not per namespace).
-pub const WG_SOCKET_DIR: &str = "/var/run/wireguard";
+const PORT: u16 = 51820;
+const VXLAN_VNI: u32 = 42;
 /// How long a tunnel may take, once configured, to carry a first packet both ways.
 const REACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `wg set` may take.
@@ -599,11 +597,6 @@ fn side<'a>(ns: &'a Netns, dev: &'a str, mtu: u32, addr: Ipv4Addr) -> netcfg::Si
     netcfg::Side { ns, dev, mtu, addrs: vec![(addr.into(), PREFIX_LEN)], routes: vec![], txqueuelen: None }
 }
 
-/// The configuration socket of WireGuard device `dev`.
-pub fn wg_socket(dev: &str) -> PathBuf {
-    Path::new(WG_SOCKET_DIR).join(format!("{dev}.sock"))
-}
-
 /// Set up `link` between the topology's two namespaces: the underlay, then the tunnel (devices, endpoint
 /// processes, WireGuard configuration, addresses), then a first packet both ways. Everything started is owned
 /// by `t`, so an error tears it down.
@@ -674,7 +667,8 @@ fn start_endpoint(
             other => other.to_string(),
         })
         .collect();
-    let socket = wg_socket(dev);
+    // WireGuard's userspace interface: every implementation serves the same path, not per namespace.
+    let socket = turbotun_wg::uapi::socket_path(dev);
     let ready = if e.wg.is_some() {
         clear_stale_socket(&socket)?;
         t.leftovers.push(socket.clone());

@@ -27,10 +27,10 @@ use super::chart;
 use super::iperf::{self, Traffic};
 use super::modes::{self, Endpoint, Kind, Link, Mode, Unavailable, WgKey, WgSetup};
 use super::perfstat;
-use super::report::{self, ReportHeader, RunRecord, Summary};
+use super::report::{self, spread_of, ReportHeader, RunRecord, Summary};
 use super::runner::Ctx;
 use super::stats::{cell, med, med_count, ratio, Spread};
-use super::topo::{clear_stale_socket, INNER, PREFIX_LEN, TUNNEL_MTU, UNDERLAY, UNDERLAY_MTU, WG_SOCKET_DIR};
+use super::topo::{clear_stale_socket, INNER, PREFIX_LEN, TUNNEL_MTU, UNDERLAY, UNDERLAY_MTU};
 use super::{BenchArgs, Plan};
 
 /// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
@@ -193,7 +193,7 @@ fn socket_owner(file_name: &str) -> Option<u32> {
 /// Sockets named by bench processes that are gone and served by nobody: removed (a bench killed by SIGKILL
 /// leaves them).
 fn sweep_stale_sockets() {
-    let Ok(entries) = std::fs::read_dir(WG_SOCKET_DIR) else { return };
+    let Ok(entries) = std::fs::read_dir(turbotun_wg::uapi::SOCKET_DIR) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = socket_owner(&name) else { continue };
@@ -204,17 +204,6 @@ fn sweep_stale_sockets() {
             tracing::debug!("removed stale {name}");
         }
     }
-}
-
-/// Whether this turbotun has subcommand `sub` (`turbotun SUB --help` succeeds).
-fn has_subcommand(exe: &Path, sub: &str) -> bool {
-    Command::new(exe)
-        .args([sub, "--help"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Finds (and builds on first use) the programs of the selected kinds, and says why one is missing.
@@ -246,14 +235,8 @@ impl Resolver<'_> {
             );
         }
         match p {
-            Program::TurbotunTunnel | Program::TurbotunWg => {
-                let sub = if p == Program::TurbotunTunnel { "tunnel" } else { "wg" };
-                if has_subcommand(self.exe, sub) {
-                    Ok(self.exe.to_path_buf())
-                } else {
-                    Err(format!("{} has no `{sub}` subcommand (`turbotun {sub} --help` fails)", self.exe.display()))
-                }
-            }
+            // This very program: its `tunnel` and `wg` subcommands are always built in.
+            Program::TurbotunTunnel | Program::TurbotunWg => Ok(self.exe.to_path_buf()),
             Program::WireguardGo | Program::Boringtun => {
                 let (target, bin) = p.peer().expect("a peer");
                 let Some(dir) = self.peers else {
@@ -487,10 +470,6 @@ pub struct TunnelRow {
     pub ratio_wggo_cpu_per_gbps: Option<f64>,
 }
 
-fn spread(runs: &[&RunRecord], f: impl Fn(&RunRecord) -> Option<f64>) -> Option<Spread> {
-    Spread::of(runs.iter().filter_map(|r| f(r)))
-}
-
 fn gbps(r: &RunRecord) -> Option<f64> {
     r.iperf.as_ref().map(|i| i.gbps).filter(|g| *g > 0.0)
 }
@@ -514,12 +493,12 @@ pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic])
                 endpoints.push(EndpointRow {
                     side: side.into(),
                     program,
-                    cpu_percent: spread(&ok, |r| of(r)?.cpu_percent),
-                    rss_mb: spread(&ok, |r| Some(of(r)?.peak_rss_kb? as f64 / 1024.0)),
-                    syscalls_per_gb: spread(&ok, |r| of(r)?.syscalls_per_gb(gbps(r)?)),
+                    cpu_percent: spread_of(&ok, |r| of(r)?.cpu_percent),
+                    rss_mb: spread_of(&ok, |r| Some(of(r)?.peak_rss_kb? as f64 / 1024.0)),
+                    syscalls_per_gb: spread_of(&ok, |r| of(r)?.syscalls_per_gb(gbps(r)?)),
                 });
             }
-            let cpu_per_gbps = spread(&ok, |r| {
+            let cpu_per_gbps = spread_of(&ok, |r| {
                 let cpu: Option<f64> = r.endpoints.iter().map(|e| e.cpu_percent).sum();
                 (!r.endpoints.is_empty()).then_some(cpu? / gbps(r)?)
             });
@@ -741,7 +720,6 @@ mod tests {
     use super::*;
     use crate::bench::iperf::IperfResult;
     use crate::bench::report::ProcSample;
-    use crate::bench::topo::wg_socket;
 
     fn rec(kind: &str, traffic: &str, rep: u32, gbps: f64, cpu: Option<f64>) -> RunRecord {
         let udp = traffic.starts_with("udp");
@@ -884,7 +862,7 @@ mod tests {
         for other in ["wg0.sock", "tt1234r5ta", "tt1234r5tc.sock", "ttxr5ta.sock", "tt12r.sock", "tt1234rta.sock"] {
             assert_eq!(socket_owner(other), None, "{other}");
         }
-        assert_eq!(wg_socket("tt1r1ta"), PathBuf::from("/var/run/wireguard/tt1r1ta.sock"));
+        assert_eq!(turbotun_wg::uapi::socket_path("tt1r1ta"), PathBuf::from("/var/run/wireguard/tt1r1ta.sock"));
     }
 
     #[test]

@@ -34,9 +34,6 @@ use crate::queue::Queue;
 use crate::stats::{Counters, DropReason};
 use crate::stop::StopHandle;
 
-/// Link-layer bytes a TAP frame may carry in front of an MTU-sized packet: Ethernet with two VLAN tags.
-const MAX_LINK_HEADER: usize = 22;
-
 /// smoltcp's device over one queue. `Q` holds the queue for both halves: `&Queue` or `Arc<Queue>`.
 pub struct QueueDevice<Q: Borrow<Queue> + Clone> {
     rx: RxSide<Q>,
@@ -99,7 +96,7 @@ impl<Q: Borrow<Queue> + Clone> QueueDevice<Q> {
         let ip_mtu = q.mtu()? as usize;
         let (medium, mtu) = match q.mode() {
             Mode::Tun => (Medium::Ip, ip_mtu),
-            Mode::Tap => (Medium::Ethernet, ip_mtu + 14),
+            Mode::Tap => (Medium::Ethernet, ip_mtu + turbotun_wire::ethernet::HEADER_LEN),
         };
         let offset = q.vnet_hdr_len();
         let framing = q.mode().framing();
@@ -112,7 +109,8 @@ impl<Q: Borrow<Queue> + Clone> QueueDevice<Q> {
         caps.medium = medium;
         caps.max_transmission_unit = mtu;
         caps.checksum = checksum;
-        let size = offset + ip_mtu + MAX_LINK_HEADER;
+        // Link-layer bytes a TAP frame may carry in front of an MTU-sized packet: Ethernet with two VLAN tags.
+        let size = offset + ip_mtu + turbotun_wire::ethernet::MAX_HEADER_LEN;
         let rx = RxSide {
             batch: RecvBatch::new(queue.clone()),
             bufs: vec![vec![0; size]; BATCH_SIZE],

@@ -179,7 +179,6 @@ impl Writer {
 /// Splits a coalesced packet the kernel refused (`packet`, after its virtio header `hdr`) and writes its
 /// segments one by one, each with a zeroed virtio header, under the write policy. A packet that does not split
 /// is counted as malformed: `packets` of the caller's packets are dropped.
-#[cfg_attr(not(feature = "uring"), allow(dead_code))]
 pub(crate) fn write_split(
     writer: &Writer,
     queue: &Queue,

@@ -274,7 +274,7 @@ pub fn tcp_stream_intact(
 
 /// TCP and UDP segments and datagrams the calling thread's namespace dropped for a bad checksum so far (TCP and
 /// UDP `InCsumErrors`, `Udp6InCsumErrors`).
-pub fn checksum_errors_here() -> u64 {
+fn checksum_errors_here() -> u64 {
     let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
     let lines: Vec<&str> = snmp.lines().collect();
     let mut total = 0;

@@ -128,34 +128,19 @@ impl RecvHalf {
         }
     }
 
-    /// Leaves the L4 checksums of the segments of a split super-packet partial, as the kernel's own
-    /// segmentation does, instead of summing every payload byte to complete them (most of a split's cost): each
-    /// TCP or UDP segment carries the pseudo-header sum in its checksum field (see `turbotun_wire::partial`),
-    /// [`Received::checksums`] says [`Checksums::Partial`], and [`crate::batch::SendBatch::send_many`] given that writes
-    /// them with `NEEDS_CSUM` so that the kernel completes them. For a program that forwards segments without
-    /// reading or changing their payload (or that completes the checksum of those it does change, with
-    /// `turbotun_wire::partial::complete`). Packets read whole keep complete checksums; a batch that would
-    /// mix partial checksums with unverified ones has the partial ones completed.
+    /// See [`RecvBatch::partial_checksums`].
     pub(crate) fn partial_checksums(mut self, on: bool) -> Self {
         self.partial = on;
         self
     }
 
-    /// Hands UDP super-packets (`GSO_UDP_L4`) over whole instead of splitting them, for an application that
-    /// answers or forwards a datagram burst as it came (an echo swaps the outer headers and writes it back; the
-    /// pseudo-header checksum seed does not depend on the order of the addresses). Such a packet lands in the
-    /// first buffer at `offset` (which must hold `offset + 65535` bytes) and ends the batch.
-    ///
-    /// With this on, every packet handed over has its virtio header in the `vnet_hdr_len` bytes in front of it
-    /// (`offset` must leave room for them): the header as read for a whole super-packet (`gso_type`,
-    /// `gso_size`, `NEEDS_CSUM` and the checksum offsets, to be written back with it), a zeroed one for every
-    /// other packet (their checksums completed as usual). TCP super-packets are still split. Without a virtio
-    /// header this changes nothing.
+    /// See [`RecvBatch::stop_on`].
     pub(crate) fn stop_on(mut self, stop: StopHandle) -> Self {
         self.stop = Some(stop);
         self
     }
 
+    /// See [`RecvBatch::keep_udp_super_packets`].
     pub(crate) fn keep_udp_super_packets(mut self, on: bool) -> Self {
         self.whole_udp = on && self.vnet_hdr_len > 0;
         self
