@@ -37,7 +37,7 @@ pub struct PeerConfig {
 }
 
 impl PeerConfig {
-    fn new(public_key: Key) -> Self {
+    pub fn new(public_key: Key) -> Self {
         PeerConfig { public_key, preshared_key: None, endpoint: None, persistent_keepalive: 0, allowed_ips: Vec::new() }
     }
 }

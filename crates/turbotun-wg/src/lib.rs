@@ -1,8 +1,13 @@
 //! A WireGuard endpoint on turbotun's tunnel engine: a TUN device and UDP with segmentation offload on both
-//! sides, the protocol from boringtun's `noise` module, configured through WireGuard's cross-platform userspace
-//! interface so that the real `wg` and `wg-quick` drive it and wireguard-go talks to it.
+//! sides, the protocol written here with the kernel implementation's semantics (on crates for every
+//! primitive), configured through WireGuard's cross-platform userspace interface so that the real `wg` and
+//! `wg-quick` drive it and wireguard-go talks to it.
 //!
-//! - [`wireguard::WireGuard`]: the protocol side, a [`turbotun::tunnel::Transform`] over several peers.
+//! - [`wireguard::WireGuard`]: the protocol side, a [`turbotun::tunnel::Transform`] over several peers: routing,
+//!   the data path, the handshake worker and the timers.
+//! - [`noise`]: the handshake's construction and the messages' layouts; [`cookie`]: mac1/mac2, cookie replies
+//!   and the per-source rate limit; [`session`]: transport keys, send counter and replay window; [`peer`]: one
+//!   peer's state.
 //! - [`config`]: the configuration and the `set=1` protocol (a bad request changes nothing).
 //! - [`uapi`]: the configuration socket (`/var/run/wireguard/NAME.sock`).
 //! - [`daemon`]: the whole endpoint as `turbotun wg` runs it: device, sockets, engine, daemonizing, and exiting
@@ -10,7 +15,11 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod cookie;
 pub mod daemon;
+pub mod noise;
+pub mod peer;
+pub mod session;
 pub mod uapi;
 pub mod wireguard;
 

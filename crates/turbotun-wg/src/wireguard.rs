@@ -1,98 +1,134 @@
-//! WireGuard as a [`Transform`] of turbotun's tunnel engine: cryptokey routing over several peers, the
-//! protocol itself (handshake, sessions, timers, cookies, replay window) from boringtun's `noise` module.
+//! WireGuard as a [`Transform`] of turbotun's tunnel engine: cryptokey routing over several peers and the
+//! protocol itself, with the kernel implementation's semantics.
 //!
-//! - Sealing: the packet's destination picks the peer (longest-prefix match over every peer's AllowedIPs); no
-//!   peer, or a peer without a known endpoint, is a `no_peer` drop.
-//! - Opening: handshake initiations find their peer by the static key they carry (after their MAC was checked,
-//!   and under load only with a valid cookie); every other message by the index our side gave the session. A
-//!   decrypted packet whose source the sending peer may not use is a `not_allowed` drop. An authenticated
-//!   datagram from a new address moves the peer's endpoint there (roaming).
-//! - Packets sent before a session exists are held by the protocol (up to [`HELD_PER_PEER`] a peer) and go out
-//!   when the handshake completes; those beyond, or still held when the handshake is given up, are counted as
-//!   `no_session` drops.
+//! - Sealing (a data worker): the packet's destination picks the peer (longest-prefix match over every peer's
+//!   AllowedIPs); no peer, or a peer without a known endpoint, is a `no_peer` drop. With a session the packet is
+//!   padded to a multiple of 16 bytes (within the MTU) and sealed in the worker's buffer; without one it is held
+//!   (at most [`HELD_PER_PEER`] a peer, the oldest dropped beyond) and the handshake worker is asked for a
+//!   handshake.
+//! - Opening (a data worker): transport data by the index our side gave the session, in place; a packet whose
+//!   source the sending peer may not use is a `not_allowed` drop. Handshake messages get only cheap checks here
+//!   (mac1; under load the cookie and the source's rate), then go to the handshake worker's bounded queue, so
+//!   that no flood of them spends a data worker's time on key work.
+//! - The handshake worker (the engine's timer thread, woken through [`Transform::work_fd`]) does every
+//!   Diffie-Hellman, answers with responses and cookie replies, and runs the timers (retransmission, keepalives,
+//!   rekeying, key expiry, persistent keepalive).
+//! - A peer's endpoint moves only to the source of a message that authenticated: transport data that opened, an
+//!   initiation that proved its sender, a response that completed our handshake; never on a cookie reply or
+//!   anything else.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use boringtun::noise::errors::WireGuardError;
-use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, Tunn, TunnResult};
-use boringtun::x25519::{PublicKey, StaticSecret};
 use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
-use rand_core::RngCore;
+use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::{Opened, Sealed, Transform};
 use turbotun::{DropReason, Drops};
 
 use crate::config::{key_to_hex, make_prefixes_exclusive, DeviceConfig, Key};
+use crate::cookie::{self, CookieChecker, MacState};
+use crate::noise::{
+    self, finish_initiation, open_initiation, Identity, MessageKind, PeerKeys, COOKIE_REPLY_LEN, DATA_HEADER_LEN,
+    INITIATION_LEN, RESPONSE_LEN, TAG_LEN,
+};
+use crate::peer::{HandshakeSide, Keypairs, Peer};
+use crate::session::{Keypair, OpenError, PADDING_MULTIPLE, REJECT_AFTER_MESSAGES, REKEY_AFTER_MESSAGES};
 
-/// Packets held for one peer while its handshake is under way: boringtun's own queue holds as many and drops
-/// the rest without a word, so they are counted here instead.
-pub const HELD_PER_PEER: u64 = 256;
+pub use crate::peer::HELD_PER_PEER;
 
-/// Handshake messages per second (all peers) past which initiations must carry a cookie.
-const HANDSHAKES_PER_SECOND: u64 = 100;
+/// The protocol's timers, in milliseconds (the kernel's `messages.h`).
+const REKEY_AFTER_TIME: u64 = 120_000;
+const REJECT_AFTER_TIME: u64 = 180_000;
+const REKEY_TIMEOUT: u64 = 5_000;
+/// Up to this much is added to each handshake retransmission, so that peers do not retry in step.
+const REKEY_TIMEOUT_JITTER: u64 = 333;
+const KEEPALIVE_TIMEOUT: u64 = 10_000;
+/// Retransmissions of one handshake before it is given up (REKEY_ATTEMPT_TIME, 90 s, over REKEY_TIMEOUT).
+const MAX_TIMER_HANDSHAKES: u32 = 18;
+/// Initiations a second taken from one peer (more are a flood, even with fresh timestamps).
+const INITIATIONS_PER_SECOND: u64 = 50;
+/// Handshake messages waiting for the handshake worker, at most; under load from an eighth of it.
+const MAX_QUEUED_HANDSHAKES: usize = 4096;
+/// How long the device stays under load after its queue was last that long.
+const UNDER_LOAD_FOR: u64 = 1_000;
+/// Queued handshake messages handled per wake-up, so that the timers run however long the queue stays full.
+const HANDSHAKES_PER_CALL: usize = 256;
 
 /// How often the protocol's timers run.
 const TICK: Duration = Duration::from_millis(250);
 
-/// Bytes a data message adds to its packet: type, receiver index, counter (16) and the tag (16).
-const DATA_OVERHEAD: usize = 32;
-
-/// The largest message the protocol writes other than data: a handshake initiation.
-const HANDSHAKE_INIT_LEN: usize = 148;
-
-/// One peer at run time.
-struct Peer {
-    public_key: Key,
-    /// The index our side's sessions with it carry (24 bits; boringtun adds 8 of its own).
-    index: u32,
-    /// The protocol state; `None` while the device has no private key.
-    tunn: Mutex<Option<Tunn>>,
-    /// Where its datagrams go: configured, then wherever authenticated datagrams come from.
-    endpoint: Mutex<Option<SocketAddr>>,
-    /// Bumped with every change of `endpoint`, so that workers keep a copy and look at the lock only then.
-    endpoint_gen: AtomicU64,
-    /// What its `Tunn` was made with, to tell whether a new configuration needs a new one.
-    made_with: (Option<Key>, u16),
-    rx_bytes: AtomicU64,
-    tx_bytes: AtomicU64,
-    /// Packets handed to the protocol to send once the handshake completes.
-    held: AtomicU64,
-}
-
-impl Peer {
-    fn endpoint(&self) -> Option<SocketAddr> {
-        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn set_endpoint(&self, to: Option<SocketAddr>) {
-        let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
-        if *endpoint != to {
-            *endpoint = to;
-            self.endpoint_gen.fetch_add(1, Ordering::Release);
-        }
-    }
-}
+/// What a data message adds to its packet beyond the padding: header and tag.
+const DATA_OVERHEAD: usize = DATA_HEADER_LEN + TAG_LEN;
 
 /// Everything a packet's way through needs, replaced whole by a new configuration.
 struct Runtime {
     config: DeviceConfig,
-    keys: Option<(StaticSecret, PublicKey)>,
+    identity: Option<Arc<Identity>>,
     peers: Vec<Arc<Peer>>,
     /// Positions in `peers`.
     by_key: HashMap<Key, usize>,
-    by_index: HashMap<u32, usize>,
     routes: IpNetworkTable<usize>,
-    /// Checks the MAC of every handshake message before any key work, and answers with cookies under load.
-    limiter: Option<Arc<RateLimiter>>,
     /// The port the device's sockets are bound to (reported by `get=1`).
     bound_port: u16,
+}
+
+/// A handshake message waiting for the handshake worker.
+struct Job {
+    message: [u8; INITIATION_LEN],
+    len: usize,
+    from: SocketAddr,
+    /// Under load without a valid cookie: answered with a cookie reply and nothing else.
+    needs_cookie: bool,
+}
+
+/// The handshake worker's queue and the file descriptor that wakes it.
+struct HandshakeQueue {
+    jobs: Mutex<VecDeque<Job>>,
+    len: AtomicUsize,
+    wake: OwnedFd,
+}
+
+impl HandshakeQueue {
+    fn new() -> Self {
+        use rustix::event::{eventfd, EventfdFlags};
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).expect("eventfd: a Linux kernel has it");
+        HandshakeQueue { jobs: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0), wake }
+    }
+
+    fn kick(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(&self.wake, &mut buf);
+    }
+
+    /// Queues `job` unless the queue is full.
+    fn push(&self, job: Job) -> bool {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.len() >= MAX_QUEUED_HANDSHAKES {
+            return false;
+        }
+        jobs.push_back(job);
+        self.len.store(jobs.len(), Ordering::Relaxed);
+        drop(jobs);
+        self.kick();
+        true
+    }
+
+    fn pop(&self) -> Option<Job> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let job = jobs.pop_front();
+        self.len.store(jobs.len(), Ordering::Relaxed);
+        job
+    }
 }
 
 /// A WireGuard device's protocol side, shared by the tunnel's workers and the configuration socket.
@@ -102,21 +138,58 @@ pub struct WireGuard {
     runtime: RwLock<Arc<Runtime>>,
     /// Bumped whenever `runtime` is replaced.
     generation: AtomicU64,
-    ticks: AtomicU64,
+    /// Every index our side gave out (handshakes under way and sessions), to its peer.
+    indices: RwLock<HashMap<u32, Arc<Peer>>>,
+    /// The device clock's start: timers count milliseconds from here (1 is the first).
+    start: Instant,
+    /// The device's MTU, which padding never goes past (0: unknown).
+    mtu: AtomicUsize,
+    handshakes: HandshakeQueue,
+    checker: Mutex<CookieChecker>,
+    /// Until when (device clock) handshake messages need a cookie.
+    under_load_until: AtomicU64,
+    /// Whether the handshake worker's thread has been given its lower priority.
+    worker_niced: AtomicBool,
+    jitter: AtomicU64,
+    /// Moves the clock forward in tests of the timers.
+    #[cfg(test)]
+    skipped_ms: AtomicU64,
 }
 
-/// What a worker thread keeps between packets, so that the common case (the same runtime, the same
-/// destination, the same source) touches no lock and no shared counter but the peer's session.
+/// What a worker thread keeps between packets, so that the common case (the same runtime, destination, session
+/// and source) touches no lock but the session's receive window.
 struct Cache {
     owner: u64,
     generation: u64,
     rt: Arc<Runtime>,
-    /// The last destination sealed for: (destination, peer position, the peer's `endpoint_gen`, endpoint).
-    route: Option<(IpAddr, usize, u64, Option<SocketAddr>)>,
+    /// The last destination sealed for.
+    route: Option<RouteCache>,
+    /// The session last sealed with: peer position, the peer's session generation, the session.
+    sending: Option<(usize, u64, Option<Arc<Keypair>>)>,
+    /// The session last opened with.
+    receiving: Option<ReceiveCache>,
     /// The last authenticated source: (peer position, the peer's `endpoint_gen`, address).
     seen: Option<(usize, u64, SocketAddr)>,
     /// The last inner source address found allowed, and for which peer.
     allowed: Option<(IpAddr, usize)>,
+}
+
+/// A destination and where it goes.
+#[derive(Clone, Copy)]
+struct RouteCache {
+    destination: IpAddr,
+    peer: usize,
+    endpoint_gen: u64,
+    endpoint: Option<SocketAddr>,
+}
+
+/// A receiver index and its session.
+struct ReceiveCache {
+    index: u32,
+    keypairs_gen: u64,
+    peer: Arc<Peer>,
+    position: usize,
+    keypair: Arc<Keypair>,
 }
 
 thread_local! {
@@ -140,7 +213,7 @@ impl Default for WireGuard {
 
 /// The public key of a private key.
 pub fn public_key(private: &Key) -> Key {
-    PublicKey::from(&StaticSecret::from(*private)).to_bytes()
+    Identity::new(private).public
 }
 
 /// What `get=1` reports of one peer beyond its configuration.
@@ -156,25 +229,82 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
+/// Whether `keypair` may still seal or open at `now`.
+fn usable(keypair: &Keypair, now: u64) -> bool {
+    now < keypair.born_ms + REJECT_AFTER_TIME && keypair.sent() < REJECT_AFTER_MESSAGES
+}
+
+/// The destination of an IP packet.
+fn destination(packet: &[u8]) -> Option<IpAddr> {
+    match packet.first()? >> 4 {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?))),
+        6 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(packet.get(24..40)?).ok()?))),
+        _ => None,
+    }
+}
+
+/// The length and source address of the IP packet at the start of a decrypted (and padded) payload; `None` when
+/// it is not an IP packet or says it is longer than what arrived.
+fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
+    let (len, src) = match plain.first()? >> 4 {
+        4 if plain.len() >= 20 => {
+            let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
+            (len, IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&plain[12..16]).ok()?)))
+        }
+        6 if plain.len() >= 40 => {
+            let len = 40 + usize::from(u16::from_be_bytes([plain[4], plain[5]]));
+            (len, IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&plain[8..24]).ok()?)))
+        }
+        _ => return None,
+    };
+    let header = if matches!(src, IpAddr::V4(_)) { 20 } else { 40 };
+    (header..=plain.len()).contains(&len).then_some((len, src))
+}
+
 impl WireGuard {
     /// A device with no key and no peer (it sends nothing until configured).
     pub fn new() -> Self {
         let runtime = Runtime {
             config: DeviceConfig::default(),
-            keys: None,
+            identity: None,
             peers: Vec::new(),
             by_key: HashMap::new(),
-            by_index: HashMap::new(),
             routes: IpNetworkTable::new(),
-            limiter: None,
             bound_port: 0,
         };
         WireGuard {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             runtime: RwLock::new(Arc::new(runtime)),
             generation: AtomicU64::new(0),
-            ticks: AtomicU64::new(0),
+            indices: RwLock::new(HashMap::new()),
+            start: Instant::now(),
+            mtu: AtomicUsize::new(0),
+            handshakes: HandshakeQueue::new(),
+            checker: Mutex::new(CookieChecker::new()),
+            under_load_until: AtomicU64::new(0),
+            worker_niced: AtomicBool::new(false),
+            jitter: AtomicU64::new(OsRng.next_u64() | 1),
+            #[cfg(test)]
+            skipped_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Milliseconds on the device clock (never 0).
+    fn now(&self) -> u64 {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
+        #[cfg(test)]
+        let now = now + self.skipped_ms.load(Ordering::Relaxed);
+        now
+    }
+
+    /// A pseudo-random delay in `0..REKEY_TIMEOUT_JITTER` (xorshift: the jitter needs no secrecy).
+    fn jitter(&self) -> u64 {
+        let mut x = self.jitter.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter.store(x, Ordering::Relaxed);
+        x % REKEY_TIMEOUT_JITTER
     }
 
     fn runtime(&self) -> Arc<Runtime> {
@@ -199,6 +329,8 @@ impl WireGuard {
                     generation,
                     rt: self.runtime(),
                     route: None,
+                    sending: None,
+                    receiving: None,
                     seen: None,
                     allowed: None,
                 });
@@ -220,99 +352,91 @@ impl WireGuard {
     /// Records the port the sockets were bound to.
     pub fn set_bound_port(&self, port: u16) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
-        let mut rt = Runtime::clone_shallow(&guard);
-        rt.bound_port = port;
+        let rt = Runtime { bound_port: port, ..Runtime::clone_shallow(&guard) };
         self.replace(&mut guard, rt);
+    }
+
+    /// Records the device's MTU: padding never makes a packet longer than it.
+    pub fn set_mtu(&self, mtu: usize) {
+        self.mtu.store(mtu, Ordering::Relaxed);
     }
 
     /// What each configured peer's session knows, in configuration order.
     pub fn peer_states(&self) -> Vec<PeerState> {
-        let rt = self.runtime();
-        let now = SystemTime::now();
-        rt.peers
+        self.runtime()
+            .peers
             .iter()
-            .map(|p| {
-                let since = p
-                    .tunn
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_ref()
-                    .and_then(|t| t.time_since_last_handshake());
-                PeerState {
-                    endpoint: p.endpoint(),
-                    last_handshake: since.and_then(|d| now.checked_sub(d)),
-                    rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
-                    tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
-                }
+            .map(|p| PeerState {
+                endpoint: p.endpoint(),
+                last_handshake: *p.last_handshake.lock().unwrap_or_else(|e| e.into_inner()),
+                rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
+                tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
             })
             .collect()
     }
 
-    /// Puts `config` in force: peers whose keys and settings are unchanged keep their sessions and counters; a
-    /// new private key, preshared key or keepalive starts a peer's protocol afresh (boringtun has no way to
-    /// change them in a session).
+    /// Puts `config` in force. Peers whose public key stays keep their sessions and counters; a new private key
+    /// starts every peer afresh (their sessions were made with the old one); a new preshared key is used from
+    /// the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel does.
     pub fn apply(&self, mut config: DeviceConfig) {
         make_prefixes_exclusive(&mut config);
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let old = guard.clone();
-        let key_changed = config.private_key != old.config.private_key;
-        let keys = config.private_key.map(|k| {
-            let secret = StaticSecret::from(k);
-            let public = PublicKey::from(&secret);
-            (secret, public)
-        });
-        let limiter = keys.as_ref().map(|(_, public)| Arc::new(RateLimiter::new(public, HANDSHAKES_PER_SECOND)));
-        let mut by_index: HashMap<u32, usize> = HashMap::new();
+        let identity_changed = config.private_key != old.config.private_key;
+        let identity = if identity_changed {
+            config.private_key.map(|k| Arc::new(Identity::new(&k)))
+        } else {
+            old.identity.clone()
+        };
+        let keys_for =
+            |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
         let mut peers = Vec::with_capacity(config.peers.len());
+        let mut wake = false;
         for pc in &config.peers {
-            let made_with = (pc.preshared_key, pc.persistent_keepalive);
-            let kept = old.by_key.get(&pc.public_key).map(|&i| &old.peers[i]);
-            let old_peer = kept.filter(|p| !key_changed && p.made_with == made_with);
+            let kept = old.by_key.get(&pc.public_key).map(|&i| old.peers[i].clone());
             let old_config = old.config.peers.iter().find(|o| o.public_key == pc.public_key);
-            let peer = match old_peer {
+            let peer = match kept.clone().filter(|_| !identity_changed) {
                 Some(p) => {
+                    let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
+                    if *psk != pc.preshared_key {
+                        *psk = pc.preshared_key;
+                        p.set_keys(keys_for(pc.public_key, pc.preshared_key));
+                    }
+                    drop(psk);
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
                     if pc.endpoint.is_some() && old_config.map(|o| o.endpoint) != Some(pc.endpoint) {
                         p.set_endpoint(pc.endpoint);
                     }
-                    p.clone()
+                    if p.persistent_keepalive.swap(pc.persistent_keepalive, Ordering::Relaxed) == 0
+                        && pc.persistent_keepalive > 0
+                    {
+                        p.wants_keepalive.store(true, Ordering::Relaxed);
+                        wake = true;
+                    }
+                    p
                 }
                 None => {
-                    let index = loop {
-                        let candidate = rand_core::OsRng.next_u32() & 0x00ff_ffff;
-                        if !peers.iter().any(|p: &Arc<Peer>| p.index == candidate)
-                            && !old.by_index.contains_key(&candidate)
-                        {
-                            break candidate;
-                        }
-                    };
-                    let tunn = keys.as_ref().map(|(secret, _)| {
-                        let keepalive = (pc.persistent_keepalive > 0).then_some(pc.persistent_keepalive);
-                        Tunn::new(
-                            secret.clone(),
-                            PublicKey::from(pc.public_key),
-                            pc.preshared_key,
-                            keepalive,
-                            index,
-                            None,
-                        )
-                    });
-                    let endpoint = pc.endpoint.or_else(|| kept.and_then(|p| p.endpoint()));
-                    Arc::new(Peer {
-                        public_key: pc.public_key,
-                        index,
-                        tunn: Mutex::new(tunn),
-                        endpoint: Mutex::new(endpoint),
-                        endpoint_gen: AtomicU64::new(0),
-                        made_with,
-                        rx_bytes: AtomicU64::new(kept.map_or(0, |p| p.rx_bytes.load(Ordering::Relaxed))),
-                        tx_bytes: AtomicU64::new(kept.map_or(0, |p| p.tx_bytes.load(Ordering::Relaxed))),
-                        held: AtomicU64::new(0),
-                    })
+                    let keys = keys_for(pc.public_key, pc.preshared_key);
+                    let p = Peer::new(pc.public_key, keys, pc.preshared_key, pc.persistent_keepalive);
+                    p.set_endpoint(pc.endpoint.or_else(|| kept.as_ref().and_then(|k| k.endpoint())));
+                    if let Some(k) = &kept {
+                        p.rx_bytes.store(k.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+                        p.tx_bytes.store(k.tx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+                    }
+                    if pc.persistent_keepalive > 0 {
+                        p.wants_keepalive.store(true, Ordering::Relaxed);
+                        wake = true;
+                    }
+                    Arc::new(p)
                 }
             };
-            by_index.insert(peer.index, peers.len());
             peers.push(peer);
+        }
+        // Peers gone (or made anew) take their indices with them.
+        let gone: Vec<&Arc<Peer>> = old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).collect();
+        if !gone.is_empty() {
+            let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
+            indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
         }
         let mut routes = IpNetworkTable::new();
         for (i, pc) in config.peers.iter().enumerate() {
@@ -323,15 +447,172 @@ impl WireGuard {
             }
         }
         let by_key = peers.iter().enumerate().map(|(i, p)| (p.public_key, i)).collect();
-        let rt = Runtime { config, keys, peers, by_key, by_index, routes, limiter, bound_port: old.bound_port };
+        let rt = Runtime { config, identity, peers, by_key, routes, bound_port: old.bound_port };
         self.replace(&mut guard, rt);
+        drop(guard);
+        if wake {
+            self.handshakes.kick();
+        }
     }
 
-    /// The peer a handshake initiation comes from, by the static key inside it.
-    fn initiator(rt: &Runtime, init: &boringtun::noise::HandshakeInit<'_>) -> Option<usize> {
-        let (secret, public) = rt.keys.as_ref()?;
-        let half = parse_handshake_anon(secret, public, init).ok()?;
-        rt.by_key.get(&half.peer_static_public).copied()
+    /// A new random index for `peer`, registered.
+    fn new_index(&self, peer: &Arc<Peer>) -> u32 {
+        let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let candidate = OsRng.next_u32();
+            if let std::collections::hash_map::Entry::Vacant(slot) = indices.entry(candidate) {
+                slot.insert(peer.clone());
+                return candidate;
+            }
+        }
+    }
+
+    /// Forgets indices no handshake or session holds any more.
+    fn retire(&self, gone: &[u32]) {
+        if gone.is_empty() {
+            return;
+        }
+        let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
+        for index in gone {
+            indices.remove(index);
+        }
+    }
+
+    fn peer_of_index(&self, index: u32) -> Option<Arc<Peer>> {
+        self.indices.read().unwrap_or_else(|e| e.into_inner()).get(&index).cloned()
+    }
+
+    /// Whether handshake messages need a cookie now: the queue holds an eighth of what it may, or did within the
+    /// last second (the kernel's rule).
+    fn under_load(&self, now: u64) -> bool {
+        if self.handshakes.len.load(Ordering::Relaxed) >= MAX_QUEUED_HANDSHAKES / 8 {
+            self.under_load_until.store(now + UNDER_LOAD_FOR, Ordering::Relaxed);
+            return true;
+        }
+        now < self.under_load_until.load(Ordering::Relaxed)
+    }
+
+    /// Asks the handshake worker for a handshake with `peer`.
+    fn request_handshake(&self, peer: &Peer) {
+        if !peer.wants_handshake.swap(true, Ordering::AcqRel) {
+            self.handshakes.kick();
+        }
+    }
+
+    /// The data worker's part of a handshake message: the checks that cost no key work, then the queue.
+    fn queue_handshake(&self, rt: &Runtime, kind: MessageKind, message: &[u8], from: SocketAddr) -> Opened {
+        let Some(identity) = rt.identity.as_ref() else {
+            return Opened::Dropped(DropReason::Unauthenticated); // no key: nothing can be for us
+        };
+        let mut needs_cookie = false;
+        if kind != MessageKind::CookieReply {
+            let now = self.now();
+            let state = if self.under_load(now) {
+                let mut checker = self.checker.lock().unwrap_or_else(|e| e.into_inner());
+                checker.validate(&identity.mac1_key, message, from, true, Instant::now())
+            } else if cookie::mac1_valid(&identity.mac1_key, message) {
+                MacState::ValidMacWithCookie
+            } else {
+                MacState::Invalid
+            };
+            match state {
+                MacState::Invalid => return Opened::Dropped(DropReason::Unauthenticated),
+                MacState::ValidMacWithCookieButRateLimited => return Opened::Dropped(DropReason::RateLimited),
+                MacState::ValidMacNoCookie => needs_cookie = true,
+                MacState::ValidMacWithCookie => {}
+            }
+        }
+        let mut job = Job { message: [0; INITIATION_LEN], len: message.len(), from, needs_cookie };
+        job.message[..message.len()].copy_from_slice(message);
+        if self.handshakes.push(job) {
+            Opened::Control
+        } else {
+            Opened::Dropped(DropReason::RateLimited)
+        }
+    }
+
+    /// Opens a transport data message.
+    fn open_data(&self, cache: &mut Cache, datagram: &mut [u8], from: SocketAddr, out: &mut [u8]) -> Opened {
+        let index = noise::receiver_index(MessageKind::Data, datagram);
+        let fresh = matches!(&cache.receiving,
+            Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
+        if !fresh {
+            cache.receiving = None;
+            let Some(peer) = self.peer_of_index(index) else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            let Some(&position) = cache.rt.by_key.get(&peer.public_key) else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            if !Arc::ptr_eq(&cache.rt.peers[position], &peer) {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            }
+            let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
+            let Some(keypair) = peer.keypairs().find(index).cloned() else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            cache.receiving = Some(ReceiveCache { index, keypairs_gen, peer, position, keypair });
+        }
+        let r = cache.receiving.as_ref().expect("filled above");
+        let now = self.now();
+        if !usable(&r.keypair, now) {
+            return Opened::Dropped(DropReason::NoSession);
+        }
+        let datagram_len = datagram.len() as u64;
+        let plain = match r.keypair.open(datagram) {
+            Ok(plain) => plain,
+            Err(OpenError::Unauthenticated) => return Opened::Dropped(DropReason::Unauthenticated),
+            Err(OpenError::Replayed) => return Opened::Dropped(DropReason::Replayed),
+        };
+        let (peer, position, keypair) = (&r.peer, r.position, &r.keypair);
+        peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
+        if !keypair.confirmed() {
+            // The initiator's first message with the session we answered for: it becomes the one we send with.
+            let next = keypair.clone();
+            let gone = peer.change_keypairs(|k| {
+                if k.next.as_ref().is_some_and(|n| Arc::ptr_eq(n, &next)) {
+                    k.previous = k.current.take();
+                    k.current = k.next.take();
+                }
+            });
+            keypair.confirm();
+            self.retire(&gone);
+            *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+            peer.wants_flush.store(true, Ordering::Release);
+            self.handshakes.kick();
+        }
+        peer.received_authenticated(now, !plain.is_empty());
+        if keypair.initiator
+            && now >= keypair.born_ms + REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT
+            && !peer.sent_lastminute_handshake.swap(true, Ordering::AcqRel)
+        {
+            self.request_handshake(peer);
+        }
+        // Authenticated: the peer is now at `from` (roaming). Looked at only when it may have moved.
+        let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
+        if cache.seen != Some((position, endpoint_gen, from)) {
+            peer.set_endpoint(Some(from));
+            cache.seen = Some((position, peer.endpoint_gen.load(Ordering::Acquire), from));
+        }
+        if plain.is_empty() {
+            return Opened::Control; // a keepalive
+        }
+        let Some((len, src)) = inner_packet(plain) else {
+            return Opened::Dropped(DropReason::Malformed);
+        };
+        // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
+        // once).
+        let allowed = cache.allowed == Some((src, position))
+            || cache.rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
+        if !allowed {
+            return Opened::Dropped(DropReason::NotAllowed);
+        }
+        cache.allowed = Some((src, position));
+        let Some(out) = out.get_mut(..len) else {
+            return Opened::Dropped(DropReason::TooBig);
+        };
+        out.copy_from_slice(&plain[..len]);
+        Opened::Packet { len }
     }
 }
 
@@ -339,10 +620,9 @@ impl Runtime {
     fn clone_shallow(rt: &Runtime) -> Runtime {
         Runtime {
             config: rt.config.clone(),
-            keys: rt.keys.clone(),
+            identity: rt.identity.clone(),
             peers: rt.peers.clone(),
             by_key: rt.by_key.clone(),
-            by_index: rt.by_index.clone(),
             routes: {
                 let mut t = IpNetworkTable::new();
                 for (net, &peer) in rt.routes.iter() {
@@ -350,61 +630,364 @@ impl Runtime {
                 }
                 t
             },
-            limiter: rt.limiter.clone(),
             bound_port: rt.bound_port,
         }
     }
 }
 
-/// The drop reason of a protocol error.
-fn reason(e: &WireGuardError) -> DropReason {
-    match e {
-        WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => DropReason::Replayed,
-        WireGuardError::NoCurrentSession | WireGuardError::ConnectionExpired => DropReason::NoSession,
-        WireGuardError::IncorrectPacketLength
-        | WireGuardError::WrongPacketType
-        | WireGuardError::InvalidPacket
-        | WireGuardError::UnexpectedPacket
-        | WireGuardError::DestinationBufferTooSmall => DropReason::MalformedDatagram,
-        _ => DropReason::Unauthenticated,
+/// The handshake worker: handshake messages, requests from the data path, and timers.
+impl WireGuard {
+    /// Handles one queued handshake message.
+    fn handle_job(&self, rt: &Runtime, job: &Job, control: &mut dyn FnMut(&[u8], SocketAddr)) {
+        let message = &job.message[..job.len];
+        let Some(identity) = rt.identity.as_ref() else { return };
+        let now = self.now();
+        match MessageKind::of(message) {
+            Some(MessageKind::Initiation) if job.needs_cookie => self.send_cookie(identity, message, job.from, control),
+            Some(MessageKind::Response) if job.needs_cookie => self.send_cookie(identity, message, job.from, control),
+            Some(MessageKind::Initiation) => self.take_initiation(rt, identity, message, job.from, now, control),
+            Some(MessageKind::Response) => self.take_response(identity, message, job.from, now, control),
+            Some(MessageKind::CookieReply) => {
+                let index = noise::receiver_index(MessageKind::CookieReply, message);
+                let Some(peer) = self.peer_of_index(index) else { return };
+                let Some(keys) = peer.keys() else { return };
+                if !peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
+                    tracing::debug!("cookie reply from {} did not authenticate", job.from);
+                }
+            }
+            _ => {}
+        }
     }
-}
 
-/// Whether a message is a data message (type 4).
-fn is_data(message: &[u8]) -> bool {
-    message.first() == Some(&4)
+    fn send_cookie(
+        &self,
+        identity: &Identity,
+        message: &[u8],
+        from: SocketAddr,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) {
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        let mut checker = self.checker.lock().unwrap_or_else(|e| e.into_inner());
+        checker.reply(&identity.cookie_key, message, from, Instant::now(), &mut reply);
+        drop(checker);
+        control(&reply, from);
+    }
+
+    fn take_initiation(
+        &self,
+        rt: &Runtime,
+        identity: &Identity,
+        message: &[u8],
+        from: SocketAddr,
+        now: u64,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) {
+        let Some(opened) = open_initiation(identity, message) else {
+            tracing::debug!("handshake initiation from {from} did not authenticate");
+            return;
+        };
+        let Some(peer) = rt.by_key.get(&opened.peer).map(|&i| rt.peers[i].clone()) else {
+            tracing::debug!("handshake initiation from {from} names no peer of ours");
+            return;
+        };
+        let Some(keys) = peer.keys() else { return };
+        let Some(consumed) = finish_initiation(opened, &keys, message) else {
+            tracing::debug!("handshake initiation from {from} did not authenticate");
+            return;
+        };
+        let mut st = peer.state();
+        let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
+        if consumed.timestamp <= st.greatest_timestamp || flood {
+            tracing::debug!("handshake initiation from {from}: a replay or too soon after the last");
+            return;
+        }
+        st.greatest_timestamp = consumed.timestamp;
+        st.last_initiation_taken = Some(now);
+        let local_index = self.new_index(&peer);
+        let mut response = [0u8; RESPONSE_LEN];
+        let Some(session) = noise::create_response(&consumed, &keys, local_index, &mut response) else {
+            self.retire(&[local_index]);
+            return;
+        };
+        st.cookies.stamp(&keys.mac1_key, &mut response, Instant::now());
+        // Theirs supersedes any initiation of ours under way.
+        if let Some(ours) = st.pending.take() {
+            self.retire(&[ours.local_index]);
+        }
+        let keypair = Arc::new(Keypair::new(&session, local_index, consumed.remote_index, false, now));
+        let gone = peer.change_keypairs(|k| k.next = Some(keypair));
+        self.retire(&gone);
+        peer.set_endpoint(Some(from));
+        peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
+        peer.received_authenticated(now, false);
+        control(&response, from);
+        peer.tx_bytes.fetch_add(RESPONSE_LEN as u64, Ordering::Relaxed);
+        peer.sent_authenticated(now);
+        st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
+    }
+
+    fn take_response(
+        &self,
+        identity: &Identity,
+        message: &[u8],
+        from: SocketAddr,
+        now: u64,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) {
+        let index = noise::receiver_index(MessageKind::Response, message);
+        let Some(peer) = self.peer_of_index(index) else { return };
+        let Some(keys) = peer.keys() else { return };
+        let mut st = peer.state();
+        let session = match &st.pending {
+            Some(pending) if pending.local_index == index => noise::consume_response(identity, pending, &keys, message),
+            _ => None,
+        };
+        let Some(session) = session else {
+            tracing::debug!("handshake response from {from} answers nothing under way or did not authenticate");
+            return;
+        };
+        st.pending = None;
+        let keypair = Arc::new(Keypair::new(&session, index, noise::sender_index(message), true, now));
+        keypair.confirm();
+        let gone = peer.change_keypairs(|k| {
+            match k.next.take() {
+                Some(next) => k.previous = Some(next),
+                None => k.previous = k.current.take(),
+            }
+            k.current = Some(keypair);
+        });
+        self.retire(&gone);
+        peer.set_endpoint(Some(from));
+        peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
+        peer.received_authenticated(now, false);
+        self.handshake_complete(&peer, &mut st, now);
+        // What waited goes now; with nothing waiting, a keepalive confirms the session to the responder.
+        self.send_keepalive(&peer, &keys, &mut st, now, control);
+    }
+
+    fn handshake_complete(&self, peer: &Peer, st: &mut HandshakeSide, now: u64) {
+        st.retransmit_at = None;
+        st.attempts = 0;
+        st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
+        peer.sent_lastminute_handshake.store(false, Ordering::Relaxed);
+        *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+    }
+
+    /// Sends an initiation to `peer` unless one went within REKEY_TIMEOUT; `retry` keeps the attempt count.
+    fn send_initiation(
+        &self,
+        peer: &Arc<Peer>,
+        keys: &PeerKeys,
+        st: &mut HandshakeSide,
+        retry: bool,
+        now: u64,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) {
+        if !retry {
+            st.attempts = 0;
+        }
+        if st.last_initiation_sent.is_some_and(|t| now < t + REKEY_TIMEOUT) || !keys.can_handshake() {
+            return;
+        }
+        let Some(endpoint) = peer.endpoint() else { return };
+        let Some(identity) = self.runtime().identity.clone() else { return };
+        let local_index = self.new_index(peer);
+        let mut message = [0u8; INITIATION_LEN];
+        let Some(state) = noise::create_initiation(&identity, keys, local_index, SystemTime::now(), &mut message)
+        else {
+            self.retire(&[local_index]);
+            return;
+        };
+        if let Some(old) = st.pending.replace(state) {
+            if peer.keypairs().find(old.local_index).is_none() {
+                self.retire(&[old.local_index]);
+            }
+        }
+        st.cookies.stamp(&keys.mac1_key, &mut message, Instant::now());
+        control(&message, endpoint);
+        peer.tx_bytes.fetch_add(INITIATION_LEN as u64, Ordering::Relaxed);
+        peer.sent_authenticated(now);
+        st.last_initiation_sent = Some(now);
+        st.retransmit_at = Some(now + REKEY_TIMEOUT + self.jitter());
+    }
+
+    /// Sends what is held for `peer` if a session can carry it (and a keepalive if nothing is), or starts a
+    /// handshake.
+    fn send_keepalive(
+        &self,
+        peer: &Arc<Peer>,
+        keys: &PeerKeys,
+        st: &mut HandshakeSide,
+        now: u64,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) {
+        let current = peer.keypairs().current.filter(|k| usable(k, now));
+        let (Some(keypair), Some(endpoint)) = (current, peer.endpoint()) else {
+            self.send_initiation(peer, keys, st, false, now, control);
+            return;
+        };
+        let mtu = self.mtu.load(Ordering::Relaxed);
+        let mut buf = Vec::new();
+        let mut send = |packet: &[u8]| {
+            buf.resize(packet.len() + DATA_OVERHEAD + PADDING_MULTIPLE, 0);
+            match keypair.seal(packet, &mut buf, mtu) {
+                Some((len, _)) => {
+                    control(&buf[..len], endpoint);
+                    peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    true
+                }
+                None => false,
+            }
+        };
+        if st.held.is_empty() {
+            if send(&[]) {
+                peer.sent_authenticated(now);
+            }
+            return;
+        }
+        while let Some(packet) = st.held.pop_front() {
+            if !send(&packet) {
+                st.held.push_front(packet);
+                break;
+            }
+            peer.sent_data(now);
+        }
+    }
+
+    /// One peer's requests and timers.
+    fn service_peer(&self, peer: &Arc<Peer>, now: u64, control: &mut dyn FnMut(&[u8], SocketAddr), lost: &mut Drops) {
+        lost.add(DropReason::NoSession, peer.evicted.swap(0, Ordering::Relaxed));
+        let Some(keys) = peer.keys() else { return };
+        let mut st = peer.state();
+        let flush = peer.wants_flush.swap(false, Ordering::AcqRel);
+        if flush {
+            self.handshake_complete(peer, &mut st, now);
+        }
+        if flush || peer.wants_keepalive.swap(false, Ordering::AcqRel) {
+            self.send_keepalive(peer, &keys, &mut st, now, control);
+        }
+        if peer.wants_handshake.swap(false, Ordering::AcqRel) {
+            let current = peer.keypairs().current.filter(|k| usable(k, now));
+            if current.is_some() && !st.held.is_empty() {
+                self.send_keepalive(peer, &keys, &mut st, now, control);
+            } else {
+                self.send_initiation(peer, &keys, &mut st, false, now, control);
+            }
+        }
+        if st.retransmit_at.is_some_and(|t| now >= t) {
+            if st.attempts >= MAX_TIMER_HANDSHAKES {
+                tracing::debug!(
+                    "handshake for peer {} did not complete after {} attempts, giving up",
+                    key_to_hex(&peer.public_key),
+                    st.attempts + 2
+                );
+                st.retransmit_at = None;
+                peer.keepalive_due_since.store(0, Ordering::Relaxed);
+                lost.add(DropReason::NoSession, st.held.len() as u64);
+                st.held.clear();
+                st.zero_keys_at.get_or_insert(now + 3 * REJECT_AFTER_TIME);
+            } else {
+                st.attempts += 1;
+                self.send_initiation(peer, &keys, &mut st, true, now, control);
+            }
+        }
+        let due = peer.keepalive_due_since.load(Ordering::Relaxed);
+        if due != 0 && now >= due + KEEPALIVE_TIMEOUT {
+            self.send_keepalive(peer, &keys, &mut st, now, control);
+            if peer.keepalive_again.swap(false, Ordering::Relaxed) {
+                peer.keepalive_due_since.store(now, Ordering::Relaxed);
+            }
+        }
+        let silent = peer.silence_since.load(Ordering::Relaxed);
+        if silent != 0 && now >= silent + KEEPALIVE_TIMEOUT + REKEY_TIMEOUT {
+            peer.silence_since.store(0, Ordering::Relaxed);
+            tracing::debug!("nothing heard from peer {} after sending, a new handshake", key_to_hex(&peer.public_key));
+            self.send_initiation(peer, &keys, &mut st, false, now, control);
+        }
+        if st.zero_keys_at.is_some_and(|t| now >= t) {
+            st.zero_keys_at = None;
+            let mut gone = peer.change_keypairs(|k| *k = Keypairs::default());
+            gone.extend(st.pending.take().map(|p| p.local_index));
+            self.retire(&gone);
+        }
+        let interval = u64::from(peer.persistent_keepalive.load(Ordering::Relaxed)) * 1000;
+        let last = peer.sent_any_ms.load(Ordering::Relaxed).max(peer.received_any_ms.load(Ordering::Relaxed));
+        if interval > 0 && now >= last + interval {
+            self.send_keepalive(peer, &keys, &mut st, now, control);
+        }
+    }
+
+    /// Lowers the handshake worker's priority once, so that key work yields to the data workers.
+    fn nice_worker(&self) {
+        if !self.worker_niced.swap(true, Ordering::Relaxed) {
+            let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
+        }
+    }
 }
 
 impl Transform for WireGuard {
     fn overhead(&self) -> usize {
-        DATA_OVERHEAD + HANDSHAKE_INIT_LEN
+        DATA_OVERHEAD + PADDING_MULTIPLE - 1
     }
 
-    fn seal(&self, packet: &mut [u8], out: &mut [u8], control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
-        let Some(dst) = Tunn::dst_address(packet) else {
+    fn seal(&self, packet: &mut [u8], out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
+        let Some(dst) = destination(packet) else {
             return Sealed::Dropped(DropReason::Malformed);
         };
         self.with_cache(|cache| {
-            let rt = &*cache.rt;
-            let cached = cache
-                .route
-                .filter(|&(d, i, gen, _)| d == dst && rt.peers[i].endpoint_gen.load(Ordering::Acquire) == gen);
-            let (position, endpoint) = match cached {
-                Some((_, i, _, endpoint)) => (i, endpoint),
+            let rt = cache.rt.clone();
+            let cached = cache.route.filter(|r| {
+                r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen
+            });
+            let route = match cached {
+                Some(route) => route,
                 None => {
                     let Some((_, &i)) = rt.routes.longest_match(dst) else {
                         return Sealed::Dropped(DropReason::NoPeer);
                     };
-                    let gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
-                    let endpoint = rt.peers[i].endpoint();
-                    cache.route = Some((dst, i, gen, endpoint));
-                    (i, endpoint)
+                    let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
+                    let route =
+                        RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
+                    cache.route = Some(route);
+                    route
                 }
             };
-            let Some(endpoint) = endpoint else {
+            let Some(endpoint) = route.endpoint else {
                 return Sealed::Dropped(DropReason::NoPeer);
             };
-            seal_for(&rt.peers[position], endpoint, packet, out, control)
+            let peer = &rt.peers[route.peer];
+            let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
+            let cached = cache.sending.as_ref().filter(|(p, g, _)| *p == route.peer && *g == keypairs_gen);
+            if cached.is_none() {
+                cache.sending = Some((route.peer, keypairs_gen, peer.keypairs().current));
+            }
+            let now = self.now();
+            let keypair = cache.sending.as_ref().and_then(|(_, _, k)| k.as_ref()).filter(|k| usable(k, now));
+            if let Some(keypair) = keypair {
+                if let Some((len, counter)) = keypair.seal(packet, out, self.mtu.load(Ordering::Relaxed)) {
+                    peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    peer.sent_data(now);
+                    if keypair.initiator
+                        && (counter >= REKEY_AFTER_MESSAGES || now >= keypair.born_ms + REKEY_AFTER_TIME)
+                    {
+                        self.request_handshake(peer);
+                    }
+                    return Sealed::Out { len, to: endpoint };
+                }
+            }
+            // No session that can carry it: held for the handshake the worker is asked for.
+            if !peer.keys().is_some_and(|k| k.can_handshake()) {
+                return Sealed::Dropped(DropReason::NoSession);
+            }
+            let mut st = peer.state();
+            if st.held.len() >= HELD_PER_PEER {
+                st.held.pop_front();
+                peer.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+            st.held.push_back(packet.to_vec());
+            drop(st);
+            self.request_handshake(peer);
+            Sealed::Held
         })
     }
 
@@ -413,68 +996,16 @@ impl Transform for WireGuard {
         datagram: &mut [u8],
         from: SocketAddr,
         out: &mut [u8],
-        control: &mut dyn FnMut(&[u8], SocketAddr),
+        _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {
-        self.with_cache(|cache| {
-            let rt = &*cache.rt;
-            let Some(limiter) = rt.limiter.as_ref() else {
-                return Opened::Dropped(DropReason::Unauthenticated); // no key: nothing can be for us
-            };
-            let by_index = |receiver_idx: u32| rt.by_index.get(&(receiver_idx >> 8)).copied();
-            let position = match Tunn::parse_incoming_packet(datagram) {
-                Err(_) => return Opened::Dropped(DropReason::MalformedDatagram),
-                Ok(Packet::HandshakeInit(_)) => {
-                    // The MAC (and, under load, the cookie) before the key work a peer lookup costs.
-                    let mut cookie = [0u8; 64];
-                    match limiter.verify_packet(Some(from.ip()), datagram, &mut cookie) {
-                        Ok(Packet::HandshakeInit(init)) => WireGuard::initiator(rt, &init),
-                        Ok(_) => return Opened::Dropped(DropReason::MalformedDatagram),
-                        Err(TunnResult::WriteToNetwork(reply)) => {
-                            control(reply, from);
-                            return Opened::Control;
-                        }
-                        Err(_) => return Opened::Dropped(DropReason::Unauthenticated),
-                    }
-                }
-                Ok(Packet::HandshakeResponse(p)) => by_index(p.receiver_idx),
-                Ok(Packet::PacketCookieReply(p)) => by_index(p.receiver_idx),
-                Ok(Packet::PacketData(p)) => by_index(p.receiver_idx),
-            };
-            let Some(position) = position else {
-                return Opened::Dropped(DropReason::Unauthenticated);
-            };
-            let peer = &rt.peers[position];
-            let opened = open_from(peer, datagram, from, out, control);
-            if opened.1 {
-                // Authenticated: the peer is now at `from` (roaming). Looked at only when it may have moved.
-                let gen = peer.endpoint_gen.load(Ordering::Acquire);
-                if cache.seen != Some((position, gen, from)) {
-                    peer.set_endpoint(Some(from));
-                    cache.seen = Some((position, peer.endpoint_gen.load(Ordering::Acquire), from));
-                }
-            }
-            match opened.0 {
-                Opened::Packet { len } => {
-                    // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source
-                    // is looked up once).
-                    let allowed = match opened.2 {
-                        Some(src) if cache.allowed == Some((src, position)) => true,
-                        Some(src) => {
-                            let ok = rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
-                            if ok {
-                                cache.allowed = Some((src, position));
-                            }
-                            ok
-                        }
-                        None => false,
-                    };
-                    if allowed {
-                        Opened::Packet { len }
-                    } else {
-                        Opened::Dropped(DropReason::NotAllowed)
-                    }
-                }
-                other => other,
+        let Some(kind) = MessageKind::of(datagram) else {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        };
+        self.with_cache(|cache| match kind {
+            MessageKind::Data => self.open_data(cache, datagram, from, out),
+            _ => {
+                let rt = cache.rt.clone();
+                self.queue_handshake(&rt, kind, datagram, from)
             }
         })
     }
@@ -483,121 +1014,32 @@ impl Transform for WireGuard {
         Some(TICK)
     }
 
+    fn work_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.handshakes.wake.as_fd())
+    }
+
     fn tick(&self, control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
+        self.nice_worker();
+        self.handshakes.drain_wake();
         let rt = self.runtime();
-        let mut lost = Drops::default();
-        if self.ticks.fetch_add(1, Ordering::Relaxed) % 4 == 0 {
-            if let Some(limiter) = &rt.limiter {
-                limiter.reset_count();
-            }
+        for _ in 0..HANDSHAKES_PER_CALL {
+            let Some(job) = self.handshakes.pop() else { break };
+            self.handle_job(&rt, &job, control);
         }
-        let mut buf = [0u8; 256];
+        if self.handshakes.len.load(Ordering::Relaxed) > 0 {
+            self.handshakes.kick(); // more to do: back at once, after the timers
+        }
+        let now = self.now();
+        self.checker.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
+        let mut lost = Drops::default();
         for peer in &rt.peers {
-            let mut guard = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(tunn) = guard.as_mut() else { continue };
-            match tunn.update_timers(&mut buf) {
-                TunnResult::WriteToNetwork(message) => {
-                    if let Some(endpoint) = peer.endpoint() {
-                        peer.tx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
-                        control(message, endpoint);
-                    }
-                }
-                TunnResult::Err(WireGuardError::ConnectionExpired) => {
-                    // The protocol gave up on the handshake and dropped what it held.
-                    lost.add(DropReason::NoSession, peer.held.swap(0, Ordering::Relaxed));
-                }
-                _ => {}
-            }
+            self.service_peer(peer, now, control, &mut lost);
         }
         lost
     }
 
     fn authenticates(&self) -> bool {
         true
-    }
-}
-
-/// Seals `packet` for `peer` at `endpoint`.
-fn seal_for(
-    peer: &Peer,
-    endpoint: SocketAddr,
-    packet: &[u8],
-    out: &mut [u8],
-    control: &mut dyn FnMut(&[u8], SocketAddr),
-) -> Sealed {
-    let mut guard = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(tunn) = guard.as_mut() else {
-        return Sealed::Dropped(DropReason::NoSession);
-    };
-    let hold = |peer: &Peer| {
-        if peer.held.fetch_add(1, Ordering::Relaxed) >= HELD_PER_PEER {
-            peer.held.fetch_sub(1, Ordering::Relaxed);
-            Sealed::Dropped(DropReason::NoSession)
-        } else {
-            Sealed::Held
-        }
-    };
-    match tunn.encapsulate(packet, out) {
-        TunnResult::WriteToNetwork(message) if is_data(message) => {
-            let len = message.len();
-            peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-            Sealed::Out { len, to: endpoint }
-        }
-        TunnResult::WriteToNetwork(handshake) => {
-            // No session: the packet waits in the protocol, and a handshake starts.
-            peer.tx_bytes.fetch_add(handshake.len() as u64, Ordering::Relaxed);
-            control(handshake, endpoint);
-            hold(peer)
-        }
-        TunnResult::Done => hold(peer),
-        TunnResult::Err(e) => Sealed::Dropped(reason(&e)),
-        TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => Sealed::Dropped(DropReason::Malformed),
-    }
-}
-
-/// Opens a datagram from `peer`; also says whether it authenticated the peer at `from`, and the source address
-/// of the packet inside.
-fn open_from(
-    peer: &Peer,
-    datagram: &[u8],
-    from: SocketAddr,
-    out: &mut [u8],
-    control: &mut dyn FnMut(&[u8], SocketAddr),
-) -> (Opened, bool, Option<IpAddr>) {
-    let datagram_len = datagram.len() as u64;
-    let mut guard = peer.tunn.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(tunn) = guard.as_mut() else {
-        return (Opened::Dropped(DropReason::Unauthenticated), false, None);
-    };
-    match tunn.decapsulate(Some(from.ip()), datagram, out) {
-        TunnResult::WriteToTunnelV4(packet, src) => {
-            peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
-            (Opened::Packet { len: packet.len() }, true, Some(src.into()))
-        }
-        TunnResult::WriteToTunnelV6(packet, src) => {
-            peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
-            (Opened::Packet { len: packet.len() }, true, Some(src.into()))
-        }
-        TunnResult::WriteToNetwork(reply) => {
-            // A handshake message, authenticated: answer it, then send what waited for the session.
-            peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
-            peer.tx_bytes.fetch_add(reply.len() as u64, Ordering::Relaxed);
-            control(reply, from);
-            while let TunnResult::WriteToNetwork(message) = tunn.decapsulate(None, &[], out) {
-                if is_data(message) {
-                    let _ = peer.held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| h.checked_sub(1));
-                }
-                peer.tx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
-                control(message, from);
-            }
-            (Opened::Control, true, None)
-        }
-        TunnResult::Done => {
-            // A keepalive (authenticated) or a cookie reply (not).
-            peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
-            (Opened::Control, is_data(datagram), None)
-        }
-        TunnResult::Err(e) => (Opened::Dropped(reason(&e)), false, None),
     }
 }
 
@@ -637,3 +1079,6 @@ pub fn render_get(wg: &WireGuard) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

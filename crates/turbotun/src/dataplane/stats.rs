@@ -97,6 +97,9 @@ drop_reasons! {
     CeOnNotEct => ce_on_not_ect, fault: false;
     /// A datagram too short or otherwise not of the tunnel's protocol.
     MalformedDatagram => malformed_datagram, fault: true;
+    /// A handshake message refused under load (WireGuard: its source over its rate, or the handshake queue
+    /// full), before any key work was spent on it.
+    RateLimited => rate_limited, fault: false;
 }
 
 impl std::fmt::Display for DropReason {

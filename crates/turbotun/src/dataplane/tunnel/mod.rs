@@ -56,8 +56,16 @@ pub trait Transform: Send + Sync + 'static {
         None
     }
 
-    /// Runs the protocol's timers (retransmitted handshakes, keepalives), sending through `control`; returns the
-    /// packets it gave up on (held for a handshake that never completed), by reason.
+    /// A file descriptor that becomes readable when the transform has work for [`Self::tick`] before its next
+    /// interval (WireGuard: handshake messages [`Self::open`] handed over, so that key work runs on the timer
+    /// thread and never on a data worker). [`Self::tick`] clears it.
+    fn work_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Runs the protocol's timers (retransmitted handshakes, keepalives) and the work [`Self::work_fd`] announced,
+    /// sending through `control`; returns the packets it gave up on (held for a handshake that never completed),
+    /// by reason.
     fn tick(&self, _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
         Drops::default()
     }

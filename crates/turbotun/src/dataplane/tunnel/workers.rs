@@ -253,11 +253,20 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
     let mut control = Counters::default();
     let mut flusher = Flusher::new(ctx.stats.device_to_network());
     let wake = ctx.stop.wake_fd()?;
+    let mut last_tick = std::time::Instant::now();
     loop {
-        if crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))? || ctx.stop.is_stopped()
-        {
+        // The transform's own work wakes this thread early; the timers still run every `interval`.
+        let woken = match ctx.transform.work_fd() {
+            Some(work) => {
+                let left = interval.saturating_sub(last_tick.elapsed());
+                crate::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
+            }
+            None => crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
+        };
+        if ctx.stop.is_stopped() || (woken && ctx.transform.work_fd().is_none()) {
             break;
         }
+        last_tick = std::time::Instant::now();
         let lost = ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
         control.drops.add_all(&lost);
         flusher.flush(control);

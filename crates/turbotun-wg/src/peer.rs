@@ -1,0 +1,227 @@
+//! One peer at run time: its handshake keys, its sessions (current, previous and next, as the kernel keeps
+//! them), the handshake under way, the packets held for it, and the timestamps its timers are judged by.
+//!
+//! The data path touches only atomics and the read side of the session lock; everything else (the handshake,
+//! the timers, the held packets) belongs to the device's handshake worker, under `state`.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::SystemTime;
+
+use crate::config::Key;
+use crate::cookie::CookieJar;
+use crate::noise::{InitiationState, PeerKeys};
+use crate::session::Keypair;
+
+/// Packets held for a peer while its handshake is under way (the kernel's MAX_STAGED_PACKETS); when more come,
+/// the oldest is dropped and counted.
+pub const HELD_PER_PEER: usize = 128;
+
+/// A peer's sessions.
+#[derive(Debug, Default, Clone)]
+pub struct Keypairs {
+    /// What packets are sealed with.
+    pub current: Option<Arc<Keypair>>,
+    /// The session before it, still opened for packets in flight.
+    pub previous: Option<Arc<Keypair>>,
+    /// A session this side answered a handshake for, used once the initiator's first message arrives with it.
+    pub next: Option<Arc<Keypair>>,
+}
+
+impl Keypairs {
+    /// The session whose index is `local_index`.
+    pub fn find(&self, local_index: u32) -> Option<&Arc<Keypair>> {
+        [&self.current, &self.previous, &self.next].into_iter().flatten().find(|k| k.local_index == local_index)
+    }
+
+    /// Every index these sessions hold.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        [&self.current, &self.previous, &self.next].into_iter().flatten().map(|k| k.local_index)
+    }
+}
+
+/// What the handshake worker keeps of a peer.
+#[derive(Debug, Default)]
+pub struct HandshakeSide {
+    /// Our initiation waiting for its response.
+    pub pending: Option<InitiationState>,
+    /// When the last initiation was sent (device clock, ms): none is sent within REKEY_TIMEOUT of it.
+    pub last_initiation_sent: Option<u64>,
+    /// Retransmissions of the current initiation so far.
+    pub attempts: u32,
+    /// When the initiation is sent again unless a response came.
+    pub retransmit_at: Option<u64>,
+    /// When every session is forgotten unless a new handshake completes.
+    pub zero_keys_at: Option<u64>,
+    /// The greatest initiation timestamp taken from the peer: an initiation not later than it is a replay.
+    pub greatest_timestamp: [u8; 12],
+    /// When the peer's last initiation was taken (device clock, ms): at most INITIATIONS_PER_SECOND.
+    pub last_initiation_taken: Option<u64>,
+    /// The cookie state of what we send the peer.
+    pub cookies: CookieJar,
+    /// Packets waiting for a session.
+    pub held: VecDeque<Vec<u8>>,
+}
+
+/// One peer at run time.
+pub struct Peer {
+    /// Its public key.
+    pub public_key: Key,
+    /// Its keys for handshakes (`None` while the device has no private key).
+    keys: RwLock<Option<Arc<PeerKeys>>>,
+    /// The preshared key its keys were made with (to tell whether a new configuration changes it).
+    pub preshared_key: Mutex<Option<Key>>,
+    /// Seconds between keepalives when no other packet went either way (0: none).
+    pub persistent_keepalive: AtomicU16,
+    endpoint: Mutex<Option<SocketAddr>>,
+    /// Bumped with every change of the endpoint, so that workers keep a copy and look at the lock only then.
+    pub endpoint_gen: AtomicU64,
+    keypairs: RwLock<Keypairs>,
+    /// Bumped with every change of the sessions, for the workers' copies.
+    pub keypairs_gen: AtomicU64,
+    state: Mutex<HandshakeSide>,
+    /// When an authenticated message was last sent to it / received from it (device clock, ms; 0: never).
+    pub sent_any_ms: AtomicU64,
+    pub received_any_ms: AtomicU64,
+    /// Since when a keepalive is due because data came and nothing went back (0: none due); and whether more
+    /// data came after that, so that another keepalive follows the first.
+    pub keepalive_due_since: AtomicU64,
+    pub keepalive_again: AtomicBool,
+    /// Since when data went out with nothing heard back (0: nothing outstanding): a new handshake after
+    /// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT of silence.
+    pub silence_since: AtomicU64,
+    /// Whether a handshake was asked for because the session we initiated nears its end while we receive.
+    pub sent_lastminute_handshake: AtomicBool,
+    /// A handshake asked for by the data path (no session, or the session is old).
+    pub wants_handshake: AtomicBool,
+    /// A keepalive asked for (a persistent keepalive just configured).
+    pub wants_keepalive: AtomicBool,
+    /// Held packets to send now that a session can carry them.
+    pub wants_flush: AtomicBool,
+    /// Held packets dropped to make room, not yet reported.
+    pub evicted: AtomicU64,
+    /// When the last handshake completed.
+    pub last_handshake: Mutex<Option<SystemTime>>,
+    /// Bytes of datagrams received from it / sent to it.
+    pub rx_bytes: AtomicU64,
+    pub tx_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer").field("public_key", &crate::config::key_to_hex(&self.public_key)).finish()
+    }
+}
+
+impl Peer {
+    /// A peer with no session, at `endpoint`.
+    pub fn new(public_key: Key, keys: Option<PeerKeys>, preshared_key: Option<Key>, keepalive: u16) -> Self {
+        Peer {
+            public_key,
+            keys: RwLock::new(keys.map(Arc::new)),
+            preshared_key: Mutex::new(preshared_key),
+            persistent_keepalive: AtomicU16::new(keepalive),
+            endpoint: Mutex::new(None),
+            endpoint_gen: AtomicU64::new(0),
+            keypairs: RwLock::new(Keypairs::default()),
+            keypairs_gen: AtomicU64::new(0),
+            state: Mutex::new(HandshakeSide::default()),
+            sent_any_ms: AtomicU64::new(0),
+            received_any_ms: AtomicU64::new(0),
+            keepalive_due_since: AtomicU64::new(0),
+            keepalive_again: AtomicBool::new(false),
+            silence_since: AtomicU64::new(0),
+            sent_lastminute_handshake: AtomicBool::new(false),
+            wants_handshake: AtomicBool::new(false),
+            wants_keepalive: AtomicBool::new(false),
+            wants_flush: AtomicBool::new(false),
+            evicted: AtomicU64::new(0),
+            last_handshake: Mutex::new(None),
+            rx_bytes: AtomicU64::new(0),
+            tx_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Its handshake keys.
+    pub fn keys(&self) -> Option<Arc<PeerKeys>> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces its handshake keys (a new preshared key).
+    pub fn set_keys(&self, keys: Option<PeerKeys>) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys.map(Arc::new);
+    }
+
+    /// Where its datagrams go.
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves it to `to` (configured, or where an authenticated message came from).
+    pub fn set_endpoint(&self, to: Option<SocketAddr>) {
+        let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if *endpoint != to {
+            *endpoint = to;
+            self.endpoint_gen.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Its sessions, to read.
+    pub fn keypairs(&self) -> Keypairs {
+        self.keypairs.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes its sessions with `f`, returning the indices that no session holds any more.
+    pub fn change_keypairs(&self, f: impl FnOnce(&mut Keypairs)) -> Vec<u32> {
+        let mut keypairs = self.keypairs.write().unwrap_or_else(|e| e.into_inner());
+        let before: Vec<u32> = keypairs.indices().collect();
+        f(&mut keypairs);
+        self.keypairs_gen.fetch_add(1, Ordering::Release);
+        before.into_iter().filter(|i| keypairs.find(*i).is_none()).collect()
+    }
+
+    /// The handshake worker's state.
+    pub fn state(&self) -> MutexGuard<'_, HandshakeSide> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that an authenticated message went to it at `now`.
+    pub fn sent_authenticated(&self, now: u64) {
+        store_if_changed(&self.sent_any_ms, now);
+        if self.keepalive_due_since.load(Ordering::Relaxed) != 0 {
+            self.keepalive_due_since.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Records that data (not a keepalive) went to it at `now`.
+    pub fn sent_data(&self, now: u64) {
+        self.sent_authenticated(now);
+        if self.silence_since.load(Ordering::Relaxed) == 0 {
+            self.silence_since.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Records that an authenticated message came from it at `now`, and whether it carried data.
+    pub fn received_authenticated(&self, now: u64, data: bool) {
+        store_if_changed(&self.received_any_ms, now);
+        if self.silence_since.load(Ordering::Relaxed) != 0 {
+            self.silence_since.store(0, Ordering::Relaxed);
+        }
+        if data {
+            if self.keepalive_due_since.load(Ordering::Relaxed) == 0 {
+                self.keepalive_due_since.store(now, Ordering::Relaxed);
+            } else if !self.keepalive_again.load(Ordering::Relaxed) {
+                self.keepalive_again.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Stores `value` unless it is there already: the common case then only reads a line other threads share.
+fn store_if_changed(at: &AtomicU64, value: u64) {
+    if at.load(Ordering::Relaxed) != value {
+        at.store(value, Ordering::Relaxed);
+    }
+}
