@@ -80,9 +80,11 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
         .offloads(Offloads::ALL)
         .open()?;
     device.queues()[0].set_mtu(DEFAULT_MTU)?;
+    let wg_mtu = DEFAULT_MTU as usize;
     let queues: Vec<Arc<Queue>> = device.into_queues().into_iter().map(Arc::new).collect();
     let uapi = UapiSocket::bind(&options.name)?;
     let wg = Arc::new(WireGuard::new());
+    wg.set_mtu(wg_mtu);
     let sockets = bind_port(0, queues.len(), 0)?;
     wg.set_bound_port(sockets[0].local_addr()?.port());
     // Kept alive until this process ends, however it ends: see `keep_socket`.
@@ -174,6 +176,10 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
             }
             if last_look.elapsed() >= Duration::from_secs(1) {
                 last_look = Instant::now();
+                // Padding stays within the MTU, which wg-quick sets after the endpoint started.
+                if let Ok(mtu) = queues[0].mtu() {
+                    wg.set_mtu(mtu as usize);
+                }
                 if !socket_file.exists() {
                     break None;
                 }
