@@ -117,9 +117,14 @@ impl HandshakeQueue {
             return false;
         }
         jobs.push_back(job);
-        self.len.store(jobs.len(), Ordering::Relaxed);
+        let len = jobs.len();
+        self.len.store(len, Ordering::Relaxed);
         drop(jobs);
-        self.kick();
+        // The worker empties the queue before it sleeps (and wakes itself while it is not empty): only the
+        // first message into an empty queue needs to wake it, which keeps a flood from costing a write each.
+        if len == 1 {
+            self.kick();
+        }
         true
     }
 
