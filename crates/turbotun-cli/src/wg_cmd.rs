@@ -15,7 +15,8 @@ pub struct WgArgs {
     /// move to a privileged port or set a firewall mark.
     #[arg(long)]
     pub user: Option<String>,
-    /// The interface to create; its configuration socket is /var/run/wireguard/NAME.sock.
+    /// The interface to create (a template such as wg%d takes the first free number); its configuration socket
+    /// is /var/run/wireguard/NAME.sock, with the name the device was given.
     pub name: String,
 }
 
@@ -33,18 +34,18 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
             again.extend(["--user".to_string(), user.clone()]);
         }
         again.push(args.name.clone());
-        let pid = daemon::start_in_background(&program, &again)?;
-        eprintln!("turbotun wg: {} up in the background (pid {pid})", args.name);
+        let (pid, name) = daemon::start_in_background(&program, &again)?;
+        eprintln!("turbotun wg: {name} up in the background (pid {pid})");
         return Ok(());
     }
-    let (ended, stats) = daemon::run(&Options { name: args.name.clone(), user })?;
+    let daemon::Ran { name, ended, stats } = daemon::run(&Options { name: args.name.clone(), user })?;
     let why = match ended {
         Ended::Signal => "stopped by a signal",
         Ended::DeviceDeleted => "the device was deleted",
         Ended::SocketRemoved => "the configuration socket was removed",
         _ => "stopped",
     };
-    eprintln!("turbotun wg: {}: {why}", args.name);
+    eprintln!("turbotun wg: {name}: {why}");
     // The counters, as `turbotun fwd` and `turbotun tunnel` print them (nobody reads them in the background).
     println!("{}", crate::counters::tunnel_line("wireguard", &stats));
     Ok(())

@@ -1,23 +1,83 @@
 //! The device's configuration and the `set=1` half of WireGuard's userspace configuration protocol: each
 //! request is applied to a copy of the configuration, which replaces the old one only if every line was
 //! understood, so that a bad request changes nothing.
+//!
+//! Lines take effect in order, as in the kernel: an allowed prefix belongs to the peer that was given it last
+//! (one table over all peers, so [`DeviceConfig`] never holds a prefix twice), a peer with the device's own
+//! public key is never added, and a new private key removes the peer that has its public key.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A Curve25519 key (private, public or preshared), 32 bytes.
+use zeroize::{Zeroize, ZeroizeOnDrop};
+
+/// A Curve25519 public key, 32 bytes.
 pub type Key = [u8; 32];
 
-/// What `set=1` configures, and `get=1` reports (beside what the tunnel learned at run time).
+/// A secret key (the device's private key, a peer's preshared key): wiped when dropped, never printed by
+/// `Debug`, and not `Copy`, so that every copy is one that will be wiped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretKey([u8; 32]);
+
+impl SecretKey {
+    /// The key of these bytes.
+    pub fn new(bytes: [u8; 32]) -> Self {
+        SecretKey(bytes)
+    }
+
+    /// The key from 64 hex digits (decoded in place, so that no other copy is left behind).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut key = SecretKey([0; 32]);
+        decode_hex(text, &mut key.0)?;
+        Some(key)
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Whether it is all zero (what the protocol sends for "no key").
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 32]
+    }
+
+    /// The key as a Curve25519 private key is used (and as the kernel and wireguard-go store and show it): the
+    /// low three bits cleared, the top bit cleared and the one below it set.
+    pub fn clamped(mut self) -> Self {
+        self.0[0] &= 248;
+        self.0[31] &= 127;
+        self.0[31] |= 64;
+        self
+    }
+}
+
+impl Drop for SecretKey {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl ZeroizeOnDrop for SecretKey {}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretKey(redacted)")
+    }
+}
+
+/// What `set=1` configures, and `get=1` reports (beside what the tunnel learned at run time). Its `Debug` shows
+/// no secret key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceConfig {
-    /// The device's private key (none until one is set).
-    pub private_key: Option<Key>,
+    /// The device's private key, clamped (none until one is set).
+    pub private_key: Option<SecretKey>,
     /// The UDP port (0: any free one).
     pub listen_port: u16,
     /// The firewall mark of the tunnel's datagrams (0: none).
     pub fwmark: u32,
-    /// The peers, in the order they were added.
+    /// The peers, in the order they were added; no two hold the same prefix.
     pub peers: Vec<PeerConfig>,
 }
 
@@ -27,18 +87,31 @@ pub struct PeerConfig {
     /// Its public key (what identifies it).
     pub public_key: Key,
     /// A preshared key mixed into its handshakes.
-    pub preshared_key: Option<Key>,
+    pub preshared_key: Option<SecretKey>,
     /// Where to send to it first (it moves to wherever authenticated datagrams come from).
     pub endpoint: Option<SocketAddr>,
     /// Seconds between keepalives when idle (0: none).
     pub persistent_keepalive: u16,
     /// The prefixes it may send from and that are routed to it (host bits cleared).
     pub allowed_ips: Vec<(IpAddr, u8)>,
+    /// Which creation of the peer with this key this is, unique in the process: a peer removed and added again
+    /// (`replace_peers`, `remove`) is a new peer that keeps nothing of the old one (sessions, an endpoint it
+    /// roamed to, counters), as in the kernel.
+    pub incarnation: u64,
 }
 
 impl PeerConfig {
+    /// A new peer with nothing configured but its key.
     pub fn new(public_key: Key) -> Self {
-        PeerConfig { public_key, preshared_key: None, endpoint: None, persistent_keepalive: 0, allowed_ips: Vec::new() }
+        static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+        PeerConfig {
+            public_key,
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: 0,
+            allowed_ips: Vec::new(),
+            incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
+        }
     }
 }
 
@@ -47,10 +120,18 @@ impl PeerConfig {
 pub struct SetError {
     /// The errno (positive; the reply carries it negated, as wireguard-go and the kernel do).
     pub errno: i32,
-    /// The line that was refused.
+    /// The line that was refused, as it may be shown: the value of a line that can carry a key is left out
+    /// (see [`printable_line`]).
     pub line: String,
     /// Why, in words.
     pub reason: String,
+}
+
+impl SetError {
+    /// Refuses `line` (kept only as [`printable_line`] shows it).
+    pub fn new(errno: i32, line: &str, reason: impl Into<String>) -> Self {
+        SetError { errno, line: printable_line(line), reason: reason.into() }
+    }
 }
 
 impl fmt::Display for SetError {
@@ -61,6 +142,38 @@ impl fmt::Display for SetError {
 
 impl std::error::Error for SetError {}
 
+/// The protocol's keys whose values are never secret: a refused line with one of them is shown whole.
+const PLAIN_KEYS: &[&str] = &[
+    "listen_port",
+    "fwmark",
+    "replace_peers",
+    "public_key",
+    "update_only",
+    "remove",
+    "endpoint",
+    "persistent_keepalive_interval",
+    "replace_allowed_ips",
+    "allowed_ip",
+    "protocol_version",
+];
+
+/// A request line as it may go into a log or an error: whole if its key is one whose value is never secret,
+/// otherwise its key name alone (`private_key=`, `preshared_key=`, any key the protocol does not have, in either
+/// section), and nothing of a line without `=` (a key pasted on a line of its own).
+pub fn printable_line(line: &str) -> String {
+    match line.split_once('=') {
+        Some((key, _)) if PLAIN_KEYS.contains(&key) => line.to_string(),
+        Some((key, value)) => {
+            // A name of the protocol's shape is shown; anything else might be key material itself.
+            let name_like =
+                !key.is_empty() && key.len() <= 32 && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+            let key = if name_like { key } else { "(a key name not shown)" };
+            format!("{key}=(value of {} bytes not shown)", value.len())
+        }
+        None => format!("(a line of {} bytes without '=', not shown)", line.len()),
+    }
+}
+
 /// A key in lowercase hex, as the protocol writes it.
 pub fn key_to_hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
@@ -68,20 +181,56 @@ pub fn key_to_hex(key: &Key) -> String {
 
 /// A key from 64 hex digits.
 pub fn key_from_hex(text: &str) -> Option<Key> {
+    let mut key = [0u8; 32];
+    decode_hex(text, &mut key)?;
+    Some(key)
+}
+
+/// 64 hex digits into `key`.
+fn decode_hex(text: &str, key: &mut [u8; 32]) -> Option<()> {
     if text.len() != 64 || !text.is_ascii() {
         return None;
     }
-    let mut key = [0u8; 32];
     for (i, byte) in key.iter_mut().enumerate() {
         *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
     }
-    Some(key)
+    Some(())
 }
 
 /// A prefix `ADDR/LEN` with its host bits cleared.
 pub fn parse_prefix(text: &str) -> Option<(IpAddr, u8)> {
     let net = ip_network::IpNetwork::from_str_truncate(text).ok()?;
     Some((net.network_address(), net.netmask()))
+}
+
+/// An endpoint as `wg` sends it: `ADDR:PORT`, `[ADDR]:PORT`, or `[ADDR%SCOPE]:PORT` for an IPv6 address with a
+/// scope (a link-local one), the scope an interface index or name (`wg` writes the name when it has one); a
+/// name is looked up in this network namespace.
+pub fn parse_endpoint(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr); // including a numeric scope
+    }
+    let bad = || format!("endpoint: {text:?} is not ADDR:PORT, [ADDR]:PORT or [ADDR%SCOPE]:PORT");
+    let (host, port) = text.strip_prefix('[').and_then(|rest| rest.rsplit_once("]:")).ok_or_else(bad)?;
+    let (addr, scope) = host.split_once('%').ok_or_else(bad)?;
+    let addr: Ipv6Addr = addr.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let index = interface_index(scope).map_err(|why| format!("endpoint {text:?}: scope {scope:?}: {why}"))?;
+    Ok(SocketAddrV6::new(addr, port, 0, index).into())
+}
+
+/// The index of the interface named `name` in this network namespace.
+fn interface_index(name: &str) -> Result<u32, String> {
+    use rustix::net::{netdevice::name_to_index, socket, AddressFamily, SocketType};
+    if name.is_empty() || name.len() > 15 || name.contains(['\0', '/']) || name.contains(char::is_whitespace) {
+        return Err("not an interface name or index".into());
+    }
+    let socket =
+        socket(AddressFamily::UNIX, SocketType::DGRAM, None).map_err(|e| format!("cannot look interfaces up: {e}"))?;
+    name_to_index(&socket, name).map_err(|e| match e {
+        rustix::io::Errno::NODEV => "no interface of that name in this network namespace".to_string(),
+        e => format!("cannot look the interface up: {e}"),
+    })
 }
 
 /// Where a peer section's lines go.
@@ -97,9 +246,12 @@ enum Section {
 }
 
 /// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to a copy
-/// of `config`; `own_public` is the public key of the private key in force after the request's device lines
-/// (a peer with it is ignored, as wireguard-go does). Returns the new configuration, or why the request is
-/// refused (the old one then stands).
+/// of `config`; `own_public` gives the public key of a private key. Returns the new configuration, or why the
+/// request is refused (the old one then stands).
+///
+/// As in the kernel: a peer section with the public key of the private key in force at that line is ignored
+/// (a new private key first removes the peer with its public key), and an allowed prefix given to a peer is
+/// taken from whichever peer had it.
 pub fn apply_set(
     config: &DeviceConfig,
     lines: &[&str],
@@ -108,15 +260,17 @@ pub fn apply_set(
     let mut new = config.clone();
     let mut section = Section::Device;
     for &line in lines {
-        let refuse = |errno: i32, reason: &str| SetError { errno, line: line.to_string(), reason: reason.to_string() };
+        let refuse = |errno: i32, reason: &str| SetError::new(errno, line, reason);
         let Some((key, value)) = line.split_once('=') else {
             return Err(refuse(libc::EPROTO, "not a key=value line"));
         };
-        let key_value =
-            |what: &str| key_from_hex(value).ok_or_else(|| refuse(libc::EINVAL, &format!("{what}: not 64 hex digits")));
         if key == "public_key" {
-            let public = key_value("public_key")?;
-            let own = new.private_key.as_ref().map(&own_public);
+            let public = key_from_hex(value).ok_or_else(|| refuse(libc::EINVAL, "public_key: not 64 hex digits"))?;
+            if let Section::New(previous) = section {
+                // The section before was its public key alone (`wg set wg0 peer A peer B ...`): that creates it.
+                new.peers.push(PeerConfig::new(previous));
+            }
+            let own = new.private_key.as_ref().map(|k| own_public(k.as_bytes()));
             section = if own == Some(public) {
                 Section::Ignored
             } else {
@@ -137,8 +291,18 @@ pub fn apply_set(
         match section {
             Section::Device => match key {
                 "private_key" => {
-                    let private = key_value("private_key")?;
-                    new.private_key = (private != [0; 32]).then_some(private);
+                    let private = SecretKey::from_hex(value)
+                        .ok_or_else(|| refuse(libc::EINVAL, "private_key: not 64 hex digits"))?;
+                    new.private_key = if private.is_zero() {
+                        None
+                    } else {
+                        let private = private.clamped();
+                        // The peer with our new public key goes (device lines come before any peer section,
+                        // so no section's index moves).
+                        let own = own_public(private.as_bytes());
+                        new.peers.retain(|p| p.public_key != own);
+                        Some(private)
+                    };
                 }
                 "listen_port" => {
                     new.listen_port = value.parse().map_err(|_| refuse(libc::EINVAL, "listen_port: not a port"))?;
@@ -193,12 +357,11 @@ fn apply_peer_line(config: &mut DeviceConfig, i: usize, key: &str, value: &str) 
             config.peers.remove(i);
         }
         "preshared_key" => {
-            let psk = key_from_hex(value).ok_or("preshared_key: not 64 hex digits")?;
-            peer.preshared_key = (psk != [0; 32]).then_some(psk);
+            let psk = SecretKey::from_hex(value).ok_or("preshared_key: not 64 hex digits")?;
+            peer.preshared_key = (!psk.is_zero()).then_some(psk);
         }
         "endpoint" => {
-            peer.endpoint =
-                Some(value.parse().map_err(|_| format!("endpoint: {value:?} is not ADDR:PORT or [ADDR]:PORT"))?);
+            peer.endpoint = Some(parse_endpoint(value)?);
         }
         "persistent_keepalive_interval" => {
             peer.persistent_keepalive = value.parse().map_err(|_| "persistent_keepalive_interval: not 0 to 65535")?;
@@ -215,9 +378,21 @@ fn apply_peer_line(config: &mut DeviceConfig, i: usize, key: &str, value: &str) 
                 None => (false, value),
             };
             let prefix = parse_prefix(text).ok_or_else(|| format!("allowed_ip: {text:?} is not ADDR/PREFIX"))?;
-            peer.allowed_ips.retain(|p| *p != prefix);
-            if !remove {
-                peer.allowed_ips.push(prefix);
+            if remove {
+                // Only this peer's: a prefix another peer holds stays with it (the kernel removes a prefix
+                // only from the peer named).
+                peer.allowed_ips.retain(|p| *p != prefix);
+            } else {
+                // One table over all peers: the prefix is this peer's now, whoever had it.
+                for (j, other) in config.peers.iter_mut().enumerate() {
+                    if j != i {
+                        other.allowed_ips.retain(|p| *p != prefix);
+                    }
+                }
+                let peer = &mut config.peers[i];
+                if !peer.allowed_ips.contains(&prefix) {
+                    peer.allowed_ips.push(prefix);
+                }
             }
         }
         "protocol_version" => {
@@ -230,22 +405,16 @@ fn apply_peer_line(config: &mut DeviceConfig, i: usize, key: &str, value: &str) 
     Ok(())
 }
 
-/// Peers that lose an allowed prefix to a later peer: WireGuard's AllowedIPs are exclusive, so a prefix given
-/// to a second peer moves to it (as the kernel and wireguard-go do).
-pub fn make_prefixes_exclusive(config: &mut DeviceConfig) {
-    let mut seen: Vec<(IpAddr, u8)> = Vec::new();
-    for peer in config.peers.iter_mut().rev() {
-        peer.allowed_ips.retain(|p| !seen.contains(p));
-        seen.extend(peer.allowed_ips.iter().copied());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn k(b: u8) -> Key {
         [b; 32]
+    }
+
+    fn clamp(key: Key) -> Key {
+        *SecretKey::new(key).clamped().as_bytes()
     }
 
     fn own(private: &Key) -> Key {
@@ -259,10 +428,30 @@ mod tests {
         apply_set(config, lines, own)
     }
 
+    /// [`set`] with owned lines.
+    fn set_lines(config: &DeviceConfig, lines: &[String]) -> Result<DeviceConfig, SetError> {
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        set(config, &lines)
+    }
+
+    fn peer(key: Key) -> String {
+        format!("public_key={}", key_to_hex(&key))
+    }
+
+    fn prefix(text: &str) -> (IpAddr, u8) {
+        parse_prefix(text).unwrap()
+    }
+
+    /// The prefixes of the peer with `key` (none if it does not exist).
+    fn prefixes_of(c: &DeviceConfig, key: Key) -> Vec<(IpAddr, u8)> {
+        c.peers.iter().find(|p| p.public_key == key).map(|p| p.allowed_ips.clone()).unwrap_or_default()
+    }
+
     #[test]
     fn test_hex_keys_round_trip_and_bad_ones_are_refused() {
         let key = k(0xab);
         assert_eq!(key_from_hex(&key_to_hex(&key)), Some(key));
+        assert_eq!(SecretKey::from_hex(&key_to_hex(&key)), Some(SecretKey::new(key)));
         assert_eq!(key_from_hex("ab"), None);
         assert_eq!(key_from_hex(&"zz".repeat(32)), None);
         assert_eq!(key_from_hex(&"é".repeat(32)), None, "non-ASCII never slices through a character");
@@ -288,20 +477,21 @@ mod tests {
             "replace_allowed_ips=true".into(),
             "allowed_ip=0.0.0.0/0".into(),
         ];
-        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-        let c = set(&DeviceConfig::default(), &lines).unwrap();
-        assert_eq!((c.private_key, c.listen_port, c.fwmark), (Some(k(9)), 51820, 0));
+        let c = set_lines(&DeviceConfig::default(), &lines).unwrap();
+        assert_eq!(
+            (c.private_key.as_ref().map(SecretKey::as_bytes), c.listen_port, c.fwmark),
+            (Some(&clamp(k(9))), 51820, 0)
+        );
         assert_eq!(c.peers.len(), 2);
         let p = &c.peers[0];
-        assert_eq!((p.preshared_key, p.persistent_keepalive), (Some(k(7)), 25));
+        assert_eq!((p.preshared_key.clone(), p.persistent_keepalive), (Some(SecretKey::new(k(7))), 25));
         assert_eq!(p.endpoint, Some("192.0.2.1:51820".parse().unwrap()));
-        assert_eq!(p.allowed_ips, vec![("10.0.0.0".parse().unwrap(), 24), ("fd00::".parse().unwrap(), 64)]);
+        assert_eq!(p.allowed_ips, vec![prefix("10.0.0.0/24"), prefix("fd00::/64")]);
         assert_eq!(c.peers[1].endpoint, Some("[2001:db8::1]:1234".parse().unwrap()));
         // addconf-style: no replace, a new allowed IP added to an existing peer, one removed with `-`.
         let more = [format!("public_key={peer1}"), "allowed_ip=10.1.0.0/16".into(), "allowed_ip=-fd00::/64".into()];
-        let more: Vec<&str> = more.iter().map(String::as_str).collect();
-        let c2 = set(&c, &more).unwrap();
-        assert_eq!(c2.peers[0].allowed_ips, vec![("10.0.0.0".parse().unwrap(), 24), ("10.1.0.0".parse().unwrap(), 16)]);
+        let c2 = set_lines(&c, &more).unwrap();
+        assert_eq!(c2.peers[0].allowed_ips, vec![prefix("10.0.0.0/24"), prefix("10.1.0.0/16")]);
         // remove, and update_only for a peer that does not exist (nothing created).
         let rm = [
             format!("public_key={peer2}"),
@@ -310,8 +500,7 @@ mod tests {
             "update_only=true".into(),
             "endpoint=192.0.2.9:1".into(),
         ];
-        let rm: Vec<&str> = rm.iter().map(String::as_str).collect();
-        let c3 = set(&c2, &rm).unwrap();
+        let c3 = set_lines(&c2, &rm).unwrap();
         assert_eq!(c3.peers.len(), 1);
         assert_eq!(c3.peers[0].public_key, k(1));
     }
@@ -327,9 +516,9 @@ mod tests {
             ("replace_peers=false", libc::EINVAL),
         ] {
             let err = set(&start, &["fwmark=7", bad]).unwrap_err();
-            assert_eq!((err.errno, err.line.as_str()), (errno, bad), "{err}");
+            assert_eq!((err.errno, err.line.as_str()), (errno, printable_line(bad).as_str()), "{err}");
         }
-        let peer = format!("public_key={}", key_to_hex(&k(1)));
+        let peer = peer(k(1));
         for bad in [
             "allowed_ip=10.0.0.0/33",
             "allowed_ip=nonsense",
@@ -339,29 +528,164 @@ mod tests {
             "private_key=00",
         ] {
             let err = set(&start, &[peer.as_str(), bad]).unwrap_err();
-            assert_eq!(err.line, bad);
+            assert_eq!(err.line, printable_line(bad));
         }
         assert_eq!(set(&start, &["public_key=xyz"]).unwrap_err().errno, libc::EINVAL);
     }
 
     #[test]
+    fn test_a_peer_section_of_its_public_key_alone_creates_the_peer() {
+        // `wg set wg0 peer A peer B allowed-ips ...` sends A's section with no line but its key.
+        let lines = [peer(k(1)), peer(k(2)), "allowed_ip=10.2.0.0/16".into(), peer(k(3))];
+        let c = set_lines(&DeviceConfig::default(), &lines).unwrap();
+        assert_eq!(c.peers.iter().map(|p| p.public_key).collect::<Vec<_>>(), vec![k(1), k(2), k(3)]);
+        // The same key twice in a row is one peer.
+        let c = set_lines(&DeviceConfig::default(), &[peer(k(1)), peer(k(1))]).unwrap();
+        assert_eq!(c.peers.len(), 1);
+    }
+
+    #[test]
+    fn test_a_peer_removed_and_added_again_is_a_new_peer() {
+        let c = set_lines(&DeviceConfig::default(), &[peer(k(1)), "endpoint=192.0.2.1:1".into()]).unwrap();
+        let first = c.peers[0].incarnation;
+        let c = set_lines(&c, &[peer(k(1)), "persistent_keepalive_interval=5".into()]).unwrap();
+        assert_eq!(c.peers[0].incarnation, first, "an update keeps the peer");
+        let c = set_lines(&c, &["replace_peers=true".into(), peer(k(1))]).unwrap();
+        assert_ne!(c.peers[0].incarnation, first, "replace_peers makes it anew");
+        assert_eq!((c.peers[0].endpoint, c.peers[0].persistent_keepalive), (None, 0));
+        let again = c.peers[0].incarnation;
+        let c = set_lines(&c, &[peer(k(1)), "remove=true".into(), peer(k(1))]).unwrap();
+        assert_ne!(c.peers[0].incarnation, again, "so does remove");
+    }
+
+    #[test]
     fn test_our_own_public_key_as_a_peer_is_ignored() {
         let c = set(&DeviceConfig::default(), &[&format!("private_key={}", key_to_hex(&k(5)))]).unwrap();
-        let me = format!("public_key={}", key_to_hex(&own(&k(5))));
+        let me = peer(own(&clamp(k(5))));
         let c = set(&c, &[me.as_str(), "allowed_ip=10.0.0.0/8"]).unwrap();
         assert!(c.peers.is_empty());
     }
 
     #[test]
-    fn test_a_prefix_moves_to_the_last_peer_given_it() {
+    fn test_a_new_private_key_removes_the_peer_with_its_public_key() {
+        // Peers 1 and 2 exist; the private key becomes one whose public key is peer 2's.
+        let lines =
+            [peer(k(1)), "allowed_ip=10.1.0.0/16".into(), peer(own(&clamp(k(7)))), "allowed_ip=10.2.0.0/16".into()];
+        let c = set_lines(&DeviceConfig::default(), &lines).unwrap();
+        assert_eq!(c.peers.len(), 2);
+        let c = set_lines(&c, &[format!("private_key={}", key_to_hex(&k(7)))]).unwrap();
+        assert_eq!(c.peers.iter().map(|p| p.public_key).collect::<Vec<_>>(), vec![k(1)], "peer 2 removed");
+        // In one request, as `wg setconf` sends it: the key first, then the peer that is now ourselves.
+        let lines = [
+            format!("private_key={}", key_to_hex(&k(7))),
+            "replace_peers=true".into(),
+            peer(own(&clamp(k(7)))),
+            "allowed_ip=10.3.0.0/16".into(),
+            peer(k(1)),
+        ];
+        let c = set_lines(&DeviceConfig::default(), &lines).unwrap();
+        assert_eq!(c.peers.iter().map(|p| p.public_key).collect::<Vec<_>>(), vec![k(1)]);
+    }
+
+    #[test]
+    fn test_the_private_key_is_stored_clamped_and_zero_is_none() {
+        let unclamped = k(0xff);
+        let c = set_lines(&DeviceConfig::default(), &[format!("private_key={}", key_to_hex(&unclamped))]).unwrap();
+        let stored = *c.private_key.as_ref().unwrap().as_bytes();
+        assert_eq!((stored[0], stored[31]), (0xf8, 0x7f));
+        assert_eq!(stored[1..31], unclamped[1..31]);
+        let c = set_lines(&c, &[format!("private_key={}", key_to_hex(&[0; 32]))]).unwrap();
+        assert_eq!(c.private_key, None);
+    }
+
+    #[test]
+    fn test_the_last_assignment_of_a_prefix_wins() {
+        let shared = "allowed_ip=10.9.0.0/24";
+        // wg set wg0 peer A allowed-ips 10.9.0.0/24; ... peer B ...; ... peer A ... (each replaces the peer's list).
         let mut c = DeviceConfig::default();
-        for i in 1..=2 {
-            let mut p = PeerConfig::new(k(i));
-            p.allowed_ips = vec![("10.0.0.0".parse().unwrap(), 24), (format!("10.0.{i}.0").parse().unwrap(), 24)];
-            c.peers.push(p);
+        for who in [k(0xa), k(0xb), k(0xa)] {
+            c = set_lines(&c, &[peer(who), "replace_allowed_ips=true".into(), shared.into()]).unwrap();
         }
-        make_prefixes_exclusive(&mut c);
-        assert_eq!(c.peers[0].allowed_ips, vec![("10.0.1.0".parse().unwrap(), 24)]);
-        assert_eq!(c.peers[1].allowed_ips.len(), 2);
+        assert_eq!(prefixes_of(&c, k(0xa)), vec![prefix("10.9.0.0/24")], "A was given it last");
+        assert_eq!(prefixes_of(&c, k(0xb)), vec![], "B lost it");
+        // Within one request (setconf), the later line wins; a prefix with host bits is the same prefix.
+        let lines = [
+            "replace_peers=true".to_string(),
+            peer(k(0xb)),
+            "allowed_ip=10.9.0.0/24".into(),
+            "allowed_ip=10.8.0.0/16".into(),
+            peer(k(0xa)),
+            "allowed_ip=10.9.0.77/24".into(),
+            peer(k(0xb)),
+            "allowed_ip=10.8.0.0/16".into(),
+        ];
+        let c = set_lines(&c, &lines).unwrap();
+        assert_eq!(prefixes_of(&c, k(0xa)), vec![prefix("10.9.0.0/24")]);
+        assert_eq!(prefixes_of(&c, k(0xb)), vec![prefix("10.8.0.0/16")]);
+        // Removing a prefix from a peer that does not hold it leaves its holder alone; from its holder, removes it.
+        let c = set_lines(&c, &[peer(k(0xb)), "allowed_ip=-10.9.0.0/24".into()]).unwrap();
+        assert_eq!(prefixes_of(&c, k(0xa)), vec![prefix("10.9.0.0/24")]);
+        let c = set_lines(&c, &[peer(k(0xa)), "allowed_ip=-10.9.0.0/24".into()]).unwrap();
+        assert_eq!(prefixes_of(&c, k(0xa)), vec![]);
+        // A removed peer's prefixes go with it: they do not return to an earlier holder.
+        let c = set_lines(&c, &[peer(k(0xa)), "allowed_ip=10.8.0.0/16".into(), peer(k(0xa)), "remove=true".into()])
+            .unwrap();
+        assert!(c.peers.iter().all(|p| p.allowed_ips.is_empty()), "{c:?}");
+    }
+
+    #[test]
+    fn test_debug_shows_no_secret_key() {
+        let (private, psk) = ([0x42u8; 32], [0x17u8; 32]);
+        let lines = [
+            format!("private_key={}", key_to_hex(&private)),
+            peer(k(1)),
+            format!("preshared_key={}", key_to_hex(&psk)),
+        ];
+        let c = set_lines(&DeviceConfig::default(), &lines).unwrap();
+        let shown = format!("{c:?} {c:#?} {:?}", c.peers[0]);
+        for secret in [clamp(private), psk] {
+            assert!(!shown.contains(&key_to_hex(&secret)), "{shown}");
+            assert!(!shown.contains(&format!("{secret:?}")), "{shown}");
+            assert!(!shown.contains(&format!("{:?}", &secret[..8]).trim_end_matches(']').to_string()), "{shown}");
+        }
+        assert!(shown.contains("SecretKey(redacted)"), "{shown}");
+    }
+
+    #[test]
+    fn test_a_refused_line_never_shows_a_key() {
+        let secret = key_to_hex(&[0x5a; 32]);
+        for (lines, why) in [
+            (vec![peer(k(1)), format!("private_key={secret}")], "a private key in a peer section"),
+            (vec![format!("private_key={secret}0")], "a private key one digit too long"),
+            (vec![peer(k(1)), format!("preshared_key={secret}x")], "a preshared key that does not parse"),
+            (vec![secret.clone()], "a key on a line of its own"),
+            (vec![format!("{secret}=1")], "a key as a line's key"),
+            (vec![format!("presharedkey={secret}")], "a misspelt key"),
+        ] {
+            let err = set_lines(&DeviceConfig::default(), &lines).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains(&secret[..16]), "{why}: {shown}");
+        }
+        // Lines that carry no secret are shown whole.
+        let err = set(&DeviceConfig::default(), &["listen_port=nope"]).unwrap_err();
+        assert_eq!(err.line, "listen_port=nope");
+    }
+
+    #[test]
+    fn test_an_endpoint_with_a_scope_by_name_or_number() {
+        let lo: u32 = std::fs::read_to_string("/sys/class/net/lo/ifindex").unwrap().trim().parse().unwrap();
+        for text in ["[fe80::1%lo]:51820".to_string(), format!("[fe80::1%{lo}]:51820")] {
+            let SocketAddr::V6(addr) = parse_endpoint(&text).unwrap() else { panic!("{text}: not IPv6") };
+            assert_eq!((addr.ip(), addr.port(), addr.scope_id()), (&"fe80::1".parse::<Ipv6Addr>().unwrap(), 51820, lo));
+            // What `get` writes (the index) reads back the same.
+            assert_eq!(parse_endpoint(&SocketAddr::V6(addr).to_string()), Ok(SocketAddr::V6(addr)));
+        }
+        let lines = [peer(k(1)), "endpoint=[fe80::1%nosuchif0]:51820".into()];
+        let err = set_lines(&DeviceConfig::default(), &lines).unwrap_err();
+        assert_eq!(err.errno, libc::EINVAL);
+        assert!(err.reason.contains("no interface of that name"), "{err}");
+        for bad in ["[fe80::1%]:1", "[fe80::1%a/b]:1", "10.0.0.1%lo:1", "[fe80::1%lo]", "[fe80::1%lo]:70000"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
     }
 }

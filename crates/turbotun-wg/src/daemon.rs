@@ -61,17 +61,33 @@ pub enum Ended {
 /// What [`run`] is given.
 #[derive(Debug, Default)]
 pub struct Options {
-    /// The interface name.
+    /// The interface name, or a template such as `wg%d` that the kernel completes.
     pub name: String,
     /// Become this user once the device and sockets are open.
     pub user: Option<Identity>,
 }
 
+/// How a run of the endpoint went.
+#[derive(Debug)]
+pub struct Ran {
+    /// The device's name (the kernel's completion of a template such as `wg%d`).
+    pub name: String,
+    /// Why it ended.
+    pub ended: Ended,
+    /// What the tunnel carried.
+    pub stats: TunnelStats,
+}
+
 /// Runs the endpoint in this process until it ends (see the module documentation). With [`READY_ENV`] set,
-/// prints `ready` on standard output once up and then points standard output and error at `/dev/null`, for
-/// the process that started it in the background.
-pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
+/// prints `ready NAME` on standard output once up and then points standard output and error at `/dev/null`,
+/// for the process that started it in the background.
+pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     turbotun::validate_ifname(&options.name)?;
+    // Keys will be in this process's memory: no core dump and no ptrace or /proc/PID/mem access by processes of
+    // the same user (only by those with CAP_SYS_PTRACE), before the first key arrives.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(|e| {
+        turbotun::Error::Io { context: "making the process non-dumpable (PR_SET_DUMPABLE)".into(), source: e.into() }
+    })?;
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let device = DeviceBuilder::tun()
@@ -79,10 +95,12 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
         .vnet_hdr(turbotun::wire::VIRTIO_NET_HDR_LEN)
         .offloads(Offloads::ALL)
         .open()?;
+    // The name the kernel gave it (a template such as wg%d is completed): the socket and messages use it.
+    let name = device.name().to_string();
     device.queues()[0].set_mtu(DEFAULT_MTU)?;
     let wg_mtu = DEFAULT_MTU as usize;
     let queues: Vec<Arc<Queue>> = device.into_queues().into_iter().map(Arc::new).collect();
-    let uapi = UapiSocket::bind(&options.name)?;
+    let uapi = UapiSocket::bind(&name)?;
     let wg = Arc::new(WireGuard::new());
     wg.set_mtu(wg_mtu);
     let sockets = bind_port(0, queues.len(), 0)?;
@@ -97,9 +115,8 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
         }
         None => None,
     };
-    let name = options.name.clone();
     if std::env::var_os(READY_ENV).is_some() {
-        println!("ready");
+        println!("ready {name}");
         detach_stdio();
     } else {
         eprintln!(
@@ -206,7 +223,7 @@ pub fn run(options: &Options) -> Result<(Ended, TunnelStats), DaemonError> {
     let (handle, uapi_stop) = serving;
     uapi_stop.stop();
     let _ = handle.join();
-    ended.map(|ended| (ended, total))
+    ended.map(|ended| Ran { name, ended, stats: total })
 }
 
 /// Starts the socket keeper: this program again, as root without capabilities, holding the other end of a pipe
@@ -273,8 +290,9 @@ fn detach_stdio() {
 }
 
 /// Starts `program args` (this program in the foreground mode of the endpoint) in the background, in a process
-/// group of its own, and returns once it reports that it is up; its error otherwise.
-pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<u32, DaemonError> {
+/// group of its own, and returns once it reports that it is up: its process id and the device's name; its error
+/// otherwise.
+pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<(u32, String), DaemonError> {
     let mut child = Command::new(program)
         .args(args)
         .env(READY_ENV, "1")
@@ -288,8 +306,8 @@ pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<u32, Da
     if let Some(stdout) = child.stdout.take() {
         let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
     }
-    if line.trim() == "ready" {
-        return Ok(child.id());
+    if let Some(name) = line.trim().strip_prefix("ready ") {
+        return Ok((child.id(), name.to_string()));
     }
     let mut errors = String::new();
     if let Some(mut stderr) = child.stderr.take() {

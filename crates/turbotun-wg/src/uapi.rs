@@ -1,14 +1,23 @@
 //! WireGuard's configuration socket: `/var/run/wireguard/NAME.sock`, a Unix stream socket speaking the
 //! cross-platform userspace protocol (`get=1`, `set=1`, each answered with an `errno=` line), as wireguard-go
 //! serves it and `wg` speaks it.
+//!
+//! Clients are served at once, each on a thread of its own (up to [`MAX_CLIENTS`]; more wait to be accepted):
+//! one that is slow, silent or never finishes its request delays nobody else. A request must arrive whole within
+//! [`REQUEST_DEADLINE`] and be at most [`MAX_REQUEST_BYTES`] long (a longer one is refused with `EMSGSIZE` and
+//! nothing of it applied); a stop ends every client's wait at once. Requests that change the configuration are
+//! applied one at a time, and a `get=1` reads a configuration that no request is half-way through changing.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use turbotun::StopHandle;
+use zeroize::Zeroizing;
 
 use crate::config::{apply_set, DeviceConfig, SetError};
 use crate::wireguard::{public_key, render_get, WireGuard};
@@ -16,8 +25,23 @@ use crate::wireguard::{public_key, render_get, WireGuard};
 /// Where `wg` looks for the sockets of userspace implementations.
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 
-/// How long a connected client may take to send a line.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Clients served at once; further connections wait in the socket's backlog until one of them ends.
+pub const MAX_CLIENTS: usize = 8;
+
+/// How long a request may take to arrive whole (from the connection, or from the reply to the one before), and
+/// its reply to be taken: a client that trickles bytes is cut off then.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The longest request taken (some 30,000 peers with one allowed prefix each); a longer one is refused with
+/// `EMSGSIZE`, so that a client cannot make the endpoint's memory grow without bound.
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+
+/// How much a client's buffer grows by per read.
+const READ_CHUNK: usize = 16 << 10;
+
+/// What checks a new configuration (`old`, `new`) before it takes effect, and may refuse it with an errno (a
+/// port that cannot be bound): it runs for one request at a time.
+pub type OnSet<'a> = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'a;
 
 /// The socket path of interface `name`.
 pub fn socket_path(name: &str) -> PathBuf {
@@ -97,36 +121,61 @@ impl UapiSocket {
         std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode)
     }
 
-    /// Serves requests until `stop` fires. `on_set(old, new)` runs before a valid `set=1` takes effect and may
-    /// refuse it with an errno (a port that cannot be bound); the configuration then stays as it was.
-    pub fn serve(
-        &self,
-        wg: &WireGuard,
-        on_set: &mut dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32>,
-        stop: &StopHandle,
-    ) -> io::Result<()> {
+    /// Serves clients until `stop` fires, then waits for the clients' threads (which end at once). `on_set(old,
+    /// new)` runs before a valid `set=1` takes effect and may refuse it with an errno; the configuration then
+    /// stays as it was.
+    pub fn serve(&self, wg: &WireGuard, on_set: &mut OnSet<'_>, stop: &StopHandle) -> io::Result<()> {
         let wake = stop.wake_fd().map_err(io::Error::from)?;
-        while !stop.is_stopped() {
-            match self.listener.accept() {
-                Ok((stream, _)) => {
-                    if let Err(e) = handle(stream, wg, on_set) {
-                        tracing::debug!("configuration client: {e}");
+        // Held while a request changes the configuration, and while a `get=1` reads it.
+        let config_lock = Mutex::new(on_set);
+        std::thread::scope(|scope| {
+            let mut clients: Vec<std::thread::ScopedJoinHandle<'_, ()>> = Vec::new();
+            while !stop.is_stopped() {
+                clients.retain(|client| !client.is_finished());
+                let room = clients.len() < MAX_CLIENTS;
+                let accepted = if room { self.listener.accept() } else { Err(io::ErrorKind::WouldBlock.into()) };
+                match accepted {
+                    Ok((stream, _)) => {
+                        let config_lock = &config_lock;
+                        let spawned =
+                            std::thread::Builder::new().name("wg-uapi-client".into()).spawn_scoped(scope, move || {
+                                if let Err(e) = serve_client(stream, wg, config_lock, stop) {
+                                    tracing::debug!("configuration client: {e}");
+                                }
+                            });
+                        match spawned {
+                            Ok(client) => clients.push(client),
+                            Err(e) => tracing::warn!("configuration socket: no thread for a client: {e}"),
+                        }
                     }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-                    let mut fds = [PollFd::new(&self.listener, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
-                    let timeout = Timespec { tv_sec: 1, tv_nsec: 0 };
-                    match poll(&mut fds, Some(&timeout)) {
-                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(e.into()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // A new client (when there is room), a stop, or a look at the clients that ended.
+                        let wait = if room { Duration::from_secs(1) } else { Duration::from_millis(50) };
+                        let mut fds = [PollFd::new(&self.listener, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
+                        let fds = if room { &mut fds[..] } else { &mut fds[1..] };
+                        match poll(fds, Some(&timespec(wait))) {
+                            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                            Err(e) => return Err(e.into()),
+                        }
                     }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // Out of file descriptors or memory for a moment, or a client gone before it was accepted:
+                    // serving goes on.
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED)
+                        ) =>
+                    {
+                        tracing::warn!("configuration socket: accepting a client: {e}");
+                        let mut fds = [PollFd::new(&wake, PollFlags::IN)];
+                        let _ = poll(&mut fds, Some(&timespec(Duration::from_millis(100))));
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -138,70 +187,225 @@ impl Drop for UapiSocket {
     }
 }
 
-/// One client: requests until it closes the connection (or sends what is not a request).
-fn handle(
+/// A poll timeout.
+fn timespec(d: Duration) -> Timespec {
+    Timespec { tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: d.subsec_nanos().into() }
+}
+
+/// How a wait for a client ended.
+enum Waited {
+    Ready,
+    TimedOut,
+    Stopped,
+}
+
+/// What came next from a client.
+enum Next {
+    /// A whole request: the first `end` bytes of the buffer (its lines and the empty line that ends it).
+    Request(usize),
+    /// A request longer than [`MAX_REQUEST_BYTES`].
+    TooBig,
+    /// A first line that is neither `get=1` nor `set=1`.
+    NotARequest,
+    /// The client closed the connection, its time ran out, or the endpoint stops: an unfinished request is
+    /// dropped unapplied.
+    Gone,
+}
+
+/// One connected client.
+struct Client<'a> {
+    stream: UnixStream,
+    stop: &'a StopHandle,
+    /// What was received and not yet handled. Requests carry keys: the buffer is wiped when dropped and when it
+    /// grows (see [`Client::reserve`]).
+    pending: Zeroizing<Vec<u8>>,
+}
+
+impl Client<'_> {
+    /// Waits until the stream is ready for `flags`, `deadline` passes or the endpoint stops.
+    fn wait(&self, flags: PollFlags, deadline: Instant) -> io::Result<Waited> {
+        loop {
+            if self.stop.is_stopped() {
+                return Ok(Waited::Stopped);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Waited::TimedOut);
+            }
+            let wake = self.stop.wake_fd().map_err(io::Error::from)?;
+            let mut fds = [PollFd::new(&self.stream, flags), PollFd::new(&wake, PollFlags::IN)];
+            match poll(&mut fds, Some(&timespec(left))) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if !fds[0].revents().is_empty() && !self.stop.is_stopped() {
+                return Ok(Waited::Ready);
+            }
+        }
+    }
+
+    /// Room for `more` bytes in the buffer without a reallocation that would leave a copy behind: a bigger
+    /// buffer takes the bytes over and the old one is wiped as it drops.
+    fn reserve(&mut self, more: usize) {
+        if self.pending.capacity() - self.pending.len() >= more {
+            return;
+        }
+        let capacity = (self.pending.len() + more).max(2 * self.pending.capacity());
+        let mut grown = Zeroizing::new(Vec::with_capacity(capacity));
+        grown.extend_from_slice(&self.pending);
+        self.pending = grown;
+    }
+
+    /// Reads what the client sent next into the buffer; false when nothing more will come (closed, time up,
+    /// stopped).
+    fn fill(&mut self, deadline: Instant) -> io::Result<bool> {
+        self.reserve(READ_CHUNK);
+        let len = self.pending.len();
+        self.pending.resize(len + READ_CHUNK, 0);
+        loop {
+            match self.stream.read(&mut self.pending[len..]) {
+                Ok(n) => {
+                    self.pending.truncate(len + n);
+                    return Ok(n > 0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.wait(PollFlags::IN, deadline) {
+                    Ok(Waited::Ready) => {}
+                    Ok(Waited::TimedOut | Waited::Stopped) => {
+                        self.pending.truncate(len);
+                        return Ok(false);
+                    }
+                    Err(e) => {
+                        self.pending.truncate(len);
+                        return Err(e);
+                    }
+                },
+                Err(e) => {
+                    self.pending.truncate(len);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The next request, read until its empty line by `deadline`.
+    fn next_request(&mut self, deadline: Instant) -> io::Result<Next> {
+        // Bytes of the buffer known to hold no end of request, so that each byte is looked at once.
+        let mut scanned: usize = 0;
+        loop {
+            // The first line must be one of the two commands (both six bytes with their newline).
+            let head = &self.pending[..self.pending.len().min(6)];
+            if !b"get=1\n".starts_with(head) && !b"set=1\n".starts_with(head) {
+                return Ok(Next::NotARequest);
+            }
+            let from = scanned.saturating_sub(1);
+            if let Some(at) = self.pending[from..].windows(2).position(|w| w == b"\n\n") {
+                return Ok(Next::Request(from + at + 2));
+            }
+            scanned = self.pending.len();
+            if self.pending.len() > MAX_REQUEST_BYTES {
+                return Ok(Next::TooBig);
+            }
+            if !self.fill(deadline)? {
+                return Ok(Next::Gone);
+            }
+        }
+    }
+
+    /// Writes `bytes` by `deadline`; false if the client did not take them in time or the endpoint stops.
+    fn write_all(&mut self, mut bytes: &[u8], deadline: Instant) -> io::Result<bool> {
+        while !bytes.is_empty() {
+            match self.stream.write(bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.wait(PollFlags::OUT, deadline)? {
+                    Waited::Ready => {}
+                    Waited::TimedOut | Waited::Stopped => return Ok(false),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// One client: requests until it closes the connection, sends what is not a request, runs out of time, or the
+/// endpoint stops.
+fn serve_client(
     stream: UnixStream,
     wg: &WireGuard,
-    on_set: &mut dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32>,
+    config_lock: &Mutex<&mut OnSet<'_>>,
+    stop: &StopHandle,
 ) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
+    stream.set_nonblocking(true)?;
+    let mut client = Client { stream, stop, pending: Zeroizing::new(Vec::new()) };
     loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        match line.trim_end_matches('\n') {
-            "get=1" => {
-                line.clear();
-                reader.read_line(&mut line)?;
-                if line != "\n" {
-                    writer.write_all(b"errno=-22\n\n")?;
-                    continue;
-                }
-                let reply = format!("{}errno=0\n\n", render_get(wg));
-                writer.write_all(reply.as_bytes())?;
-            }
-            "set=1" => {
-                let mut lines = Vec::new();
+        let end = match client.next_request(Instant::now() + REQUEST_DEADLINE)? {
+            Next::Request(end) => end,
+            Next::TooBig => {
+                tracing::warn!(
+                    "configuration refused, nothing changed: a request longer than {MAX_REQUEST_BYTES} bytes"
+                );
+                let deadline = Instant::now() + REQUEST_DEADLINE;
+                client.write_all(format!("errno=-{}\n\n", libc::EMSGSIZE).as_bytes(), deadline)?;
+                // The rest of it is read and dropped (the client may still be writing it and read the answer only
+                // then), until it closes the connection or its time is up.
                 loop {
-                    line.clear();
-                    if reader.read_line(&mut line)? == 0 {
-                        return Ok(()); // the request never ended: nothing applied
+                    client.pending.clear();
+                    if !client.fill(deadline)? {
+                        return Ok(());
                     }
-                    let l = line.trim_end_matches('\n');
-                    if l.is_empty() {
-                        break;
-                    }
-                    lines.push(l.to_string());
                 }
-                let errno = match set(wg, &lines, on_set) {
+            }
+            // Not a request of this protocol: the connection is closed without an answer, as wireguard-go does.
+            Next::NotARequest | Next::Gone => return Ok(()),
+        };
+        // The request's lines: the command, then those before the empty line.
+        let request = &client.pending[..end - 2];
+        let mut lines = request.split(|&b| b == b'\n');
+        let get = lines.next() == Some(b"get=1");
+        let body: Vec<&[u8]> = lines.collect();
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        let reply: Zeroizing<Vec<u8>> = match (get, body.is_empty()) {
+            (true, true) => {
+                let held = config_lock.lock().unwrap_or_else(|e| e.into_inner());
+                let reply = Zeroizing::new(render_get(wg).into_bytes());
+                drop(held);
+                // The status goes out on its own, so that the reply holding the private key is never copied.
+                if !client.write_all(&reply, deadline)? {
+                    return Ok(());
+                }
+                Zeroizing::new(b"errno=0\n\n".to_vec())
+            }
+            (true, false) => Zeroizing::new(format!("errno=-{}\n\n", libc::EINVAL).into_bytes()),
+            (false, _) => {
+                let errno = match set(wg, &body, config_lock) {
                     Ok(()) => 0,
                     Err(e) => {
                         tracing::warn!("configuration refused, nothing changed: {e}");
                         e.errno
                     }
                 };
-                writer.write_all(format!("errno={}\n\n", -errno).as_bytes())?;
+                Zeroizing::new(format!("errno={}\n\n", -errno).into_bytes())
             }
-            // Not a request of this protocol: the connection is closed without an answer, as wireguard-go does.
-            _ => return Ok(()),
+        };
+        client.pending.drain(..end);
+        if !client.write_all(&reply, deadline)? {
+            return Ok(());
         }
     }
 }
 
-/// One `set=1` request: parsed and applied to a copy, checked by `on_set`, then put in force, or refused whole.
-fn set(
-    wg: &WireGuard,
-    lines: &[String],
-    on_set: &mut dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32>,
-) -> Result<(), SetError> {
+/// One `set=1` request: parsed and applied to a copy, checked by `on_set`, then put in force, or refused whole;
+/// one request at a time.
+fn set(wg: &WireGuard, lines: &[&[u8]], config_lock: &Mutex<&mut OnSet<'_>>) -> Result<(), SetError> {
+    let lines = lines.iter().map(|line| std::str::from_utf8(line)).collect::<Result<Vec<&str>, _>>().map_err(|_| {
+        SetError { errno: libc::EINVAL, line: "(not shown)".into(), reason: "the request is not UTF-8 text".into() }
+    })?;
+    let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
     let old = wg.config();
-    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let new = apply_set(&old, &refs, public_key)?;
+    let new = apply_set(&old, &lines, public_key)?;
     on_set(&old, &new).map_err(|errno| SetError {
         errno,
         line: String::new(),
@@ -209,4 +413,223 @@ fn set(
     })?;
     wg.apply(new);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+
+    use crate::config::key_to_hex;
+
+    /// A socket served on a thread of its own at a path of its own; stopped, and the path removed, on drop.
+    struct Served {
+        path: PathBuf,
+        stop: StopHandle,
+        wg: Arc<WireGuard>,
+        /// Reports once `serve` has returned and the socket is dropped.
+        ended: mpsc::Receiver<io::Result<()>>,
+    }
+
+    impl Served {
+        fn start(on_set: impl FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'static) -> Served {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "turbotun-uapi-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            let path = dir.join("wgtest.sock");
+            let socket = UapiSocket::bind_at(&path).unwrap();
+            let (stop, wg) = (StopHandle::new(), Arc::new(WireGuard::new()));
+            let (tx, ended) = mpsc::channel();
+            let (stop2, wg2, mut on_set) = (stop.clone(), wg.clone(), on_set);
+            std::thread::spawn(move || {
+                let served = socket.serve(&wg2, &mut on_set, &stop2);
+                drop(socket);
+                let _ = tx.send(served);
+            });
+            Served { path, stop, wg, ended }
+        }
+
+        fn connect(&self) -> UnixStream {
+            connect(&self.path)
+        }
+
+        fn request(&self, text: &str) -> String {
+            request(&self.path, text)
+        }
+    }
+
+    fn connect(path: &Path) -> UnixStream {
+        let stream = UnixStream::connect(path).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+    }
+
+    /// One request and its reply (up to the empty line that ends it).
+    fn request(path: &Path, text: &str) -> String {
+        let mut stream = connect(path);
+        stream.write_all(text.as_bytes()).unwrap();
+        read_reply(&mut BufReader::new(stream))
+    }
+
+    impl Drop for Served {
+        fn drop(&mut self) {
+            self.stop.stop();
+            let _ = self.ended.recv_timeout(Duration::from_secs(20));
+            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_dir(self.path.parent().unwrap());
+        }
+    }
+
+    fn read_reply(reader: &mut impl BufRead) -> String {
+        let mut reply = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\n" {
+                return reply;
+            }
+            reply.push_str(&line);
+        }
+    }
+
+    /// A client on a thread of its own, sending `first` then `each` every 100 ms.
+    struct Trickle {
+        /// Tells it to stop.
+        done: Arc<AtomicBool>,
+        /// How many times it sent `each`.
+        sent: Arc<AtomicUsize>,
+        /// Set once a write failed: the server closed the connection.
+        closed: Arc<AtomicBool>,
+    }
+
+    impl Drop for Trickle {
+        fn drop(&mut self) {
+            self.done.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn trickle(served: &Served, first: &'static str, each: &'static str) -> Trickle {
+        let t = Trickle {
+            done: Arc::new(AtomicBool::new(false)),
+            sent: Arc::new(AtomicUsize::new(0)),
+            closed: Arc::new(AtomicBool::new(false)),
+        };
+        let mut stream = served.connect();
+        let (done, sent, closed) = (t.done.clone(), t.sent.clone(), t.closed.clone());
+        std::thread::spawn(move || {
+            let _ = stream.write_all(first.as_bytes());
+            // At most a minute, whatever happens.
+            for _ in 0..600 {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                if stream.write_all(each.as_bytes()).is_err() {
+                    closed.store(true, Ordering::Relaxed);
+                    break;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        t
+    }
+
+    fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !ready() {
+            assert!(start.elapsed() < Duration::from_secs(20), "waited 20 s for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn test_a_trickling_client_delays_neither_another_client_nor_the_stop() {
+        let served = Served::start(|_, _| Ok(()));
+        // A byte every 100 ms: each read succeeds, the request never ends.
+        let trickling = trickle(&served, "set=1\nfwmark=", "1");
+        wait_until("the trickle to start", || trickling.sent.load(Ordering::Relaxed) >= 3);
+        // Another client is answered meanwhile (the read timeout of 20 s would fail the test otherwise).
+        let reply = served.request("get=1\n\n");
+        assert!(reply.ends_with("errno=0\n"), "{reply:?}");
+        assert!(!trickling.closed.load(Ordering::Relaxed), "the trickling client is still connected");
+        // A stop ends the server while the trickle goes on, and the socket goes.
+        served.stop.stop();
+        let ended = served.ended.recv_timeout(Duration::from_secs(20));
+        assert!(matches!(ended, Ok(Ok(()))), "the server did not end on the stop: {ended:?}");
+        assert!(!served.path.exists(), "the socket file is removed");
+        assert_eq!(served.wg.config().fwmark, 0, "nothing of the unfinished request applied");
+    }
+
+    #[test]
+    fn test_a_request_that_takes_longer_than_its_deadline_is_cut_off_unapplied() {
+        let served = Served::start(|_, _| Ok(()));
+        // Whole lines, one every 100 ms, and never the empty line that would end the request.
+        let start = Instant::now();
+        let trickling = trickle(&served, "set=1\n", "fwmark=7\n");
+        // The server closes the connection: the trickle's next write fails.
+        wait_until("the trickling client to be cut off", || trickling.closed.load(Ordering::Relaxed));
+        assert!(start.elapsed() >= REQUEST_DEADLINE, "cut off before its deadline");
+        assert_eq!(served.wg.config().fwmark, 0);
+        assert!(served.request("get=1\n\n").ends_with("errno=0\n"), "the socket still serves");
+    }
+
+    #[test]
+    fn test_a_request_over_the_size_limit_is_refused_and_nothing_of_it_applied() {
+        let served = Served::start(|_, _| Ok(()));
+        let line = "fwmark=7\n";
+        let mut request = String::from("set=1\nlisten_port=0\n");
+        while request.len() <= MAX_REQUEST_BYTES + READ_CHUNK {
+            request.push_str(line);
+        }
+        request.push('\n');
+        let stream = served.connect();
+        let mut writer = stream.try_clone().unwrap();
+        // Written on a thread: the server reads all of it (and answers) while the client writes.
+        let writing = std::thread::spawn(move || writer.write_all(request.as_bytes()));
+        let reply = read_reply(&mut BufReader::new(stream));
+        assert_eq!(reply, format!("errno=-{}\n", libc::EMSGSIZE));
+        writing.join().unwrap().unwrap();
+        assert_eq!(served.wg.config().fwmark, 0);
+        // A request just under the limit is taken.
+        let mut request = String::from("set=1\n");
+        while request.len() + line.len() < MAX_REQUEST_BYTES {
+            request.push_str(line);
+        }
+        request.push('\n');
+        assert_eq!(served.request(&request), "errno=0\n");
+        assert_eq!(served.wg.config().fwmark, 7);
+    }
+
+    #[test]
+    fn test_sets_from_many_clients_are_applied_one_at_a_time() {
+        let inside = Arc::new(AtomicBool::new(false));
+        let inside2 = inside.clone();
+        let served = Served::start(move |_, _| {
+            assert!(!inside2.swap(true, Ordering::SeqCst), "two sets at once");
+            std::thread::sleep(Duration::from_millis(5));
+            inside2.store(false, Ordering::SeqCst);
+            Ok(())
+        });
+        std::thread::scope(|scope| {
+            let clients: Vec<_> = (1..=24u8)
+                .map(|i| {
+                    let path = &served.path;
+                    scope.spawn(move || {
+                        let key = key_to_hex(&[i; 32]);
+                        request(path, &format!("set=1\npublic_key={key}\nallowed_ip=10.{i}.0.0/16\n\n"))
+                    })
+                })
+                .collect();
+            for client in clients {
+                assert_eq!(client.join().unwrap(), "errno=0\n");
+            }
+        });
+        // Every request's peer is there: none was applied to a configuration another had replaced.
+        let config = served.wg.config();
+        assert_eq!(config.peers.len(), 24, "{config:?}");
+    }
 }

@@ -31,7 +31,7 @@ use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::{Opened, Sealed, Transform};
 use turbotun::{DropReason, Drops};
 
-use crate::config::{key_to_hex, make_prefixes_exclusive, DeviceConfig, Key};
+use crate::config::{key_to_hex, DeviceConfig, Key, SecretKey};
 use crate::cookie::{self, CookieChecker, MacState};
 use crate::noise::{
     self, finish_initiation, open_initiation, Identity, MessageKind, PeerKeys, COOKIE_REPLY_LEN, DATA_HEADER_LEN,
@@ -383,13 +383,12 @@ impl WireGuard {
     /// Puts `config` in force. Peers whose public key stays keep their sessions and counters; a new private key
     /// starts every peer afresh (their sessions were made with the old one); a new preshared key is used from
     /// the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel does.
-    pub fn apply(&self, mut config: DeviceConfig) {
-        make_prefixes_exclusive(&mut config);
+    pub fn apply(&self, config: DeviceConfig) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let old = guard.clone();
         let identity_changed = config.private_key != old.config.private_key;
         let identity = if identity_changed {
-            config.private_key.map(|k| Arc::new(Identity::new(&k)))
+            config.private_key.as_ref().map(|k| Arc::new(Identity::new(k.as_bytes())))
         } else {
             old.identity.clone()
         };
@@ -398,14 +397,17 @@ impl WireGuard {
         let mut peers = Vec::with_capacity(config.peers.len());
         let mut wake = false;
         for pc in &config.peers {
-            let kept = old.by_key.get(&pc.public_key).map(|&i| old.peers[i].clone());
-            let old_config = old.config.peers.iter().find(|o| o.public_key == pc.public_key);
+            // The same peer only if it was not removed and added again since (replace_peers, remove).
+            let old_config =
+                old.config.peers.iter().find(|o| o.public_key == pc.public_key && o.incarnation == pc.incarnation);
+            let kept = old_config.and(old.by_key.get(&pc.public_key)).map(|&i| old.peers[i].clone());
+            let preshared_key = pc.preshared_key.as_ref().map(|k| *k.as_bytes());
             let peer = match kept.clone().filter(|_| !identity_changed) {
                 Some(p) => {
                     let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if *psk != pc.preshared_key {
-                        *psk = pc.preshared_key;
-                        p.set_keys(keys_for(pc.public_key, pc.preshared_key));
+                    if *psk != preshared_key {
+                        *psk = preshared_key;
+                        p.set_keys(keys_for(pc.public_key, preshared_key));
                     }
                     drop(psk);
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
@@ -421,8 +423,8 @@ impl WireGuard {
                     p
                 }
                 None => {
-                    let keys = keys_for(pc.public_key, pc.preshared_key);
-                    let p = Peer::new(pc.public_key, keys, pc.preshared_key, pc.persistent_keepalive);
+                    let keys = keys_for(pc.public_key, preshared_key);
+                    let p = Peer::new(pc.public_key, keys, preshared_key, pc.persistent_keepalive);
                     p.set_endpoint(pc.endpoint.or_else(|| kept.as_ref().and_then(|k| k.endpoint())));
                     if let Some(k) = &kept {
                         p.rx_bytes.store(k.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -1055,7 +1057,7 @@ pub fn render_get(wg: &WireGuard) -> String {
     let states = wg.peer_states();
     let mut out = String::new();
     if let Some(key) = &config.private_key {
-        let _ = writeln!(out, "private_key={}", key_to_hex(key));
+        let _ = writeln!(out, "private_key={}", key_to_hex(key.as_bytes()));
     }
     let port = wg.bound_port();
     if port != 0 {
@@ -1066,7 +1068,11 @@ pub fn render_get(wg: &WireGuard) -> String {
     }
     for (peer, state) in config.peers.iter().zip(states) {
         let _ = writeln!(out, "public_key={}", key_to_hex(&peer.public_key));
-        let _ = writeln!(out, "preshared_key={}", key_to_hex(&peer.preshared_key.unwrap_or([0; 32])));
+        let _ = writeln!(
+            out,
+            "preshared_key={}",
+            key_to_hex(peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes))
+        );
         let _ = writeln!(out, "protocol_version=1");
         if let Some(endpoint) = state.endpoint {
             let _ = writeln!(out, "endpoint={endpoint}");

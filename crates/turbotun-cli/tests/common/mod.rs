@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use turbotun::netlink::Netlink;
 use turbotun::netns::{with_netns, with_private_netns};
 
+pub mod wg;
+
 pub const A4: &str = "10.0.1.1";
 pub const B4: &str = "10.0.2.1";
 pub const A6: &str = "fd00:1::1";

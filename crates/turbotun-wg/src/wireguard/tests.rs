@@ -40,7 +40,7 @@ impl Node {
         peer.endpoint = endpoint;
         peer.persistent_keepalive = keepalive;
         let mut config = self.wg.config();
-        config.private_key = Some(self.private);
+        config.private_key = Some(crate::config::SecretKey::new(self.private));
         config.peers.retain(|p| p.public_key != other.public());
         config.peers.push(peer);
         self.wg.apply(config);
@@ -257,7 +257,8 @@ fn test_a_message_held_back_past_a_thousand_others_is_taken_and_a_replay_is_not(
 fn test_no_handshake_is_sent_to_a_low_order_key() {
     let a = Node::new(1, A);
     for low in crate::noise::tests::low_order_points() {
-        let mut config = DeviceConfig { private_key: Some(a.private), ..DeviceConfig::default() };
+        let mut config =
+            DeviceConfig { private_key: Some(crate::config::SecretKey::new(a.private)), ..DeviceConfig::default() };
         let mut peer = PeerConfig::new(low);
         peer.allowed_ips = vec![crate::config::parse_prefix("10.9.0.0/24").unwrap()];
         peer.endpoint = Some(B.parse().unwrap());
