@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
 
+use zeroize::Zeroizing;
+
 use crate::config::Key;
 use crate::cookie::CookieJar;
 use crate::noise::{InitiationState, PeerKeys};
@@ -72,7 +74,7 @@ pub struct Peer {
     /// Its keys for handshakes (`None` while the device has no private key).
     keys: RwLock<Option<Arc<PeerKeys>>>,
     /// The preshared key its keys were made with (to tell whether a new configuration changes it).
-    pub preshared_key: Mutex<Option<Key>>,
+    pub preshared_key: Mutex<Zeroizing<Option<Key>>>,
     /// Seconds between keepalives when no other packet went either way (0: none).
     pub persistent_keepalive: AtomicU16,
     endpoint: Mutex<Option<SocketAddr>>,
@@ -121,7 +123,7 @@ impl Peer {
         Peer {
             public_key,
             keys: RwLock::new(keys.map(Arc::new)),
-            preshared_key: Mutex::new(preshared_key),
+            preshared_key: Mutex::new(Zeroizing::new(preshared_key)),
             persistent_keepalive: AtomicU16::new(keepalive),
             endpoint: Mutex::new(None),
             endpoint_gen: AtomicU64::new(0),

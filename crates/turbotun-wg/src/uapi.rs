@@ -370,10 +370,10 @@ fn serve_client(
         let reply: Zeroizing<Vec<u8>> = match (get, body.is_empty()) {
             (true, true) => {
                 let held = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-                let reply = Zeroizing::new(render_get(wg).into_bytes());
+                let reply = render_get(wg);
                 drop(held);
                 // The status goes out on its own, so that the reply holding the private key is never copied.
-                if !client.write_all(&reply, deadline)? {
+                if !client.write_all(reply.as_bytes(), deadline)? {
                     return Ok(());
                 }
                 Zeroizing::new(b"errno=0\n\n".to_vec())

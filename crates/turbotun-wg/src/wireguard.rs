@@ -30,6 +30,7 @@ use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::{Opened, Sealed, Transform};
 use turbotun::{DropReason, Drops};
+use zeroize::Zeroizing;
 
 use crate::config::{key_to_hex, DeviceConfig, Key, SecretKey};
 use crate::cookie::{self, CookieChecker, MacState};
@@ -405,8 +406,8 @@ impl WireGuard {
             let peer = match kept.clone().filter(|_| !identity_changed) {
                 Some(p) => {
                     let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if *psk != preshared_key {
-                        *psk = preshared_key;
+                    if **psk != preshared_key {
+                        **psk = preshared_key;
                         p.set_keys(keys_for(pc.public_key, preshared_key));
                     }
                     drop(psk);
@@ -1050,14 +1051,28 @@ impl Transform for WireGuard {
     }
 }
 
-/// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it).
-pub fn render_get(wg: &WireGuard) -> String {
+/// Writes `key` in lowercase hex into `out`, with no copy of its own.
+fn write_key_hex(out: &mut String, key: &Key) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in key {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+}
+
+/// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it). It holds the private
+/// and preshared keys: room for all of it is taken at once, so that no copy is left behind by a reallocation,
+/// and it is zeroed when dropped.
+pub fn render_get(wg: &WireGuard) -> Zeroizing<String> {
     use std::fmt::Write;
     let config = wg.config();
     let states = wg.peer_states();
-    let mut out = String::new();
+    let room = 256 + config.peers.iter().map(|p| 512 + 64 * p.allowed_ips.len()).sum::<usize>();
+    let mut out = Zeroizing::new(String::with_capacity(room));
     if let Some(key) = &config.private_key {
-        let _ = writeln!(out, "private_key={}", key_to_hex(key.as_bytes()));
+        out.push_str("private_key=");
+        write_key_hex(&mut out, key.as_bytes());
+        out.push('\n');
     }
     let port = wg.bound_port();
     if port != 0 {
@@ -1067,13 +1082,11 @@ pub fn render_get(wg: &WireGuard) -> String {
         let _ = writeln!(out, "fwmark={}", config.fwmark);
     }
     for (peer, state) in config.peers.iter().zip(states) {
-        let _ = writeln!(out, "public_key={}", key_to_hex(&peer.public_key));
-        let _ = writeln!(
-            out,
-            "preshared_key={}",
-            key_to_hex(peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes))
-        );
-        let _ = writeln!(out, "protocol_version=1");
+        out.push_str("public_key=");
+        write_key_hex(&mut out, &peer.public_key);
+        out.push_str("\npreshared_key=");
+        write_key_hex(&mut out, peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes));
+        out.push_str("\nprotocol_version=1\n");
         if let Some(endpoint) = state.endpoint {
             let _ = writeln!(out, "endpoint={endpoint}");
         }
