@@ -18,6 +18,8 @@
 //!
 //! * Header views: Ethernet (with VLAN tags), ARP, IPv4, IPv6, TCP, UDP, ICMP, ICMPv6 (with neighbour
 //!   discovery).
+//! * ICMP errors: destination unreachable for IPv4 and IPv6 about a packet that cannot be delivered, built whole
+//!   ([`icmp_error`]).
 //! * virtio_net_hdr of 10, 12 (v1, `num_buffers`) and 20 bytes (hash report), little-endian.
 //! * Framing: raw IP ([`Framing::Ip`], TUN with `IFF_NO_PI`) and Ethernet with up to two 802.1Q/802.1ad tags
 //!   ([`Framing::Ethernet`], TAP).
@@ -48,6 +50,7 @@ pub mod fuzzing;
 pub mod gro;
 pub mod gso;
 pub mod icmp;
+pub mod icmp_error;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;

@@ -187,6 +187,36 @@ proptest! {
         fuzzing::gro_coalesce(&data);
     }
 
+    /// ICMP errors about packets whose every field is random but the version (and, half the time, lengths that
+    /// fit and a first fragment): never a panic; every error written is well formed, within its size limit, and
+    /// quotes the packet (`fuzzing::icmp_error_about`).
+    #[test]
+    fn icmp_errors_about_random_packets(
+        v6 in any::<bool>(),
+        data in proptest::collection::vec(any::<u8>(), 0..1600),
+        consistent in any::<bool>(),
+    ) {
+        let mut data = data;
+        if let Some(b) = data.first_mut() {
+            *b = (*b & 0x0f) | if v6 { 0x60 } else { 0x40 };
+        }
+        if consistent && data.len() >= 48 {
+            if v6 {
+                let payload = (data.len() - 40) as u16;
+                data[4..6].copy_from_slice(&payload.to_be_bytes());
+            } else {
+                data[0] = 0x45;
+                let total = data.len() as u16;
+                data[2..4].copy_from_slice(&total.to_be_bytes());
+                data[6] &= 0x20;
+                data[7] = 0;
+                data[12] = 10;
+                data[16] = 10;
+            }
+        }
+        fuzzing::icmp_error_about(&data);
+    }
+
     #[test]
     fn mutated_packets_never_panic(
         spec in spec_strategy(),

@@ -493,6 +493,7 @@ pub fn parse_headers(data: &[u8]) {
     if let Ok(p) = ipv6::Packet::new_checked(data) {
         let _ = (p.flow_label(), p.traffic_class(), p.l4_info(), p.check_payload_len(), ipv6::Repr::parse(&p));
     }
+    icmp_error_about(data);
     if let Ok(p) = tcp::Packet::new_checked(data) {
         let _ = (p.seq_number(), p.flags(), p.options().len(), p.payload().len());
         for o in p.option_iter() {
@@ -823,5 +824,26 @@ pub fn gro_model(data: &[u8]) {
         gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
         let got = groups_of(&gro, &to_write, &lens, offset);
         assert_eq!(got, want, "fast path {fast}: coalesced packets differ from the kernel's decision");
+    }
+}
+
+/// An ICMP error about `data` from each family's source into buffers of several sizes: never a panic; what is
+/// written is a well-formed error that quotes the start of `data`, within its size limit; and an error is written
+/// exactly when [`crate::icmp_error::recipient`] names someone to send it to.
+pub fn icmp_error_about(data: &[u8]) {
+    use crate::icmp_error::{destination_unreachable, recipient, verify, NoError};
+    let sources = [std::net::IpAddr::from([10, 0, 0, 1]), std::net::IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 1])];
+    let mut out = [0u8; crate::icmp_error::IPV6_MAX_LEN + 64];
+    for source in sources {
+        for room in [0, 27, 47, 48, 100, 576, out.len()] {
+            match destination_unreachable(data, source, &mut out[..room]) {
+                Ok(n) => {
+                    assert!(n <= room && verify(&out[..n], data), "a bad error about {data:?}");
+                    assert!(recipient(data).is_ok());
+                }
+                Err(NoError::WrongFamily | NoError::NoRoom) => assert!(recipient(data).is_ok()),
+                Err(why) => assert_eq!(recipient(data), Err(why)),
+            }
+        }
     }
 }
