@@ -139,7 +139,10 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
             .name("wg-uapi".into())
             .spawn(move || {
                 let mut on_set = |old: &crate::config::DeviceConfig, new: &crate::config::DeviceConfig| {
-                    if new.listen_port != old.listen_port {
+                    // A port asked for is bound anew unless the sockets hold it already (a port picked at start
+                    // and then asked for by number, as `wg syncconf` does): they hold it alone, so binding it
+                    // again would fail with EADDRINUSE.
+                    if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
                         let sockets = bind_port(new.listen_port, count, new.fwmark).map_err(|e| errno_of(&e))?;
                         let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
                         wg.set_bound_port(port);

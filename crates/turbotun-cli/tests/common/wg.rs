@@ -261,3 +261,13 @@ pub fn counters(out: &str) -> serde_json::Value {
     let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no counters in {out:?}"));
     serde_json::from_str(line).unwrap()
 }
+
+/// Sends `request` (e.g. `set=1\nlisten_port=1\n`, without the empty line that ends it) to the configuration
+/// socket of `name` and returns the first line of the answer (`errno=N`).
+pub fn uapi_first_line(name: &str, request: &str) -> String {
+    let mut s = UnixStream::connect(socket_of(name)).unwrap();
+    s.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut reply = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(s), &mut reply).unwrap();
+    reply.trim().to_string()
+}

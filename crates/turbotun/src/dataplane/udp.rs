@@ -66,12 +66,10 @@ pub struct Datagram<'a> {
     pub ecn: u8,
 }
 
-/// Options of a [`TunnelSocket`].
+/// Options of a [`TunnelSocket`]. Whether a port is shared is not one of them: a socket of its own holds its
+/// port alone, and only the sockets of one [`crate::tunnel::bind_sockets`] group share theirs.
 #[derive(Debug, Clone, Copy)]
 pub struct SocketOptions {
-    /// `SO_REUSEPORT`: several sockets (one per worker) on one address; the kernel keeps each remote address on
-    /// one of them.
-    pub reuse_port: bool,
     /// Segmented sends (`UDP_SEGMENT`), where the kernel has them.
     pub gso: bool,
     /// Coalesced reads (`UDP_GRO`), where the kernel has them.
@@ -92,7 +90,6 @@ pub struct SocketOptions {
 impl Default for SocketOptions {
     fn default() -> Self {
         SocketOptions {
-            reuse_port: true,
             gso: true,
             gro: true,
             mark: 0,
@@ -114,9 +111,29 @@ pub struct TunnelSocket {
     dual: bool,
 }
 
+/// How a socket holds its port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PortSharing {
+    /// Alone: bound without `SO_REUSEPORT`, so the bind fails with `EADDRINUSE` if anyone holds the port, and
+    /// nobody can bind it afterwards.
+    Alone,
+    /// The first of a group: bound alone (which proves the port free: nobody else holds it, shared or not), then
+    /// opened to `SO_REUSEPORT` for the rest of the group.
+    FirstOfGroup,
+    /// The rest of a group: bound with `SO_REUSEPORT`, joining the first.
+    JoinGroup,
+}
+
 impl TunnelSocket {
-    /// Binds `addr` with `options`. Port 0 picks one ([`Self::local_addr`] says which).
+    /// Binds `addr` with `options`, holding the port alone: `EADDRINUSE` if any socket holds it (shared or not),
+    /// and no other socket can bind it while this one lives. Port 0 picks one ([`Self::local_addr`] says which).
     pub fn bind(addr: SocketAddr, options: &SocketOptions) -> Result<Self> {
+        Self::bind_sharing(addr, options, PortSharing::Alone)
+    }
+
+    /// [`Self::bind`] with the way the port is held (see [`crate::tunnel::bind_sockets`], the one place that
+    /// makes groups).
+    pub(crate) fn bind_sharing(addr: SocketAddr, options: &SocketOptions, sharing: PortSharing) -> Result<Self> {
         use rustix::net::{AddressFamily, SocketType};
         let family = if addr.is_ipv6() { AddressFamily::INET6 } else { AddressFamily::INET };
         let fd = rustix::net::socket_with(
@@ -127,7 +144,7 @@ impl TunnelSocket {
         )
         .map_err(|e| Error::io("socket(UDP)", e.into()))?;
         let opt = |what: &'static str, r: rustix::io::Result<()>| r.map_err(|e| Error::io(what, e.into()));
-        if options.reuse_port {
+        if sharing == PortSharing::JoinGroup {
             opt("setsockopt(SO_REUSEPORT)", sockopt::set_socket_reuseport(&fd, true))?;
         }
         let dual = addr.is_ipv6() && options.dual_stack;
@@ -158,6 +175,11 @@ impl TunnelSocket {
             sys::udp::set_no_check(fd.as_fd(), true).map_err(|e| Error::io("setsockopt(SO_NO_CHECK)", e))?;
         }
         rustix::net::bind(&fd, &addr).map_err(|e| Error::io(format!("binding UDP {addr}"), e.into()))?;
+        if sharing == PortSharing::FirstOfGroup {
+            // Bound alone, so the port was free; from now on the rest of the group (and only sockets of the same
+            // owning user, the kernel's rule for a group) may join.
+            opt("setsockopt(SO_REUSEPORT)", sockopt::set_socket_reuseport(&fd, true))?;
+        }
         let gso = options.gso && sys::udp::set_udp_segment(fd.as_fd(), 0).is_ok();
         let gro = options.gro && sys::udp::set_udp_gro(fd.as_fd(), true).is_ok();
         Ok(TunnelSocket { socket: UdpSocket::from(fd), gso: AtomicBool::new(gso), gro, dual })
@@ -564,7 +586,7 @@ mod tests {
     /// source.
     #[test]
     fn test_segmented_sends_coalesced_reads_ecn_and_dual_stack_over_loopback() {
-        let options = SocketOptions { dual_stack: true, reuse_port: false, ..SocketOptions::default() };
+        let options = SocketOptions { dual_stack: true, ..SocketOptions::default() };
         let dual = TunnelSocket::bind("[::]:0".parse().unwrap(), &options).unwrap();
         let v4 = TunnelSocket::bind("127.0.0.1:0".parse().unwrap(), &SocketOptions::default()).unwrap();
         let to_v4 = v4.local_addr().unwrap();

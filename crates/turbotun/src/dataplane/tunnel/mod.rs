@@ -313,15 +313,25 @@ impl<T: Transform> TunnelBuilder<T> {
     }
 }
 
-/// `count` sockets on `local`: the first picks the port when `local` has 0, the others share it
-/// (`SO_REUSEPORT`, set on all of them when there are several).
+/// `count` sockets on `local` (one per queue of a tunnel), the one rule for a tunnel's port: a UDP port is one
+/// endpoint's alone, as the kernel's WireGuard and wireguard-go hold theirs.
+///
+/// - One socket: bound without `SO_REUSEPORT`; anyone else's bind of the port fails with `EADDRINUSE`.
+/// - Several: the first is bound alone, which proves the port free (`EADDRINUSE` if any socket holds it, one
+///   that shares it included), picking it when `local` has port 0; only then does it take `SO_REUSEPORT`, and
+///   the others join it. The kernel spreads remote addresses over the group, each remote on one socket.
+///
+/// What remains: while a group lives, the kernel lets a socket join it only with `SO_REUSEPORT` and the same
+/// owning user (the uid that created the sockets). Sockets made as root before a privilege drop keep the
+/// unprivileged user out; a process of the creating user (root, for sockets made as root) could still join.
 pub fn bind_sockets(local: SocketAddr, count: usize, options: &SocketOptions) -> Result<Vec<TunnelSocket>> {
-    let options = SocketOptions { reuse_port: options.reuse_port || count > 1, ..*options };
-    let first = TunnelSocket::bind(local, &options)?;
+    use crate::udp::PortSharing;
+    let first_sharing = if count > 1 { PortSharing::FirstOfGroup } else { PortSharing::Alone };
+    let first = TunnelSocket::bind_sharing(local, options, first_sharing)?;
     let bound = first.local_addr()?;
     let mut sockets = vec![first];
     for _ in 1..count {
-        sockets.push(TunnelSocket::bind(bound, &options)?);
+        sockets.push(TunnelSocket::bind_sharing(bound, options, PortSharing::JoinGroup)?);
     }
     Ok(sockets)
 }
