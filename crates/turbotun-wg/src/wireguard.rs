@@ -951,7 +951,7 @@ impl Transform for WireGuard {
                 Some(route) => route,
                 None => {
                     let Some((_, &i)) = rt.routes.longest_match(dst) else {
-                        return Sealed::Dropped(DropReason::NoPeer);
+                        return Sealed::Unreachable(DropReason::NoPeer);
                     };
                     let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
                     let route =
@@ -961,7 +961,7 @@ impl Transform for WireGuard {
                 }
             };
             let Some(endpoint) = route.endpoint else {
-                return Sealed::Dropped(DropReason::NoPeer);
+                return Sealed::Unreachable(DropReason::NoPeer);
             };
             let peer = &rt.peers[route.peer];
             let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);

@@ -237,6 +237,9 @@ counters! {
     gso_fallbacks,
     /// A tunnel protocol's own datagrams (handshakes, keepalives, cookie replies), sent or received.
     control,
+    /// ICMP errors a tunnel wrote back to its device: "destination unreachable" to the senders of packets it had
+    /// nowhere to send (those packets are counted as drops too).
+    icmp_errors,
     /// Packets a tunnel protocol kept to send once its handshake is done (they leave later, counted then as
     /// control datagrams, or are counted as `no_session` drops).
     held,

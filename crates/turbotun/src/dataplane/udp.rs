@@ -12,13 +12,22 @@
 //!   (`EMSGSIZE`: a segment is never fragmented) is sent again one datagram per message, which the kernel may
 //!   fragment. Each is counted in `gso_fallbacks`; a datagram that still cannot go is a drop with its reason.
 //!
+//! - **Replies leave from the address the remote contacted** (the kernel's WireGuard calls it source-address
+//!   stickiness): a socket bound to a wildcard address reads the local address of every datagram
+//!   (`IP_PKTINFO`, `IPV6_RECVPKTINFO`); the engine records it per remote once the transform accepted what came
+//!   ([`TunnelSocket::remember_source`]), and every send to that remote, segmented or not, names it as its source.
+//!   A send the kernel refuses for that source (`EINVAL`, `EADDRNOTAVAIL`, `ENETUNREACH`: the address went away)
+//!   forgets it and goes again from the routing's choice.
+//!
 //! Outer datagrams may be fragmented (`IP_PMTUDISC_DONT`), as the kernel's own tunnels allow: a tunnel whose
 //! underlay has a smaller MTU than its packets still carries them.
 
+use std::collections::HashMap;
 use std::io::{self, IoSlice};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use rustix::event::PollFlags;
@@ -29,7 +38,7 @@ use crate::stats::{Counters, DropReason};
 use crate::stop::StopHandle;
 use crate::sys;
 
-pub use crate::sys::udp::{RecvMeta, MAX_MMSG};
+pub use crate::sys::udp::{LocalAddr, RecvMeta, MAX_MMSG};
 
 /// Most datagrams one segmented send carries: the kernel's limit on every release (newer ones take 128).
 pub const MAX_SEGMENTS: usize = 64;
@@ -89,14 +98,7 @@ pub struct SocketOptions {
 
 impl Default for SocketOptions {
     fn default() -> Self {
-        SocketOptions {
-            gso: true,
-            gro: true,
-            mark: 0,
-            dual_stack: false,
-            zero_checksum: false,
-            buffer: 4 << 20,
-        }
+        SocketOptions { gso: true, gro: true, mark: 0, dual_stack: false, zero_checksum: false, buffer: 4 << 20 }
     }
 }
 
@@ -107,8 +109,64 @@ pub struct TunnelSocket {
     socket: UdpSocket,
     gso: AtomicBool,
     gro: bool,
+    /// An IPv6 socket.
+    ipv6: bool,
     /// An IPv6 socket that also carries IPv4: IPv4 destinations are sent to as v4-mapped addresses.
     dual: bool,
+    /// Where replies to each remote leave from; `None` on a socket bound to one address, which has no choice.
+    sources: Option<Arc<Sources>>,
+}
+
+/// Most remote addresses a [`Sources`] table remembers: past them it starts again (each live remote is recorded
+/// again by its next datagram), so that no sender can grow it without bound.
+const MAX_SOURCES: usize = 4096;
+
+/// The local address each remote address last reached us at, shared by the sockets of one group (a remote is
+/// received on one socket and may be sent to from any).
+#[derive(Debug, Default)]
+struct Sources {
+    map: RwLock<HashMap<SocketAddr, LocalAddr>>,
+    /// How many entries `map` holds: a send looks at the lock only when there is one.
+    len: AtomicUsize,
+    /// Bumped whenever an entry is forgotten, so that the receive side's memos record again.
+    forgotten: AtomicU64,
+}
+
+impl Sources {
+    fn remember(&self, remote: SocketAddr, local: LocalAddr) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_SOURCES && !map.contains_key(&remote) {
+            map.clear();
+            self.forgotten.fetch_add(1, Ordering::Release);
+        }
+        map.insert(remote, local);
+        self.len.store(map.len(), Ordering::Release);
+    }
+
+    fn forget(&self, remote: SocketAddr) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if map.remove(&remote).is_some() {
+            self.forgotten.fetch_add(1, Ordering::Release);
+        }
+        self.len.store(map.len(), Ordering::Release);
+    }
+
+    /// The table for a batch of sends, or `None` while it is empty (no lock taken then).
+    fn read(&self) -> Option<RwLockReadGuard<'_, HashMap<SocketAddr, LocalAddr>>> {
+        (self.len.load(Ordering::Acquire) > 0).then(|| self.map.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Entries of a [`SourceMemo`].
+const MEMO_ENTRIES: usize = 8;
+
+/// What one receiving worker last recorded through [`TunnelSocket::remember_source`], so that a remote seen again
+/// at the same local address costs no lock: a few entries, by remote address.
+#[derive(Debug, Default)]
+pub struct SourceMemo {
+    entries: [Option<(SocketAddr, LocalAddr)>; MEMO_ENTRIES],
+    /// The table's `forgotten` count these entries go with.
+    forgotten: u64,
 }
 
 /// How a socket holds its port.
@@ -182,7 +240,67 @@ impl TunnelSocket {
         }
         let gso = options.gso && sys::udp::set_udp_segment(fd.as_fd(), 0).is_ok();
         let gro = options.gro && sys::udp::set_udp_gro(fd.as_fd(), true).is_ok();
-        Ok(TunnelSocket { socket: UdpSocket::from(fd), gso: AtomicBool::new(gso), gro, dual })
+        // On a wildcard address a reply could leave from any of the host's addresses: the datagrams say which one
+        // their sender reached, so that replies leave from it.
+        let sources = if addr.ip().is_unspecified() {
+            sys::udp::set_recv_pktinfo(fd.as_fd(), addr.is_ipv6())
+                .map_err(|e| Error::io("setsockopt(IP_PKTINFO/IPV6_RECVPKTINFO)", e))?;
+            Some(Arc::new(Sources::default()))
+        } else {
+            None
+        };
+        let ipv6 = addr.is_ipv6();
+        Ok(TunnelSocket { socket: UdpSocket::from(fd), gso: AtomicBool::new(gso), gro, ipv6, dual, sources })
+    }
+
+    /// Makes this socket use `first`'s table of reply sources: the sockets of one group share one.
+    pub(crate) fn share_sources_with(&mut self, first: &TunnelSocket) {
+        if self.sources.is_some() {
+            self.sources.clone_from(&first.sources);
+        }
+    }
+
+    /// Records that `remote` reached us at `local` (the [`RecvMeta::local`] of a datagram from it), after the
+    /// engine accepted what came from it: replies to `remote` then leave from that address. `memo` is the calling
+    /// worker's own, so that the same remote at the same address again costs no lock. Nothing is recorded on a
+    /// socket bound to one address, or for a datagram sent to a multicast or broadcast address.
+    pub fn remember_source(&self, remote: SocketAddr, local: Option<LocalAddr>, memo: &mut SourceMemo) {
+        let (Some(sources), Some(local)) = (&self.sources, local) else { return };
+        let local = LocalAddr { ip: unmapped_ip(local.ip), ..local };
+        let unicast = match local.ip {
+            IpAddr::V4(ip) => !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified()),
+            IpAddr::V6(ip) => !(ip.is_multicast() || ip.is_unspecified()),
+        };
+        if !unicast {
+            return;
+        }
+        let forgotten = sources.forgotten.load(Ordering::Acquire);
+        if memo.forgotten != forgotten {
+            *memo = SourceMemo { forgotten, ..SourceMemo::default() };
+        }
+        let slot = &mut memo.entries[memo_slot(&remote)];
+        if *slot != Some((remote, local)) {
+            sources.remember(remote, local);
+            *slot = Some((remote, local));
+        }
+    }
+
+    /// The local address replies to `dest` leave from, as a send names it: v4-mapped on a dual-stack socket's
+    /// IPv4 traffic, with the interface only for an IPv6 link-local address (whose scope needs it); otherwise
+    /// the routing picks the interface, as it does for the kernel's WireGuard, so that a route back through
+    /// another interface than the datagram came in on is followed.
+    fn source_for(&self, map: Option<&HashMap<SocketAddr, LocalAddr>>, dest: &SocketAddr) -> Option<LocalAddr> {
+        let local = *map?.get(dest)?;
+        let ifindex = match local.ip {
+            IpAddr::V6(ip) if (ip.segments()[0] & 0xffc0) == 0xfe80 => local.ifindex,
+            _ => 0,
+        };
+        let fits = match (local.ip, self.ipv6) {
+            (IpAddr::V4(_), false) | (IpAddr::V6(_), true) => true,
+            (IpAddr::V4(_), true) => self.dual,
+            (IpAddr::V6(_), false) => false,
+        };
+        fits.then_some(LocalAddr { ip: local.ip, ifindex })
     }
 
     /// The address it is bound to.
@@ -234,6 +352,9 @@ impl TunnelSocket {
         if self.dual {
             for m in &mut slots.meta[..n] {
                 m.source = m.source.map(unmapped);
+                if let Some(local) = &mut m.local {
+                    local.ip = unmapped_ip(local.ip);
+                }
             }
         }
         Ok(n)
@@ -282,14 +403,21 @@ impl TunnelSocket {
         }
         let mut group_room = [(0, 0, 0); IOV_MAX];
         let groups = group(datagrams, self.gso(), &mut group_room);
-        let mut messages = [sys::udp::SendMsg { dest: datagrams[0].dest, iov: &[], segment: 0, tos: None }; MAX_MMSG];
+        let mut messages =
+            [sys::udp::SendMsg { dest: datagrams[0].dest, iov: &[], segment: 0, tos: None, source: None }; MAX_MMSG];
         let mut g = 0;
         while g < groups.len() {
             let batch = &groups[g..groups.len().min(g + MAX_MMSG)];
-            for (m, &(first, end, segment)) in messages.iter_mut().zip(batch) {
-                let d = &datagrams[first];
-                let dest = self.wire_dest(d.dest);
-                *m = sys::udp::SendMsg { dest, iov: &iov[first..end], segment, tos: Some(d.ecn & 0b11) };
+            {
+                // The reply sources of the batch's destinations, looked up under one read lock (none while the
+                // table is empty), released before the send.
+                let sources = self.sources.as_ref().and_then(|s| s.read());
+                for (m, &(first, end, segment)) in messages.iter_mut().zip(batch) {
+                    let d = &datagrams[first];
+                    let dest = self.wire_dest(d.dest);
+                    let source = self.source_for(sources.as_deref(), &d.dest);
+                    *m = sys::udp::SendMsg { dest, iov: &iov[first..end], segment, tos: Some(d.ecn & 0b11), source };
+                }
             }
             counters.writes += 1;
             match sys::udp::send_msgs(self.socket.as_fd(), &messages[..batch.len()]) {
@@ -302,7 +430,8 @@ impl TunnelSocket {
                 Err(e) => {
                     // The first message of the batch failed: decide for it, then go on after it.
                     let (first, end, segment) = batch[0];
-                    match self.failed(e, &datagrams[first..end], &iov[first..end], segment, stop, counters) {
+                    let source = messages[0].source;
+                    match self.failed(e, &datagrams[first..end], &iov[first..end], segment, source, stop, counters) {
                         Ok(Retry::Again) => {}
                         Ok(Retry::Next) => g += 1,
                         Err(fatal) => {
@@ -317,17 +446,29 @@ impl TunnelSocket {
         Ok(())
     }
 
-    /// What a failed send of one message (`datagrams`, gathered from `iov`) becomes.
+    /// What a failed send of one message (`datagrams`, gathered from `iov`, sent from `source`) becomes.
+    #[allow(clippy::too_many_arguments)]
     fn failed(
         &self,
         e: io::Error,
         datagrams: &[Datagram<'_>],
         iov: &[IoSlice<'_>],
         segment: u16,
+        source: Option<LocalAddr>,
         stop: Option<&StopHandle>,
         counters: &mut Counters,
     ) -> Result<Retry> {
         let segmented = segment > 0 && datagrams.len() > 1;
+        if source.is_some() && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EADDRNOTAVAIL | libc::ENETUNREACH))
+        {
+            // The address the remote reached us at is gone (the kernel refuses a source that is not the host's,
+            // EINVAL for IPv6, ENETUNREACH for IPv4) or cannot reach it: forgotten, and the same message again
+            // from the routing's choice (where a refusal that had another cause is decided).
+            if let Some(sources) = &self.sources {
+                sources.forget(datagrams[0].dest);
+            }
+            return Ok(Retry::Again);
+        }
         match e.raw_os_error() {
             Some(errno @ (libc::EINTR | libc::EAGAIN)) => {
                 // Interrupted (the wake-up signal at the stop ends a blocking send) or the socket buffer full:
@@ -393,14 +534,15 @@ impl TunnelSocket {
         while i < datagrams.len() {
             let d = &datagrams[i];
             let dest = self.wire_dest(d.dest);
-            let msg = [sys::udp::SendMsg { dest, iov: &iov[i..i + 1], segment: 0, tos: Some(d.ecn & 0b11) }];
+            let source = self.source_for(self.sources.as_ref().and_then(|s| s.read()).as_deref(), &d.dest);
+            let msg = [sys::udp::SendMsg { dest, iov: &iov[i..i + 1], segment: 0, tos: Some(d.ecn & 0b11), source }];
             counters.writes += 1;
             match sys::udp::send_msgs(self.socket.as_fd(), &msg) {
                 Ok(_) => {
                     count_sent(&datagrams[i..i + 1], counters);
                     i += 1;
                 }
-                Err(e) => match self.failed(e, &datagrams[i..i + 1], &iov[i..i + 1], 0, stop, counters)? {
+                Err(e) => match self.failed(e, &datagrams[i..i + 1], &iov[i..i + 1], 0, source, stop, counters)? {
                     Retry::Again => {}
                     Retry::Next => i += 1,
                 },
@@ -425,6 +567,23 @@ enum Retry {
     Again,
     /// It was dealt with (sent another way, or counted): go on with the next.
     Next,
+}
+
+/// A v4-mapped IP address as the IPv4 address it stands for; any other unchanged.
+fn unmapped_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Where a remote's entry goes in a [`SourceMemo`].
+fn memo_slot(remote: &SocketAddr) -> usize {
+    let last = match remote.ip() {
+        IpAddr::V4(ip) => ip.octets()[3],
+        IpAddr::V6(ip) => ip.octets()[15],
+    };
+    (usize::from(last) ^ usize::from(remote.port())) % MEMO_ENTRIES
 }
 
 /// A v4-mapped address (`::ffff:a.b.c.d`) as the IPv4 address it stands for; any other unchanged.

@@ -1,11 +1,12 @@
 //! UDP sockets: batched sends and receives (`sendmmsg`, `recvmmsg` with their control messages: segmentation
-//! offload, ECN, source addresses, the drop counter) and the socket options that no crate wraps.
+//! offload, ECN, the local address a datagram reached and the one a send leaves from, the drop counter) and the
+//! socket options that no crate wraps.
 //!
 //! A batch needs no allocation: the message headers, addresses and control buffers are arrays on the stack,
 //! filled per call; the data stays in the caller's buffers.
 
 use std::io::{self, IoSlice};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use super::cvt;
@@ -21,9 +22,24 @@ const UDP_GRO: libc::c_int = 104;
 const UDP_SEGMENT: libc::c_int = 103;
 
 /// Room for the control messages one received datagram can carry here: `UDP_GRO` (an int), `SO_RXQ_OVFL` (a
-/// u32) and `IP_TOS` (a byte) or `IPV6_TCLASS` (an int), each `CMSG_SPACE` 24 bytes on 64-bit; 128 leaves room
-/// for more without truncation. Sends carry at most `UDP_SEGMENT` and a TOS (16 + 24 bytes).
+/// u32) and `IP_TOS` (a byte) or `IPV6_TCLASS` (an int), each `CMSG_SPACE` 24 bytes on 64-bit, and one
+/// `IP_PKTINFO` (32) or `IPV6_PKTINFO` (40): 112 bytes. Sends carry at most `UDP_SEGMENT`, a TOS (24 each) and a
+/// `PKTINFO` (40): 88 bytes.
 const CMSG_ROOM: usize = 128;
+
+// The kernel's layouts of the two PKTINFO structures (Linux UAPI), which sends write byte by byte.
+const _: () = assert!(std::mem::size_of::<libc::in_pktinfo>() == 12);
+const _: () = assert!(std::mem::size_of::<libc::in6_pktinfo>() == 20);
+
+/// The local end of a datagram: the address it was sent to (one of this host's), and the interface it came in
+/// on; for a send, the address it leaves from and (when not 0) the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocalAddr {
+    /// The address.
+    pub ip: IpAddr,
+    /// The interface index (0: none named).
+    pub ifindex: u32,
+}
 
 /// A control buffer aligned for `struct cmsghdr` (whose first member is a `size_t`).
 #[repr(C, align(8))]
@@ -55,7 +71,9 @@ pub(crate) fn send_mmsg(fd: BorrowedFd<'_>, buf: &[u8], msg_len: usize, count: u
 
 /// One message of [`send_msgs`]: the pieces of `iov` gathered into one payload for `dest`; with `segment` > 0
 /// and a payload longer than it, the kernel splits it into datagrams of `segment` bytes (`UDP_SEGMENT`, the
-/// last may be shorter); with `tos`, every datagram carries that TOS byte (IPv4) or traffic class (IPv6).
+/// last may be shorter); with `tos`, every datagram carries that TOS byte (IPv4) or traffic class (IPv6); with
+/// `source`, they leave from that address (`IP_PKTINFO`, or `IPV6_PKTINFO` for an IPv6 destination, a
+/// v4-mapped one included, whose source is then given v4-mapped).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendMsg<'a> {
     /// Where the datagrams go.
@@ -66,6 +84,51 @@ pub(crate) struct SendMsg<'a> {
     pub segment: u16,
     /// The TOS byte or traffic class (its low two bits are the ECN field).
     pub tos: Option<u8>,
+    /// The local address (and interface) to send from; `None`: the routing's choice.
+    pub source: Option<LocalAddr>,
+}
+
+/// One control message of a send: its level, type and data (at most an `in6_pktinfo`, 20 bytes).
+#[derive(Clone, Copy)]
+struct Control {
+    level: libc::c_int,
+    kind: libc::c_int,
+    data: [u8; 20],
+    len: usize,
+}
+
+impl Control {
+    fn new(level: libc::c_int, kind: libc::c_int, bytes: &[u8]) -> Control {
+        let mut data = [0u8; 20];
+        let len = bytes.len().min(data.len());
+        data[..len].copy_from_slice(&bytes[..len]);
+        Control { level, kind, data, len }
+    }
+
+    /// The `PKTINFO` that makes a datagram to `dest` leave from `source`: `in_pktinfo` for an IPv4 destination
+    /// (the address in `ipi_spec_dst`), `in6_pktinfo` for an IPv6 one (an IPv4 source v4-mapped). `None` for an
+    /// IPv6 source and an IPv4 destination, which cannot go together.
+    fn pktinfo(dest: &SocketAddr, source: LocalAddr) -> Option<Control> {
+        match (dest, source.ip) {
+            (SocketAddr::V4(_), IpAddr::V4(ip)) => {
+                let mut info = [0u8; 12];
+                info[..4].copy_from_slice(&(source.ifindex as libc::c_int).to_ne_bytes());
+                info[4..8].copy_from_slice(&ip.octets());
+                Some(Control::new(libc::IPPROTO_IP, libc::IP_PKTINFO, &info))
+            }
+            (SocketAddr::V4(_), IpAddr::V6(_)) => None,
+            (SocketAddr::V6(_), ip) => {
+                let ip = match ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                };
+                let mut info = [0u8; 20];
+                info[..16].copy_from_slice(&ip.octets());
+                info[16..].copy_from_slice(&source.ifindex.to_ne_bytes());
+                Some(Control::new(libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &info))
+            }
+        }
+    }
 }
 
 /// `sendmmsg` of `msgs` (at most [`MAX_MMSG`]) on an unconnected socket, each with its own destination and
@@ -89,18 +152,23 @@ pub(crate) fn send_msgs(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<
         h.msg_hdr.msg_iovlen = m.iov.len();
         // A v4-mapped destination leaves as IPv4: its TOS goes at the IPv4 level.
         let v6 = matches!(m.dest, SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_none());
-        let mut controls: [(libc::c_int, libc::c_int, u32, usize); 2] = [(0, 0, 0, 0); 2];
+        let mut controls = [Control::new(0, 0, &[]); 3];
         let mut n = 0;
         if m.segment > 0 && m.iov.iter().map(|p| p.len()).sum::<usize>() > usize::from(m.segment) {
-            controls[n] = (libc::SOL_UDP, UDP_SEGMENT, u32::from(m.segment), 2);
+            controls[n] = Control::new(libc::SOL_UDP, UDP_SEGMENT, &m.segment.to_ne_bytes());
             n += 1;
         }
         if let Some(tos) = m.tos {
+            let tos = libc::c_int::from(tos).to_ne_bytes();
             controls[n] = if v6 {
-                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, u32::from(tos), 4)
+                Control::new(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, &tos)
             } else {
-                (libc::IPPROTO_IP, libc::IP_TOS, u32::from(tos), 4)
+                Control::new(libc::IPPROTO_IP, libc::IP_TOS, &tos)
             };
+            n += 1;
+        }
+        if let Some(pktinfo) = m.source.and_then(|source| Control::pktinfo(&m.dest, source)) {
+            controls[n] = pktinfo;
             n += 1;
         }
         if n > 0 {
@@ -108,20 +176,17 @@ pub(crate) fn send_msgs(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<
             h.msg_hdr.msg_controllen = CMSG_ROOM as _;
             let mut used = 0;
             // SAFETY: msg_control points to this message's CMSG_ROOM-byte buffer (aligned for cmsghdr) and
-            // msg_controllen says so; FIRSTHDR/NXTHDR stay inside it, and two headers of at most CMSG_SPACE(4)
-            // bytes each fit in CMSG_ROOM. Each data write is `size` (2 or 4) bytes at CMSG_DATA of its header.
+            // msg_controllen says so; FIRSTHDR/NXTHDR stay inside it, and the three headers of at most
+            // CMSG_SPACE(20) bytes (88 bytes together, see CMSG_ROOM) fit. Each data write copies the control's
+            // `len` (at most 20) bytes to CMSG_DATA of its header, inside the space CMSG_LEN(len) claims.
             unsafe {
                 let mut hdr = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                for &(level, kind, value, size) in &controls[..n] {
-                    (*hdr).cmsg_level = level;
-                    (*hdr).cmsg_type = kind;
-                    (*hdr).cmsg_len = libc::CMSG_LEN(size as u32) as _;
-                    if size == 2 {
-                        std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<u16>(), value as u16);
-                    } else {
-                        std::ptr::write_unaligned(libc::CMSG_DATA(hdr).cast::<libc::c_int>(), value as libc::c_int);
-                    }
-                    used += libc::CMSG_SPACE(size as u32) as usize;
+                for control in &controls[..n] {
+                    (*hdr).cmsg_level = control.level;
+                    (*hdr).cmsg_type = control.kind;
+                    (*hdr).cmsg_len = libc::CMSG_LEN(control.len as u32) as _;
+                    std::ptr::copy_nonoverlapping(control.data.as_ptr(), libc::CMSG_DATA(hdr), control.len);
+                    used += libc::CMSG_SPACE(control.len as u32) as usize;
                     hdr = libc::CMSG_NXTHDR(&h.msg_hdr, hdr);
                 }
             }
@@ -199,6 +264,9 @@ pub struct RecvMeta {
     pub source: Option<SocketAddr>,
     /// Its TOS byte or traffic class, when the socket asked for it (`IP_RECVTOS`, `IPV6_RECVTCLASS`).
     pub tos: Option<u8>,
+    /// The address it was sent to and the interface it came in on, when the socket asked for them
+    /// (`IP_PKTINFO`, `IPV6_RECVPKTINFO`; an IPv4 datagram on a dual-stack socket reports a v4-mapped address).
+    pub local: Option<LocalAddr>,
 }
 
 /// `recvmmsg` into back-to-back slots of `slot` bytes in `buf`, at most `meta.len()` (and [`MAX_MMSG`])
@@ -253,8 +321,8 @@ pub(crate) fn recv_mmsg(
     Ok(got)
 }
 
-/// Reads the `UDP_GRO`, `SO_RXQ_OVFL`, `IP_TOS` and `IPV6_TCLASS` control messages the kernel wrote for one
-/// message.
+/// Reads the `UDP_GRO`, `SO_RXQ_OVFL`, `IP_TOS`, `IPV6_TCLASS`, `IP_PKTINFO` and `IPV6_PKTINFO` control
+/// messages the kernel wrote for one message.
 fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
     // SAFETY: `hdr` was filled by recvmmsg: msg_control points to its control buffer (still alive on the
     // caller's stack) and msg_controllen says how much of it the kernel wrote; CMSG_FIRSTHDR checks that length.
@@ -263,10 +331,28 @@ fn parse_cmsgs(hdr: &libc::msghdr, meta: &mut RecvMeta) {
         // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR only return headers that lie wholly inside the written control data.
         let (level, kind, len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len as usize) };
         // SAFETY: CMSG_LEN is arithmetic on its argument.
-        let (one, four) = unsafe { (libc::CMSG_LEN(1) as usize, libc::CMSG_LEN(4) as usize) };
+        let (one, four, info4, info6) = unsafe {
+            (
+                libc::CMSG_LEN(1) as usize,
+                libc::CMSG_LEN(4) as usize,
+                libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as usize,
+                libc::CMSG_LEN(std::mem::size_of::<libc::in6_pktinfo>() as u32) as usize,
+            )
+        };
         if (level, kind) == (libc::IPPROTO_IP, libc::IP_TOS) && len >= one {
             // SAFETY: the header's length covers at least the one data byte read.
             meta.tos = Some(unsafe { *libc::CMSG_DATA(c) });
+        } else if (level, kind) == (libc::IPPROTO_IP, libc::IP_PKTINFO) && len >= info4 {
+            // SAFETY: the header's length covers a whole in_pktinfo (plain data); read unaligned.
+            let info = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in_pktinfo>()) };
+            // `ipi_addr`: the header's destination, the address the sender reached.
+            let ip = Ipv4Addr::from(info.ipi_addr.s_addr.to_ne_bytes());
+            meta.local = Some(LocalAddr { ip: IpAddr::V4(ip), ifindex: info.ipi_ifindex as u32 });
+        } else if (level, kind) == (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) && len >= info6 {
+            // SAFETY: the header's length covers a whole in6_pktinfo (plain data); read unaligned.
+            let info = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::in6_pktinfo>()) };
+            let ip = Ipv6Addr::from(info.ipi6_addr.s6_addr);
+            meta.local = Some(LocalAddr { ip: IpAddr::V6(ip), ifindex: info.ipi6_ifindex });
         } else if len >= four {
             // SAFETY: the header's length covers at least 4 data bytes after it; read unaligned because the
             // data's alignment is the kernel's business.
@@ -295,6 +381,16 @@ fn setsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, val
         )
     })?;
     Ok(())
+}
+
+/// `IP_PKTINFO` (an IPv4 socket) or `IPV6_RECVPKTINFO` (an IPv6 one, which reports IPv4 datagrams of a
+/// dual-stack socket v4-mapped): every received datagram carries the address it was sent to and its interface.
+pub(crate) fn set_recv_pktinfo(fd: BorrowedFd<'_>, ipv6: bool) -> io::Result<()> {
+    if ipv6 {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)
+    }
 }
 
 /// `SO_RXQ_OVFL`: every received datagram carries the socket's drop counter as a control message.

@@ -7,10 +7,14 @@
 //! - **Out of the network**: `recvmmsg` with `UDP_GRO` reads many datagrams per call, split by their segment
 //!   size; each is opened by the transform, its ECN field updated from the outer header (RFC 6040), and the
 //!   packets are coalesced (GRO) and written to the queue with the virtio header by a send half.
-//! - One worker per direction and queue, each queue with its own socket on one address (`SO_REUSEPORT`), so
-//!   that one flow stays on one worker and in order. A transform with timers gets a thread that ticks them.
+//! - One worker per direction and queue, each queue with its own socket on one port (the group of
+//!   [`bind_sockets`]), so that one flow stays on one worker and in order. A transform with timers gets a thread
+//!   that ticks them.
 //! - Every packet read and every datagram received is written or counted: [`TunnelStats`] holds one
-//!   [`Counters`] per direction with drops by [`DropReason`], the tunnel's own reasons included.
+//!   [`Counters`] per direction with drops by [`DropReason`], the tunnel's own reasons included. A packet the
+//!   transform has nowhere to send ([`Sealed::Unreachable`]) is answered with an ICMP error on the device.
+//! - Replies leave from the local address each remote contacted (see [`crate::udp`]), recorded once the
+//!   transform accepted a datagram from it.
 //!
 //! [`Plain`] is the transform of an unencrypted tunnel: the packet is the datagram. A protocol with keys and a
 //! handshake (WireGuard, in the `turbotun-wg` crate) implements [`Transform`] the same way.
@@ -26,7 +30,10 @@ use crate::stop::StopHandle;
 use crate::threads::{run_workers, Worker};
 use crate::udp::{SocketOptions, TunnelSocket};
 
+mod unreachable;
 mod workers;
+
+use unreachable::Unreachables;
 
 /// What happens to each packet on its way into and out of a tunnel. Shared by every worker (`&self`): a
 /// transform with state per peer keeps its own locks.
@@ -105,6 +112,11 @@ pub enum Sealed {
     Held,
     /// Not sent, for this reason.
     Dropped(DropReason),
+    /// Not sent for this reason, and its sender is told: counted as a drop, and answered with an ICMP
+    /// "destination unreachable" written back to the device (rate-limited; see `tunnel/unreachable.rs` for what
+    /// is never answered and where the error comes from). For a packet no route of the protocol takes, as the
+    /// kernel's WireGuard answers a packet no peer's AllowedIPs cover. The transform leaves the packet as it was.
+    Unreachable(DropReason),
 }
 
 /// What [`Transform::open`] made of a datagram.
@@ -300,15 +312,27 @@ impl<T: Transform> TunnelBuilder<T> {
             })?;
             bind_sockets(local, queues.len(), &self.options)?
         };
+        let mut sockets = sockets;
+        if let Some((first, rest)) = sockets.split_first_mut() {
+            // One table of reply sources for all the queues' sockets, however they were bound.
+            for socket in rest {
+                socket.share_sources_with(first);
+            }
+        }
         for socket in &sockets {
             socket.set_blocking(true)?;
         }
+        // Errors for packets the transform has nowhere to send go back into an IP device; its route socket is
+        // opened here, in the namespace the device was opened in.
+        let unreachables =
+            (queues[0].mode() == crate::kind::Mode::Tun).then(|| Arc::new(Unreachables::new(queues[0].name())));
         Ok(Tunnel {
             queues,
             sockets: sockets.into_iter().map(Arc::new).collect(),
             transform: self.transform,
             stop: self.stop,
             stats: TunnelStatsHandle::default(),
+            unreachables,
         })
     }
 }
@@ -331,7 +355,10 @@ pub fn bind_sockets(local: SocketAddr, count: usize, options: &SocketOptions) ->
     let bound = first.local_addr()?;
     let mut sockets = vec![first];
     for _ in 1..count {
-        sockets.push(TunnelSocket::bind_sharing(bound, options, PortSharing::JoinGroup)?);
+        let mut socket = TunnelSocket::bind_sharing(bound, options, PortSharing::JoinGroup)?;
+        // One table of reply sources for the group: a remote is received on one socket, sent to from any.
+        socket.share_sources_with(&sockets[0]);
+        sockets.push(socket);
     }
     Ok(sockets)
 }
@@ -344,6 +371,8 @@ pub struct Tunnel<T: Transform> {
     transform: Arc<T>,
     stop: StopHandle,
     stats: TunnelStatsHandle,
+    /// Answers packets the transform has nowhere to send (`None` on a TAP device).
+    unreachables: Option<Arc<Unreachables>>,
 }
 
 impl<T: Transform> Tunnel<T> {
@@ -383,6 +412,7 @@ impl<T: Transform> Tunnel<T> {
                 transform: self.transform.clone(),
                 stop: self.stop.clone(),
                 stats: self.stats.clone(),
+                unreachables: self.unreachables.clone(),
             };
             let to = ctx.clone();
             workers.push(Worker {
@@ -401,6 +431,7 @@ impl<T: Transform> Tunnel<T> {
                 transform: self.transform.clone(),
                 stop: self.stop.clone(),
                 stats: self.stats.clone(),
+                unreachables: self.unreachables.clone(),
             };
             workers.push(Worker {
                 label: "tunnel timers".to_string(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use turbotun_wire::{ecn, Checksums};
 
+use super::unreachable::Unreachables;
 use super::{Opened, Sealed, Transform, TunnelStatsHandle};
 use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::error::Result;
@@ -13,7 +14,7 @@ use crate::kind::Mode;
 use crate::queue::{Queue, MAX_PACKET};
 use crate::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher};
 use crate::stop::StopHandle;
-use crate::udp::{self, Datagram, RecvSlots, TunnelSocket};
+use crate::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
 
 /// What one worker works with.
 pub(super) struct Ctx<T: Transform> {
@@ -22,6 +23,7 @@ pub(super) struct Ctx<T: Transform> {
     pub transform: Arc<T>,
     pub stop: StopHandle,
     pub stats: TunnelStatsHandle,
+    pub unreachables: Option<Arc<Unreachables>>,
 }
 
 impl<T: Transform> Clone for Ctx<T> {
@@ -32,6 +34,7 @@ impl<T: Transform> Clone for Ctx<T> {
             transform: self.transform.clone(),
             stop: self.stop.clone(),
             stats: self.stats.clone(),
+            unreachables: self.unreachables.clone(),
         }
     }
 }
@@ -117,6 +120,12 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                     Sealed::Out { .. } => counters.drops.add(DropReason::TooBig, 1),
                     Sealed::Held => counters.held += 1,
                     Sealed::Dropped(reason) => counters.drops.add(reason, 1),
+                    Sealed::Unreachable(reason) => {
+                        counters.drops.add(reason, 1);
+                        if let Some(unreachables) = &ctx.unreachables {
+                            unreachables.answer(packet, queue, &mut counters);
+                        }
+                    }
                 }
             }
         }
@@ -164,6 +173,7 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut counters = Counters::default();
     let mut control = Counters::default();
     let mut flusher = Flusher::new(ctx.stats.network_to_device());
+    let mut sources = SourceMemo::default();
     let all = |tx: &SendBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
         batch_counts(batch_counts(*counters, *control), tx.stats())
     };
@@ -195,6 +205,8 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                 continue;
             }
             let outer_ecn = meta.tos.unwrap_or(0) & 0b11;
+            // Recorded once per message (one sender's run of datagrams) when the transform accepts one of them.
+            let mut local = meta.local;
             // A coalesced read is one flow's run of datagrams: written in one batch, its packets coalesce into
             // one write, so the batch so far goes first if the run would not fit behind it.
             let count = if meta.gso_size > 0 { data.len().div_ceil(usize::from(meta.gso_size)) } else { 1 };
@@ -206,7 +218,13 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             for datagram in udp::datagrams(meta, data) {
                 counters.segments += 1;
-                match ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control) {
+                let opened = ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control);
+                if local.is_some() && matches!(opened, Opened::Packet { .. } | Opened::Control) {
+                    // Accepted: replies to `from` leave from the address it reached (recorded at once, before the
+                    // transform's own reply to a handshake may go; no lock when it is the same as last time).
+                    ctx.socket.remember_source(from, local.take(), &mut sources);
+                }
+                match opened {
                     Opened::Packet { len } => {
                         let packet = &mut out[k][vnet..vnet + len];
                         if ip && outer_ecn != ecn::NOT_ECT {
