@@ -128,8 +128,9 @@ struct Sources {
     map: RwLock<HashMap<SocketAddr, LocalAddr>>,
     /// How many entries `map` holds: a send looks at the lock only when there is one.
     len: AtomicUsize,
-    /// Bumped whenever an entry is forgotten, so that the receive side's memos record again.
-    forgotten: AtomicU64,
+    /// Bumped whenever an entry is forgotten or replaced by another address, so that every receiving worker's
+    /// memo records again (another worker may have recorded the remote at another address meanwhile).
+    changes: AtomicU64,
 }
 
 impl Sources {
@@ -137,16 +138,18 @@ impl Sources {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_SOURCES && !map.contains_key(&remote) {
             map.clear();
-            self.forgotten.fetch_add(1, Ordering::Release);
+            self.changes.fetch_add(1, Ordering::Release);
         }
-        map.insert(remote, local);
+        if map.insert(remote, local).is_some_and(|was| was != local) {
+            self.changes.fetch_add(1, Ordering::Release);
+        }
         self.len.store(map.len(), Ordering::Release);
     }
 
     fn forget(&self, remote: SocketAddr) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if map.remove(&remote).is_some() {
-            self.forgotten.fetch_add(1, Ordering::Release);
+            self.changes.fetch_add(1, Ordering::Release);
         }
         self.len.store(map.len(), Ordering::Release);
     }
@@ -165,8 +168,8 @@ const MEMO_ENTRIES: usize = 8;
 #[derive(Debug, Default)]
 pub struct SourceMemo {
     entries: [Option<(SocketAddr, LocalAddr)>; MEMO_ENTRIES],
-    /// The table's `forgotten` count these entries go with.
-    forgotten: u64,
+    /// The table's `changes` count these entries go with.
+    changes: u64,
 }
 
 /// How a socket holds its port.
@@ -274,9 +277,9 @@ impl TunnelSocket {
         if !unicast {
             return;
         }
-        let forgotten = sources.forgotten.load(Ordering::Acquire);
-        if memo.forgotten != forgotten {
-            *memo = SourceMemo { forgotten, ..SourceMemo::default() };
+        let changes = sources.changes.load(Ordering::Acquire);
+        if memo.changes != changes {
+            *memo = SourceMemo { changes, ..SourceMemo::default() };
         }
         let slot = &mut memo.entries[memo_slot(&remote)];
         if *slot != Some((remote, local)) {
@@ -773,6 +776,68 @@ mod tests {
         assert_eq!(dual.recv(&mut slots).unwrap(), 1);
         let (meta, data) = slots.messages_mut().next().unwrap();
         assert_eq!((meta.source, &*data), (Some(to_v4), &b"back"[..]));
+    }
+
+    /// What a send to `dest` would name as its source.
+    fn source_of(socket: &TunnelSocket, dest: &str) -> Option<LocalAddr> {
+        let sources = socket.sources.as_ref().and_then(|s| s.read());
+        socket.source_for(sources.as_deref(), &dest.parse().unwrap())
+    }
+
+    #[test]
+    fn test_the_table_of_reply_sources() {
+        let local = |ip: &str, ifindex| Some(LocalAddr { ip: ip.parse().unwrap(), ifindex });
+        let options = SocketOptions { dual_stack: true, ..SocketOptions::default() };
+        let socket = TunnelSocket::bind("[::]:0".parse().unwrap(), &options).unwrap();
+        let remote: SocketAddr = "10.0.0.9:5000".parse().unwrap();
+        let (mut a, mut b) = (SourceMemo::default(), SourceMemo::default());
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), None, "nothing recorded: the routing's choice");
+        // Recorded by one worker, then at another address by another, then by the first at its first address
+        // again: the latest holds, although the first worker's memo had it already.
+        socket.remember_source(remote, local("10.0.0.1", 3), &mut a);
+        socket.remember_source(remote, local("10.0.0.2", 3), &mut b);
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.2", 0), "no interface named for IPv4");
+        socket.remember_source(remote, local("10.0.0.1", 3), &mut a);
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.1", 0));
+        // A v4-mapped local address is kept as IPv4; a group address is never a source; an IPv6 link-local one
+        // keeps its interface.
+        let other: SocketAddr = "10.0.0.8:5000".parse().unwrap();
+        socket.remember_source(other, local("::ffff:10.0.0.3", 2), &mut a);
+        assert_eq!(source_of(&socket, "10.0.0.8:5000"), local("10.0.0.3", 0));
+        let group: SocketAddr = "10.0.0.7:5000".parse().unwrap();
+        socket.remember_source(group, local("224.0.0.1", 2), &mut a);
+        socket.remember_source(group, local("255.255.255.255", 2), &mut a);
+        assert_eq!(source_of(&socket, "10.0.0.7:5000"), None);
+        let v6: SocketAddr = "[fe80::9]:5000".parse().unwrap();
+        socket.remember_source(v6, local("fe80::1", 4), &mut a);
+        assert_eq!(source_of(&socket, "[fe80::9]:5000"), local("fe80::1", 4));
+        // Forgotten: the routing's choice again.
+        socket.sources.as_ref().unwrap().forget(remote);
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), None);
+        // An IPv6-only socket cannot send from an IPv4 address; a socket on one address records nothing.
+        let v6_only = TunnelSocket::bind("[::]:0".parse().unwrap(), &SocketOptions::default()).unwrap();
+        v6_only.remember_source(remote, local("10.0.0.1", 0), &mut SourceMemo::default());
+        assert_eq!(source_of(&v6_only, "10.0.0.9:5000"), None);
+        let bound = TunnelSocket::bind("127.0.0.1:0".parse().unwrap(), &SocketOptions::default()).unwrap();
+        bound.remember_source(remote, local("10.0.0.1", 0), &mut SourceMemo::default());
+        assert!(bound.sources.is_none());
+    }
+
+    #[test]
+    fn test_the_table_of_reply_sources_is_bounded() {
+        let socket = TunnelSocket::bind("0.0.0.0:0".parse().unwrap(), &SocketOptions::default()).unwrap();
+        let mut memo = SourceMemo::default();
+        let local = Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 0 });
+        for i in 0..MAX_SOURCES as u32 + 10 {
+            let remote = SocketAddr::from((std::net::Ipv4Addr::from(0x0b00_0000 + i), 9));
+            socket.remember_source(remote, local, &mut memo);
+        }
+        let sources = socket.sources.as_ref().unwrap();
+        assert!(sources.len.load(Ordering::Relaxed) <= MAX_SOURCES, "grew past its bound");
+        assert_eq!(
+            source_of(&socket, &format!("{}:9", std::net::Ipv4Addr::from(0x0b00_0000 + MAX_SOURCES as u32 + 9))),
+            local
+        );
     }
 
     fn datagrams_of(meta: &RecvMeta, data: &mut [u8]) -> Vec<Vec<u8>> {
