@@ -99,6 +99,11 @@ pub struct BenchArgs {
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
     #[arg(long, requires = "tunnel")]
     pub no_syscalls: bool,
+    /// With --tunnel: the A/B of a change. Also run turbotun's tunnel kinds with this other build of turbotun
+    /// (e.g. the commit before the change, built with `cargo build --release`), interleaved with this build's in
+    /// the same rounds, as `turbotun-plain@baseline` and `turbotun-wg@baseline`.
+    #[arg(long, value_name = "TURBOTUN", requires = "tunnel")]
+    pub baseline: Option<PathBuf>,
     /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),
     /// e.g. 500,1000,10000. Default: the kernel's (500 for TUN).
     #[arg(long, value_delimiter = ',', value_name = "N", requires = "loss")]

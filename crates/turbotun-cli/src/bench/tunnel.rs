@@ -59,6 +59,10 @@ enum Program {
     TurbotunTunnel,
     /// `turbotun wg -f NAME`: serves its configuration socket.
     TurbotunWg,
+    /// `turbotun tunnel` of the build given by `--baseline` (the A/B of a change).
+    BaselineTunnel,
+    /// `turbotun wg` of the build given by `--baseline`.
+    BaselineWg,
     /// wireguard-go, built into bench/peers/bin by build.sh.
     WireguardGo,
     /// boringtun-cli, built into bench/peers/bin by build.sh.
@@ -70,6 +74,8 @@ impl Program {
         match self {
             Program::TurbotunTunnel => "turbotun tunnel",
             Program::TurbotunWg => "turbotun wg",
+            Program::BaselineTunnel => "turbotun tunnel (baseline)",
+            Program::BaselineWg => "turbotun wg (baseline)",
             Program::WireguardGo => "wireguard-go",
             Program::Boringtun => "boringtun",
         }
@@ -77,7 +83,7 @@ impl Program {
 
     /// Configured with `wg` through its configuration socket.
     fn is_wg(self) -> bool {
-        self != Program::TurbotunTunnel
+        !matches!(self, Program::TurbotunTunnel | Program::BaselineTunnel)
     }
 
     /// The peers the bench builds: build.sh's target and the binary under bench/peers/bin.
@@ -93,8 +99,10 @@ impl Program {
     /// the environment it runs with.
     fn argv_env(self) -> (&'static [&'static str], &'static [(&'static str, &'static str)]) {
         match self {
-            Program::TurbotunTunnel => (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[]),
-            Program::TurbotunWg => (&["wg", "-f", "{dev}"], &[]),
+            Program::TurbotunTunnel | Program::BaselineTunnel => {
+                (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[])
+            }
+            Program::TurbotunWg | Program::BaselineWg => (&["wg", "-f", "{dev}"], &[]),
             Program::WireguardGo => (&["-f", "{dev}"], &[("WG_PROCESS_FOREGROUND", "1")]),
             // WG_SUDO takes `true` (clap's boolean parser refuses `1`): keep root, do not drop to the sudo user.
             Program::Boringtun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "true")]),
@@ -158,6 +166,18 @@ pub const KINDS: &[KindSpec] = &[
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
     },
     KindSpec {
+        label: "turbotun-plain@baseline",
+        family: "turbotun",
+        description: "`turbotun tunnel` of the --baseline build at both ends (A/B)",
+        spec: Spec::Pair(Program::BaselineTunnel, Program::BaselineTunnel),
+    },
+    KindSpec {
+        label: "turbotun-wg@baseline",
+        family: "turbotun",
+        description: "`turbotun wg` of the --baseline build at both ends (A/B)",
+        spec: Spec::Pair(Program::BaselineWg, Program::BaselineWg),
+    },
+    KindSpec {
         label: "wireguard-go",
         family: "wggo",
         description: "wireguard-go at both ends",
@@ -214,6 +234,8 @@ struct Resolver<'a> {
     /// Whether to build missing peers (not for `--list`).
     build: bool,
     wg: Option<PathBuf>,
+    /// The other build of turbotun that `@baseline` kinds run (`--baseline`).
+    baseline: Option<PathBuf>,
     found: Vec<(Program, Result<PathBuf, String>)>,
     build_failed: bool,
 }
@@ -237,6 +259,11 @@ impl Resolver<'_> {
         match p {
             // This very program: its `tunnel` and `wg` subcommands are always built in.
             Program::TurbotunTunnel | Program::TurbotunWg => Ok(self.exe.to_path_buf()),
+            Program::BaselineTunnel | Program::BaselineWg => match &self.baseline {
+                Some(path) if path.is_file() => Ok(path.clone()),
+                Some(path) => Err(format!("--baseline {}: no such file", path.display())),
+                None => Err("needs --baseline PATH (another build of turbotun)".into()),
+            },
             Program::WireguardGo | Program::Boringtun => {
                 let (target, bin) = p.peer().expect("a peer");
                 let Some(dir) = self.peers else {
@@ -274,9 +301,14 @@ impl Resolver<'_> {
     }
 }
 
-/// The kinds named by `--tunnel-kinds`, or all, in report order.
-fn select_kinds(filter: Option<&[String]>) -> Result<Vec<&'static KindSpec>> {
-    let Some(filter) = filter else { return Ok(KINDS.iter().collect()) };
+/// Whether a kind runs the `--baseline` build.
+fn is_baseline(k: &KindSpec) -> bool {
+    k.label.ends_with("@baseline")
+}
+
+/// The kinds named by `--tunnel-kinds`, or all (the `@baseline` kinds only with `--baseline`), in report order.
+fn select_kinds(filter: Option<&[String]>, baseline: bool) -> Result<Vec<&'static KindSpec>> {
+    let Some(filter) = filter else { return Ok(KINDS.iter().filter(|k| baseline || !is_baseline(k)).collect()) };
     let mut out: Vec<&KindSpec> = Vec::new();
     for f in filter.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
         let Some(k) = KINDS.iter().find(|k| k.label == f) else {
@@ -409,6 +441,7 @@ pub fn print_list(exe: &Path, peers: Option<&Path>) {
         log_dir: &log_dir,
         build: false,
         wg: modes::which("wg"),
+        baseline: None,
         found: Vec::new(),
         build_failed: false,
     };
@@ -557,7 +590,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
     let traffic = select_traffic(args)?;
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
-    let kinds = select_kinds(args.tunnel_kinds.as_deref())?;
+    let kinds = select_kinds(args.tunnel_kinds.as_deref(), args.baseline.is_some())?;
     sweep_stale_sockets();
     let exe = ctx.exe.clone();
     let mut resolver = Resolver {
@@ -566,6 +599,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
         log_dir: &ctx.log_dir,
         build: true,
         wg: modes::which("wg"),
+        baseline: args.baseline.clone(),
         found: Vec::new(),
         build_failed: false,
     };
@@ -842,11 +876,17 @@ mod tests {
 
     #[test]
     fn kinds_and_traffic_selection() {
-        assert_eq!(select_kinds(None).unwrap().len(), KINDS.len());
-        let k = select_kinds(Some(&["wireguard-go".into(), "veth".into(), "veth".into()])).unwrap();
+        let baseline_kinds = KINDS.iter().filter(|k| is_baseline(k)).count();
+        assert_eq!(baseline_kinds, 2);
+        assert_eq!(select_kinds(None, false).unwrap().len(), KINDS.len() - baseline_kinds);
+        assert_eq!(select_kinds(None, true).unwrap().len(), KINDS.len(), "--baseline adds the A/B kinds");
+        let k = select_kinds(Some(&["wireguard-go".into(), "veth".into(), "veth".into()]), false).unwrap();
         assert_eq!(k.iter().map(|k| k.label).collect::<Vec<_>>(), ["veth", "wireguard-go"]);
-        assert!(select_kinds(Some(&["wggo".into()])).is_err());
-        assert!(select_kinds(Some(&[" ".into()])).is_err());
+        assert!(select_kinds(Some(&["wggo".into()]), false).is_err());
+        assert!(select_kinds(Some(&[" ".into()]), false).is_err());
+        let ab = KINDS.iter().find(|k| k.label == "turbotun-wg@baseline").unwrap();
+        assert_eq!(ab.programs(), [Program::BaselineWg]);
+        assert_eq!(Program::BaselineWg.argv_env(), Program::TurbotunWg.argv_env());
         let interop = KINDS.iter().find(|k| k.label == "turbotun-wg-vs-wireguard-go").unwrap();
         assert_eq!(interop.programs(), [Program::TurbotunWg, Program::WireguardGo]);
         assert!(KINDS.iter().any(|k| k.label == REFERENCE));
