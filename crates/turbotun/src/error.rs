@@ -463,11 +463,7 @@ impl From<Error> for io::Error {
 
 /// The text of [`Error::Busy`]: what the EBUSY means here, who holds the device, and the fix.
 fn busy_message(name: &str, exclusive: bool, holders: &[String]) -> String {
-    let held = if holders.is_empty() {
-        String::new()
-    } else {
-        format!(", held by {}", holders.join(", "))
-    };
+    let held = if holders.is_empty() { String::new() } else { format!(", held by {}", holders.join(", ")) };
     if exclusive {
         format!(
             "device {name} exists already (EBUSY: asked to create it exclusively){held}: delete it first \

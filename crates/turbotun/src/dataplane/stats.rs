@@ -432,7 +432,9 @@ mod tests {
         for &r in DropReason::ALL {
             assert_eq!(DropReason::from_name(r.as_str()), Some(r));
             assert!(
-                [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack].iter().any(|&e| r.applies_to(e)),
+                [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack]
+                    .iter()
+                    .any(|&e| r.applies_to(e)),
                 "{r} applies to some engine"
             );
         }
@@ -450,7 +452,10 @@ mod tests {
             assert!(c.set_field(name, i as u64 + 1), "{name}");
         }
         assert!(!c.set_field("drops", 1));
-        assert_eq!(c.fields().iter().map(|&(_, v)| v).collect::<Vec<_>>(), (1..=Counters::FIELDS.len() as u64).collect::<Vec<_>>());
+        assert_eq!(
+            c.fields().iter().map(|&(_, v)| v).collect::<Vec<_>>(),
+            (1..=Counters::FIELDS.len() as u64).collect::<Vec<_>>()
+        );
     }
 
     #[test]

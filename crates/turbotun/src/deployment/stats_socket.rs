@@ -96,6 +96,41 @@ impl Report {
         }
     }
 
+    /// A tunnel's report: `to_network` and `from_network` through the device `name`, in `mode` (`plain`,
+    /// `wireguard`), `seconds` after it started.
+    pub fn of_tunnel(
+        kind: &str,
+        engine: Engine,
+        name: &str,
+        mode: &str,
+        stats: &crate::tunnel::TunnelStats,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new(kind, engine, name);
+        report.devices = vec![name.to_string()];
+        report.settings = vec![("mode".into(), mode.into())];
+        report.seconds = seconds;
+        report.directions = vec![("to_network".into(), stats.to_network), ("from_network".into(), stats.from_network)];
+        report
+    }
+
+    /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
+    /// started.
+    pub fn of_forwarder(
+        devices: &[String; 2],
+        mode: crate::ForwardMode,
+        io: crate::IoKind,
+        stats: &crate::forward::ForwardStats,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new("forwarder", Engine::Forwarder, devices[0].clone());
+        report.devices = devices.to_vec();
+        report.settings = vec![("mode".into(), mode.as_str().into()), ("io".into(), io.as_str().into())];
+        report.seconds = seconds;
+        report.directions = vec![("a_to_b".into(), stats.a_to_b), ("b_to_a".into(), stats.b_to_a)];
+        report
+    }
+
     /// Every direction added up.
     pub fn total(&self) -> Counters {
         let mut total = Counters::default();
