@@ -48,7 +48,6 @@ impl CountersArgs {
         match StatsSocket::bind(&path) {
             Ok(socket) => Some(socket),
             Err(e) => {
-                tracing::warn!("{program}: counters not served: {e}");
                 eprintln!("{program}: counters not served: {e}");
                 None
             }

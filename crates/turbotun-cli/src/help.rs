@@ -257,7 +257,8 @@ fn roff(text: &str) -> String {
 
 /// One manual page: clap_mangen's sections, then EXAMPLES, EXIT STATUS, ENVIRONMENT and SEE ALSO.
 fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> std::io::Result<()> {
-    let man = clap_mangen::Man::new(cmd.clone()).manual("turbotun");
+    let man =
+        clap_mangen::Man::new(cmd.clone()).manual("turbotun").source(format!("turbotun {}", env!("CARGO_PKG_VERSION")));
     man.render_title(out)?;
     man.render_name_section(out)?;
     man.render_synopsis_section(out)?;
@@ -291,7 +292,9 @@ fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> 
             see_also.iter().map(|p| format!("\\fB{}\\fR(1)", roff(p))).collect::<Vec<_>>().join(", ")
         )?;
     }
-    man.render_version_section(out)?;
+    if cmd.get_version().is_some() {
+        man.render_version_section(out)?;
+    }
     Ok(())
 }
 

@@ -237,7 +237,7 @@ pub fn render_report(r: &DeviceReport) -> String {
         Some(false) => "off (NO-CARRIER)",
         None => "unknown",
     };
-    let _ = writeln!(s, "    mtu {} qlen {} state {} carrier {}", r.mtu, r.txqueuelen, state(r), carrier);
+    let _ = writeln!(s, "    mtu {} qlen {} {} carrier {}", r.mtu, r.txqueuelen, state(r), carrier);
     if let Some(mac) = &r.mac {
         let _ = writeln!(s, "    link/ether {}", mac_to_string(mac));
     }

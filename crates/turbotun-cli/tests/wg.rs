@@ -67,7 +67,7 @@ impl Endpoint {
         let mut command = match which {
             Impl::Turbotun => {
                 let mut c = Command::new(TURBOTUN);
-                c.args(["wg", "-f"]).args(options).arg(name);
+                c.args(["wg", "-f", "--json"]).args(options).arg(name);
                 c
             }
             Impl::WireguardGo => {

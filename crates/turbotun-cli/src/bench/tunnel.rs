@@ -93,8 +93,10 @@ impl Program {
     /// the environment it runs with.
     fn argv_env(self) -> (&'static [&'static str], &'static [(&'static str, &'static str)]) {
         match self {
-            Program::TurbotunTunnel => (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[]),
-            Program::TurbotunWg => (&["wg", "-f", "{dev}"], &[]),
+            Program::TurbotunTunnel => {
+                (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}", "--json"], &[])
+            }
+            Program::TurbotunWg => (&["wg", "-f", "--json", "{dev}"], &[]),
             Program::WireguardGo => (&["-f", "{dev}"], &[("WG_PROCESS_FOREGROUND", "1")]),
             // WG_SUDO takes `true` (clap's boolean parser refuses `1`): keep root, do not drop to the sudo user.
             Program::Boringtun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "true")]),
