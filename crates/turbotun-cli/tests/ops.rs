@@ -437,7 +437,7 @@ fn man_l(page: &Path) -> String {
             plain.push(c);
         }
     }
-    plain.replace('\u{2010}', "-").replace('\u{2212}', "-")
+    plain.replace(['\u{2010}', '\u{2212}'], "-")
 }
 
 /// `make install` with PREFIX and DESTDIR: both programs, the pages (which render), the completions; and the
