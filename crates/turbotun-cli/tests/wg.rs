@@ -109,6 +109,8 @@ impl Drop for Endpoint {
             let _ = child.wait();
         }
         let _ = std::fs::remove_file(socket_of(&self.name));
+        // Its counters socket too: a killed endpoint cannot remove it (the next start would replace it).
+        let _ = std::fs::remove_file(format!("/run/turbotun/{}.stats", self.name));
     }
 }
 
