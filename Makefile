@@ -3,7 +3,16 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps test lint unit bench bench-full build clean-netns
+.PHONY: deps test lint unit bench bench-full build clean-netns install install-wg-quick uninstall
+
+# Where `make install` puts things: $(DESTDIR)$(PREFIX)/bin, .../share/man/man1, the shells' completion folders.
+PREFIX ?= /usr/local
+DESTDIR ?=
+# The binaries to install: what `make build` (or `cargo build --release -p turbotun-cli`) made.
+BIN_DIR ?= target/release
+BINDIR = $(DESTDIR)$(PREFIX)/bin
+MANDIR = $(DESTDIR)$(PREFIX)/share/man/man1
+SYSTEMD_DIR = $(DESTDIR)$(PREFIX)/lib/systemd/system
 
 deps:
 	@scripts/install-deps.sh
@@ -33,3 +42,29 @@ bench: build
 bench-full: build
 	mkdir -p bench-out
 	target/release/turbotun bench --reps 3 --json bench-out/bench.json --chart bench-out/bench.svg | tee bench-out/bench.md
+
+# Installs both programs, their manual pages and completions for bash, zsh and fish. Builds nothing: build first as
+# yourself (make build), then install as root, so that no build runs as root.
+install:
+	@test -x $(BIN_DIR)/turbotun -a -x $(BIN_DIR)/turbotun-wg || \
+		{ echo "make install: no $(BIN_DIR)/turbotun and turbotun-wg: run make build first" >&2; exit 1; }
+	install -d $(BINDIR) $(MANDIR) $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	install -m 0755 $(BIN_DIR)/turbotun $(BIN_DIR)/turbotun-wg $(BINDIR)/
+	$(BIN_DIR)/turbotun man $(MANDIR) >/dev/null
+	$(BIN_DIR)/turbotun completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun
+	$(BIN_DIR)/turbotun completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun
+	$(BIN_DIR)/turbotun completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun.fish
+
+# Opt-in: every wg-quick@NAME.service runs turbotun-wg where the kernel has no WireGuard (a systemd drop-in).
+install-wg-quick:
+	install -d $(SYSTEMD_DIR)/wg-quick@.service.d
+	sed 's|@BINDIR@|$(PREFIX)/bin|' deploy/systemd/wg-quick@.service.d/turbotun.conf.in \
+		> $(SYSTEMD_DIR)/wg-quick@.service.d/turbotun.conf
+
+uninstall:
+	rm -f $(BINDIR)/turbotun $(BINDIR)/turbotun-wg $(MANDIR)/turbotun.1 $(MANDIR)/turbotun-*.1 \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun \
+		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun.fish \
+		$(SYSTEMD_DIR)/wg-quick@.service.d/turbotun.conf

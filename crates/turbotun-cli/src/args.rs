@@ -1,6 +1,9 @@
 //! Argument types shared by several commands, checked when the arguments are parsed.
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
+
+use turbotun::privilege::UserSpec;
 
 /// Longest time a `SECS` argument may give: beyond it a deadline computed from now could overflow the clock.
 const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
@@ -14,9 +17,72 @@ pub fn seconds(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{text} seconds: {e}"))
 }
 
+/// An `ADDR:PORT` argument: an IPv4 address and port (`10.0.0.1:51820`), an IPv6 one in brackets
+/// (`[fd00::1]:51820`), or a host name and port (`localhost:51820`, resolved as `wg` and iperf3 resolve theirs;
+/// the first address wins).
+pub fn socket_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let example = "give ADDR:PORT, e.g. 10.0.0.1:51820, [fd00::1]:51820 or host.example:51820";
+    if text.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Err(format!("{text:?} has no port (an IPv6 address goes in brackets, then the port): {example}"));
+    }
+    if !text.contains(':') {
+        return Err(format!("{text:?} has no port: {example}"));
+    }
+    let (host, port) = text.rsplit_once(':').unwrap_or((text, ""));
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{text:?}: {port:?} is not a port (0 to 65535): {example}"));
+    }
+    if host.contains(':') && !host.starts_with('[') {
+        return Err(format!("{text:?}: an IPv6 address goes in brackets: {example}"));
+    }
+    match text.to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("{host} has no address: {example}")),
+        Err(e) => Err(format!("cannot resolve {host}: {e} ({example})")),
+    }
+}
+
+/// A `--user USER[:GROUP]` argument (and the old `--group GROUP` beside it).
+pub fn user_spec(user: &str, group: Option<&str>) -> UserSpec {
+    match (user.split_once(':'), group) {
+        (Some((user, group)), _) => UserSpec::new(user).group(group),
+        (None, Some(group)) => UserSpec::new(user).group(group),
+        (None, None) => UserSpec::new(user),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_socket_addr() {
+        assert_eq!(socket_addr("10.0.0.1:5000"), Ok("10.0.0.1:5000".parse().unwrap()));
+        assert_eq!(socket_addr("[fd00::1]:5000"), Ok("[fd00::1]:5000".parse().unwrap()));
+        let local = socket_addr("localhost:5000").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 5000, "{local}");
+        for (bad, says) in [
+            ("10.0.0.1", "has no port"),
+            ("fd00::1", "in brackets"),
+            ("10.0.0.1:99999", "is not a port"),
+            ("10.0.0.1:x", "is not a port"),
+            ("fd00::1:5000", "in brackets"),
+            ("no-such-host.invalid:5000", "cannot resolve no-such-host.invalid"),
+        ] {
+            let err = socket_addr(bad).unwrap_err();
+            assert!(err.contains(says) && err.contains("e.g. 10.0.0.1:51820"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn test_user_spec() {
+        assert_eq!(user_spec("nobody", None), UserSpec::new("nobody"));
+        assert_eq!(user_spec("nobody:nogroup", None), UserSpec::new("nobody").group("nogroup"));
+        assert_eq!(user_spec("nobody", Some("nogroup")), UserSpec::new("nobody").group("nogroup"));
+    }
 
     #[test]
     fn test_seconds() {

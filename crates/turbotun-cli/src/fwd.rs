@@ -1,17 +1,18 @@
 //! `turbotun fwd`: the library's forwarding engine between two devices, until SIGINT/SIGTERM.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use std::time::Instant;
 
-use turbotun::forward::{ForwardMode, ForwardStats, Forwarder, ForwarderBuilder, IoKind, StatsHandle, MAX_BATCH};
+use turbotun::forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind, MAX_BATCH};
 use turbotun::handover::{Accepted, QueueListener};
-use turbotun::privilege::{drop_to, Identity, UserSpec};
-use turbotun::{Mode, ProcessUsage, Queue, StopHandle};
+use turbotun::privilege::{drop_to, Identity};
+use turbotun::stats_socket::Report;
+use turbotun::{Mode, Queue, StopHandle};
 
+use crate::counters::{CountersArgs, Sampler, Sink};
 use crate::inspect_cmd::QueueingArgs;
 
 /// `--mode`.
@@ -60,12 +61,13 @@ pub struct FwdArgs {
     /// Second device (created if missing).
     #[arg(required_unless_present = "from_socket")]
     pub dev_b: Option<String>,
-    /// Become this user (name or uid) once the devices are open and configured, before forwarding starts:
-    /// supplementary groups, gid and uid (real, effective, saved) set, every capability cleared, no_new_privs.
-    #[arg(long)]
+    /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the devices are
+    /// open and configured, before forwarding starts: supplementary groups, gid and uid (real, effective, saved)
+    /// set, every capability cleared, no_new_privs.
+    #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
-    /// The group to become with --user (name or gid; default: the user's primary group).
-    #[arg(long, requires = "user")]
+    /// Old spelling of --user USER:GROUP.
+    #[arg(long, requires = "user", hide = true)]
     pub group: Option<String>,
     /// Open no device: listen on this Unix socket path (which must not exist; put it in a private directory),
     /// take the queues of two devices from two `turbotun open NAME --send-to PATH`, the first received as A,
@@ -114,10 +116,8 @@ pub struct FwdArgs {
     /// operation, but the arena (about 8.5 MiB per direction) is pinned and resident.
     #[arg(long)]
     pub register_buffers: bool,
-    /// Print a sample line every SECS seconds while forwarding: seconds since start, resident memory, open fds,
-    /// threads and the counters so far (one JSON object per line, before the final counters line).
-    #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
-    pub stats_interval: Option<Duration>,
+    #[command(flatten)]
+    pub counters: CountersArgs,
     #[command(flatten)]
     pub queueing: QueueingArgs,
 }
@@ -129,68 +129,53 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     let builder = forwarder_builder(args)?.stop_on(stop.clone());
     // The user is looked up before any device is opened, so that a typo leaves nothing behind.
     let identity = match &args.user {
-        Some(user) => {
-            let spec = UserSpec::new(user.as_str());
-            let spec = match &args.group {
-                Some(group) => spec.group(group.as_str()),
-                None => spec,
-            };
-            Some(spec.resolve().context("--user")?)
-        }
+        Some(user) => Some(crate::args::user_spec(user, args.group.as_deref()).resolve().context("--user")?),
         None => None,
     };
-    let forwarder = match &args.from_socket {
+    let (forwarder, devices) = match &args.from_socket {
         Some(path) => {
             builder.validate(1)?;
             let Some((a, b)) = receive_two_devices(&builder, path, &stop)? else {
                 eprintln!("turbotun fwd: stopped before both devices came");
                 return Ok(());
             };
-            builder.build_queues(a, b)?
+            let devices = [&a, &b].map(|q| q.first().map(|q| q.name().to_string()).unwrap_or_default());
+            (builder.build_queues(a, b)?, devices)
         }
         None => open_and_build(builder, args)?,
     };
     for note in forwarder.notes() {
         eprintln!("turbotun fwd: {note}");
     }
+    // Bound while the process may still write to /run/turbotun; answered once the privileges are dropped.
+    let socket = args.counters.bind_socket("turbotun fwd", &devices[0]);
+    let _keeper = match (&identity, &socket) {
+        (Some(_), Some(socket)) => {
+            Some(turbotun_wg::daemon::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
+        }
+        _ => None,
+    };
     if let Some(identity) = &identity {
         drop_privileges(identity)?;
     }
     let (stats, mode, io) = (forwarder.stats(), forwarder.mode(), forwarder.io());
+    let start = Instant::now();
+    let source = move || Report::of_forwarder(&devices, mode, io, &stats.snapshot(), start.elapsed().as_secs_f64());
+    let _server = crate::counters::serve("turbotun fwd", socket, source.clone());
     println!("ready");
-    let sampler = args.stats_interval.map(|secs| {
-        let (stats, stop) = (stats.clone(), stop.clone());
-        std::thread::spawn(move || print_samples(secs, &stats, &stop, mode, io))
-    });
+    let sampler = match args.counters.stats_interval {
+        Some(every) => Some(Sampler::start(every, args.counters.json, Sink::Stdout, source.clone())?),
+        None => None,
+    };
     let result = forwarder.run();
     if let Some(sampler) = sampler {
-        let _ = sampler.join();
+        sampler.finish();
     }
-    println!("{}", counters_line(mode, io, &stats.snapshot()));
+    println!("{}", crate::counters::closing(&source(), args.counters.json));
     result.map(drop).map_err(anyhow::Error::from)
 }
 
-/// Every `secs` until the forwarder stops: one line with the time, the process's usage and the counters.
-fn print_samples(every: Duration, stats: &StatsHandle, stop: &StopHandle, mode: ForwardMode, io: IoKind) {
-    let every = every.max(Duration::from_millis(10));
-    let start = Instant::now();
-    let mut next = start + every;
-    while !stop.is_stopped() {
-        if Instant::now() < next {
-            std::thread::sleep(Duration::from_millis(20).min(next - Instant::now()));
-            continue;
-        }
-        next += every;
-        let mut line = counters_line(mode, io, &stats.snapshot());
-        line["t"] = start.elapsed().as_secs_f64().into();
-        if let Ok(usage) = ProcessUsage::now() {
-            line["usage"] = serde_json::to_value(usage).unwrap_or_default();
-        }
-        println!("{line}");
-    }
-}
-
-fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<Forwarder> {
+fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<(Forwarder, [String; 2])> {
     let (Some(dev_a), Some(dev_b)) = (&args.dev_a, &args.dev_b) else {
         bail!("give two devices, or --from-socket PATH");
     };
@@ -205,8 +190,9 @@ fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<Forwarder
         device.open().with_context(|| format!("opening {name}"))
     };
     let (a, b) = (open(dev_a)?, open(dev_b)?);
+    let devices = [a.name().to_string(), b.name().to_string()];
     // build() attaches the steering program (CAP_BPF), so it runs before any privilege is dropped.
-    Ok(builder.build(a, b)?)
+    Ok((builder.build(a, b)?, devices))
 }
 
 /// Everything that needs a privilege is done by now (devices, steering program, and in offload mode the GRO
@@ -296,21 +282,4 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
         Some(io) => builder.io(io),
         None => builder,
     })
-}
-
-/// The counters as one JSON line: both directions added up at the top (`drops` is their total, as the peers'
-/// forwarders print it), then the drops by reason and each direction.
-fn counters_line(mode: ForwardMode, io: IoKind, stats: &ForwardStats) -> serde_json::Value {
-    let total = stats.total();
-    let mut line = serde_json::json!({ "mode": mode.as_str(), "io": io.as_str() });
-    if let (Some(line), Ok(serde_json::Value::Object(counters))) = (line.as_object_mut(), serde_json::to_value(total)) {
-        line.extend(counters);
-        line.insert("drops".into(), total.drops.total().into());
-        line.insert("drops_by_reason".into(), serde_json::to_value(total.drops).unwrap_or_default());
-        line.insert("errors".into(), total.drops.faults().into());
-        line.insert("malformed".into(), total.drops.malformed.into());
-        line.insert("a_to_b".into(), serde_json::to_value(stats.a_to_b).unwrap_or_default());
-        line.insert("b_to_a".into(), serde_json::to_value(stats.b_to_a).unwrap_or_default());
-    }
-    line
 }

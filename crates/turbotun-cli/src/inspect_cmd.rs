@@ -6,6 +6,7 @@ use serde::Serialize;
 use turbotun::filter::{FilterProgram, TxFilter};
 use turbotun::inspect::{self, DeviceReport};
 use turbotun::netlink::{mac_to_string, Netlink};
+use turbotun::privilege::{group_id, UserSpec};
 use turbotun::{Capabilities, DeviceBuilder, Mode, Offloads};
 
 #[derive(Debug, Args)]
@@ -236,15 +237,7 @@ pub fn render_report(r: &DeviceReport) -> String {
         Some(false) => "off (NO-CARRIER)",
         None => "unknown",
     };
-    let _ = writeln!(
-        s,
-        "    mtu {} qlen {} state {} ({}) carrier {}",
-        r.mtu,
-        r.txqueuelen,
-        if r.up { "UP" } else { "DOWN" },
-        r.oper_state,
-        carrier
-    );
+    let _ = writeln!(s, "    mtu {} qlen {} {} carrier {}", r.mtu, r.txqueuelen, state(r), carrier);
     if let Some(mac) = &r.mac {
         let _ = writeln!(s, "    link/ether {}", mac_to_string(mac));
     }
@@ -270,6 +263,17 @@ pub fn render_report(r: &DeviceReport) -> String {
     s
 }
 
+/// `state UP`, `state DOWN`, and the operational state where it says more (`state UP (operstate DOWN)`: up,
+/// but no carrier).
+fn state(r: &DeviceReport) -> String {
+    let admin = if r.up { "UP" } else { "DOWN" };
+    if r.oper_state == admin {
+        format!("state {admin}")
+    } else {
+        format!("state {admin} (operstate {})", r.oper_state)
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Interface name (at most 15 bytes).
@@ -277,18 +281,26 @@ pub struct CreateArgs {
     /// A TAP (Ethernet) device instead of TUN.
     #[arg(long)]
     pub tap: bool,
-    /// Create it as a multiqueue device.
-    #[arg(long)]
+    /// Queues the device takes: 1 makes a single-queue device; more make it multiqueue (IFF_MULTI_QUEUE), so
+    /// that up to 256 queues can be attached, each by whoever opens it (the kernel keeps no count until then).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub queues: usize,
+    /// Old spelling of --queues 2 (or more).
+    #[arg(long, hide = true)]
     pub multi_queue: bool,
     /// Create it with the virtio net header flag.
     #[arg(long)]
     pub vnet_hdr: bool,
-    /// Owner uid allowed to attach without CAP_NET_ADMIN.
-    #[arg(long)]
-    pub owner: Option<u32>,
-    /// Group gid allowed to attach without CAP_NET_ADMIN.
-    #[arg(long)]
-    pub group: Option<u32>,
+    /// Offloads the device accepts from the kernel (TUNSETOFFLOAD): `all`, `tcp`, `none`, or a list such as
+    /// `csum,tso4,tso6,uso`. Implies --vnet-hdr (offloaded packets carry a virtio header).
+    #[arg(long, value_name = "LIST")]
+    pub offloads: Option<String>,
+    /// The user (name or uid) allowed to attach without CAP_NET_ADMIN, as `ip tuntap add ... user` takes it.
+    #[arg(long, visible_alias = "user", value_name = "USER")]
+    pub owner: Option<String>,
+    /// The group (name or gid) whose members may attach without CAP_NET_ADMIN, as `ip tuntap add ... group`.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
     #[command(flatten)]
     pub queueing: QueueingArgs,
     #[command(flatten)]
@@ -441,19 +453,38 @@ fn check_l2(l2: &L2Args) -> Result<()> {
 
 pub fn create(args: &CreateArgs) -> Result<()> {
     // Everything that can be refused without the kernel is checked before the device exists.
+    turbotun::validate_ifname(&args.name)?;
+    if args.l2.mac.is_some() && !args.tap {
+        anyhow::bail!(
+            "--mac needs --tap: a TUN device carries IP packets without an Ethernet header, so it has no MAC address"
+        );
+    }
     check_l2(&args.l2)?;
+    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
+        anyhow::bail!("--queues {}: give 1 to {}", args.queues, turbotun::device::MAX_QUEUES);
+    }
+    let offloads = args
+        .offloads
+        .as_deref()
+        .map(|list| Offloads::parse(list).with_context(|| format!("--offloads {list}")))
+        .transpose()?;
+    let owner = args.owner.as_deref().map(|user| UserSpec::new(user).uid().context("--owner")).transpose()?;
+    let group = args.group.as_deref().map(|group| group_id(group).context("--group")).transpose()?;
     let mut builder = DeviceBuilder::new(if args.tap { Mode::Tap } else { Mode::Tun })
         .name(&args.name)
         .exclusive(true)
         .persist(true)
-        .multi_queue(args.multi_queue);
-    if args.vnet_hdr {
+        .multi_queue(args.multi_queue || args.queues > 1);
+    if args.vnet_hdr || offloads.is_some() {
         builder = builder.vnet_hdr(turbotun::wire::virtio_net::VIRTIO_NET_HDR_LEN);
     }
-    if let Some(uid) = args.owner {
+    if let Some(offloads) = offloads {
+        builder = builder.offloads(offloads);
+    }
+    if let Some(uid) = owner {
         builder = builder.owner(uid);
     }
-    if let Some(gid) = args.group {
+    if let Some(gid) = group {
         builder = builder.group(gid);
     }
     let device = args.queueing.apply(builder).open()?;
@@ -466,7 +497,7 @@ pub fn create(args: &CreateArgs) -> Result<()> {
         done.extend(apply_link(&mut netlink, device.name(), &args.l2)?);
         Ok(done)
     })();
-    let done = match configured {
+    let mut done = match configured {
         Ok(done) => done,
         Err(e) => {
             // Nothing left behind: the device goes when this fd closes.
@@ -474,9 +505,31 @@ pub fn create(args: &CreateArgs) -> Result<()> {
             return Err(e.context(format!("configuring {} (not created)", device.name())));
         }
     };
+    if offloads.is_some() {
+        done.push(format!("offloads {}", device.offloads()));
+    }
     let extra = if done.is_empty() { String::new() } else { format!(": {}", done.join(", ")) };
     println!("created persistent {} device {}{extra}", device.mode(), device.name());
+    if owner.is_none() && group.is_none() {
+        eprintln!("turbotun create: warning: {}", open_to_anyone(device.name()));
+    }
     Ok(())
+}
+
+/// What a device without owner or group means: the kernel checks neither a capability nor a user when a
+/// process attaches to it, so whoever can open /dev/net/tun may read and inject its traffic.
+fn open_to_anyone(name: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata("/dev/net/tun").map(|m| m.permissions().mode() & 0o777).unwrap_or(0o666);
+    let who = if mode & 0o006 == 0o006 {
+        format!("any local user (/dev/net/tun is mode {mode:o})")
+    } else {
+        format!("any process that can open /dev/net/tun (mode {mode:o} here)")
+    };
+    format!(
+        "{name} has no owner or group, so {who} may attach to it and read or inject its traffic: give --owner USER \
+         or --group GROUP to allow only them (or delete it: turbotun delete {name})"
+    )
 }
 
 #[derive(Debug, Args)]
@@ -499,6 +552,13 @@ pub fn set(args: &SetArgs) -> Result<()> {
     let mut netlink = Netlink::new()?;
     let report = inspect::inspect(&mut netlink, &args.name)?;
     // Refuse what cannot work before anything is changed.
+    if args.l2.mac.is_some() && report.mode == Mode::Tun {
+        anyhow::bail!(
+            "{} is a TUN device: --mac applies to TAP devices (a TUN device carries IP packets without an Ethernet \
+             header, so it has no MAC address)",
+            args.name
+        );
+    }
     check_l2(&args.l2)?;
     if args.carrier.is_some() && report.queues == 0 {
         anyhow::bail!(

@@ -19,7 +19,7 @@ pub struct LoadArgs {
 /// `turbotun load gen|sink`.
 #[derive(Debug, Subcommand)]
 pub enum LoadCommand {
-    /// Send paced UDP datagrams (flow id, sequence number, send time in each) to ADDR:PORT.
+    /// Send paced UDP datagrams (flow id, sequence number, send time in each) to --remote ADDR:PORT.
     Gen(GenArgs),
     /// Receive datagrams from `load gen` and count them per flow: lost, reordered, duplicated.
     Sink(SinkArgs),
@@ -28,8 +28,8 @@ pub enum LoadCommand {
 /// Arguments of `turbotun load gen`.
 #[derive(Debug, Args)]
 pub struct GenArgs {
-    /// Where to send.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// Where to send (ADDR:PORT or HOST:PORT), as `tunnel --remote`.
+    #[arg(long = "remote", alias = "dest", value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
     pub dest: SocketAddr,
     /// Offered rate in datagrams per second (0: as fast as the kernel takes them).
     #[arg(long, value_name = "PPS", default_value_t = 0)]
@@ -54,8 +54,8 @@ pub struct GenArgs {
 /// Arguments of `turbotun load sink`.
 #[derive(Debug, Args)]
 pub struct SinkArgs {
-    /// Address to receive on.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// The address to receive on (ADDR:PORT), as `tunnel --local`.
+    #[arg(long = "local", alias = "bind", value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
     pub bind: SocketAddr,
     /// Ask for UDP_GRO (coalesced reads, split again by their segment size).
     #[arg(long)]

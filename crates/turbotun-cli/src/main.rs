@@ -1,17 +1,20 @@
 //! `turbotun`: inspect, create and benchmark Linux TUN/TAP devices.
 #![forbid(unsafe_code)]
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod args;
 mod bench;
 mod counters;
 mod echo_cmd;
 mod fwd;
+mod help;
 mod inspect_cmd;
 mod load_cmd;
+mod logging;
 mod open;
 mod process;
+mod stats_cmd;
 mod tunnel_cmd;
 mod wg_cmd;
 
@@ -47,16 +50,50 @@ enum Command {
     /// A WireGuard endpoint: creates NAME, serves /var/run/wireguard/NAME.sock for `wg`, runs in the
     /// background unless -f (what wg-quick runs as WG_QUICK_USERSPACE_IMPLEMENTATION).
     Wg(wg_cmd::WgArgs),
+    /// The counters of a running fwd, tunnel or wg (all of them without NAME), read from its counters socket:
+    /// readable, --json or --prometheus.
+    Stats(stats_cmd::StatsArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
     /// no-drop rate; --echo: echo answers per second).
     Bench(bench::BenchArgs),
+    /// Shell completions for bash, zsh or fish, on standard output.
+    Completions(CompletionsArgs),
+    /// Write the manual pages (turbotun.1, turbotun-COMMAND.1, turbotun-wg.1) into DIR.
+    #[command(hide = true)]
+    Man(ManArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: Shell,
+}
+
+/// `turbotun completions SHELL`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Debug, clap::Args)]
+struct ManArgs {
+    /// Where to write them (created if missing).
+    dir: std::path::PathBuf,
+}
+
+/// The command line as clap reads it, with the EXAMPLES, EXIT STATUS and ENVIRONMENT of each `--help`.
+fn command() -> clap::Command {
+    help::decorate(Cli::command())
 }
 
 fn main() -> std::process::ExitCode {
     if let Some(done) = process::start("turbotun") {
         return done;
     }
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Features(args) => inspect_cmd::features(&args),
         Command::Info(args) => inspect_cmd::info(&args),
@@ -69,46 +106,24 @@ fn main() -> std::process::ExitCode {
         Command::Load(args) => load_cmd::run(&args),
         Command::Tunnel(args) => tunnel_cmd::run(&args),
         Command::Wg(args) => wg_cmd::run(&args, &["wg"]),
+        Command::Stats(args) => stats_cmd::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Completions(args) => {
+            let shell = match args.shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(shell, &mut command(), "turbotun", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man(args) => help::write_man_pages(&args.dir, command(), wg_cmd::standalone_command())
+            .map(|pages| {
+                for page in pages {
+                    println!("{}", page.display());
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("writing the manual pages into {}: {e}", args.dir.display())),
     };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("turbotun: {}", error_text(&err));
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// The error and its causes on one line, each separated by ": ", leaving out a cause whose text is already in
-/// the line: the library's errors name their cause in their own message (`TUNSETOWNER: Invalid argument`), so
-/// printing the chain as it is would say it twice.
-fn error_text(err: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in err.chain() {
-        let cause = cause.to_string();
-        if text.contains(&cause) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&cause);
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::error_text;
-
-    #[test]
-    fn test_error_text_says_each_cause_once() {
-        let io = std::io::Error::from_raw_os_error(libc::EINVAL);
-        let err = anyhow::Error::from(turbotun::Error::Io { context: "TUNSETOWNER".into(), source: io })
-            .context("creating tt0");
-        assert_eq!(error_text(&err), "creating tt0: TUNSETOWNER: Invalid argument (os error 22)");
-        let err = anyhow::anyhow!("inner").context("outer");
-        assert_eq!(error_text(&err), "outer: inner");
-    }
+    process::finish("turbotun", result)
 }

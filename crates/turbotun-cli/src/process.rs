@@ -1,10 +1,10 @@
-//! What both binaries do first: the socket keeper's role when started as one, logging to stderr, and signals
-//! that a parent may have left blocked.
+//! What both binaries do first and last: the socket keeper's role when started as one, the log, signals that a
+//! parent may have left blocked; the error line and the exit status.
 
 use std::process::ExitCode;
 
-/// Sets the process up; `Some(status)` when it was started as a WireGuard endpoint's socket keeper and has done
-/// that job (see `turbotun_wg::daemon::keep_socket`).
+/// Sets the process up; `Some(status)` when it was started as a socket keeper and has done that job (see
+/// `turbotun_wg::daemon::keep_socket`).
 pub fn start(program: &str) -> Option<ExitCode> {
     if let Some(spec) = std::env::var_os(turbotun_wg::daemon::KEEPER_ENV) {
         return Some(match turbotun_wg::daemon::keep_socket(&spec) {
@@ -12,14 +12,57 @@ pub fn start(program: &str) -> Option<ExitCode> {
             Err(_) => ExitCode::FAILURE,
         });
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    crate::logging::init(program);
     // A signal mask inherited from the parent could block the signals that stop the long-running commands.
     let stop_signals = [nix::sys::signal::Signal::SIGINT, nix::sys::signal::Signal::SIGTERM];
     if let Err(e) = stop_signals.into_iter().collect::<nix::sys::signal::SigSet>().thread_unblock() {
         eprintln!("{program}: cannot unblock SIGINT/SIGTERM: {e}");
     }
     None
+}
+
+/// The exit status of a command's result: 0, or 1 with the error on one line of standard error (`PROGRAM:
+/// error: cause`), once. Usage errors exit with 2 before this (clap).
+pub fn finish(program: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.downcast_ref::<crate::wg_cmd::AlreadyReported>().is_some() => ExitCode::FAILURE,
+        Err(err) => {
+            eprintln!("{program}: {}", error_text(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, each separated by ": ", leaving out a cause whose text is already in
+/// the line: the library's errors name their cause in their own message (`TUNSETOWNER: Invalid argument`), so
+/// printing the chain as it is would say it twice.
+pub fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn test_error_text_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let err = anyhow::Error::from(turbotun::Error::Io { context: "TUNSETOWNER".into(), source: io })
+            .context("creating tt0");
+        assert_eq!(error_text(&err), "creating tt0: TUNSETOWNER: Invalid argument (os error 22)");
+        let err = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&err), "outer: inner");
+    }
 }

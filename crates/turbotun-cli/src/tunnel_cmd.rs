@@ -3,23 +3,27 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use turbotun::privilege::{drop_to, UserSpec};
+use turbotun::privilege::drop_to;
+use turbotun::stats_socket::Report;
 use turbotun::tunnel::{Plain, TunnelBuilder};
 use turbotun::udp::SocketOptions;
-use turbotun::{DeviceBuilder, Offloads, StopHandle};
+use turbotun::{DeviceBuilder, Engine, Offloads, StopHandle};
+
+use crate::counters::{CountersArgs, Sampler, Sink};
 
 #[derive(Debug, Args)]
 pub struct TunnelArgs {
     /// The tunnel device (created if missing). Give it addresses, an MTU and routes with `ip`, as for `wg`.
     pub name: String,
-    /// The local UDP address (ADDR:PORT; port 0 picks one).
-    #[arg(long)]
+    /// The local UDP address (ADDR:PORT, or HOST:PORT; port 0 picks one).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
     pub local: SocketAddr,
-    /// The other end's UDP address (ADDR:PORT): packets go there, and are taken only from there.
-    #[arg(long)]
+    /// The other end's UDP address (ADDR:PORT, or HOST:PORT): packets go there, and are taken only from there.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
     pub remote: SocketAddr,
     /// A TAP device (Ethernet frames in the datagrams) instead of TUN.
     #[arg(long)]
@@ -27,8 +31,9 @@ pub struct TunnelArgs {
     /// Queues of the device (IFF_MULTI_QUEUE, flow-hash steering), one worker pair and one socket each.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
-    /// Become this user (name or uid) once the device and sockets are open.
-    #[arg(long)]
+    /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the device and
+    /// sockets are open.
+    #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
     /// Send one datagram per message (no UDP_SEGMENT).
     #[arg(long)]
@@ -36,13 +41,16 @@ pub struct TunnelArgs {
     /// Receive one datagram per message (no UDP_GRO).
     #[arg(long)]
     pub no_gro: bool,
+    #[command(flatten)]
+    pub counters: CountersArgs,
 }
 
 pub fn run(args: &TunnelArgs) -> Result<()> {
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     // The user is looked up before anything is opened, so that a typo leaves nothing behind.
-    let identity = args.user.as_deref().map(|user| UserSpec::new(user).resolve().context("--user")).transpose()?;
+    let identity =
+        args.user.as_deref().map(|user| crate::args::user_spec(user, None).resolve().context("--user")).transpose()?;
     if args.local.is_ipv6() != args.remote.is_ipv6() {
         anyhow::bail!("--local {} and --remote {} are of different address families", args.local, args.remote);
     }
@@ -61,14 +69,36 @@ pub fn run(args: &TunnelArgs) -> Result<()> {
         .socket_options(options)
         .stop_on(stop.clone())
         .build(device.into_queues())?;
+    // Bound while the process may still write to /run/turbotun; answered once the privileges are dropped.
+    let name = args.name.clone();
+    let socket = args.counters.bind_socket("turbotun tunnel", &name);
+    let _keeper = match (&identity, &socket) {
+        (Some(_), Some(socket)) => {
+            Some(turbotun_wg::daemon::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
+        }
+        _ => None,
+    };
     if let Some(identity) = &identity {
         drop_to(identity).with_context(|| format!("--user {}", identity.name))?;
         eprintln!("turbotun tunnel: running as {identity}, no capabilities, no_new_privs");
     }
     let stats = tunnel.stats();
+    let start = Instant::now();
+    let source = move || {
+        let seconds = start.elapsed().as_secs_f64();
+        Report::of_tunnel("tunnel", Engine::Tunnel, &name, "plain", &stats.snapshot(), seconds)
+    };
+    let _server = crate::counters::serve("turbotun tunnel", socket, source.clone());
     eprintln!("turbotun tunnel: {} <-> udp {} -> {}", args.name, tunnel.local_addr()?, args.remote);
     println!("ready");
+    let sampler = match args.counters.stats_interval {
+        Some(every) => Some(Sampler::start(every, args.counters.json, Sink::Stdout, source.clone())?),
+        None => None,
+    };
     let result = tunnel.run();
-    println!("{}", crate::counters::tunnel_line("plain", &stats.snapshot()));
+    if let Some(sampler) = sampler {
+        sampler.finish();
+    }
+    println!("{}", crate::counters::closing(&source(), args.counters.json));
     result.map(drop).map_err(anyhow::Error::from)
 }

@@ -1,52 +1,147 @@
 //! `turbotun wg`: a WireGuard endpoint following WireGuard's cross-platform userspace interface (what
 //! `wg-quick` runs as `WG_QUICK_USERSPACE_IMPLEMENTATION`, and `wg` configures).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
 use anyhow::{Context, Result};
 use clap::Args;
-use turbotun::privilege::UserSpec;
+use turbotun::stats_socket::Report;
+use turbotun::tunnel::TunnelStatsHandle;
+use turbotun::Engine;
 use turbotun_wg::daemon::{self, Ended, Options};
+
+use crate::counters::{CountersArgs, Sampler, Sink};
 
 #[derive(Debug, Args)]
 pub struct WgArgs {
     /// Stay in the foreground (otherwise return once the device and the configuration socket are up).
     #[arg(short, long)]
     pub foreground: bool,
-    /// Become this user (name or uid) once the device and sockets are open; the configuration can then not
-    /// move to a privileged port or set a firewall mark.
-    #[arg(long)]
+    /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the device and
+    /// sockets are open; the configuration can then not move to a privileged port or set a firewall mark.
+    #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
+    #[command(flatten)]
+    pub counters: CountersArgs,
     /// The interface to create (a template such as wg%d takes the first free number); its configuration socket
     /// is /var/run/wireguard/NAME.sock, with the name the device was given.
     pub name: String,
 }
+
+/// The `turbotun-wg` program's command line (the same options as `turbotun wg`), with its help sections.
+pub fn standalone_command() -> clap::Command {
+    use clap::Args as _;
+    let cmd = clap::Command::new("turbotun-wg")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("A WireGuard endpoint (the same as `turbotun wg`), for WG_QUICK_USERSPACE_IMPLEMENTATION");
+    crate::help::decorate(WgArgs::augment_args(cmd))
+}
+
+/// An error the background process has reported already (to the process that started it, or in its log):
+/// the program exits with a failure without printing it again.
+#[derive(Debug)]
+pub struct AlreadyReported;
+
+impl std::fmt::Display for AlreadyReported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reported")
+    }
+}
+
+impl std::error::Error for AlreadyReported {}
 
 /// Runs the endpoint; `again` is how this program is invoked for it (`["wg"]` for `turbotun`, nothing for
 /// `turbotun-wg`), to start it again in the background.
 pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
     turbotun::validate_ifname(&args.name)?;
     // The user is looked up before anything is opened, so that a typo leaves nothing behind.
-    let user = args.user.as_deref().map(|u| UserSpec::new(u).resolve().context("--user")).transpose()?;
-    if !args.foreground && std::env::var_os(daemon::READY_ENV).is_none() {
+    let user = args.user.as_deref().map(|u| crate::args::user_spec(u, None).resolve().context("--user")).transpose()?;
+    let background = std::env::var_os(daemon::READY_ENV).is_some();
+    if !args.foreground && !background {
         let program = std::env::current_exe().context("finding this program to start it in the background")?;
         let mut again: Vec<String> = again.iter().map(|s| s.to_string()).collect();
         again.push("--foreground".to_string());
         if let Some(user) = &args.user {
             again.extend(["--user".to_string(), user.clone()]);
         }
+        if args.counters.json {
+            again.push("--json".to_string());
+        }
+        if let Some(every) = args.counters.stats_interval {
+            again.extend(["--stats-interval".to_string(), every.as_secs_f64().to_string()]);
+        }
+        if let Some(socket) = &args.counters.stats_socket {
+            again.extend(["--stats-socket".to_string(), socket.clone()]);
+        }
         again.push(args.name.clone());
-        let (pid, name) = daemon::start_in_background(&program, &again)?;
+        let (pid, name) = daemon::start_in_background(&program, &again, crate::logging::keep_in_background())?;
         eprintln!("turbotun wg: {name} up in the background (pid {pid})");
         return Ok(());
     }
-    let daemon::Ran { name, ended, stats } = daemon::run(&Options { name: args.name.clone(), user })?;
+    // In the background nobody reads standard output: interval lines and the summary go to the log.
+    let sink = if background { Sink::Stderr } else { Sink::Stdout };
+    let stats = TunnelStatsHandle::default();
+    let start = Instant::now();
+    let name = args.name.clone();
+    let source = {
+        let stats = stats.clone();
+        move || {
+            let seconds = start.elapsed().as_secs_f64();
+            Report::of_tunnel("wireguard", Engine::KeyedTunnel, &name, "wireguard", &stats.snapshot(), seconds)
+        }
+    };
+    let up = Arc::new(AtomicBool::new(false));
+    let sampler: Arc<Mutex<Option<Sampler>>> = Arc::default();
+    let on_up = {
+        let (up, sampler, source, counters) = (up.clone(), sampler.clone(), source.clone(), args.counters.clone());
+        move || {
+            up.store(true, Ordering::Relaxed);
+            if let Some(every) = counters.stats_interval {
+                match Sampler::start(every, counters.json, sink, source.clone()) {
+                    Ok(started) => *sampler.lock().unwrap_or_else(|e| e.into_inner()) = Some(started),
+                    Err(e) => tracing::warn!("--stats-interval: {e}"),
+                }
+            }
+        }
+    };
+    let options = Options {
+        name: args.name.clone(),
+        user,
+        stats,
+        stats_socket: args.counters.socket_path(&args.name),
+        on_up: Some(Box::new(on_up)),
+    };
+    let result = daemon::run(&options);
+    if let Some(sampler) = sampler.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        sampler.finish();
+    }
+    let (name, ended) = match result {
+        Ok(ran) => (ran.name, ran.ended),
+        Err(e) if background => {
+            let text = crate::process::error_text(&anyhow::Error::from(e));
+            if up.load(Ordering::Relaxed) {
+                tracing::error!("{}: {text}", args.name);
+            } else {
+                // The starting process prints it, once.
+                println!("{}{text}", daemon::START_ERROR_PREFIX);
+            }
+            return Err(AlreadyReported.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
     let why = match ended {
         Ended::Signal => "stopped by a signal",
         Ended::DeviceDeleted => "the device was deleted",
         Ended::SocketRemoved => "the configuration socket was removed",
         _ => "stopped",
     };
-    eprintln!("turbotun wg: {name}: {why}");
-    // The counters, as `turbotun fwd` and `turbotun tunnel` print them (nobody reads them in the background).
-    println!("{}", crate::counters::tunnel_line("wireguard", &stats));
+    if background {
+        tracing::info!("{name}: {why}");
+    } else {
+        eprintln!("turbotun wg: {name}: {why}");
+    }
+    sink.line(&crate::counters::closing(&source(), args.counters.json));
     Ok(())
 }

@@ -2,29 +2,24 @@
 //! which wg-quick runs with the interface name as its only argument.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use clap::FromArgMatches;
 
+// Shared with `turbotun`, which uses all of them; this program uses a part.
+#[allow(dead_code)]
+mod args;
+#[allow(dead_code)]
 mod counters;
+#[allow(dead_code)]
+mod help;
+mod logging;
 mod process;
 mod wg_cmd;
-
-#[derive(Debug, Parser)]
-#[command(name = "turbotun-wg", version, about = "A WireGuard endpoint (the same as `turbotun wg`)")]
-struct Cli {
-    #[command(flatten)]
-    args: wg_cmd::WgArgs,
-}
 
 fn main() -> std::process::ExitCode {
     if let Some(done) = process::start("turbotun-wg") {
         return done;
     }
-    let cli = Cli::parse();
-    match wg_cmd::run(&cli.args, &[]) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("turbotun-wg: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    let matches = wg_cmd::standalone_command().get_matches();
+    let args = wg_cmd::WgArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    process::finish("turbotun-wg", wg_cmd::run(&args, &[]))
 }

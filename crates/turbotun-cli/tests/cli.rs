@@ -169,7 +169,18 @@ fn attaching_with_other_framing_is_refused() {
     in_netns("attaching_with_other_framing_is_refused", || {
         use std::io::BufRead;
         let mut first = Command::new(env!("CARGO_BIN_EXE_turbotun"))
-            .args(["fwd", "ttmqa", "ttmqb", "--mode", "passthrough", "--tap", "--queues", "2"])
+            .args([
+                "fwd",
+                "ttmqa",
+                "ttmqb",
+                "--mode",
+                "passthrough",
+                "--tap",
+                "--queues",
+                "2",
+                "--stats-socket",
+                "none",
+            ])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();

@@ -30,7 +30,7 @@ fn turbotun() -> Command {
 /// `turbotun fwd [--mode MODE] --from-socket SOCKET`, run as nobody.
 fn fwd_from_socket(mode: Option<&str>, socket: &Path) -> Command {
     let mut cmd = turbotun();
-    cmd.arg("fwd");
+    cmd.args(["fwd", "--json"]);
     if let Some(mode) = mode {
         cmd.args(["--mode", mode]);
     }
@@ -209,7 +209,7 @@ fn fwd_user_nobody_drops_every_privilege() {
     {
         let mut topo = Topology::new();
         let mut cmd = turbotun();
-        cmd.args(["fwd", devs.0, devs.1, "--mode", mode, "--user", "nobody"]).args(extra);
+        cmd.args(["fwd", "--json", devs.0, devs.1, "--mode", mode, "--user", "nobody"]).args(extra);
         topo.spawn(cmd);
         topo.connect(devs.0, devs.1);
         carry_traffic_and_check_identity(&topo, |path, status| {
@@ -440,7 +440,7 @@ fn handover_to_a_forwarder_in_its_own_pid_namespace() {
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_turbotun"))
-        .args(["fwd", "--mode", "offload", "--from-socket"])
+        .args(["fwd", "--json", "--mode", "offload", "--from-socket"])
         .arg(&socket);
     topo.spawn(cmd);
     wait_for(&socket);

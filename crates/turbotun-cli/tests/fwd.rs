@@ -238,7 +238,7 @@ fn fwd_stops_promptly_on_sigint() {
         let ns = new_netns();
         let mut running = common::start_ready(
             &ns,
-            Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "ttstop0", "ttstop1"]).args(extra),
+            Command::new(env!("CARGO_BIN_EXE_turbotun")).args(["fwd", "--json", "ttstop0", "ttstop1"]).args(extra),
         );
         let child = running.0.as_mut().unwrap();
         let mut out = child.stdout.take().unwrap();

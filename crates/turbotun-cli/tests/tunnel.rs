@@ -13,7 +13,7 @@ use turbotun::netlink::Netlink;
 const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
 
 fn start(ns: &OwnedFd, args: &[&str]) -> Running {
-    common::start_ready(ns, Command::new(TURBOTUN).arg("tunnel").args(args).stderr(Stdio::inherit()))
+    common::start_ready(ns, Command::new(TURBOTUN).args(["tunnel", "--json"]).args(args).stderr(Stdio::inherit()))
 }
 
 /// The counters line of a stopped `turbotun tunnel`.

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use turbotun::privilege::{drop_to, Identity};
-use turbotun::tunnel::{bind_sockets, TunnelBuilder, TunnelStats};
+use turbotun::stats_socket::{Report, StatsSocket};
+use turbotun::tunnel::{bind_sockets, TunnelBuilder, TunnelStats, TunnelStatsHandle};
 use turbotun::udp::{SocketOptions, TunnelSocket};
 use turbotun::{DeviceBuilder, Offloads, Queue, StopHandle};
 
@@ -59,12 +60,30 @@ pub enum Ended {
 }
 
 /// What [`run`] is given.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Options {
     /// The interface name, or a template such as `wg%d` that the kernel completes.
     pub name: String,
     /// Become this user once the device and sockets are open.
     pub user: Option<Identity>,
+    /// The counters, one set for every engine the endpoint runs (a port change starts another): keep a clone
+    /// to read them while it runs.
+    pub stats: TunnelStatsHandle,
+    /// Where to serve the counters while it runs (`turbotun::stats_socket`); `None`: nowhere. A socket that
+    /// cannot be made is a warning, not a failure.
+    pub stats_socket: Option<PathBuf>,
+    /// Called once the endpoint is up, its privileges dropped (a thread started before would stop that).
+    pub on_up: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("name", &self.name)
+            .field("user", &self.user)
+            .field("stats_socket", &self.stats_socket)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a run of the endpoint went.
@@ -79,8 +98,8 @@ pub struct Ran {
 }
 
 /// Runs the endpoint in this process until it ends (see the module documentation). With [`READY_ENV`] set,
-/// prints `ready NAME` on standard output once up and then points standard output and error at `/dev/null`,
-/// for the process that started it in the background.
+/// prints `ready NAME` on standard output once up and then points standard output at `/dev/null`, for the
+/// process that started it in the background; standard error, the log, stays where that process put it.
 pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     turbotun::validate_ifname(&options.name)?;
     // Keys will be in this process's memory: no core dump and no ptrace or /proc/PID/mem access by processes of
@@ -105,25 +124,59 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     wg.set_mtu(wg_mtu);
     let sockets = bind_port(0, queues.len(), 0)?;
     wg.set_bound_port(sockets[0].local_addr()?.port());
+    // Bound while the process may still write to its directory, answered once the privileges are dropped.
+    // Named after the device's real name, like the configuration socket (a template such as wg%d completed).
+    let stats_path = options.stats_socket.as_ref().map(|path| match options.name == name {
+        true => path.clone(),
+        false => path.with_file_name(format!("{name}.stats")),
+    });
+    let stats_socket = stats_path.as_deref().and_then(|path| match StatsSocket::bind(path) {
+        Ok(socket) => Some(socket),
+        Err(e) => {
+            tracing::warn!("{}: counters not served: {e}", options.name);
+            None
+        }
+    });
     // Kept alive until this process ends, however it ends: see `keep_socket`.
     let _keeper = match &options.user {
         Some(identity) => {
-            let keeper = start_socket_keeper(uapi.path(), uapi.inode())?;
+            let mut owned = vec![(uapi.path().to_path_buf(), uapi.inode())];
+            owned.extend(stats_socket.as_ref().map(|s| (s.path().to_path_buf(), s.inode())));
+            let keeper = start_socket_keeper(&owned)?;
             drop_to(identity)?;
             tracing::info!("running as {identity}, no capabilities, no_new_privs");
             Some(keeper)
         }
         None => None,
     };
+    let _stats_server = match stats_socket {
+        Some(socket) => {
+            let (stats, device, start) = (options.stats.clone(), name.clone(), Instant::now());
+            let report = move || {
+                let seconds = start.elapsed().as_secs_f64();
+                let snapshot = stats.snapshot();
+                Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
+            };
+            match socket.serve(report) {
+                Ok(server) => Some(server),
+                Err(e) => {
+                    tracing::warn!("{name}: counters not served: {e}");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let up = format!("{name} up, UDP port {}, configuration socket {}", wg.bound_port(), uapi.path().display());
     if std::env::var_os(READY_ENV).is_some() {
         println!("ready {name}");
-        detach_stdio();
+        detach_stdout();
+        tracing::info!("{up}");
     } else {
-        eprintln!(
-            "turbotun wg: {name} up, UDP port {}, configuration socket {}",
-            wg.bound_port(),
-            uapi.path().display()
-        );
+        eprintln!("turbotun wg: {up}");
+    }
+    if let Some(on_up) = &options.on_up {
+        on_up();
     }
 
     // The configuration socket's thread: a set that moves the port binds new sockets, which the loop below
@@ -171,13 +224,14 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
 
     let socket_file = crate::uapi::socket_path(&name);
     let mut sockets = sockets;
-    let mut total = TunnelStats::default();
     let ended = loop {
         let engine_stop = StopHandle::new();
-        let tunnel =
-            TunnelBuilder::new(wg.clone()).sockets(sockets).stop_on(engine_stop.clone()).build(queues.clone())?;
+        let tunnel = TunnelBuilder::new(wg.clone())
+            .sockets(sockets)
+            .stop_on(engine_stop.clone())
+            .count_into(options.stats.clone())
+            .build(queues.clone())?;
         *current.lock().unwrap_or_else(|e| e.into_inner()) = tunnel.sockets();
-        let stats = tunnel.stats();
         let engine = std::thread::Builder::new()
             .name("wg-engine".into())
             .spawn(move || tunnel.run())
@@ -208,9 +262,6 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
         engine_stop.stop();
         let result =
             engine.join().unwrap_or_else(|_| Err(turbotun::Error::InvalidConfig("the engine panicked".into())));
-        let run = stats.snapshot();
-        total.to_network.add(&run.to_network);
-        total.from_network.add(&run.from_network);
         match next {
             Some(new) => sockets = new,
             None => {
@@ -226,17 +277,19 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     let (handle, uapi_stop) = serving;
     uapi_stop.stop();
     let _ = handle.join();
-    ended.map(|ended| Ran { name, ended, stats: total })
+    ended.map(|ended| Ran { name, ended, stats: options.stats.snapshot() })
 }
 
 /// Starts the socket keeper: this program again, as root without capabilities, holding the other end of a pipe
-/// that this process keeps open until it ends. An endpoint that dropped its privileges cannot remove its socket
-/// from the root-owned `/var/run/wireguard`; the keeper does when the pipe closes.
-fn start_socket_keeper(path: &std::path::Path, inode: u64) -> Result<std::process::Child, DaemonError> {
+/// that this process keeps open until it ends. A process that dropped its privileges cannot remove its sockets
+/// (`(path, inode)`) from the root-owned `/var/run/wireguard` and `/run/turbotun`; the keeper does when the pipe
+/// closes.
+pub fn start_socket_keeper(sockets: &[(PathBuf, u64)]) -> Result<std::process::Child, DaemonError> {
     let program = std::env::current_exe()
         .map_err(|e| DaemonError::Background(format!("finding this program for the socket keeper: {e}")))?;
+    let spec: Vec<String> = sockets.iter().map(|(path, inode)| format!("{inode}:{}", path.display())).collect();
     Command::new(program)
-        .env(KEEPER_ENV, format!("{inode}:{}", path.display()))
+        .env(KEEPER_ENV, spec.join("\n"))
         .env_remove(READY_ENV)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -248,20 +301,27 @@ fn start_socket_keeper(path: &std::path::Path, inode: u64) -> Result<std::proces
 }
 
 /// The socket keeper (see [`KEEPER_ENV`]): gives up every capability, waits until its standard input closes
-/// (the endpoint has ended), then removes the socket at `PATH` if it is still the one with `INODE`.
+/// (the endpoint has ended), then removes each socket of `INODE:PATH` (one per line) if it is still the one
+/// with that inode.
 pub fn keep_socket(spec: &std::ffi::OsStr) -> Result<(), DaemonError> {
     let spec = spec.to_string_lossy();
-    let (inode, path) = spec
-        .split_once(':')
-        .and_then(|(i, p)| Some((i.parse::<u64>().ok()?, PathBuf::from(p))))
-        .ok_or_else(|| DaemonError::Background(format!("{KEEPER_ENV}={spec}: expected INODE:PATH")))?;
+    let sockets = spec
+        .lines()
+        .map(|line| {
+            line.split_once(':')
+                .and_then(|(i, p)| Some((i.parse::<u64>().ok()?, PathBuf::from(p))))
+                .ok_or_else(|| DaemonError::Background(format!("{KEEPER_ENV}={line}: expected INODE:PATH")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     turbotun::privilege::give_up_capabilities()?;
     let mut sink = Vec::new();
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
     use std::os::unix::fs::MetadataExt;
-    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == inode) {
-        std::fs::remove_file(&path)
-            .map_err(|e| DaemonError::Background(format!("removing {}: {e}", path.display())))?;
+    for (inode, path) in sockets {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == inode) {
+            std::fs::remove_file(&path)
+                .map_err(|e| DaemonError::Background(format!("removing {}: {e}", path.display())))?;
+        }
     }
     Ok(())
 }
@@ -284,24 +344,28 @@ fn errno_of(e: &turbotun::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-/// Standard output and error to `/dev/null`: nobody reads them once the starting process has returned.
-fn detach_stdio() {
+/// Standard output to `/dev/null`: the pipe to the starting process, which has read `ready` and returned.
+fn detach_stdout() {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = rustix::stdio::dup2_stdout(&null);
-        let _ = rustix::stdio::dup2_stderr(&null);
     }
 }
 
+/// What a background process that could not start writes on its standard output in place of `ready`: this
+/// prefix, then its error on one line.
+pub const START_ERROR_PREFIX: &str = "error: ";
+
 /// Starts `program args` (this program in the foreground mode of the endpoint) in the background, in a process
-/// group of its own, and returns once it reports that it is up: its process id and the device's name; its error
-/// otherwise.
-pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<(u32, String), DaemonError> {
+/// group of its own, and returns once it reports that it is up: its process id and the device's name; the error
+/// it reported otherwise (see [`START_ERROR_PREFIX`]). With `keep_log`, its standard error, the log, is this
+/// process's; otherwise `/dev/null`.
+pub fn start_in_background(program: &PathBuf, args: &[String], keep_log: bool) -> Result<(u32, String), DaemonError> {
     let mut child = Command::new(program)
         .args(args)
         .env(READY_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(if keep_log { Stdio::inherit() } else { Stdio::null() })
         .process_group(0)
         .spawn()
         .map_err(|e| DaemonError::Background(format!("starting {}: {e}", program.display())))?;
@@ -312,16 +376,10 @@ pub fn start_in_background(program: &PathBuf, args: &[String]) -> Result<(u32, S
     if let Some(name) = line.trim().strip_prefix("ready ") {
         return Ok((child.id(), name.to_string()));
     }
-    let mut errors = String::new();
-    if let Some(mut stderr) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut errors);
-    }
     let status =
         child.wait().map_err(|e| DaemonError::Background(format!("waiting for the background process: {e}")))?;
-    let errors = errors.trim();
-    Err(DaemonError::Background(if errors.is_empty() {
-        format!("the background process ended ({status})")
-    } else {
-        errors.to_string()
+    Err(DaemonError::Background(match line.trim().strip_prefix(START_ERROR_PREFIX) {
+        Some(error) => error.to_string(),
+        None => format!("the background process ended ({status})"),
     }))
 }

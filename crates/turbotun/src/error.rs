@@ -85,11 +85,23 @@ pub enum Error {
         max: usize,
     },
 
-    /// `TUNSETIFF` returned EBUSY.
-    #[error("device {name} is busy (EBUSY): it was created with IFF_TUN_EXCL, or all its queues are attached already")]
+    /// `TUNSETIFF` returned EBUSY: this open asked to create the device exclusively (`IFF_TUN_EXCL`) and it exists,
+    /// or its queues are attached already (a device without multi_queue takes one).
+    #[error("{}", busy_message(name, *exclusive, holders))]
     Busy {
         /// The device's name.
         name: String,
+        /// Whether the open asked for exclusive creation (then the device exists already).
+        exclusive: bool,
+        /// The processes holding its queues, as far as `/proc` shows them: `pid (command line)`.
+        holders: Vec<String>,
+    },
+
+    /// A socket path another running process answers on.
+    #[error("{path} is in use: another running process serves it (stop it first, or choose another name)")]
+    SocketInUse {
+        /// The socket's path.
+        path: std::path::PathBuf,
     },
 
     /// The device exists, and its `IFF_MULTI_QUEUE` flag does not fit the number of queues asked for.
@@ -446,6 +458,27 @@ impl From<Error> for io::Error {
             },
         };
         io::Error::new(kind, e)
+    }
+}
+
+/// The text of [`Error::Busy`]: what the EBUSY means here, who holds the device, and the fix.
+fn busy_message(name: &str, exclusive: bool, holders: &[String]) -> String {
+    let held = if holders.is_empty() { String::new() } else { format!(", held by {}", holders.join(", ")) };
+    if exclusive {
+        format!(
+            "device {name} exists already (EBUSY: asked to create it exclusively){held}: delete it first \
+             (ip link delete {name}), or choose another name"
+        )
+    } else if holders.is_empty() {
+        format!(
+            "device {name} is busy (EBUSY): its queues are attached already (a device without multi_queue takes \
+             one), by a process this user cannot see in /proc: stop that process first"
+        )
+    } else {
+        format!(
+            "device {name} is busy (EBUSY){held}: its queues are attached already (a device without multi_queue \
+             takes one): stop that process first"
+        )
     }
 }
 

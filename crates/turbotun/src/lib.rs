@@ -12,6 +12,7 @@
 //! - `load` (feature `load`): a paced UDP generator and a sink that counts loss, reordering and duplicates per
 //!   flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
+//! - [`stats_socket`]: a running engine's counters served on a local socket (`/run/turbotun/NAME.stats`).
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //! - `smoltcp` (feature `smoltcp`): `smoltcp::QueueDevice`, smoltcp's device over a queue with offloads underneath.
 //! - `uring` (feature `uring`): io_uring forwarding.
@@ -69,7 +70,7 @@ pub use dataplane::tokio;
 pub use dataplane::uring;
 pub use dataplane::{batch, forward, ring, stats, stop, tunnel, udp, wake};
 pub(crate) use dataplane::{threads, write_policy};
-pub use deployment::{handover, privilege};
+pub use deployment::{handover, privilege, stats_socket};
 pub(crate) use devices::{capabilities, kind};
 pub use devices::{device, filter, inspect, queue, steering};
 
@@ -78,7 +79,7 @@ pub use device::{Device, DeviceBuilder, Mode, Offloads};
 pub use error::{validate_ifname, Error, Malformed, Result};
 pub use forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
 pub use queue::{Queue, QueueStats};
-pub use stats::{Counters, DropReason, Drops, ProcessUsage, WhenFull};
+pub use stats::{Counters, DropReason, Drops, Engine, ProcessUsage, WhenFull};
 pub use stop::StopHandle;
 /// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
 pub use sys::effective_capabilities;

@@ -227,7 +227,7 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
             family: "turbotun",
             kind: Kind::Forwarder {
                 program: exe.to_path_buf(),
-                prefix_args: vec!["fwd".into()],
+                prefix_args: vec!["fwd".into(), "--json".into()],
                 args: m.args.iter().map(|s| s.to_string()).collect(),
             },
             note,
@@ -241,7 +241,7 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
             family: "turbotun",
             kind: Kind::BridgedForwarder {
                 program: exe.to_path_buf(),
-                prefix_args: vec!["fwd".into()],
+                prefix_args: vec!["fwd".into(), "--json".into()],
                 args: ["--mode", "offload", "--tap"].iter().map(|s| s.to_string()).collect(),
             },
             note: None,

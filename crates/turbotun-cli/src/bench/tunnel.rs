@@ -99,10 +99,13 @@ impl Program {
     /// the environment it runs with.
     fn argv_env(self) -> (&'static [&'static str], &'static [(&'static str, &'static str)]) {
         match self {
-            Program::TurbotunTunnel | Program::BaselineTunnel => {
-                (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[])
+            Program::TurbotunTunnel => {
+                (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}", "--json"], &[])
             }
-            Program::TurbotunWg | Program::BaselineWg => (&["wg", "-f", "{dev}"], &[]),
+            Program::TurbotunWg => (&["wg", "-f", "--json", "{dev}"], &[]),
+            // A build from before the readable output printed JSON without being asked.
+            Program::BaselineTunnel => (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[]),
+            Program::BaselineWg => (&["wg", "-f", "{dev}"], &[]),
             Program::WireguardGo => (&["-f", "{dev}"], &[("WG_PROCESS_FOREGROUND", "1")]),
             // WG_SUDO takes `true` (clap's boolean parser refuses `1`): keep root, do not drop to the sudo user.
             Program::Boringtun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "true")]),
@@ -886,7 +889,7 @@ mod tests {
         assert!(select_kinds(Some(&[" ".into()]), false).is_err());
         let ab = KINDS.iter().find(|k| k.label == "turbotun-wg@baseline").unwrap();
         assert_eq!(ab.programs(), [Program::BaselineWg]);
-        assert_eq!(Program::BaselineWg.argv_env(), Program::TurbotunWg.argv_env());
+        assert_eq!(Program::BaselineWg.argv_env().0, ["wg", "-f", "{dev}"], "an older build prints JSON unasked");
         let interop = KINDS.iter().find(|k| k.label == "turbotun-wg-vs-wireguard-go").unwrap();
         assert_eq!(interop.programs(), [Program::TurbotunWg, Program::WireguardGo]);
         assert!(KINDS.iter().any(|k| k.label == REFERENCE));

@@ -78,7 +78,8 @@ impl Topology {
         let n = N.fetch_add(1, Ordering::Relaxed);
         let (dev_a, dev_b) = (format!("ttfa{n}"), format!("ttfb{n}"));
         let (ns_a, ns_b, ns_fwd) = (new_netns(), new_netns(), new_netns());
-        let mut args = vec!["fwd".to_string(), dev_a.clone(), dev_b.clone(), "--mode".into(), mode.into()];
+        let mut args =
+            vec!["fwd".to_string(), "--json".into(), dev_a.clone(), dev_b.clone(), "--mode".into(), mode.into()];
         if tap {
             args.push("--tap".into());
         }

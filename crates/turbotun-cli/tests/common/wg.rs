@@ -62,7 +62,7 @@ impl Endpoint {
         let mut command = match which {
             Impl::Turbotun => {
                 let mut c = Command::new(TURBOTUN);
-                c.args(["wg", "-f"]).args(options).arg(name);
+                c.args(["wg", "-f", "--json"]).args(options).arg(name);
                 c
             }
             Impl::WireguardGo => {
@@ -104,6 +104,8 @@ impl Drop for Endpoint {
             let _ = child.wait();
         }
         let _ = std::fs::remove_file(socket_of(&self.name));
+        // Its counters socket too: a killed endpoint cannot remove it (the next start would replace it).
+        let _ = std::fs::remove_file(format!("/run/turbotun/{}.stats", self.name));
     }
 }
 

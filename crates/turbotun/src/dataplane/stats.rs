@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Declares [`DropReason`], its names, and the [`Drops`] counters with a field per reason, once: a new reason is
 /// one line here.
 macro_rules! drop_reasons {
-    ($($(#[$doc:meta])* $variant:ident => $field:ident, fault: $fault:literal;)*) => {
+    ($($(#[$doc:meta])* $variant:ident => $field:ident, fault: $fault:literal, engines: [$($engine:ident),*];)*) => {
         /// Why a packet that was read was not written. Every drop has one; none is silent.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -38,6 +38,22 @@ macro_rules! drop_reasons {
                     $(DropReason::$variant => $fault,)*
                 }
             }
+
+            /// Whether an engine of this kind can drop a packet for this reason: a counters report lists these
+            /// (and any other that is not zero), so a forwarder's shows no reason of a tunnel protocol.
+            pub fn applies_to(self, engine: Engine) -> bool {
+                match self {
+                    $(DropReason::$variant => matches!(engine, $(Engine::$engine)|*),)*
+                }
+            }
+
+            /// The reason of this name ([`Self::as_str`]).
+            pub fn from_name(name: &str) -> Option<DropReason> {
+                match name {
+                    $(stringify!($field) => Some(DropReason::$variant),)*
+                    _ => None,
+                }
+            }
         }
 
         /// Packets not written, by reason.
@@ -60,46 +76,82 @@ macro_rules! drop_reasons {
 
 drop_reasons! {
     /// A frame larger than the buffer it was read into (the kernel reports its full length).
-    TooBig => too_big, fault: true;
+    TooBig => too_big, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
     /// A bad virtio header, offsets that do not fit the packet, or a super-packet that cannot be split.
-    Malformed => malformed, fault: true;
+    Malformed => malformed, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
     /// The kernel refused the write (`EINVAL`): a packet the device cannot take.
-    KernelRefused => kernel_refused, fault: true;
+    KernelRefused => kernel_refused, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
     /// The destination was down (`EIO`).
-    DeviceDown => device_down, fault: false;
+    DeviceDown => device_down, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel];
     /// The destination's queue was full (`EAGAIN`) and the engine was told not to wait ([`WhenFull::Drop`]).
-    QueueFull => queue_full, fault: false;
+    QueueFull => queue_full, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel];
     /// Read but still held when the forwarder stopped or failed.
-    Stopped => stopped, fault: false;
+    Stopped => stopped, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
     /// Segments of a super-packet beyond [`MAX_SEGMENTS`](crate::batch::MAX_SEGMENTS): a tiny `gso_size` would
     /// otherwise turn one read into tens of thousands of packets.
-    TooManySegments => too_many_segments, fault: true;
+    TooManySegments => too_many_segments, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
     /// A TCP or UDP checksum that does not add up, found where a packet is handed to a stack that trusts the
     /// checksums it is given (the smoltcp adapter).
-    BadChecksum => bad_checksum, fault: true;
+    BadChecksum => bad_checksum, fault: true, engines: [Stack];
     /// A tunnel's datagram that could not reach its destination (no route, address gone, refused by a firewall).
-    Unreachable => unreachable, fault: false;
+    Unreachable => unreachable, fault: false, engines: [Tunnel, KeyedTunnel];
     /// A packet into a tunnel whose destination no peer covers (WireGuard: no AllowedIPs entry), or a peer
     /// without a known endpoint.
-    NoPeer => no_peer, fault: false;
+    NoPeer => no_peer, fault: false, engines: [KeyedTunnel];
     /// A datagram that failed authentication (wrong key, bad MAC or tag), or a handshake message no configured
     /// peer made.
-    Unauthenticated => unauthenticated, fault: true;
+    Unauthenticated => unauthenticated, fault: true, engines: [Tunnel, KeyedTunnel];
     /// A datagram whose counter was seen before or is too old (replay protection).
-    Replayed => replayed, fault: true;
+    Replayed => replayed, fault: true, engines: [KeyedTunnel];
     /// A packet out of a tunnel whose inner source address the sending peer may not use (WireGuard: not in its
     /// AllowedIPs).
-    NotAllowed => not_allowed, fault: true;
+    NotAllowed => not_allowed, fault: true, engines: [KeyedTunnel];
     /// A packet for a peer with no session that the protocol could not hold until its handshake (its queue full,
     /// or the handshake given up).
-    NoSession => no_session, fault: false;
+    NoSession => no_session, fault: false, engines: [KeyedTunnel];
     /// Congestion marked on the outer header of a packet whose transport is not ECN-capable (RFC 6040 says drop).
-    CeOnNotEct => ce_on_not_ect, fault: false;
+    CeOnNotEct => ce_on_not_ect, fault: false, engines: [Tunnel, KeyedTunnel];
     /// A datagram too short or otherwise not of the tunnel's protocol.
-    MalformedDatagram => malformed_datagram, fault: true;
+    MalformedDatagram => malformed_datagram, fault: true, engines: [Tunnel, KeyedTunnel];
     /// A handshake message refused under load (WireGuard: its source over its rate, or the handshake queue
     /// full), before any key work was spent on it.
-    RateLimited => rate_limited, fault: false;
+    RateLimited => rate_limited, fault: false, engines: [KeyedTunnel];
+}
+
+/// The kinds of engine that count packets, each with the drop reasons it can give ([`DropReason::applies_to`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Engine {
+    /// Packets between two devices ([`crate::forward`]).
+    Forwarder,
+    /// Packets between a device and UDP without a protocol of its own ([`crate::tunnel::Plain`]).
+    Tunnel,
+    /// A tunnel whose protocol has keys, peers and sessions (WireGuard).
+    KeyedTunnel,
+    /// A network stack over a queue (the smoltcp adapter).
+    Stack,
+}
+
+impl Engine {
+    /// Its name in counters output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Forwarder => "forwarder",
+            Engine::Tunnel => "tunnel",
+            Engine::KeyedTunnel => "keyed_tunnel",
+            Engine::Stack => "stack",
+        }
+    }
+
+    /// The engine of this name ([`Self::as_str`]).
+    pub fn from_name(name: &str) -> Option<Engine> {
+        [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack].into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// The drop reasons an engine of this kind can give, in the order [`Drops`] lists them.
+    pub fn drop_reasons(self) -> impl Iterator<Item = DropReason> {
+        DropReason::ALL.iter().copied().filter(move |r| r.applies_to(self))
+    }
 }
 
 impl std::fmt::Display for DropReason {
@@ -167,6 +219,23 @@ macro_rules! counters {
             pub fn add(&mut self, other: &Counters) {
                 $(self.$field += other.$field;)*
                 self.drops.add_all(&other.drops);
+            }
+
+            /// The counters' names, in the order they are declared (the names counters output uses).
+            pub const FIELDS: &'static [&'static str] = &[$(stringify!($field),)*];
+
+            /// Each counter with its name, in the order of [`Self::FIELDS`] (the drops apart).
+            pub fn fields(&self) -> [(&'static str, u64); Self::FIELDS.len()] {
+                [$((stringify!($field), self.$field),)*]
+            }
+
+            /// Sets the counter named `name` ([`Self::FIELDS`]); false if there is none of that name.
+            pub fn set_field(&mut self, name: &str, value: u64) -> bool {
+                match name {
+                    $(stringify!($field) => self.$field = value,)*
+                    _ => return false,
+                }
+                true
             }
 
             /// What changed since `earlier` (an older copy of the same cumulative counters).
@@ -359,6 +428,37 @@ mod tests {
         let file = std::fs::File::open("/proc/self/status").unwrap();
         assert_eq!(ProcessUsage::now().unwrap().open_fds, before.open_fds + 1, "an fd opened is counted");
         drop(file);
+    }
+
+    #[test]
+    fn test_names_round_trip_and_reasons_apply_by_engine() {
+        for &r in DropReason::ALL {
+            assert_eq!(DropReason::from_name(r.as_str()), Some(r));
+            assert!(
+                [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack]
+                    .iter()
+                    .any(|&e| r.applies_to(e)),
+                "{r} applies to some engine"
+            );
+        }
+        assert_eq!(DropReason::from_name("nonsense"), None);
+        // A forwarder gives none of a tunnel's reasons; a plain tunnel none of a keyed protocol's.
+        assert!(!Engine::Forwarder.drop_reasons().any(|r| r == DropReason::NoPeer || r == DropReason::Unreachable));
+        assert!(Engine::Forwarder.drop_reasons().any(|r| r == DropReason::DeviceDown));
+        assert!(!Engine::Tunnel.drop_reasons().any(|r| r == DropReason::Replayed));
+        assert!(Engine::KeyedTunnel.drop_reasons().any(|r| r == DropReason::NoPeer));
+        for e in [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack] {
+            assert_eq!(Engine::from_name(e.as_str()), Some(e));
+        }
+        let mut c = Counters::default();
+        for (i, name) in Counters::FIELDS.iter().enumerate() {
+            assert!(c.set_field(name, i as u64 + 1), "{name}");
+        }
+        assert!(!c.set_field("drops", 1));
+        assert_eq!(
+            c.fields().iter().map(|&(_, v)| v).collect::<Vec<_>>(),
+            (1..=Counters::FIELDS.len() as u64).collect::<Vec<_>>()
+        );
     }
 
     #[test]

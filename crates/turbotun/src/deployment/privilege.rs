@@ -114,6 +114,11 @@ impl UserSpec {
     }
 }
 
+/// A group id from a group name (`getgrnam`) or number, as `ip tuntap ... group` and `--group` take it.
+pub fn group_id(group: &str) -> Result<u32> {
+    resolve_group(group)
+}
+
 fn resolve_group(group: &str) -> Result<u32> {
     let group = group.trim();
     if let Ok(gid) = group.parse::<u32>() {

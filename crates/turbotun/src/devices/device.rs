@@ -374,7 +374,7 @@ impl DeviceBuilder {
             Some(libc::EPERM) | Some(libc::EACCES) => {
                 return Err(permission_error(&display_name, existing.as_ref(), err))
             }
-            Some(libc::EBUSY) => return Err(Error::Busy { name: display_name }),
+            Some(libc::EBUSY) => return Err(busy(&display_name, self.exclusive)),
             Some(libc::EINVAL) if !requested.is_empty() => {}
             _ => return Err(Error::io(format!("TUNSETIFF {display_name}"), err)),
         }
@@ -395,7 +395,7 @@ impl DeviceBuilder {
                 notes.push(note);
                 Ok((name, true))
             }
-            Err(e2) if e2.raw_os_error() == Some(libc::EBUSY) => Err(Error::Busy { name: display_name }),
+            Err(e2) if e2.raw_os_error() == Some(libc::EBUSY) => Err(busy(&display_name, self.exclusive)),
             Err(_) => Err(Error::FlagsMismatch { name: display_name, source: err }),
         }
     }
@@ -447,7 +447,7 @@ impl DeviceBuilder {
             // IFF_TUN_EXCL guards the creating open only; the device is ours now, so further queues attach.
             let flags = self.flags(multi_queue) & !iff::TUN_EXCL;
             sys::tun_set_iff(fd.as_fd(), name, flags).map_err(|e| match e.raw_os_error() {
-                Some(libc::EBUSY) => Error::Busy { name: name.to_string() },
+                Some(libc::EBUSY) => busy(name, false),
                 Some(libc::E2BIG) => {
                     Error::TooManyQueues { name: name.to_string(), queues: self.queues, max: MAX_QUEUES }
                 }
@@ -533,6 +533,12 @@ impl DeviceBuilder {
 
 /// The kernel's limit on queues per TUN/TAP device (`MAX_TAP_QUEUES` in `drivers/net/tun.c`).
 pub const MAX_QUEUES: usize = 256;
+
+/// [`Error::Busy`] for `name`, with the processes holding its queues.
+fn busy(name: &str, exclusive: bool) -> Error {
+    let holders = crate::inspect::queue_holder_processes(name);
+    Error::Busy { name: name.to_string(), exclusive, holders }
+}
 
 /// The error for a link that exists and is not TUN/TAP, naming what it is.
 pub(crate) fn not_tun_tap(link: &LinkInfo) -> Error {

@@ -32,7 +32,9 @@ pub struct DeviceReport {
     pub owner: Option<u32>,
     /// The group allowed to attach without CAP_NET_ADMIN, if one was set.
     pub group: Option<u32>,
-    /// Queues attached now (`IFLA_TUN_NUM_QUEUES`).
+    /// Queues attached now: `IFLA_TUN_NUM_QUEUES` for a multiqueue device; the kernel reports that number only
+    /// for those, so a single-queue device counts 1 when a process holds it (its carrier is on, which the kernel
+    /// allows only while a queue is attached, or `/proc` shows a holder) and 0 otherwise.
     pub queues: u32,
     /// Queues detached with `TUNSETQUEUE` (`IFLA_TUN_NUM_DISABLED_QUEUES`).
     pub disabled_queues: u32,
@@ -141,6 +143,26 @@ pub fn queue_holders(name: &str) -> Vec<u32> {
     out
 }
 
+/// The processes holding a queue of `name`, one entry per process: `pid 123 (turbotun fwd tta ttb)`.
+pub fn queue_holder_processes(name: &str) -> Vec<String> {
+    let mut pids = queue_holders(name);
+    pids.dedup();
+    pids.into_iter().map(|pid| format!("pid {pid} ({})", process_command(pid))).collect()
+}
+
+/// A process's command line, as `ps` shows it (its name alone if the command line cannot be read).
+pub fn process_command(pid: u32) -> String {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let words: Vec<String> =
+        cmdline.split(|&b| b == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect();
+    if words.is_empty() {
+        return fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_default();
+    }
+    // The program by its file name, as ps does: `/usr/local/bin/turbotun fwd a b` reads `turbotun fwd a b`.
+    let program = words[0].rsplit('/').next().unwrap_or(&words[0]).to_string();
+    std::iter::once(program).chain(words[1..].iter().cloned()).collect::<Vec<_>>().join(" ")
+}
+
 /// Reports one device by name.
 pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
     let link = netlink.link(name)?;
@@ -179,7 +201,11 @@ fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
         persist: tun.persist,
         owner: tun.owner,
         group: tun.group,
-        queues: tun.num_queues,
+        queues: if tun.multi_queue {
+            tun.num_queues
+        } else {
+            u32::from(link.carrier == Some(true) || !holders.is_empty())
+        },
         disabled_queues: tun.num_disabled_queues,
         queue_holders: holders,
         mtu: link.mtu,

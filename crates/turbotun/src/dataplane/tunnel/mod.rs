@@ -240,6 +240,7 @@ pub struct TunnelBuilder<T: Transform> {
     sockets: Vec<TunnelSocket>,
     options: SocketOptions,
     stop: StopHandle,
+    stats: TunnelStatsHandle,
 }
 
 impl<T: Transform> TunnelBuilder<T> {
@@ -251,7 +252,15 @@ impl<T: Transform> TunnelBuilder<T> {
             sockets: Vec::new(),
             options: SocketOptions::default(),
             stop: StopHandle::new(),
+            stats: TunnelStatsHandle::default(),
         }
+    }
+
+    /// Counts into `stats` (default: counters of its own): a program that replaces a tunnel with another (new
+    /// sockets after a port change) keeps one set of counters across them, served while it runs.
+    pub fn count_into(mut self, stats: TunnelStatsHandle) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// The local UDP address: one socket per queue is bound to it (port 0: one port picked for all).
@@ -331,7 +340,7 @@ impl<T: Transform> TunnelBuilder<T> {
             sockets: sockets.into_iter().map(Arc::new).collect(),
             transform: self.transform,
             stop: self.stop,
-            stats: TunnelStatsHandle::default(),
+            stats: self.stats,
             unreachables,
         })
     }
@@ -402,7 +411,8 @@ impl<T: Transform> Tunnel<T> {
     }
 
     /// Runs until the stop handle fires or a worker fails (a device deleted, a socket that cannot send); the
-    /// failure is returned after every worker stopped, with their counts in [`Self::stats`].
+    /// failure is returned after every worker stopped, with their counts in [`Self::stats`]. Returns the
+    /// counters of the handle it counted into (see [`TunnelBuilder::count_into`]).
     pub fn run(self) -> Result<TunnelStats> {
         let mut workers = Vec::new();
         for (i, (queue, socket)) in self.queues.iter().zip(&self.sockets).enumerate() {

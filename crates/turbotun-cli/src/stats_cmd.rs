@@ -1,0 +1,79 @@
+//! `turbotun stats [NAME]`: the counters of a running `fwd`, `tunnel` or `wg`, read from its counters socket.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use turbotun::stats_socket::{self, Report, STATS_DIR};
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The engine: its device name (a forwarder's first device), or the path of its counters socket. Without
+    /// it, every engine serving counters in /run/turbotun.
+    pub name: Option<String>,
+    /// Print JSON (one object per engine, one per line) instead of text.
+    #[arg(long, conflicts_with = "prometheus")]
+    pub json: bool,
+    /// Print Prometheus's text format (for node_exporter's textfile collector or a scrape through a wrapper).
+    #[arg(long)]
+    pub prometheus: bool,
+}
+
+pub fn run(args: &StatsArgs) -> Result<()> {
+    let reports = match &args.name {
+        Some(name) => vec![stats_socket::read(&socket_of(name)).map_err(|e| {
+            let serving: Vec<String> =
+                stats_socket::list(Path::new(STATS_DIR)).into_iter().map(|(name, _)| name).collect();
+            if serving.is_empty() {
+                anyhow::anyhow!("{e}")
+            } else {
+                anyhow::anyhow!("{e} (serving now: {}; a forwarder goes by its first device)", serving.join(", "))
+            }
+        })?],
+        None => {
+            let found = stats_socket::list(Path::new(STATS_DIR));
+            let mut reports = Vec::new();
+            for (name, path) in found {
+                match stats_socket::read(&path) {
+                    Ok(report) => reports.push(report),
+                    // A stale socket (its process killed) or one this user may not read: said, not fatal.
+                    Err(e) => eprintln!("turbotun stats: {name}: {e}"),
+                }
+            }
+            if reports.is_empty() && !args.prometheus {
+                bail!("no turbotun fwd, tunnel or wg serves counters in {STATS_DIR} now");
+            }
+            reports
+        }
+    };
+    if args.prometheus {
+        print!("{}", crate::counters::prometheus(&reports));
+    } else if args.json {
+        for report in &reports {
+            println!("{}", crate::counters::to_json(report));
+        }
+    } else {
+        for report in &reports {
+            println!("{}", heading(report));
+            println!("{}", crate::counters::summary(report));
+        }
+    }
+    Ok(())
+}
+
+/// `tta: forwarder tta <-> ttb (mode offload, io block), pid 4242`.
+fn heading(report: &Report) -> String {
+    let settings: Vec<String> = report.settings.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let devices = report.devices.join(" <-> ");
+    let settings = if settings.is_empty() { String::new() } else { format!(" ({})", settings.join(", ")) };
+    format!("{}: {} {devices}{settings}, pid {}", report.name, report.kind, report.pid)
+}
+
+/// A name as given, or the path of its socket (anything with a `/` is a path).
+fn socket_of(name: &str) -> PathBuf {
+    if name.contains('/') {
+        PathBuf::from(name)
+    } else {
+        stats_socket::socket_path(name)
+    }
+}

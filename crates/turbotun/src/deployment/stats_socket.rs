@@ -1,0 +1,535 @@
+//! Counters while an engine runs: a read-only Unix socket per running forwarder or tunnel
+//! (`/run/turbotun/NAME.stats`), answered with a snapshot of the counters the engine keeps anyway, so that
+//! serving them adds no work on the data path.
+//!
+//! A client connects and reads until the end: the server writes one [`Report`] as `key=value` lines (the way
+//! WireGuard's configuration protocol reads), ending with an empty line, and closes. It never reads what a
+//! client sends. [`read`] is the client; `socat - UNIX-CONNECT:/run/turbotun/NAME.stats` works as well.
+//!
+//! Access: the socket is made `0700` (its owner, root for a process started as root, may connect; nobody
+//! else), in a directory that must be owned by root or by this user and writable by no one else. A stale
+//! socket (its process died) is replaced; one that answers belongs to a running process and is left alone.
+//! The socket is removed when the [`StatsSocket`] (or the [`StatsServer`] answering on it) is dropped, if it is
+//! still the one bound here.
+//!
+//! ```text
+//! kind=forwarder
+//! engine=forwarder
+//! name=tta
+//! device=tta
+//! device=ttb
+//! setting=mode offload
+//! pid=4242
+//! seconds=3.004
+//! direction=a_to_b
+//! reads=120
+//! packets=1000
+//! ...
+//! drop=device_down 1
+//! direction=b_to_a
+//! ...
+//!
+//! ```
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::stats::{Counters, DropReason, Engine};
+use crate::stop::StopHandle;
+
+/// Where the counters sockets are: one `NAME.stats` per running engine.
+pub const STATS_DIR: &str = "/run/turbotun";
+
+/// The suffix of a counters socket's file name.
+pub const STATS_SUFFIX: &str = ".stats";
+
+/// How long a client may take to take a report, and [`read`] to get one.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The largest report [`read`] accepts (a report is about 1 KiB per direction).
+const MAX_REPORT: u64 = 1 << 20;
+
+/// The counters socket of the engine named `name` (a device name) in [`STATS_DIR`].
+pub fn socket_path(name: &str) -> PathBuf {
+    Path::new(STATS_DIR).join(format!("{name}{STATS_SUFFIX}"))
+}
+
+/// One engine's counters at one moment, as the socket serves them.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Report {
+    /// What runs, in words: `forwarder`, `tunnel`, `wireguard`.
+    pub kind: String,
+    /// Which drop reasons apply ([`DropReason::applies_to`]).
+    pub engine: Engine,
+    /// The name the socket is found by.
+    pub name: String,
+    /// The devices it moves packets for.
+    pub devices: Vec<String>,
+    /// How it runs, as `(key, value)` pairs (`mode offload`, `io block`).
+    pub settings: Vec<(String, String)>,
+    /// The serving process.
+    pub pid: u32,
+    /// Seconds since the engine started.
+    pub seconds: f64,
+    /// The counters of each direction, by name (`a_to_b`, `to_network`, ...).
+    pub directions: Vec<(String, Counters)>,
+}
+
+impl Report {
+    /// A report of this process (`pid` set) without counters yet.
+    pub fn new(kind: impl Into<String>, engine: Engine, name: impl Into<String>) -> Report {
+        Report {
+            kind: kind.into(),
+            engine,
+            name: name.into(),
+            devices: Vec::new(),
+            settings: Vec::new(),
+            pid: std::process::id(),
+            seconds: 0.0,
+            directions: Vec::new(),
+        }
+    }
+
+    /// A tunnel's report: `to_network` and `from_network` through the device `name`, in `mode` (`plain`,
+    /// `wireguard`), `seconds` after it started.
+    pub fn of_tunnel(
+        kind: &str,
+        engine: Engine,
+        name: &str,
+        mode: &str,
+        stats: &crate::tunnel::TunnelStats,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new(kind, engine, name);
+        report.devices = vec![name.to_string()];
+        report.settings = vec![("mode".into(), mode.into())];
+        report.seconds = seconds;
+        report.directions = vec![("to_network".into(), stats.to_network), ("from_network".into(), stats.from_network)];
+        report
+    }
+
+    /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
+    /// started.
+    pub fn of_forwarder(
+        devices: &[String; 2],
+        mode: crate::ForwardMode,
+        io: crate::IoKind,
+        stats: &crate::forward::ForwardStats,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new("forwarder", Engine::Forwarder, devices[0].clone());
+        report.devices = devices.to_vec();
+        report.settings = vec![("mode".into(), mode.as_str().into()), ("io".into(), io.as_str().into())];
+        report.seconds = seconds;
+        report.directions = vec![("a_to_b".into(), stats.a_to_b), ("b_to_a".into(), stats.b_to_a)];
+        report
+    }
+
+    /// Every direction added up.
+    pub fn total(&self) -> Counters {
+        let mut total = Counters::default();
+        for (_, counters) in &self.directions {
+            total.add(counters);
+        }
+        total
+    }
+
+    /// The drop reasons to show: those that apply to the engine, and any other that counted a drop (none is
+    /// hidden), in the order [`DropReason::ALL`] lists them.
+    pub fn reasons(&self) -> Vec<DropReason> {
+        let total = self.total();
+        DropReason::ALL.iter().copied().filter(|&r| r.applies_to(self.engine) || total.drops.get(r) > 0).collect()
+    }
+
+    /// The value of a setting.
+    pub fn setting(&self, key: &str) -> Option<&str> {
+        self.settings.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// The report as the socket writes it (see the module documentation).
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "kind={}", one_line(&self.kind));
+        let _ = writeln!(s, "engine={}", self.engine.as_str());
+        let _ = writeln!(s, "name={}", one_line(&self.name));
+        for device in &self.devices {
+            let _ = writeln!(s, "device={}", one_line(device));
+        }
+        for (key, value) in &self.settings {
+            let _ = writeln!(s, "setting={} {}", one_line(key).replace(' ', "_"), one_line(value));
+        }
+        let _ = writeln!(s, "pid={}", self.pid);
+        let _ = writeln!(s, "seconds={:.3}", self.seconds);
+        for (direction, counters) in &self.directions {
+            let _ = writeln!(s, "direction={}", one_line(direction));
+            for (field, value) in counters.fields() {
+                let _ = writeln!(s, "{field}={value}");
+            }
+            for &reason in DropReason::ALL {
+                let n = counters.drops.get(reason);
+                if n > 0 {
+                    let _ = writeln!(s, "drop={reason} {n}");
+                }
+            }
+        }
+        s.push('\n');
+        s
+    }
+
+    /// Reads a report written by [`Self::to_text`]. Lines it does not know are skipped (a newer server may say
+    /// more); a known line with a bad value is an error.
+    pub fn parse(text: &str) -> std::result::Result<Report, String> {
+        let mut report = Report::new("", Engine::Forwarder, "");
+        report.pid = 0;
+        let (mut has_kind, mut has_engine, mut ended) = (false, false, false);
+        for line in text.lines() {
+            if line.is_empty() {
+                ended = true;
+                break;
+            }
+            let Some((key, value)) = line.split_once('=') else {
+                return Err(format!("{line:?} is not a key=value line"));
+            };
+            let number = |what: &str| value.parse::<u64>().map_err(|_| format!("{what}={value:?} is not a count"));
+            match key {
+                "kind" => (report.kind, has_kind) = (value.to_string(), true),
+                "engine" => {
+                    report.engine = Engine::from_name(value).ok_or_else(|| format!("unknown engine {value:?}"))?;
+                    has_engine = true;
+                }
+                "name" => report.name = value.to_string(),
+                "device" => report.devices.push(value.to_string()),
+                "setting" => {
+                    let (k, v) = value.split_once(' ').unwrap_or((value, ""));
+                    report.settings.push((k.to_string(), v.to_string()));
+                }
+                "pid" => report.pid = u32::try_from(number("pid")?).map_err(|_| format!("pid {value} out of range"))?,
+                "seconds" => {
+                    report.seconds = value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| format!("seconds={value:?} is not a duration"))?;
+                }
+                "direction" => report.directions.push((value.to_string(), Counters::default())),
+                "drop" => {
+                    let (reason, n) = value.split_once(' ').ok_or_else(|| format!("drop={value:?}: REASON COUNT"))?;
+                    let n = n.parse::<u64>().map_err(|_| format!("drop={value:?}: {n:?} is not a count"))?;
+                    let (_, counters) = report.directions.last_mut().ok_or("a drop before any direction")?;
+                    // A reason this build does not know is skipped: a newer server may have more.
+                    if let Some(reason) = DropReason::from_name(reason) {
+                        counters.drops.add(reason, n);
+                    }
+                }
+                field if Counters::FIELDS.contains(&field) => {
+                    let n = number(field)?;
+                    let (_, counters) = report.directions.last_mut().ok_or("a counter before any direction")?;
+                    counters.set_field(field, n);
+                }
+                _ => {}
+            }
+        }
+        if !ended {
+            return Err("the report ended early (no empty line at its end)".into());
+        }
+        if !has_kind || !has_engine {
+            return Err("the report names no kind or engine".into());
+        }
+        Ok(report)
+    }
+}
+
+/// A value on one line of the report (a newline would start another key).
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// A bound counters socket, not answering yet: bind it while the process may still write to [`STATS_DIR`]
+/// (before dropping privileges, which refuses to run beside other threads), then [`Self::serve`]. Removed when
+/// dropped, if it is still the one bound here.
+#[derive(Debug)]
+pub struct StatsSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+}
+
+impl StatsSocket {
+    /// Binds the counters socket at `path` (its directory made `0755` if missing). Refused when another process
+    /// answers at `path` ([`Error::SocketInUse`]), or when the directory could let another user put a socket of
+    /// their own there; a stale socket is replaced.
+    pub fn bind(path: &Path) -> Result<StatsSocket> {
+        let io_error = |what: &str, e: io::Error| Error::io(format!("{what} {}", path.display()), e);
+        if let Some(dir) = path.parent() {
+            check_dir(dir)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
+                Ok(_) => return Err(Error::SocketInUse { path: path.to_path_buf() }),
+                // Nobody answers: its process is gone (or was killed before it could remove it).
+                Err(_) => std::fs::remove_file(path).map_err(|e| io_error("removing the stale socket", e))?,
+            },
+            Ok(_) => {
+                return Err(Error::InvalidConfig(format!(
+                    "{} exists and is not a socket: remove it, or serve the counters elsewhere",
+                    path.display()
+                )))
+            }
+            Err(_) => {}
+        }
+        // Only the owner may connect (root for a process started as root).
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+        let bound = UnixListener::bind(path);
+        rustix::process::umask(old);
+        let listener = bound.map_err(|e| io_error("binding", e))?;
+        let inode = std::fs::symlink_metadata(path).map_err(|e| io_error("reading", e))?.ino();
+        let socket = StatsSocket { listener, path: path.to_path_buf(), inode };
+        socket.listener.set_nonblocking(true).map_err(|e| io_error("configuring", e))?;
+        Ok(socket)
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The socket file's inode (which tells it from a socket another process bound at the same path later).
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// Starts answering: a thread gives each connection the report `source` makes, until the server is dropped.
+    pub fn serve(self, source: impl Fn() -> Report + Send + 'static) -> Result<StatsServer> {
+        let listener = self.listener.try_clone().map_err(|e| Error::io("sharing the counters socket", e))?;
+        let stop = StopHandle::new();
+        let serving = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("stats-socket".into())
+            .spawn(move || serve(&listener, &source, &serving))
+            .map_err(|e| Error::io("spawning the counters socket's thread", e))?;
+        Ok(StatsServer { stop, thread: Some(thread), socket: self })
+    }
+}
+
+impl Drop for StatsSocket {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A counters socket being answered ([`StatsSocket::serve`]). Stops, and removes the socket, when dropped.
+#[derive(Debug)]
+pub struct StatsServer {
+    stop: StopHandle,
+    thread: Option<JoinHandle<()>>,
+    // Dropped after the thread has ended: the file goes last.
+    socket: StatsSocket,
+}
+
+impl StatsServer {
+    /// [`StatsSocket::bind`] and [`StatsSocket::serve`] at once (for a process that drops no privileges).
+    pub fn bind(path: &Path, source: impl Fn() -> Report + Send + 'static) -> Result<StatsServer> {
+        StatsSocket::bind(path)?.serve(source)
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        self.socket.path()
+    }
+}
+
+impl Drop for StatsServer {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The directory of a counters socket: made `0755` if missing; refused if another user owns it or may write to
+/// it (they could put a socket that answers with counters of their own making in place of one).
+fn check_dir(dir: &Path) -> Result<()> {
+    let io_error = |what: &str, e: io::Error| Error::io(format!("{what} {}", dir.display()), e);
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(|e| io_error("creating", e))?;
+        // The umask may have taken bits away; the directory must be searchable by anyone allowed a socket in it.
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    }
+    let meta = std::fs::metadata(dir).map_err(|e| io_error("reading", e))?;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(Error::InvalidConfig(format!(
+            "{} belongs to uid {}, not to root or this user: counters sockets are not served from it",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::InvalidConfig(format!(
+            "{} is writable by others (mode {:o}): counters sockets are not served from it (chmod 755 it)",
+            dir.display(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Answers connections until `stop` fires: each gets one report and is closed.
+fn serve(listener: &UnixListener, source: &dyn Fn() -> Report, stop: &StopHandle) {
+    let Ok(wake) = stop.wake_fd() else { return };
+    while !stop.is_stopped() {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let text = source().to_text();
+                // A client that does not read cannot hold the thread for long.
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
+                if let Err(e) = stream.write_all(text.as_bytes()) {
+                    tracing::debug!("counters socket client: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                use rustix::event::{poll, PollFd, PollFlags, Timespec};
+                let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(&wake, PollFlags::IN)];
+                let timeout = Timespec { tv_sec: 1, tv_nsec: 0 };
+                match poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => {
+                        tracing::warn!("counters socket: poll: {e}");
+                        return;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!("counters socket: accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Reads the report served at `path`; the error says what to do about a missing, stale or forbidden socket.
+pub fn read(path: &Path) -> Result<Report> {
+    let shown = path.display();
+    let mut stream = UnixStream::connect(path).map_err(|e| {
+        let why = match e.kind() {
+            io::ErrorKind::NotFound => {
+                format!("no counters socket at {shown}: no turbotun fwd, tunnel or wg serves that name now")
+            }
+            io::ErrorKind::ConnectionRefused => {
+                format!("{shown} is left from a process that ended: nothing serves it (the next start replaces it)")
+            }
+            io::ErrorKind::PermissionDenied => {
+                format!("{shown} may only be read by its owner (root for a process started as root): run as root")
+            }
+            _ => format!("connecting to {shown}"),
+        };
+        Error::io(why, e)
+    })?;
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(|e| Error::io(format!("configuring {shown}"), e))?;
+    let mut text = String::new();
+    (&mut stream).take(MAX_REPORT).read_to_string(&mut text).map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    Report::parse(&text).map_err(|reason| Error::InvalidConfig(format!("{shown} answered a bad report: {reason}")))
+}
+
+/// The counters sockets in `dir` (normally [`STATS_DIR`]), by name, sorted.
+pub fn list(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<(String, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().strip_suffix(STATS_SUFFIX)?.to_string();
+            Some((name, e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Report {
+        let mut report = Report::new("forwarder", Engine::Forwarder, "tta");
+        report.devices = vec!["tta".into(), "ttb".into()];
+        report.settings = vec![("mode".into(), "offload".into()), ("io".into(), "block".into())];
+        report.seconds = 3.25;
+        let mut a = Counters { reads: 10, packets: 1000, bytes: 1_400_000, ..Counters::default() };
+        a.drops.add(DropReason::DeviceDown, 2);
+        let b = Counters { reads: 5, packets: 500, bytes: 700_000, ..Counters::default() };
+        report.directions = vec![("a_to_b".into(), a), ("b_to_a".into(), b)];
+        report
+    }
+
+    #[test]
+    fn test_report_round_trips_and_lists_the_reasons_that_apply() {
+        let report = sample();
+        let text = report.to_text();
+        assert!(text.ends_with("\n\n") && text.contains("drop=device_down 2\n"), "{text}");
+        assert_eq!(Report::parse(&text).unwrap(), report);
+        let reasons = report.reasons();
+        assert!(reasons.contains(&DropReason::DeviceDown) && !reasons.contains(&DropReason::NoPeer));
+        // A drop for a reason the engine is not known for is still shown.
+        let mut odd = report.clone();
+        odd.directions[0].1.drops.add(DropReason::NoPeer, 1);
+        assert!(odd.reasons().contains(&DropReason::NoPeer));
+        assert_eq!(report.total().packets, 1500);
+    }
+
+    #[test]
+    fn test_report_parse_refuses_bad_input_and_skips_unknown_lines() {
+        let text = sample().to_text();
+        for (bad, why) in [
+            ("", "ended early"),
+            ("kind=x\n\n", "names no kind or engine"),
+            ("kind=x\nengine=forwarder\npackets=1\n\n", "before any direction"),
+            ("kind=x\nengine=forwarder\ndirection=d\npackets=-1\n\n", "not a count"),
+            ("kind=x\nengine=warp\n\n", "unknown engine"),
+            ("kind=x\nengine=forwarder\nseconds=NaN\n\n", "not a duration"),
+            ("nonsense\n\n", "not a key=value line"),
+        ] {
+            let err = Report::parse(bad).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+        let newer = text.replacen("direction=a_to_b\n", "direction=a_to_b\nfuture_key=1\ndrop=warp_drive 3\n", 1);
+        assert!(Report::parse(&newer).is_ok());
+    }
+
+    #[test]
+    fn test_server_answers_replaces_a_stale_socket_and_removes_its_own() {
+        let dir = std::env::temp_dir().join(format!("turbotun-stats-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new().mode(0o755).create(&dir).unwrap();
+        let path = dir.join("tt0.stats");
+        // A socket left by a process that died: bound, never removed.
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let server = StatsServer::bind(&path, sample).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o077, 0, "only its owner may connect");
+        assert_eq!(read(&path).unwrap(), sample());
+        assert_eq!(list(&dir), vec![("tt0".to_string(), path.clone())]);
+        let again = StatsServer::bind(&path, sample).unwrap_err();
+        assert!(matches!(again, Error::SocketInUse { .. }), "{again}");
+        drop(server);
+        assert!(!path.exists(), "removed at the end");
+        let gone = read(&path).unwrap_err().to_string();
+        assert!(gone.contains("no counters socket"), "{gone}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let open = StatsServer::bind(&path, sample).unwrap_err().to_string();
+        assert!(open.contains("writable by others"), "{open}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
