@@ -217,6 +217,58 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
     });
 }
 
+/// Issue 30, item 4: a burst that comes after the queue ran dry is read in one batch, and so leaves as one
+/// coalesced write. Before, once a further read of a batch found the queue empty, the next 1, 2, 4 ... 16
+/// batches took one read each, and a burst's first datagrams were handed over one per batch, each to be written
+/// alone. Six rounds of a lone datagram (its batch ends on an empty queue) and a burst of 8 queued before the
+/// next read.
+#[test]
+fn a_burst_after_an_idle_gap_is_read_in_one_batch() {
+    in_netns("a_burst_after_an_idle_gap_is_read_in_one_batch", || {
+        let name = unique_name("ti");
+        let dev = offload_tun(&name);
+        let q = &dev.queues()[0];
+        let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
+        let mut rx = RecvBatch::new(q);
+        let mut bufs = vec![vec![0u8; HDR + 65535]; 32];
+        let mut lens = [0usize; 32];
+        let mut gro = turbotun_wire::Gro::new(turbotun_wire::GroConfig {
+            tcp: true,
+            udp: true,
+            framing: turbotun_wire::Framing::Ip,
+            vnet_hdr_len: HDR,
+        });
+        let mut to_write = Vec::new();
+        // The datagrams to `port` in the next batch that holds any (other chatter may come between).
+        let mut next_batch_to = |rx: &mut RecvBatch<&turbotun::Queue>, port: u16| -> (Vec<usize>, usize) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                assert!(std::time::Instant::now() < deadline, "nothing arrived for port {port}");
+                let got = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+                let ours: Vec<usize> = (0..got.packets)
+                    .filter(|&i| parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]).is_some_and(|p| p.3 == port))
+                    .collect();
+                if !ours.is_empty() {
+                    // What the send half would write of them: one coalesced packet per flow when they all merge.
+                    gro.coalesce(&mut bufs[..got.packets], &mut lens[..got.packets], HDR, got.checksums, &mut to_write);
+                    let writes = to_write.iter().filter(|i| ours.contains(i)).count();
+                    return (ours, writes);
+                }
+            }
+        };
+        for round in 0..6u8 {
+            sock.send_to(&[round; 10], (PEER, 5360)).unwrap();
+            assert_eq!(next_batch_to(&mut rx, 5360).0.len(), 1, "round {round}: the lone datagram");
+            for i in 0..8u8 {
+                sock.send_to(&[i; 500], (PEER, 5361)).unwrap();
+            }
+            let (burst, writes) = next_batch_to(&mut rx, 5361);
+            assert_eq!(burst.len(), 8, "round {round}: the whole burst in one batch");
+            assert_eq!(writes, 1, "round {round}: coalesced into one write");
+        }
+    });
+}
+
 /// The zero-copy split: after one super-packet, reads are scattered so that each segment's payload lands in
 /// its own buffer. Whatever comes next (the same gso_size, another one, a plain datagram small or large, more
 /// segments than buffers) must arrive exactly as the copying split would give it: every datagram in order,
