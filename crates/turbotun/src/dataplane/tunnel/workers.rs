@@ -218,11 +218,15 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             for datagram in udp::datagrams(meta, data) {
                 counters.segments += 1;
+                // Replies to `from` leave from the address it reached: recorded before the transform sees the
+                // datagram (its reply to a handshake may leave from another thread at once), and taken back if
+                // the datagram is not accepted (no lock when it is the same as last time).
+                let undo = if local.is_some() { ctx.socket.remember_source(from, local, &mut sources) } else { None };
                 let opened = ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control);
-                if local.is_some() && matches!(opened, Opened::Packet { .. } | Opened::Control) {
-                    // Accepted: replies to `from` leave from the address it reached (recorded at once, before the
-                    // transform's own reply to a handshake may go; no lock when it is the same as last time).
-                    ctx.socket.remember_source(from, local.take(), &mut sources);
+                match (&opened, undo) {
+                    (Opened::Dropped(_), Some(previous)) => ctx.socket.restore_source(from, previous, &mut sources),
+                    (Opened::Dropped(_), None) => {}
+                    _ => local = None,
                 }
                 match opened {
                     Opened::Packet { len } => {
