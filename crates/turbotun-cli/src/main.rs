@@ -49,7 +49,7 @@ enum Command {
     Wg(wg_cmd::WgArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
     /// no-drop rate; --echo: echo answers per second).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> std::process::ExitCode {
