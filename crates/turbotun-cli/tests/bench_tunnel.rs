@@ -1,7 +1,8 @@
 //! End-to-end test of `turbotun bench --tunnel`: the real bench binary runs veth, the kernel's VXLAN and
 //! wireguard-go (built into bench/peers/bin on first use) for one short repetition of TCP and UDP, and the test
 //! checks that the table and the JSON carry numbers for those rows, and that nothing is left behind: no
-//! namespace, device, WireGuard configuration socket, key directory or process. Needs root, iperf3, wg
+//! namespace, device, WireGuard configuration socket, key directory or process. A second run takes the
+//! handshake-flood kinds beside `turbotun-wg` (the flood table and its JSON, nothing left behind, nothing timed). Needs root, iperf3, wg
 //! (wireguard-tools), go and perf: skipped without them, except under CI=true where it fails.
 
 mod common;

@@ -578,6 +578,11 @@ pub struct FloodRow {
     pub unflooded: String,
     /// Addresses the flood came from.
     pub sources: usize,
+    /// Runs, and those that failed (under a flood: mostly iperf3 starved until it could not finish).
+    #[serde(default)]
+    pub runs: usize,
+    #[serde(default)]
+    pub failed: usize,
     pub gbps: Option<Spread>,
     pub unflooded_gbps: Option<Spread>,
     /// Median goodput under the flood over the median without it.
@@ -625,6 +630,8 @@ pub fn flood_rows(runs: &[RunRecord], rows: &[TunnelRow]) -> Vec<FloodRow> {
             traffic: row.traffic.clone(),
             unflooded: base.label.to_string(),
             sources: flood.sources,
+            runs: row.summary.runs,
+            failed: row.summary.failed,
             gbps: row.summary.gbps,
             unflooded_gbps,
             ratio: row.summary.gbps.zip(unflooded_gbps.filter(|g| g.median > 0.0)).map(|(g, u)| g.median / u.median),
@@ -647,9 +654,10 @@ fn flood_markdown(o: &mut String, report: &TunnelReport) {
     );
     for f in &report.flood_rows {
         let drops: Vec<String> = f.b_drops.iter().map(|(k, s)| format!("{k} {}", fmt_count(s.median))).collect();
+        let failed = if f.failed > 0 { format!(" ({} of {} failed)", f.failed, f.runs) } else { String::new() };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             f.kind,
             f.traffic,
             if f.sources == 1 { "1 address".to_string() } else { format!("{} addresses", f.sources) },
@@ -668,7 +676,8 @@ fn flood_markdown(o: &mut String, report: &TunnelReport) {
          B's public key), sent from A's namespace by `turbotun bench --wg-flood`, one thread, `sendmmsg` batches of \
          64, as fast as it can, from A's underlay address or from that many addresses taken in turn, over the whole \
          window. Gbps: medians (min–max) over interleaved repetitions; ×no flood: the median under the flood over \
-         the median of the same endpoints without it in this bench. B's drops: what B's endpoint counted as \
+         the median of the same endpoints without it in this bench, both over the runs that finished (a run fails when \
+         the flood starves iperf3 until it cannot finish). B's drops: what B's endpoint counted as \
          dropped, by reason, median per run (its counters line when stopped); B's socket dropped: the datagrams \
          the kernel found no room for in B's sockets."
     );
@@ -994,6 +1003,8 @@ mod tests {
             }));
             runs.push(flooded);
         }
+        let starved = rec("turbotun-wg-flood64", "tcp", 4, 0.0, None);
+        runs.push(RunRecord { error: Some("iperf3 did not finish within 15 s".into()), iperf: None, ..starved });
         let kinds = [("turbotun-wg", "turbotun"), ("turbotun-wg-flood64", "turbotun")]
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .to_vec();
@@ -1002,6 +1013,7 @@ mod tests {
         assert_eq!(flood.len(), 1, "{flood:?}");
         let f = &flood[0];
         assert_eq!((f.kind.as_str(), f.unflooded.as_str(), f.sources), ("turbotun-wg-flood64", "turbotun-wg", 64));
+        assert_eq!((f.runs, f.failed), (4, 1));
         assert_eq!(f.ratio, Some(3.0 / 4.0));
         assert_eq!(f.flood_kpps.unwrap().median, 600.0);
         assert_eq!(f.b_cpu_percent.unwrap().median, 50.0);
@@ -1012,7 +1024,7 @@ mod tests {
         report.flood_rows = flood;
         let md = markdown(&report, &[TUNNEL_TRAFFIC[0]]);
         assert!(
-            md.contains("| turbotun-wg-flood64 | tcp | 64 addresses | 3.00 (2.00–4.00) | 4.00 | 0.75× | 600 (300–900) | 50.0 | 1.0k | malformed_datagram 2, unauthenticated 200 |"),
+            md.contains("| turbotun-wg-flood64 (1 of 4 failed) | tcp | 64 addresses | 3.00 (2.00–4.00) | 4.00 | 0.75× | 600 (300–900) | 50.0 | 1.0k | malformed_datagram 2, unauthenticated 200 |"),
             "{md}"
         );
         crate::bench::report::assert_rows_match_headers(&md);
