@@ -45,6 +45,10 @@ pub struct RunRecord {
     /// The endpoint processes of a tunnel (`--tunnel`), A's first, each sampled over the window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<ProcSample>,
+    /// The handshake flood at B's endpoint over the window (the tunnel bench's `-flood` kinds), as its
+    /// generator reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flood: Option<super::wgflood::FloodReport>,
 }
 
 /// One process sampled over the measurement window: a tunnel's endpoint.

@@ -17,7 +17,8 @@ use super::perfstat;
 use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop};
 use super::procfs::{self, BoxCpu};
 use super::report::{ProcSample, RunRecord};
-use super::topo::{self, Topology};
+use super::topo::{self, FloodTarget, Topology};
+use super::wgflood::FloodReport;
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
 const SINK_PORT: u16 = 5202;
@@ -70,6 +71,8 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     let mut server = Server::start(ctx, &topo, t)?;
 
     let before = Before::take(&topo, t, ctx)?;
+    // A `-flood` kind's flood covers the whole window: it starts before the traffic and stops after the samples.
+    let flood = topo.flood.as_ref().map(|f| Flooder::start(ctx, &topo, f)).transpose()?;
     let perf = match (flamegraph, before.fwd.as_ref().map(|f| f.pid)) {
         (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
         _ => None,
@@ -84,6 +87,9 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     };
     before.record_after(&mut rec, &topo, t, ctx)?;
     rec.iperf = Some(result);
+    if let Some(flood) = flood {
+        rec.flood = Some(flood.stop()?);
+    }
 
     if wait_timeout(&mut server.child.0, Duration::from_secs(5)).is_none() {
         tracing::debug!("the server still runs after the client finished; killing it");
@@ -127,6 +133,40 @@ fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
         if !alive && rec.error.is_none() {
             rec.error = Some(format!("{label} died during the run: {}", exit.stderr_tail));
         }
+    }
+}
+
+/// `turbotun bench --wg-flood` in A toward B's WireGuard endpoint, for a `-flood` kind's window.
+#[derive(Debug)]
+struct Flooder {
+    child: KillOnDrop,
+    stdout: JoinHandle<String>,
+}
+
+impl Flooder {
+    fn start(ctx: &Ctx, topo: &Topology, f: &FloodTarget) -> Result<Flooder> {
+        let log = ctx.log_dir.join(format!("flood-{}.log", ctx.run_counter));
+        let log = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let from: Vec<String> = f.sources.iter().map(|a| a.to_string()).collect();
+        let mut cmd = Command::new(&ctx.exe);
+        cmd.args(["bench", "--wg-flood", &f.dest.to_string(), "--wg-flood-key", &f.server_key])
+            .args(["--wg-flood-from", &from.join(",")])
+            // Ended by SIGTERM once the window is over; the duration only bounds a flooder left behind.
+            .args(["--duration", &(ctx.duration + 30).to_string()]);
+        let mut child =
+            topo.ns_a.spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log)).context("start the flood")?;
+        let stdout = collect_stdout(&mut child);
+        Ok(Flooder { child: KillOnDrop(child), stdout })
+    }
+
+    /// SIGTERM; the report it prints then.
+    fn stop(mut self) -> Result<FloodReport> {
+        send_sigterm(self.child.0.id());
+        if wait_timeout(&mut self.child.0, Duration::from_secs(5)).is_none() {
+            bail!("the flood generator did not stop within 5 s of SIGTERM");
+        }
+        let text = self.stdout.join().unwrap_or_default();
+        serde_json::from_str(text.trim()).with_context(|| format!("flood generator's report: {:?}", text.trim()))
     }
 }
 
@@ -359,7 +399,8 @@ impl Before {
             endpoints.push(ProcBefore::take(e.pid, &e.label, count)?);
         }
         let dev_tx_dropped = topo.tx_dropped();
-        let udp_rcvbuf_errors = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
+        // B's socket buffer overflowing is part of what a flood costs.
+        let udp_rcvbuf_errors = if t.udp || topo.flood.is_some() { topo.rcvbuf_errors(ctx.ipv6) } else { None };
         // Counting starts last, just before the window.
         for e in &mut endpoints {
             e.begin();
@@ -398,7 +439,7 @@ impl Before {
         rec.box_cpu_percent = box_cpu.percent_since(&self.box_cpu);
         rec.window_seconds = window;
         rec.dev_tx_dropped = difference(self.dev_tx_dropped, topo.tx_dropped());
-        if t.udp {
+        if t.udp || topo.flood.is_some() {
             rec.udp_rcvbuf_errors = difference(self.udp_rcvbuf_errors, topo.rcvbuf_errors(ctx.ipv6));
         }
         Ok(())
