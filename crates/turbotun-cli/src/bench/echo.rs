@@ -484,7 +484,7 @@ pub fn markdown(report: &EchoReport) -> String {
         let _ = writeln!(
             o,
             "Not the goal (different loads): echo-offload offered {} ({} kpps of {}-byte datagrams) answered {} \
-             kpps, {:.2}× what the naive echo answered offered {} ({} kpps): {}",
+             kpps, {:.2}× what the naive echo answered offered {} ({} kpps offered, {} kpps answered).",
             c.offload_traffic,
             fmt_num(c.offload_offered_kpps),
             c.datagram_bytes,
@@ -682,7 +682,7 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("both offered udp64 (echo-offload 200 kpps, naive 200 kpps offered): 1.47× (150 against 102 kpps answered) — NOT met"), "{md}");
-        assert!(md.contains("Not the goal (different loads): echo-offload offered gso64 (2000 kpps of 64-byte datagrams) answered 1020 kpps, 10.00× what the naive echo answered offered udp64 (200 kpps)"), "{md}");
+        assert!(md.contains("Not the goal (different loads): echo-offload offered gso64 (2000 kpps of 64-byte datagrams) answered 1020 kpps, 10.00× what the naive echo answered offered udp64 (200 kpps offered, 102 kpps answered)."), "{md}");
         crate::bench::report::assert_rows_match_headers(&md);
         let back: EchoReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
