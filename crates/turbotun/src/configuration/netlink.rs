@@ -658,7 +658,8 @@ pub fn mac_to_string(mac: &[u8; 6]) -> String {
 mod tests {
     use super::*;
 
-    /// The test suite's skip rule, the same file the integration tests include.
+    /// The test suite's skip rule, the same file the integration tests include (where it must be `pub`).
+    #[allow(unreachable_pub)]
     mod skip {
         include!("../../tests/common/skip.rs");
     }
