@@ -362,7 +362,8 @@ fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
         let max = Duration::from_secs(secs + 10);
         serde_json::to_string(&gen::sink(addr, SINK_IDLE, max)?)?
     } else if let Some(dest) = args.udp_roundtrip {
-        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE)?;
+        let sent = || println!("{}", gen::SENT_LINE);
+        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE, sent)?;
         serde_json::to_string(&r)?
     } else {
         bail!("neither --udp-gen, --udp-sink nor --udp-roundtrip given");

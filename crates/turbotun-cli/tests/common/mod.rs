@@ -21,12 +21,16 @@ pub const B4: &str = "10.0.2.1";
 pub const A6: &str = "fd00:1::1";
 pub const B6: &str = "fd00:2::1";
 
+#[path = "../../../turbotun/tests/common/skip.rs"]
+mod skip;
+pub use skip::cannot_run;
+
+/// Whether this test may create namespaces; without the privileges, the suite's skip rule ([`cannot_run`]).
 pub fn privileged(test: &str) -> bool {
     match with_private_netns(|| ()) {
         Ok(()) => true,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED {test}: needs root: {e}");
+            cannot_run(test, &format!("needs root: {e}"));
             false
         }
     }
@@ -270,6 +274,24 @@ pub fn try_tcp_between_while(
         return Err(format!("TCP over {to_addr}: the byte stream arrived altered"));
     }
     Ok(())
+}
+
+/// Waits for `child` to exit, failing the test if it has not within `bound`: a generous bound for a process that
+/// must exit on an event (a signal, a device gone), so that one that never exits fails the test instead of hanging
+/// it. Not a speed check: the bound is far above the time the event takes.
+pub fn wait_exit(child: &mut Child, bound: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running {bound:?} later");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A child process killed and reaped however the test ends.
