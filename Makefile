@@ -27,10 +27,17 @@ lint:
 	$(CARGO) clippy -p turbotun --lib -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --all-features --no-deps --quiet
 
-unit:
-	$(CARGO) test --workspace --all-features
+# Every test that cannot run here (no root, a kernel feature or tool missing) adds a line to this log (the skip
+# rule in crates/turbotun/tests/common/skip.rs); the summary counts them and fails the run if there are any.
+SKIPPED_LOG := $(CURDIR)/target/skipped-tests.log
 
-# Everything CI runs: formatting, lints, unit/property/corpus tests and the privileged device tests.
+unit:
+	@mkdir -p $(dir $(SKIPPED_LOG)) && rm -f $(SKIPPED_LOG)
+	TURBOTUN_SKIPPED_LOG=$(SKIPPED_LOG) $(CARGO) test --workspace --all-features
+	@scripts/test-summary.sh $(SKIPPED_LOG)
+
+# Everything CI runs: formatting, lints, unit/property/corpus tests and the privileged device tests; fails when a
+# test could not run (see `unit`).
 test: deps lint unit
 	@scripts/check-leftovers.sh
 

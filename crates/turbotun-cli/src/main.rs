@@ -55,7 +55,7 @@ enum Command {
     Stats(stats_cmd::StatsArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
     /// no-drop rate; --echo: echo answers per second).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Shell completions for bash, zsh or fish, on standard output.
     Completions(CompletionsArgs),
     /// Write the manual pages (turbotun.1, turbotun-COMMAND.1, turbotun-wg.1) into DIR.

@@ -105,15 +105,37 @@ fn bench_quick_ceiling_uring_offload_and_cycles() {
     assert_traffic(&r.json, 2);
     assert!(r.stdout.contains("| ceiling | ") && r.stdout.contains("| 1.00× |"), "{}", r.stdout);
     assert!(r.stdout.contains("Cycles per packet and per segment (estimate)"), "{}", r.stdout);
-    assert!(r.json["cycles"]["mhz"].as_f64().unwrap() > 0.0, "{}", r.json["cycles"]);
-    for s in r.json["summary"].as_array().unwrap() {
-        for key in
-            ["user_cycles_per_packet", "sys_cycles_per_packet", "user_cycles_per_segment", "sys_cycles_per_segment"]
-        {
-            assert!(s[key]["median"].as_f64().unwrap() >= 0.0, "{key}: {s}");
+    let mhz = r.json["cycles"]["mhz"].as_f64().unwrap();
+    assert!(mhz > 0.0, "{}", r.json["cycles"]);
+    let summary = r.json["summary"].as_array().unwrap();
+    let per_segment = |s: &serde_json::Value| {
+        s["user_cycles_per_segment"]["median"].as_f64().unwrap()
+            + s["sys_cycles_per_segment"]["median"].as_f64().unwrap()
+    };
+    let ceiling = summary.iter().find(|s| s["mode"] == "ceiling").unwrap();
+    for s in summary {
+        // One repetition: each estimate is that run's CPU seconds × the clock over its count, and the ratios are
+        // the rows' own figures against the ceiling's (Gbps for `ratio_ceiling`, cycles for the cycles table).
+        let run = r.json["runs"].as_array().unwrap().iter().find(|run| run["mode"] == s["mode"]).unwrap();
+        let ip = &run["iperf"];
+        let segments = ip["gbps"].as_f64().unwrap() * 1e9 / 8.0 * ip["seconds"].as_f64().unwrap() / 1448.0;
+        let packets = run["fwd_counters"]["packets"].as_u64().unwrap() as f64;
+        for (key, cpu, count) in [
+            ("user_cycles_per_segment", "fwd_user_seconds", segments),
+            ("sys_cycles_per_segment", "fwd_sys_seconds", segments),
+            ("user_cycles_per_packet", "fwd_user_seconds", packets),
+            ("sys_cycles_per_packet", "fwd_sys_seconds", packets),
+        ] {
+            let want = run[cpu].as_f64().unwrap() * mhz * 1e6 / count;
+            let got = s[key]["median"].as_f64().unwrap();
+            assert!((got - want).abs() <= 1e-6 * want.max(1.0), "{key}: {got} against {want}: {s}\n{run}");
         }
-        assert!(s["ratio_ceiling"].as_f64().unwrap() > 0.0, "{s}");
+        let gbps = |s: &serde_json::Value| s["gbps"]["median"].as_f64().unwrap();
+        assert!((s["ratio_ceiling"].as_f64().unwrap() - gbps(s) / gbps(ceiling)).abs() < 1e-9, "{s}");
+        let cycles_ratio = s["cycles_per_segment_ratio_ceiling"].as_f64().unwrap();
+        assert!((cycles_ratio - per_segment(s) / per_segment(ceiling)).abs() < 1e-9, "{s}");
     }
+    assert!(r.stdout.contains("| cyc/seg ×ceiling |"), "{}", r.stdout);
     let uring = r.json["runs"].as_array().unwrap().iter().find(|r| r["mode"] == "turbotun-uring-offload").unwrap();
     assert_eq!(uring["fwd_counters"]["io"], "uring", "{uring}");
     assert!(uring["fwd_counters"]["zero_copy_splits"].as_u64().unwrap() > 0, "{uring}");
@@ -163,6 +185,15 @@ fn bench_loss_quick_one_mode() {
     assert_eq!(no_drop.len(), 2, "{no_drop:?}");
     for n in no_drop {
         assert!(n["trials"].as_u64().unwrap() <= r.json["max_search_trials"].as_u64().unwrap(), "{n}");
+        // The no-drop rate is what the generator sent in the passing trial at the offered rate the search found.
+        if let Some(offered) = n["no_drop_pps"].as_u64() {
+            let trial = rows
+                .iter()
+                .rev()
+                .find(|r| r["txqueuelen"] == n["txqueuelen"] && r["offered_pps"] == offered)
+                .unwrap_or_else(|| panic!("no trial at {offered}: {n}"));
+            assert_eq!(n["no_drop_sent_pps"], trial["gen_pps"], "{n}\n{trial}");
+        }
     }
     assert!(r.chart.contains("turbotun-offload"), "chart has no line label");
 }
@@ -201,5 +232,16 @@ fn bench_echo_quick_offload() {
         );
     }
     assert!(r.stdout.contains("| naive | udp64 |"), "{}", r.stdout);
-    assert!(r.json["goals"].as_array().is_some_and(|g| !g.is_empty()), "{}", r.json);
+    // The goal is judged at matched load (the same traffic offered to both), the trains reported apart.
+    let goals = r.json["goals"].as_array().unwrap();
+    let goal_traffic: Vec<&str> = goals.iter().map(|g| g["traffic"].as_str().unwrap()).collect();
+    assert_eq!(goal_traffic, ["udp64", "udp1400"], "{goals:?}");
+    let trains: Vec<&str> =
+        r.json["trains"].as_array().unwrap().iter().map(|t| t["offload_traffic"].as_str().unwrap()).collect();
+    assert_eq!(trains, ["gso64", "gso1400"], "{}", r.json["trains"]);
+    for g in goals {
+        let k = |key: &str| g[key].as_f64().unwrap();
+        assert!((k("ratio") - k("offload_kpps") / k("naive_kpps")).abs() < 1e-9, "{g}");
+        assert!(k("naive_offered_kpps") > 0.0 && k("offload_offered_kpps") > 0.0, "{g}");
+    }
 }

@@ -17,6 +17,38 @@ fn reroute(nl: &mut Netlink, dest: &str, prefix: u8, dev: &str) {
     }
 }
 
+/// How long a test waits for an event the forwarder must bring about: generous, so that only a forwarder that
+/// never does it fails (not a speed check).
+const EVENT_BOUND: Duration = Duration::from_secs(30);
+
+/// Waits until every thread of process `pid` is in `state` (`S`: asleep, `T`: stopped by a signal).
+fn wait_threads_in(pid: &str, state: &str) {
+    let deadline = Instant::now() + EVENT_BOUND;
+    loop {
+        let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .map(|t| std::fs::read_to_string(t.path().join("stat")).unwrap_or_default())
+            // The state follows the command name, which is in parentheses and may hold anything.
+            .map(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start()[..1].to_string()).unwrap_or_default())
+            .collect();
+        if states.iter().all(|s| s == state) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid}: thread states {states:?}, waiting for all {state}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Packets the reader of device `dev` (the forwarder) took from it so far: its TX packets in
+/// `/proc/thread-self/net/dev` of the calling thread's namespace.
+fn taken_from(dev: &str) -> u64 {
+    let table = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+    let line = table.lines().find(|l| l.trim_start().starts_with(&format!("{dev}:"))).expect("the device's line");
+    // After the name: 8 receive fields, then transmit bytes and packets.
+    line.split(':').nth(1).unwrap().split_whitespace().nth(9).unwrap().parse().unwrap()
+}
+
 #[test]
 fn link_down_and_up_counts_the_drops_and_recovers() {
     if !privileged("link_down_and_up_counts_the_drops_and_recovers") {
@@ -26,11 +58,19 @@ fn link_down_and_up_counts_the_drops_and_recovers() {
     let mut nl_b = Netlink::in_netns(&ns_path(&topo.ns_b)).unwrap();
     nl_b.set_up(&topo.dev_b, false).unwrap();
     // Datagrams from A now meet a device that is down: the forwarder's writes fail with EIO.
+    let taken = topo.in_a(|| taken_from(&topo.dev_a));
     let tx = topo.in_a(|| std::net::UdpSocket::bind((A4, 0)).unwrap());
     for _ in 0..20 {
         tx.send_to(b"into a link that is down", (B4, 7000)).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // B comes up again once the forwarder has taken all 20 from A and gone back to sleep in its reads (so their
+    // writes are done), not after a guessed pause.
+    let deadline = Instant::now() + EVENT_BOUND;
+    while topo.in_a(|| taken_from(&topo.dev_a)) < taken + 20 {
+        assert!(Instant::now() < deadline, "the forwarder did not take the 20 datagrams from A");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    wait_threads_in(&topo.pid().to_string(), "S");
     nl_b.set_up(&topo.dev_b, true).unwrap();
     reroute(&mut nl_b, "10.0.1.0", 24, &topo.dev_b);
     topo.wait_reachable();
@@ -91,15 +131,20 @@ fn stopped_and_continued() {
     let topo = Topology::start("offload", false, &[]);
     let pid = topo.pid().to_string();
     let rx = topo.in_b(|| std::net::UdpSocket::bind((B4, 7001)).unwrap());
-    rx.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let tx = topo.in_a(|| std::net::UdpSocket::bind((A4, 0)).unwrap());
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    wait_threads_in(&pid, "T");
     for i in 0..50u32 {
         tx.send_to(&i.to_be_bytes(), (B4, 7001)).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    // Each send returned once its datagram was in A's ring; with every thread stopped none can have crossed.
+    rx.set_nonblocking(true).unwrap();
     let mut buf = [0u8; 16];
+    let early = rx.recv(&mut buf).map_err(|e| e.kind());
+    assert_eq!(early, Err(std::io::ErrorKind::WouldBlock), "a datagram crossed a stopped forwarder");
+    rx.set_nonblocking(false).unwrap();
+    rx.set_read_timeout(Some(EVENT_BOUND)).unwrap();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
     for i in 0..50u32 {
         let n = rx.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {i} queued while stopped: {e}"));
         assert_eq!(&buf[..n], &i.to_be_bytes());
@@ -114,26 +159,21 @@ fn stopped_and_continued() {
 }
 
 /// The namespace of one side goes away (its last reference dropped): its device goes with it and the forwarder
-/// exits non-zero promptly, naming the device.
+/// exits non-zero, naming the device on stderr.
 #[test]
 fn namespace_deleted_under_the_forwarder() {
     if !privileged("namespace_deleted_under_the_forwarder") {
         return;
     }
-    let mut topo = Topology::start("offload", false, &[]);
+    let mut topo = Topology::start_with_env("offload", false, &[], &[]);
     let gone = std::mem::replace(&mut topo.ns_b, common::new_netns());
     drop(gone);
-    let started = Instant::now();
-    let child = topo.child.as_mut().unwrap();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "forwarder still running 5 s after its device's namespace went"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(topo.child.as_mut().unwrap(), EVENT_BOUND, "the forwarder whose device's namespace went");
     assert!(!status.success(), "{status:?}");
+    let stderr = topo.stderr.take().unwrap().join().unwrap();
+    assert!(
+        stderr.contains(&topo.dev_b) && stderr.contains("gone"),
+        "stderr names the device {}: {stderr}",
+        topo.dev_b
+    );
 }

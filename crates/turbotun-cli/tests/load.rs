@@ -2,7 +2,7 @@
 //! privileges needed): the JSON lines add up at a modest paced rate, and bad input gets a clear error.
 
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn turbotun(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_turbotun")).args(args).output().expect("run turbotun")
@@ -10,6 +10,13 @@ fn turbotun(args: &[&str]) -> Output {
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Whether a UDP socket of this namespace is bound to local port `port` (`/proc/net/udp`, ports in hex).
+fn udp_port_bound(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/udp").unwrap();
+    let want = format!(":{port:04X} ");
+    table.lines().skip(1).any(|l| l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&want)))
 }
 
 #[test]
@@ -22,8 +29,13 @@ fn gen_and_sink_json_add_up() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the sink");
-    // The sink binds at once; a datagram before that would only be counted as refused by the generator.
-    std::thread::sleep(Duration::from_millis(500));
+    // A datagram before the sink has bound would only be counted as refused by the generator: wait until the
+    // port is bound (the sink runs in this test's namespace, so its socket is in this /proc/net/udp).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !udp_port_bound(port) {
+        assert!(Instant::now() < deadline, "the sink never bound {addr}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let gen = turbotun(&[
         "load",
         "gen",

@@ -44,6 +44,17 @@ impl Keypairs {
     }
 }
 
+/// A timer judged from timestamps: the event it belongs to, when it started, and whether it fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timer {
+    /// The timestamp of the event that cancels it when it changes (our last send, or the last we heard).
+    pub after: u64,
+    /// When it started.
+    pub start: u64,
+    /// The timestamp of our last data when it fired (it is armed again only by later data); `None`: not fired.
+    pub fired_at: Option<u64>,
+}
+
 /// What the handshake worker keeps of a peer.
 #[derive(Debug, Default)]
 pub struct HandshakeSide {
@@ -63,6 +74,13 @@ pub struct HandshakeSide {
     pub last_initiation_taken: Option<u64>,
     /// The cookie state of what we send the peer.
     pub cookies: CookieJar,
+    /// The passive keepalive's timer: armed (at `start`) by the first data received after what we sent last
+    /// (`sent`, the `sent_any_ms` it belongs to), fired KEEPALIVE_TIMEOUT later unless we send something.
+    pub keepalive_timer: Option<Timer>,
+    /// The new-handshake timer: armed by the first data sent after what we heard last (`heard`), fired
+    /// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT later unless we hear something; after firing, armed again only by data
+    /// sent after it fired.
+    pub silence_timer: Option<Timer>,
     /// Packets waiting for a session.
     pub held: VecDeque<Vec<u8>>,
 }
@@ -84,16 +102,14 @@ pub struct Peer {
     /// Bumped with every change of the sessions, for the workers' copies.
     pub keypairs_gen: AtomicU64,
     state: Mutex<HandshakeSide>,
-    /// When an authenticated message was last sent to it / received from it (device clock, ms; 0: never).
+    /// When an authenticated message (data, keepalive, handshake) / data was last sent to it, and received
+    /// from it (device clock, ms; 0: never). Each is written at most once a millisecond, so that the sending
+    /// and the receiving worker do not take a shared line from each other with every packet; the timers are
+    /// judged from them by the handshake worker.
     pub sent_any_ms: AtomicU64,
+    pub sent_data_ms: AtomicU64,
     pub received_any_ms: AtomicU64,
-    /// Since when a keepalive is due because data came and nothing went back (0: none due); and whether more
-    /// data came after that, so that another keepalive follows the first.
-    pub keepalive_due_since: AtomicU64,
-    pub keepalive_again: AtomicBool,
-    /// Since when data went out with nothing heard back (0: nothing outstanding): a new handshake after
-    /// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT of silence.
-    pub silence_since: AtomicU64,
+    pub received_data_ms: AtomicU64,
     /// Whether a handshake was asked for because the session we initiated nears its end while we receive.
     pub sent_lastminute_handshake: AtomicBool,
     /// A handshake asked for by the data path (no session, or the session is old).
@@ -131,10 +147,9 @@ impl Peer {
             keypairs_gen: AtomicU64::new(0),
             state: Mutex::new(HandshakeSide::default()),
             sent_any_ms: AtomicU64::new(0),
+            sent_data_ms: AtomicU64::new(0),
             received_any_ms: AtomicU64::new(0),
-            keepalive_due_since: AtomicU64::new(0),
-            keepalive_again: AtomicBool::new(false),
-            silence_since: AtomicU64::new(0),
+            received_data_ms: AtomicU64::new(0),
             sent_lastminute_handshake: AtomicBool::new(false),
             wants_handshake: AtomicBool::new(false),
             wants_keepalive: AtomicBool::new(false),
@@ -192,31 +207,19 @@ impl Peer {
     /// Records that an authenticated message went to it at `now`.
     pub fn sent_authenticated(&self, now: u64) {
         store_if_changed(&self.sent_any_ms, now);
-        if self.keepalive_due_since.load(Ordering::Relaxed) != 0 {
-            self.keepalive_due_since.store(0, Ordering::Relaxed);
-        }
     }
 
     /// Records that data (not a keepalive) went to it at `now`.
     pub fn sent_data(&self, now: u64) {
-        self.sent_authenticated(now);
-        if self.silence_since.load(Ordering::Relaxed) == 0 {
-            self.silence_since.store(now, Ordering::Relaxed);
-        }
+        store_if_changed(&self.sent_any_ms, now);
+        store_if_changed(&self.sent_data_ms, now);
     }
 
     /// Records that an authenticated message came from it at `now`, and whether it carried data.
     pub fn received_authenticated(&self, now: u64, data: bool) {
         store_if_changed(&self.received_any_ms, now);
-        if self.silence_since.load(Ordering::Relaxed) != 0 {
-            self.silence_since.store(0, Ordering::Relaxed);
-        }
         if data {
-            if self.keepalive_due_since.load(Ordering::Relaxed) == 0 {
-                self.keepalive_due_since.store(now, Ordering::Relaxed);
-            } else if !self.keepalive_again.load(Ordering::Relaxed) {
-                self.keepalive_again.store(true, Ordering::Relaxed);
-            }
+            store_if_changed(&self.received_data_ms, now);
         }
     }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
-use turbotun::tunnel::{Opened, Sealed, Transform};
+use turbotun::tunnel::{Opened, Sealed, Settled, Transform};
 use turbotun::{DropReason, Drops};
 use zeroize::Zeroizing;
 
@@ -38,7 +38,7 @@ use crate::noise::{
     self, finish_initiation, open_initiation, Identity, MessageKind, PeerKeys, COOKIE_REPLY_LEN, DATA_HEADER_LEN,
     INITIATION_LEN, RESPONSE_LEN, TAG_LEN,
 };
-use crate::peer::{HandshakeSide, Keypairs, Peer};
+use crate::peer::{HandshakeSide, Keypairs, Peer, Timer};
 use crate::session::{Keypair, OpenError, PADDING_MULTIPLE, REJECT_AFTER_MESSAGES, REKEY_AFTER_MESSAGES};
 
 pub use crate::peer::HELD_PER_PEER;
@@ -154,6 +154,8 @@ pub struct WireGuard {
     checker: Mutex<CookieChecker>,
     /// Until when (device clock) handshake messages need a cookie.
     under_load_until: AtomicU64,
+    /// What the handshake worker made of the messages it took, not yet reported ([`Transform::settled`]).
+    settled: Mutex<Settled>,
     /// Whether the handshake worker's thread has been given its lower priority.
     worker_niced: AtomicBool,
     jitter: AtomicU64,
@@ -288,6 +290,7 @@ impl WireGuard {
             handshakes: HandshakeQueue::new(),
             checker: Mutex::new(CookieChecker::new()),
             under_load_until: AtomicU64::new(0),
+            settled: Mutex::new(Settled::default()),
             worker_niced: AtomicBool::new(false),
             jitter: AtomicU64::new(OsRng.next_u64() | 1),
             #[cfg(test)]
@@ -512,6 +515,11 @@ impl WireGuard {
         let Some(identity) = rt.identity.as_ref() else {
             return Opened::Dropped(DropReason::Unauthenticated); // no key: nothing can be for us
         };
+        // A full queue takes nothing: refused before even a MAC is computed, so that a flood costs the data
+        // worker as little as it can.
+        if self.handshakes.len.load(Ordering::Relaxed) >= MAX_QUEUED_HANDSHAKES {
+            return Opened::Dropped(DropReason::RateLimited);
+        }
         let mut needs_cookie = false;
         if kind != MessageKind::CookieReply {
             let now = self.now();
@@ -533,7 +541,7 @@ impl WireGuard {
         let mut job = Job { message: [0; INITIATION_LEN], len: message.len(), from, needs_cookie };
         job.message[..message.len()].copy_from_slice(message);
         if self.handshakes.push(job) {
-            Opened::Control
+            Opened::Queued
         } else {
             Opened::Dropped(DropReason::RateLimited)
         }
@@ -645,25 +653,36 @@ impl Runtime {
 
 /// The handshake worker: handshake messages, requests from the data path, and timers.
 impl WireGuard {
-    /// Handles one queued handshake message.
-    fn handle_job(&self, rt: &Runtime, job: &Job, control: &mut dyn FnMut(&[u8], SocketAddr)) {
+    /// Handles one queued handshake message: handled as the protocol's own, or refused for a reason.
+    fn handle_job(
+        &self,
+        rt: &Runtime,
+        job: &Job,
+        control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> Result<(), DropReason> {
         let message = &job.message[..job.len];
-        let Some(identity) = rt.identity.as_ref() else { return };
+        let identity = rt.identity.as_ref().ok_or(DropReason::Unauthenticated)?;
         let now = self.now();
         match MessageKind::of(message) {
-            Some(MessageKind::Initiation) if job.needs_cookie => self.send_cookie(identity, message, job.from, control),
-            Some(MessageKind::Response) if job.needs_cookie => self.send_cookie(identity, message, job.from, control),
+            Some(MessageKind::Initiation | MessageKind::Response) if job.needs_cookie => {
+                // Refused under load: its sender is told the cookie to come back with.
+                self.send_cookie(identity, message, job.from, control);
+                Err(DropReason::RateLimited)
+            }
             Some(MessageKind::Initiation) => self.take_initiation(rt, identity, message, job.from, now, control),
             Some(MessageKind::Response) => self.take_response(identity, message, job.from, now, control),
             Some(MessageKind::CookieReply) => {
                 let index = noise::receiver_index(MessageKind::CookieReply, message);
-                let Some(peer) = self.peer_of_index(index) else { return };
-                let Some(keys) = peer.keys() else { return };
-                if !peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
+                let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
+                let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
+                if peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
+                    Ok(())
+                } else {
                     tracing::debug!("cookie reply from {} did not authenticate", job.from);
+                    Err(DropReason::Unauthenticated)
                 }
             }
-            _ => {}
+            _ => Err(DropReason::MalformedDatagram),
         }
     }
 
@@ -689,25 +708,25 @@ impl WireGuard {
         from: SocketAddr,
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
-    ) {
+    ) -> Result<(), DropReason> {
         let Some(opened) = open_initiation(identity, message) else {
             tracing::debug!("handshake initiation from {from} did not authenticate");
-            return;
+            return Err(DropReason::Unauthenticated);
         };
         let Some(peer) = rt.by_key.get(&opened.peer).map(|&i| rt.peers[i].clone()) else {
             tracing::debug!("handshake initiation from {from} names no peer of ours");
-            return;
+            return Err(DropReason::Unauthenticated);
         };
-        let Some(keys) = peer.keys() else { return };
+        let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
         let Some(consumed) = finish_initiation(opened, &keys, message) else {
             tracing::debug!("handshake initiation from {from} did not authenticate");
-            return;
+            return Err(DropReason::Unauthenticated);
         };
         let mut st = peer.state();
         let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
         if consumed.timestamp <= st.greatest_timestamp || flood {
             tracing::debug!("handshake initiation from {from}: a replay or too soon after the last");
-            return;
+            return Err(DropReason::Replayed);
         }
         st.greatest_timestamp = consumed.timestamp;
         st.last_initiation_taken = Some(now);
@@ -715,7 +734,7 @@ impl WireGuard {
         let mut response = [0u8; RESPONSE_LEN];
         let Some(session) = noise::create_response(&consumed, &keys, local_index, &mut response) else {
             self.retire(&[local_index]);
-            return;
+            return Err(DropReason::Unauthenticated);
         };
         st.cookies.stamp(&keys.mac1_key, &mut response, Instant::now());
         // Theirs supersedes any initiation of ours under way.
@@ -732,6 +751,7 @@ impl WireGuard {
         peer.tx_bytes.fetch_add(RESPONSE_LEN as u64, Ordering::Relaxed);
         peer.sent_authenticated(now);
         st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
+        Ok(())
     }
 
     fn take_response(
@@ -741,10 +761,10 @@ impl WireGuard {
         from: SocketAddr,
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
-    ) {
+    ) -> Result<(), DropReason> {
         let index = noise::receiver_index(MessageKind::Response, message);
-        let Some(peer) = self.peer_of_index(index) else { return };
-        let Some(keys) = peer.keys() else { return };
+        let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
+        let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
         let mut st = peer.state();
         let session = match &st.pending {
             Some(pending) if pending.local_index == index => noise::consume_response(identity, pending, &keys, message),
@@ -752,7 +772,7 @@ impl WireGuard {
         };
         let Some(session) = session else {
             tracing::debug!("handshake response from {from} answers nothing under way or did not authenticate");
-            return;
+            return Err(DropReason::Unauthenticated);
         };
         st.pending = None;
         let keypair = Arc::new(Keypair::new(&session, index, noise::sender_index(message), true, now));
@@ -771,6 +791,7 @@ impl WireGuard {
         self.handshake_complete(&peer, &mut st, now);
         // What waited goes now; with nothing waiting, a keepalive confirms the session to the responder.
         self.send_keepalive(&peer, &keys, &mut st, now, control);
+        Ok(())
     }
 
     fn handshake_complete(&self, peer: &Peer, st: &mut HandshakeSide, now: u64) {
@@ -890,7 +911,7 @@ impl WireGuard {
                     st.attempts + 2
                 );
                 st.retransmit_at = None;
-                peer.keepalive_due_since.store(0, Ordering::Relaxed);
+                st.keepalive_timer = None;
                 lost.add(DropReason::NoSession, st.held.len() as u64);
                 st.held.clear();
                 st.zero_keys_at.get_or_insert(now + 3 * REJECT_AFTER_TIME);
@@ -899,18 +920,43 @@ impl WireGuard {
                 self.send_initiation(peer, &keys, &mut st, true, now, control);
             }
         }
-        let due = peer.keepalive_due_since.load(Ordering::Relaxed);
-        if due != 0 && now >= due + KEEPALIVE_TIMEOUT {
-            self.send_keepalive(peer, &keys, &mut st, now, control);
-            if peer.keepalive_again.swap(false, Ordering::Relaxed) {
-                peer.keepalive_due_since.store(now, Ordering::Relaxed);
+        // Passive keepalive: data came after what we sent last, and nothing went back for KEEPALIVE_TIMEOUT.
+        let sent = peer.sent_any_ms.load(Ordering::Relaxed);
+        let got = peer.received_data_ms.load(Ordering::Relaxed);
+        if got > sent {
+            let timer = match st.keepalive_timer {
+                Some(t) if t.after == sent => t,
+                // First seen now: the data's time is within a tick of the first that came.
+                _ => Timer { after: sent, start: got, fired_at: None },
+            };
+            st.keepalive_timer = Some(timer);
+            if now >= timer.start + KEEPALIVE_TIMEOUT {
+                st.keepalive_timer = None;
+                self.send_keepalive(peer, &keys, &mut st, now, control);
             }
+        } else {
+            st.keepalive_timer = None;
         }
-        let silent = peer.silence_since.load(Ordering::Relaxed);
-        if silent != 0 && now >= silent + KEEPALIVE_TIMEOUT + REKEY_TIMEOUT {
-            peer.silence_since.store(0, Ordering::Relaxed);
-            tracing::debug!("nothing heard from peer {} after sending, a new handshake", key_to_hex(&peer.public_key));
-            self.send_initiation(peer, &keys, &mut st, false, now, control);
+        // A new handshake after data went out and nothing was heard for KEEPALIVE_TIMEOUT + REKEY_TIMEOUT.
+        let heard = peer.received_any_ms.load(Ordering::Relaxed);
+        let sent_data = peer.sent_data_ms.load(Ordering::Relaxed);
+        if sent_data > heard {
+            let timer = match st.silence_timer {
+                // Kept until what it waits for is heard; once fired, until more data goes out.
+                Some(t) if t.after == heard && t.fired_at.is_none_or(|at| sent_data == at) => t,
+                _ => Timer { after: heard, start: sent_data, fired_at: None },
+            };
+            st.silence_timer = Some(timer);
+            if timer.fired_at.is_none() && now >= timer.start + KEEPALIVE_TIMEOUT + REKEY_TIMEOUT {
+                st.silence_timer = Some(Timer { fired_at: Some(sent_data), ..timer });
+                tracing::debug!(
+                    "nothing heard from peer {} after sending, a new handshake",
+                    key_to_hex(&peer.public_key)
+                );
+                self.send_initiation(peer, &keys, &mut st, false, now, control);
+            }
+        } else {
+            st.silence_timer = None;
         }
         if st.zero_keys_at.is_some_and(|t| now >= t) {
             st.zero_keys_at = None;
@@ -923,6 +969,12 @@ impl WireGuard {
         if interval > 0 && now >= last + interval {
             self.send_keepalive(peer, &keys, &mut st, now, control);
         }
+    }
+
+    fn add_settled(&self, more: &Settled) {
+        let mut settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
+        settled.control += more.control;
+        settled.drops.add_all(&more.drops);
     }
 
     /// Lowers the handshake worker's priority once, so that key work yields to the data workers.
@@ -943,8 +995,9 @@ impl Transform for WireGuard {
             return Sealed::Dropped(DropReason::Malformed);
         };
         self.with_cache(|cache| {
-            let rt = cache.rt.clone();
-            let cached = cache.route.filter(|r| {
+            let Cache { rt, route: route_cache, sending, .. } = cache;
+            let rt = &**rt;
+            let cached = route_cache.filter(|r| {
                 r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen
             });
             let route = match cached {
@@ -956,7 +1009,7 @@ impl Transform for WireGuard {
                     let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
                     let route =
                         RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
-                    cache.route = Some(route);
+                    *route_cache = Some(route);
                     route
                 }
             };
@@ -965,12 +1018,12 @@ impl Transform for WireGuard {
             };
             let peer = &rt.peers[route.peer];
             let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
-            let cached = cache.sending.as_ref().filter(|(p, g, _)| *p == route.peer && *g == keypairs_gen);
+            let cached = sending.as_ref().filter(|(p, g, _)| *p == route.peer && *g == keypairs_gen);
             if cached.is_none() {
-                cache.sending = Some((route.peer, keypairs_gen, peer.keypairs().current));
+                *sending = Some((route.peer, keypairs_gen, peer.keypairs().current));
             }
             let now = self.now();
-            let keypair = cache.sending.as_ref().and_then(|(_, _, k)| k.as_ref()).filter(|k| usable(k, now));
+            let keypair = sending.as_ref().and_then(|(_, _, k)| k.as_ref()).filter(|k| usable(k, now));
             if let Some(keypair) = keypair {
                 if let Some((len, counter)) = keypair.seal(packet, out, self.mtu.load(Ordering::Relaxed)) {
                     peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -1030,10 +1083,15 @@ impl Transform for WireGuard {
         self.nice_worker();
         self.handshakes.drain_wake();
         let rt = self.runtime();
+        let mut settled = Settled::default();
         for _ in 0..HANDSHAKES_PER_CALL {
             let Some(job) = self.handshakes.pop() else { break };
-            self.handle_job(&rt, &job, control);
+            match self.handle_job(&rt, &job, control) {
+                Ok(()) => settled.control += 1,
+                Err(reason) => settled.drops.add(reason, 1),
+            }
         }
+        self.add_settled(&settled);
         if self.handshakes.len.load(Ordering::Relaxed) > 0 {
             self.handshakes.kick(); // more to do: back at once, after the timers
         }
@@ -1044,6 +1102,16 @@ impl Transform for WireGuard {
             self.service_peer(peer, now, control, &mut lost);
         }
         lost
+    }
+
+    fn settled(&self, stopping: bool) -> Settled {
+        let mut settled = std::mem::take(&mut *self.settled.lock().unwrap_or_else(|e| e.into_inner()));
+        if stopping {
+            while self.handshakes.pop().is_some() {
+                settled.drops.add(DropReason::Stopped, 1);
+            }
+        }
+        settled
     }
 
     fn authenticates(&self) -> bool {

@@ -21,7 +21,8 @@ const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 6, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(10, 9, 6, 2);
 
 /// The guest acknowledges other features while TCP runs: offloads go from everything to checksums only, to
-/// nothing and back, on both devices of a forwarder, every 50 ms. The reads follow (super-packets while TSO is
+/// nothing and back, on both devices of a forwarder, again and again until every step came twice during the
+/// streams. The reads follow (super-packets while TSO is
 /// granted, plain packets otherwise) and the stream arrives intact.
 #[test]
 fn offloads_renegotiated_while_traffic_runs() {
@@ -46,8 +47,9 @@ fn offloads_renegotiated_while_traffic_runs() {
         let running = std::thread::spawn(move || forwarder.run());
         let sides = Sides::connect(&ns_fwd, &dev_a, &dev_b);
         let renegotiating = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let guest = {
-            let renegotiating = renegotiating.clone();
+            let (renegotiating, made) = (renegotiating.clone(), made.clone());
             std::thread::spawn(move || {
                 let steps = [Offloads::ALL, Offloads::CSUM, Offloads::NONE, Offloads::TCP];
                 let mut changes = 0;
@@ -58,19 +60,30 @@ fn offloads_renegotiated_while_traffic_runs() {
                         assert_eq!(q.offloads(), offloads);
                     }
                     changes += 1;
-                    std::thread::sleep(Duration::from_millis(50));
+                    made.store(changes, std::sync::atomic::Ordering::Relaxed);
+                    // Pacing only: how many changes the traffic meets is counted, not timed.
+                    std::thread::sleep(Duration::from_millis(20));
                 }
                 changes
             })
         };
-        sides.tcp_intact(B4, 16 << 20);
+        // Streams go on until the guest has gone through every step twice while they ran.
+        let mut streams = 0;
+        while streams == 0 || made.load(std::sync::atomic::Ordering::Relaxed) < 8 {
+            if guest.is_finished() {
+                guest.join().unwrap();
+                unreachable!("the guest stops only when told");
+            }
+            sides.tcp_intact(B4, 4 << 20);
+            streams += 1;
+        }
         sides.udp_intact(A4, B4);
         renegotiating.store(false, std::sync::atomic::Ordering::Relaxed);
         let changes = guest.join().unwrap();
         stop.stop();
         running.join().unwrap().unwrap();
         let s = stats.snapshot().a_to_b;
-        assert!(changes >= 4, "{io:?}: {changes} renegotiations during the transfer");
+        assert!(changes >= 8, "{io:?}: {changes} renegotiations during {streams} streams");
         assert!(s.super_packets > 0, "{io:?}: super-packets while TSO was granted: {s:?}");
         assert_eq!(s.drops.faults(), 0, "{io:?}: {s:?}");
         assert_eq!(sides.checksum_errors(), 0, "{io:?}");

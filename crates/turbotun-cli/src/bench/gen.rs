@@ -106,10 +106,14 @@ pub fn generate(dest: SocketAddr, len: usize, segments: u16, rate: u64, secs: f6
     Ok(gen_report(&generator(dest, len, segments, rate, secs)?.run()?))
 }
 
+/// What `--udp-roundtrip` prints on a line of its own once the generator has sent its last datagram, before
+/// the sink's wait for the last answers: the bench ends its measurement window there.
+pub const SENT_LINE: &str = "sent";
+
 /// Load toward an echo at `dest` and count its answers: a sink on the wildcard address, and the generator
 /// sending from a handle on the sink's socket (connected to `dest`, so the answers, addresses and ports
-/// swapped, arrive at the sink and nothing else does). The sink stops `idle` after the last answer, or
-/// `idle` after the generator if none came.
+/// swapped, arrive at the sink and nothing else does). `sent` runs when the generator is done. The sink stops
+/// `idle` after the last answer, or `idle` after the generator if none came.
 pub fn roundtrip(
     dest: SocketAddr,
     len: usize,
@@ -117,15 +121,17 @@ pub fn roundtrip(
     rate: u64,
     secs: f64,
     idle: Duration,
+    sent: impl FnOnce(),
 ) -> Result<LoadResult> {
     let any: SocketAddr = if dest.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse()?;
     let max = Duration::try_from_secs_f64(secs).with_context(|| format!("duration {secs}"))? + idle;
     let sink = SinkBuilder::new(any).gro(true).idle_timeout(idle).duration(max).bind()?;
     let socket = sink.try_clone_socket()?;
     let receiving = std::thread::spawn(move || sink.run());
-    let sent = generator(dest, len, segments, rate, secs)?.socket(socket).run();
+    let generated = generator(dest, len, segments, rate, secs)?.socket(socket).run();
+    sent();
     let received = receiving.join().map_err(|_| anyhow::anyhow!("the sink thread panicked"))??;
-    Ok(LoadResult { gen: gen_report(&sent?), sink: sink_report(&received) })
+    Ok(LoadResult { gen: gen_report(&generated?), sink: sink_report(&received) })
 }
 
 /// Receive on `addr` until `idle` passes without a datagram after the first one, or `max` in total.
@@ -186,6 +192,30 @@ mod tests {
         let r = to_result(&g, &s);
         assert_eq!(r.udp_received.unwrap() + r.udp_lost.unwrap(), g.sent);
         assert!(r.rx_kpps().unwrap() > 0.0);
+    }
+
+    /// `--udp-roundtrip` says `sent` when the generator is done, before the sink's wait for the last answers:
+    /// the bench's CPU window ends there, so that wait (`idle` at least) is never counted as traffic.
+    #[test]
+    fn roundtrip_says_sent_before_the_sinks_idle_wait() {
+        // An echo on 127.0.0.1 of the test's own namespace (no privileges needed; loopback only).
+        let echo = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        echo.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        let echoing = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = echo.recv_from(&mut buf) {
+                echo.send_to(&buf[..n], from).unwrap();
+            }
+        });
+        let idle = Duration::from_millis(300);
+        let mut sent_at = None;
+        let r = roundtrip(echo_addr, 64, 1, 2000, 0.2, idle, || sent_at = Some(std::time::Instant::now())).unwrap();
+        let returned = std::time::Instant::now();
+        echoing.join().unwrap();
+        let sent_at = sent_at.expect("`sent` was said");
+        assert!(returned - sent_at >= idle, "the sink's idle wait came after `sent`: {:?}", returned - sent_at);
+        assert!(r.gen.sent > 0 && r.sink.packets == r.gen.sent, "{r:?}");
     }
 
     #[test]

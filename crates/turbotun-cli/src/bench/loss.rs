@@ -204,10 +204,14 @@ pub struct NoDrop {
     pub mode: String,
     pub family: String,
     pub txqueuelen: Option<u32>,
+    /// The search over offered rates: `no_drop_pps` is the highest rate asked of the generator whose trial
+    /// passed.
     #[serde(flatten)]
     pub search: Search,
-    /// The generator's achieved rate in the trial that set the no-drop rate, where that trial was run.
-    pub gen_pps_at_no_drop: Option<f64>,
+    /// The no-drop rate: what the generator actually sent in the trial that passed at `search.no_drop_pps`
+    /// (datagrams its kernel took per second), never more than was offered. A trial passes on the loss among
+    /// what was sent, so a generator that fell short of the offered rate shows here, not as a higher rate.
+    pub no_drop_sent_pps: Option<f64>,
 }
 
 /// The JSON document of `--loss`.
@@ -341,14 +345,8 @@ impl Trials<'_> {
         })?;
         // The bar counted the whole budget; give back what the search did not use.
         self.pb.inc((max_trials - search.trials.min(max_trials)) as u64);
-        let gen_pps_at_no_drop = search.no_drop_pps.and_then(|rate| {
-            self.rows
-                .iter()
-                .rev()
-                .find(|r| r.mode == m.label && r.txqueuelen == txq && r.offered_pps == rate)
-                .and_then(|r| r.gen_pps)
-        });
-        Ok(NoDrop { mode: m.label.clone(), family: m.family.into(), txqueuelen: txq, search, gen_pps_at_no_drop })
+        let no_drop_sent_pps = no_drop_sent(&self.rows, &m.label, txq, search.no_drop_pps);
+        Ok(NoDrop { mode: m.label.clone(), family: m.family.into(), txqueuelen: txq, search, no_drop_sent_pps })
     }
 
     /// One trial of `m` at `rate` (a failed one is a row with its error); an error only when interrupted.
@@ -398,6 +396,16 @@ impl Trials<'_> {
         self.pb.inc(1);
         Ok(self.rows.last().expect("just pushed"))
     }
+}
+
+/// What the generator sent per second in the passing trial of `mode` at queue length `txq` offered `offered`
+/// (the last such trial, a search's repeat of a table rate included).
+pub fn no_drop_sent(rows: &[LossRow], mode: &str, txq: Option<u32>, offered: Option<u64>) -> Option<f64> {
+    let offered = offered?;
+    rows.iter()
+        .rev()
+        .find(|r| r.mode == mode && r.txqueuelen == txq && r.offered_pps == offered && r.passes(LOSS_THRESHOLD_PERCENT))
+        .and_then(|r| r.gen_pps)
 }
 
 fn opt_count(x: Option<u64>) -> String {
@@ -472,23 +480,29 @@ pub fn markdown(report: &LossReport) -> String {
         report.max_search_trials,
         fmt_num(report.resolution_pps as f64 / 1000.0)
     );
-    let _ = writeln!(o, "| mode | txqueuelen | no-drop kpps | lowest failing kpps | search trials | gen kpps there |");
+    let _ = writeln!(
+        o,
+        "| mode | txqueuelen | no-drop kpps (sent) | offered there | lowest failing kpps (offered) | search trials |"
+    );
     let _ = writeln!(o, "|---|---|---|---|---|---|");
     let top = report.steps_pps.iter().copied().max().unwrap_or(0);
     for n in &report.no_drop {
-        let no_drop = match n.search.no_drop_pps {
-            Some(r) if r >= top => format!("≥ {} (the top rate)", rate_kpps(r)),
-            Some(r) => rate_kpps(r),
-            None => "none passed".into(),
+        let no_drop = match (n.no_drop_sent_pps, n.search.no_drop_pps) {
+            (Some(sent), Some(offered)) if offered >= top => {
+                format!("≥ {} (the top rate passed)", opt_kpps(Some(sent)))
+            }
+            (Some(sent), Some(_)) => opt_kpps(Some(sent)),
+            (None, Some(_)) => "– (no trial record)".into(),
+            (_, None) => "none passed".into(),
         };
         let trials = format!("{}{}", n.search.trials, if n.search.budget_exhausted { " (budget spent)" } else { "" });
         let _ = writeln!(
             o,
-            "| {} | {} | {no_drop} | {} | {trials} | {} |",
+            "| {} | {} | {no_drop} | {} | {} | {trials} |",
             n.mode,
             n.txqueuelen.map(|t| t.to_string()).unwrap_or_else(|| "default".into()),
+            n.search.no_drop_pps.map(rate_kpps).unwrap_or_else(|| "–".into()),
             n.search.lowest_fail_pps.map(rate_kpps).unwrap_or_else(|| "–".into()),
-            opt_kpps(n.gen_pps_at_no_drop)
         );
     }
     let _ = writeln!(
@@ -499,7 +513,9 @@ pub fn markdown(report: &LossReport) -> String {
          had a datagram for the forwarder and its ring was full), fwd drop = the forwarder's own drop counter, \
          socket drop = the sink socket's drops (SO_RXQ_OVFL). gen kpps and sink kpps are the generator's and the \
          sink's achieved rates: a gen kpps below the offered rate means the generator, not the forwarder, set the \
-         pace. {}",
+         pace. The no-drop rate is what the generator sent in the highest passing trial (a trial passes on the \
+         loss among what was sent), with the rate offered there beside it. fwd CPU % is over the generator's run \
+         (the window closes with its last datagram). {}",
         if report.txqueuelens.iter().any(Option::is_some) {
             "txqueuelen is the length of each device's queue, for a TUN device its ring."
         } else {
@@ -706,6 +722,23 @@ mod tests {
         assert!(cells[1].contains("forwarder died / x"), "{cells:?}");
     }
 
+    /// A generator that fell short of the offered rate: the no-drop rate is what it sent, not what was asked.
+    #[test]
+    fn no_drop_is_the_rate_sent() {
+        // Offered 500 kpps for 2 s, the generator sent 330 kpps, nothing lost: a pass at 500 offered.
+        let short = record(660_000, 660_000, 0);
+        let mut rows = vec![LossRow::from_run(&short, 500_000, None, "table")];
+        rows.push(LossRow::from_run(&record(300_000, 100_000, 0), 600_000, None, "table"));
+        assert!(rows[0].passes(LOSS_THRESHOLD_PERCENT) && !rows[1].passes(LOSS_THRESHOLD_PERCENT));
+        let known: Vec<(u64, bool)> = rows.iter().map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT))).collect();
+        let search = search_no_drop(600_000, &known, 0, RESOLUTION_PPS, |_| Ok::<_, ()>(false)).unwrap();
+        assert_eq!(search.no_drop_pps, Some(500_000), "the search works on offered rates");
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, search.no_drop_pps), Some(330_000.0));
+        // Another queue length or a failing trial at that rate is not taken for it.
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", Some(1000), search.no_drop_pps), None);
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, Some(600_000)), None);
+    }
+
     #[test]
     fn markdown_has_a_table_per_forwarder_and_the_no_drop_rates() {
         let mut rows = Vec::new();
@@ -737,7 +770,7 @@ mod tests {
                     trials: 0,
                     budget_exhausted: false,
                 },
-                gen_pps_at_no_drop: Some(149_000.0),
+                no_drop_sent_pps: Some(149_000.0),
             }],
             runs: vec![],
         };
@@ -747,7 +780,7 @@ mod tests {
         let first = md.find("| 50 | 100000 |").expect(&md);
         let second = md.find("| 150 | 300000 | 300000 |").expect(&md);
         assert!(first < second && !md.contains("| 99 |"), "{md}");
-        assert!(md.contains("| turbotun-offload | default | ≥ 150 (the top rate) | – | 0 | 149 |"), "{md}");
+        assert!(md.contains("| turbotun-offload | default | ≥ 149 (the top rate passed) | 150 | – | 0 |"), "{md}");
         crate::bench::report::assert_rows_match_headers(&md);
         let back: LossReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());

@@ -22,6 +22,7 @@ mod runner;
 mod stats;
 mod topo;
 mod tunnel;
+mod wgflood;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -92,7 +93,9 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["loss", "echo", "modes", "flamegraph", "ipv6"])]
     pub tunnel: bool,
     /// With --tunnel: comma-separated tunnel kinds (veth, vxlan, turbotun-plain, turbotun-wg, wireguard-go,
-    /// boringtun, turbotun-wg-vs-wireguard-go). Default: all; those that cannot run here are listed as skipped.
+    /// boringtun, turbotun-wg-vs-wireguard-go; and, only when named, the handshake-flood kinds turbotun-wg-flood1,
+    /// turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the flood). Default: all
+    /// but the flood kinds; those that cannot run here are listed as skipped.
     #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
     pub tunnel_kinds: Option<Vec<String>>,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
@@ -139,6 +142,19 @@ pub struct BenchArgs {
     /// offload, one blocking read and one write per frame, header untouched (the `turbotun-ceiling` row).
     #[arg(long, hide = true, num_args = 2, value_names = ["DEV_A", "DEV_B"])]
     pub ceiling_fwd: Option<Vec<String>>,
+    /// Internal: flood ADDR:PORT with WireGuard handshake initiations (random content, valid mac1) for
+    /// --duration seconds or until SIGTERM, print a JSON line.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
+    pub wg_flood: Option<std::net::SocketAddr>,
+    /// Internal: the flooded server's public key (base64), for --wg-flood.
+    #[arg(long, hide = true, value_name = "KEY", requires = "wg_flood")]
+    pub wg_flood_key: Option<String>,
+    /// Internal: comma-separated source addresses of --wg-flood, taken in turn (default: the wildcard).
+    #[arg(long, hide = true, value_delimiter = ',', value_name = "ADDR", requires = "wg_flood")]
+    pub wg_flood_from: Vec<std::net::IpAddr>,
+    /// Internal: initiations per second of --wg-flood (0: as fast as the kernel takes them).
+    #[arg(long, hide = true, default_value_t = 0, requires = "wg_flood")]
+    pub wg_flood_rate: u64,
 }
 
 /// What to measure, from the arguments and the modes available.
@@ -203,6 +219,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if let Some([a, b]) = args.ceiling_fwd.as_deref() {
         return ceiling::ceiling_fwd(a, b);
+    }
+    if let Some(dest) = args.wg_flood {
+        return wgflood::run(
+            dest,
+            args.wg_flood_key.as_deref(),
+            &args.wg_flood_from,
+            args.wg_flood_rate,
+            args.duration.unwrap_or(10),
+        );
     }
     if args.udp_gen.is_some() || args.udp_sink.is_some() || args.udp_roundtrip.is_some() {
         return run_generator_or_sink(args);
@@ -337,7 +362,8 @@ fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
         let max = Duration::from_secs(secs + 10);
         serde_json::to_string(&gen::sink(addr, SINK_IDLE, max)?)?
     } else if let Some(dest) = args.udp_roundtrip {
-        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE)?;
+        let sent = || println!("{}", gen::SENT_LINE);
+        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE, sent)?;
         serde_json::to_string(&r)?
     } else {
         bail!("neither --udp-gen, --udp-sink nor --udp-roundtrip given");

@@ -424,8 +424,16 @@ pub struct WgKey {
 pub enum Link {
     Veth,
     Vxlan,
-    /// A's endpoint, B's endpoint.
-    Pair(Box<[Endpoint; 2]>),
+    /// A's endpoint, B's endpoint, and whether B's is flooded with handshake initiations during the window.
+    Pair(Box<[Endpoint; 2]>, Option<Flood>),
+}
+
+/// A flood of WireGuard handshake initiations (random content, valid mac1) at B's endpoint over a run's window,
+/// sent from A's namespace by `turbotun bench --wg-flood` as fast as one thread can (the `-flood` kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flood {
+    /// How many addresses on A's underlay the initiations come from, in turn.
+    pub sources: usize,
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ impl Netns {
         })?
     }
 
-    fn netlink(&self) -> Result<Netlink> {
+    pub fn netlink(&self) -> Result<Netlink> {
         Netlink::in_netns(&self.path()).with_context(|| format!("netlink socket in namespace {}", self.name))
     }
 }

@@ -1,9 +1,10 @@
 //! The bench's child processes: waited for with a deadline, stopped (SIGTERM, then SIGKILL), and tools run to
 //! completion inside a namespace with their output collected.
 
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -131,4 +132,61 @@ fn run_in_ns_with(
         }
     };
     Ok((out.join().unwrap_or_default(), err.join().unwrap_or_default(), status))
+}
+
+/// A tool started inside a namespace whose standard output is read line by line as it comes, so that the caller
+/// can act on a line (the generator's `sent`) before the tool ends. Killed when dropped.
+#[derive(Debug)]
+pub struct LinesFrom {
+    pub child: KillOnDrop,
+    lines: Receiver<String>,
+    program: String,
+}
+
+impl LinesFrom {
+    /// Starts `CMD..` inside `ns`, stderr discarded.
+    pub fn spawn(ns: &Netns, cmd: &[&str]) -> Result<LinesFrom> {
+        let mut child = ns.spawn(
+            Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()),
+        )?;
+        let stdout = child.stdout.take();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Some(out) = stdout else { return };
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(LinesFrom { child: KillOnDrop(child), lines, program: cmd[0].to_string() })
+    }
+
+    /// The next line, within `timeout`; an error when interrupted, at the deadline, or when the output ended.
+    pub fn next_line(&self, timeout: Duration, stop: &AtomicBool) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("{} printed no line within {} s", self.program, timeout.as_secs());
+            }
+            match self.lines.recv_timeout(left.min(Duration::from_millis(100))) {
+                Ok(line) => return Ok(line),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => bail!("{} ended its output", self.program),
+            }
+        }
+    }
+
+    /// Waits for the tool to exit (within `timeout`).
+    pub fn wait(mut self, timeout: Duration) -> Result<ExitStatus> {
+        match wait_timeout(&mut self.child.0, timeout) {
+            Some(status) => Ok(status),
+            None => bail!("{} did not exit within {} s", self.program, timeout.as_secs()),
+        }
+    }
 }

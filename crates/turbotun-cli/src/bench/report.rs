@@ -45,6 +45,10 @@ pub struct RunRecord {
     /// The endpoint processes of a tunnel (`--tunnel`), A's first, each sampled over the window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<ProcSample>,
+    /// The handshake flood at B's endpoint over the window (the tunnel bench's `-flood` kinds), as its
+    /// generator reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flood: Option<super::wgflood::FloodReport>,
 }
 
 /// One process sampled over the measurement window: a tunnel's endpoint.
@@ -145,6 +149,10 @@ pub struct Summary {
     pub user_cycles_per_segment: Option<Spread>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sys_cycles_per_segment: Option<Spread>,
+    /// Estimated cycles per segment, user space and kernel together (medians added), over the ceiling
+    /// forwarder's in this run: below 1.00× is cheaper than the ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_per_segment_ratio_ceiling: Option<f64>,
 }
 
 impl Summary {
@@ -250,7 +258,8 @@ const MSS_V6: f64 = 1428.0;
 pub const NETMAP_CYCLES_PER_PACKET: f64 = 90.0;
 
 /// Adds the cycle estimates to every summary: per packet over the forwarder's own `packets` counter, per
-/// segment over the traffic's MTU-sized packets.
+/// segment over the traffic's MTU-sized packets that crossed, as counted (the CPU window is the traffic's, see
+/// runner.rs, so neither side is scaled); then each forwarder's cycles per segment against the ceiling's.
 pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, ipv6: bool, udp: &[&str]) {
     let hz = cycles.mhz * 1e6;
     for s in summary.iter_mut() {
@@ -266,8 +275,6 @@ pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, 
             } else {
                 ip.gbps * 1e9 / 8.0 * ip.seconds / if ipv6 { MSS_V6 } else { MSS_V4 }
             };
-            // The CPU window and iperf3's differ by a little: scale the count to the CPU window.
-            let n = n / ip.seconds.max(1e-9) * r.window_seconds;
             (n > 0.0).then_some(n)
         };
         let packets = |r: &RunRecord| -> Option<f64> {
@@ -281,6 +288,16 @@ pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, 
         s.sys_cycles_per_packet = per(|r| r.fwd_sys_seconds, &packets);
         s.user_cycles_per_segment = per(|r| r.fwd_user_seconds, &segments);
         s.sys_cycles_per_segment = per(|r| r.fwd_sys_seconds, &segments);
+    }
+    let per_segment = |s: &Summary| Some(s.user_cycles_per_segment?.median + s.sys_cycles_per_segment?.median);
+    let ceilings: Vec<(String, f64)> = summary
+        .iter()
+        .filter(|s| s.mode == "ceiling")
+        .filter_map(|s| Some((s.traffic.clone(), per_segment(s).filter(|c| *c > 0.0)?)))
+        .collect();
+    for s in summary.iter_mut() {
+        let ceiling = ceilings.iter().find(|(t, _)| *t == s.traffic).map(|(_, c)| *c);
+        s.cycles_per_segment_ratio_ceiling = per_segment(s).zip(ceiling).map(|(c, base)| c / base);
     }
 }
 
@@ -444,12 +461,16 @@ fn cycles_table(o: &mut String, report: &Report, cycles: &Cycles, modes: &[&str]
          {:.0} MHz (the nominal clock in /proc/cpuinfo). Per packet: over the forwarder's own `packets` counter \
          (turbotun offload: MTU-sized packets; passthrough, plain and the ceiling: frames as read, a super-packet \
          counting once; peers: what their counters line calls packets). Per segment: over the MTU-sized packets \
-         of the traffic (TCP: goodput over the MSS; UDP: datagrams received), the same count for every row. \
-         netmap forwards a packet in ~{NETMAP_CYCLES_PER_PACKET:.0} cycles (user and kernel together).\n",
+         that crossed during the traffic (TCP: goodput over the MSS; UDP: datagrams received), as counted, the \
+         same count for every row. cyc/seg ×ceiling = user and kernel cycles per segment together over the \
+         ceiling forwarder's (below 1.00× is cheaper). netmap forwards a packet in \
+         ~{NETMAP_CYCLES_PER_PACKET:.0} cycles (user and kernel together).\n",
         cycles.pmu, cycles.mhz
     );
-    let _ =
-        writeln!(o, "| mode | traffic | user cyc/pkt | kernel cyc/pkt | user cyc/seg | kernel cyc/seg | ×ceiling |");
+    let _ = writeln!(
+        o,
+        "| mode | traffic | user cyc/pkt | kernel cyc/pkt | user cyc/seg | kernel cyc/seg | cyc/seg ×ceiling |"
+    );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|");
     for t in traffic {
         for m in modes {
@@ -465,7 +486,7 @@ fn cycles_table(o: &mut String, report: &Report, cycles: &Cycles, modes: &[&str]
                 med_count(s.sys_cycles_per_packet),
                 med_count(s.user_cycles_per_segment),
                 med_count(s.sys_cycles_per_segment),
-                ratio(s.ratio_ceiling)
+                ratio(s.cycles_per_segment_ratio_ceiling)
             );
         }
     }
@@ -516,7 +537,8 @@ fn notes(o: &mut String, report: &Report) {
         o,
         "\nMedians (min–max) over interleaved repetitions. Ratios use the headline metric (Gbps for TCP, received \
          kpps for UDP) against veth and against the best peer of the same traffic kind in this run{}. fwd CPU % is \
-         utime+stime of the forwarder over the test window (% of one core); box CPU % is of all cores. Where UDP \
+         utime+stime of the forwarder over the traffic (% of one core: the window closes when iperf3's client or \
+         turbotun's generator ends, before any wait for the last datagrams); box CPU % is of all cores. Where UDP \
          datagrams were lost, in thousands per second: dev TX drop = TX dropped of the two devices (the tun ring \
          tail drop; for veth its queue), fwd drop = the forwarder's own counter, rcvbuf err = UDP receive-buffer \
          errors in the server namespace (TX dropped counts what the kernel dropped: with gso64 one super-packet \
@@ -640,7 +662,9 @@ mod tests {
     fn cycles_per_packet_and_segment() {
         let (mut report, traffic) = sample();
         for r in report.runs.iter_mut() {
-            r.window_seconds = 1.0;
+            // A window a little longer than iperf3's second: the segments are counted as they crossed, not
+            // scaled to the window.
+            r.window_seconds = 1.1;
             if r.family != "baseline" {
                 // 0.25 s user and 0.5 s kernel over a one-second window.
                 r.fwd_user_seconds = Some(0.25);
@@ -666,6 +690,46 @@ mod tests {
         let md = markdown(&report, &traffic);
         assert!(md.contains("Cycles per packet and per segment (estimate)") && md.contains("no PMU"), "{md}");
         assert!(md.contains("| turbotun-offload | tcp | 500 | 1.0k |"), "{md}");
+    }
+
+    /// The cycles table's ratio to the ceiling is one of cycles (user and kernel per segment), not of Gbps.
+    #[test]
+    fn cycles_against_the_ceiling_are_a_cycles_ratio() {
+        let traffic = vec![traffic_by_label("tcp").unwrap()];
+        let mut runs = Vec::new();
+        for (mode, gbps, user, sys) in [("ceiling", 20.0, 0.01, 0.4), ("turbotun-offload", 10.0, 0.15, 0.6)] {
+            let mut r = rec(mode, "turbotun", "tcp", 1, gbps, 0.0);
+            (r.fwd_user_seconds, r.fwd_sys_seconds, r.window_seconds) = (Some(user), Some(sys), 1.0);
+            runs.push(r);
+        }
+        let modes: Vec<(String, String)> =
+            ["ceiling", "turbotun-offload"].iter().map(|m| (m.to_string(), "turbotun".to_string())).collect();
+        let mut summary = summarize(&runs, &modes, &traffic);
+        let cycles = Cycles { mhz: 1000.0, pmu: "no PMU".into() };
+        add_cycles(&mut summary, &runs, &cycles, false, &[]);
+        let (ceiling, offload) = (&summary[0], &summary[1]);
+        assert_eq!(offload.ratio_ceiling, Some(0.5), "Gbps against the ceiling");
+        // Per segment: (0.15 + 0.6) s over half the segments, against (0.01 + 0.4) s: 0.75 × 2 / 0.41.
+        let want = 0.75 * 2.0 / 0.41;
+        assert!((offload.cycles_per_segment_ratio_ceiling.unwrap() - want).abs() < 1e-9, "{offload:?}");
+        assert_eq!(ceiling.cycles_per_segment_ratio_ceiling, Some(1.0));
+        let report = Report {
+            header: ReportHeader::for_tests("turbotun bench"),
+            duration_s: 1,
+            reps: 1,
+            ipv6: false,
+            modes: vec!["ceiling".into(), "turbotun-offload".into()],
+            traffic: vec!["tcp".into()],
+            not_available: vec![],
+            runs,
+            summary,
+            cycles: Some(cycles),
+        };
+        let md = markdown(&report, &traffic);
+        assert!(md.contains("| cyc/seg ×ceiling |"), "{md}");
+        let row = md.lines().find(|l| l.starts_with("| turbotun-offload | tcp |")).expect(&md);
+        assert!(row.ends_with(&format!("| {want:.2}× |")), "{row}");
+        assert_rows_match_headers(&md);
     }
 
     fn udp_received(report: &Report, mode: &str) -> f64 {

@@ -14,10 +14,11 @@ use super::gen;
 use super::iperf::{self, IperfResult, Traffic};
 use super::modes::Mode;
 use super::perfstat;
-use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop};
+use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop, LinesFrom};
 use super::procfs::{self, BoxCpu};
 use super::report::{ProcSample, RunRecord};
-use super::topo::{self, Topology};
+use super::topo::{self, FloodTarget, Topology};
+use super::wgflood::FloodReport;
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
 const SINK_PORT: u16 = 5202;
@@ -70,20 +71,31 @@ pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Op
     let mut server = Server::start(ctx, &topo, t)?;
 
     let before = Before::take(&topo, t, ctx)?;
+    // A `-flood` kind's flood covers the whole window: it starts before the traffic and stops after the samples.
+    let flood = topo.flood.as_ref().map(|f| Flooder::start(ctx, &topo, f)).transpose()?;
     let perf = match (flamegraph, before.fwd.as_ref().map(|f| f.pid)) {
         (Some(svg), Some(pid)) => Some(flame::start(pid, ctx.duration, &svg.with_extension("perf.data"))?),
         _ => None,
     };
+    // The window closes when the traffic ends (the client or generator exits); the drop counters are read once
+    // the receiving side is done, so that what was still in flight is counted where it was lost.
     let result = if t.gso > 0 {
-        let load = run_generator(ctx, &topo, t, &mut server)?;
+        let gen = run_generator(ctx, &topo, t)?;
+        let drops = before.end_window(&mut rec, ctx)?;
+        let load = gen::LoadResult { gen, sink: sink_report(&mut server)? };
+        drops.record(&mut rec, &topo, t, ctx);
         let result = gen::to_result(&load.gen, &load.sink);
         rec.load = Some(load);
         result
     } else {
-        run_iperf_client(ctx, &topo, t)?
+        let result = run_iperf_client(ctx, &topo, t)?;
+        before.end_window(&mut rec, ctx)?.record(&mut rec, &topo, t, ctx);
+        result
     };
-    before.record_after(&mut rec, &topo, t, ctx)?;
     rec.iperf = Some(result);
+    if let Some(flood) = flood {
+        rec.flood = Some(flood.stop()?);
+    }
 
     if wait_timeout(&mut server.child.0, Duration::from_secs(5)).is_none() {
         tracing::debug!("the server still runs after the client finished; killing it");
@@ -127,6 +139,40 @@ fn stop_forwarder(topo: &mut Topology, rec: &mut RunRecord) {
         if !alive && rec.error.is_none() {
             rec.error = Some(format!("{label} died during the run: {}", exit.stderr_tail));
         }
+    }
+}
+
+/// `turbotun bench --wg-flood` in A toward B's WireGuard endpoint, for a `-flood` kind's window.
+#[derive(Debug)]
+struct Flooder {
+    child: KillOnDrop,
+    stdout: JoinHandle<String>,
+}
+
+impl Flooder {
+    fn start(ctx: &Ctx, topo: &Topology, f: &FloodTarget) -> Result<Flooder> {
+        let log = ctx.log_dir.join(format!("flood-{}.log", ctx.run_counter));
+        let log = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let from: Vec<String> = f.sources.iter().map(|a| a.to_string()).collect();
+        let mut cmd = Command::new(&ctx.exe);
+        cmd.args(["bench", "--wg-flood", &f.dest.to_string(), "--wg-flood-key", &f.server_key])
+            .args(["--wg-flood-from", &from.join(",")])
+            // Ended by SIGTERM once the window is over; the duration only bounds a flooder left behind.
+            .args(["--duration", &(ctx.duration + 30).to_string()]);
+        let mut child =
+            topo.ns_a.spawn(cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log)).context("start the flood")?;
+        let stdout = collect_stdout(&mut child);
+        Ok(Flooder { child: KillOnDrop(child), stdout })
+    }
+
+    /// SIGTERM; the report it prints then.
+    fn stop(mut self) -> Result<FloodReport> {
+        send_sigterm(self.child.0.id());
+        if wait_timeout(&mut self.child.0, Duration::from_secs(5)).is_none() {
+            bail!("the flood generator did not stop within 5 s of SIGTERM");
+        }
+        let text = self.stdout.join().unwrap_or_default();
+        serde_json::from_str(text.trim()).with_context(|| format!("flood generator's report: {:?}", text.trim()))
     }
 }
 
@@ -188,24 +234,24 @@ fn generator_args(ctx: &Ctx, t: &Traffic) -> Vec<String> {
     ["--udp-len", &len, "--udp-gso", &gso, "--udp-rate", &rate, "--duration", &secs].map(String::from).to_vec()
 }
 
-/// turbotun's UDP generator in A toward the sink in B; both sides' reports.
-fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic, server: &mut Server) -> Result<gen::LoadResult> {
+/// turbotun's UDP generator in A toward the sink in B; its report, once it has sent its last datagram.
+fn run_generator(ctx: &Ctx, topo: &Topology, t: &Traffic) -> Result<gen::GenReport> {
     let exe = ctx.exe.to_string_lossy();
     let sink = sink_addr(topo);
     let args = generator_args(ctx, t);
     let mut cmd = vec![&*exe, "bench", "--udp-gen", &sink];
     cmd.extend(args.iter().map(String::as_str));
     let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
-    let g: gen::GenReport =
-        serde_json::from_str(text.trim()).with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))?;
-    // The sink stops 1 s after the last datagram.
+    serde_json::from_str(text.trim()).with_context(|| format!("UDP generator ({status}): {:?}", text.trim()))
+}
+
+/// The sink's report: it stops shortly after the last datagram.
+fn sink_report(server: &mut Server) -> Result<gen::SinkReport> {
     if wait_timeout(&mut server.child.0, Duration::from_secs(5)).is_none() {
         bail!("UDP sink did not finish");
     }
     let text = server.stdout.take().and_then(|h| h.join().ok()).unwrap_or_default();
-    let sk: gen::SinkReport =
-        serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))?;
-    Ok(gen::LoadResult { gen: g, sink: sk })
+    serde_json::from_str(text.trim()).with_context(|| format!("UDP sink: {:?}", text.trim()))
 }
 
 /// An echo responder the echo bench measures: `PROGRAM ARGV..` under the forwarder contract, `{dev}` standing
@@ -245,8 +291,15 @@ pub fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Res
     let mut cmd = vec![&*exe, "bench", "--udp-roundtrip", &dest];
     cmd.extend(args.iter().map(String::as_str));
     let before = Before::take(&topo, t, ctx)?;
-    let (text, status) = run_in_ns(&topo.ns_a, &cmd, client_timeout(ctx), &ctx.stop)?;
-    before.record_after(&mut rec, &topo, t, ctx)?;
+    let roundtrip = LinesFrom::spawn(&topo.ns_a, &cmd)?;
+    // The generator says `sent` after its last datagram: the window ends there, not after the sink's wait for
+    // the last answers (which would count idle time as traffic).
+    let sent = roundtrip.next_line(client_timeout(ctx), &ctx.stop)?;
+    anyhow::ensure!(sent.trim() == gen::SENT_LINE, "UDP round trip: {sent:?} where {:?} was due", gen::SENT_LINE);
+    let drops = before.end_window(&mut rec, ctx)?;
+    let text = roundtrip.next_line(Duration::from_secs(10), &ctx.stop)?;
+    let status = roundtrip.wait(Duration::from_secs(5))?;
+    drops.record(&mut rec, &topo, t, ctx);
     let load: gen::LoadResult =
         serde_json::from_str(text.trim()).with_context(|| format!("UDP round trip ({status}): {:?}", text.trim()))?;
     rec.iperf = Some(gen::to_result(&load.gen, &load.sink));
@@ -359,7 +412,8 @@ impl Before {
             endpoints.push(ProcBefore::take(e.pid, &e.label, count)?);
         }
         let dev_tx_dropped = topo.tx_dropped();
-        let udp_rcvbuf_errors = if t.udp { topo.rcvbuf_errors(ctx.ipv6) } else { None };
+        // B's socket buffer overflowing is part of what a flood costs.
+        let udp_rcvbuf_errors = if t.udp || topo.flood.is_some() { topo.rcvbuf_errors(ctx.ipv6) } else { None };
         // Counting starts last, just before the window.
         for e in &mut endpoints {
             e.begin();
@@ -374,8 +428,9 @@ impl Before {
         })
     }
 
-    /// Samples after the window into `rec`, as differences from these.
-    fn record_after(mut self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) -> Result<()> {
+    /// The traffic has ended: the window closes here. CPU (over the window, % of one core), peak RSS, system
+    /// calls and whole-box CPU go into `rec`; the drop counters are read later ([`DropsBefore::record`]).
+    fn end_window(mut self, rec: &mut RunRecord, ctx: &Ctx) -> Result<DropsBefore> {
         // The syscall counts end with the window, before anything else is read.
         for e in &mut self.endpoints {
             if let Some(Ok(c)) = e.syscalls.as_mut() {
@@ -397,11 +452,24 @@ impl Before {
         }
         rec.box_cpu_percent = box_cpu.percent_since(&self.box_cpu);
         rec.window_seconds = window;
+        Ok(DropsBefore { dev_tx_dropped: self.dev_tx_dropped, udp_rcvbuf_errors: self.udp_rcvbuf_errors })
+    }
+}
+
+/// The drop counters sampled before the window, read again once the receiving side is done.
+#[derive(Debug)]
+struct DropsBefore {
+    dev_tx_dropped: Option<u64>,
+    udp_rcvbuf_errors: Option<u64>,
+}
+
+impl DropsBefore {
+    /// The drops since the window began into `rec`.
+    fn record(self, rec: &mut RunRecord, topo: &Topology, t: &Traffic, ctx: &Ctx) {
         rec.dev_tx_dropped = difference(self.dev_tx_dropped, topo.tx_dropped());
-        if t.udp {
+        if t.udp || topo.flood.is_some() {
             rec.udp_rcvbuf_errors = difference(self.udp_rcvbuf_errors, topo.rcvbuf_errors(ctx.ipv6));
         }
-        Ok(())
     }
 }
 

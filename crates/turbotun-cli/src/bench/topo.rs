@@ -281,6 +281,28 @@ pub struct Topology {
     pub(super) leftovers: Vec<PathBuf>,
     /// The namespace of the bridge(s), for the modes that have one.
     bridge_ns: Option<Netns>,
+    /// Where a `-flood` kind's handshake flood goes, and where from.
+    pub flood: Option<FloodTarget>,
+}
+
+/// The target and the sources of a run's handshake flood: B's WireGuard endpoint, from addresses on A's underlay.
+#[derive(Debug, Clone)]
+pub struct FloodTarget {
+    pub dest: SocketAddr,
+    /// B's public key, as `wg` shows it.
+    pub server_key: String,
+    pub sources: Vec<IpAddr>,
+}
+
+/// The addresses a flood from `n` sources comes from: A's own underlay address for one, else 10.201.0.100 on
+/// (at most 150, all in A's underlay prefix).
+pub fn flood_sources(n: usize) -> Result<Vec<IpAddr>> {
+    match n {
+        0 => bail!("a flood needs at least one source address"),
+        1 => Ok(vec![UNDERLAY[0].into()]),
+        2..=150 => Ok((0..n).map(|i| IpAddr::V4(Ipv4Addr::new(10, 201, 0, 100 + i as u8))).collect()),
+        _ => bail!("a flood from {n} addresses: at most 150 fit the underlay's prefix"),
+    }
 }
 
 impl Drop for Topology {
@@ -350,6 +372,7 @@ impl Topology {
             endpoints: Vec::new(),
             leftovers: Vec::new(),
             bridge_ns: None,
+            flood: None,
         }
     }
 
@@ -619,9 +642,19 @@ fn set_up_tunnel(t: &mut Topology, link: &Link, base: &str, log_dir: &Path, stop
             }
             tun
         }
-        Link::Pair(ends) => {
+        Link::Pair(ends, flood) => {
             for (i, e) in ends.iter().enumerate() {
                 start_endpoint(t, e, i, &tun[i], log_dir, stop)?;
+            }
+            if let Some(flood) = flood {
+                let Some(wg) = &ends[1].wg else { bail!("a flood needs a WireGuard endpoint in B") };
+                let sources = flood_sources(flood.sources)?;
+                let mut nl = t.ns_a.netlink()?;
+                for a in sources.iter().filter(|a| **a != IpAddr::from(UNDERLAY[0])) {
+                    nl.add_address(&under[0], *a, PREFIX_LEN).with_context(|| format!("{a} on {}", under[0]))?;
+                }
+                let dest = SocketAddr::new(UNDERLAY[1].into(), PORT);
+                t.flood = Some(FloodTarget { dest, server_key: wg.keys[1].public.clone(), sources });
             }
             tun
         }

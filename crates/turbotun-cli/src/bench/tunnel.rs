@@ -25,11 +25,11 @@ use serde::{Deserialize, Serialize};
 
 use super::chart;
 use super::iperf::{self, Traffic};
-use super::modes::{self, Endpoint, Kind, Link, Mode, Unavailable, WgKey, WgSetup};
+use super::modes::{self, Endpoint, Flood, Kind, Link, Mode, Unavailable, WgKey, WgSetup};
 use super::perfstat;
 use super::report::{self, spread_of, ReportHeader, RunRecord, Summary};
 use super::runner::Ctx;
-use super::stats::{cell, med, med_count, ratio, Spread};
+use super::stats::{cell, fmt_count, med, med_count, ratio, Spread};
 use super::topo::{clear_stale_socket, INNER, PREFIX_LEN, TUNNEL_MTU, UNDERLAY, UNDERLAY_MTU};
 use super::{BenchArgs, Plan};
 
@@ -130,6 +130,8 @@ pub struct KindSpec {
     family: &'static str,
     pub description: &'static str,
     spec: Spec,
+    /// B's endpoint flooded with handshake initiations during the window (the `-flood` kinds).
+    flood: Option<Flood>,
 }
 
 impl KindSpec {
@@ -149,54 +151,89 @@ impl KindSpec {
 
 /// Every kind, in report order.
 pub const KINDS: &[KindSpec] = &[
-    KindSpec { label: "veth", family: "baseline", description: "iperf3 over the underlay itself", spec: Spec::Veth },
+    KindSpec {
+        label: "veth",
+        family: "baseline",
+        description: "iperf3 over the underlay itself",
+        spec: Spec::Veth,
+        flood: None,
+    },
     KindSpec {
         label: "vxlan",
         family: "baseline",
         description: "the kernel's VXLAN over the underlay (VNI 42, UDP 4789)",
         spec: Spec::Vxlan,
+        flood: None,
     },
     KindSpec {
         label: "turbotun-plain",
         family: "turbotun",
         description: "`turbotun tunnel` at both ends (packets in UDP, not encrypted)",
         spec: Spec::Pair(Program::TurbotunTunnel, Program::TurbotunTunnel),
+        flood: None,
     },
     KindSpec {
         label: "turbotun-wg",
         family: "turbotun",
         description: "`turbotun wg` at both ends (WireGuard)",
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+        flood: None,
     },
     KindSpec {
         label: "turbotun-plain@baseline",
         family: "turbotun",
         description: "`turbotun tunnel` of the --baseline build at both ends (A/B)",
         spec: Spec::Pair(Program::BaselineTunnel, Program::BaselineTunnel),
+        flood: None,
     },
     KindSpec {
         label: "turbotun-wg@baseline",
         family: "turbotun",
         description: "`turbotun wg` of the --baseline build at both ends (A/B)",
         spec: Spec::Pair(Program::BaselineWg, Program::BaselineWg),
+        flood: None,
     },
     KindSpec {
         label: "wireguard-go",
         family: "wggo",
         description: "wireguard-go at both ends",
         spec: Spec::Pair(Program::WireguardGo, Program::WireguardGo),
+        flood: None,
     },
     KindSpec {
         label: "boringtun",
         family: "boringtun",
         description: "boringtun-cli at both ends",
         spec: Spec::Pair(Program::Boringtun, Program::Boringtun),
+        flood: None,
     },
     KindSpec {
         label: "turbotun-wg-vs-wireguard-go",
         family: "turbotun",
         description: "`turbotun wg` in A, wireguard-go in B (interoperation)",
         spec: Spec::Pair(Program::TurbotunWg, Program::WireguardGo),
+        flood: None,
+    },
+    KindSpec {
+        label: "turbotun-wg-flood1",
+        family: "turbotun",
+        description: "`turbotun wg` at both ends, B flooded with valid-mac1 handshake initiations from one address",
+        spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+        flood: Some(Flood { sources: 1 }),
+    },
+    KindSpec {
+        label: "turbotun-wg-flood64",
+        family: "turbotun",
+        description: "`turbotun wg` at both ends, B flooded with valid-mac1 handshake initiations from 64 addresses",
+        spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+        flood: Some(Flood { sources: 64 }),
+    },
+    KindSpec {
+        label: "wireguard-go-flood1",
+        family: "wggo",
+        description: "wireguard-go at both ends, B flooded with valid-mac1 handshake initiations from one address",
+        spec: Spec::Pair(Program::WireguardGo, Program::WireguardGo),
+        flood: Some(Flood { sources: 1 }),
     },
 ];
 
@@ -309,9 +346,18 @@ fn is_baseline(k: &KindSpec) -> bool {
     k.label.ends_with("@baseline")
 }
 
-/// The kinds named by `--tunnel-kinds`, or all (the `@baseline` kinds only with `--baseline`), in report order.
+/// The kind a `-flood` kind is compared with: the same endpoints without the flood.
+fn unflooded(k: &KindSpec) -> Option<&'static KindSpec> {
+    k.flood?;
+    KINDS.iter().find(|b| b.flood.is_none() && b.spec == k.spec)
+}
+
+/// The kinds named by `--tunnel-kinds`, or all but the `-flood` kinds (and the `@baseline` kinds only with
+/// `--baseline`), in report order.
 fn select_kinds(filter: Option<&[String]>, baseline: bool) -> Result<Vec<&'static KindSpec>> {
-    let Some(filter) = filter else { return Ok(KINDS.iter().filter(|k| baseline || !is_baseline(k)).collect()) };
+    let Some(filter) = filter else {
+        return Ok(KINDS.iter().filter(|k| k.flood.is_none() && (baseline || !is_baseline(k))).collect());
+    };
     let mut out: Vec<&KindSpec> = Vec::new();
     for f in filter.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
         let Some(k) = KINDS.iter().find(|k| k.label == f) else {
@@ -426,7 +472,7 @@ fn resolve(kinds: &[&KindSpec], r: &mut Resolver<'_>) -> Result<Resolved> {
                         wg: if p.is_wg() { wg.clone() } else { None },
                     })
                 };
-                Link::Pair(Box::new([end(a, r)?, end(b, r)?]))
+                Link::Pair(Box::new([end(a, r)?, end(b, r)?]), k.flood)
             }
         };
         modes.push(Mode { label: k.label.into(), family: k.family, kind: Kind::Tunnel(link), note: None });
@@ -564,6 +610,120 @@ pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic])
     rows
 }
 
+/// One `-flood` kind over the repetitions, beside the same endpoints without the flood.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FloodRow {
+    pub kind: String,
+    pub traffic: String,
+    /// The kind it is compared with: the same endpoints, no flood, in the same bench.
+    pub unflooded: String,
+    /// Addresses the flood came from.
+    pub sources: usize,
+    /// Runs, and those that failed (under a flood: mostly iperf3 starved until it could not finish).
+    #[serde(default)]
+    pub runs: usize,
+    #[serde(default)]
+    pub failed: usize,
+    pub gbps: Option<Spread>,
+    pub unflooded_gbps: Option<Spread>,
+    /// Median goodput under the flood over the median without it.
+    pub ratio: Option<f64>,
+    /// Initiations the flood generator sent per second, thousands.
+    pub flood_kpps: Option<Spread>,
+    /// B's endpoint's CPU over the window, % of one core.
+    pub b_cpu_percent: Option<Spread>,
+    /// Datagrams B's socket had no room for over the window (the kernel's UDP receive-buffer errors in B).
+    pub b_socket_dropped: Option<Spread>,
+    /// What B's endpoint counted as dropped, by reason (the reasons with any drop in a run), per run.
+    pub b_drops: Vec<(String, Spread)>,
+}
+
+/// The rows of the `-flood` kinds that ran, with their unflooded kinds' goodput.
+pub fn flood_rows(runs: &[RunRecord], rows: &[TunnelRow]) -> Vec<FloodRow> {
+    let mut out = Vec::new();
+    for row in rows {
+        let Some(k) = KINDS.iter().find(|k| k.label == row.kind) else { continue };
+        let (Some(flood), Some(base)) = (k.flood, unflooded(k)) else { continue };
+        let ok: Vec<&RunRecord> = runs
+            .iter()
+            .filter(|r| r.mode == row.kind && r.traffic == row.traffic && r.error.is_none() && r.iperf.is_some())
+            .collect();
+        let unflooded_gbps = rows.iter().find(|r| r.kind == base.label && r.traffic == row.traffic);
+        let unflooded_gbps = unflooded_gbps.and_then(|r| r.summary.gbps);
+        let drops_of = |r: &RunRecord| -> Vec<(String, u64)> {
+            let b = r.endpoints.iter().find(|e| e.side == "B").and_then(|e| e.counters.as_ref());
+            let by_reason = b.and_then(|c| c["drops_by_reason"].as_object().cloned()).unwrap_or_default();
+            by_reason.into_iter().map(|(k, v)| (k, v.as_u64().unwrap_or(0))).collect()
+        };
+        let mut reasons: Vec<String> =
+            ok.iter().flat_map(|r| drops_of(r)).filter(|(_, n)| *n > 0).map(|(k, _)| k).collect();
+        reasons.sort();
+        reasons.dedup();
+        let b_drops = reasons
+            .into_iter()
+            .filter_map(|reason| {
+                let s = spread_of(&ok, |r| drops_of(r).into_iter().find(|(k, _)| *k == reason).map(|(_, n)| n as f64));
+                Some((reason, s?))
+            })
+            .collect();
+        out.push(FloodRow {
+            kind: row.kind.clone(),
+            traffic: row.traffic.clone(),
+            unflooded: base.label.to_string(),
+            sources: flood.sources,
+            runs: row.summary.runs,
+            failed: row.summary.failed,
+            gbps: row.summary.gbps,
+            unflooded_gbps,
+            ratio: row.summary.gbps.zip(unflooded_gbps.filter(|g| g.median > 0.0)).map(|(g, u)| g.median / u.median),
+            flood_kpps: spread_of(&ok, |r| Some(r.flood.as_ref()?.pps() / 1e3)),
+            b_cpu_percent: row.endpoints.iter().find(|e| e.side == "B").and_then(|e| e.cpu_percent),
+            b_socket_dropped: spread_of(&ok, |r| r.udp_rcvbuf_errors.map(|n| n as f64)),
+            b_drops,
+        });
+    }
+    out
+}
+
+/// The flood table: each `-flood` kind beside its unflooded kind.
+fn flood_markdown(o: &mut String, report: &TunnelReport) {
+    let _ = writeln!(
+        o,
+        "\n### WireGuard handshake flood — B's endpoint flooded during each run\n\n\
+         | tunnel | traffic | flood from | Gbps | without flood | ×no flood | flood kpps sent | CPU % B | \
+         B's socket dropped | B's drops by reason |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for f in &report.flood_rows {
+        let drops: Vec<String> = f.b_drops.iter().map(|(k, s)| format!("{k} {}", fmt_count(s.median))).collect();
+        let failed = if f.failed > 0 { format!(" ({} of {} failed)", f.failed, f.runs) } else { String::new() };
+        let _ = writeln!(
+            o,
+            "| {}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            f.kind,
+            f.traffic,
+            if f.sources == 1 { "1 address".to_string() } else { format!("{} addresses", f.sources) },
+            cell(f.gbps),
+            cell(f.unflooded_gbps),
+            ratio(f.ratio),
+            cell(f.flood_kpps),
+            med(f.b_cpu_percent),
+            med_count(f.b_socket_dropped),
+            if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nThe flood: WireGuard handshake initiations with random content and a valid mac1 (which takes nothing but \
+         B's public key), sent from A's namespace by `turbotun bench --wg-flood`, one thread, `sendmmsg` batches of \
+         64, as fast as it can, from A's underlay address or from that many addresses taken in turn, over the whole \
+         window. Gbps: medians (min–max) over interleaved repetitions; ×no flood: the median under the flood over \
+         the median of the same endpoints without it in this bench, both over the runs that finished (a run fails when \
+         the flood starves iperf3 until it cannot finish). B's drops: what B's endpoint counted as \
+         dropped, by reason, median per run (its counters line when stopped); B's socket dropped: the datagrams \
+         the kernel found no room for in B's sockets."
+    );
+}
+
 /// The JSON document of `--tunnel`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TunnelReport {
@@ -583,6 +743,9 @@ pub struct TunnelReport {
     pub syscalls_counted: bool,
     pub syscalls: String,
     pub rows: Vec<TunnelRow>,
+    /// The `-flood` kinds beside their unflooded kinds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flood_rows: Vec<FloodRow>,
     /// Every run, with both endpoints' samples and counters lines.
     pub runs: Vec<RunRecord>,
 }
@@ -613,7 +776,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
     if resolved.modes.is_empty() {
         bail!("no selected tunnel kind can run here (see `turbotun bench --tunnel --list`)");
     }
-    let with_processes = resolved.modes.iter().any(|m| matches!(&m.kind, Kind::Tunnel(Link::Pair(_))));
+    let with_processes = resolved.modes.iter().any(|m| matches!(&m.kind, Kind::Tunnel(Link::Pair(..))));
     let syscalls = match perfstat::probe(&ctx.log_dir) {
         _ if args.no_syscalls => "not counted (--no-syscalls)".to_string(),
         Ok(()) => {
@@ -632,6 +795,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
     let started_unix = super::now_unix();
     let (runs, failures) = super::measure(ctx, &plan, None)?;
     let kinds: Vec<(String, String)> = plan.modes.iter().map(|m| (m.label.clone(), m.family.to_string())).collect();
+    let rows = rows(&runs, &kinds, &traffic);
     let report = TunnelReport {
         header: ReportHeader::here("turbotun bench --tunnel", started_unix),
         duration_s: ctx.duration,
@@ -643,7 +807,8 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usi
         skipped: resolved.skipped.clone(),
         syscalls_counted: ctx.count_syscalls,
         syscalls,
-        rows: rows(&runs, &kinds, &traffic),
+        flood_rows: flood_rows(&runs, &rows),
+        rows,
         runs,
     };
     super::write_json(args.json.as_deref(), &report)?;
@@ -743,6 +908,9 @@ pub fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
          entered per 10^9 bytes of goodput: {}. box CPU % = all cores busy over the window.",
         report.syscalls
     );
+    if !report.flood_rows.is_empty() {
+        flood_markdown(&mut o, report);
+    }
     if !report.skipped.is_empty() {
         let _ = writeln!(o, "\nSkipped:");
         for u in &report.skipped {
@@ -757,6 +925,9 @@ mod tests {
     use super::*;
     use crate::bench::iperf::IperfResult;
     use crate::bench::report::ProcSample;
+    use crate::bench::topo::flood_sources;
+    use crate::bench::wgflood::FloodReport;
+    use std::net::{IpAddr, Ipv4Addr};
 
     fn rec(kind: &str, traffic: &str, rep: u32, gbps: f64, cpu: Option<f64>) -> RunRecord {
         let udp = traffic.starts_with("udp");
@@ -855,8 +1026,67 @@ mod tests {
             syscalls_counted: true,
             syscalls: "perf".into(),
             rows: rows(&runs, &kinds, TUNNEL_TRAFFIC),
+            flood_rows: Vec::new(),
             runs,
         }
+    }
+
+    #[test]
+    fn flood_rows_beside_their_unflooded_kinds() {
+        let mut runs = Vec::new();
+        for rep in 1..=3 {
+            runs.push(rec("turbotun-wg", "tcp", rep, 4.0, Some(80.0)));
+            let mut flooded = rec("turbotun-wg-flood64", "tcp", rep, 1.0 + f64::from(rep), Some(100.0));
+            flooded.flood =
+                Some(FloodReport { sent: 600_000 * u64::from(rep), seconds: 2.0, sources: 64, ..Default::default() });
+            flooded.udp_rcvbuf_errors = Some(1000);
+            flooded.endpoints[1].counters = Some(serde_json::json!({
+                "drops_by_reason": { "unauthenticated": 100 * rep, "replayed": 0, "malformed_datagram": 2 }
+            }));
+            runs.push(flooded);
+        }
+        let starved = rec("turbotun-wg-flood64", "tcp", 4, 0.0, None);
+        runs.push(RunRecord { error: Some("iperf3 did not finish within 15 s".into()), iperf: None, ..starved });
+        let kinds = [("turbotun-wg", "turbotun"), ("turbotun-wg-flood64", "turbotun")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec();
+        let rows = rows(&runs, &kinds, TUNNEL_TRAFFIC);
+        let flood = flood_rows(&runs, &rows);
+        assert_eq!(flood.len(), 1, "{flood:?}");
+        let f = &flood[0];
+        assert_eq!((f.kind.as_str(), f.unflooded.as_str(), f.sources), ("turbotun-wg-flood64", "turbotun-wg", 64));
+        assert_eq!((f.runs, f.failed), (4, 1));
+        assert_eq!(f.ratio, Some(3.0 / 4.0));
+        assert_eq!(f.flood_kpps.unwrap().median, 600.0);
+        assert_eq!(f.b_cpu_percent.unwrap().median, 50.0);
+        let reasons: Vec<&str> = f.b_drops.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(reasons, ["malformed_datagram", "unauthenticated"], "only reasons with drops");
+        assert_eq!(f.b_drops[1].1.median, 200.0);
+        let mut report = report();
+        report.flood_rows = flood;
+        let md = markdown(&report, &[TUNNEL_TRAFFIC[0]]);
+        assert!(
+            md.contains("| turbotun-wg-flood64 (1 of 4 failed) | tcp | 64 addresses | 3.00 (2.00–4.00) | 4.00 | 0.75× | 600 (300–900) | 50.0 | 1.0k | malformed_datagram 2, unauthenticated 200 |"),
+            "{md}"
+        );
+        crate::bench::report::assert_rows_match_headers(&md);
+        let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+        assert_eq!(back.flood_rows, report.flood_rows);
+    }
+
+    #[test]
+    fn flood_kinds_only_when_named() {
+        assert!(select_kinds(None, true).unwrap().iter().all(|k| k.flood.is_none()));
+        let k = select_kinds(Some(&["turbotun-wg-flood1".into(), "turbotun-wg".into()]), false).unwrap();
+        assert_eq!(k.iter().map(|k| k.label).collect::<Vec<_>>(), ["turbotun-wg", "turbotun-wg-flood1"]);
+        for k in KINDS.iter().filter(|k| k.flood.is_some()) {
+            let base = unflooded(k).unwrap_or_else(|| panic!("{} has no unflooded kind", k.label));
+            assert!(k.label.starts_with(base.label) && base.flood.is_none(), "{}", k.label);
+        }
+        let one: Vec<IpAddr> = vec![Ipv4Addr::new(10, 201, 0, 1).into()];
+        assert_eq!(flood_sources(1).unwrap(), one);
+        assert_eq!(flood_sources(64).unwrap().len(), 64);
+        assert!(flood_sources(151).is_err() && flood_sources(0).is_err());
     }
 
     #[test]
@@ -881,8 +1111,9 @@ mod tests {
     fn kinds_and_traffic_selection() {
         let baseline_kinds = KINDS.iter().filter(|k| is_baseline(k)).count();
         assert_eq!(baseline_kinds, 2);
-        assert_eq!(select_kinds(None, false).unwrap().len(), KINDS.len() - baseline_kinds);
-        assert_eq!(select_kinds(None, true).unwrap().len(), KINDS.len(), "--baseline adds the A/B kinds");
+        let plain_kinds = KINDS.iter().filter(|k| k.flood.is_none()).count();
+        assert_eq!(select_kinds(None, false).unwrap().len(), plain_kinds - baseline_kinds);
+        assert_eq!(select_kinds(None, true).unwrap().len(), plain_kinds, "--baseline adds the A/B kinds");
         let k = select_kinds(Some(&["wireguard-go".into(), "veth".into(), "veth".into()]), false).unwrap();
         assert_eq!(k.iter().map(|k| k.label).collect::<Vec<_>>(), ["veth", "wireguard-go"]);
         assert!(select_kinds(Some(&["wggo".into()]), false).is_err());

@@ -14,18 +14,23 @@ use turbotun::netlink::Netlink;
 use turbotun::netns::{with_netns, with_private_netns};
 
 pub mod wg;
+pub mod wg_messages;
 
 pub const A4: &str = "10.0.1.1";
 pub const B4: &str = "10.0.2.1";
 pub const A6: &str = "fd00:1::1";
 pub const B6: &str = "fd00:2::1";
 
+#[path = "../../../turbotun/tests/common/skip.rs"]
+mod skip;
+pub use skip::cannot_run;
+
+/// Whether this test may create namespaces; without the privileges, the suite's skip rule ([`cannot_run`]).
 pub fn privileged(test: &str) -> bool {
     match with_private_netns(|| ()) {
         Ok(()) => true,
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test}: cannot run under CI=true: {e}"),
         Err(e) => {
-            eprintln!("SKIPPED {test}: needs root: {e}");
+            cannot_run(test, &format!("needs root: {e}"));
             false
         }
     }
@@ -201,32 +206,92 @@ pub fn tcp_stream_intact(topo: &Topology, dst: &str, len: usize) {
 }
 
 /// `len` bytes of TCP from namespace `from` to a listener on `to_addr:port` in namespace `to`, compared byte for
-/// byte.
+/// byte. The bounds are generous (30 s to connect, 30 s without a byte): a path under attack may be slow.
 pub fn tcp_between(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: usize) {
     tcp_between_while(from, to, to_addr, port, len, || {});
 }
 
 /// [`tcp_between`], with `during` run on the test's thread while the bytes flow.
 pub fn tcp_between_while(from: &OwnedFd, to: &OwnedFd, to_addr: &str, port: u16, len: usize, during: impl FnOnce()) {
+    if let Err(e) = try_tcp_between_while(from, to, to_addr, port, len, during) {
+        panic!("{e}");
+    }
+}
+
+/// [`tcp_between_while`], saying what went wrong instead of failing the test.
+pub fn try_tcp_between_while(
+    from: &OwnedFd,
+    to: &OwnedFd,
+    to_addr: &str,
+    port: u16,
+    len: usize,
+    during: impl FnOnce(),
+) -> Result<(), String> {
+    const PATIENCE: Duration = Duration::from_secs(30);
     let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, port))).unwrap().unwrap();
+    listener.set_nonblocking(true).unwrap();
     let data = pattern(len, len as u64);
     let expected = data.clone();
-    let receiver = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let receiver = std::thread::spawn(move || -> Result<Vec<u8>, String> {
+        let start = Instant::now();
+        let mut s = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if start.elapsed() < PATIENCE => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => return Err(format!("no connection in {PATIENCE:?}: {e}")),
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
         let mut got = Vec::with_capacity(len);
-        s.read_to_end(&mut got).unwrap();
-        got
+        match s.read_to_end(&mut got) {
+            Ok(_) => Ok(got),
+            Err(e) => Err(format!("{} of {len} bytes arrived, then none for {PATIENCE:?}: {e}", got.len())),
+        }
     });
     let target: SocketAddr = (to_addr.parse::<IpAddr>().unwrap(), port).into();
-    let mut s =
-        with_netns(&ns_path(from), || TcpStream::connect_timeout(&target, Duration::from_secs(5))).unwrap().unwrap();
-    let sender = std::thread::spawn(move || s.write_all(&data).unwrap());
+    let connected = with_netns(&ns_path(from), || TcpStream::connect_timeout(&target, PATIENCE)).unwrap();
+    // A stalled path fails the sender too, instead of leaving it to TCP's retransmissions for many minutes.
+    let sender = connected.map(|mut s| {
+        s.set_write_timeout(Some(PATIENCE)).unwrap();
+        std::thread::spawn(move || s.write_all(&data))
+    });
     during();
-    sender.join().unwrap();
+    let sent = match sender {
+        Ok(sender) => sender.join().unwrap().map_err(|e| format!("sending: {e}")),
+        Err(e) => Err(format!("connecting: {e}")),
+    };
     let got = receiver.join().unwrap();
-    assert_eq!(got.len(), expected.len(), "byte count over {to_addr}");
-    assert!(got == expected, "byte stream over {to_addr} arrived altered");
+    let got = match (got, sent) {
+        (Err(e), _) => return Err(format!("TCP over {to_addr}: {e}")),
+        (Ok(_), Err(e)) => return Err(format!("TCP over {to_addr}: {e}")),
+        (Ok(got), Ok(())) => got,
+    };
+    if got.len() != expected.len() {
+        return Err(format!("TCP over {to_addr}: {} of {len} bytes arrived", got.len()));
+    }
+    if got != expected {
+        return Err(format!("TCP over {to_addr}: the byte stream arrived altered"));
+    }
+    Ok(())
+}
+
+/// Waits for `child` to exit, failing the test if it has not within `bound`: a generous bound for a process that
+/// must exit on an event (a signal, a device gone), so that one that never exits fails the test instead of hanging
+/// it. Not a speed check: the bound is far above the time the event takes.
+pub fn wait_exit(child: &mut Child, bound: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running {bound:?} later");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A child process killed and reaped however the test ends.

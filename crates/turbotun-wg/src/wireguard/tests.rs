@@ -219,7 +219,7 @@ fn test_under_load_each_source_gets_a_cookie_then_its_rate() {
     jar.stamp(&mac1_key, &mut initiation, Instant::now());
     let mut wire = Vec::new();
     let (opened, _) = b.receive(&Wire { data: initiation.to_vec(), from: attacker, to: b.addr }, &mut wire);
-    assert_eq!(opened, Opened::Control);
+    assert_eq!(opened, Opened::Queued);
     b.tick(&mut wire);
     assert_eq!(wire.len(), 1, "a cookie reply");
     assert!(jar.consume(&cookie_key, &wire[0].data, Instant::now()));
@@ -230,7 +230,7 @@ fn test_under_load_each_source_gets_a_cookie_then_its_rate() {
         jar.stamp(&mac1_key, &mut initiation, Instant::now());
         match b.receive(&Wire { data: initiation.to_vec(), from: attacker, to: b.addr }, &mut wire).0 {
             Opened::Dropped(DropReason::RateLimited) => refused += 1,
-            other => assert_eq!(other, Opened::Control),
+            other => assert_eq!(other, Opened::Queued),
         }
     }
     assert_eq!(refused, 50 - cookie::PER_SOURCE_BURST as usize);
@@ -352,4 +352,46 @@ fn test_a_packet_from_a_source_the_peer_may_not_use_is_dropped() {
     a.send(&packet([10, 9, 9, 9], B_INNER, 8), &mut wire);
     let (opened, _) = b.receive(&wire[0], &mut Vec::new());
     assert_eq!(opened, Opened::Dropped(DropReason::NotAllowed));
+}
+
+#[test]
+fn test_every_handshake_message_taken_to_the_worker_is_settled_once() {
+    let (a, b) = pair();
+    let attacker: SocketAddr = ATTACKER.parse().unwrap();
+    let mac1_key = hash(&[noise::LABEL_MAC1, &b.public()]);
+    let mut jar = cookie::CookieJar::default();
+    let forged = |round: u8, jar: &mut cookie::CookieJar| {
+        let mut initiation = [round; INITIATION_LEN];
+        initiation[..4].copy_from_slice(&[1, 0, 0, 0]);
+        jar.stamp(&mac1_key, &mut initiation, Instant::now());
+        Wire { data: initiation.to_vec(), from: attacker, to: b.addr }
+    };
+    let mut wire = Vec::new();
+    b.wg.settled(false);
+    for round in 0..10 {
+        assert_eq!(b.receive(&forged(round, &mut jar), &mut wire).0, Opened::Queued);
+    }
+    b.tick(&mut wire);
+    let settled = b.wg.settled(false);
+    assert_eq!((settled.control, settled.drops.unauthenticated), (0, 10), "{settled:?}");
+    // Under load: refused with a cookie reply each, counted as rate_limited.
+    b.wg.under_load_until.store(u64::MAX, Ordering::Relaxed);
+    for round in 0..5 {
+        assert_eq!(b.receive(&forged(round, &mut jar), &mut wire).0, Opened::Queued);
+    }
+    b.tick(&mut wire);
+    assert_eq!(b.wg.settled(false).drops.rate_limited, 5);
+    assert_eq!(wire.iter().filter(|w| w.to == attacker && w.data[0] == 3).count(), 5, "a cookie reply each");
+    // What waits when the tunnel stops is counted as stopped.
+    for round in 0..3 {
+        b.receive(&forged(round, &mut jar), &mut wire);
+    }
+    assert_eq!(b.wg.settled(true).drops.stopped, 3);
+    // A genuine handshake is settled as the protocol's own.
+    b.wg.under_load_until.store(0, Ordering::Relaxed);
+    a.skip(REKEY_AFTER_TIME + 1000);
+    a.send(&packet(A_INNER, B_INNER, 8), &mut wire);
+    a.tick(&mut wire);
+    deliver(&a, &b, &mut wire);
+    assert!(b.wg.settled(false).control >= 1);
 }

@@ -1,15 +1,22 @@
 //! A reference model of the kernel's GRO merge decision, written apart from `gro.rs` and as plainly as the kernel
 //! states it, for the property tests and the fuzz target to hold [`crate::Gro`] against: which packets of a batch
-//! end up in which coalesced packet, in which order.
+//! end up in which coalesced packet, in which order. It reads the packets with its own parsing and checksum
+//! ([`super::reference_wire`]), never with the crate's header views or checksum code, so that a bug there
+//! cannot hide in both the code and its oracle.
 //!
 //! It follows `dev_gro_receive` with one held packet per flow, `inet_gro_receive`/`ipv6_gro_receive`
 //! (`inet_gro_flush`, `ipv6_gro_flush`), `tcp_gro_receive` and `udp_gro_receive_segment`, plus the two documented
 //! places where turbotun merges less (a UDP barrier behind a packet that stopped before the transport layer,
 //! IPv6 extension headers) and the one where it merges more (an IPv4 UDP checksum of 0).
 
-use crate::checksum;
-use crate::gro::{Checksums, GroConfig, MAX_PACKET_LEN};
-use crate::{ethernet, ipv4, ipv6, tcp, udp, Framing, IPPROTO_TCP, IPPROTO_UDP};
+use super::reference_wire::{be16, be32, ip_start, ones_complement_sum, tcp_flag, transport_checksum_ok};
+use super::reference_wire::{PROTO_TCP, PROTO_UDP};
+use crate::gro::{Checksums, GroConfig};
+use crate::Framing;
+
+/// The longest IP packet a coalesced packet may become: the most an IPv4 total length or an IPv6 payload length
+/// plus its header can describe without a jumbogram.
+const MAX_MERGED_IP_LEN: usize = 65535;
 
 /// One packet as the model sees it.
 #[derive(Debug, Clone)]
@@ -48,10 +55,9 @@ fn classify(pkt: &[u8], config: &GroConfig, trusted: bool) -> Seen {
     let stopped = |addrs: Option<Vec<u8>>, barrier| Seen::Stopped { addrs, barrier };
     let (l2, version) = match config.framing {
         Framing::Ip => (0, None),
-        Framing::Ethernet => match ethernet::Frame::new_checked(pkt) {
-            Ok(f) if f.inner_ethertype() == ethernet::ETHERTYPE_IPV4 => (f.header_len(), Some(4)),
-            Ok(f) if f.inner_ethertype() == ethernet::ETHERTYPE_IPV6 => (f.header_len(), Some(6)),
-            _ => return stopped(None, true),
+        Framing::Ethernet => match ip_start(pkt, Framing::Ethernet) {
+            Some((l2, version)) => (l2, Some(version)),
+            None => return stopped(None, true),
         },
     };
     let ip = &pkt[l2..];
@@ -60,43 +66,52 @@ fn classify(pkt: &[u8], config: &GroConfig, trusted: bool) -> Seen {
         return stopped(None, true);
     }
     let mut flow = pkt[..l2].to_vec();
-    let (proto, l4, addrs, sound_ip, tos, ttl, df, id, v6, pseudo) = match ip.first().map(|b| b >> 4) {
+    let (proto, l4, addrs, sound_ip, tos, ttl, df, id, v6) = match ip.first().map(|b| b >> 4) {
         Some(4) => {
-            let Ok(p) = ipv4::Packet::new_checked(ip) else { return stopped(None, true) };
-            let addrs = [p.src_addr(), p.dst_addr()].concat();
-            if p.header_len() != 20 || p.is_fragment() || !p.verify_checksum() {
-                return stopped(Some(addrs), p.protocol() != IPPROTO_TCP);
+            let header_len = usize::from(ip.first().map_or(0, |b| b & 0x0f)) * 4;
+            if ip.len() < 20 || header_len < 20 || ip.len() < header_len {
+                return stopped(None, true);
             }
-            let sound = usize::from(p.total_len()) == ip.len() && p.flags_frag() & ipv4::FLAG_RESERVED == 0;
-            let pseudo = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), p.protocol(), 0);
-            (p.protocol(), 20, addrs, sound, p.tos(), p.ttl(), p.dont_frag(), p.ident(), false, pseudo)
+            let addrs = ip[12..20].to_vec();
+            let flags_fragment = be16(ip, 6);
+            let fragment = flags_fragment & 0x3fff != 0;
+            if header_len != 20 || fragment || ones_complement_sum(&[&ip[..20]]) != 0xffff {
+                return stopped(Some(addrs), ip[9] != PROTO_TCP);
+            }
+            let sound = usize::from(be16(ip, 2)) == ip.len() && flags_fragment & 0x8000 == 0;
+            let df = flags_fragment & 0x4000 != 0;
+            (ip[9], 20, addrs, sound, ip[1], ip[8], df, be16(ip, 4), false)
         }
         Some(6) => {
-            let Ok(p) = ipv6::Packet::new_checked(ip) else { return stopped(None, true) };
-            let addrs = [p.src_addr(), p.dst_addr()].concat();
-            flow.extend_from_slice(&p.flow_label().to_be_bytes());
-            let sound = usize::from(p.payload_len()) + 40 == ip.len();
-            let pseudo = checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), p.next_header(), 0);
-            (p.next_header(), 40, addrs, sound, p.traffic_class(), p.hop_limit(), false, 0, true, pseudo)
+            if ip.len() < 40 {
+                return stopped(None, true);
+            }
+            let addrs = ip[8..40].to_vec();
+            let first_word = be32(ip, 0);
+            flow.extend_from_slice(&(first_word & 0x000f_ffff).to_be_bytes());
+            let sound = usize::from(be16(ip, 4)) + 40 == ip.len();
+            (ip[6], 40, addrs, sound, (first_word >> 20) as u8, ip[7], false, 0, true)
         }
         _ => return stopped(None, true),
     };
-    if ip.len() > MAX_PACKET_LEN {
-        return stopped(Some(addrs), proto != IPPROTO_TCP);
+    if ip.len() > MAX_MERGED_IP_LEN {
+        return stopped(Some(addrs), proto != PROTO_TCP);
     }
     flow.extend_from_slice(&addrs);
     flow.push(proto);
     let l4 = &ip[l4..];
+    let (src, dst) = (addrs[..addrs.len() / 2].to_vec(), addrs[addrs.len() / 2..].to_vec());
     let verify = |zero_ok: bool| {
-        trusted || (zero_ok && l4.len() >= 8 && l4[6..8] == [0, 0]) || {
-            checksum::fold(checksum::sum(l4, checksum::add(pseudo, l4.len() as u32))) == 0xffff
-        }
+        trusted || (zero_ok && l4.len() >= 8 && l4[6..8] == [0, 0]) || transport_checksum_ok(&src, &dst, proto, l4)
     };
     match proto {
-        IPPROTO_TCP if config.tcp => {
-            let Ok(t) = tcp::Packet::new_checked(l4) else { return stopped(Some(addrs), false) };
+        PROTO_TCP if config.tcp => {
+            let header_len = usize::from(l4.get(12).map_or(0, |b| b >> 4)) * 4;
+            if l4.len() < 20 || header_len < 20 || l4.len() < header_len {
+                return stopped(Some(addrs), false);
+            }
             flow.extend_from_slice(&l4[..4]);
-            let payload = l4.len() - t.header_len();
+            let payload = l4.len() - header_len;
             Seen::Transport(Transport {
                 flow,
                 addrs,
@@ -107,19 +122,18 @@ fn classify(pkt: &[u8], config: &GroConfig, trusted: bool) -> Seen {
                 df,
                 id,
                 v6,
-                tcp_word: u32::from_be_bytes([l4[12], l4[13], l4[14], l4[15]]),
-                flags: t.flags(),
-                ack: t.ack_number(),
-                seq: t.seq_number(),
-                options: t.options().to_vec(),
+                tcp_word: be32(l4, 12),
+                flags: l4[13],
+                ack: be32(l4, 8),
+                seq: be32(l4, 4),
+                options: l4[20..header_len].to_vec(),
                 l3_len: ip.len(),
                 payload,
                 checksum_ok: verify(false),
             })
         }
-        IPPROTO_UDP if config.udp => {
-            let Ok(u) = udp::Packet::new_checked(l4) else { return stopped(Some(addrs), true) };
-            if !sound_ip || usize::from(u.len()) != l4.len() || l4.len() == 8 {
+        PROTO_UDP if config.udp => {
+            if l4.len() < 8 || !sound_ip || usize::from(be16(l4, 4)) != l4.len() || l4.len() == 8 {
                 return stopped(Some(addrs), true);
             }
             flow.extend_from_slice(&l4[..4]);
@@ -143,7 +157,7 @@ fn classify(pkt: &[u8], config: &GroConfig, trusted: bool) -> Seen {
                 checksum_ok: verify(!v6),
             })
         }
-        _ => stopped(Some(addrs), proto != IPPROTO_TCP),
+        _ => stopped(Some(addrs), proto != PROTO_TCP),
     }
 }
 
@@ -162,9 +176,9 @@ struct Held {
 fn may_append(p: &Held, t: &Transport, udp_max_segments: usize) -> Option<bool> {
     let h = &p.head;
     // tcp_gro_receive's flag word: all of bytes 12..16 but CWR, FIN and PSH.
-    let free = u32::from(tcp::flags::CWR | tcp::flags::FIN | tcp::flags::PSH) << 16;
+    let free = u32::from(tcp_flag::CWR | tcp_flag::FIN | tcp_flag::PSH) << 16;
     let same = t.sound
-        && t.flags & tcp::flags::CWR == 0
+        && t.flags & tcp_flag::CWR == 0
         && t.tos == h.tos
         && t.ttl == h.ttl
         && t.df == h.df
@@ -172,7 +186,7 @@ fn may_append(p: &Held, t: &Transport, udp_max_segments: usize) -> Option<bool> 
         && t.ack == h.ack
         && t.options == h.options
         && t.payload <= p.mss
-        && p.l3_len + t.payload <= MAX_PACKET_LEN;
+        && p.l3_len + t.payload <= MAX_MERGED_IP_LEN;
     let continues = if t.udp {
         p.members.len() < udp_max_segments
     } else {
@@ -229,7 +243,7 @@ pub fn reference_groups(
                 p.members.push(i);
                 p.l3_len += t.payload;
                 p.fixed_id = Some(fixed);
-                let last = tcp::flags::FIN | tcp::flags::PSH;
+                let last = tcp_flag::FIN | tcp_flag::PSH;
                 let full = t.udp && p.members.len() >= udp_max_segments;
                 if t.payload < p.mss || t.flags & last != 0 || full {
                     p.open = false;
@@ -238,7 +252,7 @@ pub fn reference_groups(
             }
             p.open = false;
         }
-        let not_held = tcp::flags::URG | tcp::flags::PSH | tcp::flags::RST | tcp::flags::SYN | tcp::flags::FIN;
+        let not_held = tcp_flag::URG | tcp_flag::PSH | tcp_flag::RST | tcp_flag::SYN | tcp_flag::FIN;
         if t.sound && t.flags & not_held == 0 {
             held.push(Held { members: vec![i], mss: t.payload, l3_len: t.l3_len, head: t, fixed_id: None, open: true });
         } else {

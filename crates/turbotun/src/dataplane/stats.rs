@@ -113,8 +113,8 @@ drop_reasons! {
     CeOnNotEct => ce_on_not_ect, fault: false, engines: [Tunnel, KeyedTunnel];
     /// A datagram too short or otherwise not of the tunnel's protocol.
     MalformedDatagram => malformed_datagram, fault: true, engines: [Tunnel, KeyedTunnel];
-    /// A handshake message refused under load (WireGuard: its source over its rate, or the handshake queue
-    /// full), before any key work was spent on it.
+    /// A handshake message refused under load before any key work was spent on it (WireGuard: without a valid
+    /// cookie, answered with a cookie reply; its source over its rate; or the handshake queue full).
     RateLimited => rate_limited, fault: false, engines: [KeyedTunnel];
 }
 

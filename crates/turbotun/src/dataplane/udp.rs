@@ -134,16 +134,19 @@ struct Sources {
 }
 
 impl Sources {
-    fn remember(&self, remote: SocketAddr, local: LocalAddr) {
+    /// Records `remote` at `local`; what it was recorded at before.
+    fn remember(&self, remote: SocketAddr, local: LocalAddr) -> Option<LocalAddr> {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_SOURCES && !map.contains_key(&remote) {
             map.clear();
             self.changes.fetch_add(1, Ordering::Release);
         }
-        if map.insert(remote, local).is_some_and(|was| was != local) {
+        let was = map.insert(remote, local);
+        if was.is_some_and(|was| was != local) {
             self.changes.fetch_add(1, Ordering::Release);
         }
         self.len.store(map.len(), Ordering::Release);
+        was
     }
 
     fn forget(&self, remote: SocketAddr) {
@@ -267,25 +270,47 @@ impl TunnelSocket {
     /// engine accepted what came from it: replies to `remote` then leave from that address. `memo` is the calling
     /// worker's own, so that the same remote at the same address again costs no lock. Nothing is recorded on a
     /// socket bound to one address, or for a datagram sent to a multicast or broadcast address.
-    pub fn remember_source(&self, remote: SocketAddr, local: Option<LocalAddr>, memo: &mut SourceMemo) {
-        let (Some(sources), Some(local)) = (&self.sources, local) else { return };
+    ///
+    /// Returns what the table held for `remote` before when it was written (`Some(previous)`), `None` when nothing
+    /// changed: [`Self::restore_source`] takes it back if what came turns out not to be accepted.
+    pub fn remember_source(
+        &self,
+        remote: SocketAddr,
+        local: Option<LocalAddr>,
+        memo: &mut SourceMemo,
+    ) -> Option<Option<LocalAddr>> {
+        let (Some(sources), Some(local)) = (&self.sources, local) else { return None };
         let local = LocalAddr { ip: unmapped_ip(local.ip), ..local };
         let unicast = match local.ip {
             IpAddr::V4(ip) => !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified()),
             IpAddr::V6(ip) => !(ip.is_multicast() || ip.is_unspecified()),
         };
         if !unicast {
-            return;
+            return None;
         }
         let changes = sources.changes.load(Ordering::Acquire);
         if memo.changes != changes {
             *memo = SourceMemo { changes, ..SourceMemo::default() };
         }
         let slot = &mut memo.entries[memo_slot(&remote)];
-        if *slot != Some((remote, local)) {
-            sources.remember(remote, local);
-            *slot = Some((remote, local));
+        if *slot == Some((remote, local)) {
+            return None;
         }
+        let previous = sources.remember(remote, local);
+        *slot = Some((remote, local));
+        Some(previous)
+    }
+
+    /// Puts back what [`Self::remember_source`] replaced for `remote` (a datagram the engine did not accept).
+    pub fn restore_source(&self, remote: SocketAddr, previous: Option<LocalAddr>, memo: &mut SourceMemo) {
+        let Some(sources) = &self.sources else { return };
+        match previous {
+            Some(local) => {
+                sources.remember(remote, local);
+            }
+            None => sources.forget(remote),
+        }
+        memo.entries[memo_slot(&remote)] = None;
     }
 
     /// The local address replies to `dest` leave from, as a send names it: v4-mapped on a dual-stack socket's
@@ -811,6 +836,24 @@ mod tests {
         let v6: SocketAddr = "[fe80::9]:5000".parse().unwrap();
         socket.remember_source(v6, local("fe80::1", 4), &mut a);
         assert_eq!(source_of(&socket, "[fe80::9]:5000"), local("fe80::1", 4));
+        // A datagram at another address that is then not accepted: recorded, then taken back to what was before;
+        // one at the same address as before changes nothing and has nothing to take back.
+        let undo = socket.remember_source(remote, local("10.0.0.5", 3), &mut a);
+        assert_eq!(undo, Some(Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 3 })));
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.5", 0));
+        socket.restore_source(remote, undo.unwrap(), &mut a);
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.1", 0));
+        let new_remote: SocketAddr = "10.0.0.6:5000".parse().unwrap();
+        let undo = socket.remember_source(new_remote, local("10.0.0.5", 3), &mut a);
+        assert_eq!(undo, Some(None));
+        socket.restore_source(new_remote, None, &mut a);
+        assert_eq!(source_of(&socket, "10.0.0.6:5000"), None, "a remote never accepted is not remembered");
+        assert_eq!(
+            socket.remember_source(remote, local("10.0.0.1", 3), &mut a),
+            Some(Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 3 })),
+            "the memo was cleared by the restore"
+        );
+        assert_eq!(socket.remember_source(remote, local("10.0.0.1", 3), &mut a), None, "same as last time");
         // Forgotten: the routing's choice again.
         socket.sources.as_ref().unwrap().forget(remote);
         assert_eq!(source_of(&socket, "10.0.0.9:5000"), None);

@@ -6,8 +6,11 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+mod skip;
+pub use skip::cannot_run;
+
 /// Runs `f` inside a fresh private network namespace (destroyed with everything in it when `f` returns or panics).
-/// Without the privileges for that: a failure under CI=true, a visible skip otherwise. Returns None when skipped.
+/// Without the privileges for that, the suite's skip rule ([`cannot_run`]). Returns None when skipped.
 pub fn in_netns<F, R>(test: &str, f: F) -> Option<R>
 where
     F: FnOnce() -> R + Send,
@@ -16,12 +19,36 @@ where
     match turbotun::netns::with_private_netns(f) {
         Ok(r) => Some(r),
         Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{test}: privileged test cannot run under CI=true: {e}");
-            }
-            eprintln!("SKIPPED {test}: needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN): {e}");
+            cannot_run(test, &format!("needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN): {e}"));
             None
         }
+    }
+}
+
+/// Joins `handle` once its thread has ended, failing the test if that takes longer than `bound`: a generous bound
+/// for a thread that must end on an event (a stop, a device gone), so that a thread that never ends fails the
+/// test instead of hanging it. Not a speed check: the bound is far above any time the event takes.
+pub fn join_within<T>(handle: std::thread::JoinHandle<T>, bound: Duration, what: &str) -> T {
+    let deadline = Instant::now() + bound;
+    while !handle.is_finished() {
+        assert!(Instant::now() < deadline, "{what}: still running {bound:?} after it should have ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Waits until thread `tid` of this process sleeps (state `S` in its `/proc/self/task/TID/stat`), e.g. in the
+/// wait the test wants to see it in, within a generous `bound`.
+pub fn wait_until_asleep(tid: i32, bound: Duration) {
+    let deadline = Instant::now() + bound;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses and may hold anything.
+        if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('S')) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "thread {tid} never went to sleep within {bound:?}: {stat}");
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

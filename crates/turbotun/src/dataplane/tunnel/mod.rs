@@ -77,6 +77,14 @@ pub trait Transform: Send + Sync + 'static {
         Drops::default()
     }
 
+    /// What became of the datagrams [`Self::open`] answered [`Opened::Queued`] for, since the last call: how many
+    /// the transform's own worker handled as its own (counted as `control`) and refused, by reason. With
+    /// `stopping`, those still waiting are counted too (as `stopped`), so that every datagram read is counted
+    /// once. Called by the tunnel's timer thread after each [`Self::tick`] and once when it stops.
+    fn settled(&self, _stopping: bool) -> Settled {
+        Settled::default()
+    }
+
     /// Whether what [`Self::open`] hands out was authenticated end to end (its checksums then need no second
     /// look before packets are coalesced, as the kernel's own WireGuard marks them).
     fn authenticates(&self) -> bool {
@@ -129,8 +137,20 @@ pub enum Opened {
     },
     /// One of the protocol's own datagrams (handshake, keepalive, cookie), handled; counted as `control`.
     Control,
+    /// Handed to the transform's own worker (WireGuard: a handshake message, whose key work never runs on a
+    /// data worker); counted when the transform reports it through [`Transform::settled`].
+    Queued,
     /// Not a packet for the device, for this reason.
     Dropped(DropReason),
+}
+
+/// What became of datagrams a transform took to its own worker ([`Transform::settled`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Handled as the protocol's own (a handshake taken, a cookie reply sent): counted as `control`.
+    pub control: u64,
+    /// Refused, by reason.
+    pub drops: Drops,
 }
 
 /// The transform of a tunnel without encryption: the packet (or frame, on TAP) is the UDP payload, sent to one

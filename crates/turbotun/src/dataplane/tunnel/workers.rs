@@ -218,11 +218,15 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             for datagram in udp::datagrams(meta, data) {
                 counters.segments += 1;
+                // Replies to `from` leave from the address it reached: recorded before the transform sees the
+                // datagram (its reply to a handshake may leave from another thread at once), and taken back if
+                // the datagram is not accepted (no lock when it is the same as last time).
+                let undo = if local.is_some() { ctx.socket.remember_source(from, local, &mut sources) } else { None };
                 let opened = ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control);
-                if local.is_some() && matches!(opened, Opened::Packet { .. } | Opened::Control) {
-                    // Accepted: replies to `from` leave from the address it reached (recorded at once, before the
-                    // transform's own reply to a handshake may go; no lock when it is the same as last time).
-                    ctx.socket.remember_source(from, local.take(), &mut sources);
+                match (&opened, undo) {
+                    (Opened::Dropped(_), Some(previous)) => ctx.socket.restore_source(from, previous, &mut sources),
+                    (Opened::Dropped(_), None) => {}
+                    _ => local = None,
                 }
                 match opened {
                     Opened::Packet { len } => {
@@ -250,6 +254,8 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                         }
                     }
                     Opened::Control => counters.control += 1,
+                    // Counted when the transform settles it (the timer thread).
+                    Opened::Queued => {}
                     Opened::Dropped(reason) => counters.drops.add(reason, 1),
                 }
             }
@@ -270,6 +276,14 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
 pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<()> {
     let mut control = Counters::default();
     let mut flusher = Flusher::new(ctx.stats.device_to_network());
+    // What the transform's own worker made of the datagrams it took: the network's direction.
+    let mut settled = Counters::default();
+    let mut settled_flusher = Flusher::new(ctx.stats.network_to_device());
+    let settle = |stopping: bool, settled: &mut Counters| {
+        let s = ctx.transform.settled(stopping);
+        settled.control += s.control;
+        settled.drops.add_all(&s.drops);
+    };
     let wake = ctx.stop.wake_fd()?;
     let mut last_tick = std::time::Instant::now();
     loop {
@@ -288,7 +302,11 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         let lost = ctx.transform.tick(&mut control_sender(&ctx.socket, &mut control));
         control.drops.add_all(&lost);
         flusher.flush(control);
+        settle(false, &mut settled);
+        settled_flusher.flush(settled);
     }
     flusher.flush(control);
+    settle(true, &mut settled);
+    settled_flusher.flush(settled);
     Ok(())
 }
