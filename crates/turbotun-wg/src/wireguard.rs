@@ -943,7 +943,7 @@ impl WireGuard {
         if sent_data > heard {
             let timer = match st.silence_timer {
                 // Kept until what it waits for is heard; once fired, until more data goes out.
-                Some(t) if t.after == heard && t.fired_at.is_none_or(|at| sent_data == at) => t,
+                Some(t) if t.after == heard && (t.fired_at.is_none() || t.fired_at == Some(sent_data)) => t,
                 _ => Timer { after: heard, start: sent_data, fired_at: None },
             };
             st.silence_timer = Some(timer);
