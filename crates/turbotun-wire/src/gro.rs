@@ -148,7 +148,7 @@ pub struct GroStats {
 /// What a header field is to the merge decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Role {
+enum Role {
     /// Names the flow (the kernel's `same_flow`): a packet whose field differs belongs to another flow, and the
     /// flow's item stays open for the packets that do match.
     Flow = 1,
@@ -162,7 +162,7 @@ pub(crate) enum Role {
 
 /// Bits `bits` of the big-endian field of `len` bytes at `at` (a field longer than 4 bytes is taken whole).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Field {
+struct Field {
     at: usize,
     len: usize,
     bits: u32,
@@ -179,7 +179,7 @@ const fn part(at: usize, len: usize, bits: u32, role: Role) -> Field {
 
 /// The IPv4 header (`inet_gro_receive`, `inet_gro_flush`). Only a 20-byte header gets this far: options stop a
 /// packet before the transport layer.
-pub(crate) const IPV4_FIELDS: [Field; 10] = [
+const IPV4_FIELDS: [Field; 10] = [
     part(0, 1, 0xf0, Role::Flow),   // version
     part(0, 1, 0x0f, Role::Same),   // header length (5)
     whole(1, 1, Role::Same),        // TOS, ECN bits included
@@ -194,7 +194,7 @@ pub(crate) const IPV4_FIELDS: [Field; 10] = [
 
 /// The fixed IPv6 header (`ipv6_gro_receive`, `ipv6_gro_flush`). Extension headers that follow it name the flow
 /// byte for byte.
-pub(crate) const IPV6_FIELDS: [Field; 7] = [
+const IPV6_FIELDS: [Field; 7] = [
     part(0, 4, 0xf00f_ffff, Role::Flow), // version, flow label
     part(0, 4, 0x0ff0_0000, Role::Same), // traffic class, ECN bits included
     whole(4, 2, Role::PerSegment),       // payload length: the packet's own
@@ -210,18 +210,18 @@ const TCP_LAST_SEGMENT_BITS: u32 = ((tcp::flags::FIN | tcp::flags::PSH) as u32) 
 /// The fixed TCP header (`tcp_gro_lookup`, `tcp_gro_receive`). Option bytes that follow it must be equal byte
 /// for byte. CWR is compared like any flag (Linux 6.17 and later); that a CWR segment never merges is a segment
 /// rule.
-pub(crate) const TCP_FIELDS: [Field; 7] = [
+const TCP_FIELDS: [Field; 7] = [
     whole(0, 4, Role::Flow),                              // ports
     whole(4, 4, Role::PerSegment),                        // sequence number: continues the item
     whole(8, 4, Role::Same),                              // ACK number
     part(12, 4, !TCP_LAST_SEGMENT_BITS, Role::Same),      // data offset, reserved bits, flags, window
     part(12, 4, TCP_LAST_SEGMENT_BITS, Role::PerSegment), // FIN, PSH: the last segment's
     whole(16, 2, Role::PerSegment),                       // checksum: verified, then the merged packet's
-    whole(18, 2, Role::PerSegment), // urgent pointer: not compared (without URG, which never merges, it means nothing)
+    whole(18, 2, Role::PerSegment),                       // urgent pointer: not compared (see `Role`)
 ];
 
 /// The UDP header (`udp_gro_receive_segment`).
-pub(crate) const UDP_FIELDS: [Field; 3] = [
+const UDP_FIELDS: [Field; 3] = [
     whole(0, 4, Role::Flow),       // ports
     whole(4, 2, Role::PerSegment), // length: the datagram's own
     whole(6, 2, Role::PerSegment), // checksum: verified, then the merged packet's
@@ -295,10 +295,10 @@ const FLOW: u8 = Role::Flow as u8;
 const FLOW_OR_SAME: u8 = Role::Flow as u8 | Role::Same as u8;
 
 /// The bits of each header that must equal the head's for a merge (roles `Flow` and `Same`).
-pub(crate) const IPV4_EQUAL: [u8; ipv4::MIN_HEADER_LEN] = mask(&IPV4_FIELDS, FLOW_OR_SAME);
-pub(crate) const IPV6_EQUAL: [u8; ipv6::HEADER_LEN] = mask(&IPV6_FIELDS, FLOW_OR_SAME);
-pub(crate) const TCP_EQUAL: [u8; tcp::MIN_HEADER_LEN] = mask(&TCP_FIELDS, FLOW_OR_SAME);
-pub(crate) const UDP_EQUAL: [u8; udp::HEADER_LEN] = mask(&UDP_FIELDS, FLOW_OR_SAME);
+const IPV4_EQUAL: [u8; ipv4::MIN_HEADER_LEN] = mask(&IPV4_FIELDS, FLOW_OR_SAME);
+const IPV6_EQUAL: [u8; ipv6::HEADER_LEN] = mask(&IPV6_FIELDS, FLOW_OR_SAME);
+const TCP_EQUAL: [u8; tcp::MIN_HEADER_LEN] = mask(&TCP_FIELDS, FLOW_OR_SAME);
+const UDP_EQUAL: [u8; udp::HEADER_LEN] = mask(&UDP_FIELDS, FLOW_OR_SAME);
 
 /// The bits of each header that name the flow ([`FlowKey`]).
 const IPV4_FLOW: [u8; ipv4::MIN_HEADER_LEN] = mask(&IPV4_FIELDS, FLOW);
@@ -329,7 +329,7 @@ const UDP_FLOW_WORD: u32 = first_word(&UDP_FLOW);
 /// Whether `a` and `b` (each at least `N` bytes) agree on the bits of `mask`: 8-byte words, the last one
 /// overlapping the one before when `N` is not a multiple of 8.
 #[inline(always)]
-pub(crate) fn equal_under<const N: usize>(a: &[u8], b: &[u8], mask: &[u8; N]) -> bool {
+fn equal_under<const N: usize>(a: &[u8], b: &[u8], mask: &[u8; N]) -> bool {
     const { assert!(N >= 8) };
     // One length check each; the words are then read from arrays at constant offsets.
     let (Some(a), Some(b)) = (a.first_chunk::<N>(), b.first_chunk::<N>()) else {
@@ -511,7 +511,7 @@ struct SegmentFields {
 /// it is written alone, or, for FIN and PSH, as the last segment of an item. CWR is here too: nothing can merge
 /// behind a CWR segment (a segment without CWR differs from it in the flag word, one with CWR never merges), so
 /// holding it changes nothing.
-pub(crate) const TCP_NOT_HELD: u8 =
+const TCP_NOT_HELD: u8 =
     tcp::flags::URG | tcp::flags::PSH | tcp::flags::RST | tcp::flags::SYN | tcp::flags::FIN | tcp::flags::CWR;
 
 /// The big-endian 16-bit field at `at` of `b`, as a length.
