@@ -301,6 +301,10 @@ fn counter_metric(field: &str) -> Option<Metric> {
         }
         "control" => ("turbotun_control_datagrams_total", "A tunnel protocol's own datagrams, sent or received."),
         "held" => ("turbotun_held_packets_total", "Packets a tunnel protocol kept until its handshake was done."),
+        "icmp_errors" => (
+            "turbotun_icmp_errors_total",
+            "ICMP destination-unreachable errors written back for packets no peer takes.",
+        ),
         _ => return None,
     };
     Some(Metric { name, help })
