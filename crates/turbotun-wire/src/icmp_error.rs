@@ -185,11 +185,20 @@ fn upper_layer_v6(packet: &[u8]) -> Result<(u8, usize), NoError> {
     Err(NoError::Unparsable)
 }
 
-fn unreachable_v4(packet: &[u8], source: IpAddr, out: &mut [u8]) -> Result<usize, NoError> {
-    let (to, original_len) = recipient_v4(packet)?;
-    let IpAddr::V4(source) = source else { return Err(NoError::WrongFamily) };
-    let headers = ipv4::MIN_HEADER_LEN + icmp::HEADER_LEN;
-    let room = out.len().min(IPV4_MAX_LEN);
+/// Lays out an error behind an IP header of `ip_len` bytes in at most `max` bytes of `out`: the 8-byte ICMP(v6)
+/// header (type and code, then four unused bytes: the next-hop MTU of other codes) and as much of the original
+/// packet as fits. Returns the error's bytes (its IP header and checksum still to write) and its length.
+fn quote<'a>(
+    packet: &[u8],
+    original_len: usize,
+    out: &'a mut [u8],
+    ip_len: usize,
+    max: usize,
+    type_code: [u8; 2],
+) -> Result<(&'a mut [u8], usize), NoError> {
+    // ICMP's and ICMPv6's headers are both 8 bytes.
+    let headers = ip_len + icmp::HEADER_LEN;
+    let room = out.len().min(max);
     if room < headers {
         return Err(NoError::NoRoom);
     }
@@ -197,9 +206,16 @@ fn unreachable_v4(packet: &[u8], source: IpAddr, out: &mut [u8]) -> Result<usize
     let len = headers + quoted;
     let out = &mut out[..len];
     out[headers..].copy_from_slice(&packet[..quoted]);
+    out[ip_len..headers].copy_from_slice(&[type_code[0], type_code[1], 0, 0, 0, 0, 0, 0]);
+    Ok((out, len))
+}
+
+fn unreachable_v4(packet: &[u8], source: IpAddr, out: &mut [u8]) -> Result<usize, NoError> {
+    let (to, original_len) = recipient_v4(packet)?;
+    let IpAddr::V4(source) = source else { return Err(NoError::WrongFamily) };
+    let (out, len) =
+        quote(packet, original_len, out, ipv4::MIN_HEADER_LEN, IPV4_MAX_LEN, [ICMP_DEST_UNREACH, ICMP_HOST_UNREACH])?;
     let message = &mut out[ipv4::MIN_HEADER_LEN..];
-    // Type, code, and four unused bytes (the next-hop MTU of other codes).
-    message[..icmp::HEADER_LEN].copy_from_slice(&[ICMP_DEST_UNREACH, ICMP_HOST_UNREACH, 0, 0, 0, 0, 0, 0]);
     icmp::Packet::new_unchecked(message).fill_checksum();
     let header = ipv4::Repr {
         src: source.octets(),
@@ -218,17 +234,9 @@ fn unreachable_v4(packet: &[u8], source: IpAddr, out: &mut [u8]) -> Result<usize
 fn unreachable_v6(packet: &[u8], source: IpAddr, out: &mut [u8]) -> Result<usize, NoError> {
     let (to, original_len) = recipient_v6(packet)?;
     let IpAddr::V6(source) = source else { return Err(NoError::WrongFamily) };
-    let headers = ipv6::HEADER_LEN + icmpv6::HEADER_LEN;
-    let room = out.len().min(IPV6_MAX_LEN);
-    if room < headers {
-        return Err(NoError::NoRoom);
-    }
-    let quoted = original_len.min(room - headers);
-    let len = headers + quoted;
-    let out = &mut out[..len];
-    out[headers..].copy_from_slice(&packet[..quoted]);
+    let (out, len) =
+        quote(packet, original_len, out, ipv6::HEADER_LEN, IPV6_MAX_LEN, [ICMPV6_DEST_UNREACH, ICMPV6_ADDR_UNREACH])?;
     let message = &mut out[ipv6::HEADER_LEN..];
-    message[..icmpv6::HEADER_LEN].copy_from_slice(&[ICMPV6_DEST_UNREACH, ICMPV6_ADDR_UNREACH, 0, 0, 0, 0, 0, 0]);
     icmpv6::Packet::new_unchecked(message).fill_checksum(source.octets(), to.octets());
     let header = ipv6::Repr {
         src: source.octets(),
