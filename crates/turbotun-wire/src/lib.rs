@@ -26,15 +26,17 @@
 //! * GSO split: `GSO_NONE` (+ `NEEDS_CSUM` completion), `TCPV4`, `TCPV6` (with the `ECN` bit), `UDP_L4` (USO) over
 //!   IPv4 and IPv6 (IPv6 extension headers hop-by-hop, routing, destination options are walked; fragments are
 //!   rejected). `hdr_len` from the header is never trusted; it is recomputed from the packet.
-//! * GRO coalesce: TCP and UDP, IPv4 and IPv6 (without extension headers or IPv4 options), following the kernel's
-//!   rules (see `OFFLOAD.md` in the project).
+//! * GRO coalesce: TCP and UDP, IPv4 (without options) and IPv6 (through hop-by-hop, routing and
+//!   destination-options headers that are the same in every segment), following the decision of Linux 6.18 with
+//!   four documented differences (see [`gro`] and `OFFLOAD.md` in the project).
 //! * Checksums: an RFC 1071 sum whose loop is compiled for AVX-512BW, AVX2 and the baseline and picked at run time
 //!   (see [`checksum`]), a fused copy + sum for GSO segments, pseudo-headers, RFC 1624 incremental update and
 //!   completion of a partial checksum.
 //!
 //! # Not supported
 //!
-//! * UFO (`GSO_UDP`, type 3), IPv4 options or IPv6 extension headers on the GRO path, IPv6 jumbograms.
+//! * UFO (`GSO_UDP`, type 3), IPv4 options, IPv6 fragment headers, AH and ESP on the GRO path (such packets pass
+//!   unmerged), IPv6 jumbograms.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

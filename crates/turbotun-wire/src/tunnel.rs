@@ -16,6 +16,7 @@
 //! checksum, complete over the whole segment with `UDP_TUNNEL_CSUM` (0 sent as 0xffff), 0 without it.
 
 use crate::checksum;
+use crate::gro::{self, ipv4_id_rule, FlowRun, IdMode, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
 use crate::gso::{Splitter, MAX_HEADER_LEN};
 use crate::ipv4;
 use crate::ipv6;
@@ -259,84 +260,60 @@ pub struct TunnelMerge {
     pub header: Option<(VirtioNetHdrRepr, TunnelOffsets)>,
 }
 
-/// One frame as the coalescer sees it.
+/// The outer headers of one frame as the coalescer sees them (the inner packet is the GRO rules' business,
+/// [`FlowRun`]).
 #[derive(Debug, Clone, Copy)]
-struct Frame {
-    outer_l3: usize,
-    outer_v6: bool,
-    outer_th: usize,
-    inner_nh: usize,
-    inner_v6: bool,
-    inner_l4: usize,
-    tcp: bool,
-    hdr_len: usize,
-    payload: usize,
-    outer_id: u16,
-    inner_id: u16,
-    seq: u32,
-    tcp_flags: u8,
-    outer_csum: bool,
+struct Outer {
+    l3: usize,
+    v6: bool,
+    /// Offset of the outer UDP header.
+    th: usize,
+    /// Offset of the inner Ethernet header (after the tunnel header).
+    eth: usize,
+    /// IPv4 ID and DF (0 and false over IPv6).
+    id: u16,
+    df: bool,
+    /// Whether the outer UDP checksum is present (not 0).
+    csum: bool,
 }
 
-fn ipv4_header(p: &[u8], len: usize, proto_ok: impl Fn(u8) -> bool) -> Option<(u16, u8)> {
-    let ip = ipv4::Packet::new_checked(p).ok()?;
-    let ok = ip.header_len() == 20
-        && !ip.is_fragment()
-        && usize::from(ip.total_len()) == len
-        && proto_ok(ip.protocol())
-        && ip.verify_checksum();
-    ok.then(|| (ip.ident(), ip.protocol()))
-}
-
-fn ipv6_header(p: &[u8], len: usize, proto_ok: impl Fn(u8) -> bool) -> Option<u8> {
-    let ip = ipv6::Packet::new_checked(p).ok()?;
-    let ok = usize::from(ip.payload_len()) + ipv6::HEADER_LEN == len && proto_ok(ip.next_header());
-    ok.then(|| ip.next_header())
-}
-
-/// Whether the L4 checksum of the datagram or segment at `l4` (to the end of `f`) verifies, against the IP
-/// header at `l3`.
-fn l4_checksum_ok(f: &[u8], l3: usize, v6: bool, l4: usize, proto: u8) -> bool {
-    let len = (f.len() - l4) as u32;
-    let pseudo = if v6 {
-        match ipv6::Packet::new_checked(&f[l3..]) {
-            Ok(ip) => match ip.l4_info() {
-                Ok(info) => checksum::pseudo_header_v6(ip.src_addr(), info.final_dst, proto, len),
-                Err(_) => return false,
-            },
-            Err(_) => return false,
+/// Parses one frame's outer headers: IPv4 without options and not a fragment, or IPv6 with UDP right after the
+/// fixed header; lengths matching the frame; the IPv4 header checksum, and the outer UDP checksum unless it is 0;
+/// the tunnel header's length. `None` for anything else.
+fn parse_outer(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Outer> {
+    let (l3, version) = locate_ip(f, framing).ok()?;
+    let v6 = version == 6;
+    let ip = &f[l3..];
+    let (id, df, th, addr_sum) = if v6 {
+        let p = ipv6::Packet::new_checked(ip).ok()?;
+        if usize::from(p.payload_len()) + ipv6::HEADER_LEN != ip.len() || p.next_header() != IPPROTO_UDP {
+            return None;
         }
+        (0, false, l3 + ipv6::HEADER_LEN, checksum::pseudo_header_v6(p.src_addr(), p.dst_addr(), IPPROTO_UDP, 0))
     } else {
-        match ipv4::Packet::new_checked(&f[l3..]) {
-            Ok(ip) => checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), proto, len),
-            Err(_) => return false,
+        let p = ipv4::Packet::new_checked(ip).ok()?;
+        let ok = p.header_len() == ipv4::MIN_HEADER_LEN
+            && !p.is_fragment()
+            && usize::from(p.total_len()) == ip.len()
+            && p.protocol() == IPPROTO_UDP
+            && gro::ipv4_header_sum_ok(ip);
+        if !ok {
+            return None;
         }
+        let sum = checksum::pseudo_header_v4(p.src_addr(), p.dst_addr(), IPPROTO_UDP, 0);
+        (p.ident(), p.dont_frag(), l3 + ipv4::MIN_HEADER_LEN, sum)
     };
-    checksum::fold(checksum::sum(&f[l4..], pseudo)) == 0xffff
-}
-
-/// Parses one outer frame; `None` for anything that is not a mergeable tunnelled TCP segment or UDP datagram.
-fn parse_frame(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Frame> {
-    let (outer_l3, version) = locate_ip(f, framing).ok()?;
-    let outer_v6 = version == 6;
-    let is_udp = |p: u8| p == IPPROTO_UDP;
-    let (outer_id, outer_th) = if outer_v6 {
-        ipv6_header(&f[outer_l3..], f.len() - outer_l3, is_udp)?;
-        (0, outer_l3 + ipv6::HEADER_LEN)
-    } else {
-        (ipv4_header(&f[outer_l3..], f.len() - outer_l3, is_udp)?.0, outer_l3 + 20)
-    };
-    let u = udp::Packet::new_checked(f.get(outer_th..)?).ok()?;
-    if usize::from(u.len()) != f.len() - outer_th {
+    let u = udp::Packet::new_checked(f.get(th..)?).ok()?;
+    if usize::from(u.len()) != f.len() - th {
         return None;
     }
     // A zero outer UDP checksum is "none", over IPv6 too: tunnels may send that (RFC 6935; Linux VXLAN with
-    // `udp6zerocsumtx`).
-    let outer_csum = u.checksum() != 0;
-    if outer_csum && !l4_checksum_ok(f, outer_l3, outer_v6, outer_th, IPPROTO_UDP) {
+    // `udp6zerocsumtx`). A present one must verify.
+    let csum = u.checksum() != 0;
+    if csum && !gro::l4_checksum_ok(&f[th..], addr_sum, true, v6) {
         return None;
     }
-    let tunnel = outer_th + udp::HEADER_LEN;
+    let tunnel = th + udp::HEADER_LEN;
     let tunnel_len = match kind {
         TunnelKind::Vxlan => 8,
         TunnelKind::Geneve => {
@@ -348,86 +325,25 @@ fn parse_frame(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Frame> {
         }
     };
     let eth = tunnel + tunnel_len;
-    let (off, inner_version) = locate_ip(f.get(eth..)?, Framing::Ethernet).ok()?;
-    let inner_nh = eth + off;
-    let inner_v6 = inner_version == 6;
-    let l4_proto = |p: u8| p == IPPROTO_UDP || p == crate::IPPROTO_TCP;
-    let (inner_id, proto, inner_l4) = if inner_v6 {
-        (0, ipv6_header(&f[inner_nh..], f.len() - inner_nh, l4_proto)?, inner_nh + ipv6::HEADER_LEN)
-    } else {
-        let (id, proto) = ipv4_header(&f[inner_nh..], f.len() - inner_nh, l4_proto)?;
-        (id, proto, inner_nh + 20)
-    };
-    let tcp = proto == crate::IPPROTO_TCP;
-    let (hdr_len, seq, tcp_flags) = if tcp {
-        let t = crate::tcp::Packet::new_checked(f.get(inner_l4..)?).ok()?;
-        let flags = t.flags();
-        let ack = crate::tcp::flags::ACK;
-        if flags != ack && flags != ack | crate::tcp::flags::PSH {
-            return None;
-        }
-        (inner_l4 + t.header_len(), t.seq_number(), flags)
-    } else {
-        let u = udp::Packet::new_checked(f.get(inner_l4..)?).ok()?;
-        if usize::from(u.len()) != f.len() - inner_l4 || (!inner_v6 && u.checksum() == 0) {
-            return None;
-        }
-        (inner_l4 + udp::HEADER_LEN, 0, 0)
-    };
-    if f.len() <= hdr_len || hdr_len > MAX_HEADER_LEN || !l4_checksum_ok(f, inner_nh, inner_v6, inner_l4, proto) {
-        return None;
-    }
-    Some(Frame {
-        outer_l3,
-        outer_v6,
-        outer_th,
-        inner_nh,
-        inner_v6,
-        inner_l4,
-        tcp,
-        hdr_len,
-        payload: f.len() - hdr_len,
-        outer_id,
-        inner_id,
-        seq,
-        tcp_flags,
-        outer_csum,
-    })
+    (eth < f.len()).then_some(Outer { l3, v6, th, eth, id, df, csum })
 }
 
-/// Whether the headers of `a` and `b` (of the same layout `p`) are equal except for the fields that differ from
-/// segment to segment: IP lengths, IDs and header checksums, UDP lengths and checksums, the TCP sequence number,
-/// PSH and checksum.
-fn same_headers(a: &[u8], b: &[u8], p: &Frame) -> bool {
-    let mut skip = [0usize..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0, 0..0];
-    let ip = |l3: usize, v6: bool| if v6 { (l3 + 4..l3 + 6, 0..0) } else { (l3 + 2..l3 + 6, l3 + 10..l3 + 12) };
-    (skip[0], skip[1]) = ip(p.outer_l3, p.outer_v6);
-    skip[2] = p.outer_th + 4..p.outer_th + 8;
-    (skip[3], skip[4]) = ip(p.inner_nh, p.inner_v6);
-    if p.tcp {
-        skip[5] = p.inner_l4 + 4..p.inner_l4 + 8;
-        skip[6] = p.inner_l4 + 13..p.inner_l4 + 14;
-        skip[7] = p.inner_l4 + 16..p.inner_l4 + 18;
-    } else {
-        skip[5] = p.inner_l4 + 4..p.inner_l4 + 8;
-    }
-    let mut at = 0;
-    let mut ranges: Vec<std::ops::Range<usize>> = skip.iter().filter(|r| !r.is_empty()).cloned().collect();
-    ranges.sort_by_key(|r| r.start);
-    for r in ranges {
-        if a[at..r.start] != b[at..r.start] {
-            return false;
-        }
-        at = r.end;
-    }
-    a[at..p.hdr_len] == b[at..p.hdr_len]
+/// Whether frame `b`'s outer headers agree with the run's first frame `a` wherever one super-packet's segments
+/// agree: the outer layer-2 header, tunnel header (and options) byte for byte; the outer IP and UDP headers
+/// under the GRO field tables (lengths, IPv4 ID and checksums left to their own rules).
+fn outer_headers_match(a: &[u8], b: &[u8], p: &Outer) -> bool {
+    let udp_end = p.th + udp::HEADER_LEN;
+    a[..p.l3] == b[..p.l3]
+        && gro::ip_headers_match(&a[p.l3..], &b[p.l3..], p.v6)
+        && gro::l4_headers_match(&a[p.th..udp_end], &b[p.th..udp_end], true)
+        && a[udp_end..p.eth] == b[udp_end..p.eth]
 }
 
 /// GRO for UDP tunnels: merges the longest run of `frames`, from the first, that the kernel would have cut from
-/// one tunnel super-packet, into one such super-packet written into `out`. Frames of a run share every header
-/// field but the per-segment ones; their outer and inner IPv4 IDs go up by one (or stay fixed) from frame to
-/// frame; TCP sequence numbers follow on; every segment but the last carries the first one's payload length and
-/// no PSH; every checksum verifies. The result has the inner checksum left partial (`NEEDS_CSUM`, the field
+/// one tunnel super-packet, into one such super-packet written into `out`. The inner packets follow the rules
+/// of [`crate::gro::Gro`] for one flow in order (the same field tables, segment rules and checksum checks); the
+/// outer headers agree as the segments of one super-packet do, each frame's outer IPv4 ID follows the same ID
+/// rule, and every checksum verifies. The result has the inner checksum left partial (`NEEDS_CSUM`, the field
 /// holding the pseudo-header sum), and, when the frames carried an outer UDP checksum, `UDP_TUNNEL_CSUM` with the
 /// outer field holding its pseudo-header sum too; it is meant for a device with `TUN_F_UDP_TUNNEL_GSO` and a
 /// 24-byte header. A first frame that cannot be merged is copied as it is (`header: None`).
@@ -445,39 +361,32 @@ pub fn coalesce_tunnel(
         dst.copy_from_slice(first);
         Ok(TunnelMerge { frames: 1, len: first.len(), header: None })
     };
-    let Some(p) = parse_frame(first, framing, kind) else {
+    let Some(p) = parse_outer(first, framing, kind) else {
         return plain(out);
     };
-    let gso_size = p.payload;
-    let (mut count, mut total, mut last_payload, mut last_flags) = (1usize, first.len(), p.payload, p.tcp_flags);
-    // Per IPv4 header: IDs go up by one from segment to segment, or all stay the same; the second frame decides.
-    let (mut outer_step, mut inner_step): (Option<u16>, Option<u16>) = (None, None);
+    let Some(mut run) = FlowRun::start(&first[p.eth..], Framing::Ethernet, DEFAULT_UDP_MAX_SEGMENTS) else {
+        return plain(out);
+    };
+    if p.eth + run.hdr_len() > MAX_HEADER_LEN {
+        return plain(out);
+    }
+    let (mut count, mut total) = (1usize, first.len());
+    let mut outer_ids = IdMode::Unknown;
     for f in &frames[1..] {
-        let Some(q) = parse_frame(f, framing, kind) else { break };
-        let k = count as u16;
-        let fits = q.hdr_len == p.hdr_len
-            && q.inner_nh == p.inner_nh
-            && q.outer_csum == p.outer_csum
-            && last_payload == gso_size
-            && last_flags & crate::tcp::flags::PSH == 0
-            && q.payload <= gso_size
-            && total + q.payload - p.outer_l3 <= 65535
-            && same_headers(first, f, &p);
-        if !fits {
+        let Some(q) = parse_outer(f, framing, kind) else { break };
+        let payload = f.len().saturating_sub(q.eth + run.hdr_len());
+        let outer_id = if p.v6 { Some(outer_ids) } else { ipv4_id_rule(p.id, count, q.id, q.df, outer_ids) };
+        let fits = q.eth == p.eth
+            && q.csum == p.csum
+            && outer_headers_match(first, f, &p)
+            && total + payload - p.l3 <= MAX_PACKET_LEN;
+        let Some(outer_id) = outer_id else { break };
+        if !fits || !run.push(&first[p.eth..], &f[p.eth..]) {
             break;
         }
-        let o_step = outer_step.unwrap_or(u16::from(q.outer_id != p.outer_id));
-        let i_step = inner_step.unwrap_or(u16::from(q.inner_id != p.inner_id));
-        let ids_ok = (p.outer_v6 || q.outer_id == p.outer_id.wrapping_add(k.wrapping_mul(o_step)))
-            && (p.inner_v6 || q.inner_id == p.inner_id.wrapping_add(k.wrapping_mul(i_step)));
-        if !ids_ok || (p.tcp && q.seq != p.seq.wrapping_add((total - first.len() + p.payload) as u32)) {
-            break;
-        }
-        (outer_step, inner_step) = (Some(o_step), Some(i_step));
+        outer_ids = outer_id;
         count += 1;
-        total += q.payload;
-        last_payload = q.payload;
-        last_flags = q.tcp_flags;
+        total += payload;
     }
     if count == 1 {
         return plain(out);
@@ -486,75 +395,78 @@ pub fn coalesce_tunnel(
         return Err(GsoError::BufferTooSmall { need: total, have: out.len() });
     }
     out[..first.len()].copy_from_slice(first);
+    let hdr_len = p.eth + run.hdr_len();
     let mut at = first.len();
     for f in &frames[1..count] {
-        let body = &f[p.hdr_len..];
+        let body = &f[hdr_len..];
         out[at..at + body.len()].copy_from_slice(body);
         at += body.len();
     }
-    let seg = &mut out[..total];
-    patch_merged(seg, &p, last_flags);
-    let tunnel_bit = if p.outer_v6 { gso::UDP_TUNNEL_IPV6 } else { gso::UDP_TUNNEL_IPV4 };
-    let inner_kind = match (p.tcp, p.inner_v6) {
-        (false, _) => gso::UDP_L4,
-        (true, false) => gso::TCPV4,
-        (true, true) => gso::TCPV6,
+    patch_merged(&mut out[..total], &p, &run);
+    let (udp, inner_v6) = run.udp_v6();
+    let tunnel_bit = if p.v6 { gso::UDP_TUNNEL_IPV6 } else { gso::UDP_TUNNEL_IPV4 };
+    let inner_kind = match (udp, inner_v6) {
+        (true, _) => gso::UDP_L4,
+        (false, false) => gso::TCPV4,
+        (false, true) => gso::TCPV6,
     };
     let hdr = VirtioNetHdrRepr {
-        flags: flags::NEEDS_CSUM | if p.outer_csum { flags::UDP_TUNNEL_CSUM } else { 0 },
+        flags: flags::NEEDS_CSUM | if p.csum { flags::UDP_TUNNEL_CSUM } else { 0 },
         gso_type: inner_kind | tunnel_bit,
-        hdr_len: p.hdr_len as u16,
-        gso_size: gso_size as u16,
-        csum_start: p.inner_l4 as u16,
-        csum_offset: if p.tcp { crate::tcp::CHECKSUM_OFFSET } else { udp::CHECKSUM_OFFSET } as u16,
+        hdr_len: hdr_len as u16,
+        gso_size: run.gso_size() as u16,
+        csum_start: (p.eth + run.l4()) as u16,
+        csum_offset: if udp { udp::CHECKSUM_OFFSET } else { crate::tcp::CHECKSUM_OFFSET } as u16,
     };
-    let offsets = TunnelOffsets { outer_th: p.outer_th as u16, inner_nh: p.inner_nh as u16 };
+    let offsets = TunnelOffsets { outer_th: p.th as u16, inner_nh: (p.eth + run.l3()) as u16 };
     Ok(TunnelMerge { frames: count, len: total, header: Some((hdr, offsets)) })
 }
 
-/// The merged packet's lengths, IPv4 header checksums, PSH, and its partial checksums (pseudo-header sums).
-fn patch_merged(seg: &mut [u8], p: &Frame, last_flags: u8) {
+/// The merged packet's lengths, IPv4 header checksums, FIN and PSH of its last segment, and its partial
+/// checksums (pseudo-header sums).
+fn patch_merged(seg: &mut [u8], p: &Outer, run: &FlowRun) {
     let total = seg.len();
     let set_ip = |seg: &mut [u8], l3: usize, v6: bool| {
         if v6 {
-            if let Ok(mut ip) = ipv6::Packet::new_checked(&mut seg[l3..]) {
-                ip.set_payload_len((total - l3 - ipv6::HEADER_LEN) as u16);
-            }
-        } else if let Ok(mut ip) = ipv4::Packet::new_checked(&mut seg[l3..]) {
+            ipv6::Packet::new_unchecked(&mut seg[l3..]).set_payload_len((total - l3 - ipv6::HEADER_LEN) as u16);
+        } else {
+            let mut ip = ipv4::Packet::new_unchecked(&mut seg[l3..l3 + ipv4::MIN_HEADER_LEN]);
             ip.set_total_len((total - l3) as u16);
             ip.fill_checksum();
         }
     };
-    let pseudo = |seg: &[u8], l3: usize, v6: bool, proto: u8, len: usize| -> u16 {
-        let sum = if v6 {
-            ipv6::Packet::new_checked(&seg[l3..]).and_then(|ip| {
-                let info = ip.l4_info()?;
-                Ok(checksum::pseudo_header_v6(ip.src_addr(), info.final_dst, proto, len as u32))
-            })
+    let (udp, inner_v6) = run.udp_v6();
+    set_ip(seg, p.l3, p.v6);
+    set_ip(seg, p.eth + run.l3(), inner_v6);
+    let outer_udp_len = total - p.th;
+    let outer_check = if p.csum {
+        let ip = &seg[p.l3..];
+        let sum = if p.v6 {
+            let ip = ipv6::Packet::new_unchecked(ip);
+            checksum::pseudo_header_v6(ip.src_addr(), ip.dst_addr(), IPPROTO_UDP, outer_udp_len as u32)
         } else {
-            ipv4::Packet::new_checked(&seg[l3..])
-                .map(|ip| checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), proto, len as u32))
+            let ip = ipv4::Packet::new_unchecked(ip);
+            checksum::pseudo_header_v4(ip.src_addr(), ip.dst_addr(), IPPROTO_UDP, outer_udp_len as u32)
         };
-        sum.map(checksum::fold).unwrap_or(0)
+        checksum::fold(sum)
+    } else {
+        0
     };
-    set_ip(seg, p.outer_l3, p.outer_v6);
-    set_ip(seg, p.inner_nh, p.inner_v6);
-    let outer_udp_len = total - p.outer_th;
-    let outer_check = if p.outer_csum { pseudo(seg, p.outer_l3, p.outer_v6, IPPROTO_UDP, outer_udp_len) } else { 0 };
-    let mut u = udp::Packet::new_unchecked(&mut seg[p.outer_th..]);
+    let mut u = udp::Packet::new_unchecked(&mut seg[p.th..]);
     u.set_len(outer_udp_len as u16);
     u.set_checksum(outer_check);
-    let l4_len = total - p.inner_l4;
-    if p.tcp {
-        let check = pseudo(seg, p.inner_nh, p.inner_v6, crate::IPPROTO_TCP, l4_len);
-        let t = &mut seg[p.inner_l4..];
-        t[13] |= last_flags & crate::tcp::flags::PSH;
-        t[16..18].copy_from_slice(&check.to_be_bytes());
-    } else {
-        let check = pseudo(seg, p.inner_nh, p.inner_v6, IPPROTO_UDP, l4_len);
-        let mut u = udp::Packet::new_unchecked(&mut seg[p.inner_l4..]);
+    let l4 = p.eth + run.l4();
+    let l4_len = total - l4;
+    let check = checksum::fold(checksum::add(run.addr_sum(&seg[p.eth..]), l4_len as u32));
+    if udp {
+        let mut u = udp::Packet::new_unchecked(&mut seg[l4..]);
         u.set_len(l4_len as u16);
         u.set_checksum(check);
+    } else {
+        let mut t = crate::tcp::Packet::new_unchecked(&mut seg[l4..]);
+        let f = t.flags();
+        t.set_flags(f | run.last_segment_flags());
+        t.set_checksum(check);
     }
 }
 
@@ -562,6 +474,7 @@ fn patch_merged(seg: &mut [u8], p: &Frame, last_flags: u8) {
 mod tests {
     use super::*;
     use crate::fuzzing::{payload, Spec, TunnelSpec, GENEVE_HEADER};
+    use crate::tcp;
 
     fn split_all(spec: &TunnelSpec, data: &[u8], gso_size: u16) -> Vec<Vec<u8>> {
         let (hdr, offsets, packet) = spec.build_gso(data, gso_size);
@@ -677,6 +590,59 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The inner packets follow the rules of `Gro` and the outer IPv4 IDs its ID rule (issue 30, item 5: the
+    /// tunnel coalescer had rules of its own): a fixed outer ID merges only with DF set; ECE on every segment
+    /// merges and FIN on the last one is carried; a CWR segment is kept alone; an inner IPv4 UDP checksum of 0
+    /// merges. Each run that merges splits back into its frames.
+    #[test]
+    fn test_coalesce_follows_the_gro_rules() {
+        let data = payload(4000, 9);
+        // How many frames merge; with `split_back`, a merged run must split back into its frames.
+        let run = |frames: &[Vec<u8>], framing: Framing, split_back: bool| {
+            let mut out = vec![0u8; 65536];
+            let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+            let m = coalesce_tunnel(&refs, framing, TunnelKind::Vxlan, &mut out).unwrap();
+            if let (Some((hdr, offsets)), true) = (m.header, split_back) {
+                let s = TunnelSplitter::new(&hdr, offsets, &out[..m.len], framing).unwrap();
+                let mut seg = vec![0u8; 65536];
+                for (i, want) in frames[..m.frames].iter().enumerate() {
+                    let n = s.write_segment(i, &mut seg).unwrap();
+                    assert_eq!(&seg[..n], &want[..], "segment {i}");
+                }
+            }
+            m.frames
+        };
+        for framing in [Framing::Ethernet, Framing::Ip] {
+            // Fixed outer IDs merge only with DF (and split back numbered, so only the count is checked).
+            for (df, want) in [(true, 4), (false, 1)] {
+                let mut spec = TunnelSpec::vxlan(false, framing, Spec::tcp4());
+                spec.outer.df = df;
+                let mut frames = spec.segments(&data, 1000);
+                for f in &mut frames {
+                    let l3 = spec.outer.l2_len();
+                    let mut ip = ipv4::Packet::new_unchecked(&mut f[l3..l3 + 20]);
+                    ip.set_ident(77);
+                    ip.fill_checksum();
+                }
+                assert_eq!(run(&frames, framing, false), want, "fixed outer ID, DF {df}");
+            }
+            let spec = |flags: u8| {
+                let inner = Spec { tcp_flags: tcp::flags::ACK | flags, ..Spec::tcp4() };
+                TunnelSpec::vxlan(false, framing, inner)
+            };
+            assert_eq!(run(&spec(tcp::flags::ECE).segments(&data, 1000), framing, true), 4, "ECE everywhere");
+            assert_eq!(run(&spec(tcp::flags::FIN).segments(&data, 1000), framing, true), 4, "FIN on the last");
+            let mut frames = spec(0).segments(&data, 1000);
+            frames[1] = spec(tcp::flags::CWR).segments(&data[1000..], 1000).remove(0);
+            assert_eq!(run(&frames, framing, true), 1, "a CWR segment is not merged");
+            assert_eq!(run(&spec(tcp::flags::CWR).segments(&data, 1000), framing, true), 1, "nor followed");
+            // The split fills in the checksums the frames left out: only the count is checked.
+            let mut zero = TunnelSpec::vxlan(false, framing, Spec::udp4());
+            zero.inner.udp_zero_csum = true;
+            assert_eq!(run(&zero.segments(&data, 1000), framing, false), 4, "inner IPv4 UDP checksum 0");
         }
     }
 

@@ -6,7 +6,7 @@
 use turbotun_wire::fuzzing::{checksums_ok, payload, Spec};
 use turbotun_wire::tcp::flags as tf;
 use turbotun_wire::virtio_net::{flags, gso};
-use turbotun_wire::{Framing, Gro, GroConfig, GroStats, Splitter, VirtioNetHdrRepr};
+use turbotun_wire::{Checksums, Framing, Gro, GroConfig, GroStats, Splitter, VirtioNetHdrRepr};
 
 const OFF: usize = 12;
 
@@ -194,8 +194,8 @@ fn flags_syn_rst_urg_cwr_fin_ece() {
             // ECE differs from the head's: it completes the item and starts one, which the next (no ECE) does
             // not join either.
             (tf::ECE, &[&[0], &[1], &[2]]),
-            // CWR never merges, but heads a new item that the segments after it join.
-            (tf::CWR, &[&[0], &[1, 2]]),
+            // CWR is kept alone (Linux 6.17 and later): see `cwr_segments_are_kept_alone`.
+            (tf::CWR, &[&[0], &[1], &[2]]),
             // FIN merges as the last segment, like PSH: nothing after it.
             (tf::FIN, &[&[0, 1], &[2]]),
         ] {
@@ -235,16 +235,36 @@ fn a_window_change_is_never_merged_away() {
     }
 }
 
-/// A CWR head is written with `VIRTIO_NET_HDR_GSO_ECN`, and split again with CWR on its first segment only.
+/// Issue 30, item 1. Linux 6.18 keeps every segment with CWR set alone (`tcp_gro_receive` compares CWR with the
+/// rest of the flag word and never merges a CWR segment): normal, CWR, normal, normal arrives as 1, 1, 2
+/// segments; CWR, CWR as 1, 1. No merged packet carries the ECN bit. Before: the CWR segment headed an item that
+/// the segments after it joined, written with `VIRTIO_NET_HDR_GSO_ECN`.
 #[test]
-fn a_cwr_head_is_written_with_the_ecn_bit() {
+fn cwr_segments_are_kept_alone() {
+    let cases: [(&[bool], &[&[usize]]); 4] = [
+        (&[false, true, false, false], &[&[0], &[1], &[2, 3]]),
+        (&[true, true], &[&[0], &[1]]),
+        (&[true, false, false], &[&[0], &[1, 2]]),
+        (&[false, false, true, true, false], &[&[0, 1], &[2], &[3], &[4]]),
+    ];
     for b in tcp_bases() {
-        let (mut s, _) = stream(&b, &[1000, 1000, 1000]);
-        s[0].tcp_flags |= tf::CWR;
-        let p: Vec<Vec<u8>> = s.iter().map(|s| s.build(&payload(1000, 2))).collect();
-        let r = check(b.framing, &p, &[&[0, 1, 2]]);
-        let hdr = VirtioNetHdrRepr::parse(&r.bufs[0][OFF - 10..OFF]).unwrap();
-        assert_eq!(hdr.gso_type & gso::ECN, gso::ECN, "{b:?}");
+        for (cwr, groups) in cases {
+            let (mut s, _) = stream(&b, &vec![1000; cwr.len()]);
+            for (spec, &on) in s.iter_mut().zip(cwr) {
+                if on {
+                    spec.tcp_flags |= tf::CWR;
+                }
+            }
+            let p: Vec<Vec<u8>> = s.iter().map(|s| s.build(&payload(1000, 2))).collect();
+            for (valid, fast) in [(false, false), (true, false), (true, true)] {
+                let mut gro = Gro::new(cfg(b.framing)).with_fast_path(fast);
+                let r = check_opts(&mut gro, b.framing, &p, groups, valid, false);
+                for &i in &r.to_write {
+                    let hdr = VirtioNetHdrRepr::parse(&r.bufs[i][OFF - 10..OFF]).unwrap();
+                    assert_eq!(hdr.gso_type & gso::ECN, 0, "{b:?} {cwr:?}");
+                }
+            }
+        }
     }
 }
 
@@ -358,15 +378,17 @@ fn ip_ecn_tos_ttl_flow_label_changes() {
 }
 
 #[test]
-fn ip_options_fragments_and_v6_extension_headers_are_not_candidates() {
+fn ip_options_and_fragments_are_not_candidates() {
     for b in all_bases() {
-        let mut s = b.clone();
-        if b.v6 {
-            s.v6_dest_opts = 1;
+        let (_, p) = if b.v6 {
+            let (s, mut p) = stream(&Spec { v6_dest_opts: 1, ..b.clone() }, &[1000, 1000]);
+            for pkt in &mut p {
+                make_fragment_header(pkt, &s[0]);
+            }
+            (s, p)
         } else {
-            s.ip_opts = vec![1, 1, 1, 0];
-        }
-        let (_, p) = stream(&s, &[1000, 1000]);
+            stream(&Spec { ip_opts: vec![1, 1, 1, 0], ..b.clone() }, &[1000, 1000])
+        };
         check(b.framing, &p, &[&[0], &[1]]);
         if !b.v6 {
             let mut f = b.clone();
@@ -374,6 +396,68 @@ fn ip_options_fragments_and_v6_extension_headers_are_not_candidates() {
             let (_, p) = stream(&f, &[1000, 1000]);
             check(b.framing, &p, &[&[0], &[1]]);
         }
+    }
+}
+
+/// Turns the first extension header of `pkt` (built from `spec` with `v6_dest_opts >= 1`) into a fragment
+/// header of the first fragment of a larger datagram.
+fn make_fragment_header(pkt: &mut [u8], spec: &Spec) {
+    let l3 = spec.l2_len();
+    pkt[l3 + 6] = 44;
+    let next = pkt[l3 + 40];
+    pkt[l3 + 40..l3 + 48].copy_from_slice(&[next, 0, 0, 1, 0, 0, 0, 7]);
+}
+
+/// Rewrites the first extension header of `pkt` (built from `spec` with `v6_dest_opts >= 1`, an 8-byte
+/// destination-options header) as another 8-byte header of type `kind` with `body` after its next-header and
+/// length bytes. Extension headers are not covered by the transport checksum.
+fn rewrite_extension_header(pkt: &mut [u8], spec: &Spec, kind: u8, body: [u8; 6]) {
+    let l3 = spec.l2_len();
+    pkt[l3 + 6] = kind;
+    pkt[l3 + 42..l3 + 48].copy_from_slice(&body);
+}
+
+/// Issue 30, item 2. The kernel walks hop-by-hop, routing and destination-options headers
+/// (`ipv6_gro_receive`) and merges segments whose extension headers are byte for byte the same; different ones
+/// are different flows (the first item stays open for its own segments). Before: any extension header stopped
+/// the packet before the transport layer, and nothing merged.
+#[test]
+fn ipv6_identical_extension_headers_merge() {
+    const DEST_OPTS: u8 = 60;
+    const PAD: [u8; 6] = [1, 4, 0, 0, 0, 0];
+    for b in all_bases().into_iter().filter(|s| s.v6) {
+        for (kind, body) in [(DEST_OPTS, PAD), (0, PAD), (43, [0, 0, 0, 0, 0, 0]), (43, [4, 0, 0, 0, 0, 0])] {
+            for headers in [1, 2] {
+                let spec = Spec { v6_dest_opts: headers, ..b.clone() };
+                let (_, mut p) = stream(&spec, &[1000, 1000, 600]);
+                p.iter_mut().for_each(|pkt| rewrite_extension_header(pkt, &spec, kind, body));
+                let r = check(b.framing, &p, &[&[0, 1, 2]]);
+                let hdr = VirtioNetHdrRepr::parse(&r.bufs[0][OFF - 10..OFF]).unwrap();
+                assert_eq!(usize::from(hdr.csum_start), spec.l4_offset(), "{spec:?}");
+            }
+        }
+        // Different option bytes: another flow. The first item stays open and takes its next segment.
+        let spec = Spec { v6_dest_opts: 1, ..b.clone() };
+        let (_, mut p) = stream(&spec, &[1000, 1000, 1000]);
+        rewrite_extension_header(&mut p[1], &spec, DEST_OPTS, [1, 4, 0, 0, 0, 9]);
+        if b.udp {
+            // Packet 1 heads an item of its own flow (no barrier: it reached the transport layer), so packet 2
+            // still joins packet 0.
+            check(b.framing, &p, &[&[0, 2], &[1]]);
+        } else {
+            // Packet 2 continues packet 0's sequence (packet 1 carried the bytes between, in another flow).
+            let (_, q) = stream(&spec, &[1000, 1000]);
+            let mut other = q[1].clone();
+            rewrite_extension_header(&mut other, &spec, DEST_OPTS, [1, 4, 0, 0, 0, 9]);
+            check(b.framing, &[q[0].clone(), other, q[1].clone()], &[&[0, 2], &[1]]);
+            check(b.framing, &p[..2], &[&[0], &[1]]);
+        }
+        // A routing header with segments left stops the packet (its checksum covers another destination).
+        let (_, mut p) = stream(&spec, &[1000, 1000]);
+        for pkt in &mut p {
+            rewrite_extension_header(pkt, &spec, 43, [0, 1, 0, 0, 0, 0]);
+        }
+        check(b.framing, &p, &[&[0], &[1]]);
     }
 }
 
@@ -614,8 +698,7 @@ fn merged_pseudo_header_in_checksum_field() {
     }
 }
 
-/// A packet of the same addresses that cannot merge (a fragment of a larger datagram, or one with IP options)
-/// is a barrier for UDP: a later datagram may not join a head written before it, or it would overtake it.
+/// A packet of the same addresses that cannot merge (a fragment of a larger datagram) is a barrier for UDP: a later datagram may not join a head written before it, or it would overtake it.
 #[test]
 fn a_packet_that_cannot_merge_is_a_barrier_for_udp() {
     for b in all_bases().into_iter().filter(|s| s.udp) {
@@ -626,9 +709,189 @@ fn a_packet_that_cannot_merge_is_a_barrier_for_udp() {
             barrier.mf = true;
         }
         let (_, mut p) = stream(&b, &[1000, 600]);
-        let (_, mid) = stream(&barrier, &[700]);
+        let (_, mut mid) = stream(&barrier, &[700]);
+        if b.v6 {
+            make_fragment_header(&mut mid[0], &barrier);
+        }
         p.insert(1, mid[0].clone());
         // Without the barrier the 600-byte packet (a short last segment) would join the first.
         check(b.framing, &p, &[&[0], &[1], &[2]]);
+    }
+}
+
+/// One case of the kernel's GRO selftest (`tools/testing/selftests/net/gro.c`), in packets of our own: the
+/// groups Linux 6.18 delivers (`kernel`: which packets end up in which delivered packet) and the ones turbotun
+/// writes (`turbotun`: the same, unless one of the documented differences applies).
+struct Scenario {
+    name: &'static str,
+    pkts: Vec<Vec<u8>>,
+    checksums: Checksums,
+    kernel: Vec<Vec<usize>>,
+    turbotun: Vec<Vec<usize>>,
+}
+
+fn groups(g: &[&[usize]]) -> Vec<Vec<usize>> {
+    g.iter().map(|g| g.to_vec()).collect()
+}
+
+/// The selftest's cases for one TCP base (IPv4 or IPv6, any framing), with 1000-byte segments.
+fn selftest_scenarios(b: &Spec) -> Vec<Scenario> {
+    const P: usize = 1000;
+    let same = |name, pkts, checksums, g: &[&[usize]]| Scenario {
+        name,
+        pkts,
+        checksums,
+        kernel: groups(g),
+        turbotun: groups(g),
+    };
+    let built = |specs: &[Spec], lens: &[usize]| -> Vec<Vec<u8>> {
+        specs.iter().zip(lens).enumerate().map(|(i, (s, &l))| s.build(&payload(l, i as u8))).collect()
+    };
+    // A stream of `lens`, with `change` applied to packet `at` (and only to it).
+    let changed = |lens: &[usize], at: usize, change: &dyn Fn(&mut Spec)| {
+        let (mut s, _) = stream(b, lens);
+        change(&mut s[at]);
+        built(&s, lens)
+    };
+    let valid = Checksums::Valid;
+    let mut v = vec![
+        same("data_same", stream(b, &[P, P]).1, valid, &[&[0, 1]]),
+        same("data_lrg_sml", stream(b, &[P, P / 2]).1, valid, &[&[0, 1]]),
+        same("data_lrg_1byte", stream(b, &[P, 1]).1, valid, &[&[0, 1]]),
+        same("data_sml_lrg", stream(b, &[P / 2, P]).1, valid, &[&[0], &[1]]),
+        same("ack", stream(b, &[0, 0, 0]).1, valid, &[&[0], &[1], &[2]]),
+        same("flags_psh", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::PSH), valid, &[&[0, 1, 2], &[3, 4]]),
+        same("flags_syn", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::SYN), valid, &[&[0, 1], &[2], &[3, 4]]),
+        same("flags_rst", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::RST), valid, &[&[0, 1], &[2], &[3, 4]]),
+        same("flags_urg", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::URG), valid, &[&[0, 1], &[2], &[3, 4]]),
+        same("flags_cwr", changed(&[P; 4], 1, &|s| s.tcp_flags |= tf::CWR), valid, &[&[0], &[1], &[2, 3]]),
+        same(
+            "flags_cwr_twice",
+            {
+                let (mut s, _) = stream(b, &[P, P]);
+                s.iter_mut().for_each(|s| s.tcp_flags |= tf::CWR);
+                built(&s, &[P, P])
+            },
+            valid,
+            &[&[0], &[1]],
+        ),
+        same("tcp_csum", changed(&[P, P], 1, &|s| s.bad_csum = true), Checksums::Unverified, &[&[0], &[1]]),
+        same("tcp_seq", changed(&[P, P], 1, &|s| s.seq += 1), valid, &[&[0], &[1]]),
+        same(
+            "tcp_ts",
+            {
+                let (mut s, _) = stream(b, &[P; 4]);
+                s[2].tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 2];
+                s[3].tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 9];
+                built(&s, &[P; 4])
+            },
+            valid,
+            &[&[0, 1], &[2], &[3]],
+        ),
+        same(
+            "tcp_opt",
+            changed(&[P; 3], 2, &|s| s.tcp_opts = vec![1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 2]),
+            valid,
+            &[&[0, 1], &[2]],
+        ),
+        same("ip_ecn", changed(&[P, P], 1, &|s| s.tos ^= 2), valid, &[&[0], &[1]]),
+        same("ip_tos", changed(&[P, P], 1, &|s| s.tos ^= 0x10), valid, &[&[0], &[1]]),
+        same("single", stream(b, &[P]).1, valid, &[&[0]]),
+    ];
+    if b.v6 {
+        let ext = Spec { v6_dest_opts: 1, ..b.clone() };
+        v.push(same("ip_v6ext_same", stream(&ext, &[P, P]).1, valid, &[&[0, 1]]));
+        let (mut s, _) = stream(&ext, &[P, P]);
+        s[1].v6_opts_fill = 9;
+        v.push(same("ip_v6ext_diff", built(&s, &[P, P]), valid, &[&[0], &[1]]));
+        let (s, mut p) = stream(&Spec { v6_dest_opts: 1, ..b.clone() }, &[P; 4]);
+        let plain = stream(b, &[P; 4]).1;
+        make_fragment_header(&mut p[2], &s[2]);
+        v.push(same(
+            "ip_frag6",
+            vec![plain[0].clone(), plain[1].clone(), p[2].clone(), plain[3].clone()],
+            valid,
+            &[&[0, 1], &[2], &[3]],
+        ));
+    } else {
+        v.push(same("ip_ttl", changed(&[P, P], 1, &|s| s.ttl -= 1), valid, &[&[0], &[1]]));
+        let mut p = stream(b, &[P; 3]).1;
+        p[1][b.l2_len() + 10] ^= 1; // the IPv4 header checksum
+        v.push(same("ip_csum", p, valid, &[&[0], &[1], &[2]]));
+        v.push(same("ip_opt", changed(&[P; 3], 1, &|s| s.ip_opts = vec![1, 1, 1, 0]), valid, &[&[0], &[1], &[2]]));
+        v.push(same("ip_frag4", changed(&[P, P], 1, &|s| s.mf = true), valid, &[&[0], &[1]]));
+        let ids = |df: bool, ids: &[u16]| {
+            let (mut s, _) = stream(b, &vec![P; ids.len()]);
+            for (s, &id) in s.iter_mut().zip(ids) {
+                (s.df, s.ip_id) = (df, id);
+            }
+            built(&s, &vec![P; ids.len()])
+        };
+        v.push(same("ip_id_df1_inc", ids(true, &[8, 9]), valid, &[&[0, 1]]));
+        v.push(same("ip_id_df1_fixed", ids(true, &[8, 8]), valid, &[&[0, 1]]));
+        v.push(same("ip_id_df0_inc", ids(false, &[8, 9]), valid, &[&[0, 1]]));
+        // Issue 30, item 3: Linux 6.18 merges a fixed ID with DF clear; turbotun refuses, on purpose.
+        v.push(Scenario {
+            name: "ip_id_df0_fixed",
+            pkts: ids(false, &[8, 8]),
+            checksums: valid,
+            kernel: groups(&[&[0, 1]]),
+            turbotun: groups(&[&[0], &[1]]),
+        });
+        v.push(same("ip_id_df1_inc_fixed", ids(true, &[8, 9, 9]), valid, &[&[0, 1], &[2]]));
+        v.push(same("ip_id_df1_fixed_inc", ids(true, &[8, 8, 9]), valid, &[&[0, 1], &[2]]));
+    }
+    // large_max: the merged IP packet stops short of 65,535 bytes; the segment that would pass it starts anew.
+    let per = (65535 - (b.hdr_len() - b.l2_len())) / 1448;
+    let n = per + 2;
+    let first: Vec<usize> = (0..per).collect();
+    let rest: Vec<usize> = (per..n).collect();
+    v.push(same("large_max", stream(b, &vec![1448; n]).1, valid, &[&first, &rest]));
+    v
+}
+
+/// The kernel's GRO selftest, case by case: `Gro` writes the groups turbotun is meant to (the kernel's, but for
+/// the documented differences), and the reference model makes the kernel's groups with no differences and
+/// turbotun's with them. TCP over IPv4 and IPv6, IP and Ethernet framing, copy and gather mode, with and
+/// without the fast path.
+#[test]
+fn kernel_selftest_scenarios() {
+    use turbotun_wire::fuzzing::{groups_of, reference_groups, reference_groups_with, Differences};
+    for b in tcp_bases() {
+        for sc in selftest_scenarios(&b) {
+            let what = format!("{} ({:?}, v6 {}, {} VLAN tags)", sc.name, b.framing, b.v6, b.vlans);
+            let refs: Vec<&[u8]> = sc.pkts.iter().map(Vec::as_slice).collect();
+            let config = cfg(b.framing);
+            let kernel = reference_groups_with(&refs, &config, 64, sc.checksums, &Differences::NONE);
+            assert_eq!(kernel, sc.kernel, "the model as Linux 6.18: {what}");
+            assert_eq!(
+                reference_groups(&refs, &config, 64, sc.checksums),
+                sc.turbotun,
+                "the model as turbotun: {what}"
+            );
+            for (fast, gather) in [(true, true), (false, true), (true, false), (false, false)] {
+                let mut gro = Gro::new(config).with_fast_path(fast).with_gather(gather);
+                let r = run_with(&mut gro, &sc.pkts, sc.checksums == Checksums::Valid, 65535);
+                let got = if gather {
+                    groups_of(&gro, &r.to_write, &r.lens, OFF)
+                } else {
+                    // Copy mode: the groups' heads, each with as many segments as its virtio header says.
+                    let mut seen = Vec::new();
+                    for &i in &r.to_write {
+                        let hdr = VirtioNetHdrRepr::parse(&r.bufs[i][OFF - 10..OFF]).unwrap();
+                        let segs = if hdr.gso_type == gso::NONE {
+                            1
+                        } else {
+                            Splitter::new(&hdr, &r.bufs[i][OFF..OFF + r.lens[i]], b.framing).unwrap().segment_count()
+                        };
+                        seen.push((i, segs));
+                    }
+                    let want_shape: Vec<(usize, usize)> = sc.turbotun.iter().map(|g| (g[0], g.len())).collect();
+                    assert_eq!(seen, want_shape, "copy mode, fast path {fast}: {what}");
+                    continue;
+                };
+                assert_eq!(got, sc.turbotun, "gather mode, fast path {fast}: {what}");
+            }
+        }
     }
 }

@@ -105,6 +105,81 @@ fn udp_batch_coalesced_into_one_write() {
     });
 }
 
+/// Issue 30, item 2, against the kernel: IPv6 datagrams of one flow that carry the same destination-options
+/// header are coalesced into one write, which the kernel takes (no `EINVAL`, no fallback) and delivers as the 8
+/// datagrams, each intact, to the socket.
+#[test]
+fn ipv6_datagrams_with_extension_headers_coalesced_into_one_write() {
+    in_netns("ipv6_datagrams_with_extension_headers_coalesced_into_one_write", || {
+        let name = unique_name("tx");
+        let dev = offload_tun(&name);
+        let (local, peer): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+            ("fd00:9::1".parse().unwrap(), "fd00:9::2".parse().unwrap());
+        turbotun::netlink::Netlink::new().unwrap().add_address(&name, local.into(), 64).unwrap();
+        let q = &dev.queues()[0];
+        let rx_sock = UdpSocket::bind((local, 7002)).unwrap();
+        // IPv6, a destination-options header (one PadN option), UDP, payload; the UDP checksum over the
+        // pseudo-header (the extension header is not covered).
+        let datagram = |i: u8| {
+            let payload = [i; 1000];
+            let udp_len = (8 + payload.len()) as u16;
+            let mut p = vec![0x60, 0, 0, 0];
+            p.extend_from_slice(&(8 + udp_len).to_be_bytes());
+            p.extend_from_slice(&[60, 64]);
+            p.extend_from_slice(&peer.octets());
+            p.extend_from_slice(&local.octets());
+            p.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+            p.extend_from_slice(&4000u16.to_be_bytes());
+            p.extend_from_slice(&7002u16.to_be_bytes());
+            p.extend_from_slice(&udp_len.to_be_bytes());
+            p.extend_from_slice(&[0, 0]);
+            p.extend_from_slice(&payload);
+            let pseudo_len = u32::from(udp_len).to_be_bytes();
+            let sum = inet_checksum(&[&peer.octets(), &local.octets(), &pseudo_len, &[0, 0, 0, 17], &p[48..]]);
+            p[54..56].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
+            p
+        };
+        let mut tx = SendBatch::new(q);
+        let (mut bufs, mut lens): (Vec<Vec<u8>>, Vec<usize>) = (0..8u8)
+            .map(|i| {
+                let pkt = datagram(i);
+                let mut buf = vec![0u8; HDR + 65535];
+                buf[HDR..HDR + pkt.len()].copy_from_slice(&pkt);
+                (buf, pkt.len())
+            })
+            .unzip();
+        // The new address takes effect a moment after it is added (its local route comes from a work item):
+        // plain datagrams until one is delivered.
+        let mut buf = [0u8; 2048];
+        rx_sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(std::time::Instant::now() < deadline, "the IPv6 address never took a datagram");
+            let probe = datagram(0xee);
+            let mut one = vec![vec![0u8; HDR + 2048]];
+            one[0][HDR..HDR + probe.len()].copy_from_slice(&probe);
+            tx.send_many(&mut one, &mut [probe.len()], HDR, false).unwrap();
+            if rx_sock.recv(&mut buf).is_ok() {
+                break;
+            }
+        }
+        rx_sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let coalesced_before = tx.stats().coalesced;
+        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
+        assert_eq!((sent.packets, sent.dropped, sent.writes), (8, 0, 1), "one flow, one coalesced write");
+        let mut i = 0u8;
+        while i < 8 {
+            let n = rx_sock.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+            if buf[..n] == [0xee; 1000] {
+                continue; // a probe that was late
+            }
+            assert_eq!(&buf[..n], &[i; 1000][..], "datagram {i}");
+            i += 1;
+        }
+        assert_eq!((tx.stats().coalesced - coalesced_before, tx.stats().gro_fallbacks), (7, 0));
+    });
+}
+
 /// An invalid checksum is never merged: that packet is written on its own and the kernel drops it, the others
 /// still arrive.
 #[test]
@@ -214,6 +289,58 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
             .unwrap();
         assert!(woke, "interrupt ends the blocking read");
         assert_eq!(reader.join().unwrap().packets, 0);
+    });
+}
+
+/// Issue 30, item 4: a burst that comes after the queue ran dry is read in one batch, and so leaves as one
+/// coalesced write. Before, once a further read of a batch found the queue empty, the next 1, 2, 4 ... 16
+/// batches took one read each, and a burst's first datagrams were handed over one per batch, each to be written
+/// alone. Six rounds of a lone datagram (its batch ends on an empty queue) and a burst of 8 queued before the
+/// next read.
+#[test]
+fn a_burst_after_an_idle_gap_is_read_in_one_batch() {
+    in_netns("a_burst_after_an_idle_gap_is_read_in_one_batch", || {
+        let name = unique_name("ti");
+        let dev = offload_tun(&name);
+        let q = &dev.queues()[0];
+        let sock = UdpSocket::bind((LOCAL, 0)).unwrap();
+        let mut rx = RecvBatch::new(q);
+        let mut bufs = vec![vec![0u8; HDR + 65535]; 32];
+        let mut lens = [0usize; 32];
+        let mut gro = turbotun_wire::Gro::new(turbotun_wire::GroConfig {
+            tcp: true,
+            udp: true,
+            framing: turbotun_wire::Framing::Ip,
+            vnet_hdr_len: HDR,
+        });
+        let mut to_write = Vec::new();
+        // The datagrams to `port` in the next batch that holds any (other chatter may come between).
+        let mut next_batch_to = |rx: &mut RecvBatch<&turbotun::Queue>, port: u16| -> (Vec<usize>, usize) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                assert!(std::time::Instant::now() < deadline, "nothing arrived for port {port}");
+                let got = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+                let ours: Vec<usize> = (0..got.packets)
+                    .filter(|&i| parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]).is_some_and(|p| p.3 == port))
+                    .collect();
+                if !ours.is_empty() {
+                    // What the send half would write of them: one coalesced packet per flow when they all merge.
+                    gro.coalesce(&mut bufs[..got.packets], &mut lens[..got.packets], HDR, got.checksums, &mut to_write);
+                    let writes = to_write.iter().filter(|i| ours.contains(i)).count();
+                    return (ours, writes);
+                }
+            }
+        };
+        for round in 0..6u8 {
+            sock.send_to(&[round; 10], (PEER, 5360)).unwrap();
+            assert_eq!(next_batch_to(&mut rx, 5360).0.len(), 1, "round {round}: the lone datagram");
+            for i in 0..8u8 {
+                sock.send_to(&[i; 500], (PEER, 5361)).unwrap();
+            }
+            let (burst, writes) = next_batch_to(&mut rx, 5361);
+            assert_eq!(burst.len(), 8, "round {round}: the whole burst in one batch");
+            assert_eq!(writes, 1, "round {round}: coalesced into one write");
+        }
     });
 }
 

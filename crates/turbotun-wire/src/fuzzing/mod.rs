@@ -4,7 +4,7 @@
 
 mod gro_reference;
 mod reference_wire;
-pub use gro_reference::reference_groups;
+pub use gro_reference::{reference_groups, reference_groups_with, Differences};
 /// Whether a packet's IPv4 header and TCP/UDP checksums verify, by the oracle's own parsing and checksum (never
 /// the crate's, which is what the tests check with it).
 pub use reference_wire::checksums_ok;
@@ -46,6 +46,8 @@ pub struct Spec {
     pub ip_opts: Vec<u8>,
     /// IPv6: number of 8-byte destination-options headers before L4.
     pub v6_dest_opts: usize,
+    /// The last byte of each destination-options header (inside its PadN option: any value is valid).
+    pub v6_opts_fill: u8,
     /// IPv4 UDP: send checksum 0 ("none").
     pub udp_zero_csum: bool,
     /// Corrupt the L4 checksum.
@@ -79,6 +81,7 @@ impl Default for Spec {
             flow_label: 0x12345,
             ip_opts: Vec::new(),
             v6_dest_opts: 0,
+            v6_opts_fill: 0,
             udp_zero_csum: false,
             bad_csum: false,
         }
@@ -159,7 +162,7 @@ impl Spec {
             for i in 0..self.v6_dest_opts {
                 let o = l2 + 40 + 8 * i;
                 let next = if i + 1 == self.v6_dest_opts { proto } else { ipv6::next_header::DEST_OPTS };
-                p[o..o + 8].copy_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+                p[o..o + 8].copy_from_slice(&[next, 0, 1, 4, 0, 0, 0, self.v6_opts_fill]);
             }
         } else {
             let ihl = 20 + self.ip_opts.len();
@@ -692,6 +695,9 @@ pub fn gro_stream(data: &[u8]) -> Option<(GroConfig, Checksums, usize, Vec<Vec<u
     if base & 16 != 0 {
         cur.tcp_opts.clear();
     }
+    if base & 32 != 0 {
+        cur.v6_dest_opts = 1;
+    }
     let checksums = if cfg & 1 != 0 { Checksums::Valid } else { Checksums::Unverified };
     let udp_max = if cfg & 2 != 0 { 3 } else { 64 };
     let config = GroConfig { tcp: true, udp: true, framing, vnet_hdr_len: 10 };
@@ -746,7 +752,7 @@ pub fn gro_stream(data: &[u8]) -> Option<(GroConfig, Checksums, usize, Vec<Vec<u
                 pkts.push(old.build(&payload(old_len, arg)));
                 continue;
             }
-            _ => match arg % 4 {
+            _ => match arg % 6 {
                 0 => {
                     cur.sport = cur.sport.wrapping_add(1);
                     this.sport = cur.sport;
@@ -756,7 +762,13 @@ pub fn gro_stream(data: &[u8]) -> Option<(GroConfig, Checksums, usize, Vec<Vec<u
                     this.tcp_opts = cur.tcp_opts.clone();
                 }
                 2 => len = 0,
-                _ => this.mac_src[5] ^= 1,
+                3 => this.mac_src[5] ^= 1,
+                // IPv6 extension headers (ignored over IPv4): more or fewer, or other bytes in them.
+                4 => {
+                    cur.v6_dest_opts = (cur.v6_dest_opts + 1) % 3;
+                    this.v6_dest_opts = cur.v6_dest_opts;
+                }
+                _ => this.v6_opts_fill = arg,
             },
         }
         pkts.push(this.build(&payload(len, pkts.len() as u8)));

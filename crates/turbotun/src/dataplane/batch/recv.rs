@@ -82,12 +82,11 @@ pub(crate) struct RecvHalf {
     pending: Option<Pending>,
     stats: Counters,
     /// Whether reads after the first of a batch can be made non-sleeping with `RWF_NOWAIT` (probed on use).
+    /// Every batch reads until the queue is empty or the buffers are full: skipping the further reads after
+    /// one found nothing (for the next 1, 2, 4 ... 16 batches) saved a system call per batch of a packet
+    /// trickle but read the first segments of every burst after an idle gap alone, unmerged, and cost more
+    /// than it saved (BENCHMARKS.md, "Reading after an idle gap").
     nowait: bool,
-    /// Batches left that skip the further reads, and the next such pause: a further read that finds the queue
-    /// empty costs a system call and saves none (the next batch's first read would have taken the packet), so
-    /// after one comes back empty the next 1, 2, 4 ... 16 batches take one read each (e.g. a stream of ACKs).
-    skip_further: u8,
-    next_skip: u8,
     /// The shape of the last super-packet: the next read is scattered so that, if it holds, each segment's
     /// payload lands in its own buffer right behind room for its header (zero-copy split).
     predicted: Option<ScatterShape>,
@@ -118,8 +117,6 @@ impl RecvHalf {
             pending: None,
             stats: Counters::default(),
             nowait: true,
-            skip_further: 0,
-            next_skip: 1,
             predicted: None,
             whole_udp: false,
             last_whole: false,
@@ -195,18 +192,13 @@ impl RecvHalf {
     ) -> Result<Received> {
         let mut total = Received { packets: 0, pending: 0, checksums: Checksums::Valid };
         let n = bufs.len().min(lens.len());
-        let skip_further = self.skip_further > 0;
-        self.skip_further = self.skip_further.saturating_sub(1);
         while total.packets < n {
             let nowait = total.packets > 0;
-            if nowait && (!self.nowait || skip_further) {
+            if nowait && !self.nowait {
                 break;
             }
             match self.recv_one(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset, nowait) {
                 Ok(r) => {
-                    if nowait {
-                        self.next_skip = 1;
-                    }
                     total.checksums = self.join_checksums(
                         (total.checksums, total.packets),
                         r.checksums,
@@ -226,11 +218,7 @@ impl RecvHalf {
                         break;
                     }
                 }
-                Err(e) if e.is_would_block() && total.packets > 0 => {
-                    self.skip_further = self.next_skip;
-                    self.next_skip = (self.next_skip * 2).min(16);
-                    break;
-                }
+                Err(e) if e.is_would_block() && total.packets > 0 => break,
                 Err(e) if e.is_nowait_unsupported() && total.packets > 0 => {
                     self.nowait = false;
                     break;
