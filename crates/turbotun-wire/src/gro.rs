@@ -833,7 +833,8 @@ fn parse_candidate(pkt: &[u8], framing: Framing, tcp_on: bool, udp_on: bool) -> 
 }
 
 /// The source and destination addresses of an IP packet, laid out as in [`FlowKey::addresses`], and whether it
-/// is IPv6; `None` if it is not IP or too short for its header.
+/// is IPv6; `None` if it is not IP or its header is not one (too short, or an IPv4 header length below 20 bytes or
+/// past the packet): such bytes name no addresses, so they are no UDP barrier.
 fn address_pair(pkt: &[u8], framing: Framing) -> Option<(&[u8], bool)> {
     let (l3, ethertype) = match framing {
         Framing::Ip => (0, None),
@@ -844,8 +845,14 @@ fn address_pair(pkt: &[u8], framing: Framing) -> Option<(&[u8], bool)> {
     };
     let ip = pkt.get(l3..)?;
     match ip.first()? >> 4 {
-        4 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV4) => Some((ip.get(12..20)?, false)),
-        6 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV6) => Some((ip.get(8..40)?, true)),
+        4 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV4) => {
+            ipv4::Packet::new_checked(ip).ok()?;
+            Some((&ip[12..20], false))
+        }
+        6 if ethertype.map_or(true, |e| e == ethernet::ETHERTYPE_IPV6) => {
+            ipv6::Packet::new_checked(ip).ok()?;
+            Some((&ip[8..40], true))
+        }
         _ => None,
     }
 }

@@ -719,6 +719,22 @@ fn a_packet_that_cannot_merge_is_a_barrier_for_udp() {
     }
 }
 
+/// Bytes between two UDP datagrams whose IP header is no header (here an IPv4 header length of 16 bytes, the
+/// input the property test found) name no addresses, so they are no barrier: the kernel's `inet_gro_receive` passes
+/// such a packet on before it looks at any held packet, and the datagrams around it merge.
+#[test]
+fn a_broken_ip_header_is_no_barrier_for_udp() {
+    for b in all_bases().into_iter().filter(|s| s.udp && !s.v6) {
+        let (_, mut p) = stream(&b, &[1000, 1000]);
+        let mut broken = p[0].clone();
+        let l3 = b.l4_offset() - 20 - b.ip_opts.len();
+        broken[l3] = 0x44;
+        broken.truncate(l3 + 20);
+        p.insert(1, broken);
+        check(b.framing, &p, &[&[0, 2], &[1]]);
+    }
+}
+
 /// One case of the kernel's GRO selftest (`tools/testing/selftests/net/gro.c`), in packets of our own: the
 /// groups Linux 6.18 delivers (`kernel`: which packets end up in which delivered packet) and the ones turbotun
 /// writes (`turbotun`: the same, unless one of the documented differences applies).
