@@ -162,7 +162,7 @@ impl ForwarderBuilder {
     /// The default in passthrough mode, where every buffer the kernel fills holds a super-packet of up to 64 KiB:
     /// the multishot read takes the buffers in ring order, so all of them become resident. 16 kept TCP and
     /// 64-byte UDP at least as fast as 64 in `turbotun bench` and the forwarder's peak RSS at 7.0 MB instead of
-    /// 10.3 (BENCHMARKS.md appendix B).
+    /// 10.3 (docs/bench/HISTORY.md, appendix B).
     pub const DEFAULT_PASSTHROUGH_DEPTH: usize = 16;
 
     /// A forwarder in `mode` with the defaults: the fastest I/O the mode and kernel allow, one worker per queue
@@ -253,7 +253,7 @@ impl ForwarderBuilder {
     /// `READV_FIXED`/`WRITEV_FIXED` (Linux 6.15), which saves the kernel mapping and checking user memory on
     /// every operation, at the price of pinning the whole arena (about 8.5 MiB per direction, all resident;
     /// an unprivileged user needs RLIMIT_MEMLOCK for it). Where the kernel lacks those operations, the
-    /// forwarder runs without and says so in [`Forwarder::notes`]. BENCHMARKS.md appendix B has the trade.
+    /// forwarder runs without and says so in [`Forwarder::notes`]. docs/bench/HISTORY.md, appendix B, has the trade.
     pub fn register_buffers(mut self, on: bool) -> Self {
         self.register_buffers = on;
         self
@@ -589,7 +589,7 @@ pub struct Forwarder {
 }
 
 /// Whether offload mode reads through io_uring by default where the kernel has it: decided by `turbotun bench`
-/// (offload through io_uring against the blocking offload path, side by side; see BENCHMARKS.md).
+/// (offload through io_uring against the blocking offload path, side by side; see docs/bench/HISTORY.md, appendix B).
 const URING_OFFLOAD_BY_DEFAULT: bool = false;
 
 /// How often a worker that waits for packets looks at the stop handle (poll and io_uring waits).
