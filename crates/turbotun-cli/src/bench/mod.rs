@@ -102,10 +102,11 @@ pub struct BenchArgs {
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
     #[arg(long, requires = "tunnel")]
     pub no_syscalls: bool,
-    /// With --tunnel: the A/B of a change. Also run turbotun's tunnel kinds with this other build of turbotun
-    /// (e.g. the commit before the change, built with `cargo build --release`), interleaved with this build's in
-    /// the same rounds, as `turbotun-plain@baseline` and `turbotun-wg@baseline`.
-    #[arg(long, value_name = "TURBOTUN", requires = "tunnel")]
+    /// The A/B of a change: also run turbotun's modes with this other build of turbotun (e.g. the commit before
+    /// the change, built with `cargo build --release`), interleaved with this build's in the same rounds: each
+    /// selected forwarder mode as `MODE@baseline`, or with --tunnel `turbotun-plain@baseline` and
+    /// `turbotun-wg@baseline`.
+    #[arg(long, value_name = "TURBOTUN", conflicts_with_all = ["echo"])]
     pub baseline: Option<PathBuf>,
     /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),
     /// e.g. 500,1000,10000. Default: the kernel's (500 for TUN).
@@ -192,7 +193,11 @@ fn select_modes(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> 
         (None, true) => modes::QUICK_MODES.iter().map(|s| s.to_string()).collect(),
         (None, false) => all.iter().map(|m| m.label.clone()).collect(),
     };
-    modes::select_modes(all, unavailable, &mode_filter)
+    let selected = modes::select_modes(all, unavailable, &mode_filter)?;
+    Ok(match &args.baseline {
+        Some(path) => modes::with_baseline_twins(selected, path),
+        None => selected,
+    })
 }
 
 fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
@@ -657,6 +662,11 @@ fn preflight(args: &BenchArgs) -> Result<()> {
         .collect();
     if !missing.is_empty() {
         bail!("missing tools: {}", missing.join(", "));
+    }
+    if let Some(b) = &args.baseline {
+        if !b.is_file() {
+            bail!("--baseline {}: no such file (build the other commit with `cargo build --release`)", b.display());
+        }
     }
     Ok(())
 }

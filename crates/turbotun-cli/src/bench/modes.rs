@@ -269,6 +269,42 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
     (modes, unavailable)
 }
 
+/// The family of a turbotun mode run by the `--baseline` build: neither turbotun's own nor a peer's.
+pub const BASELINE_BUILD: &str = "turbotun@baseline";
+
+/// Each selected turbotun forwarder mode followed by its A/B twin: the same arguments run by another build of
+/// turbotun (`--baseline`), labelled `MODE@baseline`, placed right after its mode so that every round runs the
+/// two builds one after the other.
+pub fn with_baseline_twins(selected: Vec<Mode>, baseline: &Path) -> Vec<Mode> {
+    let mut out = Vec::with_capacity(selected.len() * 2);
+    for m in selected {
+        let twin_kind = match &m.kind {
+            Kind::Forwarder { prefix_args, args, .. } if m.family == "turbotun" => Some(Kind::Forwarder {
+                program: baseline.to_path_buf(),
+                prefix_args: prefix_args.clone(),
+                args: args.clone(),
+            }),
+            Kind::BridgedForwarder { prefix_args, args, .. } if m.family == "turbotun" => {
+                Some(Kind::BridgedForwarder {
+                    program: baseline.to_path_buf(),
+                    prefix_args: prefix_args.clone(),
+                    args: args.clone(),
+                })
+            }
+            _ => None,
+        };
+        let twin = twin_kind.map(|kind| Mode {
+            label: format!("{}@baseline", m.label),
+            family: BASELINE_BUILD,
+            kind,
+            note: m.note.clone(),
+        });
+        out.push(m);
+        out.extend(twin);
+    }
+    out
+}
+
 /// Select modes by a comma list: exact labels, a label without the `turbotun-` prefix, or a family name
 /// (`turbotun`, `tunrs`, `wggo`, `peers`, `baseline`, `virt` for [`VIRT_MODES`]).
 pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]) -> Result<Vec<Mode>> {
@@ -495,6 +531,43 @@ mod tests {
         let sel: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
         assert_eq!(sel, ["veth", "veth-bridge", "turbotun-offload", "turbotun-tap-bridge"]);
         assert!(select_modes(&all, &na, &["nonsense".into()]).is_err());
+    }
+
+    #[test]
+    fn a_baseline_build_twins_each_turbotun_forwarder_and_nothing_else() {
+        let exe = Path::new("/x/turbotun");
+        let (all, na) = all_modes(exe, &support(true, true, Ok(())), Some(Path::new("/p")));
+        let filter = ["veth".into(), "offload".into(), "tap-bridge".into(), "tunrs-offload".into()];
+        let sel = with_baseline_twins(select_modes(&all, &na, &filter).unwrap(), Path::new("/old/turbotun"));
+        let labels: Vec<&str> = sel.iter().map(|m| m.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "veth",
+                "turbotun-offload",
+                "turbotun-offload@baseline",
+                "turbotun-tap-bridge",
+                "turbotun-tap-bridge@baseline",
+                "tunrs-offload"
+            ]
+        );
+        for (mode, twin) in [(&sel[1], &sel[2]), (&sel[3], &sel[4])] {
+            assert_eq!(twin.family, BASELINE_BUILD);
+            match (&mode.kind, &twin.kind) {
+                (
+                    Kind::Forwarder { program: p, prefix_args: pa, args: a },
+                    Kind::Forwarder { program: tp, prefix_args: tpa, args: ta },
+                )
+                | (
+                    Kind::BridgedForwarder { program: p, prefix_args: pa, args: a },
+                    Kind::BridgedForwarder { program: tp, prefix_args: tpa, args: ta },
+                ) => {
+                    assert_eq!((p.as_path(), tp.as_path()), (exe, Path::new("/old/turbotun")));
+                    assert_eq!((pa, a), (tpa, ta), "the twin runs the same arguments");
+                }
+                other => panic!("twin of another kind: {other:?}"),
+            }
+        }
     }
 
     #[test]

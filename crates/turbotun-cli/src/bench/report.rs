@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use super::iperf::{IperfResult, Traffic};
-use super::modes::Unavailable;
+use super::modes::{self, Unavailable};
 use super::stats::{cell, med, med_count, ratio, Spread};
 
 /// One measured run: one mode, one traffic kind, one repetition.
@@ -347,7 +347,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traf
         let ceiling = cells.iter().find(|s| s.mode == "ceiling").and_then(head);
         let best_peer = cells
             .iter()
-            .filter(|s| s.family != "baseline" && s.family != "turbotun")
+            .filter(|s| s.family != "baseline" && s.family != "turbotun" && s.family != modes::BASELINE_BUILD)
             .filter_map(|s| Some((s.mode.clone(), head(s)?)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         for s in cells.iter_mut() {
