@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps test lint unit bench bench-full build clean-netns install install-wg-quick uninstall
+.PHONY: deps peers test lint unit bench bench-full build clean-netns install install-wg-quick uninstall
 
 # Where `make install` puts things: $(DESTDIR)$(PREFIX)/bin, .../share/man/man1, the shells' completion folders.
 PREFIX ?= /usr/local
@@ -16,6 +16,12 @@ SYSTEMD_DIR = $(DESTDIR)$(PREFIX)/lib/systemd/system
 
 deps:
 	@scripts/install-deps.sh
+
+# The WireGuard programs the interoperation tests run against (wireguard-go, boringtun, GotaTun), built from their
+# published sources at the versions bench/peers/build.sh pins; skipped when already built. Built here, before the
+# tests, so that no test waits for a build while the others run.
+peers:
+	bench/peers/build.sh wireguard-go boringtun gotatun
 
 build: deps
 	$(CARGO) build --release -p turbotun-cli
@@ -31,7 +37,7 @@ lint:
 # rule in crates/turbotun/tests/common/skip.rs); the summary counts them and fails the run if there are any.
 SKIPPED_LOG := $(CURDIR)/target/skipped-tests.log
 
-unit:
+unit: peers
 	@mkdir -p $(dir $(SKIPPED_LOG)) && rm -f $(SKIPPED_LOG)
 	TURBOTUN_SKIPPED_LOG=$(SKIPPED_LOG) $(CARGO) test --workspace --all-features
 	@scripts/test-summary.sh $(SKIPPED_LOG)

@@ -39,5 +39,5 @@ if ! have cargo; then
     fi
     exit 1
 fi
-have go || echo "install-deps: go not found: the wireguard-go peer of the bench will be skipped (apt-get install golang)" >&2
+have go || echo "install-deps: go not found: wireguard-go, the peer of the interoperation tests and the bench, cannot be built (apt-get install golang)" >&2
 exit 0

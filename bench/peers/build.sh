@@ -4,13 +4,15 @@
 # and the tunnel peers of `turbotun bench --tunnel`, released programs built from their published sources:
 #   bin/wireguard-go  (go install golang.zx2c4.com/wireguard@$WIREGUARD_GO_VERSION)
 #   bin/boringtun-cli (cargo install boringtun-cli --version $BORINGTUN_VERSION --locked)
+#   bin/gotatun       (cargo install gotatun-cli --version $GOTATUN_VERSION --locked: Mullvad's GotaTun)
 # Idempotent: a binary newer than all of its sources, or built from the pinned version, is left alone (FORCE=1
 # rebuilds anyway).
-# Usage: bench/peers/build.sh [tunrs|wggo|wireguard-go|boringtun]...   (default: tunrs and wggo)
+# Usage: bench/peers/build.sh [tunrs|wggo|wireguard-go|boringtun|gotatun]...   (default: tunrs and wggo)
 set -euo pipefail
 
 WIREGUARD_GO_VERSION=v0.0.0-20260522210424-ecfc5a8d5446
 BORINGTUN_VERSION=0.7.1
+GOTATUN_VERSION=0.10.2
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$here/bin"
@@ -79,21 +81,33 @@ build_wireguard_go() {
     echo "wireguard-go: built $out" >&2
 }
 
-# boringtun-cli: `cargo install` from crates.io (its own Cargo.lock, --locked) under bench/peers/boringtun, then
-# copied to bin/boringtun-cli.
-build_boringtun() {
-    local out="$bin/boringtun-cli" root="$here/boringtun"
-    if pinned "$out" "$BORINGTUN_VERSION"; then
-        echo "boringtun-cli: up to date ($out, $BORINGTUN_VERSION)" >&2; return 0
+# cargo_install_peer CRATE VERSION ROOT BIN OUT : `cargo install CRATE --version VERSION` from crates.io (the
+# crate's own Cargo.lock, --locked) with --root ROOT (its target directory under it too), then ROOT/bin/BIN copied
+# to OUT with the version written beside it. Skipped when OUT is already of VERSION.
+cargo_install_peer() {
+    local crate="$1" version="$2" root="$3" name="$4" out="$5"
+    if pinned "$out" "$version"; then
+        echo "$name: up to date ($out, $version)" >&2; return 0
     fi
-    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain (https://rustup.rs) to build boringtun"
-    echo "boringtun-cli: building $BORINGTUN_VERSION (cargo install, nice; a few minutes)..." >&2
-    CARGO_TARGET_DIR="$root/target" nice -n 15 cargo install boringtun-cli --version "$BORINGTUN_VERSION" \
+    command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain (https://rustup.rs) to build $name"
+    echo "$name: building $crate $version (cargo install, nice; a few minutes)..." >&2
+    CARGO_TARGET_DIR="$root/target" nice -n 15 cargo install "$crate" --version "$version" \
         --locked --root "$root" --force --quiet \
-        || die "boringtun-cli: cargo install failed"
-    install -m 0755 "$root/bin/boringtun-cli" "$out.tmp" && mv -f "$out.tmp" "$out"
-    echo "$BORINGTUN_VERSION" > "$out.version"
-    echo "boringtun-cli: built $out" >&2
+        || die "$name: cargo install $crate failed"
+    install -m 0755 "$root/bin/$name" "$out.tmp" && mv -f "$out.tmp" "$out"
+    echo "$version" > "$out.version"
+    echo "$name: built $out" >&2
+}
+
+# boringtun-cli, under bench/peers/boringtun, copied to bin/boringtun-cli.
+build_boringtun() {
+    cargo_install_peer boringtun-cli "$BORINGTUN_VERSION" "$here/boringtun" boringtun-cli "$bin/boringtun-cli"
+}
+
+# GotaTun (Mullvad's fork of boringtun): the crate gotatun-cli installs the program `gotatun`, under
+# bench/peers/gotatun, copied to bin/gotatun.
+build_gotatun() {
+    cargo_install_peer gotatun-cli "$GOTATUN_VERSION" "$here/gotatun" gotatun "$bin/gotatun"
 }
 
 targets=("$@")
@@ -104,6 +118,7 @@ for t in "${targets[@]}"; do
         wggo|wggo-fwd) build_wggo ;;
         wireguard-go) build_wireguard_go ;;
         boringtun|boringtun-cli) build_boringtun ;;
-        *) die "unknown peer '$t' (known: tunrs, wggo, wireguard-go, boringtun)" ;;
+        gotatun|gotatun-cli) build_gotatun ;;
+        *) die "unknown peer '$t' (known: tunrs, wggo, wireguard-go, boringtun, gotatun)" ;;
     esac
 done

@@ -1,8 +1,8 @@
-//! `turbotun wg` against the real programs: wireguard-go at the other end (both ways, either side starting the
-//! handshake), `wg` through the configuration socket, `wg-quick up`/`down` with `turbotun-wg` as the userspace
-//! implementation, several peers with AllowedIPs, roaming, a restarted peer, bad input at the UDP port and on the
-//! configuration socket, and a soak with flat memory. Each test builds its own namespaces (an underlay veth pair
-//! or three) and removes everything it made, processes and socket files included, however it ends.
+//! `turbotun wg` against the real programs: wireguard-go, boringtun or GotaTun at the other end (both ways, either side
+//! starting the handshake), `wg` through the configuration socket, `wg-quick up`/`down` with `turbotun-wg` as the
+//! userspace implementation, several peers with AllowedIPs, roaming, a restarted peer, bad input at the UDP port and on
+//! the configuration socket, and a soak with flat memory. Each test builds its own namespaces (an underlay veth pair or
+//! three) and removes everything it made, processes and socket files included, however it ends.
 
 mod common;
 
@@ -24,7 +24,29 @@ fn turbotun_wg_and_wireguard_go_interoperate_both_ways() {
     if !privileged("turbotun_wg_and_wireguard_go_interoperate_both_ways") {
         return;
     }
-    for (first, second) in [(Impl::Turbotun, Impl::WireguardGo), (Impl::WireguardGo, Impl::Turbotun)] {
+    interoperate_both_ways(Impl::WireguardGo);
+}
+
+#[test]
+fn turbotun_wg_and_boringtun_interoperate_both_ways() {
+    if !privileged("turbotun_wg_and_boringtun_interoperate_both_ways") {
+        return;
+    }
+    interoperate_both_ways(Impl::Boringtun);
+}
+
+#[test]
+fn turbotun_wg_and_gotatun_interoperate_both_ways() {
+    if !privileged("turbotun_wg_and_gotatun_interoperate_both_ways") {
+        return;
+    }
+    interoperate_both_ways(Impl::Gotatun);
+}
+
+/// `turbotun wg` and `other` as each other's peer, once with each side starting the handshake: pings, TCP and
+/// UDP both ways, and `wg show` at both ends.
+fn interoperate_both_ways(other: Impl) {
+    for (first, second) in [(Impl::Turbotun, other), (other, Impl::Turbotun)] {
         // The first side pings first, so each program starts the handshake once.
         let p = pair(first, second);
         assert!(ping_within(&p.nss[1], "10.202.0.2", 5), "{first:?} -> {second:?}: no ping answer");

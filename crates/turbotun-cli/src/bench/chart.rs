@@ -55,6 +55,7 @@ fn color(family: &str, index_in_family: usize) -> RGBColor {
         "turbotun" => shade((31, 119, 240)),
         "tunrs" => shade((240, 130, 20)),
         "wggo" => shade((40, 170, 80)),
+        "gotatun" => shade((200, 50, 60)),
         _ => shade((160, 80, 200)),
     }
 }

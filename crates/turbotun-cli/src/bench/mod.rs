@@ -87,15 +87,15 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["traffic", "flamegraph"])]
     pub echo: bool,
     /// Tunnels instead of forwarders: VPN-style tunnels between two namespaces over a veth underlay (veth,
-    /// the kernel's VXLAN, turbotun tunnel, turbotun wg, wireguard-go, boringtun), iperf3 TCP and UDP through
-    /// each, with every endpoint's CPU, peak RSS and system calls per GB. Honours --quick, --duration, --reps,
-    /// --traffic (tcp, tcp4, udp1372), --json, --chart, --list.
+    /// the kernel's VXLAN, turbotun tunnel, turbotun wg, wireguard-go, boringtun, GotaTun), iperf3 TCP and UDP
+    /// through each, with every endpoint's CPU, peak RSS and system calls per GB. Honours --quick, --duration,
+    /// --reps, --traffic (tcp, tcp4, udp1372), --json, --chart, --list.
     #[arg(long, conflicts_with_all = ["loss", "echo", "modes", "flamegraph", "ipv6"])]
     pub tunnel: bool,
     /// With --tunnel: comma-separated tunnel kinds (veth, vxlan, turbotun-plain, turbotun-wg, wireguard-go,
-    /// boringtun, turbotun-wg-vs-wireguard-go; and, only when named, the handshake-flood kinds turbotun-wg-flood1,
-    /// turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the flood). Default: all
-    /// but the flood kinds; those that cannot run here are listed as skipped.
+    /// boringtun, gotatun, turbotun-wg-vs-wireguard-go; and, only when named, the handshake-flood kinds
+    /// turbotun-wg-flood1, turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the
+    /// flood). Default: all but the flood kinds; those that cannot run here are listed as skipped.
     #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
     pub tunnel_kinds: Option<Vec<String>>,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which

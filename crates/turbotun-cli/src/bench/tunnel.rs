@@ -3,7 +3,7 @@
 //! Each run gets two fresh namespaces joined by a veth pair, the underlay (10.201.0.1/24 <-> 10.201.0.2/24, MTU
 //! 1500). Over it each tunnel kind puts a device in each namespace (10.202.0.1/24 <-> 10.202.0.2/24, MTU 1420):
 //! the kernel's VXLAN, or a userspace endpoint process in each namespace (`turbotun tunnel`, `turbotun wg`,
-//! wireguard-go, boringtun). `veth` runs iperf3 over the underlay itself. The iperf3 server runs in B, the
+//! wireguard-go, boringtun, GotaTun). `veth` runs iperf3 over the underlay itself. The iperf3 server runs in B, the
 //! client in A, and the runs, their interleaving, the samples and the summaries are those of the forwarder bench
 //! (`mod.rs::measure`, `runner.rs`, `report.rs::summarize`); the set-up of each run is `topo.rs`'s, like every
 //! topology's; this file adds the kinds, and the tables of per-endpoint CPU, peak RSS and system calls per GB.
@@ -67,6 +67,8 @@ enum Program {
     WireguardGo,
     /// boringtun-cli, built into bench/peers/bin by build.sh.
     Boringtun,
+    /// GotaTun (Mullvad's fork of boringtun), built into bench/peers/bin by build.sh.
+    Gotatun,
 }
 
 impl Program {
@@ -78,6 +80,7 @@ impl Program {
             Program::BaselineWg => "turbotun wg (baseline)",
             Program::WireguardGo => "wireguard-go",
             Program::Boringtun => "boringtun",
+            Program::Gotatun => "gotatun",
         }
     }
 
@@ -91,6 +94,7 @@ impl Program {
         match self {
             Program::WireguardGo => Some(("wireguard-go", "wireguard-go")),
             Program::Boringtun => Some(("boringtun", "boringtun-cli")),
+            Program::Gotatun => Some(("gotatun", "gotatun")),
             _ => None,
         }
     }
@@ -109,6 +113,8 @@ impl Program {
             Program::WireguardGo => (&["-f", "{dev}"], &[("WG_PROCESS_FOREGROUND", "1")]),
             // WG_SUDO takes `true` (clap's boolean parser refuses `1`): keep root, do not drop to the sudo user.
             Program::Boringtun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "true")]),
+            // The same command line as boringtun's, whose fork it is (its clap takes `1` as well as `true`).
+            Program::Gotatun => (&["-f", "--disable-drop-privileges", "{dev}"], &[("WG_SUDO", "1")]),
         }
     }
 }
@@ -208,6 +214,13 @@ pub const KINDS: &[KindSpec] = &[
         flood: None,
     },
     KindSpec {
+        label: "gotatun",
+        family: "gotatun",
+        description: "GotaTun (Mullvad's fork of boringtun) at both ends",
+        spec: Spec::Pair(Program::Gotatun, Program::Gotatun),
+        flood: None,
+    },
+    KindSpec {
         label: "turbotun-wg-vs-wireguard-go",
         family: "turbotun",
         description: "`turbotun wg` in A, wireguard-go in B (interoperation)",
@@ -304,7 +317,7 @@ impl Resolver<'_> {
                 Some(path) => Err(format!("--baseline {}: no such file", path.display())),
                 None => Err("needs --baseline PATH (another build of turbotun)".into()),
             },
-            Program::WireguardGo | Program::Boringtun => {
+            Program::WireguardGo | Program::Boringtun | Program::Gotatun => {
                 let (target, bin) = p.peer().expect("a peer");
                 let Some(dir) = self.peers else {
                     return Err("bench/peers not found (set TURBOTUN_PEERS_DIR)".into());
@@ -1123,6 +1136,9 @@ mod tests {
         assert_eq!(Program::BaselineWg.argv_env().0, ["wg", "-f", "{dev}"], "an older build prints JSON unasked");
         let interop = KINDS.iter().find(|k| k.label == "turbotun-wg-vs-wireguard-go").unwrap();
         assert_eq!(interop.programs(), [Program::TurbotunWg, Program::WireguardGo]);
+        let gotatun = select_kinds(Some(&["gotatun".into()]), false).unwrap();
+        assert_eq!(gotatun[0].programs(), [Program::Gotatun]);
+        assert_eq!(Program::Gotatun.peer(), Some(("gotatun", "gotatun")), "build.sh's target, bench/peers/bin's name");
         assert!(KINDS.iter().any(|k| k.label == REFERENCE));
         assert!(KINDS.iter().filter(|k| k.is_kernel()).all(|k| k.programs().is_empty()));
         // The UDP datagrams fit the tunnel's MTU whole: 20 bytes of IP and 8 of UDP header.
@@ -1168,9 +1184,13 @@ mod tests {
     fn endpoint_arguments() {
         let (argv, env) = Program::Boringtun.argv_env();
         assert!(argv.contains(&"--disable-drop-privileges") && env.contains(&("WG_SUDO", "true")));
+        let (argv, env) = Program::Gotatun.argv_env();
+        assert!(argv.contains(&"--disable-drop-privileges") && env.contains(&("WG_SUDO", "1")));
         let (argv, env) = Program::WireguardGo.argv_env();
         assert_eq!((argv, env), (&["-f", "{dev}"][..], &[("WG_PROCESS_FOREGROUND", "1")][..]));
-        for p in [Program::TurbotunTunnel, Program::TurbotunWg, Program::WireguardGo, Program::Boringtun] {
+        let all =
+            [Program::TurbotunTunnel, Program::TurbotunWg, Program::WireguardGo, Program::Boringtun, Program::Gotatun];
+        for p in all {
             assert!(p.argv_env().0.contains(&"{dev}"), "{p:?}");
         }
     }

@@ -1,5 +1,6 @@
-//! What the tests of `turbotun wg` share: the endpoints (`turbotun wg`, wireguard-go) in namespaces, `wg`
-//! through the configuration socket, keys, an underlay of namespaces over a bridge, and checks across a tunnel.
+//! What the tests of `turbotun wg` share: the endpoints (`turbotun wg`, wireguard-go, boringtun, GotaTun) in
+//! namespaces, `wg` through the configuration socket, keys, an underlay of namespaces over a bridge, and checks
+//! across a tunnel.
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -7,6 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use turbotun::netlink::Netlink;
@@ -19,13 +21,34 @@ pub const TURBOTUN_WG: &str = env!("CARGO_BIN_EXE_turbotun-wg");
 
 /// The wireguard-go program the bench uses, built from the Go module proxy on first use.
 pub fn wireguard_go() -> PathBuf {
+    peer_program("wireguard-go", "wireguard-go", "Go and the module proxy")
+}
+
+/// boringtun-cli, Cloudflare's WireGuard, the program the bench uses, built from the crate registry on first use.
+pub fn boringtun() -> PathBuf {
+    peer_program("boringtun", "boringtun-cli", "cargo and the crate registry")
+}
+
+/// GotaTun, Mullvad's WireGuard (a fork of boringtun), the program the bench uses, built from the crate registry
+/// on first use.
+pub fn gotatun() -> PathBuf {
+    peer_program("gotatun", "gotatun", "cargo and the crate registry")
+}
+
+/// `bench/peers/bin/BIN`, made by `bench/peers/build.sh TARGET` once per test process: the script builds the
+/// version it pins when the binary is missing or of another version, and returns at once otherwise. A failed
+/// build fails the test, never skips it (`needs` names what the build takes).
+fn peer_program(target: &str, bin: &str, needs: &str) -> PathBuf {
+    // Tests run in parallel: one build at a time, and each target once.
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers");
-    let bin = root.join("bin/wireguard-go");
-    if !bin.exists() {
-        let status = Command::new(root.join("build.sh")).arg("wireguard-go").status().expect("bench/peers/build.sh");
-        assert!(status.success(), "building wireguard-go failed (it needs Go and the module proxy)");
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|t| t == target) {
+        let status = Command::new(root.join("build.sh")).arg(target).status().expect("bench/peers/build.sh");
+        assert!(status.success(), "building {target} failed (it needs {needs})");
+        built.push(target.to_string());
     }
-    bin
+    root.join("bin").join(bin)
 }
 
 /// A name unique to this process and call (≤ 15 bytes): the configuration socket's path is not per namespace.
@@ -43,6 +66,9 @@ pub fn socket_of(name: &str) -> PathBuf {
 pub enum Impl {
     Turbotun,
     WireguardGo,
+    Boringtun,
+    /// GotaTun 0.10.2. Unlike the others it leaves its configuration socket behind when stopped (docs/RELIABILITY.md).
+    Gotatun,
 }
 
 /// One endpoint: its program in the foreground inside a namespace; killed, reaped and its socket removed on
@@ -70,6 +96,18 @@ impl Endpoint {
                 c.args(["-f", name]).env("WG_PROCESS_FOREGROUND", "1");
                 c
             }
+            Impl::Boringtun => {
+                let mut c = Command::new(boringtun());
+                // As root: keep root. Its clap parser takes `true` here, not `1`.
+                c.args(["-f", "--disable-drop-privileges", name]).env("WG_SUDO", "true");
+                c
+            }
+            Impl::Gotatun => {
+                let mut c = Command::new(gotatun());
+                // As root: keep root (no sudo user to drop to), as the bench runs it.
+                c.args(["-f", "--disable-drop-privileges", name]).env("WG_SUDO", "1");
+                c
+            }
         };
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = with_netns(&ns_path(ns), || command.spawn()).unwrap().expect("starting the endpoint");
@@ -78,7 +116,8 @@ impl Endpoint {
         endpoint
     }
 
-    /// Stops it with SIGTERM and returns what it printed on standard output (turbotun: the counters line).
+    /// Stops it with SIGTERM and returns what it printed on standard output (turbotun: the counters line);
+    /// asserts that it exited 0 and removed its socket (which GotaTun does not).
     pub fn stop(mut self) -> String {
         let mut child = self.child.take().unwrap();
         nix_kill(child.id(), "TERM");
