@@ -254,8 +254,10 @@ mod tests {
         const QUEUES: usize = 4;
         const EACH: usize = 2000;
         const RUN: usize = 64;
+        /// What a worker sealed: the counter, the packet, the message.
+        type SealedBy = Vec<(u64, Vec<u8>, Vec<u8>)>;
         let (a, b) = pair();
-        let sent: Vec<Vec<(u64, Vec<u8>, Vec<u8>)>> = std::thread::scope(|scope| {
+        let sent: Vec<SealedBy> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..QUEUES)
                 .map(|q| {
                     let a = &a;
