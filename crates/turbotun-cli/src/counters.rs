@@ -179,15 +179,27 @@ pub fn to_json(report: &Report) -> Value {
     line.insert("drops_by_reason".into(), by_reason(&total));
     line.insert("errors".into(), total.drops.faults().into());
     line.insert("malformed".into(), total.drops.malformed.into());
-    for (direction, counters) in &report.directions {
+    let direction_json = |counters: &Counters| {
         let mut map = counters_json(counters);
         map.insert("drops".into(), by_reason(counters));
-        line.insert(direction.clone(), Value::Object(map));
+        Value::Object(map)
+    };
+    for (direction, counters) in &report.directions {
+        line.insert(direction.clone(), direction_json(counters));
+    }
+    if !report.queues.is_empty() {
+        let queues = report
+            .queues
+            .iter()
+            .map(|directions| Value::Object(directions.iter().map(|(d, c)| (d.clone(), direction_json(c))).collect()))
+            .collect::<Vec<_>>();
+        line.insert("queues".into(), Value::Array(queues));
     }
     Value::Object(line)
 }
 
-/// `1.46 M packets, 2.16 GB in 3.0 s (5.8 Gbit/s), 1 drop: device_down`, then a line per direction.
+/// `1.46 M packets, 2.16 GB in 3.0 s (5.8 Gbit/s), 1 drop: device_down`, then a line per direction, then one
+/// per queue when there are several.
 pub fn summary(report: &Report) -> String {
     let total = report.total();
     let mut s = format!(
@@ -202,6 +214,11 @@ pub fn summary(report: &Report) -> String {
         for (direction, c) in &report.directions {
             s += &format!("\n  {direction:<12} {} packets, {}, {}", count(c.packets), bytes(c.bytes), drops(c));
         }
+    }
+    for (i, directions) in report.queues.iter().enumerate() {
+        let each: Vec<String> =
+            directions.iter().map(|(d, c)| format!("{d} {} packets, {}", count(c.packets), drops(c))).collect();
+        s += &format!("\n  {:<12} {}", format!("queue {i}"), each.join("; "));
     }
     s
 }
@@ -361,6 +378,20 @@ pub fn prometheus(reports: &[Report]) -> String {
             }
         }
     }
+    header(&mut s, "turbotun_queue_packets_total", "counter", "Packets written, by queue of an engine with several.");
+    for r in reports {
+        for (i, directions) in r.queues.iter().enumerate() {
+            for (direction, c) in directions {
+                let _ = writeln!(
+                    s,
+                    "turbotun_queue_packets_total{{{},queue=\"{i}\",direction=\"{}\"}} {}",
+                    base(r),
+                    label_value(direction),
+                    c.packets
+                );
+            }
+        }
+    }
     header(
         &mut s,
         "turbotun_dropped_packets_total",
@@ -434,6 +465,31 @@ mod tests {
         assert!(v["drops_by_reason"].get("no_peer").is_none(), "no tunnel reasons for a forwarder: {v}");
         assert_eq!(v["a_to_b"]["bytes"], 1000);
         assert_eq!(v["a_to_b"]["drops"]["device_down"], 1);
+        assert!(v.get("queues").is_none(), "one queue: no per-queue counters");
+    }
+
+    #[test]
+    fn test_a_tunnel_of_two_queues_shows_each_queues_counters() {
+        let mut q = [turbotun::tunnel::TunnelStats::default(); 2];
+        q[0].to_network.set_field("packets", 3);
+        q[1].to_network.set_field("packets", 4);
+        q[1].from_network.drops.add(DropReason::Replayed, 1);
+        let mut total = turbotun::tunnel::TunnelStats::default();
+        total.to_network.set_field("packets", 7);
+        let r =
+            Report::of_tunnel("wireguard", Engine::KeyedTunnel, "wg0", "wireguard", &total, 1.0).with_tunnel_queues(&q);
+        let v = to_json(&r);
+        assert_eq!(v["packets"], 7, "the totals are the tunnel's: {v}");
+        assert_eq!(v["queues"][0]["to_network"]["packets"], 3);
+        assert_eq!(v["queues"][1]["to_network"]["packets"], 4);
+        assert_eq!(v["queues"][1]["from_network"]["drops"]["replayed"], 1);
+        let text = summary(&r);
+        assert!(
+            text.contains("\n  queue 1      to_network 4 packets, no drops; from_network 0 packets, 1 drop: replayed"),
+            "{text}"
+        );
+        let metrics = prometheus(&[r]);
+        assert!(metrics.contains("turbotun_queue_packets_total{name=\"wg0\",kind=\"wireguard\",queue=\"1\",direction=\"to_network\"} 4\n"), "{metrics}");
     }
 
     #[test]

@@ -156,6 +156,7 @@ pub fn page(path: &str) -> Option<Page> {
             &[
                 ("turbotun wg wg0 && wg setconf wg0 wg0.conf", "Start an endpoint in the background and configure it with wg."),
                 ("WG_QUICK_USERSPACE_IMPLEMENTATION=turbotun-wg wg-quick up wg0", "Have wg-quick run it (on a kernel without WireGuard)."),
+                ("turbotun wg --queues 2 wg0", "Two queues, each flow on one: sealing for several flows spreads over two cores."),
                 ("LOG_LEVEL=verbose turbotun wg -f wg0 --stats-interval 10", "In the foreground, with debug messages and a line of rates every 10 s."),
                 ("sudo turbotun stats wg0", "Its counters while it runs, drops by reason included."),
             ],

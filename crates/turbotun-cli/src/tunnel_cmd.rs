@@ -87,6 +87,7 @@ pub fn run(args: &TunnelArgs) -> Result<()> {
     let source = move || {
         let seconds = start.elapsed().as_secs_f64();
         Report::of_tunnel("tunnel", Engine::Tunnel, &name, "plain", &stats.snapshot(), seconds)
+            .with_tunnel_queues(&stats.queue_snapshots())
     };
     let _server = crate::counters::serve("turbotun tunnel", socket, source.clone());
     eprintln!("turbotun tunnel: {} <-> udp {} -> {}", args.name, tunnel.local_addr()?, args.remote);

@@ -23,6 +23,12 @@ pub struct WgArgs {
     /// sockets are open; the configuration can then not move to a privileged port or set a firewall mark.
     #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
+    /// Queues of the device, each with its own pair of workers (a core each way) and its own UDP socket on the
+    /// one listen port: a flow-hash steering program keeps each flow on one queue, in order. Sending spreads
+    /// over the queues by flow; what one peer sends arrives on one socket (the kernel picks a port's socket by
+    /// the sender's address and port), so one peer's receiving stays on one queue.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub queues: usize,
     #[command(flatten)]
     pub counters: CountersArgs,
     /// The interface to create (a template such as wg%d takes the first free number); its configuration socket
@@ -56,6 +62,9 @@ impl std::error::Error for AlreadyReported {}
 /// `turbotun-wg`), to start it again in the background.
 pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
     turbotun::validate_ifname(&args.name)?;
+    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
+        anyhow::bail!("--queues {}: give 1 to {}", args.queues, turbotun::device::MAX_QUEUES);
+    }
     // The user is looked up before anything is opened, so that a typo leaves nothing behind.
     let user = args.user.as_deref().map(|u| crate::args::user_spec(u, None).resolve().context("--user")).transpose()?;
     let background = std::env::var_os(daemon::READY_ENV).is_some();
@@ -66,6 +75,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
         if let Some(user) = &args.user {
             again.extend(["--user".to_string(), user.clone()]);
         }
+        again.extend(["--queues".to_string(), args.queues.to_string()]);
         if args.counters.json {
             again.push("--json".to_string());
         }
@@ -90,6 +100,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
         move || {
             let seconds = start.elapsed().as_secs_f64();
             Report::of_tunnel("wireguard", Engine::KeyedTunnel, &name, "wireguard", &stats.snapshot(), seconds)
+                .with_tunnel_queues(&stats.queue_snapshots())
         }
     };
     let up = Arc::new(AtomicBool::new(false));
@@ -108,6 +119,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
     };
     let options = Options {
         name: args.name.clone(),
+        queues: args.queues,
         user,
         stats,
         stats_socket: args.counters.socket_path(&args.name),

@@ -124,6 +124,8 @@ fn bad_input_gets_a_clear_error() {
             (&["fwd", "lo", "ttok0"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
             (&["fwd", "tta0", "ttb0", "--queues", "1000"], "the kernel allows at most 256 (MAX_TAP_QUEUES)"),
             (&["create", "ttown0", "--owner", "4294967295"], "TUNSETOWNER refused 4294967295: not a valid uid"),
+            (&["wg", "-f", "ttwgq0", "--queues", "0"], "--queues 0: give 1 to 256"),
+            (&["wg", "ttwgq0", "--queues", "257"], "--queues 257: give 1 to 256"),
         ] {
             let out = turbotun(args);
             assert!(!out.status.success(), "{args:?}");

@@ -1,5 +1,6 @@
 //! `turbotun wg`'s tunnel engine and UDP layer against the real programs: a listen port that is one endpoint's
-//! alone, ICMP errors for packets no peer takes, and replies that leave from the address the peer contacted. Each
+//! alone, ICMP errors for packets no peer takes, replies that leave from the address the peer contacted, and
+//! endpoints of two queues (`--queues 2`) with each other and with wireguard-go. Each
 //! test builds its own namespaces and removes everything it made, however it ends.
 
 mod common;
@@ -9,7 +10,7 @@ use std::os::fd::OwnedFd;
 use std::process::Command;
 
 use common::wg::*;
-use common::{ns_path, privileged};
+use common::{ns_path, privileged, tcp_flows_intact, Flow};
 use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
 use turbotun::netns::with_netns;
 
@@ -241,4 +242,138 @@ fn replies_leave_from_an_address_on_another_interface_than_the_route_back() {
     }
     replies_leave_from_the_contacted_address(false, Contacted::OnAnotherInterface);
     replies_leave_from_the_contacted_address(true, Contacted::OnAnotherInterface);
+}
+
+/// Eight TCP flows at once through the tunnel between 10.202.0.1 (`nss[1]`) and 10.202.0.2 (`nss[2]`), four each
+/// way, 8 MiB each, every byte compared. The steering program hashes addresses and ports by XOR, so with even
+/// source ports the destination port's parity picks the queue: each way's flows go to both queues of a
+/// two-queue endpoint, two on each (the counters show it). The source ports follow from the destination ports
+/// (a port of an earlier round may still be in TIME_WAIT).
+fn parallel_flows_both_ways(nss: &[OwnedFd], first_port: u16) {
+    let mut flows = Vec::new();
+    for i in 0..4u16 {
+        let (there, back) = (first_port + i, first_port + 10 + i);
+        let (from_a, from_b) = (30_000 + 2 * there, 30_000 + 2 * back);
+        flows.push(Flow { from: &nss[1], to: &nss[2], to_addr: "10.202.0.2", port: there, source_port: from_a });
+        flows.push(Flow { from: &nss[2], to: &nss[1], to_addr: "10.202.0.1", port: back, source_port: from_b });
+    }
+    tcp_flows_intact(&flows, 8 << 20);
+}
+
+/// One counter of each queue of a `turbotun wg` of several queues (`to_network`/`from_network`, `packets`...),
+/// from its counters (the closing line, or `turbotun stats --json`).
+fn per_queue(c: &serde_json::Value, direction: &str, field: &str) -> Vec<u64> {
+    let queues = c["queues"].as_array().unwrap_or_else(|| panic!("no per-queue counters: {c}"));
+    queues.iter().map(|q| q[direction][field].as_u64().unwrap()).collect()
+}
+
+/// What the queues of a two-queue `turbotun wg` did between its counters `before` (`None`: its start) and
+/// `after`, while parallel flows ran: both queues sealed and sent (more than 1000 packets apiece); one queue
+/// received all that the one peer sent (its datagrams share one address and port, and the kernel gives one
+/// sender's datagrams to one socket of a port's group); nothing dropped as replayed, though the peer (with two
+/// queues of its own) sent for one session from both, out of order with each other.
+fn queues_since(before: Option<&serde_json::Value>, after: &serde_json::Value, what: &str) {
+    assert_eq!(after["drops_by_reason"]["replayed"].as_u64(), Some(0), "{what}: {after}");
+    let since = |direction: &str, field: &str| -> Vec<u64> {
+        let now = per_queue(after, direction, field);
+        let then = before.map_or(vec![0; now.len()], |b| per_queue(b, direction, field));
+        now.iter().zip(&then).map(|(n, t)| n - t).collect()
+    };
+    let sent = since("to_network", "packets");
+    assert_eq!(sent.len(), 2, "{what}: {after}");
+    assert!(sent.iter().all(|&n| n > 1000), "{what}: each queue sent more than 1000: {sent:?}");
+    let received = since("from_network", "segments");
+    assert_eq!(received.iter().filter(|&&n| n > 0).count(), 1, "{what}: one socket received the peer: {received:?}");
+}
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS:`, `VmHWM:`).
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find_map(|l| l.strip_prefix(field)).unwrap_or_else(|| panic!("{field} of {pid}"));
+    line.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The UDP sockets bound to `port` in the namespace of process `pid` (IPv4 and IPv6 tables).
+fn udp_sockets_on(pid: u32, port: u16) -> usize {
+    let bound_to_port = |line: &str| {
+        let local = line.split_whitespace().nth(1).and_then(|a| a.rsplit_once(':'));
+        local.is_some_and(|(_, hex)| u16::from_str_radix(hex, 16) == Ok(port))
+    };
+    ["udp", "udp6"]
+        .iter()
+        .map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default())
+        .map(|text| text.lines().skip(1).filter(|l| bound_to_port(l)).count())
+        .sum()
+}
+
+/// `turbotun stats NAME --json` of a running endpoint.
+fn stats_json(name: &str) -> serde_json::Value {
+    let out = Command::new(TURBOTUN).args(["stats", name, "--json"]).output().unwrap();
+    assert!(out.status.success(), "turbotun stats {name}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn two_queue_endpoints_carry_parallel_flows_on_both_queues_without_replays() {
+    if !privileged("two_queue_endpoints_carry_parallel_flows_on_both_queues_without_replays") {
+        return;
+    }
+    let p = pair_with(Impl::Turbotun, &["--queues", "2"], Impl::Turbotun, &["--queues", "2"]);
+    assert!(ping_within(&p.nss[1], "10.202.0.2", 5), "the tunnel works");
+    parallel_flows_both_ways(&p.nss, 7300);
+    // Memory with two queues, at work (reported: run with --nocapture).
+    for (name, pid) in [(&p.a.name, p.a.pid()), (&p.b.name, p.b.pid())] {
+        let (rss, peak) = (status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:"));
+        eprintln!("{name} --queues 2: VmRSS {rss} KiB, VmHWM {peak} KiB");
+    }
+    let (a_first, b_first) = (stats_json(&p.a.name), stats_json(&p.b.name));
+    queues_since(None, &a_first, "A");
+    queues_since(None, &b_first, "B");
+    // A new listen port: both queues' sockets move to it (the old port is left), and the flows go on over both.
+    assert_eq!((udp_sockets_on(p.a.pid(), 51820), udp_sockets_on(p.a.pid(), 51821)), (2, 0), "one socket a queue");
+    wg(&p.nss[1], &["set", &p.a.name, "listen-port", "51850"]);
+    assert_eq!(udp_sockets_on(p.a.pid(), 51850), 2, "both queues' sockets bound anew when `wg set` returned");
+    // The old ones are closed once the engine on them has stopped, a moment after `wg set` returned.
+    wait_for(|| udp_sockets_on(p.a.pid(), 51820) == 0, "the sockets of the old port to be closed");
+    assert_eq!(wg(&p.nss[1], &["show", &p.a.name, "listen-port"]).trim(), "51850");
+    assert!(ping_within(&p.nss[1], "10.202.0.2", 5), "the tunnel works from the new port");
+    parallel_flows_both_ways(&p.nss, 7400);
+    let peer_of_b = wg(&p.nss[2], &["show", &p.b.name, "endpoints"]);
+    assert!(peer_of_b.trim_end().ends_with("10.201.0.11:51850"), "B follows A to its new port: {peer_of_b}");
+    let Pair { a, b, .. } = p;
+    for (side, first, out) in [("A", a_first, a.stop()), ("B", b_first, b.stop())] {
+        let c = counters(&out);
+        nothing_lost_but_unroutable(&c);
+        // A's new port is another address to B too: each side's receiving may be on another queue now.
+        queues_since(Some(&first), &c, &format!("{side}, from the new port"));
+    }
+}
+
+#[test]
+fn a_two_queue_turbotun_wg_and_wireguard_go_interoperate_both_ways() {
+    if !privileged("a_two_queue_turbotun_wg_and_wireguard_go_interoperate_both_ways") {
+        return;
+    }
+    let queues: &[&str] = &["--queues", "2"];
+    for (first, second) in [(Impl::Turbotun, Impl::WireguardGo), (Impl::WireguardGo, Impl::Turbotun)] {
+        let what = format!("{first:?} -> {second:?}");
+        // The first side pings first, so each program starts the handshake once.
+        let p = pair_with(first, queues, second, queues);
+        assert!(ping_within(&p.nss[1], "10.202.0.2", 5), "{what}: no ping answer");
+        assert!(ping(&p.nss[2], "10.202.0.1"), "{what}");
+        parallel_flows_both_ways(&p.nss, 7500);
+        common::udp_datagrams_between(&p.nss[1], &p.nss[2], "10.202.0.1", "10.202.0.2", false, false, 50);
+        common::udp_datagrams_between(&p.nss[2], &p.nss[1], "10.202.0.2", "10.202.0.1", false, false, 50);
+        for (ns, name) in [(&p.nss[1], &p.a.name), (&p.nss[2], &p.b.name)] {
+            let dump = wg(ns, &["show", name, "dump"]);
+            let peer: Vec<&str> = dump.lines().nth(1).expect("one peer line").split('\t').collect();
+            let (rx, tx): (u64, u64) = (peer[5].parse().unwrap(), peer[6].parse().unwrap());
+            assert!(rx > 32 << 20 && tx > 32 << 20, "{what}: {name} rx {rx} tx {tx}");
+        }
+        let Pair { a, b, .. } = p;
+        let turbotun = if first == Impl::Turbotun { a } else { b };
+        let c = counters(&turbotun.stop());
+        nothing_lost_but_unroutable(&c);
+        queues_since(None, &c, &what);
+    }
 }

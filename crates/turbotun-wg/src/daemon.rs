@@ -60,10 +60,12 @@ pub enum Ended {
 }
 
 /// What [`run`] is given.
-#[derive(Default)]
 pub struct Options {
     /// The interface name, or a template such as `wg%d` that the kernel completes.
     pub name: String,
+    /// Queues of the device (1: one; more: a multiqueue device with flow-hash steering), each with its own pair
+    /// of workers and its own UDP socket on the one listen port.
+    pub queues: usize,
     /// Become this user once the device and sockets are open.
     pub user: Option<Identity>,
     /// The counters, one set for every engine the endpoint runs (a port change starts another): keep a clone
@@ -76,10 +78,24 @@ pub struct Options {
     pub on_up: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            name: String::new(),
+            queues: 1,
+            user: None,
+            stats: TunnelStatsHandle::default(),
+            stats_socket: None,
+            on_up: None,
+        }
+    }
+}
+
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
             .field("name", &self.name)
+            .field("queues", &self.queues)
             .field("user", &self.user)
             .field("stats_socket", &self.stats_socket)
             .finish_non_exhaustive()
@@ -113,6 +129,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
         .name(&options.name)
         .vnet_hdr(turbotun::wire::VIRTIO_NET_HDR_LEN)
         .offloads(Offloads::ALL)
+        .queues(options.queues)
         .open()?;
     // The name the kernel gave it (a template such as wg%d is completed): the socket and messages use it.
     let name = device.name().to_string();
@@ -156,6 +173,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
                 let seconds = start.elapsed().as_secs_f64();
                 let snapshot = stats.snapshot();
                 Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
+                    .with_tunnel_queues(&stats.queue_snapshots())
             };
             match socket.serve(report) {
                 Ok(server) => Some(server),

@@ -85,6 +85,15 @@ pub struct HandshakeSide {
     pub held: VecDeque<Vec<u8>>,
 }
 
+/// Where a peer's datagrams go, and which transport data message put it there.
+#[derive(Debug, Default)]
+struct EndpointState {
+    addr: Option<SocketAddr>,
+    /// Our index of the session and the counter of the data message that moved it last (`None`: configured, or
+    /// moved by a handshake message).
+    moved_by: Option<(u32, u64)>,
+}
+
 /// One peer at run time.
 pub struct Peer {
     /// Its public key.
@@ -95,7 +104,7 @@ pub struct Peer {
     pub preshared_key: Mutex<Zeroizing<Option<Key>>>,
     /// Seconds between keepalives when no other packet went either way (0: none).
     pub persistent_keepalive: AtomicU16,
-    endpoint: Mutex<Option<SocketAddr>>,
+    endpoint: Mutex<EndpointState>,
     /// Bumped with every change of the endpoint, so that workers keep a copy and look at the lock only then.
     pub endpoint_gen: AtomicU64,
     keypairs: RwLock<Keypairs>,
@@ -141,7 +150,7 @@ impl Peer {
             keys: RwLock::new(keys.map(Arc::new)),
             preshared_key: Mutex::new(Zeroizing::new(preshared_key)),
             persistent_keepalive: AtomicU16::new(keepalive),
-            endpoint: Mutex::new(None),
+            endpoint: Mutex::new(EndpointState::default()),
             endpoint_gen: AtomicU64::new(0),
             keypairs: RwLock::new(Keypairs::default()),
             keypairs_gen: AtomicU64::new(0),
@@ -173,16 +182,35 @@ impl Peer {
 
     /// Where its datagrams go.
     pub fn endpoint(&self) -> Option<SocketAddr> {
-        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
+        self.endpoint.lock().unwrap_or_else(|e| e.into_inner()).addr
     }
 
-    /// Moves it to `to` (configured, or where an authenticated message came from).
+    /// Moves it to `to` (configured, or where an authenticated handshake message came from).
     pub fn set_endpoint(&self, to: Option<SocketAddr>) {
         let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
-        if *endpoint != to {
-            *endpoint = to;
+        endpoint.moved_by = None;
+        if endpoint.addr != to {
+            endpoint.addr = to;
             self.endpoint_gen.fetch_add(1, Ordering::Release);
         }
+    }
+
+    /// Moves it to `from`, the source of transport data message `counter` of the session we gave `local_index`,
+    /// which just authenticated; unless a later message of the same session moved it already. The endpoint
+    /// follows the newest message the peer sent, not the last one read: with several sockets (one per queue)
+    /// two workers may take a peer's datagrams from its old and its new address at once, and the one that
+    /// finishes last must not move it back. Returns whether the endpoint is `from` now.
+    pub fn roam(&self, from: SocketAddr, local_index: u32, counter: u64) -> bool {
+        let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if endpoint.moved_by.is_some_and(|(index, newest)| index == local_index && counter < newest) {
+            return endpoint.addr == Some(from);
+        }
+        endpoint.moved_by = Some((local_index, counter));
+        if endpoint.addr != Some(from) {
+            endpoint.addr = Some(from);
+            self.endpoint_gen.fetch_add(1, Ordering::Release);
+        }
+        true
     }
 
     /// Its sessions, to read.

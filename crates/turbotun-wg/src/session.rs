@@ -165,8 +165,8 @@ impl Keypair {
         Some((total, counter))
     }
 
-    /// Opens a transport data message in place: its plaintext (padding included), or why not.
-    pub fn open<'a>(&self, message: &'a mut [u8]) -> Result<&'a mut [u8], OpenError> {
+    /// Opens a transport data message in place: its plaintext (padding included) and its counter, or why not.
+    pub fn open<'a>(&self, message: &'a mut [u8]) -> Result<(&'a mut [u8], u64), OpenError> {
         let mut counter = [0u8; 8];
         counter.copy_from_slice(message.get(8..16).ok_or(OpenError::Unauthenticated)?);
         let counter = u64::from_le_bytes(counter);
@@ -182,7 +182,7 @@ impl Keypair {
         if !self.window.lock().unwrap_or_else(|e| e.into_inner()).accept(counter) {
             return Err(OpenError::Replayed);
         }
-        Ok(plain)
+        Ok((plain, counter))
     }
 }
 
@@ -234,7 +234,8 @@ mod tests {
         let (len, counter) = a.seal(&packet, &mut out, 1420).unwrap();
         assert_eq!((len, counter), (16 + 96 + 16, 0), "84 bytes padded to 96");
         let mut copy = out;
-        let plain = b.open(&mut out[..len]).unwrap();
+        let (plain, opened_counter) = b.open(&mut out[..len]).unwrap();
+        assert_eq!(opened_counter, counter);
         assert_eq!(&plain[..84], &packet[..]);
         assert!(plain[84..].iter().all(|&b| b == 0));
         assert_eq!(b.open(&mut copy[..len]).unwrap_err(), OpenError::Replayed);
@@ -242,6 +243,69 @@ mod tests {
         let (len, _) = a.seal(&packet, &mut copy, 1420).unwrap();
         copy[20] ^= 1;
         assert_eq!(b.open(&mut copy[..len]).unwrap_err(), OpenError::Unauthenticated);
+    }
+
+    /// Several queues' workers seal for one session at once, in runs of 64 as a worker's batch; the receiver
+    /// (one socket takes all of one peer's datagrams) reads the queues' runs interleaved, each queue's in the
+    /// order it sent them, the last queue's first: every counter was taken once, and every message opens within
+    /// the window, once.
+    #[test]
+    fn test_queues_sealing_for_one_session_never_share_a_counter_and_the_receiver_takes_every_message() {
+        const QUEUES: usize = 4;
+        const EACH: usize = 2000;
+        const RUN: usize = 64;
+        /// What a worker sealed: the counter, the packet, the message.
+        type SealedBy = Vec<(u64, Vec<u8>, Vec<u8>)>;
+        let (a, b) = pair();
+        let sent: Vec<SealedBy> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..QUEUES)
+                .map(|q| {
+                    let a = &a;
+                    scope.spawn(move || {
+                        (0..EACH)
+                            .map(|i| {
+                                let mut packet = vec![0x45u8; 40 + i % 1300];
+                                packet[1..3].copy_from_slice(&(q as u16).to_be_bytes());
+                                packet[3..7].copy_from_slice(&(i as u32).to_be_bytes());
+                                let mut out = vec![0u8; packet.len() + DATA_HEADER_LEN + TAG_LEN + PADDING_MULTIPLE];
+                                let (len, counter) = a.seal(&packet, &mut out, 1420).expect("the session can send");
+                                out.truncate(len);
+                                (counter, packet, out)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let mut counters: Vec<u64> = sent.iter().flatten().map(|(c, _, _)| *c).collect();
+        counters.sort_unstable();
+        assert_eq!(counters, (0..(QUEUES * EACH) as u64).collect::<Vec<_>>(), "each counter taken exactly once");
+        for queue in &sent {
+            assert!(queue.windows(2).all(|w| w[0].0 < w[1].0), "a worker's own counters rise");
+        }
+        let mut opened = 0;
+        let mut greatest_behind = 0;
+        let mut newest = 0;
+        for run in 0..EACH.div_ceil(RUN) {
+            for queue in sent.iter().rev() {
+                for (counter, packet, message) in queue.iter().skip(run * RUN).take(RUN) {
+                    newest = newest.max(*counter);
+                    greatest_behind = greatest_behind.max(newest - counter);
+                    let mut message = message.clone();
+                    let (plain, got) = b.open(&mut message).unwrap_or_else(|e| panic!("counter {counter}: {e:?}"));
+                    assert_eq!((got, &plain[..packet.len()]), (*counter, &packet[..]));
+                    opened += 1;
+                }
+            }
+        }
+        assert_eq!(opened, QUEUES * EACH);
+        assert!(greatest_behind < WINDOW_SIZE, "the interleaving stayed within the window: {greatest_behind}");
+        // Each one again is a replay, whichever queue sent it.
+        for queue in &sent {
+            let (counter, _, message) = &queue[EACH - 1];
+            assert_eq!(b.open(&mut message.clone()).unwrap_err(), OpenError::Replayed, "counter {counter}");
+        }
     }
 
     #[test]

@@ -575,8 +575,8 @@ impl WireGuard {
             return Opened::Dropped(DropReason::NoSession);
         }
         let datagram_len = datagram.len() as u64;
-        let plain = match r.keypair.open(datagram) {
-            Ok(plain) => plain,
+        let (plain, counter) = match r.keypair.open(datagram) {
+            Ok(opened) => opened,
             Err(OpenError::Unauthenticated) => return Opened::Dropped(DropReason::Unauthenticated),
             Err(OpenError::Replayed) => return Opened::Dropped(DropReason::Replayed),
         };
@@ -604,11 +604,14 @@ impl WireGuard {
         {
             self.request_handshake(peer);
         }
-        // Authenticated: the peer is now at `from` (roaming). Looked at only when it may have moved.
+        // Authenticated: the peer is now at `from` (roaming), unless a later message of the session came from
+        // elsewhere (see `Peer::roam`). Looked at only when it may have moved.
         let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
         if cache.seen != Some((position, endpoint_gen, from)) {
-            peer.set_endpoint(Some(from));
-            cache.seen = Some((position, peer.endpoint_gen.load(Ordering::Acquire), from));
+            // Left where a later message put it: looked at again with this source's next message.
+            cache.seen = peer
+                .roam(from, keypair.local_index, counter)
+                .then(|| (position, peer.endpoint_gen.load(Ordering::Acquire), from));
         }
         if plain.is_empty() {
             return Opened::Control; // a keepalive

@@ -227,10 +227,42 @@ pub fn try_tcp_between_while(
     len: usize,
     during: impl FnOnce(),
 ) -> Result<(), String> {
+    let flow = Flow { from, to, to_addr, port, source_port: 0 };
+    try_tcp_flow(&flow, len, len as u64, during)
+}
+
+/// One TCP connection: from namespace `from`, from `source_port` (0: any), to a listener on `to_addr:port` in
+/// namespace `to`.
+#[derive(Clone, Copy)]
+pub struct Flow<'a> {
+    pub from: &'a OwnedFd,
+    pub to: &'a OwnedFd,
+    pub to_addr: &'a str,
+    pub port: u16,
+    pub source_port: u16,
+}
+
+/// `len` bytes over each of `flows` at once (different bytes on each), each compared byte for byte; fails the
+/// test naming every flow that went wrong.
+pub fn tcp_flows_intact(flows: &[Flow<'_>], len: usize) {
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = flows
+            .iter()
+            .map(|flow| s.spawn(move || try_tcp_flow(flow, len, u64::from(flow.port) << 32 | len as u64, || {})))
+            .collect();
+        running.into_iter().filter_map(|r| r.join().unwrap().err()).collect()
+    });
+    assert!(failed.is_empty(), "{} of {} flows failed: {failed:?}", failed.len(), flows.len());
+}
+
+/// `len` bytes (the pattern of `seed`) over `flow`, compared byte for byte, with `during` run on this thread
+/// while they flow; what went wrong, if anything.
+fn try_tcp_flow(flow: &Flow<'_>, len: usize, seed: u64, during: impl FnOnce()) -> Result<(), String> {
     const PATIENCE: Duration = Duration::from_secs(30);
+    let Flow { from, to, to_addr, port, source_port } = *flow;
     let listener = with_netns(&ns_path(to), || TcpListener::bind((to_addr, port))).unwrap().unwrap();
     listener.set_nonblocking(true).unwrap();
-    let data = pattern(len, len as u64);
+    let data = pattern(len, seed);
     let expected = data.clone();
     let receiver = std::thread::spawn(move || -> Result<Vec<u8>, String> {
         let start = Instant::now();
@@ -250,7 +282,7 @@ pub fn try_tcp_between_while(
         }
     });
     let target: SocketAddr = (to_addr.parse::<IpAddr>().unwrap(), port).into();
-    let connected = with_netns(&ns_path(from), || TcpStream::connect_timeout(&target, PATIENCE)).unwrap();
+    let connected = with_netns(&ns_path(from), || connect_from(source_port, &target, PATIENCE)).unwrap();
     // A stalled path fails the sender too, instead of leaving it to TCP's retransmissions for many minutes.
     let sender = connected.map(|mut s| {
         s.set_write_timeout(Some(PATIENCE)).unwrap();
@@ -263,7 +295,8 @@ pub fn try_tcp_between_while(
     };
     let got = receiver.join().unwrap();
     let got = match (got, sent) {
-        (Err(e), _) => return Err(format!("TCP over {to_addr}: {e}")),
+        (Err(e), Err(sending)) => return Err(format!("TCP over {to_addr}: {e} ({sending})")),
+        (Err(e), Ok(())) => return Err(format!("TCP over {to_addr}: {e}")),
         (Ok(_), Err(e)) => return Err(format!("TCP over {to_addr}: {e}")),
         (Ok(got), Ok(())) => got,
     };
@@ -274,6 +307,18 @@ pub fn try_tcp_between_while(
         return Err(format!("TCP over {to_addr}: the byte stream arrived altered"));
     }
     Ok(())
+}
+
+/// A TCP connection to `target` from `source_port` (0: one the kernel picks).
+fn connect_from(source_port: u16, target: &SocketAddr, patience: Duration) -> std::io::Result<TcpStream> {
+    if source_port == 0 {
+        return TcpStream::connect_timeout(target, patience);
+    }
+    let socket = socket2::Socket::new(socket2::Domain::for_address(*target), socket2::Type::STREAM, None)?;
+    let any: IpAddr = if target.is_ipv6() { "::".parse().unwrap() } else { "0.0.0.0".parse().unwrap() };
+    socket.bind(&SocketAddr::new(any, source_port).into())?;
+    socket.connect_timeout(&(*target).into(), patience)?;
+    Ok(socket.into())
 }
 
 /// Waits for `child` to exit, failing the test if it has not within `bound`: a generous bound for a process that

@@ -264,12 +264,17 @@ pub struct Pair {
 }
 
 pub fn pair(a: Impl, b: Impl) -> Pair {
+    pair_with(a, &[], b, &[])
+}
+
+/// [`pair`], with more options for each side that runs `turbotun wg` (`--queues 2`).
+pub fn pair_with(a: Impl, a_options: &[&str], b: Impl, b_options: &[&str]) -> Pair {
     let nss = underlay(2).nss;
     let dir = private_dir();
     let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
     let (na, nb) = (unique("wga"), unique("wgb"));
-    let ea = Endpoint::start(&nss[1], a, &na);
-    let eb = Endpoint::start(&nss[2], b, &nb);
+    let ea = Endpoint::start_with(&nss[1], a, &na, a_options);
+    let eb = Endpoint::start_with(&nss[2], b, &nb, b_options);
     let ka_file = ka.private_file.to_str().unwrap().to_string();
     let kb_file = kb.private_file.to_str().unwrap().to_string();
     let line = format!(

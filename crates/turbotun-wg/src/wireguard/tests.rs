@@ -253,6 +253,33 @@ fn test_a_message_held_back_past_a_thousand_others_is_taken_and_a_replay_is_not(
     assert_eq!(b.receive(&late, &mut scratch).0, Opened::Dropped(DropReason::Replayed));
 }
 
+/// The peer moves to a new address between two messages, and B's two workers (one socket each, as with two
+/// queues) read the newer message from the new address first and the older one from the old address after: the
+/// endpoint stays at the new address, where the newest message came from; a newer message from elsewhere moves
+/// it again.
+#[test]
+fn test_the_endpoint_follows_the_newest_message_whichever_worker_reads_last() {
+    let (a, b) = pair();
+    let mut wire = Vec::new();
+    a.send(&packet(A_INNER, B_INNER, 8), &mut wire);
+    a.send(&packet(A_INNER, B_INNER, 8), &mut wire);
+    let moved: SocketAddr = "192.0.2.9:1001".parse().unwrap();
+    let older = wire[0].clone();
+    let newer = Wire { from: moved, ..wire[1].clone() };
+    let on_a_worker = |d: &Wire| std::thread::scope(|s| s.spawn(|| b.receive(d, &mut Vec::new()).0).join().unwrap());
+    assert!(matches!(on_a_worker(&newer), Opened::Packet { .. }));
+    assert_eq!(b.endpoint_of(&a), Some(moved));
+    assert!(matches!(on_a_worker(&older), Opened::Packet { .. }), "an older message is still taken");
+    assert_eq!(b.endpoint_of(&a), Some(moved), "but does not move the endpoint back");
+    wire.clear();
+    a.send(&packet(A_INNER, B_INNER, 8), &mut wire);
+    assert!(matches!(on_a_worker(&wire[0]), Opened::Packet { .. }));
+    assert_eq!(b.endpoint_of(&a), Some(a.addr), "a newer message from the old address moves it back");
+    // Sending follows it.
+    wire.clear();
+    assert!(matches!(b.send(&packet(B_INNER, A_INNER, 8), &mut wire), Sealed::Out { to, .. } if to == a.addr));
+}
+
 #[test]
 fn test_no_handshake_is_sent_to_a_low_order_key() {
     let a = Node::new(1, A);

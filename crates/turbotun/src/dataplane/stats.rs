@@ -356,18 +356,29 @@ pub(crate) const FLUSH_EVERY: u64 = 64;
 #[derive(Debug)]
 pub(crate) struct Flusher<'a> {
     shared: &'a SharedCounters,
+    /// A second set the same differences go to (a tunnel queue's own counters beside the tunnel's).
+    also: Option<&'a SharedCounters>,
     last: Counters,
 }
 
 impl<'a> Flusher<'a> {
     pub(crate) fn new(shared: &'a SharedCounters) -> Self {
-        Flusher { shared, last: Counters::default() }
+        Flusher { shared, also: None, last: Counters::default() }
+    }
+
+    /// Adds the same differences to `also` too.
+    pub(crate) fn and(mut self, also: Option<&'a SharedCounters>) -> Self {
+        self.also = also;
+        self
     }
 
     /// Adds what changed since the last flush; returns it.
     pub(crate) fn flush(&mut self, now: Counters) -> Counters {
         let delta = now.since(&self.last);
         self.shared.add(&delta);
+        if let Some(also) = self.also {
+            also.add(&delta);
+        }
         self.last = now;
         delta
     }

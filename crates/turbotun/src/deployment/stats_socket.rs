@@ -79,6 +79,9 @@ pub struct Report {
     pub seconds: f64,
     /// The counters of each direction, by name (`a_to_b`, `to_network`, ...).
     pub directions: Vec<(String, Counters)>,
+    /// An engine of several queues: each queue's own counters, by queue number, each by direction as in
+    /// [`Self::directions`] (part of the totals there, not added to them). Empty with one queue.
+    pub queues: Vec<Vec<(String, Counters)>>,
 }
 
 impl Report {
@@ -93,6 +96,7 @@ impl Report {
             pid: std::process::id(),
             seconds: 0.0,
             directions: Vec::new(),
+            queues: Vec::new(),
         }
     }
 
@@ -112,6 +116,19 @@ impl Report {
         report.seconds = seconds;
         report.directions = vec![("to_network".into(), stats.to_network), ("from_network".into(), stats.from_network)];
         report
+    }
+
+    /// A tunnel's report ([`Self::of_tunnel`]) with each queue's counters, when it has several
+    /// ([`crate::tunnel::TunnelStatsHandle::queue_snapshots`]).
+    pub fn with_tunnel_queues(mut self, per_queue: &[crate::tunnel::TunnelStats]) -> Report {
+        self.queues = match per_queue.len() {
+            0 | 1 => Vec::new(),
+            _ => per_queue
+                .iter()
+                .map(|q| vec![("to_network".into(), q.to_network), ("from_network".into(), q.from_network)])
+                .collect(),
+        };
+        self
     }
 
     /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
@@ -179,8 +196,57 @@ impl Report {
                 }
             }
         }
+        // One line per queue and direction, so that a reader that does not know them skips them whole.
+        for (i, directions) in self.queues.iter().enumerate() {
+            for (direction, counters) in directions {
+                let _ = write!(s, "queue={i} {}", one_line(direction).replace(' ', "_"));
+                for (field, value) in counters.fields() {
+                    let _ = write!(s, " {field}={value}");
+                }
+                for &reason in DropReason::ALL {
+                    let n = counters.drops.get(reason);
+                    if n > 0 {
+                        let _ = write!(s, " drop.{reason}={n}");
+                    }
+                }
+                s.push('\n');
+            }
+        }
         s.push('\n');
         s
+    }
+
+    /// Reads one `queue=` line's value (`N DIRECTION field=value ... drop.REASON=value ...`) into the report.
+    fn parse_queue_line(&mut self, value: &str) -> std::result::Result<(), String> {
+        let mut words = value.split(' ');
+        let queue = words
+            .next()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n <= crate::device::MAX_QUEUES)
+            .ok_or_else(|| format!("queue={value:?}: no queue number"))?;
+        let direction =
+            words.next().filter(|d| !d.is_empty()).ok_or_else(|| format!("queue={value:?}: no direction"))?;
+        let mut counters = Counters::default();
+        for word in words {
+            let (key, n) = word.split_once('=').ok_or_else(|| format!("queue={value:?}: {word:?} is not key=value"))?;
+            let n = n.parse::<u64>().map_err(|_| format!("queue={value:?}: {n:?} is not a count"))?;
+            match key.strip_prefix("drop.") {
+                // A reason (or below, a counter) this build does not know is skipped: a newer server may say more.
+                Some(reason) => {
+                    if let Some(reason) = DropReason::from_name(reason) {
+                        counters.drops.add(reason, n);
+                    }
+                }
+                None => {
+                    counters.set_field(key, n);
+                }
+            }
+        }
+        while self.queues.len() <= queue {
+            self.queues.push(Vec::new());
+        }
+        self.queues[queue].push((direction.to_string(), counters));
+        Ok(())
     }
 
     /// Reads a report written by [`Self::to_text`]. Lines it does not know are skipped (a newer server may say
@@ -219,6 +285,7 @@ impl Report {
                         .ok_or_else(|| format!("seconds={value:?} is not a duration"))?;
                 }
                 "direction" => report.directions.push((value.to_string(), Counters::default())),
+                "queue" => report.parse_queue_line(value)?,
                 "drop" => {
                     let (reason, n) = value.split_once(' ').ok_or_else(|| format!("drop={value:?}: REASON COUNT"))?;
                     let n = n.parse::<u64>().map_err(|_| format!("drop={value:?}: {n:?} is not a count"))?;
@@ -487,6 +554,35 @@ mod tests {
         odd.directions[0].1.drops.add(DropReason::NoPeer, 1);
         assert!(odd.reasons().contains(&DropReason::NoPeer));
         assert_eq!(report.total().packets, 1500);
+    }
+
+    #[test]
+    fn test_a_tunnels_queues_round_trip_and_an_older_reader_skips_them() {
+        use crate::tunnel::TunnelStats;
+        let mut q0 = TunnelStats::default();
+        q0.to_network.packets = 7;
+        q0.from_network.drops.add(DropReason::Replayed, 2);
+        let mut q1 = TunnelStats::default();
+        q1.to_network.bytes = 9000;
+        let stats = TunnelStats { to_network: Counters { packets: 7, bytes: 9000, ..Counters::default() }, ..q0 };
+        let report = Report::of_tunnel("wireguard", Engine::KeyedTunnel, "wg0", "wireguard", &stats, 1.0)
+            .with_tunnel_queues(&[q0, q1]);
+        let text = report.to_text();
+        assert!(text.contains("queue=0 from_network reads=0 ") && text.contains(" drop.replayed=2\n"), "{text}");
+        let parsed = Report::parse(&text).unwrap();
+        assert_eq!(parsed, report);
+        assert_eq!(parsed.queues[1][0].1.bytes, 9000);
+        assert_eq!(parsed.total(), report.total(), "the queues are not added to the totals");
+        // What a reader without queue lines makes of it: the same directions (no counter set on the last one).
+        let without: String = text.lines().filter(|l| !l.starts_with("queue=")).map(|l| format!("{l}\n")).collect();
+        assert_eq!(Report::parse(&without).unwrap().directions, report.directions);
+        // One queue: no queue lines.
+        let one = Report::of_tunnel("tunnel", Engine::Tunnel, "tt0", "plain", &stats, 1.0).with_tunnel_queues(&[q0]);
+        assert!(one.queues.is_empty() && !one.to_text().contains("queue="));
+        for bad in ["queue=x to_network\n", "queue=0\n", "queue=0 to_network packets\n", "queue=0 d packets=-1\n"] {
+            let text = format!("kind=x\nengine=tunnel\n{bad}\n");
+            assert!(Report::parse(&text).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

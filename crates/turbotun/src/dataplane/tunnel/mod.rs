@@ -20,7 +20,7 @@
 //! handshake (WireGuard, in the `turbotun-wg` crate) implements [`Transform`] the same way.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -232,15 +232,36 @@ pub struct TunnelStats {
 }
 
 /// The live counters of a tunnel: clone it before [`Tunnel::run`] and read it during or after the run.
+///
+/// Besides the tunnel's counters it keeps each queue's own ([`Self::queue_snapshots`]): what that queue's two
+/// workers counted. The timer thread belongs to no queue, so the queues' counters add up to the tunnel's less
+/// what it counted (the protocol's datagrams it sent, the handshake messages it settled).
 #[derive(Debug, Clone, Default)]
 pub struct TunnelStatsHandle {
     directions: Arc<[SharedCounters; 2]>,
+    /// By queue number; a tunnel that replaces another on the same handle counts on into the same queues.
+    queues: Arc<Mutex<Vec<Arc<[SharedCounters; 2]>>>>,
 }
 
 impl TunnelStatsHandle {
     /// The counters as they are now (workers add theirs after every batch).
     pub fn snapshot(&self) -> TunnelStats {
         TunnelStats { to_network: self.directions[0].snapshot(), from_network: self.directions[1].snapshot() }
+    }
+
+    /// Each queue's counters as they are now, by queue number (empty before a tunnel ran on this handle).
+    pub fn queue_snapshots(&self) -> Vec<TunnelStats> {
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues.iter().map(|q| TunnelStats { to_network: q[0].snapshot(), from_network: q[1].snapshot() }).collect()
+    }
+
+    /// The counters of queue `i` (made on first use).
+    fn queue(&self, i: usize) -> Arc<[SharedCounters; 2]> {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        while queues.len() <= i {
+            queues.push(Arc::default());
+        }
+        queues[i].clone()
     }
 
     fn device_to_network(&self) -> &SharedCounters {
@@ -442,6 +463,7 @@ impl<T: Transform> Tunnel<T> {
                 transform: self.transform.clone(),
                 stop: self.stop.clone(),
                 stats: self.stats.clone(),
+                queue_stats: Some(self.stats.queue(i)),
                 unreachables: self.unreachables.clone(),
             };
             let to = ctx.clone();
@@ -461,6 +483,7 @@ impl<T: Transform> Tunnel<T> {
                 transform: self.transform.clone(),
                 stop: self.stop.clone(),
                 stats: self.stats.clone(),
+                queue_stats: None,
                 unreachables: self.unreachables.clone(),
             };
             workers.push(Worker {

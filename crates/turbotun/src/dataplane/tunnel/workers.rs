@@ -12,7 +12,7 @@ use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::error::Result;
 use crate::kind::Mode;
 use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher};
+use crate::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher, SharedCounters};
 use crate::stop::StopHandle;
 use crate::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
 
@@ -23,6 +23,9 @@ pub(super) struct Ctx<T: Transform> {
     pub transform: Arc<T>,
     pub stop: StopHandle,
     pub stats: TunnelStatsHandle,
+    /// The queue's own counters, by direction as in [`TunnelStatsHandle`] (`None`: the timer thread's, no
+    /// queue's).
+    pub queue_stats: Option<Arc<[SharedCounters; 2]>>,
     pub unreachables: Option<Arc<Unreachables>>,
 }
 
@@ -34,6 +37,7 @@ impl<T: Transform> Clone for Ctx<T> {
             transform: self.transform.clone(),
             stop: self.stop.clone(),
             stats: self.stats.clone(),
+            queue_stats: self.queue_stats.clone(),
             unreachables: self.unreachables.clone(),
         }
     }
@@ -92,7 +96,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
     let mut counters = Counters::default();
     let mut control = Counters::default();
-    let mut flusher = Flusher::new(ctx.stats.device_to_network());
+    let mut flusher = Flusher::new(ctx.stats.device_to_network()).and(ctx.queue_stats.as_ref().map(|q| &q[0]));
     // What the socket counted for the packets' datagrams and for the control datagrams, added together.
     let sent = |counters: &Counters, control: &Counters| batch_counts(*counters, *control);
     let result = loop {
@@ -172,7 +176,7 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut lens = vec![0usize; BATCH_SIZE];
     let mut counters = Counters::default();
     let mut control = Counters::default();
-    let mut flusher = Flusher::new(ctx.stats.network_to_device());
+    let mut flusher = Flusher::new(ctx.stats.network_to_device()).and(ctx.queue_stats.as_ref().map(|q| &q[1]));
     let mut sources = SourceMemo::default();
     let all = |tx: &SendBatch<Arc<Queue>>, counters: &Counters, control: &Counters| {
         batch_counts(batch_counts(*counters, *control), tx.stats())
