@@ -93,9 +93,10 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["loss", "echo", "modes", "flamegraph", "ipv6"])]
     pub tunnel: bool,
     /// With --tunnel: comma-separated tunnel kinds (veth, vxlan, turbotun-plain, turbotun-wg, wireguard-go,
-    /// boringtun, gotatun, turbotun-wg-vs-wireguard-go; and, only when named, the handshake-flood kinds
-    /// turbotun-wg-flood1, turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the
-    /// flood). Default: all but the flood kinds; those that cannot run here are listed as skipped.
+    /// boringtun, gotatun, turbotun-wg-vs-wireguard-go; and, only when named, the two-queue endpoints
+    /// turbotun-plain-q2 and turbotun-wg-q2, and the handshake-flood kinds turbotun-wg-flood1,
+    /// turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the flood). Default: all but
+    /// those named-only kinds; those that cannot run here are listed as skipped.
     #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
     pub tunnel_kinds: Option<Vec<String>>,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which

@@ -59,6 +59,10 @@ enum Program {
     TurbotunTunnel,
     /// `turbotun wg -f NAME`: serves its configuration socket.
     TurbotunWg,
+    /// `turbotun tunnel --queues 2`: a two-queue device, one worker pair and one socket per queue.
+    TurbotunTunnelTwoQueues,
+    /// `turbotun wg --queues 2`.
+    TurbotunWgTwoQueues,
     /// `turbotun tunnel` of the build given by `--baseline` (the A/B of a change).
     BaselineTunnel,
     /// `turbotun wg` of the build given by `--baseline`.
@@ -76,6 +80,8 @@ impl Program {
         match self {
             Program::TurbotunTunnel => "turbotun tunnel",
             Program::TurbotunWg => "turbotun wg",
+            Program::TurbotunTunnelTwoQueues => "turbotun tunnel --queues 2",
+            Program::TurbotunWgTwoQueues => "turbotun wg --queues 2",
             Program::BaselineTunnel => "turbotun tunnel (baseline)",
             Program::BaselineWg => "turbotun wg (baseline)",
             Program::WireguardGo => "wireguard-go",
@@ -86,7 +92,7 @@ impl Program {
 
     /// Configured with `wg` through its configuration socket.
     fn is_wg(self) -> bool {
-        !matches!(self, Program::TurbotunTunnel | Program::BaselineTunnel)
+        !matches!(self, Program::TurbotunTunnel | Program::TurbotunTunnelTwoQueues | Program::BaselineTunnel)
     }
 
     /// The peers the bench builds: build.sh's target and the binary under bench/peers/bin.
@@ -107,6 +113,10 @@ impl Program {
                 (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}", "--json"], &[])
             }
             Program::TurbotunWg => (&["wg", "-f", "--json", "{dev}"], &[]),
+            Program::TurbotunTunnelTwoQueues => {
+                (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}", "--queues", "2", "--json"], &[])
+            }
+            Program::TurbotunWgTwoQueues => (&["wg", "-f", "--json", "--queues", "2", "{dev}"], &[]),
             // A build from before the readable output printed JSON without being asked.
             Program::BaselineTunnel => (&["tunnel", "{dev}", "--local", "{local}", "--remote", "{remote}"], &[]),
             Program::BaselineWg => (&["wg", "-f", "{dev}"], &[]),
@@ -183,6 +193,20 @@ pub const KINDS: &[KindSpec] = &[
         family: "turbotun",
         description: "`turbotun wg` at both ends (WireGuard)",
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+        flood: None,
+    },
+    KindSpec {
+        label: "turbotun-plain-q2",
+        family: "turbotun",
+        description: "`turbotun tunnel --queues 2` at both ends (only when named)",
+        spec: Spec::Pair(Program::TurbotunTunnelTwoQueues, Program::TurbotunTunnelTwoQueues),
+        flood: None,
+    },
+    KindSpec {
+        label: "turbotun-wg-q2",
+        family: "turbotun",
+        description: "`turbotun wg --queues 2` at both ends (only when named)",
+        spec: Spec::Pair(Program::TurbotunWgTwoQueues, Program::TurbotunWgTwoQueues),
         flood: None,
     },
     KindSpec {
@@ -311,7 +335,10 @@ impl Resolver<'_> {
         }
         match p {
             // This very program: its `tunnel` and `wg` subcommands are always built in.
-            Program::TurbotunTunnel | Program::TurbotunWg => Ok(self.exe.to_path_buf()),
+            Program::TurbotunTunnel
+            | Program::TurbotunWg
+            | Program::TurbotunTunnelTwoQueues
+            | Program::TurbotunWgTwoQueues => Ok(self.exe.to_path_buf()),
             Program::BaselineTunnel | Program::BaselineWg => match &self.baseline {
                 Some(path) if path.is_file() => Ok(path.clone()),
                 Some(path) => Err(format!("--baseline {}: no such file", path.display())),
@@ -359,6 +386,11 @@ fn is_baseline(k: &KindSpec) -> bool {
     k.label.ends_with("@baseline")
 }
 
+/// Whether a kind runs only when `--tunnel-kinds` names it: the handshake floods and the two-queue endpoints.
+fn only_when_named(k: &KindSpec) -> bool {
+    k.flood.is_some() || k.label.ends_with("-q2")
+}
+
 /// The kind a `-flood` kind is compared with: the same endpoints without the flood.
 fn unflooded(k: &KindSpec) -> Option<&'static KindSpec> {
     k.flood?;
@@ -369,7 +401,7 @@ fn unflooded(k: &KindSpec) -> Option<&'static KindSpec> {
 /// `--baseline`), in report order.
 fn select_kinds(filter: Option<&[String]>, baseline: bool) -> Result<Vec<&'static KindSpec>> {
     let Some(filter) = filter else {
-        return Ok(KINDS.iter().filter(|k| k.flood.is_none() && (baseline || !is_baseline(k))).collect());
+        return Ok(KINDS.iter().filter(|k| !only_when_named(k) && (baseline || !is_baseline(k))).collect());
     };
     let mut out: Vec<&KindSpec> = Vec::new();
     for f in filter.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
@@ -1124,8 +1156,12 @@ mod tests {
     fn kinds_and_traffic_selection() {
         let baseline_kinds = KINDS.iter().filter(|k| is_baseline(k)).count();
         assert_eq!(baseline_kinds, 2);
-        let plain_kinds = KINDS.iter().filter(|k| k.flood.is_none()).count();
+        let plain_kinds = KINDS.iter().filter(|k| !only_when_named(k)).count();
         assert_eq!(select_kinds(None, false).unwrap().len(), plain_kinds - baseline_kinds);
+        let k = select_kinds(Some(&["turbotun-wg-q2".into()]), false).unwrap();
+        assert_eq!(k[0].programs(), [Program::TurbotunWgTwoQueues]);
+        assert!(Program::TurbotunWgTwoQueues.argv_env().0.windows(2).any(|w| w == ["--queues", "2"]));
+        assert!(!select_kinds(None, true).unwrap().iter().any(|k| k.label.ends_with("-q2")), "only when named");
         assert_eq!(select_kinds(None, true).unwrap().len(), plain_kinds, "--baseline adds the A/B kinds");
         let k = select_kinds(Some(&["wireguard-go".into(), "veth".into(), "veth".into()]), false).unwrap();
         assert_eq!(k.iter().map(|k| k.label).collect::<Vec<_>>(), ["veth", "wireguard-go"]);
