@@ -140,7 +140,7 @@ pub enum Error {
     #[error("{peer} may not {role}: only {} may; keep the socket in a directory only they can reach", allowed.join(" or "))]
     UntrustedPeer {
         /// Who it is.
-        peer: crate::handover::PeerCredentials,
+        peer: crate::deployment::handover::PeerCredentials,
         /// What it would have done (`hand queues over`, `receive queues`).
         role: &'static str,
         /// Who would have been allowed (`root`, `uid 65534`).
@@ -153,7 +153,7 @@ pub enum Error {
         /// The device's name.
         name: String,
         /// What was asked for.
-        asked: crate::Offloads,
+        asked: crate::devices::kind::Offloads,
         /// Why, in words.
         reason: &'static str,
     },

@@ -184,7 +184,7 @@ impl Netlink {
     /// A socket stays in the namespace it was created in, so a short-lived thread enters the namespace, opens it
     /// and exits; the caller's own namespace is never changed.
     pub fn in_netns(netns_file: &Path) -> Result<Self> {
-        crate::netns::with_netns(netns_file, Netlink::new)?
+        crate::configuration::netns::with_netns(netns_file, Netlink::new)?
     }
 
     /// The index of the interface with this name.
@@ -309,7 +309,7 @@ impl Netlink {
     /// Moves the interface into the network namespace named by `netns_file`. The kernel flushes its addresses and
     /// sets it down; configure it again inside the namespace. Open queue fds stay attached.
     pub fn move_to_netns(&mut self, name: &str, netns_file: &Path) -> Result<()> {
-        let ns = crate::netns::open_netns(netns_file)?;
+        let ns = crate::configuration::netns::open_netns(netns_file)?;
         let context = format!("moving {name} to network namespace {}", netns_file.display());
         self.set_link_attribute(name, LinkAttribute::NetNsFd(ns.as_raw_fd()), &context)
     }
@@ -668,7 +668,7 @@ mod tests {
     /// namespaces; skipped without the privileges for them (a failure under CI=true).
     #[test]
     fn veth_pair_created_and_moved() {
-        let ran = crate::netns::with_private_netns(|| {
+        let ran = crate::configuration::netns::with_private_netns(|| {
             let mut nl = Netlink::new().unwrap();
             nl.create_veth("ttveth0", "ttveth1").unwrap();
             assert_eq!(nl.link("ttveth0").unwrap().kind.as_deref(), Some("veth"));
@@ -677,8 +677,10 @@ mod tests {
             assert!(err.to_string().contains("creating veth pair ttveth0 and ttveth2"), "{err}");
             assert!(nl.create_veth("a-name-far-too-long", "ttveth3").is_err());
             // A second private namespace, kept alive by this fd once its thread has ended.
-            let other =
-                crate::netns::with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").unwrap()).unwrap();
+            let other = crate::configuration::netns::with_private_netns(|| {
+                std::fs::File::open("/proc/thread-self/ns/net").unwrap()
+            })
+            .unwrap();
             let other_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", other.as_raw_fd()));
             nl.move_to_netns("ttveth1", &other_path).unwrap();
             assert!(matches!(nl.link("ttveth1"), Err(Error::NoSuchDevice { .. })));

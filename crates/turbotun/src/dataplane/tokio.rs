@@ -21,11 +21,11 @@ use std::sync::Arc;
 use ::tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use ::tokio::io::Interest;
 
-use crate::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
+use crate::dataplane::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
+use crate::dataplane::stats::{Counters, WhenFull};
+use crate::dataplane::stop::StopHandle;
+use crate::devices::queue::Queue;
 use crate::error::{Error, Result};
-use crate::queue::Queue;
-use crate::stats::{Counters, WhenFull};
-use crate::stop::StopHandle;
 
 /// A queue driven by tokio. Cheap to share (`Clone`): one task may read while another writes.
 #[derive(Debug, Clone)]
@@ -293,7 +293,7 @@ mod tests {
     use turbotun_wire::{ipv4, udp, IPPROTO_UDP, VIRTIO_NET_HDR_LEN};
 
     use super::*;
-    use crate::batch::testing::fake_queue;
+    use crate::dataplane::batch::testing::fake_queue;
 
     /// An IPv4 UDP datagram of its own flow (source port `port`), its checksum "none", behind room for the header.
     fn frame(port: u16) -> Vec<u8> {

@@ -49,16 +49,16 @@ use rustix::net::{
     SendFlags,
 };
 
-use crate::device::{Mode, Offloads};
+use crate::dataplane::stop::StopHandle;
+use crate::devices::kind::{Mode, Offloads};
+use crate::devices::queue::Queue;
 use crate::error::{validate_ifname, Error, Result};
-use crate::queue::Queue;
-use crate::stop::StopHandle;
 use crate::sys::{self, iff};
 
 /// The header version this build writes and reads.
 pub const VERSION: u16 = 1;
 /// Most queues one message carries: all a device can have.
-pub use crate::device::MAX_QUEUES;
+pub use crate::devices::device::MAX_QUEUES;
 
 const MAGIC: [u8; 4] = *b"TTQH";
 /// Magic, version and length: read first, then the rest of the header.
@@ -89,7 +89,7 @@ impl HandoverHeader {
         if self.name.contains('%') {
             return Err(Error::InvalidConfig(format!("{:?} is a name template, not a device's name", self.name)));
         }
-        crate::kind::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
+        crate::devices::kind::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
         if self.queues == 0 || self.queues > MAX_QUEUES {
             return Err(Error::InvalidConfig(format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues)));
         }
@@ -135,7 +135,7 @@ impl HandoverHeader {
             other => return bad(format!("mode {other} is neither 0 (tun) nor 1 (tap)")),
         };
         let vnet_hdr_len = usize::from(bytes[9]);
-        if crate::kind::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
+        if crate::devices::kind::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
             return bad(format!("virtio header size {vnet_hdr_len} is not 0, 10, 12, 20 or 24"));
         }
         let queues = usize::from(u16::from_le_bytes([bytes[10], bytes[11]]));
@@ -236,7 +236,7 @@ impl Queue {
 /// Asks the fd what it is and wraps it with the offloads the caller or sender stated.
 fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
     let facts = fd_facts(fd.as_fd())?;
-    crate::kind::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
+    crate::devices::kind::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
     if facts.vnet_hdr_len == 0 && !offloads.is_empty() {
         return Err(Error::InvalidConfig(format!(
             "{} has no virtio header, so it can have no offloads ({offloads} stated)",
@@ -546,7 +546,7 @@ impl QueueListener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
             }
-            crate::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
+            crate::dataplane::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
         }
     }
 }

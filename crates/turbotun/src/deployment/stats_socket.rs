@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::dataplane::stats::{Counters, DropReason, Engine};
+use crate::dataplane::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::stats::{Counters, DropReason, Engine};
-use crate::stop::StopHandle;
 
 /// Where the counters sockets are: one `NAME.stats` per running engine.
 pub const STATS_DIR: &str = "/run/turbotun";
@@ -103,7 +103,7 @@ impl Report {
         engine: Engine,
         name: &str,
         mode: &str,
-        stats: &crate::tunnel::TunnelStats,
+        stats: &crate::dataplane::tunnel::TunnelStats,
         seconds: f64,
     ) -> Report {
         let mut report = Report::new(kind, engine, name);
@@ -118,9 +118,9 @@ impl Report {
     /// started.
     pub fn of_forwarder(
         devices: &[String; 2],
-        mode: crate::ForwardMode,
-        io: crate::IoKind,
-        stats: &crate::forward::ForwardStats,
+        mode: crate::dataplane::forward::ForwardMode,
+        io: crate::dataplane::forward::IoKind,
+        stats: &crate::dataplane::forward::ForwardStats,
         seconds: f64,
     ) -> Report {
         let mut report = Report::new("forwarder", Engine::Forwarder, devices[0].clone());

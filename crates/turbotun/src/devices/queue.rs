@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
+use crate::dataplane::stats::DropReason;
+use crate::devices::kind::{Mode, Offloads};
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::kind::{Mode, Offloads};
-use crate::stats::DropReason;
 use rustix::event::PollFlags;
 
 use crate::sys::{self, iff};
@@ -23,7 +23,7 @@ use crate::sys::{self, iff};
 /// truncates a frame; a larger one (a device with a raised `gso_max_size`) is counted as a
 /// [`DropReason::TooBig`](crate::stats::DropReason) drop, never forwarded cut.
 pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
-pub use crate::kind::MAX_VNET_HDR;
+pub use crate::devices::kind::MAX_VNET_HDR;
 
 /// Slices (the virtio header's included) that a vectored call with a header of its own gathers on the stack; a
 /// longer chain is gathered in a vector.
@@ -488,12 +488,20 @@ impl Queue {
 
     /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false): a wait that a stop
     /// ends at once, with no signal (see [`StopHandle::wake_fd`](crate::StopHandle::wake_fd)).
-    pub fn wait_readable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+    pub fn wait_readable_or_stop(
+        &self,
+        stop: &crate::dataplane::stop::StopHandle,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
         self.wait_or_stop(PollFlags::IN, Some(stop), timeout)
     }
 
     /// Like [`Self::wait_readable_or_stop`] for room to write.
-    pub fn wait_writable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+    pub fn wait_writable_or_stop(
+        &self,
+        stop: &crate::dataplane::stop::StopHandle,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
         self.wait_or_stop(PollFlags::OUT, Some(stop), timeout)
     }
 
@@ -501,10 +509,10 @@ impl Queue {
     pub(crate) fn wait_or_stop(
         &self,
         events: PollFlags,
-        stop: Option<&crate::StopHandle>,
+        stop: Option<&crate::dataplane::stop::StopHandle>,
         timeout: Option<Duration>,
     ) -> Result<bool> {
-        crate::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
+        crate::dataplane::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
     }
 
     /// Counts a packet the caller decided not to send (so that drops are never silent).

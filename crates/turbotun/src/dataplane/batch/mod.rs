@@ -46,8 +46,8 @@ pub(crate) mod testing {
     use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
     use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
 
-    use crate::kind::{Mode, Offloads};
-    use crate::queue::Queue;
+    use crate::devices::kind::{Mode, Offloads};
+    use crate::devices::queue::Queue;
 
     /// A queue whose reads return what the other end sends, and whose writes it receives: a TUN queue with a
     /// virtio header and every offload.
@@ -100,7 +100,7 @@ impl GroKinds {
     /// The kinds asked for, less any kind the kernel was found to refuse ([`crate::Capabilities::get`], if it
     /// ran; otherwise the first refused write turns the kind off). None without a virtio header.
     pub(crate) fn new(framing: turbotun_wire::Framing, vnet_hdr_len: usize, tcp: bool, udp: bool) -> Self {
-        let found = crate::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
+        let found = crate::devices::capabilities::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
         let on = vnet_hdr_len > 0;
         GroKinds {
             tcp: on && tcp && found.tcp != Some(false),

@@ -14,10 +14,11 @@ use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{Checksums, Framing};
 
 use super::MAX_SEGMENTS;
+use crate::dataplane::stats::{Counters, DropReason};
+use crate::dataplane::stop::StopHandle;
+use crate::devices::kind::MAX_VNET_HDR;
+use crate::devices::queue::{frame_len, Queue, MAX_PACKET};
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::queue::{frame_len, Queue, MAX_PACKET, MAX_VNET_HDR};
-use crate::stats::{Counters, DropReason};
-use crate::stop::StopHandle;
 use crate::sys;
 
 /// What one [`RecvBatch::recv_many`] produced.
@@ -716,7 +717,7 @@ mod tests {
 
     use super::super::testing::{fake_queue, tcp4_super_packet};
     use super::*;
-    use crate::kind::{Mode, Offloads};
+    use crate::devices::kind::{Mode, Offloads};
 
     /// A TCP/IPv4 super-packet of `payload` zero bytes in segments of `gso_size`, its checksum left partial, as a
     /// frame with its virtio header.

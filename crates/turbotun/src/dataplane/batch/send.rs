@@ -11,12 +11,12 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 use turbotun_wire::{Checksums, Framing};
 
 use super::{prepare_units, GroKinds, BATCH_SIZE};
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::dataplane::stop::StopHandle;
+use crate::dataplane::write_policy::{lost_with, Unit, Writer, Written};
+use crate::devices::kind::Offloads;
+use crate::devices::queue::Queue;
 use crate::error::{Error, Result};
-use crate::kind::Offloads;
-use crate::queue::Queue;
-use crate::stats::{Counters, DropReason, WhenFull};
-use crate::stop::StopHandle;
-use crate::write_policy::{lost_with, Unit, Writer, Written};
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
 /// kernels) plus its header.
@@ -306,7 +306,15 @@ impl SendHalf {
         self.kinds.refuse(hdr, queue.name());
         self.gro_rebuilt = true;
         self.gro = self.kinds.coalescer();
-        crate::write_policy::write_split(&self.writer, queue, self.framing, hdr, packet, unit.packets, &mut self.stats)
+        crate::dataplane::write_policy::write_split(
+            &self.writer,
+            queue,
+            self.framing,
+            hdr,
+            packet,
+            unit.packets,
+            &mut self.stats,
+        )
     }
 
     fn drop_packets(&mut self, queue: &Queue, reason: DropReason, packets: u64, e: &io::Error) {

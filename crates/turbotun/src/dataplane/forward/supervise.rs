@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use super::Forwarder;
-use crate::queue::Queue;
+use crate::devices::queue::Queue;
 
 #[cfg(feature = "tokio")]
-pub(super) use crate::threads::{panic_message, supervise, Done};
+pub(super) use crate::dataplane::threads::{panic_message, supervise, Done};
 
 /// One worker's assignment.
 pub(super) struct Job {
