@@ -79,20 +79,20 @@ pub use dataplane::tokio;
 #[doc(inline)]
 pub use dataplane::uring;
 #[doc(inline)]
-pub use dataplane::{batch, forward, ring, stats, stop, tunnel, udp, wake};
+pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
 #[doc(inline)]
 pub use deployment::{handover, privilege, stats_socket};
 #[doc(inline)]
-pub use devices::{device, filter, inspect, queue, steering};
+pub use devices::{device, filter, inspect, queue, steering, stop};
 
 // The types most programs need, at the crate root as well.
 pub use dataplane::forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
 pub use dataplane::stats::{Counters, DropReason, Drops, Engine, ProcessUsage, WhenFull};
-pub use dataplane::stop::StopHandle;
 pub use devices::capabilities::{Capabilities, GroWriteSupport};
 pub use devices::device::{Device, DeviceBuilder};
 pub use devices::kind::{Mode, Offloads};
 pub use devices::queue::{Queue, QueueStats};
+pub use devices::stop::StopHandle;
 pub use error::{validate_ifname, Error, Malformed, Result};
 /// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
 pub use sys::effective_capabilities;

@@ -72,11 +72,11 @@ use turbotun_wire::{arp, ethernet, icmp, icmpv6, ipv4, ipv6, udp, IPPROTO_TCP, I
 
 use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason, SharedCounters, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::device::{Device, DeviceBuilder};
 use crate::devices::kind::{Mode, Offloads};
 use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// IP protocol number of ICMP.

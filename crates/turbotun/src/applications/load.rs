@@ -31,8 +31,8 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::udp::{RecvSlots, MAX_MMSG};
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 use crate::sys;
 use rustix::net::sockopt;

@@ -29,9 +29,9 @@ use turbotun_wire::{partial, Checksums, Framing};
 
 use crate::dataplane::batch::{RecvBatch, SendBatch, Sent, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::dataplane::stop::StopHandle;
 use crate::devices::kind::Mode;
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// smoltcp's device over one queue. `Q` holds the queue for both halves: `&Queue` or `Arc<Queue>`.

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::dataplane::stop::StopHandle;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// How often the supervisor looks at the stop handle while no worker reports.

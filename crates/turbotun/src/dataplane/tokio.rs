@@ -23,8 +23,8 @@ use ::tokio::io::Interest;
 
 use crate::dataplane::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
 use crate::dataplane::stats::{Counters, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// A queue driven by tokio. Cheap to share (`Clone`): one task may read while another writes.

@@ -9,8 +9,8 @@ use std::time::Duration;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{queue_io_error, Result};
 use crate::sys;
 

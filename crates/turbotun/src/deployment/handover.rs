@@ -49,9 +49,9 @@ use rustix::net::{
     SendFlags,
 };
 
-use crate::dataplane::stop::StopHandle;
 use crate::devices::kind::{Mode, Offloads};
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{validate_ifname, Error, Result};
 use crate::sys::{self, iff};
 
@@ -546,7 +546,7 @@ impl QueueListener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
             }
-            crate::dataplane::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
+            crate::devices::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
         }
     }
 }

@@ -39,7 +39,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, DropReason, Engine};
-use crate::dataplane::stop::StopHandle;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// Where the counters sockets are: one `NAME.stats` per running engine.

@@ -1,5 +1,6 @@
 //! The device: opening TUN/TAP devices and their queues, their modes and offloads, what the kernel supports,
-//! the filters and steering program attached to them, and reports on them.
+//! the filters and steering program attached to them, and reports on them; and the stop handle, which a queue's
+//! waits watch (so it sits here, below the dataplane that fires it).
 
 pub(crate) mod capabilities;
 pub mod device;
@@ -8,3 +9,4 @@ pub mod inspect;
 pub(crate) mod kind;
 pub mod queue;
 pub mod steering;
+pub mod stop;

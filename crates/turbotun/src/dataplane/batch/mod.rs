@@ -21,6 +21,8 @@
 mod recv;
 mod send;
 
+use crate::dataplane::stats::DropReason;
+
 // The halves without their queue, for the async API, which holds its queue its own way.
 #[cfg(feature = "tokio")]
 pub(crate) use recv::RecvHalf;
@@ -37,6 +39,18 @@ pub const BATCH_SIZE: usize = 64;
 /// Linux sends by default (536 bytes) has 123 segments and a UDP one at most 128 (`UDP_MAX_SEGMENTS`); a
 /// `gso_size` of 1 would make 65,000.
 pub const MAX_SEGMENTS: usize = 1024;
+
+/// The length after the virtio header of a frame that one read of `n` bytes put into buffers of `capacity` bytes
+/// in all (the header included), or why it cannot be used: the tun driver reports a frame's full length even
+/// when the buffers were shorter, so a read longer than its buffers is a frame cut short
+/// ([`DropReason::TooBig`]), and one shorter than the header holds nothing ([`DropReason::Malformed`]). The one
+/// rule every read path applies (blocking, raw and io_uring).
+pub(crate) fn frame_len(n: usize, vnet_hdr_len: usize, capacity: usize) -> std::result::Result<usize, DropReason> {
+    if n > capacity {
+        return Err(DropReason::TooBig);
+    }
+    n.checked_sub(vnet_hdr_len).ok_or(DropReason::Malformed)
+}
 
 /// What the batch halves' and the write policy's unit tests feed through a socket pair that stands in for a tun fd.
 #[cfg(test)]
@@ -177,7 +191,8 @@ mod tests {
     use turbotun_wire::{partial, Checksums, Framing};
 
     use super::testing::tcp4_super_packet;
-    use super::{prepare_units, GroKinds};
+    use super::{frame_len, prepare_units, GroKinds};
+    use crate::dataplane::stats::DropReason;
 
     const V: usize = VIRTIO_NET_HDR_LEN;
 
@@ -260,5 +275,14 @@ mod tests {
         // No virtio header, no coalesced writes.
         let none = GroKinds::new(Framing::Ip, 0, true, true);
         assert!(!none.tcp && !none.udp && none.coalescer().is_none());
+    }
+
+    #[test]
+    fn test_frame_len() {
+        assert_eq!(frame_len(1510, 10, 1510), Ok(1500));
+        assert_eq!(frame_len(1511, 10, 1510), Err(DropReason::TooBig), "longer than its buffers: cut short");
+        assert_eq!(frame_len(9, 10, 1510), Err(DropReason::Malformed), "shorter than the virtio header");
+        assert_eq!(frame_len(10, 10, 1510), Ok(0));
+        assert_eq!(frame_len(0, 0, 0), Ok(0));
     }
 }

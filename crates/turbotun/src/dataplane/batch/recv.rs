@@ -13,11 +13,11 @@ use turbotun_wire::scatter::{Placement, ScatterShape};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{Checksums, Framing};
 
-use super::MAX_SEGMENTS;
+use super::{frame_len, MAX_SEGMENTS};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::dataplane::stop::StopHandle;
 use crate::devices::kind::MAX_VNET_HDR;
-use crate::devices::queue::{frame_len, Queue, MAX_PACKET};
+use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::sys;
 

@@ -12,10 +12,10 @@ use turbotun_wire::{Checksums, Framing};
 
 use super::{prepare_units, GroKinds, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::write_policy::{lost_with, Unit, Writer, Written};
 use crate::devices::kind::Offloads;
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer

@@ -38,10 +38,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, SharedCounters, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::devices::device::{Device, DeviceBuilder};
 use crate::devices::kind::{Mode, Offloads};
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 mod run;

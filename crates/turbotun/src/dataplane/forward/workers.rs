@@ -9,10 +9,10 @@ use turbotun_wire::virtio_net::VirtioNetHdr;
 use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, IDLE_WAIT};
 use crate::dataplane::batch::{RecvBatch, SendBatch};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::kind::MAX_VNET_HDR;
 use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::Result;
 
 /// What a worker needs to know besides its two queues.
@@ -143,7 +143,7 @@ pub(super) fn raw_frame(
     head: &[u8],
 ) -> Option<Unit> {
     c.reads += 1;
-    if let Err(reason) = crate::devices::queue::frame_len(frame_len, vnet_hdr_len, capacity) {
+    if let Err(reason) = crate::dataplane::batch::frame_len(frame_len, vnet_hdr_len, capacity) {
         tracing::debug!("dropping a frame of {frame_len} bytes ({reason})");
         c.drops.add(reason, 1);
         return None;

@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, DropReason, Drops, SharedCounters};
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::threads::{run_workers, Worker};
 use crate::dataplane::udp::{SocketOptions, TunnelSocket};
 use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
 mod unreachable;

@@ -10,10 +10,10 @@ use super::unreachable::Unreachables;
 use super::{Opened, Sealed, Transform, TunnelStatsHandle};
 use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher};
-use crate::dataplane::stop::StopHandle;
 use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
 use crate::devices::kind::Mode;
 use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::Result;
 
 /// What one worker works with.
@@ -293,9 +293,9 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         let woken = match ctx.transform.work_fd() {
             Some(work) => {
                 let left = interval.saturating_sub(last_tick.elapsed());
-                crate::dataplane::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
+                crate::devices::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
             }
-            None => crate::dataplane::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
+            None => crate::devices::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
         };
         if ctx.stop.is_stopped() || (woken && ctx.transform.work_fd().is_none()) {
             break;

@@ -161,7 +161,7 @@ impl UringForwarder {
                 if n == 0 {
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                if let Err(reason) = crate::devices::queue::frame_len(n, self.vnet_hdr_len, self.ring.stride()) {
+                if let Err(reason) = crate::dataplane::batch::frame_len(n, self.vnet_hdr_len, self.ring.stride()) {
                     self.stats.drops.add(reason, 1);
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }

@@ -230,7 +230,7 @@ impl UringOffload {
     }
 
     /// A write re-split after a refusal and waiting for room gives up once `stop` fires.
-    pub fn stop_on(mut self, stop: crate::dataplane::stop::StopHandle) -> Self {
+    pub fn stop_on(mut self, stop: crate::devices::stop::StopHandle) -> Self {
         self.writer.stop = Some(stop);
         self
     }
@@ -350,7 +350,7 @@ impl UringOffload {
                 if n == 0 {
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                if let Err(reason) = crate::devices::queue::frame_len(n, OFFSET, self.ring.stride()) {
+                if let Err(reason) = crate::dataplane::batch::frame_len(n, OFFSET, self.ring.stride()) {
                     self.stats.drops.add(reason, 1);
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }

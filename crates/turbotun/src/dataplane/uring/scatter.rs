@@ -87,7 +87,7 @@ impl UringOffload {
             None => plan.iter().map(|(_, r)| r.len()).sum(),
             Some(_) => self.ring.stride(),
         };
-        let len = match crate::devices::queue::frame_len(n, OFFSET, capacity) {
+        let len = match crate::dataplane::batch::frame_len(n, OFFSET, capacity) {
             Ok(len) if !plan.is_empty() => len,
             // No plan means no read was queued: nothing to place (cannot happen), counted all the same.
             Ok(_) => {
