@@ -153,7 +153,7 @@ pub enum Error {
         /// The device's name.
         name: String,
         /// What was asked for.
-        asked: crate::devices::kind::Offloads,
+        asked: crate::devices::offloads::Offloads,
         /// Why, in words.
         reason: &'static str,
     },

@@ -29,7 +29,7 @@ use turbotun_wire::{partial, Checksums, Framing};
 
 use crate::dataplane::batch::{RecvBatch, SendBatch, Sent, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::devices::kind::Mode;
+use crate::devices::mode::Mode;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};

@@ -49,7 +49,9 @@ use rustix::net::{
     SendFlags,
 };
 
-use crate::devices::kind::{Mode, Offloads};
+use crate::devices::mode::Mode;
+
+use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{validate_ifname, Error, Result};
@@ -89,7 +91,7 @@ impl HandoverHeader {
         if self.name.contains('%') {
             return Err(Error::InvalidConfig(format!("{:?} is a name template, not a device's name", self.name)));
         }
-        crate::devices::kind::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
+        crate::devices::vnet_hdr::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
         if self.queues == 0 || self.queues > MAX_QUEUES {
             return Err(Error::InvalidConfig(format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues)));
         }
@@ -135,7 +137,7 @@ impl HandoverHeader {
             other => return bad(format!("mode {other} is neither 0 (tun) nor 1 (tap)")),
         };
         let vnet_hdr_len = usize::from(bytes[9]);
-        if crate::devices::kind::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
+        if crate::devices::vnet_hdr::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
             return bad(format!("virtio header size {vnet_hdr_len} is not 0, 10, 12, 20 or 24"));
         }
         let queues = usize::from(u16::from_le_bytes([bytes[10], bytes[11]]));
@@ -236,7 +238,7 @@ impl Queue {
 /// Asks the fd what it is and wraps it with the offloads the caller or sender stated.
 fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
     let facts = fd_facts(fd.as_fd())?;
-    crate::devices::kind::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
+    crate::devices::vnet_hdr::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
     if facts.vnet_hdr_len == 0 && !offloads.is_empty() {
         return Err(Error::InvalidConfig(format!(
             "{} has no virtio header, so it can have no offloads ({offloads} stated)",

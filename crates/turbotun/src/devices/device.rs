@@ -10,9 +10,10 @@ use crate::error::{permission_or_io, validate_ifname, Error, Result};
 use crate::sys::{self, iff};
 
 pub use crate::devices::capabilities::Capabilities;
-pub use crate::devices::kind::{Mode, Offloads};
+pub use crate::devices::mode::Mode;
+pub use crate::devices::offloads::Offloads;
 
-pub use crate::devices::kind::VNET_HDR_SIZES;
+pub use crate::devices::vnet_hdr::VNET_HDR_SIZES;
 
 /// The virtio header size UDP-tunnel offload needs: `struct virtio_net_hdr_v1_hash_tunnel`, whose last four
 /// bytes hold the outer transport and inner network header offsets. The kernel reads and writes those fields

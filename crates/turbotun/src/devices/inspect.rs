@@ -8,7 +8,8 @@ use std::fs;
 use std::net::IpAddr;
 
 use crate::configuration::netlink::{LinkInfo, LinkStats, Netlink};
-use crate::devices::kind::{Mode, Offloads};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
 use crate::error::{Error, Result};
 use crate::sys::{self, iff};
 

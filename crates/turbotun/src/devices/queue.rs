@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
-use crate::devices::kind::{Mode, Offloads};
+use crate::devices::mode::Mode;
+
+use crate::devices::offloads::Offloads;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use rustix::event::PollFlags;
 
@@ -22,7 +24,7 @@ use crate::sys::{self, iff};
 /// truncates a frame; a larger one (a device with a raised `gso_max_size`) is counted as a
 /// [`DropReason::TooBig`](crate::stats::DropReason) drop, never forwarded cut.
 pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
-pub use crate::devices::kind::MAX_VNET_HDR;
+pub use crate::devices::vnet_hdr::MAX_VNET_HDR;
 
 /// Slices (the virtio header's included) that a vectored call with a header of its own gathers on the stack; a
 /// longer chain is gathered in a vector.

@@ -60,7 +60,9 @@ pub(crate) mod testing {
     use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
     use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
 
-    use crate::devices::kind::{Mode, Offloads};
+    use crate::devices::mode::Mode;
+
+    use crate::devices::offloads::Offloads;
     use crate::devices::queue::Queue;
 
     /// A queue whose reads return what the other end sends, and whose writes it receives: a TUN queue with a

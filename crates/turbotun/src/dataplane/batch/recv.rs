@@ -15,9 +15,9 @@ use turbotun_wire::{Checksums, Framing};
 
 use super::{frame_len, MAX_SEGMENTS};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::devices::kind::MAX_VNET_HDR;
 use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::devices::stop::StopHandle;
+use crate::devices::vnet_hdr::MAX_VNET_HDR;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use crate::sys;
 
@@ -717,7 +717,8 @@ mod tests {
 
     use super::super::testing::{fake_queue, tcp4_super_packet};
     use super::*;
-    use crate::devices::kind::{Mode, Offloads};
+    use crate::devices::mode::Mode;
+    use crate::devices::offloads::Offloads;
 
     /// A TCP/IPv4 super-packet of `payload` zero bytes in segments of `gso_size`, its checksum left partial, as a
     /// frame with its virtio header.

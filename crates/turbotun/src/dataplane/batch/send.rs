@@ -13,7 +13,7 @@ use turbotun_wire::{Checksums, Framing};
 use super::{prepare_units, GroKinds, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::dataplane::write_policy::{lost_with, Unit, Writer, Written};
-use crate::devices::kind::Offloads;
+use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};

@@ -39,13 +39,14 @@ use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, SharedCounters, WhenFull};
 use crate::devices::device::{Device, DeviceBuilder};
-use crate::devices::kind::{Mode, Offloads};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
+mod jobs;
 mod run;
-mod supervise;
 #[cfg(feature = "tokio")]
 mod tasks;
 mod workers;

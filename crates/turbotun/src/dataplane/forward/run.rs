@@ -1,7 +1,7 @@
 //! Running a forwarder on threads: one worker per queue, direction and thread; when the stop handle fires or
 //! the first worker fails, every worker is stopped, woken and joined.
 
-use super::supervise::jobs;
+use super::jobs::jobs;
 use super::workers::{run_worker, WorkerCtx};
 use super::{ForwardStats, Forwarder};
 use crate::dataplane::threads::{run_workers, Worker};
@@ -39,7 +39,8 @@ mod tests {
 
     use super::*;
     use crate::dataplane::forward::{ForwardMode, ForwarderBuilder, IoKind};
-    use crate::devices::kind::{Mode, Offloads};
+    use crate::devices::mode::Mode;
+    use crate::devices::offloads::Offloads;
     use crate::devices::queue::Queue;
     use crate::error::Error;
 

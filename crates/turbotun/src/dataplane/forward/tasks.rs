@@ -6,11 +6,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::supervise::{jobs, panic_message, supervise, Done};
+use super::jobs::jobs;
 use super::workers::{arena, each_packet, packet_offset, raw_frame, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder};
 use crate::dataplane::stats::Counters;
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Flusher};
+use crate::dataplane::threads::{panic_message, supervise, Done};
 use crate::dataplane::tokio::AsyncQueue;
 use crate::dataplane::write_policy::Written;
 use crate::devices::queue::{Queue, MAX_PACKET};

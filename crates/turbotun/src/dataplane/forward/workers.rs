@@ -10,9 +10,9 @@ use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, I
 use crate::dataplane::batch::{RecvBatch, SendBatch};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
 use crate::dataplane::write_policy::{Unit, Writer};
-use crate::devices::kind::MAX_VNET_HDR;
 use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::devices::stop::StopHandle;
+use crate::devices::vnet_hdr::MAX_VNET_HDR;
 use crate::error::Result;
 
 /// What a worker needs to know besides its two queues.

@@ -353,7 +353,7 @@ impl<T: Transform> TunnelBuilder<T> {
         }
         // Errors for packets the transform has nowhere to send go back into an IP device; its route socket is
         // opened here, in the namespace the device was opened in.
-        let unreachables = (queues[0].mode() == crate::devices::kind::Mode::Tun)
+        let unreachables = (queues[0].mode() == crate::devices::mode::Mode::Tun)
             .then(|| Arc::new(Unreachables::new(queues[0].name())));
         Ok(Tunnel {
             queues,

@@ -11,7 +11,7 @@ use super::{Opened, Sealed, Transform, TunnelStatsHandle};
 use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher};
 use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
-use crate::devices::kind::Mode;
+use crate::devices::mode::Mode;
 use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::devices::stop::StopHandle;
 use crate::error::Result;

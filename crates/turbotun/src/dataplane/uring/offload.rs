@@ -159,8 +159,10 @@ impl UringOffload {
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         let slots = depth + spare;
         let framing = dst.mode().framing();
-        let vnet = dst.offloads().contains(crate::devices::kind::Offloads::CSUM);
-        let uso = dst.offloads().contains(crate::devices::kind::Offloads::USO4 | crate::devices::kind::Offloads::USO6);
+        let vnet = dst.offloads().contains(crate::devices::offloads::Offloads::CSUM);
+        let uso = dst
+            .offloads()
+            .contains(crate::devices::offloads::Offloads::USO4 | crate::devices::offloads::Offloads::USO6);
         let kinds = crate::dataplane::batch::GroKinds::new(framing, OFFSET, vnet, vnet && uso);
         let spares = if multishot {
             (depth as u32..slots as u32).rev().collect()
