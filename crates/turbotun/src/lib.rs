@@ -20,6 +20,10 @@
 //! With no feature on, the crate is the dataplane alone: devices, queues, batches, the forwarding engine,
 //! netlink, hand-over and privilege separation.
 //!
+//! Every module has one public path, directly under the crate (`turbotun::batch`, `turbotun::netlink`, ...),
+//! however the source is arranged; the types most programs need are at the root as well (`turbotun::Queue` is
+//! `turbotun::queue::Queue`).
+//!
 //! ```no_run
 //! use turbotun::batch::{RecvBatch, SendBatch};
 //! use turbotun::{DeviceBuilder, Offloads};
