@@ -68,12 +68,15 @@ def main():
                     )
                     continue
                 if source == "error" and first not in ("sys", "error"):
-                    leaf = defining_file(segments[-1])
-                    if leaf is None or crate_nodes(leaf) - {"sys"}:
-                        problems.append(
-                            f"error.rs:{number}: `crate::{m.group(1)}` is above error.rs (not a leaf type that "
-                            f"names nothing of the crate but sys)"
-                        )
+                    group = re.match(r"::\{([^}]*)\}", line[m.end():])
+                    names = [n.strip() for n in group.group(1).split(",")] if group else [segments[-1]]
+                    for name in filter(None, names):
+                        leaf = defining_file(name)
+                        if leaf is None or crate_nodes(leaf) - {"sys"}:
+                            problems.append(
+                                f"error.rs:{number}: `{name}` (`crate::{m.group(1)}`) is above error.rs: not a "
+                                f"type in a file that names nothing of the crate but sys"
+                            )
                     continue  # a leaf is below error.rs, wherever its file is
                 if first != source:
                     edges[(source, first)] += 1

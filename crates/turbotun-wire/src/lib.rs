@@ -39,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod arp;
+mod batch;
 mod bytes;
 pub mod checksum;
 pub mod ecn;
@@ -62,6 +63,7 @@ pub mod udp;
 pub mod udp_tunnel;
 pub mod virtio_net;
 
+pub use batch::Batch;
 pub use error::{GsoError, WireError};
 pub use gro::{Checksums, Gro, GroConfig, GroStats, Pieces};
 pub use gso::{SegmentView, SplitProgress, Splitter};

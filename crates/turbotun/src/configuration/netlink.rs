@@ -24,6 +24,9 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::error::{Error, Result};
 
+mod error;
+pub use error::NetlinkError;
+
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
 /// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -568,7 +571,7 @@ fn family(addr: IpAddr) -> AddressFamily {
 fn netlink_error(context: &str, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context.to_string(), source: e },
-        _ => Error::Netlink { context: context.to_string(), source: e },
+        _ => NetlinkError { context: context.to_string(), source: e }.into(),
     }
 }
 

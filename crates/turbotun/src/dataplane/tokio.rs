@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use ::tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use ::tokio::io::Interest;
+use turbotun_wire::Batch;
 
 use crate::dataplane::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
 use crate::dataplane::stats::{Counters, WhenFull};
@@ -193,9 +194,10 @@ impl AsyncRecvBatch {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<Received> {
+        let mut batch = Batch::new(bufs, lens, offset);
         loop {
             let half = &mut self.half;
-            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, bufs, lens, offset)) {
+            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, &mut batch)) {
                 return done;
             }
         }
@@ -261,12 +263,14 @@ impl AsyncSendBatch {
         checksums: impl Into<turbotun_wire::Checksums>,
     ) -> Result<Sent> {
         let before = self.half.stats();
-        let n = self.half.prepare(bufs, lens, offset, checksums.into())?;
-        let (bufs, lens) = (&bufs[..n], &lens[..n]);
+        let mut batch = Batch::new(bufs, lens, offset);
+        let n = self.half.prepare(&mut batch, checksums.into())?;
+        let batch = batch.range(0..n);
+        let lens = &*batch.lens;
         let mut writing = Writing { half: &mut self.half, queue: &self.queue, lens, offset, next: 0, done: false };
         let queue = writing.queue;
         queue
-            .write_when_room(|q| match writing.half.write_units(q, bufs, lens, offset, writing.next, false) {
+            .write_when_room(|q| match writing.half.write_units(q, &batch, writing.next, false) {
                 Ok(Progress::Done) => Ok(Some(())),
                 Ok(Progress::Full(k)) => {
                     writing.next = k;

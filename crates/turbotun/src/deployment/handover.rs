@@ -50,12 +50,14 @@ use rustix::net::{
 };
 
 use crate::devices::mode::Mode;
-
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{validate_ifname, Error, Result};
 use crate::sys::{self, iff};
+
+mod error;
+pub use error::{HandoverError, PeerCredentials};
 
 /// The header version this build writes and reads.
 pub const VERSION: u16 = 1;
@@ -292,29 +294,6 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     Ok(())
 }
 
-/// Who is at the other end of a connected Unix socket, as the kernel recorded it at `connect` or `listen`
-/// (`SO_PEERCRED`): process id, user id, group id. Unforgeable by the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PeerCredentials {
-    /// The peer's process id as this process's PID namespace sees it; `None` when the peer lives outside it
-    /// (the kernel reports 0: the usual case for a forwarder in a container and `turbotun open` on the host).
-    pub pid: Option<u32>,
-    /// Its effective user id.
-    pub uid: u32,
-    /// Its effective group id.
-    pub gid: u32,
-}
-
-impl std::fmt::Display for PeerCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pid {
-            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
-            None => write!(f, "a process outside this PID namespace (uid {})", self.uid),
-        }
-    }
-}
-
 /// [`PeerCredentials`] of `socket`'s peer.
 pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
     let (pid, uid, gid) = sys::peer_credentials(socket.as_fd())
@@ -322,14 +301,14 @@ pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
     Ok(PeerCredentials { pid: u32::try_from(pid).ok().filter(|&p| p > 0), uid, gid })
 }
 
-/// The peer of `socket` if it runs as root or as one of `allowed`; otherwise [`Error::UntrustedPeer`].
+/// The peer of `socket` if it runs as root or as one of `allowed`; otherwise [`HandoverError::UntrustedPeer`].
 fn require_peer(socket: &UnixStream, role: &'static str, allowed: &[u32]) -> Result<PeerCredentials> {
     let peer = peer_credentials(socket)?;
     if peer.uid == 0 || allowed.contains(&peer.uid) {
         return Ok(peer);
     }
     let allowed = std::iter::once("root".to_string()).chain(allowed.iter().map(|u| format!("uid {u}"))).collect();
-    Err(Error::UntrustedPeer { peer, role, allowed })
+    Err(HandoverError::UntrustedPeer { peer, role, allowed }.into())
 }
 
 /// The receiving side's check: queues are taken only from a peer running as root or as this process's own
@@ -436,7 +415,7 @@ fn reply(mut socket: &UnixStream, outcome: std::result::Result<(), &Error>) {
 }
 
 /// [`send_queues`], then waits (up to `timeout`) for the receiver's verdict: `Ok` once it took the queues,
-/// [`Error::HandoverRefused`] with its reason otherwise.
+/// [`HandoverError::Refused`] with its reason otherwise.
 pub fn send_queues_and_wait(socket: &UnixStream, queues: &[&Queue], timeout: Duration) -> Result<()> {
     use std::io::BufRead;
     send_queues(socket, queues)?;
@@ -447,8 +426,8 @@ pub fn send_queues_and_wait(socket: &UnixStream, queues: &[&Queue], timeout: Dur
         .map_err(|e| Error::io("waiting for the receiver to confirm the hand-over", e))?;
     match line.trim() {
         "ok" => Ok(()),
-        "" => Err(Error::HandoverRefused { reason: "it closed the connection without a word".into() }),
-        other => Err(Error::HandoverRefused { reason: other.trim_start_matches("error: ").to_string() }),
+        "" => Err(HandoverError::Refused { reason: "it closed the connection without a word".into() }.into()),
+        other => Err(HandoverError::Refused { reason: other.trim_start_matches("error: ").to_string() }.into()),
     }
 }
 

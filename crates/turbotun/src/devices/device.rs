@@ -11,7 +11,7 @@ use crate::sys::{self, iff};
 
 pub use crate::devices::capabilities::Capabilities;
 pub use crate::devices::mode::Mode;
-pub use crate::devices::offloads::Offloads;
+pub use crate::devices::offloads::{Offloads, UnknownOffload};
 
 pub use crate::devices::vnet_hdr::VNET_HDR_SIZES;
 

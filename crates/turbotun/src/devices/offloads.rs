@@ -1,10 +1,26 @@
 //! [`Offloads`]: the `TUNSETOFFLOAD` bits, what the kernel may hand a queue (and take from it) as GSO
 //! super-packets, named as the command line takes them and derived from a guest's virtio-net features.
+//!
+//! This file names nothing of the crate but the ioctl's bits in `sys`, so that `Error::OffloadsRefused` can
+//! carry an `Offloads` while `error.rs` stays below every folder; a word [`Offloads::parse`] does not know is an
+//! error of its own ([`UnknownOffload`]) for the same reason.
 
 use std::fmt;
 
-use crate::error::{Error, Result};
 use crate::sys::tun_f;
+
+/// The words [`Offloads::parse`] knows, as its error lists them.
+const KNOWN: &str =
+    "csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none";
+
+/// A word in an offload list that [`Offloads::parse`] does not know. As a [`crate::Error`] (it converts) it is
+/// [`crate::Error::InvalidConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown offload {word:?} (known: {})", KNOWN)]
+pub struct UnknownOffload {
+    /// The word as given.
+    pub word: String,
+}
 
 /// A set of `TUNSETOFFLOAD` bits: what the kernel may hand us (and accept from us) as GSO super-packets.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -108,7 +124,7 @@ impl Offloads {
     }
     /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso`, `udp_tunnel` (both tunnel
     /// bits) or `none`.
-    pub fn parse(list: &str) -> Result<Offloads> {
+    pub fn parse(list: &str) -> Result<Offloads, UnknownOffload> {
         let mut out = Offloads::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             out |= match word {
@@ -119,12 +135,7 @@ impl Offloads {
                 "udp_tunnel" => Offloads::UDP_TUNNEL,
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
                     Some((bit, _)) => *bit,
-                    None => {
-                        return Err(Error::InvalidConfig(format!(
-                            "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, \
-                         udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none)"
-                        )))
-                    }
+                    None => return Err(UnknownOffload { word: word.to_string() }),
                 },
             };
         }

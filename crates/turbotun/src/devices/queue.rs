@@ -12,7 +12,6 @@ use std::time::Duration;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::devices::mode::Mode;
-
 use crate::devices::offloads::Offloads;
 use crate::error::{queue_io_error, Error, Malformed, Result};
 use rustix::event::PollFlags;

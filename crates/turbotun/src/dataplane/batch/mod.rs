@@ -21,6 +21,8 @@
 mod recv;
 mod send;
 
+use turbotun_wire::Batch;
+
 use crate::dataplane::stats::DropReason;
 
 // The halves without their queue, for the async API, which holds its queue its own way.
@@ -153,20 +155,18 @@ impl GroKinds {
 
 /// Decides a batch's write units, for every I/O path: the coalescer's heads (each with the virtio header of
 /// its coalesced packet), or without one every packet, with a zeroed header or one asking the kernel to
-/// complete a partial checksum (completed here on a queue without a virtio header, which cannot ask). Packets
-/// are `bufs[i][offset..offset + lens[i]]`, headers at `offset - vnet_hdr_len`. Returns how many packets were
-/// merged into others.
-#[allow(clippy::too_many_arguments)]
+/// complete a partial checksum (completed here on a queue without a virtio header, which cannot ask). Each
+/// packet's header goes at `batch.offset - vnet_hdr_len`. Returns how many packets were merged into others.
 pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
     gro: Option<&mut turbotun_wire::gro::Gro>,
-    bufs: &mut [B],
-    lens: &mut [usize],
-    offset: usize,
+    batch: &mut Batch<'_, B>,
     vnet_hdr_len: usize,
     framing: turbotun_wire::Framing,
     checksums: turbotun_wire::Checksums,
     to_write: &mut Vec<usize>,
 ) -> usize {
+    let Batch { bufs, lens, offset } = batch;
+    let offset = *offset;
     if let Some(gro) = gro {
         return gro.coalesce(bufs, lens, offset, checksums, to_write).coalesced;
     }
@@ -190,7 +190,7 @@ pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
 #[cfg(test)]
 mod tests {
     use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
-    use turbotun_wire::{partial, Checksums, Framing};
+    use turbotun_wire::{partial, Batch, Checksums, Framing};
 
     use super::testing::tcp4_super_packet;
     use super::{frame_len, prepare_units, GroKinds};
@@ -223,7 +223,14 @@ mod tests {
         for (vlen, checksums, needs_csum, complete) in cases {
             let (mut bufs, mut lens) = segments(V);
             let mut to_write = vec![99];
-            let merged = prepare_units(None, &mut bufs, &mut lens, V, vlen, Framing::Ip, checksums, &mut to_write);
+            let merged = prepare_units(
+                None,
+                &mut Batch::new(&mut bufs, &mut lens, V),
+                vlen,
+                Framing::Ip,
+                checksums,
+                &mut to_write,
+            );
             assert_eq!((merged, to_write.as_slice()), (0, &[0, 1, 2, 3][..]), "{checksums:?}");
             for buf in &bufs {
                 if let Some(needs_csum) = needs_csum {
@@ -238,7 +245,14 @@ mod tests {
         let (mut bufs, mut lens) = segments(V);
         lens[1] += 100;
         let mut to_write = Vec::new();
-        prepare_units(None, &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        prepare_units(
+            None,
+            &mut Batch::new(&mut bufs, &mut lens, V),
+            V,
+            Framing::Ip,
+            Checksums::Partial,
+            &mut to_write,
+        );
         assert_eq!(to_write, [0, 1, 2, 3]);
     }
 
@@ -247,8 +261,14 @@ mod tests {
         let mut gro = GroKinds { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: V }.coalescer();
         let (mut bufs, mut lens) = segments(V);
         let mut to_write = Vec::new();
-        let merged =
-            prepare_units(gro.as_mut(), &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        let merged = prepare_units(
+            gro.as_mut(),
+            &mut Batch::new(&mut bufs, &mut lens, V),
+            V,
+            Framing::Ip,
+            Checksums::Partial,
+            &mut to_write,
+        );
         assert_eq!((merged, to_write.as_slice()), (3, &[0][..]));
         let hdr = VirtioNetHdrRepr::parse(&bufs[0][..V]).unwrap();
         assert_eq!((hdr.gso_kind(), hdr.gso_size), (gso::TCPV4, 500));

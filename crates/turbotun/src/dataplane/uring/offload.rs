@@ -11,7 +11,7 @@ use std::time::Duration;
 use turbotun_wire::gso::Splitter;
 use turbotun_wire::scatter::ScatterShape;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
-use turbotun_wire::Checksums;
+use turbotun_wire::{Batch, Checksums};
 
 use super::{ring_error, OFFSET};
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
@@ -643,9 +643,7 @@ impl UringOffload {
         }
         let coalesced = crate::dataplane::batch::prepare_units(
             self.gro.as_mut(),
-            &mut bufs,
-            &mut self.lens,
-            OFFSET,
+            &mut Batch::new(&mut bufs, &mut self.lens, OFFSET),
             OFFSET,
             self.framing,
             checksums,
