@@ -32,6 +32,8 @@ lint:
 	# The dataplane alone, as an embedding program without features builds it.
 	$(CARGO) clippy -p turbotun --lib -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --all-features --no-deps --quiet
+	# One path per module inside the library, and no import cycle between its folders.
+	scripts/check-imports.py
 
 # Every test that cannot run here (no root, a kernel feature or tool missing) adds a line to this log (the skip
 # rule in crates/turbotun/tests/common/skip.rs); the summary counts them and fails the run if there are any.

@@ -15,6 +15,8 @@ have arping   || need+=(arping)
 # The WireGuard endpoint is driven by the real `wg` and `wg-quick` in the tests and the bench.
 have wg       || need+=(wireguard-tools)
 have sysctl   || need+=(procps)
+# `make lint` checks the library's imports with scripts/check-imports.py.
+have python3  || need+=(python3)
 # The manual pages are checked as `man -l` renders them.
 have man      || need+=(man-db)
 # PNG charts render their text with DejaVu Sans (SVG charts need no font).

@@ -466,7 +466,10 @@ pub fn create(args: &CreateArgs) -> Result<()> {
     let offloads = args
         .offloads
         .as_deref()
-        .map(|list| Offloads::parse(list).with_context(|| format!("--offloads {list}")))
+        .map(|list| {
+            // As a turbotun::Error the unknown word reads "invalid configuration: unknown offload ...".
+            Offloads::parse(list).map_err(turbotun::Error::from).with_context(|| format!("--offloads {list}"))
+        })
         .transpose()?;
     let owner = args.owner.as_deref().map(|user| UserSpec::new(user).uid().context("--owner")).transpose()?;
     let group = args.group.as_deref().map(|group| group_id(group).context("--group")).transpose()?;

@@ -8,7 +8,7 @@
 //! - **Which header bits must agree**: the field tables (`IPV4_FIELDS`, `IPV6_FIELDS`, `TCP_FIELDS`,
 //!   `UDP_FIELDS`) give every bit of the fixed headers a role: it names the flow, it must equal the head's, or it
 //!   changes from segment to segment. The flow key (`FlowKey`), the one comparison both paths make
-//!   (`headers_match`) and the tunnel coalescer's ([`crate::tunnel::coalesce_tunnel`]) are derived from them.
+//!   (`headers_match`) and the tunnel coalescer's ([`crate::udp_tunnel::coalesce_tunnel`]) are derived from them.
 //!   Layer-2 headers and IPv6 extension headers name the flow byte for byte; TCP options must be equal byte for
 //!   byte.
 //! - **How far a packet gets** (it stops before the transport layer, reaches it flagged, or is a candidate):

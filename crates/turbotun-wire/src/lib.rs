@@ -41,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod arp;
+mod batch;
 mod bytes;
 pub mod checksum;
 pub mod ecn;
@@ -60,14 +61,15 @@ pub mod partial;
 pub mod scatter;
 mod small_copy;
 pub mod tcp;
-pub mod tunnel;
 pub mod udp;
+pub mod udp_tunnel;
 pub mod virtio_net;
 
+pub use batch::Batch;
 pub use error::{GsoError, WireError};
 pub use gro::{Checksums, Gro, GroConfig, GroStats, Pieces};
 pub use gso::{SegmentView, SplitProgress, Splitter};
-pub use tunnel::TunnelSplitter;
+pub use udp_tunnel::TunnelSplitter;
 pub use virtio_net::{TunnelOffsets, VirtioNetHdr, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
 
 /// Layer-2 framing of the packets handed to [`gso`] and [`gro`].

@@ -40,8 +40,8 @@ fn replay_gso_split() {
 }
 
 #[test]
-fn replay_tunnel_split() {
-    assert!(replay("tunnel_split", fuzzing::tunnel_split) >= 10);
+fn replay_udp_tunnel_split() {
+    assert!(replay("udp_tunnel_split", fuzzing::udp_tunnel_split) >= 10);
 }
 
 #[test]
@@ -121,7 +121,7 @@ fn generate_seed_corpus() {
     v6x.v6_dest_opts = 2;
     write("parse_headers", "tcp6_ext", &v6x.build(&payload(16, 0)));
     write("parse_headers", "empty", &[]);
-    // tunnel_split: VXLAN and Geneve, outer IPv4/IPv6, TAP and TUN framing, each inner kind: 24-byte header,
+    // udp_tunnel_split: VXLAN and Geneve, outer IPv4/IPv6, TAP and TUN framing, each inner kind: 24-byte header,
     // framing byte, super-packet.
     for outer_v6 in [false, true] {
         for framing in [Framing::Ethernet, Framing::Ip] {
@@ -139,7 +139,7 @@ fn generate_seed_corpus() {
                 d.push(framing_byte(framing));
                 d.extend_from_slice(&sup);
                 let outer = if outer_v6 { "o6" } else { "o4" };
-                write("tunnel_split", &format!("{kind}_{outer}_{}_{inner_name}", framing_byte(framing)), &d);
+                write("udp_tunnel_split", &format!("{kind}_{outer}_{}_{inner_name}", framing_byte(framing)), &d);
             }
         }
     }

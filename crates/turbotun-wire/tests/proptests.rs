@@ -297,7 +297,7 @@ proptest! {
     /// segments are exactly the outer frames built around the inner segments, every checksum verifies, and the
     /// inner payloads put together are the original payload.
     #[test]
-    fn tunnel_split_equals_built_segments(
+    fn udp_tunnel_split_equals_built_segments(
         inner in spec_strategy(),
         outer_v6 in any::<bool>(),
         tun_framing in any::<bool>(),
@@ -309,7 +309,7 @@ proptest! {
         seed in any::<u8>(),
     ) {
         use turbotun_wire::fuzzing::{TunnelSpec, GENEVE_HEADER};
-        use turbotun_wire::tunnel::TunnelSplitter;
+        use turbotun_wire::udp_tunnel::TunnelSplitter;
         let framing = if tun_framing { Framing::Ip } else { Framing::Ethernet };
         let mut spec = TunnelSpec::vxlan(outer_v6, framing, Spec { vlans: 0, ..inner });
         if geneve {
@@ -337,9 +337,9 @@ proptest! {
 
         // GRO: the segments coalesce back into one super-packet that splits into the same segments.
         let frames: Vec<&[u8]> = want.iter().map(|f| &f[..]).collect();
-        let kind = if geneve { turbotun_wire::tunnel::TunnelKind::Geneve } else { turbotun_wire::tunnel::TunnelKind::Vxlan };
+        let kind = if geneve { turbotun_wire::udp_tunnel::TunnelKind::Geneve } else { turbotun_wire::udp_tunnel::TunnelKind::Vxlan };
         let mut merged = vec![0u8; 65536 + 4096];
-        let m = turbotun_wire::tunnel::coalesce_tunnel(&frames, framing, kind, &mut merged).unwrap();
+        let m = turbotun_wire::udp_tunnel::coalesce_tunnel(&frames, framing, kind, &mut merged).unwrap();
         let fits = packet.len() - spec.outer.l2_len() <= 65535;
         // Inner UDP: at most 64 segments per merged packet, the coalescer's UDP cap (`udp_gro_receive_segment`).
         let cap = if spec.inner.udp { turbotun_wire::gro::DEFAULT_UDP_MAX_SEGMENTS } else { usize::MAX };
@@ -374,7 +374,7 @@ proptest! {
         d.extend_from_slice(&packet);
         let i = at.index(d.len());
         d[i] = value;
-        fuzzing::tunnel_split(&d);
+        fuzzing::udp_tunnel_split(&d);
     }
 }
 

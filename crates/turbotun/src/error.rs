@@ -1,6 +1,15 @@
 //! One error type for the library. Each variant names the cause and, where there is one, the fix.
+//!
+//! This module sits below every folder of the crate: besides `sys` it names only the types its variants carry
+//! that live with the code that raises them, each in a file that itself names nothing of the crate but `sys`
+//! (`Offloads`, and the error types of the hand-over and of netlink, which `Error` wraps).
+//! `scripts/check-imports.py` checks it.
 
 use std::io;
+
+use crate::configuration::netlink::NetlinkError;
+use crate::deployment::handover::HandoverError;
+use crate::devices::offloads::{Offloads, UnknownOffload};
 
 /// Errors from opening, configuring and using TUN/TAP devices.
 #[derive(Debug, thiserror::Error)]
@@ -136,34 +145,20 @@ pub enum Error {
         len: usize,
     },
 
-    /// The process at the other end of a hand-over socket is not one this side may deal with.
-    #[error("{peer} may not {role}: only {} may; keep the socket in a directory only they can reach", allowed.join(" or "))]
-    UntrustedPeer {
-        /// Who it is.
-        peer: crate::handover::PeerCredentials,
-        /// What it would have done (`hand queues over`, `receive queues`).
-        role: &'static str,
-        /// Who would have been allowed (`root`, `uid 65534`).
-        allowed: Vec<String>,
-    },
-
     /// `TUNSETOFFLOAD` refused the offloads asked for, exactly (at run time, or at open in strict mode).
     #[error("{name}: offloads {asked} refused: {reason}")]
     OffloadsRefused {
         /// The device's name.
         name: String,
         /// What was asked for.
-        asked: crate::Offloads,
+        asked: Offloads,
         /// Why, in words.
         reason: &'static str,
     },
 
-    /// The receiver of a hand-over refused the queues; its reason.
-    #[error("the receiver refused the queues: {reason}")]
-    HandoverRefused {
-        /// What the receiver answered.
-        reason: String,
-    },
+    /// A hand-over refused: the peer is not one this side may deal with, or the receiver refused the queues.
+    #[error(transparent)]
+    Handover(#[from] HandoverError),
 
     /// The running kernel lacks something the configuration needs.
     #[error("this kernel does not support {feature}")]
@@ -299,13 +294,8 @@ pub enum Error {
     },
 
     /// An rtnetlink request failed.
-    #[error("netlink {context}: {source}")]
-    Netlink {
-        /// The request and the interface it was about.
-        context: String,
-        /// The error the kernel returned.
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
 
     /// Any other failed system call.
     #[error("{context}: {source}")]
@@ -368,6 +358,13 @@ impl Malformed {
     }
 }
 
+impl From<UnknownOffload> for Error {
+    /// An offload list that does not parse is a configuration to change: [`Error::InvalidConfig`].
+    fn from(e: UnknownOffload) -> Error {
+        Error::InvalidConfig(e.to_string())
+    }
+}
+
 /// Shorthand for `Result<T, turbotun::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -393,10 +390,10 @@ impl Error {
             | Error::TunNodeDenied { source, .. }
             | Error::NotOwner { source, .. }
             | Error::FlagsMismatch { source, .. }
-            | Error::Netlink { source, .. }
             | Error::DeviceGone { source, .. }
             | Error::DeviceDown { source, .. }
             | Error::Io { source, .. } => source.raw_os_error(),
+            Error::Netlink(e) => e.source.raw_os_error(),
             Error::Worker { error, .. } => error.raw_os_error(),
             _ => None,
         }
@@ -436,7 +433,8 @@ impl From<Error> for io::Error {
     /// a gone device is `NotConnected`-like through its errno), the whole message kept.
     fn from(e: Error) -> io::Error {
         let kind = match &e {
-            Error::Io { source, .. } | Error::Netlink { source, .. } => source.kind(),
+            Error::Io { source, .. } => source.kind(),
+            Error::Netlink(e) => e.source.kind(),
             Error::PermissionDenied { .. } | Error::TunNodeDenied { .. } | Error::NotOwner { .. } => {
                 io::ErrorKind::PermissionDenied
             }
@@ -561,6 +559,40 @@ mod tests {
             assert!(err.contains(reason), "{bad:?}: {err}");
             assert!(err.contains(&format!("{bad:?}")), "error names the input: {err}");
         }
+    }
+
+    /// The errors that moved beside the code raising them (netlink's, the hand-over's, an unknown offload word)
+    /// read as they did when they were variants of `Error`, and keep their errno and `io::ErrorKind`.
+    #[test]
+    fn test_wrapped_errors_keep_their_messages() {
+        use crate::deployment::handover::PeerCredentials;
+
+        let enodev = || io::Error::from_raw_os_error(libc::ENODEV);
+        let netlink = Error::from(NetlinkError { context: "setting the MTU of tun9".into(), source: enodev() });
+        assert_eq!(netlink.to_string(), format!("netlink setting the MTU of tun9: {}", enodev()));
+        assert_eq!(netlink.raw_os_error(), Some(libc::ENODEV));
+        assert_eq!(io::Error::from(netlink).kind(), enodev().kind());
+
+        let peer = PeerCredentials { pid: Some(42), uid: 1000, gid: 1000 };
+        let allowed = vec!["root".to_string(), "uid 65534".to_string()];
+        let untrusted = Error::from(HandoverError::UntrustedPeer { peer, role: "hand queues over", allowed });
+        assert_eq!(
+            untrusted.to_string(),
+            "pid 42 (uid 1000) may not hand queues over: only root or uid 65534 may; keep the socket in a directory \
+             only they can reach"
+        );
+        let refused = Error::from(HandoverError::Refused { reason: "no such device".into() });
+        assert_eq!(refused.to_string(), "the receiver refused the queues: no such device");
+        assert_eq!((refused.raw_os_error(), io::Error::from(refused).kind()), (None, io::ErrorKind::Other));
+
+        // The line `turbotun create --offloads turbo` prints after its option (docs/RELIABILITY.md).
+        let unknown = Error::from(Offloads::parse("csum,turbo").unwrap_err());
+        assert_eq!(
+            unknown.to_string(),
+            "invalid configuration: unknown offload \"turbo\" (known: csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, \
+             udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none)"
+        );
+        assert_eq!(io::Error::from(unknown).kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]

@@ -20,6 +20,10 @@
 //! With no feature on, the crate is the dataplane alone: devices, queues, batches, the forwarding engine,
 //! netlink, hand-over and privilege separation.
 //!
+//! Every module has one public path, directly under the crate (`turbotun::batch`, `turbotun::netlink`, ...),
+//! however the source is arranged; the types most programs need are at the root as well (`turbotun::Queue` is
+//! `turbotun::queue::Queue`).
+//!
 //! ```no_run
 //! use turbotun::batch::{RecvBatch, SendBatch};
 //! use turbotun::{DeviceBuilder, Offloads};
@@ -46,8 +50,9 @@
 #![deny(unsafe_code)]
 #![warn(unreachable_pub)]
 
-// The source is grouped by what each part is (the folders read like docs/ARCHITECTURE.md); the public paths
-// stay flat: `turbotun::batch`, `turbotun::netlink`, ...
+// The source is grouped by what each part is (the folders read like docs/ARCHITECTURE.md), and inside the crate
+// a module has one path, its folder's: `crate::dataplane::batch`, `crate::devices::queue`. The folders
+// themselves are private; what users see is the flat list of modules re-exported below.
 mod applications;
 mod configuration;
 mod dataplane;
@@ -57,30 +62,43 @@ pub mod error;
 #[allow(unsafe_code)]
 mod sys;
 
+// The public modules, flat (`turbotun::batch`, `turbotun::netlink`, ...): each is the folder module itself,
+// documented at this path, and the one path code outside the crate uses. Code inside the crate does not use
+// them (`scripts/check-imports.sh` checks it); doc comments link through them, since they are what the reader sees.
 #[cfg(feature = "echo")]
+#[doc(inline)]
 pub use applications::echo;
 #[cfg(feature = "load")]
+#[doc(inline)]
 pub use applications::load;
+#[doc(inline)]
 pub use configuration::{netlink, netns};
 #[cfg(feature = "smoltcp")]
+#[doc(inline)]
 pub use dataplane::smoltcp;
 #[cfg(feature = "tokio")]
+#[doc(inline)]
 pub use dataplane::tokio;
 #[cfg(feature = "uring")]
+#[doc(inline)]
 pub use dataplane::uring;
-pub use dataplane::{batch, forward, ring, stats, stop, tunnel, udp, wake};
-pub(crate) use dataplane::{threads, write_policy};
+#[doc(inline)]
+pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
+#[doc(inline)]
 pub use deployment::{handover, privilege, stats_socket};
-pub(crate) use devices::{capabilities, kind};
-pub use devices::{device, filter, inspect, queue, steering};
+#[doc(inline)]
+pub use devices::{device, filter, inspect, queue, steering, stop};
 
-pub use capabilities::{Capabilities, GroWriteSupport};
-pub use device::{Device, DeviceBuilder, Mode, Offloads};
+// The types most programs need, at the crate root as well.
+pub use dataplane::forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
+pub use dataplane::stats::{Counters, DropReason, Drops, Engine, ProcessUsage, WhenFull};
+pub use devices::capabilities::{Capabilities, GroWriteSupport};
+pub use devices::device::{Device, DeviceBuilder};
+pub use devices::mode::Mode;
+pub use devices::offloads::Offloads;
+pub use devices::queue::{Queue, QueueStats};
+pub use devices::stop::StopHandle;
 pub use error::{validate_ifname, Error, Malformed, Result};
-pub use forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
-pub use queue::{Queue, QueueStats};
-pub use stats::{Counters, DropReason, Drops, Engine, ProcessUsage, WhenFull};
-pub use stop::StopHandle;
 /// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
 pub use sys::effective_capabilities;
 /// `TUNSETIFF` request flags (`IFF_*`), e.g. to read [`Device::kernel_flags`].

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use turbotun::netlink::{Netlink, Vxlan};
-use turbotun::wire::tunnel::{coalesce_tunnel, TunnelKind, TunnelSplitter};
+use turbotun::wire::udp_tunnel::{coalesce_tunnel, TunnelKind, TunnelSplitter};
 use turbotun::wire::virtio_net::{TunnelOffsets, VIRTIO_NET_HDR_V1_HASH_TUNNEL_LEN as HDR};
 use turbotun::wire::{Framing, VirtioNetHdr, VirtioNetHdrRepr};
 use turbotun::{DeviceBuilder, Offloads, Queue};

@@ -363,8 +363,8 @@ impl TunnelSpec {
 
 /// Fuzz entry: `data` = 24-byte virtio header, 1 framing byte, packet. Validates a UDP-tunnel super-packet and
 /// checks every segment: its length, the outer checksums and (from the inner IP header on) the inner ones.
-pub fn tunnel_split(data: &[u8]) {
-    use crate::tunnel::TunnelSplitter;
+pub fn udp_tunnel_split(data: &[u8]) {
+    use crate::udp_tunnel::TunnelSplitter;
     if data.len() < 25 {
         return;
     }
@@ -405,7 +405,7 @@ pub fn tunnel_split(data: &[u8]) {
     let _ = s.split_into(0, &mut bufs, &mut lens, 12);
     // GRO: what merges of the segments must split back into the same segments.
     if n <= 64 {
-        use crate::tunnel::{coalesce_tunnel, TunnelKind};
+        use crate::udp_tunnel::{coalesce_tunnel, TunnelKind};
         let segs: Vec<Vec<u8>> = (0..n)
             .map(|i| {
                 let len = s.write_segment(i, &mut out).expect("segment fits");

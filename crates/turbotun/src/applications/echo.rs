@@ -70,13 +70,15 @@ use std::time::Duration;
 use turbotun_wire::virtio_net::VirtioNetHdr;
 use turbotun_wire::{arp, ethernet, icmp, icmpv6, ipv4, ipv6, udp, IPPROTO_TCP, IPPROTO_UDP};
 
-use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
-use crate::device::{Device, DeviceBuilder, Mode, Offloads};
+use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use crate::dataplane::stats::{Counters, DropReason, SharedCounters, WhenFull};
+use crate::dataplane::write_policy::{Unit, Writer};
+use crate::devices::device::{Device, DeviceBuilder};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{Counters, DropReason, SharedCounters, WhenFull};
-use crate::stop::StopHandle;
-use crate::write_policy::{Unit, Writer};
 
 /// IP protocol number of ICMP.
 const IPPROTO_ICMP: u8 = 1;
@@ -648,7 +650,7 @@ impl EchoBuilder {
         if self.mode == EchoMode::Offload {
             // The kernel probes run now, before traffic (they take tens of milliseconds); without them a refused
             // coalesced write turns that kind off at run time.
-            let _ = crate::Capabilities::get();
+            let _ = crate::devices::capabilities::Capabilities::get();
         }
         let mut responder = Responder::new(queue.mode()).with_mac(self.mac);
         for &(addr, prefix) in &self.own {

@@ -31,10 +31,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::dataplane::udp::{RecvSlots, MAX_MMSG};
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::stop::StopHandle;
 use crate::sys;
-use crate::udp::{RecvSlots, MAX_MMSG};
 use rustix::net::sockopt;
 
 /// Bytes of [`Header`] at the start of every datagram: the smallest datagram size.
@@ -518,7 +518,7 @@ impl Generator {
         let mut done = 0;
         while done < sends {
             r.calls += 1;
-            match crate::udp::send_equal(sock, &buf[done * msg_len..], msg_len, sends - done) {
+            match crate::dataplane::udp::send_equal(sock, &buf[done * msg_len..], msg_len, sends - done) {
                 Ok(n) => {
                     done += n;
                     r.sent += n as u64 * seg;
@@ -777,7 +777,7 @@ impl Sink {
                 if let Some(d) = m.drops {
                     r.socket_drops = u64::from(d);
                 }
-                for dgram in crate::udp::datagrams(m, data) {
+                for dgram in crate::dataplane::udp::datagrams(m, data) {
                     let dgram: &[u8] = dgram;
                     r.datagrams += 1;
                     r.bytes += dgram.len() as u64;

@@ -24,6 +24,9 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::error::{Error, Result};
 
+mod error;
+pub use error::NetlinkError;
+
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
 /// reader of the fd: `tx_dropped` counts packets the kernel dropped because the reader was too slow (tail drop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -184,7 +187,7 @@ impl Netlink {
     /// A socket stays in the namespace it was created in, so a short-lived thread enters the namespace, opens it
     /// and exits; the caller's own namespace is never changed.
     pub fn in_netns(netns_file: &Path) -> Result<Self> {
-        crate::netns::with_netns(netns_file, Netlink::new)?
+        crate::configuration::netns::with_netns(netns_file, Netlink::new)?
     }
 
     /// The index of the interface with this name.
@@ -309,7 +312,7 @@ impl Netlink {
     /// Moves the interface into the network namespace named by `netns_file`. The kernel flushes its addresses and
     /// sets it down; configure it again inside the namespace. Open queue fds stay attached.
     pub fn move_to_netns(&mut self, name: &str, netns_file: &Path) -> Result<()> {
-        let ns = crate::netns::open_netns(netns_file)?;
+        let ns = crate::configuration::netns::open_netns(netns_file)?;
         let context = format!("moving {name} to network namespace {}", netns_file.display());
         self.set_link_attribute(name, LinkAttribute::NetNsFd(ns.as_raw_fd()), &context)
     }
@@ -568,7 +571,7 @@ fn family(addr: IpAddr) -> AddressFamily {
 fn netlink_error(context: &str, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => Error::PermissionDenied { action: context.to_string(), source: e },
-        _ => Error::Netlink { context: context.to_string(), source: e },
+        _ => NetlinkError { context: context.to_string(), source: e }.into(),
     }
 }
 
@@ -668,7 +671,7 @@ mod tests {
     /// namespaces; skipped without the privileges for them (a failure under CI=true).
     #[test]
     fn veth_pair_created_and_moved() {
-        let ran = crate::netns::with_private_netns(|| {
+        let ran = crate::configuration::netns::with_private_netns(|| {
             let mut nl = Netlink::new().unwrap();
             nl.create_veth("ttveth0", "ttveth1").unwrap();
             assert_eq!(nl.link("ttveth0").unwrap().kind.as_deref(), Some("veth"));
@@ -677,8 +680,10 @@ mod tests {
             assert!(err.to_string().contains("creating veth pair ttveth0 and ttveth2"), "{err}");
             assert!(nl.create_veth("a-name-far-too-long", "ttveth3").is_err());
             // A second private namespace, kept alive by this fd once its thread has ended.
-            let other =
-                crate::netns::with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").unwrap()).unwrap();
+            let other = crate::configuration::netns::with_private_netns(|| {
+                std::fs::File::open("/proc/thread-self/ns/net").unwrap()
+            })
+            .unwrap();
             let other_path = std::path::PathBuf::from(format!("/proc/self/fd/{}", other.as_raw_fd()));
             nl.move_to_netns("ttveth1", &other_path).unwrap();
             assert!(matches!(nl.link("ttveth1"), Err(Error::NoSuchDevice { .. })));

@@ -18,6 +18,7 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
+use crate::configuration::netlink::NetlinkError;
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -41,7 +42,7 @@ where
                 Some(libc::EPERM) | Some(libc::EACCES) => {
                     Error::PermissionDenied { action: "setting lo up in a new network namespace".into(), source: e }
                 }
-                _ => Error::Netlink { context: "setting lo up in a new network namespace".into(), source: e },
+                _ => NetlinkError { context: "setting lo up in a new network namespace".into(), source: e }.into(),
             })
         },
         f,

@@ -1,6 +1,6 @@
 //! The dataplane: moving packets between queues, sockets and the application. The batch halves (split and
 //! coalesce), the forwarding engine and its io_uring paths over a slot ring, the tunnel engine over the UDP
-//! layer, the one write policy, the counters, stopping and waking workers, and the async and smoltcp front ends.
+//! layer, the one write policy, the counters, waking workers asleep in a read, and the async and smoltcp front ends.
 
 pub mod batch;
 pub mod forward;
@@ -8,7 +8,6 @@ pub mod ring;
 #[cfg(feature = "smoltcp")]
 pub mod smoltcp;
 pub mod stats;
-pub mod stop;
 pub(crate) mod threads;
 #[cfg(feature = "tokio")]
 pub mod tokio;

@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::stop::StopHandle;
 
 /// How often the supervisor looks at the stop handle while no worker reports.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -70,7 +70,7 @@ pub(crate) fn stop_threads(handles: Vec<JoinHandle<()>>, signal: bool) {
     let start = Instant::now();
     while handles.iter().any(|h| !h.is_finished()) && start.elapsed() < WAKE_LIMIT {
         for h in handles.iter().filter(|h| signal && !h.is_finished()) {
-            if let Err(e) = crate::wake::interrupt(h) {
+            if let Err(e) = crate::dataplane::wake::interrupt(h) {
                 tracing::warn!("waking a worker: {e}");
             }
         }

@@ -20,12 +20,13 @@ use std::sync::Arc;
 
 use ::tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use ::tokio::io::Interest;
+use turbotun_wire::Batch;
 
-use crate::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
+use crate::dataplane::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
+use crate::dataplane::stats::{Counters, WhenFull};
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::queue::Queue;
-use crate::stats::{Counters, WhenFull};
-use crate::stop::StopHandle;
 
 /// A queue driven by tokio. Cheap to share (`Clone`): one task may read while another writes.
 #[derive(Debug, Clone)]
@@ -193,9 +194,10 @@ impl AsyncRecvBatch {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<Received> {
+        let mut batch = Batch::new(bufs, lens, offset);
         loop {
             let half = &mut self.half;
-            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, bufs, lens, offset)) {
+            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, &mut batch)) {
                 return done;
             }
         }
@@ -261,12 +263,14 @@ impl AsyncSendBatch {
         checksums: impl Into<turbotun_wire::Checksums>,
     ) -> Result<Sent> {
         let before = self.half.stats();
-        let n = self.half.prepare(bufs, lens, offset, checksums.into())?;
-        let (bufs, lens) = (&bufs[..n], &lens[..n]);
+        let mut batch = Batch::new(bufs, lens, offset);
+        let n = self.half.prepare(&mut batch, checksums.into())?;
+        let batch = batch.range(0..n);
+        let lens = &*batch.lens;
         let mut writing = Writing { half: &mut self.half, queue: &self.queue, lens, offset, next: 0, done: false };
         let queue = writing.queue;
         queue
-            .write_when_room(|q| match writing.half.write_units(q, bufs, lens, offset, writing.next, false) {
+            .write_when_room(|q| match writing.half.write_units(q, &batch, writing.next, false) {
                 Ok(Progress::Done) => Ok(Some(())),
                 Ok(Progress::Full(k)) => {
                     writing.next = k;
@@ -293,7 +297,7 @@ mod tests {
     use turbotun_wire::{ipv4, udp, IPPROTO_UDP, VIRTIO_NET_HDR_LEN};
 
     use super::*;
-    use crate::batch::testing::fake_queue;
+    use crate::dataplane::batch::testing::fake_queue;
 
     /// An IPv4 UDP datagram of its own flow (source port `port`), its checksum "none", behind room for the header.
     fn frame(port: u16) -> Vec<u8> {

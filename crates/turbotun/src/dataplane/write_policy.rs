@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{queue_io_error, Result};
-use crate::queue::Queue;
-use crate::stats::{Counters, DropReason, WhenFull};
-use crate::stop::StopHandle;
 use crate::sys;
 
 /// How long a write waiting for room sleeps before it looks at the stop handle again.
@@ -196,7 +196,7 @@ pub(crate) fn write_split(
         }
     };
     let vlen = writer.vnet_hdr_len;
-    let mut frame = vec![0u8; vlen + crate::queue::MAX_PACKET];
+    let mut frame = vec![0u8; vlen + crate::devices::queue::MAX_PACKET];
     let count = splitter.segment_count();
     for index in 0..count {
         frame[..vlen].fill(0);
@@ -229,7 +229,7 @@ mod tests {
     /// and written segment by segment, each with a zeroed virtio header, checksums complete, nothing lost.
     #[test]
     fn test_a_refused_coalesced_packet_is_written_as_its_segments() {
-        use crate::batch::testing::{fake_queue, tcp4_super_packet};
+        use crate::dataplane::batch::testing::{fake_queue, tcp4_super_packet};
         use turbotun_wire::virtio_net::VIRTIO_NET_HDR_LEN;
         use turbotun_wire::{ipv4, tcp};
 

@@ -49,16 +49,20 @@ use rustix::net::{
     SendFlags,
 };
 
-use crate::device::{Mode, Offloads};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{validate_ifname, Error, Result};
-use crate::queue::Queue;
-use crate::stop::StopHandle;
 use crate::sys::{self, iff};
+
+mod error;
+pub use error::{HandoverError, PeerCredentials};
 
 /// The header version this build writes and reads.
 pub const VERSION: u16 = 1;
 /// Most queues one message carries: all a device can have.
-pub use crate::device::MAX_QUEUES;
+pub use crate::devices::device::MAX_QUEUES;
 
 const MAGIC: [u8; 4] = *b"TTQH";
 /// Magic, version and length: read first, then the rest of the header.
@@ -89,7 +93,7 @@ impl HandoverHeader {
         if self.name.contains('%') {
             return Err(Error::InvalidConfig(format!("{:?} is a name template, not a device's name", self.name)));
         }
-        crate::kind::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
+        crate::devices::vnet_hdr::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
         if self.queues == 0 || self.queues > MAX_QUEUES {
             return Err(Error::InvalidConfig(format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues)));
         }
@@ -135,7 +139,7 @@ impl HandoverHeader {
             other => return bad(format!("mode {other} is neither 0 (tun) nor 1 (tap)")),
         };
         let vnet_hdr_len = usize::from(bytes[9]);
-        if crate::kind::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
+        if crate::devices::vnet_hdr::check_vnet_hdr_len("", vnet_hdr_len).is_err() {
             return bad(format!("virtio header size {vnet_hdr_len} is not 0, 10, 12, 20 or 24"));
         }
         let queues = usize::from(u16::from_le_bytes([bytes[10], bytes[11]]));
@@ -236,7 +240,7 @@ impl Queue {
 /// Asks the fd what it is and wraps it with the offloads the caller or sender stated.
 fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
     let facts = fd_facts(fd.as_fd())?;
-    crate::kind::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
+    crate::devices::vnet_hdr::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
     if facts.vnet_hdr_len == 0 && !offloads.is_empty() {
         return Err(Error::InvalidConfig(format!(
             "{} has no virtio header, so it can have no offloads ({offloads} stated)",
@@ -290,29 +294,6 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     Ok(())
 }
 
-/// Who is at the other end of a connected Unix socket, as the kernel recorded it at `connect` or `listen`
-/// (`SO_PEERCRED`): process id, user id, group id. Unforgeable by the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PeerCredentials {
-    /// The peer's process id as this process's PID namespace sees it; `None` when the peer lives outside it
-    /// (the kernel reports 0: the usual case for a forwarder in a container and `turbotun open` on the host).
-    pub pid: Option<u32>,
-    /// Its effective user id.
-    pub uid: u32,
-    /// Its effective group id.
-    pub gid: u32,
-}
-
-impl std::fmt::Display for PeerCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.pid {
-            Some(pid) => write!(f, "pid {pid} (uid {})", self.uid),
-            None => write!(f, "a process outside this PID namespace (uid {})", self.uid),
-        }
-    }
-}
-
 /// [`PeerCredentials`] of `socket`'s peer.
 pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
     let (pid, uid, gid) = sys::peer_credentials(socket.as_fd())
@@ -320,14 +301,14 @@ pub fn peer_credentials(socket: &UnixStream) -> Result<PeerCredentials> {
     Ok(PeerCredentials { pid: u32::try_from(pid).ok().filter(|&p| p > 0), uid, gid })
 }
 
-/// The peer of `socket` if it runs as root or as one of `allowed`; otherwise [`Error::UntrustedPeer`].
+/// The peer of `socket` if it runs as root or as one of `allowed`; otherwise [`HandoverError::UntrustedPeer`].
 fn require_peer(socket: &UnixStream, role: &'static str, allowed: &[u32]) -> Result<PeerCredentials> {
     let peer = peer_credentials(socket)?;
     if peer.uid == 0 || allowed.contains(&peer.uid) {
         return Ok(peer);
     }
     let allowed = std::iter::once("root".to_string()).chain(allowed.iter().map(|u| format!("uid {u}"))).collect();
-    Err(Error::UntrustedPeer { peer, role, allowed })
+    Err(HandoverError::UntrustedPeer { peer, role, allowed }.into())
 }
 
 /// The receiving side's check: queues are taken only from a peer running as root or as this process's own
@@ -434,7 +415,7 @@ fn reply(mut socket: &UnixStream, outcome: std::result::Result<(), &Error>) {
 }
 
 /// [`send_queues`], then waits (up to `timeout`) for the receiver's verdict: `Ok` once it took the queues,
-/// [`Error::HandoverRefused`] with its reason otherwise.
+/// [`HandoverError::Refused`] with its reason otherwise.
 pub fn send_queues_and_wait(socket: &UnixStream, queues: &[&Queue], timeout: Duration) -> Result<()> {
     use std::io::BufRead;
     send_queues(socket, queues)?;
@@ -445,8 +426,8 @@ pub fn send_queues_and_wait(socket: &UnixStream, queues: &[&Queue], timeout: Dur
         .map_err(|e| Error::io("waiting for the receiver to confirm the hand-over", e))?;
     match line.trim() {
         "ok" => Ok(()),
-        "" => Err(Error::HandoverRefused { reason: "it closed the connection without a word".into() }),
-        other => Err(Error::HandoverRefused { reason: other.trim_start_matches("error: ").to_string() }),
+        "" => Err(HandoverError::Refused { reason: "it closed the connection without a word".into() }.into()),
+        other => Err(HandoverError::Refused { reason: other.trim_start_matches("error: ").to_string() }.into()),
     }
 }
 
@@ -546,7 +527,7 @@ impl QueueListener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
             }
-            crate::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
+            crate::devices::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
         }
     }
 }

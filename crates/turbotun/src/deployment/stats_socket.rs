@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::dataplane::stats::{Counters, DropReason, Engine};
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::stats::{Counters, DropReason, Engine};
-use crate::stop::StopHandle;
 
 /// Where the counters sockets are: one `NAME.stats` per running engine.
 pub const STATS_DIR: &str = "/run/turbotun";
@@ -107,7 +107,7 @@ impl Report {
         engine: Engine,
         name: &str,
         mode: &str,
-        stats: &crate::tunnel::TunnelStats,
+        stats: &crate::dataplane::tunnel::TunnelStats,
         seconds: f64,
     ) -> Report {
         let mut report = Report::new(kind, engine, name);
@@ -119,8 +119,8 @@ impl Report {
     }
 
     /// A tunnel's report ([`Self::of_tunnel`]) with each queue's counters, when it has several
-    /// ([`crate::tunnel::TunnelStatsHandle::queue_snapshots`]).
-    pub fn with_tunnel_queues(mut self, per_queue: &[crate::tunnel::TunnelStats]) -> Report {
+    /// ([`crate::dataplane::tunnel::TunnelStatsHandle::queue_snapshots`]).
+    pub fn with_tunnel_queues(mut self, per_queue: &[crate::dataplane::tunnel::TunnelStats]) -> Report {
         self.queues = match per_queue.len() {
             0 | 1 => Vec::new(),
             _ => per_queue
@@ -135,9 +135,9 @@ impl Report {
     /// started.
     pub fn of_forwarder(
         devices: &[String; 2],
-        mode: crate::ForwardMode,
-        io: crate::IoKind,
-        stats: &crate::forward::ForwardStats,
+        mode: crate::dataplane::forward::ForwardMode,
+        io: crate::dataplane::forward::IoKind,
+        stats: &crate::dataplane::forward::ForwardStats,
         seconds: f64,
     ) -> Report {
         let mut report = Report::new("forwarder", Engine::Forwarder, devices[0].clone());
@@ -222,7 +222,7 @@ impl Report {
         let queue = words
             .next()
             .and_then(|n| n.parse::<usize>().ok())
-            .filter(|&n| n <= crate::device::MAX_QUEUES)
+            .filter(|&n| n <= crate::devices::device::MAX_QUEUES)
             .ok_or_else(|| format!("queue={value:?}: no queue number"))?;
         let direction =
             words.next().filter(|d| !d.is_empty()).ok_or_else(|| format!("queue={value:?}: no direction"))?;
@@ -558,7 +558,7 @@ mod tests {
 
     #[test]
     fn test_a_tunnels_queues_round_trip_and_an_older_reader_skips_them() {
-        use crate::tunnel::TunnelStats;
+        use crate::dataplane::tunnel::TunnelStats;
         let mut q0 = TunnelStats::default();
         q0.to_network.packets = 7;
         q0.from_network.drops.add(DropReason::Replayed, 2);

@@ -10,12 +10,14 @@ use std::sync::OnceLock;
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, VIRTIO_NET_HDR_LEN};
 
-use crate::device::open_tun;
+use crate::devices::device::open_tun;
 #[cfg(doc)]
-use crate::device::UDP_TUNNEL_VNET_HDR_LEN;
+use crate::devices::device::UDP_TUNNEL_VNET_HDR_LEN;
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::Queue;
+use crate::devices::vnet_hdr::VNET_HDR_SIZES;
 use crate::error::{permission_or_io, Error, Result};
-use crate::kind::{Mode, Offloads, VNET_HDR_SIZES};
-use crate::queue::Queue;
 use crate::sys::{self, iff};
 
 /// Whether the kernel accepts coalesced writes of each kind (`None`: could not tell, e.g. the probe lacked the
@@ -165,7 +167,7 @@ impl Capabilities {
         }
         caps.steering_ebpf_missing = if caps.multi_queue() {
             match scratch_device(iff::TUN | iff::NO_PI | iff::MULTI_QUEUE) {
-                Ok(scratch) => crate::steering::probe(scratch.as_fd()).err(),
+                Ok(scratch) => crate::devices::steering::probe(scratch.as_fd()).err(),
                 Err(e) => Some(e.to_string()),
             }
         } else {
@@ -187,9 +189,10 @@ fn scratch_device(flags: u16) -> Result<OwnedFd> {
 /// privileges for a namespace the answer is "could not tell" (`None`), and [`crate::batch::SendBatch`] relies
 /// on its run-time fallback alone: a refused coalesced write turns that GRO kind off and is re-split, never lost.
 fn probe_gro_writes_privately() -> GroWriteSupport {
-    let probed = crate::netns::with_private_netns(|| -> Result<GroWriteSupport> {
-        let dev = crate::DeviceBuilder::tun().vnet_hdr(VIRTIO_NET_HDR_LEN).offloads(Offloads::ALL).open()?;
-        crate::netlink::Netlink::new()?.set_up(dev.name(), true)?;
+    let probed = crate::configuration::netns::with_private_netns(|| -> Result<GroWriteSupport> {
+        let dev =
+            crate::devices::device::DeviceBuilder::tun().vnet_hdr(VIRTIO_NET_HDR_LEN).offloads(Offloads::ALL).open()?;
+        crate::configuration::netlink::Netlink::new()?.set_up(dev.name(), true)?;
         Ok(probe_gro_writes(&dev.queues()[0]))
     });
     match probed {

@@ -4,15 +4,16 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use crate::configuration::netlink::{LinkInfo, Netlink};
+use crate::devices::queue::Queue;
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
-use crate::netlink::{LinkInfo, Netlink};
-use crate::queue::Queue;
 use crate::sys::{self, iff};
 
-pub use crate::capabilities::Capabilities;
-pub use crate::kind::{Mode, Offloads};
+pub use crate::devices::capabilities::Capabilities;
+pub use crate::devices::mode::Mode;
+pub use crate::devices::offloads::{Offloads, UnknownOffload};
 
-pub use crate::kind::VNET_HDR_SIZES;
+pub use crate::devices::vnet_hdr::VNET_HDR_SIZES;
 
 /// The virtio header size UDP-tunnel offload needs: `struct virtio_net_hdr_v1_hash_tunnel`, whose last four
 /// bytes hold the outer transport and inner network header offsets. The kernel reads and writes those fields
@@ -536,7 +537,7 @@ pub const MAX_QUEUES: usize = 256;
 
 /// [`Error::Busy`] for `name`, with the processes holding its queues.
 fn busy(name: &str, exclusive: bool) -> Error {
-    let holders = crate::inspect::queue_holder_processes(name);
+    let holders = crate::devices::inspect::queue_holder_processes(name);
     Error::Busy { name: name.to_string(), exclusive, holders }
 }
 
@@ -719,18 +720,18 @@ impl Device {
     }
     /// `TUNSETTXFILTER`: only frames to the filter's MAC addresses reach the reader; `None` turns the filter off.
     /// TAP devices only (a TUN device is refused with [`Error::InvalidConfig`]). See [`crate::filter`].
-    pub fn set_tx_filter(&self, filter: Option<&crate::filter::TxFilter>) -> Result<()> {
+    pub fn set_tx_filter(&self, filter: Option<&crate::devices::filter::TxFilter>) -> Result<()> {
         if self.mode != Mode::Tap {
             return Err(Error::NotTap { name: self.name.to_string(), what: "TX filters (TUNSETTXFILTER)" });
         }
-        crate::filter::set_tx_filter(self.ctl(), filter)
+        crate::devices::filter::set_tx_filter(self.ctl(), filter)
     }
     /// `TUNSETFILTEREBPF`: runs `program` on every frame before it is queued for the reader (it decides how many
     /// bytes to keep, 0 drops); `None` removes the device's filter program.
-    pub fn set_filter_program(&self, program: Option<&crate::filter::FilterProgram>) -> Result<()> {
+    pub fn set_filter_program(&self, program: Option<&crate::devices::filter::FilterProgram>) -> Result<()> {
         match program {
             Some(program) => program.attach(self.ctl()),
-            None => crate::filter::FilterProgram::detach(self.ctl()),
+            None => crate::devices::filter::FilterProgram::detach(self.ctl()),
         }
     }
     /// `TUNSETLINK`: the ARPHRD link type (e.g. `ARPHRD_NONE` = 0xfffe). The device must be down.

@@ -9,8 +9,8 @@
 use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
+use crate::configuration::netlink::mac_to_string;
 use crate::error::{Error, Result};
-use crate::netlink::mac_to_string;
 use crate::sys;
 use crate::sys::bpf::{load_socket_filter, BpfInsn};
 

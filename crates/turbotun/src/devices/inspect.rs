@@ -7,9 +7,10 @@
 use std::fs;
 use std::net::IpAddr;
 
+use crate::configuration::netlink::{LinkInfo, LinkStats, Netlink};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
 use crate::error::{Error, Result};
-use crate::kind::{Mode, Offloads};
-use crate::netlink::{LinkInfo, LinkStats, Netlink};
 use crate::sys::{self, iff};
 
 /// One TUN/TAP device as the kernel describes it.
@@ -172,7 +173,7 @@ pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
 /// The report of a device whose link attributes are at hand.
 fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
     let Some(tun) = link.tun else {
-        return Err(crate::device::not_tun_tap(&link));
+        return Err(crate::devices::device::not_tun_tap(&link));
     };
     let name = link.name.as_str();
     // rtnetlink answers in the socket's namespace; sysfs only in the namespace that mounted /sys, and only it

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::kind::{Mode, Offloads};
-use crate::stats::DropReason;
 use rustix::event::PollFlags;
 
 use crate::sys::{self, iff};
@@ -23,23 +23,11 @@ use crate::sys::{self, iff};
 /// truncates a frame; a larger one (a device with a raised `gso_max_size`) is counted as a
 /// [`DropReason::TooBig`](crate::stats::DropReason) drop, never forwarded cut.
 pub const MAX_PACKET: usize = 65_535 + turbotun_wire::ethernet::MAX_HEADER_LEN;
-pub use crate::kind::MAX_VNET_HDR;
+pub use crate::devices::vnet_hdr::MAX_VNET_HDR;
 
 /// Slices (the virtio header's included) that a vectored call with a header of its own gathers on the stack; a
 /// longer chain is gathered in a vector.
 const STACK_IOV: usize = 16;
-
-/// The length after the virtio header of a frame that one read of `n` bytes put into buffers of `capacity` bytes
-/// in all (the header included), or why it cannot be used: the tun driver reports a frame's full length even
-/// when the buffers were shorter, so a read longer than its buffers is a frame cut short
-/// ([`DropReason::TooBig`]), and one shorter than the header holds nothing ([`DropReason::Malformed`]). The one
-/// rule every read path applies (blocking, raw and io_uring).
-pub(crate) fn frame_len(n: usize, vnet_hdr_len: usize, capacity: usize) -> std::result::Result<usize, DropReason> {
-    if n > capacity {
-        return Err(DropReason::TooBig);
-    }
-    n.checked_sub(vnet_hdr_len).ok_or(DropReason::Malformed)
-}
 
 /// Counters of one direction, on a cache line of its own so the reader and writer threads do not share one.
 #[repr(align(64))]
@@ -488,12 +476,20 @@ impl Queue {
 
     /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false): a wait that a stop
     /// ends at once, with no signal (see [`StopHandle::wake_fd`](crate::StopHandle::wake_fd)).
-    pub fn wait_readable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+    pub fn wait_readable_or_stop(
+        &self,
+        stop: &crate::devices::stop::StopHandle,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
         self.wait_or_stop(PollFlags::IN, Some(stop), timeout)
     }
 
     /// Like [`Self::wait_readable_or_stop`] for room to write.
-    pub fn wait_writable_or_stop(&self, stop: &crate::StopHandle, timeout: Option<Duration>) -> Result<bool> {
+    pub fn wait_writable_or_stop(
+        &self,
+        stop: &crate::devices::stop::StopHandle,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
         self.wait_or_stop(PollFlags::OUT, Some(stop), timeout)
     }
 
@@ -501,10 +497,10 @@ impl Queue {
     pub(crate) fn wait_or_stop(
         &self,
         events: PollFlags,
-        stop: Option<&crate::StopHandle>,
+        stop: Option<&crate::devices::stop::StopHandle>,
         timeout: Option<Duration>,
     ) -> Result<bool> {
-        crate::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
+        crate::devices::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
     }
 
     /// Counts a packet the caller decided not to send (so that drops are never silent).
@@ -578,19 +574,5 @@ impl AsFd for Queue {
 impl AsRawFd for Queue {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_frame_len() {
-        assert_eq!(frame_len(1510, 10, 1510), Ok(1500));
-        assert_eq!(frame_len(1511, 10, 1510), Err(DropReason::TooBig), "longer than its buffers: cut short");
-        assert_eq!(frame_len(9, 10, 1510), Err(DropReason::Malformed), "shorter than the virtio header");
-        assert_eq!(frame_len(10, 10, 1510), Ok(0));
-        assert_eq!(frame_len(0, 0, 0), Ok(0));
     }
 }

@@ -21,6 +21,10 @@
 mod recv;
 mod send;
 
+use turbotun_wire::Batch;
+
+use crate::dataplane::stats::DropReason;
+
 // The halves without their queue, for the async API, which holds its queue its own way.
 #[cfg(feature = "tokio")]
 pub(crate) use recv::RecvHalf;
@@ -38,6 +42,18 @@ pub const BATCH_SIZE: usize = 64;
 /// `gso_size` of 1 would make 65,000.
 pub const MAX_SEGMENTS: usize = 1024;
 
+/// The length after the virtio header of a frame that one read of `n` bytes put into buffers of `capacity` bytes
+/// in all (the header included), or why it cannot be used: the tun driver reports a frame's full length even
+/// when the buffers were shorter, so a read longer than its buffers is a frame cut short
+/// ([`DropReason::TooBig`]), and one shorter than the header holds nothing ([`DropReason::Malformed`]). The one
+/// rule every read path applies (blocking, raw and io_uring).
+pub(crate) fn frame_len(n: usize, vnet_hdr_len: usize, capacity: usize) -> std::result::Result<usize, DropReason> {
+    if n > capacity {
+        return Err(DropReason::TooBig);
+    }
+    n.checked_sub(vnet_hdr_len).ok_or(DropReason::Malformed)
+}
+
 /// What the batch halves' and the write policy's unit tests feed through a socket pair that stands in for a tun fd.
 #[cfg(test)]
 pub(crate) mod testing {
@@ -46,8 +62,10 @@ pub(crate) mod testing {
     use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
     use turbotun_wire::{ipv4, tcp, IPPROTO_TCP};
 
-    use crate::kind::{Mode, Offloads};
-    use crate::queue::Queue;
+    use crate::devices::mode::Mode;
+
+    use crate::devices::offloads::Offloads;
+    use crate::devices::queue::Queue;
 
     /// A queue whose reads return what the other end sends, and whose writes it receives: a TUN queue with a
     /// virtio header and every offload.
@@ -100,7 +118,7 @@ impl GroKinds {
     /// The kinds asked for, less any kind the kernel was found to refuse ([`crate::Capabilities::get`], if it
     /// ran; otherwise the first refused write turns the kind off). None without a virtio header.
     pub(crate) fn new(framing: turbotun_wire::Framing, vnet_hdr_len: usize, tcp: bool, udp: bool) -> Self {
-        let found = crate::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
+        let found = crate::devices::capabilities::Capabilities::if_probed().map(|c| c.gro_writes()).unwrap_or_default();
         let on = vnet_hdr_len > 0;
         GroKinds {
             tcp: on && tcp && found.tcp != Some(false),
@@ -137,20 +155,18 @@ impl GroKinds {
 
 /// Decides a batch's write units, for every I/O path: the coalescer's heads (each with the virtio header of
 /// its coalesced packet), or without one every packet, with a zeroed header or one asking the kernel to
-/// complete a partial checksum (completed here on a queue without a virtio header, which cannot ask). Packets
-/// are `bufs[i][offset..offset + lens[i]]`, headers at `offset - vnet_hdr_len`. Returns how many packets were
-/// merged into others.
-#[allow(clippy::too_many_arguments)]
+/// complete a partial checksum (completed here on a queue without a virtio header, which cannot ask). Each
+/// packet's header goes at `batch.offset - vnet_hdr_len`. Returns how many packets were merged into others.
 pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
     gro: Option<&mut turbotun_wire::gro::Gro>,
-    bufs: &mut [B],
-    lens: &mut [usize],
-    offset: usize,
+    batch: &mut Batch<'_, B>,
     vnet_hdr_len: usize,
     framing: turbotun_wire::Framing,
     checksums: turbotun_wire::Checksums,
     to_write: &mut Vec<usize>,
 ) -> usize {
+    let Batch { bufs, lens, offset } = batch;
+    let offset = *offset;
     if let Some(gro) = gro {
         return gro.coalesce(bufs, lens, offset, checksums, to_write).coalesced;
     }
@@ -174,10 +190,11 @@ pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
 #[cfg(test)]
 mod tests {
     use turbotun_wire::virtio_net::{gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
-    use turbotun_wire::{partial, Checksums, Framing};
+    use turbotun_wire::{partial, Batch, Checksums, Framing};
 
     use super::testing::tcp4_super_packet;
-    use super::{prepare_units, GroKinds};
+    use super::{frame_len, prepare_units, GroKinds};
+    use crate::dataplane::stats::DropReason;
 
     const V: usize = VIRTIO_NET_HDR_LEN;
 
@@ -206,7 +223,14 @@ mod tests {
         for (vlen, checksums, needs_csum, complete) in cases {
             let (mut bufs, mut lens) = segments(V);
             let mut to_write = vec![99];
-            let merged = prepare_units(None, &mut bufs, &mut lens, V, vlen, Framing::Ip, checksums, &mut to_write);
+            let merged = prepare_units(
+                None,
+                &mut Batch::new(&mut bufs, &mut lens, V),
+                vlen,
+                Framing::Ip,
+                checksums,
+                &mut to_write,
+            );
             assert_eq!((merged, to_write.as_slice()), (0, &[0, 1, 2, 3][..]), "{checksums:?}");
             for buf in &bufs {
                 if let Some(needs_csum) = needs_csum {
@@ -221,7 +245,14 @@ mod tests {
         let (mut bufs, mut lens) = segments(V);
         lens[1] += 100;
         let mut to_write = Vec::new();
-        prepare_units(None, &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        prepare_units(
+            None,
+            &mut Batch::new(&mut bufs, &mut lens, V),
+            V,
+            Framing::Ip,
+            Checksums::Partial,
+            &mut to_write,
+        );
         assert_eq!(to_write, [0, 1, 2, 3]);
     }
 
@@ -230,8 +261,14 @@ mod tests {
         let mut gro = GroKinds { tcp: true, udp: false, framing: Framing::Ip, vnet_hdr_len: V }.coalescer();
         let (mut bufs, mut lens) = segments(V);
         let mut to_write = Vec::new();
-        let merged =
-            prepare_units(gro.as_mut(), &mut bufs, &mut lens, V, V, Framing::Ip, Checksums::Partial, &mut to_write);
+        let merged = prepare_units(
+            gro.as_mut(),
+            &mut Batch::new(&mut bufs, &mut lens, V),
+            V,
+            Framing::Ip,
+            Checksums::Partial,
+            &mut to_write,
+        );
         assert_eq!((merged, to_write.as_slice()), (3, &[0][..]));
         let hdr = VirtioNetHdrRepr::parse(&bufs[0][..V]).unwrap();
         assert_eq!((hdr.gso_kind(), hdr.gso_size), (gso::TCPV4, 500));
@@ -260,5 +297,14 @@ mod tests {
         // No virtio header, no coalesced writes.
         let none = GroKinds::new(Framing::Ip, 0, true, true);
         assert!(!none.tcp && !none.udp && none.coalescer().is_none());
+    }
+
+    #[test]
+    fn test_frame_len() {
+        assert_eq!(frame_len(1510, 10, 1510), Ok(1500));
+        assert_eq!(frame_len(1511, 10, 1510), Err(DropReason::TooBig), "longer than its buffers: cut short");
+        assert_eq!(frame_len(9, 10, 1510), Err(DropReason::Malformed), "shorter than the virtio header");
+        assert_eq!(frame_len(10, 10, 1510), Ok(0));
+        assert_eq!(frame_len(0, 0, 0), Ok(0));
     }
 }

@@ -11,13 +11,14 @@ use std::os::fd::AsFd;
 use turbotun_wire::gso::{SplitProgress, Splitter};
 use turbotun_wire::scatter::{Placement, ScatterShape};
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use turbotun_wire::{Checksums, Framing};
+use turbotun_wire::{Batch, Checksums, Framing};
 
-use super::MAX_SEGMENTS;
+use super::{frame_len, MAX_SEGMENTS};
+use crate::dataplane::stats::{Counters, DropReason};
+use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
+use crate::devices::vnet_hdr::MAX_VNET_HDR;
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::queue::{frame_len, Queue, MAX_PACKET, MAX_VNET_HDR};
-use crate::stats::{Counters, DropReason};
-use crate::stop::StopHandle;
 use crate::sys;
 
 /// What one [`RecvBatch::recv_many`] produced.
@@ -160,13 +161,11 @@ impl RecvHalf {
     pub(crate) fn recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         timeout: Option<std::time::Duration>,
     ) -> Result<Received> {
         loop {
-            match self.try_recv_many(queue, bufs, lens, offset) {
+            match self.try_recv_many(queue, batch) {
                 Err(e) if e.is_interrupted() => return Ok(Received::NOTHING),
                 Err(e) if e.is_would_block() => {
                     if !queue.wait_or_stop(rustix::event::PollFlags::IN, self.stop.as_ref(), timeout)? {
@@ -186,25 +185,21 @@ impl RecvHalf {
     pub(crate) fn try_recv_many<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Result<Received> {
         let mut total = Received { packets: 0, pending: 0, checksums: Checksums::Valid };
-        let n = bufs.len().min(lens.len());
+        let n = batch.capacity();
         while total.packets < n {
             let nowait = total.packets > 0;
             if nowait && !self.nowait {
                 break;
             }
-            match self.recv_one(queue, &mut bufs[total.packets..n], &mut lens[total.packets..n], offset, nowait) {
+            match self.recv_one(queue, &mut batch.range(total.packets..n), nowait) {
                 Ok(r) => {
                     total.checksums = self.join_checksums(
                         (total.checksums, total.packets),
                         r.checksums,
-                        &mut bufs[..total.packets + r.packets],
-                        &lens[..total.packets + r.packets],
-                        offset,
+                        &mut batch.range(0..total.packets + r.packets),
                     );
                     total.packets += r.packets;
                     total.pending = r.pending;
@@ -232,41 +227,35 @@ impl RecvHalf {
     }
 
     /// The checksum state of a batch of `before.1` packets in state `before.0` followed by packets in state
-    /// `added` (the rest of `bufs`): partial checksums beside unverified ones are completed, since one state
+    /// `added` (the rest of `batch`): partial checksums beside unverified ones are completed, since one state
     /// must describe the batch for the coalescer.
     fn join_checksums<B: AsMut<[u8]>>(
         &self,
         (state, n): (Checksums, usize),
         added: Checksums,
-        bufs: &mut [B],
-        lens: &[usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Checksums {
         if n == 0 {
             return added;
         }
         state.join(added).unwrap_or_else(|| {
-            let partial = if state == Checksums::Partial { 0..n } else { n..bufs.len() };
+            let partial = if state == Checksums::Partial { 0..n } else { n..batch.bufs.len() };
+            let offset = batch.offset;
             for i in partial {
-                turbotun_wire::partial::complete(&mut bufs[i].as_mut()[offset..offset + lens[i]], self.framing);
+                let packet = &mut batch.bufs[i].as_mut()[offset..offset + batch.lens[i]];
+                turbotun_wire::partial::complete(packet, self.framing);
             }
             Checksums::Unverified
         })
     }
 
     /// [`Self::recv`]; with `nowait` the read never sleeps, even on a blocking queue (a would-block error).
-    fn recv_one<B: AsMut<[u8]>>(
-        &mut self,
-        queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-        nowait: bool,
-    ) -> Result<Received> {
-        if bufs.is_empty() || lens.len() < bufs.len() {
+    fn recv_one<B: AsMut<[u8]>>(&mut self, queue: &Queue, batch: &mut Batch<'_, B>, nowait: bool) -> Result<Received> {
+        let offset = batch.offset;
+        if batch.bufs.is_empty() || batch.lens.len() < batch.bufs.len() {
             return Err(Error::InvalidConfig("recv needs at least one buffer and a length slot per buffer".into()));
         }
-        let first = bufs[0].as_mut().len();
+        let first = batch.bufs[0].as_mut().len();
         if first <= offset {
             return Err(Error::BufferTooSmall { have: first, need: offset + 1 });
         }
@@ -277,9 +266,9 @@ impl RecvHalf {
                 self.vnet_hdr_len
             )));
         }
-        let received = self.recv_frame(queue, bufs, lens, offset, nowait)?;
+        let received = self.recv_frame(queue, batch, nowait)?;
         if self.whole_udp && !self.last_whole {
-            for buf in bufs[..received.packets].iter_mut() {
+            for buf in batch.bufs[..received.packets].iter_mut() {
                 buf.as_mut()[offset - self.vnet_hdr_len..offset].fill(0);
             }
         }
@@ -290,33 +279,34 @@ impl RecvHalf {
     fn recv_frame<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         nowait: bool,
     ) -> Result<Received> {
         if self.pending.is_some() {
-            return self.split_pending(queue, bufs, lens, offset);
+            return self.split_pending(queue, batch);
         }
         loop {
-            let layout = self.layout(queue, bufs, offset);
-            let Some((hdr, len)) = self.read_frame(queue, bufs, offset, nowait, layout)? else {
+            let layout = self.layout(queue, batch);
+            let Some((hdr, len)) = self.read_frame(queue, batch, nowait, layout)? else {
                 continue;
             };
             if self.whole_udp && hdr.gso_kind() == gso::UDP_L4 {
-                match self.deliver_super_packet(queue, &hdr, len, layout, bufs, lens, offset) {
+                match self.deliver_super_packet(queue, &hdr, len, layout, batch) {
                     Some(received) => return Ok(received),
                     None => continue,
                 }
             }
             let in_place = match layout {
-                Layout::Direct => Some(self.deliver_whole(&hdr, &mut bufs[0].as_mut()[offset..offset + len], lens)),
-                Layout::Scattered(shape) => self.split_scattered(&hdr, len, bufs, lens, offset, shape),
+                Layout::Direct => {
+                    let packet = &mut batch.bufs[0].as_mut()[batch.offset..batch.offset + len];
+                    Some(self.deliver_whole(&hdr, packet, batch.lens))
+                }
+                Layout::Scattered(shape) => self.split_scattered(&hdr, len, batch, shape),
                 Layout::Scratch => None,
             };
             let received = match in_place {
                 Some(received) => received,
-                None => self.split_scratch(queue, hdr, len, bufs, lens, offset)?,
+                None => self.split_scratch(queue, hdr, len, batch)?,
             };
             if received.packets > 0 {
                 return Ok(received);
@@ -328,7 +318,7 @@ impl RecvHalf {
     /// Where the next read should put its frame.
     /// The queue's offloads are read per call: a monitor may grant or take them away at any time
     /// ([`Queue::set_offloads`]).
-    fn layout<B: AsMut<[u8]>>(&mut self, queue: &Queue, bufs: &mut [B], offset: usize) -> Layout {
+    fn layout<B: AsMut<[u8]>>(&mut self, queue: &Queue, batch: &mut Batch<'_, B>) -> Layout {
         if !queue.receives_super_packets() {
             return Layout::Direct;
         }
@@ -338,9 +328,10 @@ impl RecvHalf {
         let Some(shape) = self.predicted else {
             return Layout::Scratch;
         };
-        let k = bufs.len().min(sys::MAX_SCATTER - 2);
+        let k = batch.bufs.len().min(sys::MAX_SCATTER - 2);
         // Every buffer must have room for its part; otherwise the copying split (which reports small buffers).
-        if k < 2 || bufs[..k].iter_mut().any(|b| b.as_mut().len() < offset + shape.buffer_len()) {
+        let room = batch.offset + shape.buffer_len();
+        if k < 2 || batch.bufs[..k].iter_mut().any(|b| b.as_mut().len() < room) {
             self.predicted = None;
             return Layout::Scratch;
         }
@@ -353,11 +344,11 @@ impl RecvHalf {
     fn read_frame<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &mut [B],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         nowait: bool,
         layout: Layout,
     ) -> Result<Option<(VirtioNetHdrRepr, usize)>> {
+        let (bufs, offset) = (&mut *batch.bufs, batch.offset);
         let vlen = self.vnet_hdr_len;
         let mut head = [0u8; MAX_VNET_HDR];
         let first_buf = bufs[0].as_mut().len() - offset;
@@ -412,17 +403,16 @@ impl RecvHalf {
 
     /// Hands a super-packet over whole (see [`Self::keep_udp_super_packets`]): moved into the first buffer if the
     /// read put it elsewhere, its virtio header written in front of it. `None` if it was dropped (counted).
-    #[allow(clippy::too_many_arguments)]
     fn deliver_super_packet<B: AsMut<[u8]>>(
         &mut self,
         queue: &Queue,
         hdr: &VirtioNetHdrRepr,
         len: usize,
         layout: Layout,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Option<Received> {
+        let Batch { bufs, lens, offset } = batch;
+        let offset = *offset;
         match layout {
             Layout::Direct => {}
             Layout::Scratch | Layout::Scattered(_) => {
@@ -452,11 +442,11 @@ impl RecvHalf {
         &mut self,
         hdr: &VirtioNetHdrRepr,
         len: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         shape: ScatterShape,
     ) -> Option<Received> {
+        let Batch { bufs, lens, offset } = batch;
+        let offset = *offset;
         match shape.placement(hdr, len) {
             Placement::Whole => {
                 return Some(self.deliver_whole(hdr, &mut bufs[0].as_mut()[offset..offset + len], lens));
@@ -481,9 +471,7 @@ impl RecvHalf {
         queue: &Queue,
         hdr: VirtioNetHdrRepr,
         len: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Result<Received> {
         // Validated once here; only segments left for a later call are split from `Pending` again.
         let splitter = match Splitter::new(&hdr, &self.scratch[..len], self.framing) {
@@ -507,8 +495,8 @@ impl RecvHalf {
             self.stats.drops.add(DropReason::TooManySegments, (total - MAX_SEGMENTS) as u64);
         }
         let limit = total.min(MAX_SEGMENTS);
-        let room = bufs.len().min(limit);
-        let progress = match splitter.split_into(0, &mut bufs[..room], lens, offset) {
+        let room = batch.bufs.len().min(limit);
+        let progress = match splitter.split_into(0, &mut batch.bufs[..room], batch.lens, batch.offset) {
             Ok(progress) => progress,
             Err(e) => {
                 // Buffers too small: keep the super-packet for a call with larger ones.
@@ -552,22 +540,17 @@ impl RecvHalf {
         Received { packets: 1, pending: 0, checksums: Checksums::from(valid) }
     }
 
-    fn split_pending<B: AsMut<[u8]>>(
-        &mut self,
-        queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) -> Result<Received> {
+    fn split_pending<B: AsMut<[u8]>>(&mut self, queue: &Queue, batch: &mut Batch<'_, B>) -> Result<Received> {
         let Some(p) = self.pending.as_mut() else {
             return Ok(Received::NOTHING);
         };
         let splitter = Splitter::new(&p.hdr, &self.scratch[..p.len], self.framing)
             .map_err(|e| Error::malformed(queue.name(), Malformed::Gso(e)))?
             .leave_checksums_partial(self.partial);
-        let room = bufs.len().min(p.total - p.next);
-        let progress =
-            splitter.split_into(p.next, &mut bufs[..room], lens, offset).map_err(|e| split_error(queue, e))?;
+        let room = batch.bufs.len().min(p.total - p.next);
+        let progress = splitter
+            .split_into(p.next, &mut batch.bufs[..room], batch.lens, batch.offset)
+            .map_err(|e| split_error(queue, e))?;
         let progress = SplitProgress { total: p.total, ..progress };
         p.next = progress.next;
         let hdr = p.hdr;
@@ -668,7 +651,7 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
         offset: usize,
         timeout: Option<std::time::Duration>,
     ) -> Result<Received> {
-        self.half.recv_many(self.queue.borrow(), bufs, lens, offset, timeout)
+        self.half.recv_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset), timeout)
     }
 
     /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
@@ -681,7 +664,7 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
         lens: &mut [usize],
         offset: usize,
     ) -> Result<Received> {
-        self.half.try_recv_many(self.queue.borrow(), bufs, lens, offset)
+        self.half.try_recv_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset))
     }
 }
 
@@ -704,7 +687,8 @@ mod tests {
 
     use super::super::testing::{fake_queue, tcp4_super_packet};
     use super::*;
-    use crate::kind::{Mode, Offloads};
+    use crate::devices::mode::Mode;
+    use crate::devices::offloads::Offloads;
 
     /// A TCP/IPv4 super-packet of `payload` zero bytes in segments of `gso_size`, its checksum left partial, as a
     /// frame with its virtio header.

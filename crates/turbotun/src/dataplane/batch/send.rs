@@ -8,15 +8,15 @@ use std::io::{self, IoSlice};
 
 use turbotun_wire::gro::Gro;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
-use turbotun_wire::{Checksums, Framing};
+use turbotun_wire::{Batch, Checksums, Framing};
 
 use super::{prepare_units, GroKinds, BATCH_SIZE};
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::dataplane::write_policy::{lost_with, Unit, Writer, Written};
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::kind::Offloads;
-use crate::queue::Queue;
-use crate::stats::{Counters, DropReason, WhenFull};
-use crate::stop::StopHandle;
-use crate::write_policy::{lost_with, Unit, Writer, Written};
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
 /// kernels) plus its header.
@@ -123,14 +123,12 @@ impl SendHalf {
     pub(crate) fn send_many<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums: impl Into<Checksums>,
     ) -> Result<Sent> {
         let before = self.stats;
-        let n = self.prepare(bufs, lens, offset, checksums.into())?;
-        self.write_units(queue, &bufs[..n], &lens[..n], offset, 0, true)?;
+        let n = self.prepare(batch, checksums.into())?;
+        self.write_units(queue, &batch.range(0..n), 0, true)?;
         Ok(self.sent_since(&before))
     }
 
@@ -140,22 +138,22 @@ impl SendHalf {
         Sent { packets: delta.packets as usize, writes: delta.writes as usize, dropped: delta.drops.total() as usize }
     }
 
-    /// Coalesces `bufs[..n]` into write units (`to_write`), ready for [`Self::write_units`]; returns `n`.
+    /// Coalesces the batch's `n` packets (see [`Batch::capacity`]) into write units (`to_write`), ready for
+    /// [`Self::write_units`]; returns `n`.
     pub(crate) fn prepare<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums: Checksums,
     ) -> Result<usize> {
+        let offset = batch.offset;
         if offset < self.vnet_hdr_len {
             return Err(Error::InvalidConfig(format!(
                 "offset {offset} leaves no room for the {}-byte virtio header",
                 self.vnet_hdr_len
             )));
         }
-        let n = bufs.len().min(lens.len());
-        self.coalesce(&mut bufs[..n], &mut lens[..n], offset, checksums);
+        let n = batch.capacity();
+        self.coalesce(&mut batch.range(0..n), checksums);
         self.batch_gro = self.gro.take();
         self.gro_rebuilt = false;
         Ok(n)
@@ -168,9 +166,7 @@ impl SendHalf {
     pub(crate) fn write_units<B: AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
-        bufs: &[B],
-        lens: &[usize],
-        offset: usize,
+        batch: &Batch<'_, B>,
         first: usize,
         wait: bool,
     ) -> Result<Progress> {
@@ -178,15 +174,17 @@ impl SendHalf {
         let gro = self.batch_gro.take();
         let mut result = Ok(Progress::Done);
         for (k, &i) in to_write.iter().enumerate().skip(first) {
-            match self.write_unit(queue, gro.as_ref(), bufs, lens, i, offset, wait) {
+            match self.write_unit(queue, gro.as_ref(), batch, i, wait) {
                 Ok(true) => {}
                 Ok(false) => {
                     result = Ok(Progress::Full(k));
                     break;
                 }
                 Err(e) => {
-                    let rest: u64 =
-                        to_write[k + 1..].iter().map(|&h| unit_packets(gro.as_ref(), h, lens, offset)).sum();
+                    let rest: u64 = to_write[k + 1..]
+                        .iter()
+                        .map(|&h| unit_packets(gro.as_ref(), h, batch.lens, batch.offset))
+                        .sum();
                     self.drop_packets(queue, lost_with(&e), rest, &io::Error::other(e.to_string()));
                     result = Err(e);
                     break;
@@ -217,33 +215,24 @@ impl SendHalf {
 
     /// Decides the write units: the coalescer's heads, or every packet (with a zeroed virtio header, or one
     /// asking the kernel to complete a partial checksum) without it.
-    fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(
-        &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-        checksums: Checksums,
-    ) {
+    fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(&mut self, batch: &mut Batch<'_, B>, checksums: Checksums) {
         let gro = self.gro.as_mut();
-        let coalesced =
-            prepare_units(gro, bufs, lens, offset, self.vnet_hdr_len, self.framing, checksums, &mut self.to_write);
+        let coalesced = prepare_units(gro, batch, self.vnet_hdr_len, self.framing, checksums, &mut self.to_write);
         self.stats.coalesced += coalesced as u64;
     }
 
     /// Writes packet `head` as the coalescer assembled it: one `writev` of the virtio header and head packet plus
     /// each merged member's payload, so payloads are never copied in user space. False if the queue was full and
     /// `wait` was off (nothing written).
-    #[allow(clippy::too_many_arguments)]
     fn write_unit<B: AsRef<[u8]>>(
         &mut self,
         queue: &Queue,
         gro: Option<&Gro>,
-        bufs: &[B],
-        lens: &[usize],
+        batch: &Batch<'_, B>,
         head: usize,
-        offset: usize,
         wait: bool,
     ) -> Result<bool> {
+        let (bufs, lens, offset) = (&*batch.bufs, &*batch.lens, batch.offset);
         let start = offset - self.vnet_hdr_len;
         let mut iov = [IoSlice::new(&[]); MAX_PIECES];
         let mut count = 0;
@@ -306,7 +295,15 @@ impl SendHalf {
         self.kinds.refuse(hdr, queue.name());
         self.gro_rebuilt = true;
         self.gro = self.kinds.coalescer();
-        crate::write_policy::write_split(&self.writer, queue, self.framing, hdr, packet, unit.packets, &mut self.stats)
+        crate::dataplane::write_policy::write_split(
+            &self.writer,
+            queue,
+            self.framing,
+            hdr,
+            packet,
+            unit.packets,
+            &mut self.stats,
+        )
     }
 
     fn drop_packets(&mut self, queue: &Queue, reason: DropReason, packets: u64, e: &io::Error) {
@@ -386,7 +383,7 @@ impl<Q: Borrow<Queue>> SendBatch<Q> {
         offset: usize,
         checksums: impl Into<Checksums>,
     ) -> Result<Sent> {
-        self.half.send_many(self.queue.borrow(), bufs, lens, offset, checksums)
+        self.half.send_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset), checksums)
     }
 }
 

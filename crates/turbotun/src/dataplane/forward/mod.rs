@@ -37,14 +37,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::device::{Device, DeviceBuilder, Mode, Offloads};
+use crate::dataplane::stats::{Counters, SharedCounters, WhenFull};
+use crate::devices::device::{Device, DeviceBuilder};
+use crate::devices::mode::Mode;
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::queue::Queue;
-use crate::stats::{Counters, SharedCounters, WhenFull};
-use crate::stop::StopHandle;
 
+mod jobs;
 mod run;
-mod supervise;
 #[cfg(feature = "tokio")]
 mod tasks;
 mod workers;
@@ -151,7 +153,7 @@ impl std::fmt::Debug for ForwarderBuilder {
 /// Virtio header size the engine uses for offload and passthrough.
 const VNET_HDR: usize = turbotun_wire::VIRTIO_NET_HDR_LEN;
 /// Most packets one batch handles.
-pub const MAX_BATCH: usize = crate::batch::BATCH_SIZE;
+pub const MAX_BATCH: usize = crate::dataplane::batch::BATCH_SIZE;
 /// Most io_uring buffers per direction.
 pub const MAX_DEPTH: usize = 1024;
 
@@ -264,7 +266,7 @@ impl ForwarderBuilder {
         match (self.mode.uses_vnet_hdr(), self.udp_tunnel) {
             (false, _) => 0,
             (true, false) => VNET_HDR,
-            (true, true) => crate::device::UDP_TUNNEL_VNET_HDR_LEN,
+            (true, true) => crate::devices::device::UDP_TUNNEL_VNET_HDR_LEN,
         }
     }
 
@@ -463,14 +465,14 @@ impl ForwarderBuilder {
             // A read asleep in the kernel ends only with a signal: the one place the process-wide wake-up handler
             // is installed. Poll waits end on the stop handle's fd, io_uring waits time out, tokio tasks are
             // dropped.
-            crate::wake::prepare()?;
+            crate::dataplane::wake::prepare()?;
         }
         if self.mode == ForwardMode::Offload {
             // The kernel probes (scratch devices, and a private namespace for the GRO write probe: tens of
             // milliseconds) run here, before traffic, so that the send halves start with the kinds the kernel
             // takes. Never on a data path: left to a first send, the probe stalled a worker long enough for the
             // source device's ring to overflow (a few hundred datagrams lost in every short loss trial).
-            if let Err(e) = crate::Capabilities::get() {
+            if let Err(e) = crate::devices::capabilities::Capabilities::get() {
                 notes.push(format!("kernel probes not run ({e}); a refused coalesced write turns that kind off"));
             }
         }
@@ -489,20 +491,20 @@ impl ForwarderBuilder {
 
 fn registered_vectors_supported() -> Result<()> {
     #[cfg(feature = "uring")]
-    return crate::uring::registered_vectors_supported();
+    return crate::dataplane::uring::registered_vectors_supported();
     #[cfg(not(feature = "uring"))]
     Err(Error::Unsupported { feature: "io_uring (turbotun was built without its `uring` feature)" })
 }
 
 fn uring_supported() -> Result<()> {
     #[cfg(feature = "uring")]
-    return crate::uring::supported();
+    return crate::dataplane::uring::supported();
     #[cfg(not(feature = "uring"))]
     return Err(Error::Unsupported { feature: "io_uring (turbotun was built without its `uring` feature)" });
 }
 
 fn steer_flows(dev: &Device) -> Result<()> {
-    let program = crate::steering::SteeringProgram::flow_hash()?;
+    let program = crate::devices::steering::SteeringProgram::flow_hash()?;
     program.attach(std::os::fd::AsFd::as_fd(&dev.queues()[0]))
 }
 
@@ -512,7 +514,7 @@ fn steer_flows(dev: &Device) -> Result<()> {
 /// each side may have any size turbotun handles; passthrough forwards headers as they are, so both sides must
 /// have the same size (checked in [`ForwarderBuilder::build_queues`]).
 fn check_framing(mode: ForwardMode, udp_tunnel: bool, q: &Queue) -> Result<()> {
-    let tunnel = crate::device::UDP_TUNNEL_VNET_HDR_LEN;
+    let tunnel = crate::devices::device::UDP_TUNNEL_VNET_HDR_LEN;
     match (mode, q.vnet_hdr_len()) {
         _ if q.packet_info() => Err(Error::PacketInfo { name: q.name().to_string(), user: "the forwarder" }),
         (ForwardMode::Plain, 0) => Ok(()),

@@ -1,18 +1,18 @@
 //! Running a forwarder on threads: one worker per queue, direction and thread; when the stop handle fires or
 //! the first worker fails, every worker is stopped, woken and joined.
 
-use super::supervise::jobs;
+use super::jobs::jobs;
 use super::workers::{run_worker, WorkerCtx};
 use super::{ForwardStats, Forwarder};
+use crate::dataplane::threads::{run_workers, Worker};
 use crate::error::Result;
-use crate::threads::{run_workers, Worker};
 
 pub(super) fn run(fwd: Forwarder) -> Result<ForwardStats> {
     run_with(fwd, run_worker)
 }
 
 /// What a worker runs: its two queues and what else it needs to know.
-type WorkerFn = fn(&crate::queue::Queue, &crate::queue::Queue, &WorkerCtx) -> Result<()>;
+type WorkerFn = fn(&crate::devices::queue::Queue, &crate::devices::queue::Queue, &WorkerCtx) -> Result<()>;
 
 /// [`run`] with the worker's loop given (the tests give one that fails or panics).
 fn run_with(fwd: Forwarder, worker: WorkerFn) -> Result<ForwardStats> {
@@ -22,7 +22,7 @@ fn run_with(fwd: Forwarder, worker: WorkerFn) -> Result<ForwardStats> {
             let ctx = WorkerCtx::new(&fwd, job.a_to_b);
             let work = move || {
                 if ctx.io == super::IoKind::Block {
-                    crate::wake::unblock()?;
+                    crate::dataplane::wake::unblock()?;
                 }
                 worker(&job.src, &job.dst, &ctx)
             };
@@ -38,10 +38,11 @@ mod tests {
     use std::os::unix::net::UnixDatagram;
 
     use super::*;
+    use crate::dataplane::forward::{ForwardMode, ForwarderBuilder, IoKind};
+    use crate::devices::mode::Mode;
+    use crate::devices::offloads::Offloads;
+    use crate::devices::queue::Queue;
     use crate::error::Error;
-    use crate::forward::{ForwardMode, ForwarderBuilder, IoKind};
-    use crate::kind::{Mode, Offloads};
-    use crate::queue::Queue;
 
     /// A plain queue over one end of a datagram socket pair (a read returns one message, as from a tun fd).
     fn fake_queue(name: &str) -> (Queue, UnixDatagram) {
@@ -68,7 +69,10 @@ mod tests {
         assert!(matches!(err, Error::WorkerPanicked { .. }), "{err}");
         let text = err.to_string();
         assert!(text.contains("fakea->fakeb") && text.contains("injected failure in fakea"), "{text}");
-        assert!(started.elapsed() < crate::threads::WAKE_LIMIT, "the blocked worker was woken, not waited out");
+        assert!(
+            started.elapsed() < crate::dataplane::threads::WAKE_LIMIT,
+            "the blocked worker was woken, not waited out"
+        );
     }
 
     fn fails_one_way(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {

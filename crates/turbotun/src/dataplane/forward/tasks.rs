@@ -6,15 +6,16 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::supervise::{jobs, panic_message, supervise, Done};
+use super::jobs::jobs;
 use super::workers::{arena, each_packet, packet_offset, raw_frame, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder};
+use crate::dataplane::stats::Counters;
+use crate::dataplane::stats::{batch_counts, final_batch_counts, Flusher};
+use crate::dataplane::threads::{panic_message, supervise, Done};
+use crate::dataplane::tokio::AsyncQueue;
+use crate::dataplane::write_policy::Written;
+use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::error::{Error, Result};
-use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::Counters;
-use crate::stats::{batch_counts, final_batch_counts, Flusher};
-use crate::tokio::AsyncQueue;
-use crate::write_policy::Written;
 
 /// How long the runtime's shutdown waits for tasks at their await points.
 const SHUTDOWN: Duration = Duration::from_millis(500);

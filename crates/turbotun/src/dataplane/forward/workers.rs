@@ -7,12 +7,13 @@ use std::io::IoSlice;
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
 use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, IDLE_WAIT};
-use crate::batch::{RecvBatch, SendBatch};
+use crate::dataplane::batch::{RecvBatch, SendBatch};
+use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
+use crate::dataplane::write_policy::{Unit, Writer};
+use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
+use crate::devices::vnet_hdr::MAX_VNET_HDR;
 use crate::error::Result;
-use crate::queue::{Queue, MAX_PACKET, MAX_VNET_HDR};
-use crate::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
-use crate::stop::StopHandle;
-use crate::write_policy::{Unit, Writer};
 
 /// What a worker needs to know besides its two queues.
 #[derive(Clone)]
@@ -142,7 +143,7 @@ pub(super) fn raw_frame(
     head: &[u8],
 ) -> Option<Unit> {
     c.reads += 1;
-    if let Err(reason) = crate::queue::frame_len(frame_len, vnet_hdr_len, capacity) {
+    if let Err(reason) = crate::dataplane::batch::frame_len(frame_len, vnet_hdr_len, capacity) {
         tracing::debug!("dropping a frame of {frame_len} bytes ({reason})");
         c.drops.add(reason, 1);
         return None;
@@ -195,7 +196,7 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 /// `tx_dropped` (the ring has no queue to count them on).
 #[cfg(feature = "uring")]
 fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
-    let ring = crate::uring::UringForwarder::new(src, dst, ctx.depth)?.when_full(ctx.when_full);
+    let ring = crate::dataplane::uring::UringForwarder::new(src, dst, ctx.depth)?.when_full(ctx.when_full);
     run_rounds(ring, ctx, Some(dst))
 }
 
@@ -205,7 +206,7 @@ fn forward_uring(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
 fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     // Scattered reads rather than the multishot read over provided slots: the split copies no payload byte,
     // and a batch's worth of slots replaces `depth` 64 KiB read slots.
-    let fwd = crate::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
+    let fwd = crate::dataplane::uring::UringOffload::scattered_with(src, dst, ctx.batch, ctx.register_buffers)?
         .partial_checksums(ctx.partial_checksums)
         .when_full(ctx.when_full)
         .stop_on(ctx.stop.clone());
@@ -217,7 +218,7 @@ fn forward_uring_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()
 /// after a failure) is counted with its reason. With `count_on`, drops on the write side are also added to
 /// that queue's `tx_dropped`.
 #[cfg(feature = "uring")]
-fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Option<&Queue>) -> Result<()> {
+fn run_rounds(mut ring: impl crate::dataplane::uring::Rounds, ctx: &WorkerCtx, count_on: Option<&Queue>) -> Result<()> {
     let mut flusher = Flusher::new(ctx.shared());
     let flush = |flusher: &mut Flusher, now: Counters| {
         let delta = flusher.flush(now);
@@ -239,7 +240,7 @@ fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Op
         match polled {
             Ok(busy) => {
                 let now = ring.counters();
-                if !busy || now.reads - last_flushed_reads >= crate::stats::FLUSH_EVERY {
+                if !busy || now.reads - last_flushed_reads >= crate::dataplane::stats::FLUSH_EVERY {
                     last_flushed_reads = now.reads;
                     flush(&mut flusher, now);
                 }
@@ -248,10 +249,11 @@ fn run_rounds(mut ring: impl crate::uring::Rounds, ctx: &WorkerCtx, count_on: Op
         }
     };
     let reason = match &result {
-        Err(e) => crate::write_policy::lost_with(e),
-        Ok(()) => ring
-            .wait_for_writes(IDLE_WAIT)
-            .map_or_else(|e| crate::write_policy::lost_with(&e), |_| crate::stats::DropReason::Stopped),
+        Err(e) => crate::dataplane::write_policy::lost_with(e),
+        Ok(()) => ring.wait_for_writes(IDLE_WAIT).map_or_else(
+            |e| crate::dataplane::write_policy::lost_with(&e),
+            |_| crate::dataplane::stats::DropReason::Stopped,
+        ),
     };
     ring.give_up(reason);
     let last = ring.counters();

@@ -23,12 +23,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::dataplane::stats::{Counters, DropReason, Drops, SharedCounters};
+use crate::dataplane::threads::{run_workers, Worker};
+use crate::dataplane::udp::{SocketOptions, TunnelSocket};
+use crate::devices::queue::Queue;
+use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use crate::queue::Queue;
-use crate::stats::{Counters, DropReason, Drops, SharedCounters};
-use crate::stop::StopHandle;
-use crate::threads::{run_workers, Worker};
-use crate::udp::{SocketOptions, TunnelSocket};
 
 mod unreachable;
 mod workers;
@@ -342,10 +342,10 @@ impl<T: Transform> TunnelBuilder<T> {
             }
             q.set_nonblocking(false)?;
         }
-        crate::wake::prepare()?;
+        crate::dataplane::wake::prepare()?;
         if queues.len() > 1 {
             // One flow to one queue (and so one worker and one socket): its packets stay in order.
-            crate::steering::SteeringProgram::flow_hash()?.attach(std::os::fd::AsFd::as_fd(&*queues[0]))?;
+            crate::devices::steering::SteeringProgram::flow_hash()?.attach(std::os::fd::AsFd::as_fd(&*queues[0]))?;
         }
         let sockets = if !self.sockets.is_empty() {
             if self.sockets.len() != queues.len() {
@@ -374,8 +374,8 @@ impl<T: Transform> TunnelBuilder<T> {
         }
         // Errors for packets the transform has nowhere to send go back into an IP device; its route socket is
         // opened here, in the namespace the device was opened in.
-        let unreachables =
-            (queues[0].mode() == crate::kind::Mode::Tun).then(|| Arc::new(Unreachables::new(queues[0].name())));
+        let unreachables = (queues[0].mode() == crate::devices::mode::Mode::Tun)
+            .then(|| Arc::new(Unreachables::new(queues[0].name())));
         Ok(Tunnel {
             queues,
             sockets: sockets.into_iter().map(Arc::new).collect(),
@@ -399,7 +399,7 @@ impl<T: Transform> TunnelBuilder<T> {
 /// owning user (the uid that created the sockets). Sockets made as root before a privilege drop keep the
 /// unprivileged user out; a process of the creating user (root, for sockets made as root) could still join.
 pub fn bind_sockets(local: SocketAddr, count: usize, options: &SocketOptions) -> Result<Vec<TunnelSocket>> {
-    use crate::udp::PortSharing;
+    use crate::dataplane::udp::PortSharing;
     let first_sharing = if count > 1 { PortSharing::FirstOfGroup } else { PortSharing::Alone };
     let first = TunnelSocket::bind_sharing(local, options, first_sharing)?;
     let bound = first.local_addr()?;

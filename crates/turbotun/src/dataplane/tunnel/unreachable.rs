@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use turbotun_wire::icmp_error::{self, IPV6_MAX_LEN};
 use turbotun_wire::ipv4;
 
-use crate::netlink::Netlink;
-use crate::queue::Queue;
-use crate::stats::Counters;
+use crate::configuration::netlink::Netlink;
+use crate::dataplane::stats::Counters;
+use crate::devices::queue::Queue;
 
 /// ICMP errors a tunnel may send per second, and in one burst (the kernel's defaults for all ICMP errors).
 const ERRORS_PER_SECOND: f64 = 1000.0;

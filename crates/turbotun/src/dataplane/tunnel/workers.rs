@@ -8,13 +8,13 @@ use turbotun_wire::{ecn, Checksums};
 
 use super::unreachable::Unreachables;
 use super::{Opened, Sealed, Transform, TunnelStatsHandle};
-use crate::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher, SharedCounters};
+use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
+use crate::devices::mode::Mode;
+use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::devices::stop::StopHandle;
 use crate::error::Result;
-use crate::kind::Mode;
-use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher, SharedCounters};
-use crate::stop::StopHandle;
-use crate::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
 
 /// What one worker works with.
 pub(super) struct Ctx<T: Transform> {
@@ -68,7 +68,7 @@ enum At {
 /// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams. The first read of
 /// a batch sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
 pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
-    crate::wake::unblock()?;
+    crate::dataplane::wake::unblock()?;
     let queue = &*ctx.queue;
     let offset = queue.vnet_hdr_len();
     // Room for any frame the device hands over whole (`MAX_PACKET` has the link header's room): its MTU may be
@@ -156,7 +156,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
 /// Network -> device: receive many datagrams (sleeping in the kernel for the first), open each, coalesce and
 /// write the packets.
 pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
-    crate::wake::unblock()?;
+    crate::dataplane::wake::unblock()?;
     let queue = &*ctx.queue;
     let vnet = queue.vnet_hdr_len();
     let ip = queue.mode() == Mode::Tun;
@@ -297,9 +297,9 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         let woken = match ctx.transform.work_fd() {
             Some(work) => {
                 let left = interval.saturating_sub(last_tick.elapsed());
-                crate::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
+                crate::devices::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
             }
-            None => crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
+            None => crate::devices::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
         };
         if ctx.stop.is_stopped() || (woken && ctx.transform.work_fd().is_none()) {
             break;

@@ -6,20 +6,20 @@ use std::time::Duration;
 
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::dataplane::write_policy::{on_write_error, WriteFailure};
+use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::error::{queue_io_error, Error, Result};
-use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{Counters, DropReason, WhenFull};
 use crate::sys::uring::{Completion, ForwardRing, Op};
-use crate::write_policy::{on_write_error, WriteFailure};
 
 /// One direction, `src` to `dst`, over a ring of its own.
 #[derive(Debug)]
 pub struct UringForwarder {
     ring: ForwardRing,
     /// Frames read, in read order (the kernel's side of the slot ring).
-    rx: crate::ring::SlotRing,
+    rx: crate::dataplane::ring::SlotRing,
     /// Frames handed back for writing: their writes are in flight until completed and released in order.
-    tx: crate::ring::SlotRing,
+    tx: crate::dataplane::ring::SlotRing,
     /// Per slot: its position in the transmit ring while it is being written.
     tx_pos: Vec<u32>,
     src_name: String,
@@ -53,8 +53,8 @@ impl UringForwarder {
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         Ok(UringForwarder {
             ring,
-            rx: crate::ring::SlotRing::new(depth)?,
-            tx: crate::ring::SlotRing::new(depth)?,
+            rx: crate::dataplane::ring::SlotRing::new(depth)?,
+            tx: crate::dataplane::ring::SlotRing::new(depth)?,
             tx_pos: vec![0; depth],
             src_name: src.name().to_string(),
             dst_name: dst.name().to_string(),
@@ -161,7 +161,7 @@ impl UringForwarder {
                 if n == 0 {
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                if let Err(reason) = crate::queue::frame_len(n, self.vnet_hdr_len, self.ring.stride()) {
+                if let Err(reason) = crate::dataplane::batch::frame_len(n, self.vnet_hdr_len, self.ring.stride()) {
                     self.stats.drops.add(reason, 1);
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
@@ -173,7 +173,7 @@ impl UringForwarder {
                 }
                 self.stats.segments += 1;
                 self.lens[slot] = n;
-                if let Err(frame) = self.rx.push(crate::ring::Slot { index: slot as u32, len: n as u32 }) {
+                if let Err(frame) = self.rx.push(crate::dataplane::ring::Slot { index: slot as u32, len: n as u32 }) {
                     // Cannot happen (the receive ring has a place for every slot); dropped, never lost.
                     self.stats.drops.add(DropReason::Malformed, 1);
                     return self.ring.recycle(frame.index as usize).map_err(|e| self.ring_error(e));
@@ -205,7 +205,7 @@ impl UringForwarder {
                 }
                 WriteFailure::Resplit | WriteFailure::Fatal => {
                     let err = queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno));
-                    self.stats.drops.add(crate::write_policy::lost_with(&err), 1);
+                    self.stats.drops.add(crate::dataplane::write_policy::lost_with(&err), 1);
                     self.written(slot)?;
                     Err(err)
                 }

@@ -70,11 +70,11 @@ pub(crate) trait Rounds {
     /// One round; `hook` sees each packet (or frame) before it is written. False if nothing completed.
     fn round(&mut self, timeout: std::time::Duration, hook: &mut dyn FnMut(&mut [u8])) -> Result<bool>;
     /// What it moved so far.
-    fn counters(&self) -> crate::stats::Counters;
+    fn counters(&self) -> crate::dataplane::stats::Counters;
     /// Waits up to `timeout` for the writes in flight.
     fn wait_for_writes(&mut self, timeout: std::time::Duration) -> Result<usize>;
     /// Counts what it still holds as dropped for `reason`.
-    fn give_up(&mut self, reason: crate::stats::DropReason);
+    fn give_up(&mut self, reason: crate::dataplane::stats::DropReason);
 }
 
 /// `Rounds` for a ring type, whose methods of the same meaning it forwards to.
@@ -84,13 +84,13 @@ macro_rules! rounds {
             fn round(&mut self, timeout: std::time::Duration, hook: &mut dyn FnMut(&mut [u8])) -> Result<bool> {
                 self.poll_with(timeout, hook)
             }
-            fn counters(&self) -> crate::stats::Counters {
+            fn counters(&self) -> crate::dataplane::stats::Counters {
                 self.stats()
             }
             fn wait_for_writes(&mut self, timeout: std::time::Duration) -> Result<usize> {
                 self.drain(timeout)
             }
-            fn give_up(&mut self, reason: crate::stats::DropReason) {
+            fn give_up(&mut self, reason: crate::dataplane::stats::DropReason) {
                 self.abandon(reason)
             }
         }
@@ -121,7 +121,7 @@ fn until_written<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::testing::fake_queue;
+    use crate::dataplane::batch::testing::fake_queue;
     use turbotun_wire::scatter::ScatterShape;
 
     /// A scattered read whose completion reports more bytes than its pieces hold (the tun driver reports a

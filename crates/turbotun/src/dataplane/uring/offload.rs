@@ -11,14 +11,14 @@ use std::time::Duration;
 use turbotun_wire::gso::Splitter;
 use turbotun_wire::scatter::ScatterShape;
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
-use turbotun_wire::Checksums;
+use turbotun_wire::{Batch, Checksums};
 
 use super::{ring_error, OFFSET};
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::dataplane::write_policy::{on_write_error, WriteFailure};
+use crate::devices::queue::{Queue, MAX_PACKET};
 use crate::error::{queue_io_error, Error, Malformed, Result};
-use crate::queue::{Queue, MAX_PACKET};
-use crate::stats::{Counters, DropReason, WhenFull};
 use crate::sys::uring::{Completion, ForwardRing, Op};
-use crate::write_policy::{on_write_error, WriteFailure};
 
 /// How an offload forwarder reads.
 #[derive(Debug)]
@@ -83,8 +83,8 @@ pub struct UringOffload {
     /// The queue written to (a duplicate of the caller's fd; counters shared): the re-split fallback writes to
     /// it directly, and drops are counted on it.
     pub(super) dst: Queue,
-    pub(super) rx: crate::ring::SlotRing,
-    pub(super) tx: crate::ring::SlotRing,
+    pub(super) rx: crate::dataplane::ring::SlotRing,
+    pub(super) tx: crate::dataplane::ring::SlotRing,
     pub(super) spares: Vec<u32>,
     pub(super) splitting: Option<Splitting>,
     /// Segments a scattered read left in place (slot, length), for the next batch.
@@ -100,7 +100,7 @@ pub struct UringOffload {
     /// Leave split segments' checksums partial (see [`UringOffload::partial_checksums`]).
     pub(super) partial: bool,
     pub(super) gro: Option<turbotun_wire::gro::Gro>,
-    pub(super) kinds: crate::batch::GroKinds,
+    pub(super) kinds: crate::dataplane::batch::GroKinds,
     pub(super) to_write: Vec<usize>,
     pub(super) units: Vec<Unit>,
     pub(super) completions: Vec<Completion>,
@@ -108,7 +108,7 @@ pub struct UringOffload {
     pub(super) src_name: String,
     pub(super) dst_name: String,
     pub(super) stats: Counters,
-    pub(super) writer: crate::write_policy::Writer,
+    pub(super) writer: crate::dataplane::write_policy::Writer,
 }
 
 impl std::fmt::Debug for UringOffload {
@@ -141,11 +141,11 @@ impl UringOffload {
                 });
             }
         }
-        if batch == 0 || batch > crate::batch::BATCH_SIZE {
+        if batch == 0 || batch > crate::dataplane::batch::BATCH_SIZE {
             return Err(Error::OutOfRange {
                 what: "batch",
                 value: batch as u64,
-                allowed: format!("1 to {}", crate::batch::BATCH_SIZE),
+                allowed: format!("1 to {}", crate::dataplane::batch::BATCH_SIZE),
             });
         }
         // Scattered reads take a batch of spares and one for the overflow while the last batch is written.
@@ -159,9 +159,11 @@ impl UringOffload {
             .map_err(|e| Error::io(format!("setting up io_uring for {} -> {}", src.name(), dst.name()), e))?;
         let slots = depth + spare;
         let framing = dst.mode().framing();
-        let vnet = dst.offloads().contains(crate::Offloads::CSUM);
-        let uso = dst.offloads().contains(crate::Offloads::USO4 | crate::Offloads::USO6);
-        let kinds = crate::batch::GroKinds::new(framing, OFFSET, vnet, vnet && uso);
+        let vnet = dst.offloads().contains(crate::devices::offloads::Offloads::CSUM);
+        let uso = dst
+            .offloads()
+            .contains(crate::devices::offloads::Offloads::USO4 | crate::devices::offloads::Offloads::USO6);
+        let kinds = crate::dataplane::batch::GroKinds::new(framing, OFFSET, vnet, vnet && uso);
         let spares = if multishot {
             (depth as u32..slots as u32).rev().collect()
         } else {
@@ -172,8 +174,8 @@ impl UringOffload {
             ring,
             read,
             dst: dst.try_clone()?,
-            rx: crate::ring::SlotRing::new(depth)?,
-            tx: crate::ring::SlotRing::new(slots.next_power_of_two())?,
+            rx: crate::dataplane::ring::SlotRing::new(depth)?,
+            tx: crate::dataplane::ring::SlotRing::new(slots.next_power_of_two())?,
             spares,
             splitting: None,
             ready_segments: Vec::with_capacity(batch),
@@ -193,7 +195,7 @@ impl UringOffload {
             src_name: src.name().to_string(),
             dst_name: dst.name().to_string(),
             stats: Counters::default(),
-            writer: crate::write_policy::Writer { vnet_hdr_len: OFFSET, ..Default::default() },
+            writer: crate::dataplane::write_policy::Writer { vnet_hdr_len: OFFSET, ..Default::default() },
         })
     }
 
@@ -230,7 +232,7 @@ impl UringOffload {
     }
 
     /// A write re-split after a refusal and waiting for room gives up once `stop` fires.
-    pub fn stop_on(mut self, stop: crate::StopHandle) -> Self {
+    pub fn stop_on(mut self, stop: crate::devices::stop::StopHandle) -> Self {
         self.writer.stop = Some(stop);
         self
     }
@@ -350,11 +352,11 @@ impl UringOffload {
                 if n == 0 {
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                if let Err(reason) = crate::queue::frame_len(n, OFFSET, self.ring.stride()) {
+                if let Err(reason) = crate::dataplane::batch::frame_len(n, OFFSET, self.ring.stride()) {
                     self.stats.drops.add(reason, 1);
                     return self.ring.recycle(slot).map_err(|e| self.ring_error(e));
                 }
-                let entry = crate::ring::Slot { index: slot as u32, len: n as u32 };
+                let entry = crate::dataplane::ring::Slot { index: slot as u32, len: n as u32 };
                 if let Err(entry) = self.rx.push(entry) {
                     // Cannot happen (the receive ring has a place for every read slot); dropped, never lost.
                     self.stats.drops.add(DropReason::Malformed, 1);
@@ -406,7 +408,7 @@ impl UringOffload {
             }
             WriteFailure::Fatal => {
                 let err = queue_io_error(&self.dst_name, "write", std::io::Error::from_raw_os_error(errno));
-                self.stats.drops.add(crate::write_policy::lost_with(&err), unit.packets);
+                self.stats.drops.add(crate::dataplane::write_policy::lost_with(&err), unit.packets);
                 self.finish(head, unit)?;
                 Err(err)
             }
@@ -459,8 +461,15 @@ impl UringOffload {
         self.gro = self.kinds.coalescer();
         let packet = &joined[OFFSET.min(joined.len())..];
         let (writer, dst) = (&self.writer, &self.dst);
-        let result =
-            crate::write_policy::write_split(writer, dst, self.framing, &hdr, packet, unit.packets, &mut self.stats);
+        let result = crate::dataplane::write_policy::write_split(
+            writer,
+            dst,
+            self.framing,
+            &hdr,
+            packet,
+            unit.packets,
+            &mut self.stats,
+        );
         self.scratch = joined;
         result
     }
@@ -498,7 +507,7 @@ impl UringOffload {
     }
 
     /// One frame from the receive ring: into the batch as it is, or set up for splitting.
-    fn take_frame(&mut self, entry: crate::ring::Slot) -> Result<()> {
+    fn take_frame(&mut self, entry: crate::dataplane::ring::Slot) -> Result<()> {
         let (slot, n) = (entry.index, entry.len as usize);
         let parsed = self.ring.slot_mut(slot as usize).map(|bytes| {
             let hdr = VirtioNetHdrRepr::parse(&bytes[..OFFSET]);
@@ -542,10 +551,10 @@ impl UringOffload {
                 return self.drop_frame(DropReason::Malformed);
             }
         };
-        if total > crate::batch::MAX_SEGMENTS {
-            self.stats.drops.add(DropReason::TooManySegments, (total - crate::batch::MAX_SEGMENTS) as u64);
+        if total > crate::dataplane::batch::MAX_SEGMENTS {
+            self.stats.drops.add(DropReason::TooManySegments, (total - crate::dataplane::batch::MAX_SEGMENTS) as u64);
         }
-        let total = total.min(crate::batch::MAX_SEGMENTS);
+        let total = total.min(crate::dataplane::batch::MAX_SEGMENTS);
         self.splitting = Some(Splitting { slot, hdr, len: n - OFFSET, next: 0, total });
         Ok(())
     }
@@ -632,11 +641,9 @@ impl UringOffload {
             }
             per_packet(&mut buf[OFFSET..OFFSET + len]);
         }
-        let coalesced = crate::batch::prepare_units(
+        let coalesced = crate::dataplane::batch::prepare_units(
             self.gro.as_mut(),
-            &mut bufs,
-            &mut self.lens,
-            OFFSET,
+            &mut Batch::new(&mut bufs, &mut self.lens, OFFSET),
             OFFSET,
             self.framing,
             checksums,
@@ -667,7 +674,7 @@ impl UringOffload {
             }
             unit.first_pos = self.tx.tail();
             for (slot, range) in &unit.pieces {
-                let entry = crate::ring::Slot { index: *slot, len: range.len() as u32 };
+                let entry = crate::dataplane::ring::Slot { index: *slot, len: range.len() as u32 };
                 let moved = self.tx.push(entry).is_ok() && self.tx.take().is_some();
                 debug_assert!(moved, "next_batch keeps room in the transmit ring for the whole batch");
             }

@@ -10,9 +10,9 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use super::offload::{ReadMode, UringOffload};
 use super::OFFSET;
+use crate::dataplane::stats::DropReason;
+use crate::devices::queue::MAX_PACKET;
 use crate::error::Result;
-use crate::queue::MAX_PACKET;
-use crate::stats::DropReason;
 
 impl UringOffload {
     /// Queues the next read (submitted by the next round's `io_uring_enter`) once the last one was handled,
@@ -87,7 +87,7 @@ impl UringOffload {
             None => plan.iter().map(|(_, r)| r.len()).sum(),
             Some(_) => self.ring.stride(),
         };
-        let len = match crate::queue::frame_len(n, OFFSET, capacity) {
+        let len = match crate::dataplane::batch::frame_len(n, OFFSET, capacity) {
             Ok(len) if !plan.is_empty() => len,
             // No plan means no read was queued: nothing to place (cannot happen), counted all the same.
             Ok(_) => {
@@ -102,7 +102,7 @@ impl UringOffload {
         };
         let Some(shape) = shape else {
             // One slot holds the header and the whole frame: as the multishot read leaves it.
-            if self.rx.push(crate::ring::Slot { index: plan[0].0, len: n as u32 }).is_err() {
+            if self.rx.push(crate::dataplane::ring::Slot { index: plan[0].0, len: n as u32 }).is_err() {
                 self.stats.drops.add(DropReason::Malformed, 1);
                 self.spares.extend(plan.iter().map(|(s, _)| *s));
             }
@@ -125,7 +125,7 @@ impl UringOffload {
         over[..OFFSET].copy_from_slice(&segments[0][..OFFSET]);
         drop(bufs);
         self.spares.extend(plan[..k].iter().map(|(s, _)| *s));
-        if !joined || self.rx.push(crate::ring::Slot { index: overflow, len: n as u32 }).is_err() {
+        if !joined || self.rx.push(crate::dataplane::ring::Slot { index: overflow, len: n as u32 }).is_err() {
             self.stats.drops.add(DropReason::Malformed, 1);
             self.spares.push(overflow);
         }
@@ -142,7 +142,8 @@ impl UringOffload {
         match shape.placement(&hdr, len) {
             Placement::Whole => {
                 // Delivered where it is, as a multishot read leaves it.
-                if self.rx.push(crate::ring::Slot { index: plan[0].0, len: (OFFSET + len) as u32 }).is_err() {
+                if self.rx.push(crate::dataplane::ring::Slot { index: plan[0].0, len: (OFFSET + len) as u32 }).is_err()
+                {
                     return Ok(false);
                 }
                 self.spares.extend(plan[1..].iter().map(|(s, _)| *s));

@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    turbotun_wire::fuzzing::tunnel_split(data);
+    turbotun_wire::fuzzing::udp_tunnel_split(data);
 });

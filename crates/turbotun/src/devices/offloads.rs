@@ -1,56 +1,25 @@
-//! What kind of device a queue belongs to and what it may offload: [`Mode`] (TUN or TAP) and [`Offloads`]
-//! (`TUNSETOFFLOAD` bits). Kept apart from `device` so that `queue` and `device` need not import each other.
+//! [`Offloads`]: the `TUNSETOFFLOAD` bits, what the kernel may hand a queue (and take from it) as GSO
+//! super-packets, named as the command line takes them and derived from a guest's virtio-net features.
+//!
+//! This file names nothing of the crate but the ioctl's bits in `sys`, so that `Error::OffloadsRefused` can
+//! carry an `Offloads` while `error.rs` stays below every folder; a word [`Offloads::parse`] does not know is an
+//! error of its own ([`UnknownOffload`]) for the same reason.
 
 use std::fmt;
 
-use crate::error::{Error, Result};
 use crate::sys::tun_f;
 
-/// The virtio header sizes turbotun reads and writes: `virtio_net_hdr` (10 bytes), `_v1` (12, with
-/// `num_buffers`), `_v1_hash` (20, with the hash report) and `_v1_hash_tunnel` (24, with the UDP-tunnel offsets).
-/// The kernel accepts any size from 10 up (`TUNSETVNETHDRSZ`) and leaves bytes it does not know untouched; only
-/// these are defined by the virtio specification, so a queue of another size is refused
-/// ([`Error::UnsupportedVnetHdr`]).
-pub const VNET_HDR_SIZES: [usize; 4] = [10, 12, 20, 24];
+/// The words [`Offloads::parse`] knows, as its error lists them.
+const KNOWN: &str =
+    "csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none";
 
-/// The largest of [`VNET_HDR_SIZES`]: room enough for any queue's header.
-pub const MAX_VNET_HDR: usize = 24;
-
-/// Refuses a virtio header size outside [`VNET_HDR_SIZES`] (0, no header, is allowed).
-pub(crate) fn check_vnet_hdr_len(name: &str, len: usize) -> Result<()> {
-    if len == 0 || VNET_HDR_SIZES.contains(&len) {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedVnetHdr { name: name.to_string(), len })
-    }
-}
-
-/// TUN carries IP packets (layer 3), TAP carries Ethernet frames (layer 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// `IFF_TUN`: IP packets, no link-layer header.
-    Tun,
-    /// `IFF_TAP`: Ethernet frames.
-    Tap,
-}
-
-impl Mode {
-    /// How the packets of a device of this mode begin: an IP header (TUN) or an Ethernet header (TAP).
-    pub fn framing(self) -> turbotun_wire::Framing {
-        match self {
-            Mode::Tun => turbotun_wire::Framing::Ip,
-            Mode::Tap => turbotun_wire::Framing::Ethernet,
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Tun => "tun",
-            Mode::Tap => "tap",
-        })
-    }
+/// A word in an offload list that [`Offloads::parse`] does not know. As a [`crate::Error`] (it converts) it is
+/// [`crate::Error::InvalidConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown offload {word:?} (known: {})", KNOWN)]
+pub struct UnknownOffload {
+    /// The word as given.
+    pub word: String,
 }
 
 /// A set of `TUNSETOFFLOAD` bits: what the kernel may hand us (and accept from us) as GSO super-packets.
@@ -155,7 +124,7 @@ impl Offloads {
     }
     /// Parses a comma-separated list of names (`csum,tso4,tso6`), `all`, `tcp`, `uso`, `udp_tunnel` (both tunnel
     /// bits) or `none`.
-    pub fn parse(list: &str) -> Result<Offloads> {
+    pub fn parse(list: &str) -> Result<Offloads, UnknownOffload> {
         let mut out = Offloads::NONE;
         for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             out |= match word {
@@ -166,12 +135,7 @@ impl Offloads {
                 "udp_tunnel" => Offloads::UDP_TUNNEL,
                 _ => match Self::NAMES.iter().find(|(_, n)| *n == word) {
                     Some((bit, _)) => *bit,
-                    None => {
-                        return Err(Error::InvalidConfig(format!(
-                            "unknown offload {word:?} (known: csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, \
-                         udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none)"
-                        )))
-                    }
+                    None => return Err(UnknownOffload { word: word.to_string() }),
                 },
             };
         }

@@ -131,7 +131,7 @@ pub(crate) fn wait_or_stop(
     match poll(&mut fds[..count], timeout.as_ref()) {
         Ok(_) => Ok(!fds[0].revents().is_empty() && !stop.is_some_and(StopHandle::is_stopped)),
         Err(rustix::io::Errno::INTR) => Ok(false),
-        Err(e) => Err(crate::Error::io("poll", e.into())),
+        Err(e) => Err(crate::error::Error::io("poll", e.into())),
     }
 }
 

@@ -1,13 +1,11 @@
-//! What the threaded and the tokio runners share: the list of workers (waiting for the stop handle or the first
-//! failure is `crate::threads`'s, which the tunnel engine shares too).
+//! The job list both runners (threads and tokio tasks) start their workers from: one job per queue pair,
+//! direction and thread. Waiting for the stop handle or the first failure is `dataplane::threads`'s, which the
+//! tunnel engine shares.
 
 use std::sync::Arc;
 
 use super::Forwarder;
-use crate::queue::Queue;
-
-#[cfg(feature = "tokio")]
-pub(super) use crate::threads::{panic_message, supervise, Done};
+use crate::devices::queue::Queue;
 
 /// One worker's assignment.
 pub(super) struct Job {
