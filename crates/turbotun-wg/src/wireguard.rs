@@ -250,10 +250,19 @@ fn destination(packet: &[u8]) -> Option<IpAddr> {
     }
 }
 
+/// The IP packet at the start of a decrypted (and padded) payload, as [`inner_packet`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InnerPacket {
+    /// Its length, as its header gives it (the padding after it is not the packet's).
+    len: usize,
+    /// Its source address, which cryptokey routing checks against the sending peer's allowed prefixes.
+    source: IpAddr,
+}
+
 /// The length and source address of the IP packet at the start of a decrypted (and padded) payload; `None` when
 /// it is not an IP packet or says it is longer than what arrived.
-fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
-    let (len, src) = match plain.first()? >> 4 {
+fn inner_packet(plain: &[u8]) -> Option<InnerPacket> {
+    let (len, source) = match plain.first()? >> 4 {
         4 if plain.len() >= 20 => {
             let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
             (len, IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&plain[12..16]).ok()?)))
@@ -264,8 +273,8 @@ fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
         }
         _ => return None,
     };
-    let header = if matches!(src, IpAddr::V4(_)) { 20 } else { 40 };
-    (header..=plain.len()).contains(&len).then_some((len, src))
+    let header = if matches!(source, IpAddr::V4(_)) { 20 } else { 40 };
+    (header..=plain.len()).contains(&len).then_some(InnerPacket { len, source })
 }
 
 impl WireGuard {
@@ -615,7 +624,7 @@ impl WireGuard {
         if plain.is_empty() {
             return Opened::Control; // a keepalive
         }
-        let Some((len, src)) = inner_packet(plain) else {
+        let Some(InnerPacket { len, source: src }) = inner_packet(plain) else {
             return Opened::Dropped(DropReason::Malformed);
         };
         // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
