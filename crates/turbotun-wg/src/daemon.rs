@@ -8,18 +8,19 @@
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use turbotun::privilege::{drop_to, Identity};
-use turbotun::stats_socket::{Report, StatsSocket};
+use turbotun::stats_socket::{Report, StatsServer, StatsSocket};
 use turbotun::tunnel::{bind_sockets, TunnelBuilder, TunnelStats, TunnelStatsHandle};
 use turbotun::udp::{SocketOptions, TunnelSocket};
 use turbotun::{DeviceBuilder, Offloads, Queue, StopHandle};
 
+use crate::config::DeviceConfig;
 use crate::uapi::{UapiError, UapiSocket};
 use crate::wireguard::WireGuard;
 
@@ -116,6 +117,10 @@ pub struct Ran {
 /// Runs the endpoint in this process until it ends (see the module documentation). With [`READY_ENV`] set,
 /// prints `ready NAME` on standard output once up and then points standard output at `/dev/null`, for the
 /// process that started it in the background; standard error, the log, stays where that process put it.
+///
+/// Two halves run side by side once the endpoint is up: the configuration server (`serve_configuration`, on a
+/// thread of its own) and the engine loop (`run_engine`, on this thread), which the server hands new sockets
+/// when a `set` moves the port.
 pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     turbotun::validate_ifname(&options.name)?;
     // Keys will be in this process's memory: no core dump and no ptrace or /proc/PID/mem access by processes of
@@ -125,6 +130,39 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     })?;
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
+    let Endpoint { name, queues, uapi, wg, sockets } = open_endpoint(options)?;
+    let stats_socket = bind_stats_socket(options, &name);
+    // Kept alive until this process ends, however it ends: see `keep_socket`.
+    let _keeper = match &options.user {
+        Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
+        None => None,
+    };
+    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, &options.stats, &name));
+    announce_up(options, &name, &wg, &uapi);
+
+    let configuration = serve_configuration(uapi, wg.clone(), queues.len(), stop.clone())?;
+    let socket_file = crate::uapi::socket_path(&name);
+    let ended = run_engine(&wg, &queues, sockets, &configuration, &options.stats, &stop, &socket_file);
+    configuration.finish();
+    ended.map(|ended| Ran { name, ended, stats: options.stats.snapshot() })
+}
+
+/// What [`open_endpoint`] opens.
+struct Endpoint {
+    /// The device's name (the kernel's completion of a template such as `wg%d`).
+    name: String,
+    /// The device's queues.
+    queues: Vec<Arc<Queue>>,
+    /// The configuration socket, bound.
+    uapi: UapiSocket,
+    /// The protocol, with no configuration yet.
+    wg: Arc<WireGuard>,
+    /// The UDP sockets, one per queue, on a port picked by the kernel.
+    sockets: Vec<TunnelSocket>,
+}
+
+/// Creates the TUN device, binds the configuration socket and the UDP sockets.
+fn open_endpoint(options: &Options) -> Result<Endpoint, DaemonError> {
     let device = DeviceBuilder::tun()
         .name(&options.name)
         .vnet_hdr(turbotun::wire::VIRTIO_NET_HDR_LEN)
@@ -141,50 +179,61 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     wg.set_mtu(wg_mtu);
     let sockets = bind_port(0, queues.len(), 0)?;
     wg.set_bound_port(sockets[0].local_addr()?.port());
-    // Bound while the process may still write to its directory, answered once the privileges are dropped.
-    // Named after the device's real name, like the configuration socket (a template such as wg%d completed).
+    Ok(Endpoint { name, queues, uapi, wg, sockets })
+}
+
+/// The counters' socket, if one was asked for and could be bound (a warning otherwise). Bound while the process
+/// may still write to its directory, answered once the privileges are dropped; named after the device's real
+/// name, like the configuration socket (a template such as wg%d completed).
+fn bind_stats_socket(options: &Options, name: &str) -> Option<StatsSocket> {
     let stats_path = options.stats_socket.as_ref().map(|path| match options.name == name {
         true => path.clone(),
         false => path.with_file_name(format!("{name}.stats")),
     });
-    let stats_socket = stats_path.as_deref().and_then(|path| match StatsSocket::bind(path) {
+    stats_path.as_deref().and_then(|path| match StatsSocket::bind(path) {
         Ok(socket) => Some(socket),
         Err(e) => {
             tracing::warn!("{}: counters not served: {e}", options.name);
             None
         }
-    });
-    // Kept alive until this process ends, however it ends: see `keep_socket`.
-    let _keeper = match &options.user {
-        Some(identity) => {
-            let mut owned = vec![(uapi.path().to_path_buf(), uapi.inode())];
-            owned.extend(stats_socket.as_ref().map(|s| (s.path().to_path_buf(), s.inode())));
-            let keeper = start_socket_keeper(&owned)?;
-            drop_to(identity)?;
-            tracing::info!("running as {identity}, no capabilities, no_new_privs");
-            Some(keeper)
-        }
-        None => None,
+    })
+}
+
+/// Starts the socket keeper for the sockets bound so far, then becomes `identity`; returns the keeper.
+fn drop_privileges(
+    identity: &Identity,
+    uapi: &UapiSocket,
+    stats_socket: Option<&StatsSocket>,
+) -> Result<std::process::Child, DaemonError> {
+    let mut owned = vec![(uapi.path().to_path_buf(), uapi.inode())];
+    owned.extend(stats_socket.map(|s| (s.path().to_path_buf(), s.inode())));
+    let keeper = start_socket_keeper(&owned)?;
+    drop_to(identity)?;
+    tracing::info!("running as {identity}, no capabilities, no_new_privs");
+    Ok(keeper)
+}
+
+/// Serves the counters on `socket` (a warning if it cannot).
+fn serve_stats(socket: StatsSocket, stats: &TunnelStatsHandle, name: &str) -> Option<StatsServer> {
+    let (stats, device, start) = (stats.clone(), name.to_string(), Instant::now());
+    let report = move || {
+        let seconds = start.elapsed().as_secs_f64();
+        let snapshot = stats.snapshot();
+        Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
+            .with_tunnel_queues(&stats.queue_snapshots())
     };
-    let _stats_server = match stats_socket {
-        Some(socket) => {
-            let (stats, device, start) = (options.stats.clone(), name.clone(), Instant::now());
-            let report = move || {
-                let seconds = start.elapsed().as_secs_f64();
-                let snapshot = stats.snapshot();
-                Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
-                    .with_tunnel_queues(&stats.queue_snapshots())
-            };
-            match socket.serve(report) {
-                Ok(server) => Some(server),
-                Err(e) => {
-                    tracing::warn!("{name}: counters not served: {e}");
-                    None
-                }
-            }
+    match socket.serve(report) {
+        Ok(server) => Some(server),
+        Err(e) => {
+            tracing::warn!("{name}: counters not served: {e}");
+            None
         }
-        None => None,
-    };
+    }
+}
+
+/// Says that the endpoint is up: `ready NAME` to the process that started it in the background (see
+/// [`READY_ENV`]), or a line on standard error; then calls `options.on_up`.
+fn announce_up(options: &Options, name: &str, wg: &WireGuard, uapi: &UapiSocket) {
     let up = format!("{name} up, UDP port {}, configuration socket {}", wg.bound_port(), uapi.path().display());
     if std::env::var_os(READY_ENV).is_some() {
         println!("ready {name}");
@@ -196,94 +245,111 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     if let Some(on_up) = &options.on_up {
         on_up();
     }
+}
 
-    // The configuration socket's thread: a set that moves the port binds new sockets, which the loop below
-    // hands to a new engine; one that changes the mark sets it on the sockets in use.
-    let current: Arc<Mutex<Vec<Arc<TunnelSocket>>>> = Arc::new(Mutex::new(Vec::new()));
-    let (rebind_tx, rebind_rx) = mpsc::channel::<Vec<TunnelSocket>>();
-    let serving = {
-        let (wg, current, stop) = (wg.clone(), current.clone(), stop.clone());
-        let count = queues.len();
-        let uapi_stop = StopHandle::new();
-        let (uapi_stop2, uapi) = (uapi_stop.clone(), uapi);
-        let handle = std::thread::Builder::new()
-            .name("wg-uapi".into())
-            .spawn(move || {
-                let mut on_set = |old: &crate::config::DeviceConfig, new: &crate::config::DeviceConfig| {
-                    // A port asked for is bound anew unless the sockets hold it already (a port picked at start
-                    // and then asked for by number, as `wg syncconf` does): they hold it alone, so binding it
-                    // again would fail with EADDRINUSE.
-                    if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
-                        let sockets = bind_port(new.listen_port, count, new.fwmark).map_err(|e| errno_of(&e))?;
-                        let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
-                        wg.set_bound_port(port);
-                        let _ = rebind_tx.send(sockets);
-                    } else if new.fwmark != old.fwmark {
-                        for socket in current.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                            socket.set_mark(new.fwmark).map_err(|e| errno_of(&e))?;
-                        }
+/// The configuration socket served on a thread of its own, and what it hands the engine loop.
+struct ConfigurationServer {
+    thread: std::thread::JoinHandle<()>,
+    /// Stops the server (the endpoint's own stop is not it: the server also outlives an engine that ended).
+    stop: StopHandle,
+    /// The sockets of a new port, bound by a `set` that moved it: the engine loop runs a new engine on them.
+    rebinds: mpsc::Receiver<Vec<TunnelSocket>>,
+    /// The sockets of the engine running now, whose mark a `set` of a new firewall mark changes.
+    in_use: Arc<Mutex<Vec<Arc<TunnelSocket>>>>,
+}
+
+impl ConfigurationServer {
+    /// The sockets of the engine that runs from now on.
+    fn use_sockets(&self, sockets: Vec<Arc<TunnelSocket>>) {
+        *self.in_use.lock().unwrap_or_else(|e| e.into_inner()) = sockets;
+    }
+
+    /// Stops the server and waits for its thread.
+    fn finish(self) {
+        self.stop.stop();
+        let _ = self.thread.join();
+    }
+}
+
+/// Serves `uapi` on a thread of its own until [`ConfigurationServer::finish`]: a set that moves the port binds
+/// `queue_count` new sockets, which [`run_engine`] hands to a new engine; one that changes the mark sets it on
+/// the sockets in use. If the socket file is removed, the server ends and fires `stop`.
+fn serve_configuration(
+    uapi: UapiSocket,
+    wg: Arc<WireGuard>,
+    queue_count: usize,
+    stop: StopHandle,
+) -> Result<ConfigurationServer, DaemonError> {
+    let in_use: Arc<Mutex<Vec<Arc<TunnelSocket>>>> = Arc::new(Mutex::new(Vec::new()));
+    let (rebind_tx, rebinds) = mpsc::channel::<Vec<TunnelSocket>>();
+    let server_stop = StopHandle::new();
+    let (current, uapi_stop) = (in_use.clone(), server_stop.clone());
+    let thread = std::thread::Builder::new()
+        .name("wg-uapi".into())
+        .spawn(move || {
+            let mut on_set = |old: &DeviceConfig, new: &DeviceConfig| {
+                // A port asked for is bound anew unless the sockets hold it already (a port picked at start and
+                // then asked for by number, as `wg syncconf` does): they hold it alone, so binding it again would
+                // fail with EADDRINUSE.
+                if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
+                    let sockets = bind_port(new.listen_port, queue_count, new.fwmark).map_err(|e| errno_of(&e))?;
+                    let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
+                    wg.set_bound_port(port);
+                    let _ = rebind_tx.send(sockets);
+                } else if new.fwmark != old.fwmark {
+                    for socket in current.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                        socket.set_mark(new.fwmark).map_err(|e| errno_of(&e))?;
                     }
-                    Ok(())
-                };
-                let served = uapi.serve(&wg, &mut on_set, &uapi_stop2);
-                let gone = !uapi.still_there();
-                drop(uapi);
-                if let Err(e) = served {
-                    tracing::warn!("configuration socket: {e}");
                 }
-                if gone {
-                    stop.stop();
-                }
-                gone
-            })
-            .map_err(|e| turbotun::Error::Io { context: "spawning the configuration thread".into(), source: e })?;
-        (handle, uapi_stop)
-    };
+                Ok(())
+            };
+            let served = uapi.serve(&wg, &mut on_set, &uapi_stop);
+            let gone = !uapi.still_there();
+            drop(uapi);
+            if let Err(e) = served {
+                tracing::warn!("configuration socket: {e}");
+            }
+            if gone {
+                stop.stop();
+            }
+        })
+        .map_err(|e| turbotun::Error::Io { context: "spawning the configuration thread".into(), source: e })?;
+    Ok(ConfigurationServer { thread, stop: server_stop, rebinds, in_use })
+}
 
-    let socket_file = crate::uapi::socket_path(&name);
-    let mut sockets = sockets;
-    let ended = loop {
+/// Runs the tunnel engine until the endpoint ends: on `sockets`, then on each set of sockets the configuration
+/// server binds for a new port. Between packets it follows the device's MTU (which wg-quick sets after the
+/// endpoint started) and watches for the end: `stop` (a signal, or the server finding its socket file gone), the
+/// engine ending (the device deleted, or an error), or `socket_file` removed.
+fn run_engine(
+    wg: &Arc<WireGuard>,
+    queues: &[Arc<Queue>],
+    mut sockets: Vec<TunnelSocket>,
+    configuration: &ConfigurationServer,
+    stats: &TunnelStatsHandle,
+    stop: &StopHandle,
+    socket_file: &Path,
+) -> Result<Ended, DaemonError> {
+    loop {
         let engine_stop = StopHandle::new();
         let tunnel = TunnelBuilder::new(wg.clone())
             .sockets(sockets)
             .stop_on(engine_stop.clone())
-            .count_into(options.stats.clone())
-            .build(queues.clone())?;
-        *current.lock().unwrap_or_else(|e| e.into_inner()) = tunnel.sockets();
+            .count_into(stats.clone())
+            .build(queues.to_vec())?;
+        configuration.use_sockets(tunnel.sockets());
         let engine = std::thread::Builder::new()
             .name("wg-engine".into())
             .spawn(move || tunnel.run())
             .map_err(|e| turbotun::Error::Io { context: "spawning the engine".into(), source: e })?;
-        let mut last_look = Instant::now();
-        let next = loop {
-            if stop.is_stopped() {
-                break None;
-            }
-            if engine.is_finished() {
-                break None;
-            }
-            match rebind_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(new) => break Some(new),
-                Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
-            }
-            if last_look.elapsed() >= Duration::from_secs(1) {
-                last_look = Instant::now();
-                // Padding stays within the MTU, which wg-quick sets after the endpoint started.
-                if let Ok(mtu) = queues[0].mtu() {
-                    wg.set_mtu(mtu as usize);
-                }
-                if !socket_file.exists() {
-                    break None;
-                }
-            }
-        };
+        let next = watch_engine(&engine, wg, &queues[0], configuration, stop, socket_file);
         engine_stop.stop();
         let result =
             engine.join().unwrap_or_else(|_| Err(turbotun::Error::InvalidConfig("the engine panicked".into())));
         match next {
             Some(new) => sockets = new,
             None => {
-                break match result {
+                return match result {
                     Err(e) if e.is_device_gone() => Ok(Ended::DeviceDeleted),
                     Err(e) => Err(DaemonError::from(e)),
                     Ok(_) if !socket_file.exists() => Ok(Ended::SocketRemoved),
@@ -291,11 +357,43 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
                 };
             }
         }
-    };
-    let (handle, uapi_stop) = serving;
-    uapi_stop.stop();
-    let _ = handle.join();
-    ended.map(|ended| Ran { name, ended, stats: options.stats.snapshot() })
+    }
+}
+
+/// Waits while `engine` runs: returns the sockets of a new port when the configuration server bound some, or
+/// `None` when the endpoint ends (see [`run_engine`]). Once a second it sets the device's MTU (`queue`'s) as the
+/// protocol's, so that padding stays within it.
+fn watch_engine(
+    engine: &std::thread::JoinHandle<turbotun::Result<TunnelStats>>,
+    wg: &WireGuard,
+    queue: &Queue,
+    configuration: &ConfigurationServer,
+    stop: &StopHandle,
+    socket_file: &Path,
+) -> Option<Vec<TunnelSocket>> {
+    let mut last_look = Instant::now();
+    loop {
+        if stop.is_stopped() {
+            return None;
+        }
+        if engine.is_finished() {
+            return None;
+        }
+        match configuration.rebinds.recv_timeout(Duration::from_millis(100)) {
+            Ok(new) => return Some(new),
+            Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        if last_look.elapsed() >= Duration::from_secs(1) {
+            last_look = Instant::now();
+            // Padding stays within the MTU, which wg-quick sets after the endpoint started.
+            if let Ok(mtu) = queue.mtu() {
+                wg.set_mtu(mtu as usize);
+            }
+            if !socket_file.exists() {
+                return None;
+            }
+        }
+    }
 }
 
 /// Starts the socket keeper: this program again, as root without capabilities, holding the other end of a pipe

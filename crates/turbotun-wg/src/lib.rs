@@ -8,8 +8,9 @@
 //! - [`noise`]: the handshake's construction and the messages' layouts; [`cookie`]: mac1/mac2, cookie replies
 //!   and the per-source rate limit; [`session`]: transport keys, send counter and replay window; [`peer`]: one
 //!   peer's state.
-//! - [`config`]: the configuration and the `set=1` protocol (a bad request changes nothing).
-//! - [`uapi`]: the configuration socket (`/var/run/wireguard/NAME.sock`).
+//! - [`config`]: the configuration, the data model that `wg` reads and writes.
+//! - [`uapi`]: WireGuard's userspace configuration protocol: the socket (`/var/run/wireguard/NAME.sock`), the
+//!   `get=1` reply ([`uapi::get`]) and the `set=1` request (a bad request changes nothing, [`uapi::set`]).
 //! - [`daemon`]: the whole endpoint as `turbotun wg` runs it: device, sockets, engine, daemonizing, and exiting
 //!   when the device is deleted or the socket file removed.
 #![forbid(unsafe_code)]

@@ -30,9 +30,8 @@ use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::{Opened, Sealed, Settled, Transform};
 use turbotun::{DropReason, Drops};
-use zeroize::Zeroizing;
 
-use crate::config::{key_to_hex, DeviceConfig, Key, SecretKey};
+use crate::config::{key_to_hex, DeviceConfig, Key};
 use crate::cookie::{self, CookieChecker, MacState};
 use crate::noise::{
     self, finish_initiation, open_initiation, Identity, MessageKind, PeerKeys, COOKIE_REPLY_LEN, DATA_HEADER_LEN,
@@ -251,10 +250,19 @@ fn destination(packet: &[u8]) -> Option<IpAddr> {
     }
 }
 
+/// The IP packet at the start of a decrypted (and padded) payload, as [`inner_packet`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InnerPacket {
+    /// Its length, as its header gives it (the padding after it is not the packet's).
+    len: usize,
+    /// Its source address, which cryptokey routing checks against the sending peer's allowed prefixes.
+    source: IpAddr,
+}
+
 /// The length and source address of the IP packet at the start of a decrypted (and padded) payload; `None` when
 /// it is not an IP packet or says it is longer than what arrived.
-fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
-    let (len, src) = match plain.first()? >> 4 {
+fn inner_packet(plain: &[u8]) -> Option<InnerPacket> {
+    let (len, source) = match plain.first()? >> 4 {
         4 if plain.len() >= 20 => {
             let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
             (len, IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&plain[12..16]).ok()?)))
@@ -265,8 +273,8 @@ fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
         }
         _ => return None,
     };
-    let header = if matches!(src, IpAddr::V4(_)) { 20 } else { 40 };
-    (header..=plain.len()).contains(&len).then_some((len, src))
+    let header = if matches!(source, IpAddr::V4(_)) { 20 } else { 40 };
+    (header..=plain.len()).contains(&len).then_some(InnerPacket { len, source })
 }
 
 impl WireGuard {
@@ -616,7 +624,7 @@ impl WireGuard {
         if plain.is_empty() {
             return Opened::Control; // a keepalive
         }
-        let Some((len, src)) = inner_packet(plain) else {
+        let Some(InnerPacket { len, source: src }) = inner_packet(plain) else {
             return Opened::Dropped(DropReason::Malformed);
         };
         // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
@@ -1120,59 +1128,6 @@ impl Transform for WireGuard {
     fn authenticates(&self) -> bool {
         true
     }
-}
-
-/// Writes `key` in lowercase hex into `out`, with no copy of its own.
-fn write_key_hex(out: &mut String, key: &Key) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for &b in key {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-}
-
-/// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it). It holds the private
-/// and preshared keys: room for all of it is taken at once, so that no copy is left behind by a reallocation,
-/// and it is zeroed when dropped.
-pub fn render_get(wg: &WireGuard) -> Zeroizing<String> {
-    use std::fmt::Write;
-    let config = wg.config();
-    let states = wg.peer_states();
-    let room = 256 + config.peers.iter().map(|p| 512 + 64 * p.allowed_ips.len()).sum::<usize>();
-    let mut out = Zeroizing::new(String::with_capacity(room));
-    if let Some(key) = &config.private_key {
-        out.push_str("private_key=");
-        write_key_hex(&mut out, key.as_bytes());
-        out.push('\n');
-    }
-    let port = wg.bound_port();
-    if port != 0 {
-        let _ = writeln!(out, "listen_port={port}");
-    }
-    if config.fwmark != 0 {
-        let _ = writeln!(out, "fwmark={}", config.fwmark);
-    }
-    for (peer, state) in config.peers.iter().zip(states) {
-        out.push_str("public_key=");
-        write_key_hex(&mut out, &peer.public_key);
-        out.push_str("\npreshared_key=");
-        write_key_hex(&mut out, peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes));
-        out.push_str("\nprotocol_version=1\n");
-        if let Some(endpoint) = state.endpoint {
-            let _ = writeln!(out, "endpoint={endpoint}");
-        }
-        let since_epoch = state.last_handshake.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
-        let (sec, nsec) = since_epoch.map_or((0, 0), |d| (d.as_secs(), d.subsec_nanos()));
-        let _ = writeln!(out, "last_handshake_time_sec={sec}");
-        let _ = writeln!(out, "last_handshake_time_nsec={nsec}");
-        let _ = writeln!(out, "tx_bytes={}", state.tx_bytes);
-        let _ = writeln!(out, "rx_bytes={}", state.rx_bytes);
-        let _ = writeln!(out, "persistent_keepalive_interval={}", peer.persistent_keepalive);
-        for (addr, len) in &peer.allowed_ips {
-            let _ = writeln!(out, "allowed_ip={addr}/{len}");
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ impl Node {
     /// Configures one peer, `other`, allowed `allowed` and at `endpoint`.
     fn configure(&self, other: &Node, allowed: &str, endpoint: Option<SocketAddr>, keepalive: u16) {
         let mut peer = PeerConfig::new(other.public());
-        peer.allowed_ips = vec![crate::config::parse_prefix(allowed).unwrap()];
+        peer.allowed_ips = vec![crate::uapi::set::parse_prefix(allowed).unwrap()];
         peer.endpoint = endpoint;
         peer.persistent_keepalive = keepalive;
         let mut config = self.wg.config();
@@ -287,7 +287,7 @@ fn test_no_handshake_is_sent_to_a_low_order_key() {
         let mut config =
             DeviceConfig { private_key: Some(crate::config::SecretKey::new(a.private)), ..DeviceConfig::default() };
         let mut peer = PeerConfig::new(low);
-        peer.allowed_ips = vec![crate::config::parse_prefix("10.9.0.0/24").unwrap()];
+        peer.allowed_ips = vec![crate::uapi::set::parse_prefix("10.9.0.0/24").unwrap()];
         peer.endpoint = Some(B.parse().unwrap());
         peer.persistent_keepalive = 1;
         config.peers.push(peer);

@@ -1,12 +1,19 @@
-//! WireGuard's configuration socket: `/var/run/wireguard/NAME.sock`, a Unix stream socket speaking the
-//! cross-platform userspace protocol (`get=1`, `set=1`, each answered with an `errno=` line), as wireguard-go
-//! serves it and `wg` speaks it.
+//! WireGuard's cross-platform userspace configuration protocol, as `wg` speaks it and wireguard-go serves it:
+//! `get=1` and `set=1` requests over `/var/run/wireguard/NAME.sock`, each answered with an `errno=` line.
+//!
+//! - this module: the socket and its clients;
+//! - [`get`]: the text of a `get=1` reply;
+//! - [`set`]: a `set=1` request's lines parsed and applied to a copy of the configuration (a bad request
+//!   changes nothing), then put in force.
 //!
 //! Clients are served at once, each on a thread of its own (up to [`MAX_CLIENTS`]; more wait to be accepted):
 //! one that is slow, silent or never finishes its request delays nobody else. A request must arrive whole within
 //! [`REQUEST_DEADLINE`] and be at most [`MAX_REQUEST_BYTES`] long (a longer one is refused with `EMSGSIZE` and
 //! nothing of it applied); a stop ends every client's wait at once. Requests that change the configuration are
 //! applied one at a time, and a `get=1` reads a configuration that no request is half-way through changing.
+
+pub mod get;
+pub mod set;
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -19,8 +26,8 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use turbotun::StopHandle;
 use zeroize::Zeroizing;
 
-use crate::config::{apply_set, DeviceConfig, SetError};
-use crate::wireguard::{public_key, render_get, WireGuard};
+use crate::config::DeviceConfig;
+use crate::wireguard::WireGuard;
 
 /// Where `wg` looks for the sockets of userspace implementations.
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
@@ -370,7 +377,7 @@ fn serve_client(
         let reply: Zeroizing<Vec<u8>> = match (get, body.is_empty()) {
             (true, true) => {
                 let held = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-                let reply = render_get(wg);
+                let reply = get::render_get(wg);
                 drop(held);
                 // The status goes out on its own, so that the reply holding the private key is never copied.
                 if !client.write_all(reply.as_bytes(), deadline)? {
@@ -380,7 +387,7 @@ fn serve_client(
             }
             (true, false) => Zeroizing::new(format!("errno=-{}\n\n", libc::EINVAL).into_bytes()),
             (false, _) => {
-                let errno = match set(wg, &body, config_lock) {
+                let errno = match set::handle_set(wg, &body, config_lock) {
                     Ok(()) => 0,
                     Err(e) => {
                         tracing::warn!("configuration refused, nothing changed: {e}");
@@ -395,24 +402,6 @@ fn serve_client(
             return Ok(());
         }
     }
-}
-
-/// One `set=1` request: parsed and applied to a copy, checked by `on_set`, then put in force, or refused whole;
-/// one request at a time.
-fn set(wg: &WireGuard, lines: &[&[u8]], config_lock: &Mutex<&mut OnSet<'_>>) -> Result<(), SetError> {
-    let lines = lines.iter().map(|line| std::str::from_utf8(line)).collect::<Result<Vec<&str>, _>>().map_err(|_| {
-        SetError { errno: libc::EINVAL, line: "(not shown)".into(), reason: "the request is not UTF-8 text".into() }
-    })?;
-    let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-    let old = wg.config();
-    let new = apply_set(&old, &lines, public_key)?;
-    on_set(&old, &new).map_err(|errno| SetError {
-        errno,
-        line: String::new(),
-        reason: format!("the new configuration cannot be put in force: {}", io::Error::from_raw_os_error(errno)),
-    })?;
-    wg.apply(new);
-    Ok(())
 }
 
 #[cfg(test)]
