@@ -16,6 +16,8 @@
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //! - `smoltcp` (feature `smoltcp`): `smoltcp::QueueDevice`, smoltcp's device over a queue with offloads underneath.
 //! - `uring` (feature `uring`): io_uring forwarding.
+//! - `vhost_user` (feature `vhost-user`): a vhost-user-net backend, a VM's virtqueues onto a TAP with its
+//!   offloads.
 //!
 //! With no feature on, the crate is the dataplane alone: devices, queues, batches, the forwarding engine,
 //! netlink, hand-over and privilege separation.
@@ -68,6 +70,8 @@ pub use dataplane::smoltcp;
 pub use dataplane::tokio;
 #[cfg(feature = "uring")]
 pub use dataplane::uring;
+#[cfg(feature = "vhost-user")]
+pub use dataplane::vhost_user;
 pub use dataplane::{batch, forward, ring, stats, stop, tunnel, udp, wake};
 pub(crate) use dataplane::{threads, write_policy};
 pub use deployment::{handover, privilege, stats_socket};

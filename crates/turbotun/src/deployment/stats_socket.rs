@@ -261,6 +261,25 @@ pub struct StatsSocket {
     inode: u64,
 }
 
+/// Makes way for a socket to be bound at `path`: refused when a process answers there ([`Error::SocketInUse`])
+/// or when a file of another kind is in the way (the error suggests `elsewhere`); a socket nobody answers on (its
+/// process is gone, or was killed before it could remove it) is removed. The one rule every socket turbotun binds
+/// follows.
+pub(crate) fn clear_stale_socket(path: &Path, elsewhere: &str) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => Err(Error::SocketInUse { path: path.to_path_buf() }),
+            Err(_) => std::fs::remove_file(path)
+                .map_err(|e| Error::io(format!("removing the stale socket {}", path.display()), e)),
+        },
+        Ok(_) => Err(Error::InvalidConfig(format!(
+            "{} exists and is not a socket: remove it, or {elsewhere}",
+            path.display()
+        ))),
+        Err(_) => Ok(()),
+    }
+}
+
 impl StatsSocket {
     /// Binds the counters socket at `path` (its directory made `0755` if missing). Refused when another process
     /// answers at `path` ([`Error::SocketInUse`]), or when the directory could let another user put a socket of
@@ -270,20 +289,7 @@ impl StatsSocket {
         if let Some(dir) = path.parent() {
             check_dir(dir)?;
         }
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
-                Ok(_) => return Err(Error::SocketInUse { path: path.to_path_buf() }),
-                // Nobody answers: its process is gone (or was killed before it could remove it).
-                Err(_) => std::fs::remove_file(path).map_err(|e| io_error("removing the stale socket", e))?,
-            },
-            Ok(_) => {
-                return Err(Error::InvalidConfig(format!(
-                    "{} exists and is not a socket: remove it, or serve the counters elsewhere",
-                    path.display()
-                )))
-            }
-            Err(_) => {}
-        }
+        clear_stale_socket(path, "serve the counters elsewhere")?;
         // Only the owner may connect (root for a process started as root).
         let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
         let bound = UnixListener::bind(path);
