@@ -114,6 +114,26 @@ impl Report {
         report
     }
 
+    /// A vhost-user-net backend's report: `to_tap` and `to_guest` through the TAP `tap`, the front ends served so
+    /// far among its settings, `seconds` after it started.
+    #[cfg(feature = "vhost-user")]
+    pub fn of_vhost_user(
+        tap: &str,
+        socket: &Path,
+        counters: &crate::vhost_user::VhostUserCounters,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new("vhost-user", Engine::VhostUser, tap);
+        report.devices = vec![tap.to_string()];
+        report.settings = vec![
+            ("socket".into(), socket.display().to_string()),
+            ("connections".into(), counters.connections.to_string()),
+        ];
+        report.seconds = seconds;
+        report.directions = vec![("to_tap".into(), counters.to_tap), ("to_guest".into(), counters.to_guest)];
+        report
+    }
+
     /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
     /// started.
     pub fn of_forwarder(
