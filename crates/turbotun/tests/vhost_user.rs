@@ -14,7 +14,7 @@ use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures,
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use turbotun::vhost_user::{VhostUserCounters, VhostUserServer, VhostUserStats};
 use turbotun::wire::virtio_net::{features as f, flags, gso};
@@ -90,7 +90,7 @@ struct Guest {
     tx: Ring,
     rx_kick: EventFd,
     tx_kick: EventFd,
-    _calls: [EventFd; 2],
+    calls: [EventFd; 2],
     _memfd: std::fs::File,
 }
 
@@ -130,7 +130,7 @@ impl Guest {
             tx: Ring::new(0x1_0000, TX_SIZE),
             rx_kick: EventFd::new(0).unwrap(),
             tx_kick: EventFd::new(0).unwrap(),
-            _calls: [EventFd::new(0).unwrap(), EventFd::new(0).unwrap()],
+            calls: [EventFd::new(EFD_NONBLOCK).unwrap(), EventFd::new(EFD_NONBLOCK).unwrap()],
             _memfd: memfd,
         };
         guest.start_queues(host);
@@ -155,7 +155,7 @@ impl Guest {
             };
             self.fe.set_vring_addr(index, &config).unwrap();
             self.fe.set_vring_base(index, 0).unwrap();
-            self.fe.set_vring_call(index, &self._calls[index]).unwrap();
+            self.fe.set_vring_call(index, &self.calls[index]).unwrap();
             let kick = if index == 0 { &self.rx_kick } else { &self.tx_kick };
             self.fe.set_vring_kick(index, kick).unwrap();
             self.fe.set_vring_enable(index, true).unwrap();
@@ -523,6 +523,8 @@ fn guest_tcp_with_tso_reaches_a_socket() {
         let (_, synack, _) = guest.recv_matching(|fr| {
             fr.len() >= 54 && fr[23] == 6 && fr[34..36] == 8080u16.to_be_bytes() && fr[47] & 0x12 == 0x12
         });
+        // The guest asked (event index) to hear of the first used buffer: its call eventfd was written.
+        assert!(guest.calls[0].read().is_ok_and(|n| n > 0), "the guest is notified of received frames");
         let server_seq = u32::from_be_bytes(synack[38..42].try_into().unwrap());
         let (hdr, segment) = tcp(1001, server_seq.wrapping_add(1), 0x18, &data, true);
         guest.send(&hdr, &segment);
@@ -546,18 +548,21 @@ fn tap_super_packet_fills_mergeable_buffers() {
         guest.post_rx(0, 64);
         let sender = UdpSocket::bind((TAP_IP, 9000)).unwrap();
         turbotun::udp::set_udp_segment(&sender, 1400).unwrap();
-        let data = payload(14_000, 3);
-        sender.send_to(&data, (GUEST_IP, 9999)).unwrap();
-        let (hdr, frame, num_buffers) =
-            guest.recv_matching(|fr| fr.len() > 42 && fr[23] == 17 && fr[36..38] == 9999u16.to_be_bytes());
-        let expected_len = 14 + 20 + 8 + data.len();
-        assert_eq!(frame.len(), expected_len, "one super-packet for the whole send");
-        assert_eq!(usize::from(num_buffers), (HDR + expected_len).div_ceil(RX_BUF as usize));
-        assert!(num_buffers > 1);
-        assert_eq!(hdr[1] & !gso::ECN, gso::UDP_L4, "its GSO type");
-        assert_eq!(u16::from_le_bytes([hdr[4], hdr[5]]), 1400, "its segment size");
-        assert_eq!(&frame[42..], &data[..], "the payload, across the buffers");
-        let c = s.counters_when("receive", |c| c.to_guest.super_packets >= 1);
+        // 40 sends of 7 buffers each: both rings wrap.
+        for round in 0..40u8 {
+            let data = payload(14_000, round);
+            sender.send_to(&data, (GUEST_IP, 9999)).unwrap();
+            let (hdr, frame, num_buffers) =
+                guest.recv_matching(|fr| fr.len() > 42 && fr[23] == 17 && fr[36..38] == 9999u16.to_be_bytes());
+            let expected_len = 14 + 20 + 8 + data.len();
+            assert_eq!(frame.len(), expected_len, "round {round}: one super-packet for the whole send");
+            assert_eq!(usize::from(num_buffers), (HDR + expected_len).div_ceil(RX_BUF as usize), "round {round}");
+            assert!(num_buffers > 1);
+            assert_eq!(hdr[1] & !gso::ECN, gso::UDP_L4, "round {round}: its GSO type");
+            assert_eq!(u16::from_le_bytes([hdr[4], hdr[5]]), 1400, "round {round}: its segment size");
+            assert!(frame[42..] == data[..], "round {round}: the payload, across the buffers");
+        }
+        let c = s.counters_when("receive", |c| c.to_guest.super_packets == 40);
         assert_eq!(c.to_guest.drops.total(), 0, "{c:?}");
     });
 }
@@ -637,5 +642,31 @@ fn a_front_end_reconnects() {
             assert_eq!(&buf[..n], &data[..], "round {round}");
         }
         s.counters_when("two connections", |c| c.connections == 2 && c.to_tap.packets == 2);
+    });
+}
+
+/// A frame waiting for more receive buffers holds those it took; when the front end stops the ring
+/// (`GET_VRING_BASE`, as QEMU does before a migration or a guest reset), they are handed back: the base it is
+/// told does not count them as consumed, so the guest loses none.
+#[test]
+fn a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took() {
+    run("a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took", |s| {
+        if s.features & (1 << f::GUEST_USO4) == 0 {
+            common::cannot_run(
+                "a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took",
+                "the kernel has no USO on TAP devices",
+            );
+            return;
+        }
+        let mut guest = Guest::connect(&s.socket, linux_guest_features());
+        guest.post_rx(0, 2);
+        let sender = UdpSocket::bind((TAP_IP, 9000)).unwrap();
+        turbotun::udp::set_udp_segment(&sender, 1400).unwrap();
+        sender.send_to(&payload(14_000, 5), (GUEST_IP, 9999)).unwrap();
+        // Read from the TAP, too big for the two buffers: it waits with both.
+        s.counters_when("the frame read", |c| c.to_guest.reads == 1);
+        let used: u16 = u16::from_le(guest.mem.read_obj(GuestAddress(guest.rx.used + 2)).unwrap());
+        assert_eq!(used, 0, "nothing used: the frame does not fit yet");
+        assert_eq!(guest.fe.get_vring_base(0).unwrap(), 0, "the two buffers taken are not reported consumed");
     });
 }
