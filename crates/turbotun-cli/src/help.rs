@@ -152,6 +152,17 @@ pub fn page(path: &str) -> Option<Page> {
             RUNNING,
             &[],
         ),
+        "turbotun vhost-user" => page(
+            &[
+                (
+                    "sudo turbotun vhost-user --socket /run/vm0.sock --tap vm0 --user qemu",
+                    "Serve vm0 to a VM monitor running as qemu (QEMU: -netdev vhost-user with -chardev socket,path=/run/vm0.sock).",
+                ),
+                ("sudo turbotun stats vm0", "Its counters while it runs, guest to TAP and TAP to guest, drops by reason included."),
+            ],
+            RUNNING,
+            &[],
+        ),
         "turbotun wg" | "turbotun-wg" => page(
             &[
                 ("turbotun wg wg0 && wg setconf wg0 wg0.conf", "Start an endpoint in the background and configure it with wg."),

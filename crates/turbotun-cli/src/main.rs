@@ -16,6 +16,7 @@ mod open;
 mod process;
 mod stats_cmd;
 mod tunnel_cmd;
+mod vhost_user_cmd;
 mod wg_cmd;
 
 #[derive(Debug, Parser)]
@@ -45,6 +46,9 @@ enum Command {
     Open(open::OpenArgs),
     /// Paced UDP load: `load gen` sends, `load sink` counts loss, reordering and duplicates per flow.
     Load(load_cmd::LoadArgs),
+    /// Serve a VM's network device over vhost-user (QEMU, cloud-hypervisor, DPDK virtio-user) onto a TAP, with
+    /// the guest's offloads, until SIGINT/SIGTERM.
+    VhostUser(vhost_user_cmd::VhostUserArgs),
     /// Tunnel a device's packets over UDP to another `turbotun tunnel` (no encryption) until SIGINT/SIGTERM.
     Tunnel(tunnel_cmd::TunnelArgs),
     /// A WireGuard endpoint: creates NAME, serves /var/run/wireguard/NAME.sock for `wg`, runs in the
@@ -105,6 +109,7 @@ fn main() -> std::process::ExitCode {
         Command::Open(args) => open::run(&args),
         Command::Load(args) => load_cmd::run(&args),
         Command::Tunnel(args) => tunnel_cmd::run(&args),
+        Command::VhostUser(args) => vhost_user_cmd::run(&args),
         Command::Wg(args) => wg_cmd::run(&args, &["wg"]),
         Command::Stats(args) => stats_cmd::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -158,6 +158,11 @@ pub enum GsoError {
     },
     /// A UDP-tunnel super-packet whose tunnel fields or outer headers cannot be used; the text says which.
     BadTunnel(&'static str),
+    /// A UDP super-packet (`UDP_L4`) without `NEEDS_CSUM`: its segments' checksums cannot be filled in.
+    MissingPartialChecksum {
+        /// gso_type of the virtio header.
+        gso_type: u8,
+    },
 }
 
 impl From<WireError> for GsoError {
@@ -203,6 +208,9 @@ impl fmt::Display for GsoError {
                 write!(f, "output buffer of {have} bytes cannot hold a {need}-byte segment")
             }
             GsoError::BadTunnel(why) => write!(f, "UDP tunnel super-packet: {why}"),
+            GsoError::MissingPartialChecksum { gso_type } => {
+                write!(f, "virtio gso_type {gso_type:#04x} without NEEDS_CSUM: the segments' checksums cannot be filled in")
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `struct virtio_net_hdr` (virtio spec 5.1.6), the header the kernel's tun driver puts in front of every packet
 //! with `IFF_VNET_HDR`. All multi-byte fields are little-endian (modern virtio / `TUNSETVNETLE`).
 
-use crate::WireError;
+use crate::{GsoError, WireError};
 
 /// Size of the legacy header (`virtio_net_hdr`).
 pub const VIRTIO_NET_HDR_LEN: usize = 10;
@@ -360,6 +360,52 @@ impl VirtioNetHdrRepr {
         self.gso_type & !(gso::UDP_TUNNEL | gso::ECN)
     }
 
+    /// Checks the header a sender (a guest, a program writing to a TAP) put in front of a frame of `frame_len`
+    /// bytes (the header not included), by the rules the kernel applies to a write (`virtio_net_hdr_to_skb` and
+    /// the tun driver's own check): a known `gso_type` (`NONE`, `TCPV4`, `TCPV6`, `UDP`, `UDP_L4`; the ECN bit
+    /// only on TCP; no UDP-tunnel bits), a `gso_size` above 0 on a super-packet, `hdr_len` within the frame, a
+    /// partial checksum whose `csum_start + max(transport header, csum_offset + 2)` lies within the frame and
+    /// whose offset is the transport's checksum field on a super-packet, and `NEEDS_CSUM` on a `UDP_L4` one.
+    /// A header that passes is one the kernel takes; one that fails would make it refuse the write (`EINVAL`) or,
+    /// on an older kernel, build a packet from offsets outside the frame.
+    pub fn check_sent_frame(&self, frame_len: usize) -> Result<(), GsoError> {
+        let kind = self.gso_kind();
+        // The transport header's length the kernel insists on reading behind csum_start (0 without GSO).
+        let transport_len = match kind {
+            gso::NONE => 0,
+            gso::TCPV4 | gso::TCPV6 => crate::tcp::MIN_HEADER_LEN,
+            gso::UDP | gso::UDP_L4 => crate::udp::HEADER_LEN,
+            _ => return Err(GsoError::UnsupportedGsoType(self.gso_type)),
+        };
+        let tcp = matches!(kind, gso::TCPV4 | gso::TCPV6);
+        if self.gso_type & gso::ECN != 0 && !tcp {
+            return Err(GsoError::UnsupportedGsoType(self.gso_type));
+        }
+        if kind != gso::NONE && self.gso_size == 0 {
+            return Err(GsoError::ZeroGsoSize);
+        }
+        if usize::from(self.hdr_len) > frame_len {
+            return Err(GsoError::Wire(WireError::BadLength {
+                what: "virtio hdr_len",
+                field: self.hdr_len.into(),
+                actual: frame_len,
+            }));
+        }
+        let (start, offset) = (usize::from(self.csum_start), usize::from(self.csum_offset));
+        if self.needs_csum() {
+            if start + transport_len.max(offset + 2) > frame_len {
+                return Err(GsoError::Wire(WireError::ChecksumOutOfRange { start, offset, len: frame_len }));
+            }
+            let expected = if tcp { crate::tcp::CHECKSUM_OFFSET } else { crate::udp::CHECKSUM_OFFSET };
+            if kind != gso::NONE && offset != expected {
+                return Err(GsoError::BadCsumOffset { csum_start: start, csum_offset: offset, limit: frame_len });
+            }
+        } else if kind == gso::UDP_L4 {
+            return Err(GsoError::MissingPartialChecksum { gso_type: self.gso_type });
+        }
+        Ok(())
+    }
+
     /// Whether the size is one with a defined layout: 10, 12, 20 or 24 (`virtio_net_hdr`, `_v1`, `_v1_hash`,
     /// `_v1_hash_tunnel`).
     pub fn is_valid_size(len: usize) -> bool {
@@ -454,6 +500,72 @@ mod tests {
         VirtioNetHdr::new_checked(&mut short[..]).unwrap().set_tunnel_offsets(TunnelOffsets::default());
         assert!(VirtioNetHdrRepr::is_valid_size(24));
         assert!(!VirtioNetHdrRepr { gso_type: gso::UDP_L4, ..Default::default() }.is_udp_tunnel());
+    }
+
+    /// What a guest may write in front of a frame, by the kernel's rules: good headers pass, and each bad one is
+    /// refused for its own reason.
+    #[test]
+    fn test_check_sent_frame() {
+        let tso = VirtioNetHdrRepr {
+            flags: flags::NEEDS_CSUM,
+            gso_type: gso::TCPV4,
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        let uso = VirtioNetHdrRepr { gso_type: gso::UDP_L4, hdr_len: 42, csum_offset: 6, ..tso };
+        let plain_csum =
+            VirtioNetHdrRepr { flags: flags::NEEDS_CSUM, csum_start: 34, csum_offset: 6, ..Default::default() };
+        for (hdr, len) in [
+            (VirtioNetHdrRepr::default(), 60),
+            (VirtioNetHdrRepr::default(), 0),
+            (tso, 3000),
+            (VirtioNetHdrRepr { gso_type: gso::TCPV6 | gso::ECN, ..tso }, 3000),
+            (uso, 3000),
+            (VirtioNetHdrRepr { gso_type: gso::UDP, ..uso }, 3000),
+            (plain_csum, 42),
+        ] {
+            assert_eq!(hdr.check_sent_frame(len), Ok(()), "{hdr} on {len} bytes");
+        }
+        let bad = [
+            (VirtioNetHdrRepr { gso_type: 2, ..tso }, 3000, GsoError::UnsupportedGsoType(2)),
+            (
+                VirtioNetHdrRepr { gso_type: gso::UDP_TUNNEL_IPV4 | gso::TCPV4, ..tso },
+                3000,
+                GsoError::UnsupportedGsoType(0x21),
+            ),
+            (VirtioNetHdrRepr { gso_type: gso::UDP_L4 | gso::ECN, ..uso }, 3000, GsoError::UnsupportedGsoType(0x85)),
+            (VirtioNetHdrRepr { gso_size: 0, ..tso }, 3000, GsoError::ZeroGsoSize),
+            (
+                VirtioNetHdrRepr { hdr_len: 3001, ..tso },
+                3000,
+                GsoError::Wire(WireError::BadLength { what: "virtio hdr_len", field: 3001, actual: 3000 }),
+            ),
+            // The TCP header behind csum_start must be in the frame, not only the checksum field.
+            (
+                VirtioNetHdrRepr { hdr_len: 40, ..tso },
+                50,
+                GsoError::Wire(WireError::ChecksumOutOfRange { start: 34, offset: 16, len: 50 }),
+            ),
+            (
+                VirtioNetHdrRepr { csum_start: 59, ..plain_csum },
+                60,
+                GsoError::Wire(WireError::ChecksumOutOfRange { start: 59, offset: 6, len: 60 }),
+            ),
+            (
+                VirtioNetHdrRepr { csum_offset: 6, ..tso },
+                3000,
+                GsoError::BadCsumOffset { csum_start: 34, csum_offset: 6, limit: 3000 },
+            ),
+            (VirtioNetHdrRepr { flags: 0, ..uso }, 3000, GsoError::MissingPartialChecksum { gso_type: gso::UDP_L4 }),
+        ];
+        for (hdr, len, why) in bad {
+            assert_eq!(hdr.check_sent_frame(len), Err(why), "{hdr} on {len} bytes");
+        }
+        // The largest offsets a u16 holds add up without overflow.
+        let far = VirtioNetHdrRepr { csum_start: u16::MAX, csum_offset: u16::MAX, ..plain_csum };
+        assert!(far.check_sent_frame(usize::from(u16::MAX)).is_err());
     }
 
     #[test]

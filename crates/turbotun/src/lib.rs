@@ -16,6 +16,8 @@
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //! - `smoltcp` (feature `smoltcp`): `smoltcp::QueueDevice`, smoltcp's device over a queue with offloads underneath.
 //! - `uring` (feature `uring`): io_uring forwarding.
+//! - `vhost_user` (feature `vhost-user`): a vhost-user-net backend, a VM's virtqueues onto a TAP with its
+//!   offloads.
 //!
 //! With no feature on, the crate is the dataplane alone: devices, queues, batches, the forwarding engine,
 //! netlink, hand-over and privilege separation.
@@ -82,6 +84,9 @@ pub use dataplane::tokio;
 #[cfg(feature = "uring")]
 #[doc(inline)]
 pub use dataplane::uring;
+#[cfg(feature = "vhost-user")]
+#[doc(inline)]
+pub use dataplane::vhost_user;
 #[doc(inline)]
 pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
 #[doc(inline)]

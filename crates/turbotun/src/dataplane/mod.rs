@@ -15,5 +15,7 @@ pub mod tunnel;
 pub mod udp;
 #[cfg(feature = "uring")]
 pub mod uring;
+#[cfg(feature = "vhost-user")]
+pub mod vhost_user;
 pub mod wake;
 pub(crate) mod write_policy;

@@ -76,17 +76,17 @@ macro_rules! drop_reasons {
 
 drop_reasons! {
     /// A frame larger than the buffer it was read into (the kernel reports its full length).
-    TooBig => too_big, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
+    TooBig => too_big, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack, VhostUser];
     /// A bad virtio header, offsets that do not fit the packet, or a super-packet that cannot be split.
-    Malformed => malformed, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
+    Malformed => malformed, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack, VhostUser];
     /// The kernel refused the write (`EINVAL`): a packet the device cannot take.
-    KernelRefused => kernel_refused, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
+    KernelRefused => kernel_refused, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack, VhostUser];
     /// The destination was down (`EIO`).
-    DeviceDown => device_down, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel];
+    DeviceDown => device_down, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel, VhostUser];
     /// The destination's queue was full (`EAGAIN`) and the engine was told not to wait ([`WhenFull::Drop`]).
-    QueueFull => queue_full, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel];
+    QueueFull => queue_full, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel, VhostUser];
     /// Read but still held when the forwarder stopped or failed.
-    Stopped => stopped, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
+    Stopped => stopped, fault: false, engines: [Forwarder, Tunnel, KeyedTunnel, Stack, VhostUser];
     /// Segments of a super-packet beyond [`MAX_SEGMENTS`](crate::batch::MAX_SEGMENTS): a tiny `gso_size` would
     /// otherwise turn one read into tens of thousands of packets.
     TooManySegments => too_many_segments, fault: true, engines: [Forwarder, Tunnel, KeyedTunnel, Stack];
@@ -116,6 +116,11 @@ drop_reasons! {
     /// A handshake message refused under load before any key work was spent on it (WireGuard: without a valid
     /// cookie, answered with a cookie reply; its source over its rate; or the handshake queue full).
     RateLimited => rate_limited, fault: false, engines: [KeyedTunnel];
+    /// A virtqueue descriptor chain a guest made that cannot be followed: a buffer outside the guest's memory, a
+    /// chain that loops or ends in a descriptor that cannot be read, or a buffer of the wrong direction (one the
+    /// device may write in a transmit chain, none it may write in a receive chain). The chain is returned to the
+    /// guest unused and the ring goes on.
+    BadDescriptor => bad_descriptor, fault: true, engines: [VhostUser];
 }
 
 /// The kinds of engine that count packets, each with the drop reasons it can give ([`DropReason::applies_to`]).
@@ -130,9 +135,16 @@ pub enum Engine {
     KeyedTunnel,
     /// A network stack over a queue (the smoltcp adapter).
     Stack,
+    /// A vhost-user-net backend: a guest's virtqueues on one side, a TAP device on the other
+    /// (`turbotun::vhost_user`).
+    VhostUser,
 }
 
 impl Engine {
+    /// Every kind of engine.
+    pub const ALL: [Engine; 5] =
+        [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack, Engine::VhostUser];
+
     /// Its name in counters output.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -140,12 +152,13 @@ impl Engine {
             Engine::Tunnel => "tunnel",
             Engine::KeyedTunnel => "keyed_tunnel",
             Engine::Stack => "stack",
+            Engine::VhostUser => "vhost_user",
         }
     }
 
     /// The engine of this name ([`Self::as_str`]).
     pub fn from_name(name: &str) -> Option<Engine> {
-        [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack].into_iter().find(|e| e.as_str() == name)
+        Engine::ALL.into_iter().find(|e| e.as_str() == name)
     }
 
     /// The drop reasons an engine of this kind can give, in the order [`Drops`] lists them.
@@ -452,12 +465,7 @@ mod tests {
     fn test_names_round_trip_and_reasons_apply_by_engine() {
         for &r in DropReason::ALL {
             assert_eq!(DropReason::from_name(r.as_str()), Some(r));
-            assert!(
-                [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack]
-                    .iter()
-                    .any(|&e| r.applies_to(e)),
-                "{r} applies to some engine"
-            );
+            assert!(Engine::ALL.iter().any(|&e| r.applies_to(e)), "{r} applies to some engine");
         }
         assert_eq!(DropReason::from_name("nonsense"), None);
         // A forwarder gives none of a tunnel's reasons; a plain tunnel none of a keyed protocol's.
@@ -465,7 +473,7 @@ mod tests {
         assert!(Engine::Forwarder.drop_reasons().any(|r| r == DropReason::DeviceDown));
         assert!(!Engine::Tunnel.drop_reasons().any(|r| r == DropReason::Replayed));
         assert!(Engine::KeyedTunnel.drop_reasons().any(|r| r == DropReason::NoPeer));
-        for e in [Engine::Forwarder, Engine::Tunnel, Engine::KeyedTunnel, Engine::Stack] {
+        for e in Engine::ALL {
             assert_eq!(Engine::from_name(e.as_str()), Some(e));
         }
         let mut c = Counters::default();

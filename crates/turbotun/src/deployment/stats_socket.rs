@@ -131,6 +131,26 @@ impl Report {
         self
     }
 
+    /// A vhost-user-net backend's report: `to_tap` and `to_guest` through the TAP `tap`, the front ends served so
+    /// far among its settings, `seconds` after it started.
+    #[cfg(feature = "vhost-user")]
+    pub fn of_vhost_user(
+        tap: &str,
+        socket: &Path,
+        counters: &crate::dataplane::vhost_user::VhostUserCounters,
+        seconds: f64,
+    ) -> Report {
+        let mut report = Report::new("vhost-user", Engine::VhostUser, tap);
+        report.devices = vec![tap.to_string()];
+        report.settings = vec![
+            ("socket".into(), socket.display().to_string()),
+            ("connections".into(), counters.connections.to_string()),
+        ];
+        report.seconds = seconds;
+        report.directions = vec![("to_tap".into(), counters.to_tap), ("to_guest".into(), counters.to_guest)];
+        report
+    }
+
     /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
     /// started.
     pub fn of_forwarder(
@@ -337,20 +357,7 @@ impl StatsSocket {
         if let Some(dir) = path.parent() {
             check_dir(dir)?;
         }
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
-                Ok(_) => return Err(Error::SocketInUse { path: path.to_path_buf() }),
-                // Nobody answers: its process is gone (or was killed before it could remove it).
-                Err(_) => std::fs::remove_file(path).map_err(|e| io_error("removing the stale socket", e))?,
-            },
-            Ok(_) => {
-                return Err(Error::InvalidConfig(format!(
-                    "{} exists and is not a socket: remove it, or serve the counters elsewhere",
-                    path.display()
-                )))
-            }
-            Err(_) => {}
-        }
+        crate::configuration::local_socket::clear_stale_socket(path, "serve the counters elsewhere")?;
         // Only the owner may connect (root for a process started as root).
         let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
         let bound = UnixListener::bind(path);

@@ -1,0 +1,106 @@
+//! `turbotun vhost-user` as a process: it serves one front end after another on its socket, drops to another
+//! user, and on SIGTERM prints its counters and leaves nothing behind (socket, TAP). The data path itself is
+//! tested by the library's `vhost_user` tests, which play the guest.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{new_netns, ns_path, privileged};
+use turbotun::netlink::Netlink;
+
+const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
+
+#[test]
+fn vhost_user_serves_front_ends_in_turn_and_leaves_nothing() {
+    if !privileged("vhost_user_serves_front_ends_in_turn_and_leaves_nothing") {
+        return;
+    }
+    let ns = new_netns();
+    let tag = std::process::id() % 100_000;
+    let tap = format!("vuc{tag}");
+    let socket = std::env::temp_dir().join(format!("turbotun-cli-test-{tag}.sock"));
+    let running = common::start_ready(
+        &ns,
+        Command::new(TURBOTUN)
+            .args(["vhost-user", "--json", "--stats-socket", "none", "--user", "nobody", "--tap", &tap])
+            .arg("--socket")
+            .arg(&socket)
+            .stderr(Stdio::inherit()),
+    );
+    let nobody = nix_uid("nobody");
+    assert_eq!(std::fs::metadata(&socket).unwrap().uid(), nobody, "the socket is handed to --user");
+    let mut nl = Netlink::in_netns(&ns_path(&ns)).unwrap();
+    assert!(nl.link(&tap).is_ok(), "the TAP is made");
+
+    // Two front ends in turn, each asking for the features (what every front end asks first) and hanging up:
+    // the second is answered only once the first is gone.
+    for round in 0..2 {
+        let features = get_features(&socket);
+        for bit in [15, 32] {
+            assert!(features & (1 << bit) != 0, "round {round}: MRG_RXBUF and VERSION_1 offered: {features:#x}");
+        }
+    }
+    let counters: serde_json::Value = serde_json::from_str(running.stop().lines().last().unwrap()).unwrap();
+    assert_eq!(counters["kind"], "vhost-user", "{counters}");
+    assert_eq!(counters["devices"][0], tap.as_str());
+    assert_eq!(counters["connections"], "2", "front ends served: {counters}");
+    assert!(counters["to_tap"]["drops"]["bad_descriptor"].is_u64(), "its drop reasons are listed: {counters}");
+    assert!(!socket.exists(), "the socket is removed on exit");
+    assert!(nl.link(&tap).is_err(), "the TAP goes with the process");
+}
+
+#[test]
+fn vhost_user_refuses_what_cannot_work() {
+    let out = Command::new(TURBOTUN)
+        .args(["vhost-user", "--socket", "/tmp/turbotun-never.sock", "--tap", "vubad0", "--queues", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--queues 2") && err.contains("only one queue pair"), "{err}");
+    assert!(!std::path::Path::new("/tmp/turbotun-never.sock").exists());
+    if !privileged("vhost_user_refuses_what_cannot_work") {
+        return;
+    }
+    // A file of another kind where the socket would go is left alone.
+    let ns = new_netns();
+    let file = std::env::temp_dir().join(format!("turbotun-cli-test-{}.notasocket", std::process::id()));
+    std::fs::write(&file, "keep").unwrap();
+    let out = turbotun::netns::with_netns(&ns_path(&ns), || {
+        Command::new(TURBOTUN).args(["vhost-user", "--tap", "vubad1", "--socket"]).arg(&file).output()
+    })
+    .unwrap()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+    std::fs::remove_file(&file).unwrap();
+    let mut nl = Netlink::in_netns(&ns_path(&ns)).unwrap();
+    assert!(nl.link("vubad1").is_err(), "nothing left behind");
+}
+
+/// `VHOST_USER_GET_FEATURES` on a fresh connection: the virtio feature bits the backend offers.
+fn get_features(socket: &std::path::Path) -> u64 {
+    use std::io::{Read, Write};
+    let mut front_end = UnixStream::connect(socket).unwrap();
+    front_end.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The header: request 1 (GET_FEATURES), flags 1 (protocol version 1), no payload.
+    let mut request = Vec::new();
+    for word in [1u32, 1, 0] {
+        request.extend_from_slice(&word.to_le_bytes());
+    }
+    front_end.write_all(&request).unwrap();
+    let mut reply = [0u8; 20];
+    front_end.read_exact(&mut reply).unwrap();
+    let word = |i: usize| u32::from_le_bytes(reply[i..i + 4].try_into().unwrap());
+    assert_eq!((word(0), word(4) & 0x4, word(8)), (1, 0x4, 8), "a reply to GET_FEATURES with 8 bytes");
+    u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+fn nix_uid(user: &str) -> u32 {
+    turbotun::privilege::UserSpec::new(user).uid().unwrap()
+}

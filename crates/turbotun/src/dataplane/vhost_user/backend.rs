@@ -1,0 +1,599 @@
+//! The virtio-net device behind one vhost-user connection: `vhost-user-backend` runs the protocol and one worker
+//! thread per queue pair, which sleeps in `epoll` on the guest's kick eventfds and the TAP's fd and calls
+//! [`NetBackend::handle_event`] when one of them fires.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+
+use turbotun_wire::virtio_net::{features as f, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN, VIRTIO_NET_HDR_V1_LEN};
+
+use super::chain::{read_chain, writable_spans, write_spans, Span};
+use super::VhostUserStats;
+use crate::dataplane::stats::{Counters, DropReason, WhenFull};
+use crate::dataplane::write_policy::{lost_with, on_write_error, WriteFailure};
+use crate::devices::offloads::Offloads;
+use crate::devices::queue::{Queue, MAX_PACKET};
+
+/// The guest's memory as vhost-user-backend hands it over (replaced whole on every memory table update).
+pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+
+/// The TAP's virtio header: `virtio_net_hdr_v1`, whose `num_buffers` the guest's receive side needs.
+pub(crate) const TAP_VNET_HDR: usize = VIRTIO_NET_HDR_V1_LEN;
+
+/// Virtqueues per queue pair: receive (even index) and transmit (odd).
+const RX: usize = 0;
+const TX: usize = 1;
+
+/// Largest ring the backend accepts (QEMU's and DPDK's default is 256, QEMU's maximum 1024).
+pub(crate) const MAX_QUEUE_SIZE: usize = 1024;
+
+/// Bytes a frame and its header may take in the bounce buffers: a 64 KiB super-packet with its Ethernet header.
+const FRAME_BUF: usize = TAP_VNET_HDR + MAX_PACKET;
+
+/// The virtio feature bits (`VIRTIO_F_*`, `VIRTIO_RING_F_*`) this device offers besides the net ones.
+const VERSION_1: u32 = virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+const EVENT_IDX: u32 = virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+const INDIRECT_DESC: u32 = virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+
+fn bit(n: u32) -> u64 {
+    1u64 << n
+}
+
+/// The virtio-net features offered for a TAP: checksum and segmentation offloads both ways (those for UDP only
+/// where the kernel takes USO), mergeable receive buffers, event index and indirect descriptors. The guest's
+/// acknowledged subset decides the TAP's offloads ([`Offloads::for_guest_features`]).
+pub(crate) fn offered_features(uso: bool) -> u64 {
+    let mut bits = vec![
+        f::CSUM,
+        f::GUEST_CSUM,
+        f::GUEST_TSO4,
+        f::GUEST_TSO6,
+        f::GUEST_ECN,
+        f::GUEST_UFO,
+        f::HOST_TSO4,
+        f::HOST_TSO6,
+        f::HOST_ECN,
+        f::HOST_UFO,
+        f::MRG_RXBUF,
+        VERSION_1,
+        EVENT_IDX,
+        INDIRECT_DESC,
+    ];
+    if uso {
+        bits.extend([f::GUEST_USO4, f::GUEST_USO6, f::HOST_USO]);
+    }
+    bits.into_iter().fold(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), |w, n| w | bit(n))
+}
+
+/// What the guest acknowledged, as the data path needs it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Negotiated {
+    features: u64,
+    /// The header in front of every frame in guest memory: 12 bytes with `VERSION_1` or `MRG_RXBUF`, else the
+    /// legacy 10.
+    hdr_len: usize,
+    mergeable: bool,
+}
+
+impl Negotiated {
+    fn new(features: u64) -> Negotiated {
+        let has = |n: u32| features & bit(n) != 0;
+        let hdr_len = if has(VERSION_1) || has(f::MRG_RXBUF) { VIRTIO_NET_HDR_V1_LEN } else { VIRTIO_NET_HDR_LEN };
+        Negotiated { features, hdr_len, mergeable: has(f::MRG_RXBUF) }
+    }
+
+    fn has(&self, n: u32) -> bool {
+        self.features & bit(n) != 0
+    }
+
+    /// Whether the guest may send a frame with this header: a GSO type only with the feature that allows it,
+    /// a partial checksum only with `CSUM` (virtio 5.1.6.2: the driver must not set them otherwise).
+    fn allows(&self, hdr: &VirtioNetHdrRepr) -> bool {
+        let gso_ok = match hdr.gso_kind() {
+            gso::NONE => true,
+            gso::TCPV4 => self.has(f::HOST_TSO4),
+            gso::TCPV6 => self.has(f::HOST_TSO6),
+            gso::UDP => self.has(f::HOST_UFO),
+            gso::UDP_L4 => self.has(f::HOST_USO),
+            _ => false,
+        };
+        let ecn_ok = hdr.gso_type & gso::ECN == 0 || self.has(f::HOST_ECN);
+        gso_ok && ecn_ok && (!hdr.needs_csum() || self.has(f::CSUM))
+    }
+}
+
+/// A frame read from the TAP that waits for the guest's receive buffers, and the buffers gathered for it so far.
+#[derive(Debug, Default)]
+struct RxState {
+    /// Bytes of `buf` (from `start`) to hand the guest: its header, then the frame.
+    pending: Option<(usize, usize)>,
+    /// Receive chains taken from the ring and not yet given back: head index, capacity, and their spans.
+    chains: VecDeque<(u16, usize, Vec<Span>)>,
+    /// Whether `chains` are the last ones taken from the ring, in order (no chain after them was given back
+    /// early), so that a stopped ring can be rewound over them.
+    contiguous: bool,
+}
+
+/// The data path's state, used by one worker thread at a time.
+struct Worker {
+    negotiated: Negotiated,
+    tx_buf: Vec<u8>,
+    rx_buf: Vec<u8>,
+    rx: RxState,
+    /// Spans of a chain being checked, reused.
+    spare_spans: Vec<Span>,
+    to_tap: Counters,
+    to_guest: Counters,
+    /// The receive vring, kept from the first event so that [`NetBackend::stop_vring`] can hand unused
+    /// buffers back.
+    rx_vring: Option<VringRwLock>,
+}
+
+/// One connection's virtio-net device over a TAP queue.
+pub(crate) struct NetBackend {
+    tap: Arc<Queue>,
+    features: u64,
+    mem: GuestMem,
+    worker: Mutex<Worker>,
+    stats: Arc<VhostUserStats>,
+}
+
+impl std::fmt::Debug for NetBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetBackend").field("tap", &self.tap.name()).field("features", &self.features).finish()
+    }
+}
+
+/// The event the TAP's fd is registered under in the worker's epoll (above the queues and the exit event).
+pub(crate) const TAP_EVENT: u16 = 3;
+
+/// Queues of the one pair served.
+const NUM_QUEUES: usize = 2;
+
+impl NetBackend {
+    pub(crate) fn new(tap: Arc<Queue>, features: u64, mem: GuestMem, stats: Arc<VhostUserStats>) -> NetBackend {
+        let worker = Worker {
+            negotiated: Negotiated::new(0),
+            tx_buf: vec![0; FRAME_BUF],
+            rx_buf: vec![0; FRAME_BUF],
+            rx: RxState { contiguous: true, ..RxState::default() },
+            spare_spans: Vec::new(),
+            to_tap: Counters::default(),
+            to_guest: Counters::default(),
+            rx_vring: None,
+        };
+        NetBackend { tap, features, mem, worker: Mutex::new(worker), stats }
+    }
+
+    /// The TAP's fd, for the worker's epoll.
+    pub(crate) fn tap_fd(&self) -> std::os::fd::RawFd {
+        self.tap.as_raw_fd()
+    }
+
+    fn worker(&self) -> MutexGuard<'_, Worker> {
+        // A worker that panicked left counters and buffers that are still usable.
+        self.worker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the TAP's offloads to what the guest takes; a combination the kernel refuses leaves none, which the
+    /// guest takes too (whole frames with complete checksums).
+    fn apply_offloads(&self, features: u64) {
+        let offloads = Offloads::for_guest_features(u128::from(features));
+        match self.tap.set_offloads(offloads) {
+            Ok(()) => tracing::info!(tap = self.tap.name(), %offloads, "offloads for the guest's features"),
+            Err(e) => {
+                tracing::warn!(tap = self.tap.name(), "{e}; the guest gets whole frames");
+                let _ = self.tap.set_offloads(Offloads::NONE);
+            }
+        }
+    }
+
+    /// Ends the connection's data path: a frame still waiting for guest buffers is counted as stopped, the
+    /// counters are added to the shared ones, and the TAP hands out no more super-packets for a guest that is
+    /// gone.
+    pub(crate) fn finish(&self) {
+        let mut w = self.worker();
+        if w.rx.pending.take().is_some() {
+            w.to_guest.drops.add(DropReason::Stopped, 1);
+        }
+        flush(&mut w, &self.stats);
+        w.rx_vring = None;
+        let _ = self.tap.set_offloads(Offloads::NONE);
+    }
+
+    /// Guest to TAP: every chain the guest made available is read, checked and written to the TAP, and given
+    /// back; notifications stay off while there is work and are turned on again before the last look.
+    fn process_tx(&self, w: &mut Worker, vring: &VringRwLock) {
+        let mut state = vring.get_mut();
+        if !(state.get_queue().ready() && state.is_enabled()) {
+            return;
+        }
+        let mem = self.mem.memory();
+        let mut used = false;
+        loop {
+            let _ = state.disable_notification();
+            while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(&*mem) {
+                let head = chain.head_index();
+                let Worker { negotiated, tx_buf, to_tap, .. } = &mut *w;
+                // A legacy 10-byte header is moved two bytes on later: room is kept for that.
+                let room = tx_buf.len() - (TAP_VNET_HDR - negotiated.hdr_len);
+                self.transmit(*negotiated, read_chain(chain, &*mem, &mut tx_buf[..room]), tx_buf, to_tap);
+                if let Err(e) = state.add_used(head, 0) {
+                    tracing::debug!("transmit queue: returning chain {head}: {e}");
+                }
+                used = true;
+            }
+            match state.enable_notification() {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::debug!("transmit queue: {e}");
+                    break;
+                }
+            }
+        }
+        notify(&mut state, used);
+    }
+
+    /// Writes one frame a transmit chain held (`read`: its length in `buf`, or why it could not be read) to the
+    /// TAP, or counts why not.
+    fn transmit(&self, negotiated: Negotiated, read: Result<usize, DropReason>, buf: &mut [u8], c: &mut Counters) {
+        c.reads += 1;
+        let len = match read {
+            Ok(len) => len,
+            Err(reason) => return c.drops.add(reason, 1),
+        };
+        let Some(frame_len) = len.checked_sub(negotiated.hdr_len) else {
+            return c.drops.add(DropReason::Malformed, 1);
+        };
+        // The TAP's header is 12 bytes: behind a legacy 10-byte one the frame moves two bytes on.
+        if negotiated.hdr_len != TAP_VNET_HDR {
+            buf.copy_within(negotiated.hdr_len..len, TAP_VNET_HDR);
+        }
+        // num_buffers means nothing on transmit; the kernel ignores it, and so do we.
+        buf[VIRTIO_NET_HDR_LEN..TAP_VNET_HDR].fill(0);
+        let Ok(hdr) = VirtioNetHdrRepr::parse(&buf[..VIRTIO_NET_HDR_LEN]) else {
+            return c.drops.add(DropReason::Malformed, 1);
+        };
+        if !negotiated.allows(&hdr) {
+            tracing::debug!("guest frame with {hdr} it did not negotiate");
+            return c.drops.add(DropReason::Malformed, 1);
+        }
+        if let Err(e) = hdr.check_sent_frame(frame_len) {
+            tracing::debug!("guest frame of {frame_len} bytes: {e}");
+            return c.drops.add(DropReason::Malformed, 1);
+        }
+        if frame_len < turbotun_wire::ethernet::HEADER_LEN {
+            return c.drops.add(DropReason::Malformed, 1);
+        }
+        let frame = &buf[..TAP_VNET_HDR + frame_len];
+        loop {
+            match self.tap.send_raw(frame) {
+                Ok(_) => {
+                    c.writes += 1;
+                    c.packets += 1;
+                    c.bytes += frame_len as u64;
+                    if hdr.is_gso() {
+                        c.super_packets += 1;
+                    }
+                    return;
+                }
+                Err(e) => match on_write_error(e.raw_os_error(), false, WhenFull::Drop) {
+                    WriteFailure::Retry => continue,
+                    WriteFailure::Drop(reason) => return c.drops.add(reason, 1),
+                    _ => {
+                        tracing::debug!("writing a guest frame to {}: {e}", self.tap.name());
+                        return c.drops.add(lost_with(&e), 1);
+                    }
+                },
+            }
+        }
+    }
+
+    /// TAP to guest: frames are read from the TAP while the guest has buffers for them; when it runs out, the
+    /// frame in hand waits and notifications are turned on, so that the guest's next kick resumes here.
+    fn process_rx(&self, w: &mut Worker, vring: &VringRwLock) {
+        let mut state = vring.get_mut();
+        if !(state.get_queue().ready() && state.is_enabled()) {
+            return;
+        }
+        let mem = self.mem.memory();
+        let mut used = false;
+        loop {
+            let _ = state.disable_notification();
+            match self.receive(w, &mut state, &mem, &mut used) {
+                Receive::TapEmpty => break,
+                Receive::NoBuffers => match state.enable_notification() {
+                    Ok(true) => continue,
+                    _ => break,
+                },
+            }
+        }
+        notify(&mut state, used);
+    }
+
+    fn receive(
+        &self,
+        w: &mut Worker,
+        state: &mut VringState<GuestMem>,
+        mem: &GuestMemoryMmap<()>,
+        used: &mut bool,
+    ) -> Receive {
+        loop {
+            if w.rx.pending.is_none() {
+                match self.read_tap(w) {
+                    Some(frame) => w.rx.pending = Some(frame),
+                    None => return Receive::TapEmpty,
+                }
+            }
+            let Some((start, len)) = w.rx.pending else { continue };
+            let Worker { negotiated, rx_buf, rx, spare_spans, to_guest, .. } = &mut *w;
+            // Gather buffers until the frame fits: one chain without mergeable buffers, as many as it takes with.
+            let mut fits = None;
+            loop {
+                let mut capacity = 0;
+                let mut chains = 0;
+                for (_, cap, _) in rx.chains.iter() {
+                    capacity += cap;
+                    chains += 1;
+                    if capacity >= len || !negotiated.mergeable {
+                        break;
+                    }
+                }
+                if chains > 0 && capacity >= len {
+                    fits = Some(chains);
+                    break;
+                }
+                if chains > 0 && !negotiated.mergeable {
+                    // The one chain is too short for this frame: it is kept for the next one.
+                    break;
+                }
+                let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
+                    return Receive::NoBuffers;
+                };
+                let head = chain.head_index();
+                spare_spans.clear();
+                match writable_spans(chain, mem, spare_spans) {
+                    Ok(cap) => rx.chains.push_back((head, cap, std::mem::take(spare_spans))),
+                    Err(reason) => {
+                        // The bad buffer goes back empty at once; the frame it was meant for is dropped.
+                        if let Err(e) = state.add_used(head, 0) {
+                            tracing::debug!("receive queue: returning chain {head}: {e}");
+                        }
+                        *used = true;
+                        rx.contiguous = false;
+                        to_guest.drops.add(reason, 1);
+                        rx.pending = None;
+                        break;
+                    }
+                }
+            }
+            if rx.pending.is_none() {
+                continue;
+            }
+            let Some(count) = fits else {
+                to_guest.drops.add(DropReason::TooBig, 1);
+                rx.pending = None;
+                continue;
+            };
+            let frame = &mut rx_buf[start..start + len];
+            if negotiated.hdr_len == VIRTIO_NET_HDR_V1_LEN {
+                frame[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_V1_LEN].copy_from_slice(&(count as u16).to_le_bytes());
+            }
+            let super_packet = VirtioNetHdrRepr::parse(frame).is_ok_and(|h| h.is_gso());
+            let mut written = 0;
+            let mut fault = None;
+            for _ in 0..count {
+                let Some((head, _, spans)) = rx.chains.pop_front() else { break };
+                let n = match write_spans(mem, &spans, &frame[written..]) {
+                    Ok(n) => n,
+                    Err(reason) => {
+                        fault = Some(reason);
+                        0
+                    }
+                };
+                written += n;
+                if let Err(e) = state.add_used(head, n as u32) {
+                    tracing::debug!("receive queue: using chain {head}: {e}");
+                }
+                *used = true;
+            }
+            if rx.chains.is_empty() {
+                rx.contiguous = true;
+            }
+            rx.pending = None;
+            match fault {
+                Some(reason) => to_guest.drops.add(reason, 1),
+                None => {
+                    to_guest.packets += 1;
+                    to_guest.writes += 1;
+                    to_guest.bytes += (len - negotiated.hdr_len) as u64;
+                    if super_packet {
+                        to_guest.super_packets += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the next frame from the TAP into the receive buffer: where the guest's header and frame start
+    /// in it and how long they are, or None when the TAP has nothing (or failed).
+    fn read_tap(&self, w: &mut Worker) -> Option<(usize, usize)> {
+        loop {
+            let n = match self.tap.recv_raw(&mut w.rx_buf) {
+                Ok(n) => n,
+                Err(e) if e.is_interrupted() => continue,
+                Err(e) if e.is_would_block() => return None,
+                Err(e) => {
+                    tracing::warn!("reading {}: {e}", self.tap.name());
+                    return None;
+                }
+            };
+            w.to_guest.reads += 1;
+            if n > w.rx_buf.len() {
+                w.to_guest.drops.add(DropReason::TooBig, 1);
+                continue;
+            }
+            if n < TAP_VNET_HDR {
+                w.to_guest.drops.add(DropReason::Malformed, 1);
+                continue;
+            }
+            // A legacy guest's header is the first 10 bytes: moved up to sit right before the frame.
+            let start = TAP_VNET_HDR - w.negotiated.hdr_len;
+            if start > 0 {
+                w.rx_buf.copy_within(..w.negotiated.hdr_len, start);
+            }
+            return Some((start, n - start));
+        }
+    }
+}
+
+/// How a receive pass ended.
+enum Receive {
+    TapEmpty,
+    NoBuffers,
+}
+
+/// Tells the guest about used buffers, if it asked to be told (event index or the ring's flags).
+fn notify(state: &mut VringState<GuestMem>, used: bool) {
+    if used && state.needs_notification().unwrap_or(true) {
+        if let Err(e) = state.signal_used_queue() {
+            tracing::debug!("signalling the guest: {e}");
+        }
+    }
+}
+
+/// Adds the worker's counters to the shared ones.
+fn flush(w: &mut Worker, stats: &VhostUserStats) {
+    stats.to_tap.add(&std::mem::take(&mut w.to_tap));
+    stats.to_guest.add(&std::mem::take(&mut w.to_guest));
+}
+
+impl VhostUserBackend for NetBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.worker().negotiated = Negotiated::new(features);
+        self.apply_offloads(features);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::RESET_DEVICE
+    }
+
+    fn reset_device(&self) {
+        let mut w = self.worker();
+        w.negotiated = Negotiated::new(0);
+        if w.rx.pending.take().is_some() {
+            w.to_guest.drops.add(DropReason::Stopped, 1);
+        }
+        // The rings start over: the buffers taken from them are the guest's again.
+        w.rx.chains.clear();
+        w.rx.contiguous = true;
+        flush(&mut w, &self.stats);
+        drop(w);
+        self.apply_offloads(0);
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {
+        // virtio-queue reads the event index from the ring itself once the feature is set on the queue.
+    }
+
+    fn update_memory(&self, _mem: GuestMem) -> io::Result<()> {
+        // The same atomic handle as `self.mem`, which sees the new map.
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![(1 << NUM_QUEUES) - 1]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                tracing::warn!("creating a worker's exit event: {e}");
+                None
+            }
+        }
+    }
+
+    /// `GET_VRING_BASE`: the front end stops the ring and asks where it stands. Receive buffers taken and not
+    /// used are handed back: by moving the ring's position back over them when they were the last ones taken,
+    /// else as used and empty.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        if queue_index as usize != RX {
+            return Ok(());
+        }
+        let mut w = self.worker();
+        let Some(vring) = w.rx_vring.clone() else { return Ok(()) };
+        let taken: Vec<u16> = w.rx.chains.drain(..).map(|(head, _, _)| head).collect();
+        let mut state = vring.get_mut();
+        if w.rx.contiguous {
+            let queue = state.get_queue_mut();
+            queue.set_next_avail(queue.next_avail().wrapping_sub(taken.len() as u16));
+        } else {
+            for head in taken {
+                let _ = state.add_used(head, 0);
+            }
+        }
+        w.rx.contiguous = true;
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread: usize,
+    ) -> io::Result<()> {
+        if device_event == TAP_EVENT && !evset.contains(EventSet::IN) {
+            // An error or hang-up on the TAP (its device deleted). The fd is watched edge-triggered, so this
+            // comes once; an error returned here would end the worker, and with it the guest's transmit side.
+            tracing::warn!("{}: {evset:?} on the TAP; its frames no longer reach the guest", self.tap.name());
+            return Ok(());
+        }
+        let mut w = self.worker();
+        if w.rx_vring.is_none() {
+            w.rx_vring = vrings.get(RX).cloned();
+        }
+        match device_event as usize {
+            TX => {
+                if let Some(vring) = vrings.get(TX) {
+                    self.process_tx(&mut w, vring);
+                }
+            }
+            // A receive kick (new buffers) and the TAP (new frames) both mean: move frames to the guest.
+            _ => {
+                if let Some(vring) = vrings.get(RX) {
+                    self.process_rx(&mut w, vring);
+                }
+            }
+        }
+        flush(&mut w, &self.stats);
+        Ok(())
+    }
+}
