@@ -1,0 +1,408 @@
+//! DPDK's virtio-user (`dpdk-testpmd`, Debian's `dpdk-dev`) as the front end of `turbotun vhost-user`: a
+//! vhost-user implementation written elsewhere negotiates with the backend, maps its memory (a memfd: DPDK runs
+//! with `--no-huge`) and drives the rings. Both run in a private namespace; testpmd is driven through its
+//! interactive prompt, and its own port counters are checked against the backend's and the TAP's.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{new_netns, ns_path, privileged, Running};
+use turbotun::netlink::{LinkStats, Netlink};
+use turbotun::Counters;
+
+const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
+const TESTPMD: &str = "dpdk-testpmd";
+/// What an answer may take at most: far above what it takes (testpmd starts in about a second, the backend
+/// moves a frame in microseconds), so that only a path that is broken reaches it.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// The address the TAP pings; testpmd's `icmpecho` answers ARP and ping for any address.
+const TAP_ADDR: &str = "10.99.0.1";
+const GUEST_ADDR: &str = "10.99.0.2";
+
+/// testpmd's forwarding core polls CPU 0 without pause: two at once would only slow each other down.
+static ONE_FRONT_END_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+#[test]
+fn dpdk_icmpecho_answers_pings_through_the_backend() {
+    let Some(_one) = runnable("dpdk_icmpecho_answers_pings_through_the_backend") else { return };
+    let mut setup = Setup::start();
+    let mut testpmd = setup.testpmd();
+    testpmd.run("set fwd icmpecho");
+    testpmd.run("start");
+
+    // ARP from the kernel to the guest and back, then echo requests one way and replies the other.
+    let pings = 5;
+    let ping = setup.in_ns(|| {
+        Command::new("ping")
+            .args(["-n", "-c", &pings.to_string(), "-i", "0.2", "-w", "20", GUEST_ADDR])
+            .output()
+            .expect("ping (iputils-ping)")
+    });
+    let ping_out = String::from_utf8_lossy(&ping.stdout);
+    assert!(
+        ping.status.success() && ping_out.contains(&format!("{pings} received")),
+        "{pings} pings through the backend answered by testpmd:\n{ping_out}\ntestpmd:\n{}",
+        testpmd.output()
+    );
+    testpmd.run("stop");
+    let port = testpmd.port_stats();
+    // The guest sent its ARP reply and the echo replies, and received the ARP request and the echo requests:
+    // testpmd counted each frame the backend moved, and the backend moved each frame it was given.
+    let (to_tap, to_guest) = setup.wait_backend("frames testpmd counted", |to_tap, to_guest| {
+        to_tap.packets >= port.tx_packets && to_guest.packets >= port.rx_packets
+    });
+    assert!(port.tx_packets > pings && port.rx_packets > pings, "testpmd's port: {port:?}");
+    assert_eq!((to_tap.packets, to_tap.bytes), (port.tx_packets, port.tx_bytes), "guest → TAP: {to_tap:?}");
+    assert_eq!((to_guest.packets, to_guest.bytes), (port.rx_packets, port.rx_bytes), "TAP → guest: {to_guest:?}");
+    let tap = setup.tap_stats();
+    assert_eq!(tap.rx_packets, to_tap.packets, "every frame written reached the TAP: {tap:?}");
+    assert_eq!(tap.tx_packets, to_guest.packets, "every frame the kernel sent reached the guest: {tap:?}");
+    assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
+    testpmd.quit();
+    setup.stop_backend();
+}
+
+#[test]
+fn dpdk_txonly_frames_all_reach_the_tap() {
+    let Some(_one) = runnable("dpdk_txonly_frames_all_reach_the_tap") else { return };
+    let mut setup = Setup::start();
+    let mut testpmd = setup.testpmd();
+    testpmd.run("set fwd txonly");
+    for size in [64, 1514] {
+        let (port_before, (backend_before, _), tap_before) =
+            (testpmd.port_stats(), setup.backend_counters(), setup.tap_stats());
+        testpmd.run(&format!("set txpkts {size}"));
+        testpmd.run("start");
+        // How long testpmd sends, not a result: the counts are compared, whatever they are.
+        std::thread::sleep(Duration::from_secs(1));
+        testpmd.run("stop");
+        let sent = testpmd.port_stats().since(&port_before);
+        assert!(sent.tx_packets > 0, "{size} B: testpmd sent nothing:\n{}", testpmd.output());
+        assert_eq!(sent.tx_bytes, sent.tx_packets * size, "{size} B: testpmd's frames are {size} bytes");
+        // Every frame the guest put in its ring is written to the TAP or counted as a drop, by reason.
+        let (to_tap, _) = setup.wait_backend("testpmd's frames", |to_tap, _| {
+            let to_tap = to_tap.since(&backend_before);
+            to_tap.packets + to_tap.drops.total() >= sent.tx_packets
+        });
+        let to_tap = to_tap.since(&backend_before);
+        assert_eq!(to_tap.packets + to_tap.drops.total(), sent.tx_packets, "{size} B: each frame once: {to_tap:?}");
+        assert_eq!(to_tap.drops.total(), 0, "{size} B: frames a TAP takes are not dropped: {to_tap:?}");
+        assert_eq!(to_tap.bytes, sent.tx_bytes, "{size} B: bytes the guest sent");
+        // And the kernel received every frame the backend wrote.
+        let tap = setup.tap_stats();
+        let (rx_packets, rx_bytes, rx_dropped) = (
+            tap.rx_packets - tap_before.rx_packets,
+            tap.rx_bytes - tap_before.rx_bytes,
+            tap.rx_dropped - tap_before.rx_dropped,
+        );
+        assert_eq!((rx_packets, rx_bytes, rx_dropped), (to_tap.packets, to_tap.bytes, 0), "{size} B: the TAP");
+    }
+    testpmd.quit();
+    setup.stop_backend();
+}
+
+/// Holds the lock while the test runs; `None` when the test is to be skipped (the suite's skip rule: under
+/// `CI=true` a test that cannot run fails).
+fn runnable(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !privileged(test) {
+        return None;
+    }
+    let missing: Vec<&str> = [(TESTPMD, "dpdk-dev"), ("stdbuf", "coreutils"), ("ping", "iputils-ping")]
+        .into_iter()
+        .filter(|(tool, _)| !on_path(tool))
+        .map(|(_, package)| package)
+        .collect();
+    if !missing.is_empty() {
+        common::cannot_run(test, &format!("missing packages {} (scripts/install-deps.sh)", missing.join(", ")));
+        return None;
+    }
+    Some(ONE_FRONT_END_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+fn on_path(tool: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
+}
+
+/// A private namespace with `turbotun vhost-user` serving a TAP in it, its socket and counters socket in a
+/// scratch directory. The fields drop in order: the backend is killed (if a test failed before stopping it),
+/// then the directory goes, then the namespace with the TAP.
+struct Setup {
+    backend: Option<Running>,
+    scratch: Scratch,
+    ns: OwnedFd,
+    tap: String,
+    /// Names testpmd's runtime files (`/var/run/dpdk/PREFIX`).
+    prefix: String,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}x{n}", std::process::id() % 100_000);
+        let scratch = Scratch::new(&tag);
+        let ns = new_netns();
+        let tap = format!("ttvd{tag}");
+        let backend = common::start_ready(
+            &ns,
+            Command::new(TURBOTUN)
+                .args(["vhost-user", "--json", "--tap", &tap])
+                .arg("--socket")
+                .arg(scratch.socket())
+                .arg("--stats-socket")
+                .arg(scratch.stats())
+                .stderr(Stdio::inherit()),
+        );
+        let setup = Setup { backend: Some(backend), scratch, ns, tap, prefix: format!("ttdpdk{tag}") };
+        // Only the frames a test makes cross the TAP: no IPv6 (router solicitations, DAD) from the kernel.
+        let tap = setup.tap.clone();
+        setup.in_ns(|| std::fs::write(format!("/proc/sys/net/ipv6/conf/{tap}/disable_ipv6"), "1").unwrap());
+        let mut nl = Netlink::in_netns(&ns_path(&setup.ns)).unwrap();
+        nl.add_address(&setup.tap, TAP_ADDR.parse().unwrap(), 24).unwrap();
+        nl.set_up(&setup.tap, true).unwrap();
+        setup
+    }
+
+    fn in_ns<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        turbotun::netns::with_netns(&ns_path(&self.ns), f).unwrap()
+    }
+
+    /// testpmd with a virtio-user port on the backend's socket, at its first prompt.
+    fn testpmd(&self) -> Testpmd {
+        Testpmd::start(&self.ns, &self.scratch.socket(), &self.prefix)
+    }
+
+    fn tap_stats(&self) -> LinkStats {
+        Netlink::in_netns(&ns_path(&self.ns)).unwrap().stats(&self.tap).unwrap()
+    }
+
+    /// The backend's counters now (its counters socket): guest → TAP and TAP → guest.
+    fn backend_counters(&self) -> (Counters, Counters) {
+        let report = turbotun::stats_socket::read(&self.scratch.stats()).expect("the backend's counters socket");
+        let direction = |name: &str| {
+            report.directions.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or_else(|| {
+                panic!("no {name} in the backend's report: {:?}", report.directions);
+            })
+        };
+        (direction("to_tap"), direction("to_guest"))
+    }
+
+    /// The backend's counters once `done` holds of them: a frame testpmd counts may not be counted by the backend
+    /// yet (it adds a batch's counters after the batch). Fails after [`PATIENCE`].
+    fn wait_backend(&self, what: &str, done: impl Fn(&Counters, &Counters) -> bool) -> (Counters, Counters) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (to_tap, to_guest) = self.backend_counters();
+            if done(&to_tap, &to_guest) {
+                return (to_tap, to_guest);
+            }
+            assert!(Instant::now() < deadline, "the backend never counted {what}: {to_tap:?} {to_guest:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM: the backend exits 0 with its closing counters, having served one front end without a drop and
+    /// removed its socket.
+    fn stop_backend(&mut self) {
+        let out = self.backend.take().unwrap().stop();
+        let counters: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("closing counters {out:?}: {e}"));
+        assert_eq!(counters["connections"], "1", "testpmd's one connection: {counters}");
+        assert_eq!(counters["drops"], 0, "{counters}");
+        assert!(!self.scratch.socket().exists(), "the backend removes its socket");
+    }
+}
+
+/// A directory of the test's own under the temporary directory, removed with what is in it however the test
+/// ends (a killed backend leaves its sockets).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("turbotun-dpdk-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn socket(&self) -> PathBuf {
+        self.0.join("vhost.sock")
+    }
+    fn stats(&self) -> PathBuf {
+        self.0.join("counters.stats")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// testpmd's port counters (`show port stats all`, counted since the port started).
+#[derive(Debug, Clone, Copy, Default)]
+struct PortStats {
+    rx_packets: u64,
+    rx_bytes: u64,
+    tx_packets: u64,
+    tx_bytes: u64,
+}
+
+impl PortStats {
+    fn since(&self, earlier: &PortStats) -> PortStats {
+        PortStats {
+            rx_packets: self.rx_packets - earlier.rx_packets,
+            rx_bytes: self.rx_bytes - earlier.rx_bytes,
+            tx_packets: self.tx_packets - earlier.tx_packets,
+            tx_bytes: self.tx_bytes - earlier.tx_bytes,
+        }
+    }
+}
+
+/// What testpmd printed so far (standard output and error, as they came), and a signal for each new piece.
+type Transcript = Arc<(Mutex<String>, Condvar)>;
+
+/// A running `dpdk-testpmd -i`, driven a command at a time through its standard input. Killed on drop if it has
+/// not quit, and its runtime directory (`/var/run/dpdk/PREFIX`, which DPDK leaves even after `quit`) removed.
+struct Testpmd {
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    transcript: Transcript,
+    /// Prompts seen so far: a command is done when the next prompt is printed.
+    prompts: usize,
+    runtime_dir: PathBuf,
+    prefix: String,
+}
+
+const PROMPT: &str = "testpmd> ";
+
+impl Testpmd {
+    fn start(ns: &OwnedFd, socket: &Path, prefix: &str) -> Testpmd {
+        let vdev = format!(
+            "net_virtio_user0,path={},queues=1,packed_vq=0,mrg_rxbuf=1,in_order=0",
+            socket.to_str().expect("a UTF-8 socket path")
+        );
+        let runtime_dir = Path::new("/var/run/dpdk").join(prefix);
+        let _ = std::fs::remove_dir_all(&runtime_dir);
+        let mut command = Command::new("stdbuf");
+        // Line-buffered output, so that each answer arrives whole before its prompt. Lcore 0 forwards, lcore 1
+        // reads commands; no hugepages (memory a memfd the backend maps), no PCI scan, no telemetry socket, and
+        // a 32k-mbuf pool (the default one takes seconds to make). The offloads are asked for, as a VM's driver
+        // would: checksum and TSO both ways, which the backend then gives the TAP.
+        command
+            .args(["-oL", TESTPMD, "-l", "0,1", "--main-lcore", "1", "--no-huge", "-m", "512", "--no-pci"])
+            .arg(format!("--file-prefix={prefix}"))
+            .args(["--no-telemetry", "--vdev", &vdev, "--", "-i", "--total-num-mbufs=32768"])
+            .args(["--rx-offloads=0x1c", "--tx-offloads=0x2c"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = turbotun::netns::with_netns(&ns_path(ns), || command.spawn())
+            .unwrap()
+            .unwrap_or_else(|e| panic!("starting {TESTPMD}: {e}"));
+        let transcript: Transcript = Arc::default();
+        for output in
+            [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())]
+        {
+            let transcript = transcript.clone();
+            std::thread::spawn(move || copy_into(output, &transcript));
+        }
+        let stdin = child.stdin.take();
+        let mut testpmd =
+            Testpmd { child: Some(child), stdin, transcript, prompts: 0, runtime_dir, prefix: prefix.to_string() };
+        // The first prompt comes once the port has started: connected, features agreed, rings handed over.
+        testpmd.wait_prompt("its first prompt");
+        let started = testpmd.output();
+        assert!(started.contains("Port 0: "), "testpmd made no port on the backend's socket:\n{started}");
+        testpmd
+    }
+
+    /// Sends `command` and waits for the next prompt; what testpmd answered.
+    fn run(&mut self, command: &str) -> String {
+        let before = self.output().len();
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{command}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        self.wait_prompt(command);
+        let text = self.output();
+        text[before..].to_string()
+    }
+
+    fn wait_prompt(&mut self, what: &str) {
+        let want = self.prompts + 1;
+        let (text, changed) = &*self.transcript;
+        let deadline = Instant::now() + PATIENCE;
+        let mut guard = text.lock().unwrap();
+        while guard.matches(PROMPT).count() < want {
+            let now = Instant::now();
+            let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+            assert!(exited.is_none() && now < deadline, "testpmd, {what}: no prompt ({exited:?}):\n{guard}");
+            guard = changed.wait_timeout(guard, Duration::from_millis(100)).unwrap().0;
+        }
+        self.prompts = want;
+    }
+
+    fn output(&self) -> String {
+        self.transcript.0.lock().unwrap().clone()
+    }
+
+    fn port_stats(&mut self) -> PortStats {
+        let answer = self.run("show port stats all");
+        let number = |label: &str| -> u64 {
+            let after = answer.split(label).nth(1).unwrap_or_else(|| panic!("no {label} in:\n{answer}"));
+            after
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{label} in {answer}"))
+        };
+        PortStats {
+            rx_packets: number("RX-packets:"),
+            rx_bytes: number("RX-bytes:"),
+            tx_packets: number("TX-packets:"),
+            tx_bytes: number("TX-bytes:"),
+        }
+    }
+
+    /// `quit`: testpmd closes its port (the backend sees the front end leave) and exits 0, having made no file
+    /// in /dev/shm (its memory is a memfd).
+    fn quit(mut self) {
+        let mut stdin = self.stdin.take().unwrap();
+        stdin.write_all(b"quit\n").unwrap();
+        drop(stdin);
+        let status = common::wait_exit(self.child.as_mut().unwrap(), PATIENCE, "testpmd after quit");
+        self.child = None;
+        assert!(status.success(), "testpmd exits 0 after quit: {status:?}\n{}", self.output());
+        let shm = common::entries_with_prefix("/dev/shm", &self.prefix);
+        assert!(shm.is_empty(), "testpmd left {shm:?} in /dev/shm");
+    }
+}
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+    }
+}
+
+fn copy_into(mut output: Box<dyn Read + Send>, transcript: &Transcript) {
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = output.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let (text, changed) = &**transcript;
+        text.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        changed.notify_all();
+    }
+}
