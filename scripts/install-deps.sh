@@ -15,6 +15,9 @@ have arping   || need+=(arping)
 # The WireGuard endpoint is driven by the real `wg` and `wg-quick` in the tests and the bench.
 have wg       || need+=(wireguard-tools)
 have sysctl   || need+=(procps)
+# DPDK's testpmd is the vhost-user front end of the vhost-user tests: `dpdk-dev` has `dpdk-testpmd` and pulls the
+# drivers it loads (virtio-user, the ring mempool, the vdev bus).
+have dpdk-testpmd || need+=(dpdk-dev)
 # `make lint` checks the library's imports with scripts/check-imports.py.
 have python3  || need+=(python3)
 # The manual pages are checked as `man -l` renders them.
