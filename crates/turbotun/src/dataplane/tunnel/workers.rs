@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use turbotun_wire::{ecn, Checksums};
+use turbotun_wire::{ecn, Batch, Checksums};
 
 use super::unreachable::Unreachables;
-use super::{Opened, Sealed, Transform, TunnelStatsHandle};
+use super::{Opened, SealBatch, SealOut, Sealed, Transform, TunnelStatsHandle};
 use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher, SharedCounters};
 use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
@@ -58,23 +58,19 @@ fn control_sender<'a>(socket: &'a TunnelSocket, counters: &'a mut Counters) -> i
     }
 }
 
-/// Where a sealed packet's datagram is.
-#[derive(Clone, Copy)]
-enum At {
-    Packet,
-    Out(usize),
-}
-
-/// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams. The first read of
-/// a batch sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
+/// Device -> network: read (and split) a batch, seal it, send the batch's datagrams. The first read of a batch
+/// sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
 pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     crate::dataplane::wake::unblock()?;
     let queue = &*ctx.queue;
-    let offset = queue.vnet_hdr_len();
+    // Each packet is read behind and before the room the transform seals it in. The room in front is also where
+    // the virtio header would go; the read keeps the header apart, so the two share it.
+    let room = ctx.transform.seal_room();
+    let offset = queue.vnet_hdr_len().max(room.front);
     // Room for any frame the device hands over whole (`MAX_PACKET` has the link header's room): its MTU may be
     // changed while the tunnel runs (wg-quick sets it after the endpoint starts), and a buffer's pages are
     // touched only as far as packets reach.
-    let size = offset + MAX_PACKET;
+    let size = offset + MAX_PACKET + room.back;
     let overhead = ctx.transform.overhead();
     let ip = queue.mode() == Mode::Tun;
     let mut rx = RecvBatch::new(ctx.queue.clone())
@@ -85,15 +81,10 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut arena = vec![0u8; size * BATCH_SIZE];
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(size).collect();
     let mut lens = vec![0usize; BATCH_SIZE];
-    // Sealing into buffers of their own only for a transform that needs them.
-    let out_size = if overhead > 0 { size + overhead } else { 0 };
-    let mut out_arena = vec![0u8; out_size * BATCH_SIZE];
-    let mut out: Vec<&mut [u8]> = if out_size > 0 {
-        out_arena.chunks_mut(out_size).collect()
-    } else {
-        (0..BATCH_SIZE).map(|_| &mut [][..]).collect()
-    };
-    let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
+    // Buffers of their own for a transform that seals packet by packet into them, made on its first use.
+    let mut out = SealOut::new(if overhead > 0 { size + overhead } else { 0 }, BATCH_SIZE);
+    let mut sealed = [Sealed::Held; BATCH_SIZE];
+    let mut outer_ecn = [0u8; BATCH_SIZE];
     let mut counters = Counters::default();
     let mut control = Counters::default();
     let mut flusher = Flusher::new(ctx.stats.device_to_network()).and(ctx.queue_stats.as_ref().map(|q| &q[0]));
@@ -104,7 +95,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             break Ok(());
         }
         let got = match rx.try_recv_many(&mut bufs, &mut lens, offset) {
-            Ok(got) => got,
+            Ok(got) => got.packets,
             // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Err(e) if e.is_interrupted() || e.is_would_block() => {
                 flusher.flush(batch_counts(rx.stats(), sent(&counters, &control)));
@@ -112,38 +103,55 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             Err(e) => break Err(e),
         };
-        sealed.clear();
+        // The outer ECN field of each packet's datagram, taken before the packet is sealed.
+        for ((field, buf), &len) in outer_ecn.iter_mut().zip(&bufs).zip(&lens).take(got) {
+            *field = if ip { ecn::encapsulate(ecn::of(&buf[offset..offset + len]).unwrap_or(ecn::NOT_ECT)) } else { 0 };
+        }
+        sealed[..got].fill(Sealed::Dropped(DropReason::Malformed));
         {
             let mut send_control = control_sender(&ctx.socket, &mut control);
-            for (i, (buf, o)) in bufs.iter_mut().zip(out.iter_mut()).take(got.packets).enumerate() {
-                let packet = &mut buf[offset..offset + lens[i]];
-                let outer_ecn = if ip { ecn::encapsulate(ecn::of(packet).unwrap_or(ecn::NOT_ECT)) } else { 0 };
-                match ctx.transform.seal(packet, o, &mut send_control) {
-                    Sealed::InPlace { to } => sealed.push((i, At::Packet, to, outer_ecn)),
-                    Sealed::Out { len, to } if len <= o.len() => sealed.push((i, At::Out(len), to, outer_ecn)),
-                    Sealed::Out { .. } => counters.drops.add(DropReason::TooBig, 1),
-                    Sealed::Held => counters.held += 1,
-                    Sealed::Dropped(reason) => counters.drops.add(reason, 1),
-                    Sealed::Unreachable(reason) => {
-                        counters.drops.add(reason, 1);
-                        if let Some(unreachables) = &ctx.unreachables {
-                            unreachables.answer(packet, queue, &mut counters);
-                        }
-                    }
-                }
-            }
+            let batch = Batch::new(&mut bufs[..got], &mut lens[..got], offset);
+            let mut batch = SealBatch::new(batch, room, &mut out, &mut sealed[..got]);
+            ctx.transform.seal_batch(&mut batch, &mut send_control);
         }
         // The datagrams in the order their packets came, so that a flow stays in order.
         let mut datagrams: [Datagram<'_>; BATCH_SIZE] =
             [Datagram { data: &[], dest: SocketAddr::from(([0, 0, 0, 0], 0)), ecn: 0 }; BATCH_SIZE];
-        for (d, &(i, at, dest, ecn_field)) in datagrams.iter_mut().zip(&sealed) {
-            let data: &[u8] = match at {
-                At::Packet => &bufs[i][offset..offset + lens[i]],
-                At::Out(len) => &out[i][..len],
+        let mut n = 0;
+        for (i, (&answer, &ecn_field)) in sealed.iter().zip(&outer_ecn).take(got).enumerate() {
+            let packet = &bufs[i][offset..offset + lens[i]];
+            let (data, dest): (Option<&[u8]>, _) = match answer {
+                Sealed::InPlace { to } => (Some(packet), to),
+                Sealed::Out { len, to } => (out.get(i).get(..len), to),
+                Sealed::Grown { start, len, to } => {
+                    let window =
+                        offset.checked_sub(room.front).and_then(|from| bufs[i].get(from..offset + lens[i] + room.back));
+                    (window.and_then(|w| w.get(start..start.checked_add(len)?)), to)
+                }
+                Sealed::Held => {
+                    counters.held += 1;
+                    continue;
+                }
+                Sealed::Dropped(reason) => {
+                    counters.drops.add(reason, 1);
+                    continue;
+                }
+                Sealed::Unreachable(reason) => {
+                    counters.drops.add(reason, 1);
+                    if let Some(unreachables) = &ctx.unreachables {
+                        unreachables.answer(packet, queue, &mut counters);
+                    }
+                    continue;
+                }
             };
-            *d = Datagram { data, dest, ecn: ecn_field };
+            // A datagram said to be where the buffers do not reach cannot be sent.
+            let Some(data) = data else {
+                counters.drops.add(DropReason::TooBig, 1);
+                continue;
+            };
+            datagrams[n] = Datagram { data, dest, ecn: ecn_field };
+            n += 1;
         }
-        let n = sealed.len();
         if let Err(e) = ctx.socket.send_datagrams(&datagrams[..n], Some(&ctx.stop), &mut counters) {
             break Err(e);
         }
