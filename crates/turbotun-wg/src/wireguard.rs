@@ -567,8 +567,8 @@ impl WireGuard {
         }
     }
 
-    /// Opens a transport data message.
-    fn open_data(&self, cache: &mut Cache, datagram: &mut [u8], from: SocketAddr, out: &mut [u8]) -> Opened {
+    /// Opens a transport data message where it is.
+    fn open_data(&self, cache: &mut Cache, datagram: &mut [u8], from: SocketAddr) -> Opened {
         let index = noise::receiver_index(MessageKind::Data, datagram);
         let fresh = matches!(&cache.receiving,
             Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
@@ -649,11 +649,8 @@ impl WireGuard {
             return Opened::Dropped(DropReason::NotAllowed);
         }
         cache.allowed = Some((src, position));
-        let Some(out) = out.get_mut(..len) else {
-            return Opened::Dropped(DropReason::TooBig);
-        };
-        out.copy_from_slice(&plain[..len]);
-        Opened::Packet { len }
+        // The packet stays where it was opened, behind the message header (the engine's room for its own).
+        Opened::InPlace { start: DATA_HEADER_LEN, len }
     }
 }
 
@@ -1191,14 +1188,14 @@ impl Transform for WireGuard {
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
-        out: &mut [u8],
+        _out: &mut [u8],
         _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {
         let Some(kind) = MessageKind::of(datagram) else {
             return Opened::Dropped(DropReason::MalformedDatagram);
         };
         self.with_cache(|cache| match kind {
-            MessageKind::Data => self.open_data(cache, datagram, from, out),
+            MessageKind::Data => self.open_data(cache, datagram, from),
             _ => {
                 let rt = cache.rt.clone();
                 self.queue_handshake(&rt, kind, datagram, from)

@@ -71,9 +71,9 @@ pub trait Transform: Send + Sync + 'static {
         }
     }
 
-    /// Opens one datagram from `from`: the packet inside goes to the start of `out` (which holds any packet a
-    /// datagram can carry). `control` sends the protocol's own datagrams at once (a handshake response, packets
-    /// that waited for the handshake).
+    /// Opens one datagram from `from`: the packet inside stays in the datagram ([`Opened::InPlace`], no copy) or
+    /// goes to the start of `out` ([`Opened::Packet`]; `out` holds any packet a datagram can carry). `control`
+    /// sends the protocol's own datagrams at once (a handshake response, packets that waited for the handshake).
     fn open(
         &self,
         datagram: &mut [u8],
@@ -166,6 +166,14 @@ pub enum Sealed {
 pub enum Opened {
     /// A packet for the device: `out[..len]`.
     Packet {
+        /// Its length.
+        len: usize,
+    },
+    /// A packet for the device, opened where it arrived: `datagram[start..start + len]`. The engine may use the
+    /// `start` bytes in front of it (the virtio header goes there, when it fits; otherwise the packet is copied).
+    InPlace {
+        /// Where it starts in the datagram.
+        start: usize,
         /// Its length.
         len: usize,
     },
