@@ -122,7 +122,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         for (i, (&answer, &ecn_field)) in sealed.iter().zip(&outer_ecn).take(got).enumerate() {
             let (data, dest) = match answer {
                 Sealed::InPlace { to } | Sealed::Out { to, .. } | Sealed::Grown { to, .. } => {
-                    (sealed_datagram(answer, &bufs[i], offset..offset + lens[i], room, out.get(i)), to)
+                    (sealed_datagram(answer, bufs[i], offset..offset + lens[i], room, out.get(i)), to)
                 }
                 Sealed::Held => {
                     counters.held += 1;
