@@ -12,8 +12,8 @@ wg_pair_up() {
     ip link add "ul$tag" netns "$a" type veth peer name "ur$tag" netns "$b"
     ip -n "$a" addr add 10.201.0.1/24 dev "ul$tag"; ip -n "$a" link set "ul$tag" up; ip -n "$a" link set lo up
     ip -n "$b" addr add 10.201.0.2/24 dev "ur$tag"; ip -n "$b" link set "ur$tag" up; ip -n "$b" link set lo up
-    ip netns exec "$a" "$turbotun" wg -f "$wa" >"$dir/a.out" 2>"$dir/a.err" & pa=$!
-    ip netns exec "$b" "$turbotun" wg -f "$wb" >"$dir/b.out" 2>"$dir/b.err" & pb=$!
+    ip netns exec "$a" "$turbotun" wg -f --json "$wa" >"$dir/a.out" 2>"$dir/a.err" & pa=$!
+    ip netns exec "$b" "$turbotun" wg -f --json "$wb" >"$dir/b.out" 2>"$dir/b.err" & pb=$!
     for _ in $(seq 50); do
         [[ -S /var/run/wireguard/$wa.sock && -S /var/run/wireguard/$wb.sock ]] && break
         sleep 0.1

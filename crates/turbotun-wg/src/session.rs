@@ -1,6 +1,7 @@
 //! Transport data: the keys of one session, its send counter and its receive window. Sealing and opening work in
 //! place in the tunnel's own buffers; the counter is one atomic, so several queues can send for one session.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -139,30 +140,65 @@ impl Keypair {
         self.send_counter.load(Ordering::Relaxed)
     }
 
-    /// Seals `packet` (possibly empty: a keepalive) into `out` as a transport data message, padded for a device
-    /// of `mtu`; returns its length and counter, or `None` when the session may send no more or `out` is short.
-    pub fn seal(&self, packet: &[u8], out: &mut [u8], mtu: usize) -> Option<(usize, u64)> {
-        let padded = padded_len(packet.len(), mtu);
-        let total = DATA_HEADER_LEN + padded + TAG_LEN;
-        if out.len() < total {
-            return None;
+    /// Takes the counters of `n` messages in one atomic step, so that a run of packets costs one step however
+    /// long it is and the counters of one run are consecutive. Fewer than `n` (none, once it is reached) when the
+    /// run would reach [`REJECT_AFTER_MESSAGES`]: the session sends no message with that counter or later, and
+    /// its counter never moves past that point by more than one run.
+    pub fn take_counters(&self, n: usize) -> Range<u64> {
+        let n = n as u64;
+        let taken = self.send_counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+            (next < REJECT_AFTER_MESSAGES).then(|| next.saturating_add(n))
+        });
+        match taken {
+            Ok(first) => first..first.saturating_add(n).min(REJECT_AFTER_MESSAGES),
+            Err(_) => REJECT_AFTER_MESSAGES..REJECT_AFTER_MESSAGES,
         }
-        let counter = self.send_counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Seals the packet at `buf[start..start + len]` where it is, as the transport data message with `counter`
+    /// (taken with [`Self::take_counters`]), padded for a device of `mtu`: its header goes into the 16 bytes in
+    /// front, the padding (zeros) and the tag behind. Returns where the message is in `buf`, or `None` when `buf`
+    /// has no room for it or the counter is past the session's last.
+    pub fn seal_in_place(
+        &self,
+        buf: &mut [u8],
+        start: usize,
+        len: usize,
+        counter: u64,
+        mtu: usize,
+    ) -> Option<Range<usize>> {
         if counter >= REJECT_AFTER_MESSAGES {
             return None;
         }
-        out[..4].copy_from_slice(&[4, 0, 0, 0]);
-        out[4..8].copy_from_slice(&self.remote_index.to_le_bytes());
-        out[8..16].copy_from_slice(&counter.to_le_bytes());
-        let body = &mut out[DATA_HEADER_LEN..DATA_HEADER_LEN + padded];
-        body[..packet.len()].copy_from_slice(packet);
-        body[packet.len()..].fill(0);
+        let padded = padded_len(len, mtu);
+        let from = start.checked_sub(DATA_HEADER_LEN)?;
+        let to = start.checked_add(padded)?.checked_add(TAG_LEN)?;
+        let message = buf.get_mut(from..to)?;
+        let (header, rest) = message.split_at_mut(DATA_HEADER_LEN);
+        header[..4].copy_from_slice(&[4, 0, 0, 0]);
+        header[4..8].copy_from_slice(&self.remote_index.to_le_bytes());
+        header[8..].copy_from_slice(&counter.to_le_bytes());
+        let (body, tag_room) = rest.split_at_mut(padded);
+        body[len..].fill(0);
         let tag = self
             .send
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce(counter)), Aad::empty(), body)
             .ok()?;
-        out[DATA_HEADER_LEN + padded..total].copy_from_slice(tag.as_ref());
-        Some((total, counter))
+        tag_room.copy_from_slice(tag.as_ref());
+        Some(from..to)
+    }
+
+    /// Seals `packet` (possibly empty: a keepalive) into `out` as a transport data message, padded for a device
+    /// of `mtu`; returns its length and counter, or `None` when the session may send no more or `out` is short.
+    pub fn seal(&self, packet: &[u8], out: &mut [u8], mtu: usize) -> Option<(usize, u64)> {
+        let total = DATA_HEADER_LEN + padded_len(packet.len(), mtu) + TAG_LEN;
+        if out.len() < total {
+            return None;
+        }
+        let counter = self.take_counters(1).next()?;
+        out[DATA_HEADER_LEN..DATA_HEADER_LEN + packet.len()].copy_from_slice(packet);
+        let message = self.seal_in_place(out, DATA_HEADER_LEN, packet.len(), counter, mtu)?;
+        Some((message.len(), counter))
     }
 
     /// Opens a transport data message in place: its plaintext (padding included) and its counter, or why not.
@@ -306,6 +342,123 @@ mod tests {
             let (counter, _, message) = &queue[EACH - 1];
             assert_eq!(b.open(&mut message.clone()).unwrap_err(), OpenError::Replayed, "counter {counter}");
         }
+    }
+
+    /// `packet` in a buffer as the tunnel reads it: the header's room in front, room for padding and tag behind,
+    /// and bytes around that the seal must not touch.
+    fn in_room(packet: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0xee; 5 + DATA_HEADER_LEN];
+        buf.extend_from_slice(packet);
+        buf.extend_from_slice(&[0xee; PADDING_MULTIPLE - 1 + TAG_LEN + 5]);
+        buf
+    }
+
+    /// Seals `packets` as one run where they are; each message with its counter.
+    fn seal_run(a: &Keypair, packets: &[Vec<u8>], mtu: usize) -> Vec<(u64, Vec<u8>)> {
+        let counters = a.take_counters(packets.len());
+        assert_eq!(counters.end - counters.start, packets.len() as u64, "the whole run has counters");
+        packets
+            .iter()
+            .zip(counters)
+            .map(|(packet, counter)| {
+                let mut buf = in_room(packet);
+                let start = 5 + DATA_HEADER_LEN;
+                let message = a.seal_in_place(&mut buf, start, packet.len(), counter, mtu).expect("room for it");
+                assert_eq!(message.start, 5, "the header right in front of the packet");
+                let outside = buf[..message.start].iter().chain(&buf[message.end..]);
+                assert!(outside.into_iter().all(|&b| b == 0xee), "nothing written outside the message");
+                (counter, buf[message].to_vec())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn test_a_run_sealed_in_place_opens_to_the_same_packets_padded_within_the_mtu() {
+        let (a, b) = pair();
+        let mtu = 1420;
+        // A keepalive, lengths around a multiple of 16, and packets up to and at the MTU.
+        let lens = [0, 1, 15, 16, 17, 84, 1403, 1404, 1405, 1419, 1420];
+        let packets: Vec<Vec<u8>> = lens.iter().map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect()).collect();
+        let sealed = seal_run(&a, &packets, mtu);
+        for (i, ((counter, message), packet)) in sealed.iter().zip(&packets).enumerate() {
+            assert_eq!(*counter, i as u64, "one run's counters are consecutive");
+            let padded = message.len() - DATA_HEADER_LEN - TAG_LEN;
+            assert!(padded >= packet.len() && padded <= mtu, "{}: padded to {padded}", packet.len());
+            assert!(padded % PADDING_MULTIPLE == 0 || padded == mtu, "{}: padded to {padded}", packet.len());
+            assert!(padded - packet.len() < PADDING_MULTIPLE);
+            assert_eq!(&message[..8], &[4, 0, 0, 0, 20, 0, 0, 0], "data message to the peer's index");
+            let mut message = message.clone();
+            let (plain, got) = b.open(&mut message).unwrap_or_else(|e| panic!("{}: {e:?}", packet.len()));
+            assert_eq!(got, *counter);
+            assert_eq!(&plain[..packet.len()], &packet[..]);
+            assert!(plain[packet.len()..].iter().all(|&z| z == 0), "zero padding");
+        }
+        // The per-packet seal makes the same message for the next counter.
+        let mut out = vec![0u8; 1420 + 64];
+        let (len, counter) = a.seal(&packets[5], &mut out, mtu).unwrap();
+        assert_eq!((len, counter), (16 + 96 + 16, lens.len() as u64));
+        let (plain, _) = b.open(&mut out[..len]).unwrap();
+        assert_eq!(&plain[..84], &packets[5][..]);
+        // Without the room in front or behind, nothing is sealed.
+        let mut short = vec![0u8; 100];
+        assert_eq!(a.seal_in_place(&mut short, 10, 20, 99, mtu), None, "no room for the header");
+        assert_eq!(a.seal_in_place(&mut short, 16, 80, 99, mtu), None, "no room for the padding and tag");
+    }
+
+    /// Two workers seal runs for one session at once: each run takes one consecutive block of counters, no
+    /// counter is taken twice, and every message opens.
+    #[test]
+    fn test_runs_sealed_by_two_threads_take_consecutive_counters_never_shared() {
+        const RUNS: usize = 200;
+        const RUN: usize = 64;
+        let (a, b) = pair();
+        let packets: Vec<Vec<u8>> = (0..RUN).map(|i| vec![0x45; 20 + i * 20]).collect();
+        let sealed: Vec<Vec<(u64, Vec<u8>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..2)
+                .map(|_| scope.spawn(|| (0..RUNS).flat_map(|_| seal_run(&a, &packets, 1420)).collect::<Vec<_>>()))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        for worker in &sealed {
+            for run in worker.chunks(RUN) {
+                assert!(run.windows(2).all(|w| w[1].0 == w[0].0 + 1), "a run's counters are one block");
+                assert_eq!(run[0].0 % RUN as u64, 0, "runs of one length never interleave their blocks");
+            }
+        }
+        let mut all: Vec<&(u64, Vec<u8>)> = sealed.iter().flatten().collect();
+        all.sort_by_key(|(counter, _)| *counter);
+        let counters: Vec<u64> = all.iter().map(|(c, _)| *c).collect();
+        assert_eq!(counters, (0..(2 * RUNS * RUN) as u64).collect::<Vec<_>>(), "each counter taken once");
+        for (counter, message) in all {
+            let mut message = message.clone();
+            let (plain, got) = b.open(&mut message).unwrap_or_else(|e| panic!("counter {counter}: {e:?}"));
+            let packet = &packets[(*counter % RUN as u64) as usize];
+            assert_eq!((got, &plain[..packet.len()]), (*counter, &packet[..]));
+        }
+    }
+
+    #[test]
+    fn test_a_run_that_reaches_reject_after_messages_stops_there() {
+        let (a, b) = pair();
+        a.send_counter.store(REJECT_AFTER_MESSAGES - 3, Ordering::Relaxed);
+        let counters = a.take_counters(64);
+        assert_eq!(counters, REJECT_AFTER_MESSAGES - 3..REJECT_AFTER_MESSAGES, "the run stops at the last");
+        let packet = vec![0x45u8; 100];
+        for counter in counters {
+            let mut buf = in_room(&packet);
+            let message = a.seal_in_place(&mut buf, 5 + DATA_HEADER_LEN, 100, counter, 1420).unwrap();
+            let (plain, got) = b.open(&mut buf[message]).unwrap();
+            assert_eq!((got, &plain[..100]), (counter, &packet[..]));
+        }
+        assert!(a.take_counters(1).is_empty(), "nothing after the last");
+        assert!(a.sent() >= REJECT_AFTER_MESSAGES && a.sent() < REJECT_AFTER_MESSAGES + 64, "never further on");
+        let mut buf = in_room(&packet);
+        assert_eq!(a.seal_in_place(&mut buf, 5 + DATA_HEADER_LEN, 100, REJECT_AFTER_MESSAGES, 1420), None);
+        assert_eq!(a.seal(&packet, &mut [0u8; 256], 1420), None);
+        // A run that starts exactly at the last message takes nothing either.
+        let (c, _) = pair();
+        c.send_counter.store(REJECT_AFTER_MESSAGES, Ordering::Relaxed);
+        assert!(c.take_counters(64).is_empty());
     }
 
     #[test]

@@ -20,6 +20,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
-use turbotun::tunnel::{Opened, Sealed, Settled, Transform};
+use turbotun::tunnel::{Opened, Room, SealBatch, Sealed, Settled, Transform};
 use turbotun::{DropReason, Drops};
 
 use crate::config::{key_to_hex, DeviceConfig, Key};
@@ -171,12 +172,12 @@ struct Cache {
     rt: Arc<Runtime>,
     /// The last destination sealed for.
     route: Option<RouteCache>,
-    /// The session last sealed with: peer position, the peer's session generation, the session.
-    sending: Option<(usize, u64, Option<Arc<Keypair>>)>,
+    /// The session last sealed with.
+    sending: Option<SendCache>,
     /// The session last opened with.
     receiving: Option<ReceiveCache>,
-    /// The last authenticated source: (peer position, the peer's `endpoint_gen`, address).
-    seen: Option<(usize, u64, SocketAddr)>,
+    /// The last authenticated source.
+    seen: Option<SeenSource>,
     /// The last inner source address found allowed, and for which peer.
     allowed: Option<(IpAddr, usize)>,
 }
@@ -188,6 +189,25 @@ struct RouteCache {
     peer: usize,
     endpoint_gen: u64,
     endpoint: Option<SocketAddr>,
+}
+
+/// A peer and the session it sends with.
+struct SendCache {
+    /// The peer's position in the runtime.
+    peer: usize,
+    /// The peer's `keypairs_gen` when the session was looked up.
+    keypairs_gen: u64,
+    /// Its current session, if it has one.
+    keypair: Option<Arc<Keypair>>,
+}
+
+/// A source a peer's message authenticated from, and the peer's endpoint generation then (its endpoint is
+/// looked at again only when either changes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct SeenSource {
+    peer: usize,
+    endpoint_gen: u64,
+    from: SocketAddr,
 }
 
 /// A receiver index and its session.
@@ -555,8 +575,8 @@ impl WireGuard {
         }
     }
 
-    /// Opens a transport data message.
-    fn open_data(&self, cache: &mut Cache, datagram: &mut [u8], from: SocketAddr, out: &mut [u8]) -> Opened {
+    /// Opens a transport data message where it is.
+    fn open_data(&self, cache: &mut Cache, datagram: &mut [u8], from: SocketAddr) -> Opened {
         let index = noise::receiver_index(MessageKind::Data, datagram);
         let fresh = matches!(&cache.receiving,
             Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
@@ -615,11 +635,13 @@ impl WireGuard {
         // Authenticated: the peer is now at `from` (roaming), unless a later message of the session came from
         // elsewhere (see `Peer::roam`). Looked at only when it may have moved.
         let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
-        if cache.seen != Some((position, endpoint_gen, from)) {
+        if cache.seen != Some(SeenSource { peer: position, endpoint_gen, from }) {
             // Left where a later message put it: looked at again with this source's next message.
-            cache.seen = peer
-                .roam(from, keypair.local_index, counter)
-                .then(|| (position, peer.endpoint_gen.load(Ordering::Acquire), from));
+            cache.seen = peer.roam(from, keypair.local_index, counter).then(|| SeenSource {
+                peer: position,
+                endpoint_gen: peer.endpoint_gen.load(Ordering::Acquire),
+                from,
+            });
         }
         if plain.is_empty() {
             return Opened::Control; // a keepalive
@@ -635,11 +657,8 @@ impl WireGuard {
             return Opened::Dropped(DropReason::NotAllowed);
         }
         cache.allowed = Some((src, position));
-        let Some(out) = out.get_mut(..len) else {
-            return Opened::Dropped(DropReason::TooBig);
-        };
-        out.copy_from_slice(&plain[..len]);
-        Opened::Packet { len }
+        // The packet stays where it was opened, behind the message header (the engine's room for its own).
+        Opened::InPlace { start: DATA_HEADER_LEN, len }
     }
 }
 
@@ -996,85 +1015,195 @@ impl WireGuard {
     }
 }
 
+/// Where `packet` goes: the position of the peer whose AllowedIPs cover its destination, and that peer's
+/// endpoint; or the answer for a packet that goes nowhere. Remembers the destination for the next packet.
+fn route(cache: &mut Cache, packet: &[u8]) -> Result<(usize, SocketAddr), Sealed> {
+    let Some(dst) = destination(packet) else {
+        return Err(Sealed::Dropped(DropReason::Malformed));
+    };
+    let rt = &*cache.rt;
+    let cached = cache
+        .route
+        .filter(|r| r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen);
+    let route = match cached {
+        Some(route) => route,
+        None => {
+            let Some((_, &i)) = rt.routes.longest_match(dst) else {
+                return Err(Sealed::Unreachable(DropReason::NoPeer));
+            };
+            let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
+            let route = RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
+            cache.route = Some(route);
+            route
+        }
+    };
+    route.endpoint.map(|endpoint| (route.peer, endpoint)).ok_or(Sealed::Unreachable(DropReason::NoPeer))
+}
+
+/// The session the peer at `position` of `rt` sends with, if it can still send at `now`; remembered in `sending`
+/// (a worker's [`Cache::sending`]) until the peer's sessions change.
+fn sending_keypair<'a>(
+    rt: &Runtime,
+    sending: &'a mut Option<SendCache>,
+    position: usize,
+    now: u64,
+) -> Option<&'a Keypair> {
+    let peer = &rt.peers[position];
+    let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
+    let fresh = sending.as_ref().is_some_and(|s| s.peer == position && s.keypairs_gen == keypairs_gen);
+    if !fresh {
+        *sending = Some(SendCache { peer: position, keypairs_gen, keypair: peer.keypairs().current });
+    }
+    sending.as_ref()?.keypair.as_deref().filter(|k| usable(k, now))
+}
+
+impl WireGuard {
+    /// Records that `bytes` of transport data up to message `last` left for `peer` with `keypair`, and asks for a
+    /// new handshake when the initiator's session is old or has sent enough.
+    fn sent(&self, peer: &Peer, keypair: &Keypair, bytes: u64, last: u64, now: u64) {
+        peer.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+        peer.sent_data(now);
+        if keypair.initiator && (last >= REKEY_AFTER_MESSAGES || now >= keypair.born_ms + REKEY_AFTER_TIME) {
+            self.request_handshake(peer);
+        }
+    }
+
+    /// A packet no session can carry: held for the handshake the worker is asked for (the oldest held dropped
+    /// beyond [`HELD_PER_PEER`]), or dropped when the peer cannot make one.
+    fn hold(&self, peer: &Peer, packet: &[u8]) -> Sealed {
+        if !peer.keys().is_some_and(|k| k.can_handshake()) {
+            return Sealed::Dropped(DropReason::NoSession);
+        }
+        let mut st = peer.state();
+        if st.held.len() >= HELD_PER_PEER {
+            st.held.pop_front();
+            peer.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        st.held.push_back(packet.to_vec());
+        drop(st);
+        self.request_handshake(peer);
+        Sealed::Held
+    }
+
+    /// Seals packets `run` of `batch`, all for the peer at `position` at `endpoint`, where they are: one counter
+    /// step for the run, one update of the peer's counters and timers. Packets past the session's last message,
+    /// or all of them without a session, are held for a handshake.
+    fn seal_run(
+        &self,
+        cache: &mut Cache,
+        batch: &mut SealBatch<'_, '_>,
+        run: Range<usize>,
+        (position, endpoint): (usize, SocketAddr),
+        mtu: usize,
+    ) {
+        let now = self.now();
+        let mut sealed = run.start;
+        let Cache { rt, sending, .. } = cache;
+        let peer = &rt.peers[position];
+        if let Some(keypair) = sending_keypair(rt, sending, position, now) {
+            let counters = keypair.take_counters(run.len());
+            let mut bytes = 0;
+            let last = counters.end.saturating_sub(1);
+            for counter in counters {
+                let i = sealed;
+                sealed += 1;
+                let message =
+                    batch.room(i).and_then(|room| keypair.seal_in_place(room.buf, room.start, room.len, counter, mtu));
+                match message {
+                    Some(message) => {
+                        bytes += message.len() as u64;
+                        batch.set(i, Sealed::Grown { start: message.start, len: message.len(), to: endpoint });
+                    }
+                    // The tunnel sizes its buffers by `seal_room`: only a caller that did not is short.
+                    None => batch.set(i, Sealed::Dropped(DropReason::TooBig)),
+                }
+            }
+            if bytes > 0 {
+                self.sent(peer, keypair, bytes, last, now);
+            }
+        }
+        for i in sealed..run.end {
+            let answer = self.hold(peer, batch.packet(i));
+            batch.set(i, answer);
+        }
+    }
+}
+
 impl Transform for WireGuard {
     fn overhead(&self) -> usize {
         DATA_OVERHEAD + PADDING_MULTIPLE - 1
     }
 
     fn seal(&self, packet: &mut [u8], out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
-        let Some(dst) = destination(packet) else {
-            return Sealed::Dropped(DropReason::Malformed);
-        };
+        let mtu = self.mtu.load(Ordering::Relaxed);
         self.with_cache(|cache| {
-            let Cache { rt, route: route_cache, sending, .. } = cache;
-            let rt = &**rt;
-            let cached = route_cache.filter(|r| {
-                r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen
-            });
-            let route = match cached {
-                Some(route) => route,
-                None => {
-                    let Some((_, &i)) = rt.routes.longest_match(dst) else {
-                        return Sealed::Unreachable(DropReason::NoPeer);
-                    };
-                    let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
-                    let route =
-                        RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
-                    *route_cache = Some(route);
-                    route
-                }
+            let (position, endpoint) = match route(cache, packet) {
+                Ok(route) => route,
+                Err(answer) => return answer,
             };
-            let Some(endpoint) = route.endpoint else {
-                return Sealed::Unreachable(DropReason::NoPeer);
-            };
-            let peer = &rt.peers[route.peer];
-            let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
-            let cached = sending.as_ref().filter(|(p, g, _)| *p == route.peer && *g == keypairs_gen);
-            if cached.is_none() {
-                *sending = Some((route.peer, keypairs_gen, peer.keypairs().current));
-            }
             let now = self.now();
-            let keypair = sending.as_ref().and_then(|(_, _, k)| k.as_ref()).filter(|k| usable(k, now));
-            if let Some(keypair) = keypair {
-                if let Some((len, counter)) = keypair.seal(packet, out, self.mtu.load(Ordering::Relaxed)) {
-                    peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                    peer.sent_data(now);
-                    if keypair.initiator
-                        && (counter >= REKEY_AFTER_MESSAGES || now >= keypair.born_ms + REKEY_AFTER_TIME)
-                    {
-                        self.request_handshake(peer);
-                    }
+            let Cache { rt, sending, .. } = cache;
+            let peer = &rt.peers[position];
+            if let Some(keypair) = sending_keypair(rt, sending, position, now) {
+                if let Some((len, counter)) = keypair.seal(packet, out, mtu) {
+                    self.sent(peer, keypair, len as u64, counter, now);
                     return Sealed::Out { len, to: endpoint };
                 }
             }
-            // No session that can carry it: held for the handshake the worker is asked for.
-            if !peer.keys().is_some_and(|k| k.can_handshake()) {
-                return Sealed::Dropped(DropReason::NoSession);
-            }
-            let mut st = peer.state();
-            if st.held.len() >= HELD_PER_PEER {
-                st.held.pop_front();
-                peer.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-            st.held.push_back(packet.to_vec());
-            drop(st);
-            self.request_handshake(peer);
-            Sealed::Held
+            self.hold(peer, packet)
         })
+    }
+
+    fn seal_room(&self) -> Room {
+        Room { front: DATA_HEADER_LEN, back: PADDING_MULTIPLE - 1 + TAG_LEN }
+    }
+
+    /// Runs of packets to one peer: one route look-up for a run of one destination, one counter step and one
+    /// update of the peer's counters and timers per run, each packet sealed where it was read.
+    fn seal_batch(&self, batch: &mut SealBatch<'_, '_>, _control: &mut dyn FnMut(&[u8], SocketAddr)) {
+        let mtu = self.mtu.load(Ordering::Relaxed);
+        let n = batch.len();
+        self.with_cache(|cache| {
+            let mut start = 0;
+            let mut routed = (n > 0).then(|| route(cache, batch.packet(0)));
+            while let Some(first) = routed.take() {
+                let (position, endpoint) = match first {
+                    Ok(route) => route,
+                    Err(answer) => {
+                        batch.set(start, answer);
+                        start += 1;
+                        routed = (start < n).then(|| route(cache, batch.packet(start)));
+                        continue;
+                    }
+                };
+                // The run: the packets after it that go to the same peer at the same endpoint.
+                let mut end = start + 1;
+                while end < n {
+                    let next = route(cache, batch.packet(end));
+                    if next != Ok((position, endpoint)) {
+                        routed = Some(next);
+                        break;
+                    }
+                    end += 1;
+                }
+                self.seal_run(cache, batch, start..end, (position, endpoint), mtu);
+                start = end;
+            }
+        });
     }
 
     fn open(
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
-        out: &mut [u8],
+        _out: &mut [u8],
         _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {
         let Some(kind) = MessageKind::of(datagram) else {
             return Opened::Dropped(DropReason::MalformedDatagram);
         };
         self.with_cache(|cache| match kind {
-            MessageKind::Data => self.open_data(cache, datagram, from, out),
+            MessageKind::Data => self.open_data(cache, datagram, from),
             _ => {
                 let rt = cache.rt.clone();
                 self.queue_handshake(&rt, kind, datagram, from)

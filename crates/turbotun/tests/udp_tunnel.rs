@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use common::{new_netns, ns_path, tcp_stream_intact, unique_name, Sides};
 use turbotun::netlink::Netlink;
 use turbotun::netns::with_netns;
-use turbotun::tunnel::{Plain, TunnelBuilder, TunnelStats, TunnelStatsHandle};
+use turbotun::tunnel::{Opened, Plain, Sealed, Transform, TunnelBuilder, TunnelStats, TunnelStatsHandle};
 use turbotun::udp::SocketOptions;
-use turbotun::Counters;
+use turbotun::{Counters, DropReason};
 use turbotun::{DeviceBuilder, Offloads, StopHandle};
 
 const PORT: u16 = 5555;
@@ -94,6 +94,16 @@ impl Drop for Ends {
 /// Underlay 10.201.0.1 <-> .2 at `underlay_mtu`; tunnel devices with 10.202.0.1/24, fd02::1/64 (and .2, ::2) at
 /// `tunnel_mtu`, virtio header and every offload on; a plain tunnel at each end with `options`.
 fn tunnel_pair(underlay_mtu: u32, tunnel_mtu: u32, options: SocketOptions) -> Ends {
+    tunnel_pair_with(underlay_mtu, tunnel_mtu, options, Plain::new)
+}
+
+/// [`tunnel_pair`] with the transform `transform` makes for the other end's address.
+fn tunnel_pair_with<T: Transform>(
+    underlay_mtu: u32,
+    tunnel_mtu: u32,
+    options: SocketOptions,
+    transform: impl Fn(SocketAddr) -> T + Sync,
+) -> Ends {
     let (a, b) = (new_netns(), new_netns());
     let (ul_a, ul_b) = (unique_name("ula"), unique_name("ulb"));
     let mut nl = Netlink::in_netns(&ns_path(&a)).unwrap();
@@ -125,7 +135,7 @@ fn tunnel_pair(underlay_mtu: u32, tunnel_mtu: u32, options: SocketOptions) -> En
         let tunnel = with_netns(&path, || {
             let dev = DeviceBuilder::tun().name(&name).vnet_hdr(10).offloads(Offloads::ALL).open().unwrap();
             std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/accept_dad"), "0").unwrap();
-            TunnelBuilder::new(Arc::new(Plain::new(remote)))
+            TunnelBuilder::new(Arc::new(transform(remote)))
                 .bind(local)
                 .socket_options(options)
                 .stop_on(stop.clone())
@@ -276,5 +286,72 @@ fn plain_tunnel_without_udp_gro() {
         let stats = ends.finish();
         // Without coalesced reads each message is one datagram: as many datagrams as the peer sent arrived.
         assert!(stats[1].from_network.segments >= stats[0].to_network.packets / 2, "{stats:?}");
+    }
+}
+
+/// A user's transform that works packet by packet: each packet framed by `front` marker bytes in front and its
+/// length behind, sealed into a buffer of its own by the per-packet hook (the engine's default batch form), and
+/// opened where it arrived.
+struct Framed {
+    remote: SocketAddr,
+    front: usize,
+}
+
+const MARK: u8 = 0xa5;
+/// The length behind each packet.
+const BACK: usize = 4;
+
+impl Transform for Framed {
+    fn overhead(&self) -> usize {
+        self.front + BACK
+    }
+
+    fn seal(&self, packet: &mut [u8], out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
+        let len = packet.len();
+        let Some(out) = out.get_mut(..self.front + len + BACK) else {
+            return Sealed::Dropped(DropReason::TooBig);
+        };
+        out[..self.front].fill(MARK);
+        out[self.front..self.front + len].copy_from_slice(packet);
+        out[self.front + len..].copy_from_slice(&(len as u32).to_be_bytes());
+        Sealed::Out { len: out.len(), to: self.remote }
+    }
+
+    fn open(
+        &self,
+        datagram: &mut [u8],
+        from: SocketAddr,
+        _out: &mut [u8],
+        _control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> Opened {
+        let Some(len) = datagram.len().checked_sub(self.front + BACK) else {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        };
+        let marked = datagram[..self.front].iter().all(|&b| b == MARK);
+        if from != self.remote || !marked || datagram[self.front + len..] != (len as u32).to_be_bytes() {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        }
+        Opened::InPlace { start: self.front, len }
+    }
+}
+
+/// A transform of the user's own, with only the per-packet hooks: sealed packet by packet into buffers of their
+/// own, opened in place, the packet kept in its datagram where the virtio header fits in front of it (16 bytes)
+/// and copied where it does not (4 bytes, against the 10-byte header).
+#[test]
+fn a_per_packet_transform_opening_in_place_carries_tcp_and_udp() {
+    if common::in_netns("a_per_packet_transform_opening_in_place_carries_tcp_and_udp", || ()).is_none() {
+        return;
+    }
+    for front in [4, 16] {
+        let ends = tunnel_pair_with(1500, 1420, SocketOptions::default(), |remote| Framed { remote, front });
+        tcp_crosses(&ends, true, "10.202.0.2".parse().unwrap(), 4 << 20);
+        tcp_crosses(&ends, false, "fd02::1".parse().unwrap(), 4 << 20);
+        udp_gso_crosses(&ends);
+        ends.nothing_lost();
+        let stats = ends.finish();
+        let drops = |s: &TunnelStats| s.to_network.drops.malformed + s.from_network.drops.malformed_datagram;
+        assert_eq!(stats.iter().map(drops).sum::<u64>(), 0, "front {front}: every datagram opened");
+        assert!(stats[1].from_network.coalesced > 0, "front {front}: {:?}", stats[1].from_network);
     }
 }

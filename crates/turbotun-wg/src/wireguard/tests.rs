@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::PeerConfig;
 use crate::noise::hash;
+use turbotun::tunnel::SealOut;
 
 const A: &str = "192.0.2.1:1000";
 const B: &str = "192.0.2.2:2000";
@@ -51,8 +52,50 @@ impl Node {
         self.wg.skipped_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
-    /// Seals `packet`, what it and the protocol send going on the wire.
+    /// Seals `packet` as the tunnel does (a batch of one), what it and the protocol send going on the wire.
     fn send(&self, packet: &[u8], wire: &mut Vec<Wire>) -> Sealed {
+        self.send_batch(&[packet.to_vec()], wire).0[0]
+    }
+
+    /// Seals `packets` as one batch read by the tunnel, each in a buffer with the room the transform asked for,
+    /// what they and the protocol send going on the wire in order; the answers, and the packets as the
+    /// transform left them in their buffers.
+    fn send_batch(&self, packets: &[Vec<u8>], wire: &mut Vec<Wire>) -> (Vec<Sealed>, Vec<Vec<u8>>) {
+        let room = self.wg.seal_room();
+        let mut bufs: Vec<Vec<u8>> = packets
+            .iter()
+            .map(|p| {
+                // Bytes the transform must not touch stand around the room.
+                let mut buf = vec![0xee; 7 + room.front];
+                buf.extend_from_slice(p);
+                buf.resize(buf.len() + room.back, 0xee);
+                buf.extend_from_slice(&[0xee; 7]);
+                buf
+            })
+            .collect();
+        let mut lens: Vec<usize> = packets.iter().map(Vec::len).collect();
+        let mut sealed = vec![Sealed::Dropped(DropReason::Stopped); packets.len()];
+        let mut out = SealOut::new(0, packets.len());
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[7..]).collect();
+        let mut batch =
+            SealBatch::new(turbotun::wire::Batch::new(&mut slices, &mut lens, room.front), room, &mut out, &mut sealed);
+        let from = self.addr;
+        self.wg.seal_batch(&mut batch, &mut |d, to| wire.push(Wire { data: d.to_vec(), from, to }));
+        let mut left = Vec::new();
+        for (i, buf) in bufs.iter().enumerate() {
+            assert!(buf[..7].iter().chain(&buf[buf.len() - 7..]).all(|&b| b == 0xee), "packet {i}: outside its room");
+            let in_room = &buf[7..buf.len() - 7];
+            if let Sealed::Grown { start, len, to } = sealed[i] {
+                wire.push(Wire { data: in_room[start..start + len].to_vec(), from, to });
+            }
+            left.push(in_room[room.front..room.front + packets[i].len()].to_vec());
+        }
+        (sealed, left)
+    }
+
+    /// Seals `packet` with the per-packet hook into a buffer of its own, what it and the protocol send going on
+    /// the wire.
+    fn send_one(&self, packet: &[u8], wire: &mut Vec<Wire>) -> Sealed {
         let mut packet = packet.to_vec();
         let mut out = vec![0u8; packet.len() + self.wg.overhead()];
         let from = self.addr;
@@ -73,6 +116,7 @@ impl Node {
             .open(&mut data, datagram.from, &mut out, &mut |d, to| wire.push(Wire { data: d.to_vec(), from, to }));
         let packet = match opened {
             Opened::Packet { len } => out[..len].to_vec(),
+            Opened::InPlace { start, len } => data[start..start + len].to_vec(),
             _ => Vec::new(),
         };
         (opened, packet)
@@ -155,7 +199,11 @@ fn test_a_handshake_carries_the_held_packet_and_data_flows_both_ways_padded() {
     let (a, b) = pair();
     let mut wire = Vec::new();
     let p = packet(B_INNER, A_INNER, 64); // 84 bytes, as a ping of 56
-    assert!(matches!(b.send(&p, &mut wire), Sealed::Out { len: 128, .. }), "16 + 96 padded + 16");
+    assert!(matches!(b.send(&p, &mut wire), Sealed::Grown { start: 0, len: 128, .. }), "16 + 96 padded + 16");
+    let (at_a, _) = deliver(&a, &b, &mut wire);
+    assert_eq!(at_a, vec![p.clone()]);
+    // The per-packet hook seals the same message into a buffer of its own.
+    assert!(matches!(b.send_one(&p, &mut wire), Sealed::Out { len: 128, .. }));
     let (at_a, _) = deliver(&a, &b, &mut wire);
     assert_eq!(at_a, vec![p]);
     assert_eq!(b.endpoint_of(&a), Some(a.addr));
@@ -247,9 +295,12 @@ fn test_a_message_held_back_past_a_thousand_others_is_taken_and_a_replay_is_not(
     let late = wire.remove(0);
     let mut scratch = Vec::new();
     for d in &wire {
-        assert!(matches!(b.receive(d, &mut scratch).0, Opened::Packet { .. }));
+        assert!(matches!(b.receive(d, &mut scratch).0, Opened::InPlace { start: 16, .. }));
     }
-    assert!(matches!(b.receive(&late, &mut scratch).0, Opened::Packet { .. }), "2999 later messages: within 8192");
+    assert!(
+        matches!(b.receive(&late, &mut scratch).0, Opened::InPlace { start: 16, .. }),
+        "2999 later messages: within 8192"
+    );
     assert_eq!(b.receive(&late, &mut scratch).0, Opened::Dropped(DropReason::Replayed));
 }
 
@@ -267,17 +318,17 @@ fn test_the_endpoint_follows_the_newest_message_whichever_worker_reads_last() {
     let older = wire[0].clone();
     let newer = Wire { from: moved, ..wire[1].clone() };
     let on_a_worker = |d: &Wire| std::thread::scope(|s| s.spawn(|| b.receive(d, &mut Vec::new()).0).join().unwrap());
-    assert!(matches!(on_a_worker(&newer), Opened::Packet { .. }));
+    assert!(matches!(on_a_worker(&newer), Opened::InPlace { start: 16, .. }));
     assert_eq!(b.endpoint_of(&a), Some(moved));
-    assert!(matches!(on_a_worker(&older), Opened::Packet { .. }), "an older message is still taken");
+    assert!(matches!(on_a_worker(&older), Opened::InPlace { start: 16, .. }), "an older message is still taken");
     assert_eq!(b.endpoint_of(&a), Some(moved), "but does not move the endpoint back");
     wire.clear();
     a.send(&packet(A_INNER, B_INNER, 8), &mut wire);
-    assert!(matches!(on_a_worker(&wire[0]), Opened::Packet { .. }));
+    assert!(matches!(on_a_worker(&wire[0]), Opened::InPlace { start: 16, .. }));
     assert_eq!(b.endpoint_of(&a), Some(a.addr), "a newer message from the old address moves it back");
     // Sending follows it.
     wire.clear();
-    assert!(matches!(b.send(&packet(B_INNER, A_INNER, 8), &mut wire), Sealed::Out { to, .. } if to == a.addr));
+    assert!(matches!(b.send(&packet(B_INNER, A_INNER, 8), &mut wire), Sealed::Grown { to, .. } if to == a.addr));
 }
 
 #[test]
@@ -428,4 +479,28 @@ fn test_every_handshake_message_taken_to_the_worker_is_settled_once() {
     a.tick(&mut wire);
     deliver(&a, &b, &mut wire);
     assert!(b.wg.settled(false).control >= 1);
+}
+
+/// A batch as the tunnel reads it: runs to one peer sealed in place with consecutive counters, each packet that
+/// goes nowhere answered on its own and left as it was, the messages opening to the same packets in order.
+#[test]
+fn test_a_batch_seals_in_place_run_by_run() {
+    let (a, b) = pair();
+    let mut wire = Vec::new();
+    let to_b = |payload| packet(A_INNER, B_INNER, payload);
+    let nowhere = packet(A_INNER, [10, 99, 0, 1], 30);
+    let batch = vec![to_b(0), to_b(1), to_b(1400), nowhere.clone(), to_b(100), Vec::new(), to_b(1380)];
+    let (sealed, left) = a.send_batch(&batch, &mut wire);
+    let grown = |i: usize| matches!(sealed[i], Sealed::Grown { start: 0, to, .. } if to == b.addr);
+    assert!([0, 1, 2, 4, 6].into_iter().all(grown), "{sealed:?}");
+    assert_eq!(sealed[3], Sealed::Unreachable(DropReason::NoPeer));
+    assert_eq!(sealed[5], Sealed::Dropped(DropReason::Malformed));
+    assert_eq!(left[3], nowhere, "a packet answered unreachable is left as it was");
+    // Padded to 16 within the MTU (1420): 20 -> 32, 21 -> 32, 1420 stays, 120 -> 128, 1400 -> 1408.
+    let lens: Vec<usize> = wire.iter().map(|w| w.data.len()).collect();
+    assert_eq!(lens, [16 + 32 + 16, 16 + 32 + 16, 16 + 1420 + 16, 16 + 128 + 16, 16 + 1408 + 16]);
+    let counters: Vec<u64> = wire.iter().map(|w| u64::from_le_bytes(w.data[8..16].try_into().unwrap())).collect();
+    assert!(counters.windows(2).all(|c| c[1] == c[0] + 1), "consecutive across runs: {counters:?}");
+    let (_, at_b) = deliver(&a, &b, &mut wire);
+    assert_eq!(at_b, [0, 1, 2, 4, 6].map(|i| batch[i].clone()));
 }

@@ -1,8 +1,9 @@
 //! The tunnel engine: packets between a TUN (or TAP) device and UDP, with segmentation offload on both sides.
 //!
 //! - **Into the network**: a receive half reads super-packets from each queue and splits them into MTU-sized
-//!   packets (zero copy where it can); each is given to the [`Transform`] (sealed in place, or into a buffer of
-//!   its own); runs of equal-size datagrams to one destination leave as one segmented send, and a batch's sends
+//!   packets (zero copy where it can), each behind and before the room the [`Transform`] asked for
+//!   ([`Transform::seal_room`]); the batch is given to the transform ([`Transform::seal_batch`]), which seals each
+//!   packet where it is, grown into that room, or into a buffer of its own ([`Transform::seal`]); runs of equal-size datagrams to one destination leave as one segmented send, and a batch's sends
 //!   as one `sendmmsg` ([`crate::udp`]).
 //! - **Out of the network**: `recvmmsg` with `UDP_GRO` reads many datagrams per call, split by their segment
 //!   size; each is opened by the transform, its ECN field updated from the outer header (RFC 6040), and the
@@ -30,8 +31,11 @@ use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
 
+mod seal;
 mod unreachable;
 mod workers;
+
+pub use seal::{PacketRoom, Room, SealBatch, SealOut};
 
 use unreachable::Unreachables;
 
@@ -47,9 +51,29 @@ pub trait Transform: Send + Sync + 'static {
     /// packet started).
     fn seal(&self, packet: &mut [u8], out: &mut [u8], control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed;
 
-    /// Opens one datagram from `from`: the packet inside goes to the start of `out` (which holds any packet a
-    /// datagram can carry). `control` sends the protocol's own datagrams at once (a handshake response, packets
-    /// that waited for the handshake).
+    /// The room [`Self::seal_batch`] wants around each packet in the tunnel's own buffers, to seal it there
+    /// ([`Sealed::Grown`]). The default asks for none.
+    fn seal_room(&self) -> Room {
+        Room::default()
+    }
+
+    /// Seals a batch of packets read from the device, answering each with [`SealBatch::set`] (a packet left
+    /// unanswered is counted as a `malformed` drop). The engine calls this, once per batch; the default seals
+    /// each packet with [`Self::seal`], so a transform that works packet by packet implements only that. A
+    /// transform that gains from a whole batch (WireGuard: one route look-up and one counter step per run of
+    /// packets to one peer) overrides it, and may seal each packet where it is, grown into the room
+    /// [`Self::seal_room`] asked for.
+    fn seal_batch(&self, batch: &mut SealBatch<'_, '_>, control: &mut dyn FnMut(&[u8], SocketAddr)) {
+        for i in 0..batch.len() {
+            let (packet, out) = batch.packet_and_out(i);
+            let sealed = self.seal(packet, out, control);
+            batch.set(i, sealed);
+        }
+    }
+
+    /// Opens one datagram from `from`: the packet inside stays in the datagram ([`Opened::InPlace`], no copy) or
+    /// goes to the start of `out` ([`Opened::Packet`]; `out` holds any packet a datagram can carry). `control`
+    /// sends the protocol's own datagrams at once (a handshake response, packets that waited for the handshake).
     fn open(
         &self,
         datagram: &mut [u8],
@@ -116,6 +140,16 @@ pub enum Sealed {
         /// Where it goes.
         to: SocketAddr,
     },
+    /// The packet was sealed where it is, grown into its room: the datagram is `buf[start..start + len]` of the
+    /// packet's [`PacketRoom`] ([`SealBatch::room`]), for `to`. Only from [`Transform::seal_batch`].
+    Grown {
+        /// Where it starts in the packet's room.
+        start: usize,
+        /// Its length.
+        len: usize,
+        /// Where it goes.
+        to: SocketAddr,
+    },
     /// The transform keeps the packet until it can be sent (a handshake under way); counted as `held`.
     Held,
     /// Not sent, for this reason.
@@ -132,6 +166,14 @@ pub enum Sealed {
 pub enum Opened {
     /// A packet for the device: `out[..len]`.
     Packet {
+        /// Its length.
+        len: usize,
+    },
+    /// A packet for the device, opened where it arrived: `datagram[start..start + len]`. The engine may use the
+    /// `start` bytes in front of it (the virtio header goes there, when it fits; otherwise the packet is copied).
+    InPlace {
+        /// Where it starts in the datagram.
+        start: usize,
         /// Its length.
         len: usize,
     },

@@ -1,13 +1,14 @@
 //! The loops a tunnel runs: one per direction and queue, and the transform's timers.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use turbotun_wire::{ecn, Checksums};
+use turbotun_wire::{ecn, Batch, Checksums};
 
 use super::unreachable::Unreachables;
-use super::{Opened, Sealed, Transform, TunnelStatsHandle};
+use super::{Opened, Room, SealBatch, SealOut, Sealed, Transform, TunnelStatsHandle};
 use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropReason, Flusher, SharedCounters};
 use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
@@ -58,23 +59,19 @@ fn control_sender<'a>(socket: &'a TunnelSocket, counters: &'a mut Counters) -> i
     }
 }
 
-/// Where a sealed packet's datagram is.
-#[derive(Clone, Copy)]
-enum At {
-    Packet,
-    Out(usize),
-}
-
-/// Device -> network: read (and split) a batch, seal each packet, send the batch's datagrams. The first read of
-/// a batch sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
+/// Device -> network: read (and split) a batch, seal it, send the batch's datagrams. The first read of a batch
+/// sleeps in the kernel (a blocking queue); the wake-up signal ends it at the stop.
 pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     crate::dataplane::wake::unblock()?;
     let queue = &*ctx.queue;
-    let offset = queue.vnet_hdr_len();
+    // Each packet is read behind and before the room the transform seals it in. The room in front is also where
+    // the virtio header would go; the read keeps the header apart, so the two share it.
+    let room = ctx.transform.seal_room();
+    let offset = queue.vnet_hdr_len().max(room.front);
     // Room for any frame the device hands over whole (`MAX_PACKET` has the link header's room): its MTU may be
     // changed while the tunnel runs (wg-quick sets it after the endpoint starts), and a buffer's pages are
     // touched only as far as packets reach.
-    let size = offset + MAX_PACKET;
+    let size = offset + MAX_PACKET + room.back;
     let overhead = ctx.transform.overhead();
     let ip = queue.mode() == Mode::Tun;
     let mut rx = RecvBatch::new(ctx.queue.clone())
@@ -85,15 +82,10 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     let mut arena = vec![0u8; size * BATCH_SIZE];
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(size).collect();
     let mut lens = vec![0usize; BATCH_SIZE];
-    // Sealing into buffers of their own only for a transform that needs them.
-    let out_size = if overhead > 0 { size + overhead } else { 0 };
-    let mut out_arena = vec![0u8; out_size * BATCH_SIZE];
-    let mut out: Vec<&mut [u8]> = if out_size > 0 {
-        out_arena.chunks_mut(out_size).collect()
-    } else {
-        (0..BATCH_SIZE).map(|_| &mut [][..]).collect()
-    };
-    let mut sealed: Vec<(usize, At, SocketAddr, u8)> = Vec::with_capacity(BATCH_SIZE);
+    // Buffers of their own for a transform that seals packet by packet into them, made on its first use.
+    let mut out = SealOut::new(if overhead > 0 { size + overhead } else { 0 }, BATCH_SIZE);
+    let mut sealed = [Sealed::Held; BATCH_SIZE];
+    let mut outer_ecn = [0u8; BATCH_SIZE];
     let mut counters = Counters::default();
     let mut control = Counters::default();
     let mut flusher = Flusher::new(ctx.stats.device_to_network()).and(ctx.queue_stats.as_ref().map(|q| &q[0]));
@@ -104,7 +96,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             break Ok(());
         }
         let got = match rx.try_recv_many(&mut bufs, &mut lens, offset) {
-            Ok(got) => got,
+            Ok(got) => got.packets,
             // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Err(e) if e.is_interrupted() || e.is_would_block() => {
                 flusher.flush(batch_counts(rx.stats(), sent(&counters, &control)));
@@ -112,38 +104,50 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             Err(e) => break Err(e),
         };
-        sealed.clear();
+        // The outer ECN field of each packet's datagram, taken before the packet is sealed.
+        for ((field, buf), &len) in outer_ecn.iter_mut().zip(&bufs).zip(&lens).take(got) {
+            *field = if ip { ecn::encapsulate(ecn::of(&buf[offset..offset + len]).unwrap_or(ecn::NOT_ECT)) } else { 0 };
+        }
+        sealed[..got].fill(Sealed::Dropped(DropReason::Malformed));
         {
             let mut send_control = control_sender(&ctx.socket, &mut control);
-            for (i, (buf, o)) in bufs.iter_mut().zip(out.iter_mut()).take(got.packets).enumerate() {
-                let packet = &mut buf[offset..offset + lens[i]];
-                let outer_ecn = if ip { ecn::encapsulate(ecn::of(packet).unwrap_or(ecn::NOT_ECT)) } else { 0 };
-                match ctx.transform.seal(packet, o, &mut send_control) {
-                    Sealed::InPlace { to } => sealed.push((i, At::Packet, to, outer_ecn)),
-                    Sealed::Out { len, to } if len <= o.len() => sealed.push((i, At::Out(len), to, outer_ecn)),
-                    Sealed::Out { .. } => counters.drops.add(DropReason::TooBig, 1),
-                    Sealed::Held => counters.held += 1,
-                    Sealed::Dropped(reason) => counters.drops.add(reason, 1),
-                    Sealed::Unreachable(reason) => {
-                        counters.drops.add(reason, 1);
-                        if let Some(unreachables) = &ctx.unreachables {
-                            unreachables.answer(packet, queue, &mut counters);
-                        }
-                    }
-                }
-            }
+            let batch = Batch::new(&mut bufs[..got], &mut lens[..got], offset);
+            let mut batch = SealBatch::new(batch, room, &mut out, &mut sealed[..got]);
+            ctx.transform.seal_batch(&mut batch, &mut send_control);
         }
         // The datagrams in the order their packets came, so that a flow stays in order.
         let mut datagrams: [Datagram<'_>; BATCH_SIZE] =
             [Datagram { data: &[], dest: SocketAddr::from(([0, 0, 0, 0], 0)), ecn: 0 }; BATCH_SIZE];
-        for (d, &(i, at, dest, ecn_field)) in datagrams.iter_mut().zip(&sealed) {
-            let data: &[u8] = match at {
-                At::Packet => &bufs[i][offset..offset + lens[i]],
-                At::Out(len) => &out[i][..len],
+        let mut n = 0;
+        for (i, (&answer, &ecn_field)) in sealed.iter().zip(&outer_ecn).take(got).enumerate() {
+            let (data, dest) = match answer {
+                Sealed::InPlace { to } | Sealed::Out { to, .. } | Sealed::Grown { to, .. } => {
+                    (sealed_datagram(answer, bufs[i], offset..offset + lens[i], room, out.get(i)), to)
+                }
+                Sealed::Held => {
+                    counters.held += 1;
+                    continue;
+                }
+                Sealed::Dropped(reason) => {
+                    counters.drops.add(reason, 1);
+                    continue;
+                }
+                Sealed::Unreachable(reason) => {
+                    counters.drops.add(reason, 1);
+                    if let Some(unreachables) = &ctx.unreachables {
+                        unreachables.answer(&bufs[i][offset..offset + lens[i]], queue, &mut counters);
+                    }
+                    continue;
+                }
             };
-            *d = Datagram { data, dest, ecn: ecn_field };
+            // A datagram said to be where the buffers do not reach cannot be sent.
+            let Some(data) = data else {
+                counters.drops.add(DropReason::TooBig, 1);
+                continue;
+            };
+            datagrams[n] = Datagram { data, dest, ecn: ecn_field };
+            n += 1;
         }
-        let n = sealed.len();
         if let Err(e) = ctx.socket.send_datagrams(&datagrams[..n], Some(&ctx.stop), &mut counters) {
             break Err(e);
         }
@@ -151,6 +155,47 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     };
     flusher.flush(final_batch_counts(rx.stats(), sent(&counters, &control), rx.pending()));
     result
+}
+
+/// Where the datagram of a packet sealed as `answer` is, for the packet at `packet` in `buf` with `room` around
+/// it and `out` its buffer of its own: `None` for a datagram said to be where the buffers do not reach, or an
+/// answer that has no datagram.
+fn sealed_datagram<'a>(
+    answer: Sealed,
+    buf: &'a [u8],
+    packet: Range<usize>,
+    room: Room,
+    out: &'a [u8],
+) -> Option<&'a [u8]> {
+    match answer {
+        Sealed::InPlace { .. } => buf.get(packet),
+        Sealed::Out { len, .. } => out.get(..len),
+        Sealed::Grown { start, len, .. } => {
+            let window = buf.get(packet.start.checked_sub(room.front)?..packet.end.checked_add(room.back)?)?;
+            window.get(start..start.checked_add(len)?)
+        }
+        Sealed::Held | Sealed::Dropped(_) | Sealed::Unreachable(_) => None,
+    }
+}
+
+/// What becomes of a packet a transform opened in place (`datagram[start..start + len]` of a `datagram_len`-byte
+/// datagram) on its way to a device with a `vnet`-byte virtio header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// Written from where it is: the header fits in front of it.
+    Kept,
+    /// Copied into a buffer with room for the header.
+    Copied,
+    /// Not inside the datagram: nothing to write (`too_big`).
+    Outside,
+}
+
+fn opening(start: usize, len: usize, datagram_len: usize, vnet: usize) -> Opening {
+    match start.checked_add(len) {
+        Some(end) if end <= datagram_len && start >= vnet => Opening::Kept,
+        Some(end) if end <= datagram_len => Opening::Copied,
+        _ => Opening::Outside,
+    }
 }
 
 /// Network -> device: receive many datagrams (sleeping in the kernel for the first), open each, coalesce and
@@ -169,7 +214,9 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     };
     let mut tx = SendBatch::new(ctx.queue.clone()).stop_on(ctx.stop.clone());
     let mut slots = RecvSlots::new(RECV_SLOTS, RECV_SLOT_SIZE);
-    // Any packet a datagram can carry, behind room for the virtio header; pages are touched only as used.
+    // For packets a transform copies out of their datagrams (`Opened::Packet`; one opened in place stays in its
+    // receive slot): any packet a datagram can carry, behind room for the virtio header; pages are touched only
+    // as used.
     let out_size = vnet + RECV_SLOT_SIZE;
     let mut out_arena = vec![0u8; out_size * BATCH_SIZE];
     let mut out: Vec<&mut [u8]> = out_arena.chunks_mut(out_size).collect();
@@ -197,6 +244,9 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         }
         counters.reads += 1;
         let mut k = 0;
+        // Packet `i` of the batch being gathered, when it was opened where it arrived: its piece of a receive
+        // slot, the virtio header's room in front of the packet (`None`: the packet is in `out[i]`).
+        let mut in_slots: [Option<&mut [u8]>; BATCH_SIZE] = std::array::from_fn(|_| None);
         let mut send_control = control_sender(&ctx.socket, &mut control);
         for (meta, data) in slots.messages_mut() {
             let Some(from) = meta.source else {
@@ -215,7 +265,7 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             // one write, so the batch so far goes first if the run would not fit behind it.
             let count = if meta.gso_size > 0 { data.len().div_ceil(usize::from(meta.gso_size)) } else { 1 };
             if k > 0 && k + count > BATCH_SIZE {
-                if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
+                if let Err(e) = write_opened(&mut tx, &mut out, &mut in_slots[..k], &mut lens, vnet, checksums) {
                     break 'run Err(e);
                 }
                 k = 0;
@@ -232,41 +282,61 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                     (Opened::Dropped(_), None) => {}
                     _ => local = None,
                 }
-                match opened {
-                    Opened::Packet { len } => {
-                        let packet = &mut out[k][vnet..vnet + len];
-                        if ip && outer_ecn != ecn::NOT_ECT {
-                            let inner = ecn::of(packet).unwrap_or(ecn::NOT_ECT);
-                            match ecn::decapsulate(outer_ecn, inner) {
-                                None => {
-                                    counters.drops.add(DropReason::CeOnNotEct, 1);
-                                    continue;
-                                }
-                                Some(field) if field != inner => {
-                                    ecn::set(packet, field);
-                                }
-                                Some(_) => {}
-                            }
+                let (mut piece, len) = match opened {
+                    Opened::Packet { len } => (None, len),
+                    Opened::InPlace { start, len } => match opening(start, len, datagram.len(), vnet) {
+                        Opening::Kept => (Some(&mut datagram[start - vnet..start + len]), len),
+                        Opening::Copied if vnet + len <= out[k].len() => {
+                            out[k][vnet..vnet + len].copy_from_slice(&datagram[start..start + len]);
+                            (None, len)
                         }
-                        lens[k] = len;
-                        k += 1;
-                        if k == BATCH_SIZE {
-                            if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
-                                break 'run Err(e);
-                            }
-                            k = 0;
+                        Opening::Copied | Opening::Outside => {
+                            counters.drops.add(DropReason::TooBig, 1);
+                            continue;
                         }
+                    },
+                    Opened::Control => {
+                        counters.control += 1;
+                        continue;
                     }
-                    Opened::Control => counters.control += 1,
                     // Counted when the transform settles it (the timer thread).
-                    Opened::Queued => {}
-                    Opened::Dropped(reason) => counters.drops.add(reason, 1),
+                    Opened::Queued => continue,
+                    Opened::Dropped(reason) => {
+                        counters.drops.add(reason, 1);
+                        continue;
+                    }
+                };
+                let packet = match &mut piece {
+                    Some(piece) => &mut piece[vnet..],
+                    None => &mut out[k][vnet..vnet + len],
+                };
+                if ip && outer_ecn != ecn::NOT_ECT {
+                    let inner = ecn::of(packet).unwrap_or(ecn::NOT_ECT);
+                    match ecn::decapsulate(outer_ecn, inner) {
+                        None => {
+                            counters.drops.add(DropReason::CeOnNotEct, 1);
+                            continue;
+                        }
+                        Some(field) if field != inner => {
+                            ecn::set(packet, field);
+                        }
+                        Some(_) => {}
+                    }
+                }
+                in_slots[k] = piece;
+                lens[k] = len;
+                k += 1;
+                if k == BATCH_SIZE {
+                    if let Err(e) = write_opened(&mut tx, &mut out, &mut in_slots[..k], &mut lens, vnet, checksums) {
+                        break 'run Err(e);
+                    }
+                    k = 0;
                 }
             }
         }
         drop(send_control);
         if k > 0 {
-            if let Err(e) = tx.send_many(&mut out[..k], &mut lens[..k], vnet, checksums) {
+            if let Err(e) = write_opened(&mut tx, &mut out, &mut in_slots[..k], &mut lens, vnet, checksums) {
                 break Err(e);
             }
         }
@@ -274,6 +344,28 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
     };
     flusher.flush(all(&tx, &counters, &control));
     result
+}
+
+/// Writes the packets of `in_slots` (as many as it has): packet `i` in its piece of a receive slot, or in
+/// `out[i]`, each at `vnet` with its length in `lens[i]`. Takes the pieces, so that the next batch starts empty.
+fn write_opened(
+    tx: &mut SendBatch<Arc<Queue>>,
+    out: &mut [&mut [u8]],
+    in_slots: &mut [Option<&mut [u8]>],
+    lens: &mut [usize],
+    vnet: usize,
+    checksums: Checksums,
+) -> Result<()> {
+    let mut units: [&mut [u8]; BATCH_SIZE] = std::array::from_fn(|_| Default::default());
+    let k = in_slots.len();
+    for ((unit, piece), own) in units.iter_mut().zip(in_slots.iter_mut()).zip(out.iter_mut()) {
+        *unit = match piece.take() {
+            Some(piece) => piece,
+            None => own,
+        };
+    }
+    tx.send_many(&mut units[..k], &mut lens[..k], vnet, checksums)?;
+    Ok(())
 }
 
 /// The transform's timers, every `interval` until the stop handle fires.
@@ -332,4 +424,41 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
     settle(true, &mut settled);
     settled_flusher.flush(settled);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_sealed_datagram_is_taken_only_from_within_its_buffers() {
+        let to = SocketAddr::from(([192, 0, 2, 1], 1));
+        let buf: Vec<u8> = (0..100).collect();
+        let out: Vec<u8> = (100..150).collect();
+        let room = Room { front: 16, back: 31 };
+        // The packet at 20..60: its room is 4..91.
+        let at = |answer| sealed_datagram(answer, &buf, 20..60, room, &out);
+        assert_eq!(at(Sealed::InPlace { to }), Some(&buf[20..60]));
+        assert_eq!(at(Sealed::Out { len: 50, to }), Some(&out[..]));
+        assert_eq!(at(Sealed::Out { len: 51, to }), None, "longer than its buffer");
+        assert_eq!(at(Sealed::Grown { start: 0, len: 87, to }), Some(&buf[4..91]), "the whole room");
+        assert_eq!(at(Sealed::Grown { start: 0, len: 88, to }), None, "past the room behind");
+        assert_eq!(at(Sealed::Grown { start: 80, len: 8, to }), None);
+        assert_eq!(at(Sealed::Grown { start: usize::MAX, len: 2, to }), None, "no overflow");
+        // A packet with less room in its buffer than asked for has no grown datagram.
+        assert_eq!(sealed_datagram(Sealed::Grown { start: 0, len: 10, to }, &buf, 10..60, room, &out), None);
+        assert_eq!(sealed_datagram(Sealed::Grown { start: 0, len: 10, to }, &buf, 20..80, room, &out), None);
+        assert_eq!(at(Sealed::Held), None);
+    }
+
+    #[test]
+    fn test_a_packet_opened_in_place_is_kept_copied_or_refused() {
+        // A WireGuard message: the packet behind its 16-byte header, padding and tag behind it.
+        assert_eq!(opening(16, 84, 16 + 96 + 16, 10), Opening::Kept);
+        assert_eq!(opening(16, 84, 16 + 96 + 16, 12), Opening::Kept);
+        assert_eq!(opening(4, 84, 100, 10), Opening::Copied, "no room for the virtio header in front");
+        assert_eq!(opening(0, 100, 100, 0), Opening::Kept, "no virtio header: nothing needs room");
+        assert_eq!(opening(16, 113, 128, 10), Opening::Outside, "past the datagram's end");
+        assert_eq!(opening(usize::MAX, 2, 128, 10), Opening::Outside, "no overflow");
+    }
 }
