@@ -415,6 +415,19 @@ fn select_kinds(filter: Option<&[String]>, baseline: bool) -> Result<Vec<&'stati
     if out.is_empty() {
         bail!("--tunnel-kinds selects nothing");
     }
+    if baseline {
+        // The A/B of each named kind that has one, as without --tunnel-kinds; a --baseline that would compare
+        // nothing is refused rather than ignored.
+        let twins: Vec<&KindSpec> = out
+            .iter()
+            .filter_map(|k| KINDS.iter().find(|t| t.label == format!("{}@baseline", k.label)))
+            .filter(|t| !out.iter().any(|o| o.label == t.label))
+            .collect();
+        out.extend(twins);
+        if !out.iter().any(|k| is_baseline(k)) {
+            bail!("--baseline: none of the kinds named runs turbotun (name turbotun-plain or turbotun-wg)");
+        }
+    }
     out.sort_by_key(|k| KINDS.iter().position(|a| a.label == k.label));
     Ok(out)
 }
@@ -1158,6 +1171,10 @@ mod tests {
         assert_eq!(baseline_kinds, 2);
         let plain_kinds = KINDS.iter().filter(|k| !only_when_named(k)).count();
         assert_eq!(select_kinds(None, false).unwrap().len(), plain_kinds - baseline_kinds);
+        let k = select_kinds(Some(&["turbotun-wg".into(), "wireguard-go".into()]), true).unwrap();
+        let labels: Vec<&str> = k.iter().map(|k| k.label).collect();
+        assert_eq!(labels, ["turbotun-wg", "turbotun-wg@baseline", "wireguard-go"], "--baseline adds the twin");
+        assert!(select_kinds(Some(&["wireguard-go".into()]), true).is_err(), "a --baseline comparing nothing");
         let k = select_kinds(Some(&["turbotun-wg-q2".into()]), false).unwrap();
         assert_eq!(k[0].programs(), [Program::TurbotunWgTwoQueues]);
         assert!(Program::TurbotunWgTwoQueues.argv_env().0.windows(2).any(|w| w == ["--queues", "2"]));
