@@ -178,8 +178,8 @@ struct Cache {
     receiving: Option<ReceiveCache>,
     /// The last authenticated source.
     seen: Option<SeenSource>,
-    /// The last inner source address found allowed, and for which peer.
-    allowed: Option<(IpAddr, usize)>,
+    /// The last inner source address found allowed.
+    allowed: Option<AllowedSource>,
 }
 
 /// A destination and where it goes.
@@ -208,6 +208,13 @@ struct SeenSource {
     peer: usize,
     endpoint_gen: u64,
     from: SocketAddr,
+}
+
+/// An inner source address the peer at `peer` may use (cryptokey routing looked it up once).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct AllowedSource {
+    source: IpAddr,
+    peer: usize,
 }
 
 /// A receiver index and its session.
@@ -651,12 +658,12 @@ impl WireGuard {
         };
         // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
         // once).
-        let allowed = cache.allowed == Some((src, position))
+        let allowed = cache.allowed == Some(AllowedSource { source: src, peer: position })
             || cache.rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
         if !allowed {
             return Opened::Dropped(DropReason::NotAllowed);
         }
-        cache.allowed = Some((src, position));
+        cache.allowed = Some(AllowedSource { source: src, peer: position });
         // The packet stays where it was opened, behind the message header (the engine's room for its own).
         Opened::InPlace { start: DATA_HEADER_LEN, len }
     }

@@ -74,7 +74,7 @@ pub use applications::echo;
 #[doc(inline)]
 pub use applications::load;
 #[doc(inline)]
-pub use configuration::{netlink, netns};
+pub use configuration::{local_socket, netlink, netns};
 #[cfg(feature = "smoltcp")]
 #[doc(inline)]
 pub use dataplane::smoltcp;

@@ -738,16 +738,12 @@ fn start_endpoint(
     Ok(())
 }
 
-/// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed. One that is
-/// served belongs to a live device of that name: an error, never touched.
+/// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed, by the
+/// library's one rule for such paths. One that is served belongs to a live device of that name: an error, never
+/// touched.
 pub fn clear_stale_socket(path: &Path) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(());
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        bail!("{} is served by another process: a WireGuard device of that name exists", path.display());
-    }
-    std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))
+    turbotun::local_socket::clear_stale_socket(path, "remove it")
+        .with_context(|| format!("making way for {}: a WireGuard device of that name may exist", path.display()))
 }
 
 #[cfg(test)]
