@@ -158,6 +158,10 @@ pub fn page(path: &str) -> Option<Page> {
                     "sudo turbotun vhost-user --socket /run/vm0.sock --tap vm0 --user qemu",
                     "Serve vm0 to a VM monitor running as qemu (QEMU: -netdev vhost-user with -chardev socket,path=/run/vm0.sock).",
                 ),
+                (
+                    "sudo turbotun vhost-user --socket /run/vm0.sock --tap vm0 --queues 4",
+                    "Four queue pairs, a thread and a TAP queue each (QEMU: queues=4 on the netdev, mq=on on the device).",
+                ),
                 ("sudo turbotun stats vm0", "Its counters while it runs, guest to TAP and TAP to guest, drops by reason included."),
             ],
             RUNNING,

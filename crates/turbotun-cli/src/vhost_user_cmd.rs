@@ -1,5 +1,5 @@
-//! `turbotun vhost-user`: the library's vhost-user-net backend (`turbotun::vhost_user`) for one TAP device,
-//! serving front ends on a Unix socket one after the other until SIGINT/SIGTERM.
+//! `turbotun vhost-user`: the library's vhost-user-net backend (`turbotun::vhost_user`) for one TAP device (one
+//! queue per queue pair), serving front ends on a Unix socket one after the other until SIGINT/SIGTERM.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -23,9 +23,10 @@ pub struct VhostUserArgs {
     /// `ip`.
     #[arg(long, value_name = "NAME")]
     pub tap: String,
-    /// Queue pairs offered to the guest. Only 1 is served for now.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub queues: usize,
+    /// Queue pairs offered to the guest (1 to 16), each served by its own thread on its own queue of a multiqueue
+    /// TAP (QEMU: -netdev vhost-user,queues=N and -device virtio-net-pci,mq=on).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub queues: u16,
     /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the TAP and the
     /// socket are open; the socket is then owned by that user, so that a VM monitor running as them can
     /// connect.
@@ -36,12 +37,6 @@ pub struct VhostUserArgs {
 }
 
 pub fn run(args: &VhostUserArgs) -> Result<()> {
-    if args.queues != 1 {
-        anyhow::bail!(
-            "--queues {}: only one queue pair is served for now (multiqueue is not implemented yet); use --queues 1",
-            args.queues
-        );
-    }
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     // The user is looked up before anything is opened, so that a typo leaves nothing behind.
@@ -50,12 +45,12 @@ pub fn run(args: &VhostUserArgs) -> Result<()> {
     let device = DeviceBuilder::tap()
         .name(&args.tap)
         .vnet_hdr(VNET_HDR_LEN)
+        .queues(usize::from(args.queues))
         .open()
         .with_context(|| format!("opening {}", args.tap))?;
     let tap = device.name().to_string();
-    let queue = device.into_queues().remove(0);
-    let server =
-        VhostUserServer::bind(&args.socket, queue).with_context(|| format!("--socket {}", args.socket.display()))?;
+    let server = VhostUserServer::bind_queues(&args.socket, device.into_queues())
+        .with_context(|| format!("--socket {}", args.socket.display()))?;
     let stats_socket = args.counters.bind_socket("turbotun vhost-user", &tap);
     let _keeper = match (&identity, &stats_socket) {
         (Some(_), Some(socket)) => {

@@ -108,6 +108,57 @@ fn dpdk_txonly_frames_all_reach_the_tap() {
     setup.stop_backend();
 }
 
+#[test]
+fn dpdk_two_queue_pairs_carry_frames_both_ways() {
+    let Some(_one) = runnable("dpdk_two_queue_pairs_carry_frames_both_ways") else { return };
+    let mut setup = Setup::with_queue_pairs(2);
+    let mut testpmd = setup.testpmd_with_queue_pairs(2);
+    testpmd.run("set fwd icmpecho");
+    testpmd.run("start");
+    // 16 flows (one per address): the kernel steers each to one of the TAP's two queues by its hash, and
+    // icmpecho answers on the queue the request came in on. All on one queue would take a hash that puts 16
+    // addresses on the same side (about 1 in 65 000).
+    setup.ping_many(16);
+    testpmd.run("stop");
+    let (rx, tx) = testpmd.queue_packets(2);
+    assert!(rx.iter().all(|&n| n > 0), "both receive queues carried frames from the TAP: {rx:?}");
+    assert!(tx.iter().all(|&n| n > 0), "both transmit queues carried answers to the TAP: {tx:?}");
+    let port = testpmd.port_stats();
+    let (to_tap, to_guest) = setup.wait_backend("frames testpmd counted", |to_tap, to_guest| {
+        to_tap.packets >= port.tx_packets && to_guest.packets >= port.rx_packets
+    });
+    assert_eq!(to_tap.packets, port.tx_packets, "guest → TAP over both pairs: {to_tap:?}");
+    assert_eq!(to_guest.packets, port.rx_packets, "TAP → guest over both pairs: {to_guest:?}");
+    assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
+    testpmd.quit();
+    setup.stop_backend();
+}
+
+#[test]
+fn dpdk_one_pair_of_two_gets_every_frame_also_after_a_guest_with_two() {
+    let Some(_one) = runnable("dpdk_one_pair_of_two_gets_every_frame_also_after_a_guest_with_two") else { return };
+    let mut setup = Setup::with_queue_pairs(2);
+    // A front end that used both pairs, then one that uses one: the kernel must steer every frame to the TAP
+    // queue of the pair in use, else the flows hashed to the other queue would wait there unread.
+    let mut testpmd = setup.testpmd_with_queue_pairs(2);
+    testpmd.run("set fwd icmpecho");
+    testpmd.run("start");
+    setup.ping_many(16);
+    testpmd.quit();
+    let mut testpmd = setup.testpmd_with_queue_pairs(1);
+    testpmd.run("set fwd icmpecho");
+    testpmd.run("start");
+    setup.ping_many(16);
+    testpmd.run("stop");
+    let port = testpmd.port_stats();
+    // The second front end's port counts from zero; the backend's counters are for both.
+    let (_, to_guest) = setup.wait_backend("frames testpmd counted", |_, to_guest| to_guest.packets >= port.rx_packets);
+    assert!(port.rx_packets >= 32, "16 flows' echo requests reached the one pair: {port:?}");
+    assert_eq!(to_guest.drops.total(), 0, "no drops: {to_guest:?}");
+    testpmd.quit();
+    setup.stop_backend_after(2);
+}
+
 /// Holds the lock while the test runs; `None` when the test is to be skipped (the suite's skip rule: under
 /// `CI=true` a test that cannot run fails).
 fn runnable(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
@@ -145,6 +196,11 @@ struct Setup {
 
 impl Setup {
     fn start() -> Setup {
+        Setup::with_queue_pairs(1)
+    }
+
+    /// The backend offers `pairs` queue pairs on a multiqueue TAP.
+    fn with_queue_pairs(pairs: usize) -> Setup {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{}x{n}", std::process::id() % 100_000);
@@ -154,7 +210,7 @@ impl Setup {
         let backend = common::start_ready(
             &ns,
             Command::new(TURBOTUN)
-                .args(["vhost-user", "--json", "--tap", &tap])
+                .args(["vhost-user", "--json", "--tap", &tap, "--queues", &pairs.to_string()])
                 .arg("--socket")
                 .arg(scratch.socket())
                 .arg("--stats-socket")
@@ -177,7 +233,28 @@ impl Setup {
 
     /// testpmd with a virtio-user port on the backend's socket, at its first prompt.
     fn testpmd(&self) -> Testpmd {
-        Testpmd::start(&self.ns, &self.scratch.socket(), &self.prefix)
+        self.testpmd_with_queue_pairs(1)
+    }
+
+    /// testpmd using `pairs` queue pairs of the port (its receive and transmit queues).
+    fn testpmd_with_queue_pairs(&self, pairs: usize) -> Testpmd {
+        Testpmd::start(&self.ns, &self.scratch.socket(), &self.prefix, pairs)
+    }
+
+    /// Pings `count` addresses of the guest's subnet (testpmd's `icmpecho` answers for any), a flow each, so
+    /// that the kernel spreads them over the TAP's queues; panics unless every ping is answered.
+    fn ping_many(&self, count: u8) {
+        let failed: Vec<String> = (0..count)
+            .filter_map(|i| {
+                let addr = format!("10.99.0.{}", 100 + i);
+                let out = self.in_ns(|| {
+                    Command::new("ping").args(["-n", "-c", "2", "-i", "0.2", "-w", "20", &addr]).output().unwrap()
+                });
+                (!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("2 received")))
+                    .then(|| format!("{addr}: {}", String::from_utf8_lossy(&out.stdout)))
+            })
+            .collect();
+        assert!(failed.is_empty(), "pings unanswered through the backend: {failed:#?}");
     }
 
     fn tap_stats(&self) -> LinkStats {
@@ -212,10 +289,15 @@ impl Setup {
     /// SIGTERM: the backend exits 0 with its closing counters, having served one front end without a drop and
     /// removed its socket.
     fn stop_backend(&mut self) {
+        self.stop_backend_after(1);
+    }
+
+    /// [`Self::stop_backend`] for a backend that served `connections` front ends.
+    fn stop_backend_after(&mut self, connections: u32) {
         let out = self.backend.take().unwrap().stop();
         let counters: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap_or_default())
             .unwrap_or_else(|e| panic!("closing counters {out:?}: {e}"));
-        assert_eq!(counters["connections"], "1", "testpmd's one connection: {counters}");
+        assert_eq!(counters["connections"], connections.to_string().as_str(), "testpmd's connections: {counters}");
         assert_eq!(counters["drops"], 0, "{counters}");
         assert!(!self.scratch.socket().exists(), "the backend removes its socket");
     }
@@ -284,9 +366,9 @@ struct Testpmd {
 const PROMPT: &str = "testpmd> ";
 
 impl Testpmd {
-    fn start(ns: &OwnedFd, socket: &Path, prefix: &str) -> Testpmd {
+    fn start(ns: &OwnedFd, socket: &Path, prefix: &str, pairs: usize) -> Testpmd {
         let vdev = format!(
-            "net_virtio_user0,path={},queues=1,packed_vq=0,mrg_rxbuf=1,in_order=0",
+            "net_virtio_user0,path={},queues={pairs},packed_vq=0,mrg_rxbuf=1,in_order=0",
             socket.to_str().expect("a UTF-8 socket path")
         );
         let runtime_dir = Path::new("/var/run/dpdk").join(prefix);
@@ -301,6 +383,7 @@ impl Testpmd {
             .arg(format!("--file-prefix={prefix}"))
             .args(["--no-telemetry", "--vdev", &vdev, "--", "-i", "--total-num-mbufs=32768"])
             .args(["--rx-offloads=0x1c", "--tx-offloads=0x2c"])
+            .args([format!("--rxq={pairs}"), format!("--txq={pairs}")])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -369,6 +452,23 @@ impl Testpmd {
             tx_packets: number("TX-packets:"),
             tx_bytes: number("TX-bytes:"),
         }
+    }
+
+    /// Frames each receive and transmit queue of the port carried (`show port xstats 0`: `rx_qN_good_packets`,
+    /// `tx_qN_good_packets`), queue by queue.
+    fn queue_packets(&mut self, pairs: usize) -> (Vec<u64>, Vec<u64>) {
+        let answer = self.run("show port xstats 0");
+        let count = |name: String| -> u64 {
+            answer
+                .lines()
+                .find_map(|line| line.trim().strip_prefix(&format!("{name}:")))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in:\n{answer}"))
+        };
+        (
+            (0..pairs).map(|q| count(format!("rx_q{q}_good_packets"))).collect(),
+            (0..pairs).map(|q| count(format!("tx_q{q}_good_packets"))).collect(),
+        )
     }
 
     /// `quit`: testpmd closes its port (the backend sees the front end leave) and exits 0, having made no file

@@ -38,6 +38,8 @@ pub mod features {
     pub const HOST_UFO: u32 = 14;
     /// Mergeable receive buffers (the 12-byte header's `num_buffers`).
     pub const MRG_RXBUF: u32 = 15;
+    /// More than one queue pair (the front end's control queue chooses how many are used).
+    pub const MQ: u32 = 22;
     /// The guest takes USO super-packets over IPv4.
     pub const GUEST_USO4: u32 = 54;
     /// The guest takes USO super-packets over IPv6.

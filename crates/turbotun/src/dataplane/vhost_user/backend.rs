@@ -1,10 +1,12 @@
 //! The virtio-net device behind one vhost-user connection: `vhost-user-backend` runs the protocol and one worker
-//! thread per queue pair, which sleeps in `epoll` on the guest's kick eventfds and the TAP's fd and calls
-//! [`NetBackend::handle_event`] when one of them fires.
+//! thread per queue pair, which sleeps in `epoll` on its pair's kick eventfds and its own TAP queue's fd and calls
+//! [`NetBackend::handle_event`] when one of them fires. Queue pair `i` (virtqueues `2i`, `2i+1`) is served by
+//! worker thread `i` on TAP queue `i`; nothing is shared between pairs but the negotiated features.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -29,9 +31,13 @@ pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
 /// The TAP's virtio header: `virtio_net_hdr_v1`, whose `num_buffers` the guest's receive side needs.
 pub(crate) const TAP_VNET_HDR: usize = VIRTIO_NET_HDR_V1_LEN;
 
-/// Virtqueues per queue pair: receive (even index) and transmit (odd).
+/// A queue pair's virtqueues, as the pair's worker numbers them (and virtqueue `2i + RX`, `2i + TX` overall):
+/// receive (even) and transmit (odd).
 const RX: usize = 0;
 const TX: usize = 1;
+
+/// Most queue pairs a backend serves: one worker thread and one TAP queue each.
+pub(crate) const MAX_QUEUE_PAIRS: usize = 16;
 
 /// Largest ring the backend accepts (QEMU's and DPDK's default is 256, QEMU's maximum 1024).
 pub(crate) const MAX_QUEUE_SIZE: usize = 1024;
@@ -51,7 +57,7 @@ fn bit(n: u32) -> u64 {
 /// The virtio-net features offered for a TAP: checksum and segmentation offloads both ways (those for UDP only
 /// where the kernel takes USO), mergeable receive buffers, event index and indirect descriptors. The guest's
 /// acknowledged subset decides the TAP's offloads ([`Offloads::for_guest_features`]).
-pub(crate) fn offered_features(uso: bool) -> u64 {
+pub(crate) fn offered_features(uso: bool, queue_pairs: usize) -> u64 {
     let mut bits = vec![
         f::CSUM,
         f::GUEST_CSUM,
@@ -70,6 +76,11 @@ pub(crate) fn offered_features(uso: bool) -> u64 {
     ];
     if uso {
         bits.extend([f::GUEST_USO4, f::GUEST_USO6, f::HOST_USO]);
+    }
+    // The control queue that picks how many pairs the guest uses is the front end's own (QEMU's, virtio-user's):
+    // the backend offers the feature and serves whichever pairs are enabled.
+    if queue_pairs > 1 {
+        bits.push(f::MQ);
     }
     bits.into_iter().fold(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), |w, n| w | bit(n))
 }
@@ -138,30 +149,51 @@ struct Worker {
     rx_vring: Option<VringRwLock>,
 }
 
-/// One connection's virtio-net device over a TAP queue.
-pub(crate) struct NetBackend {
-    tap: Arc<Queue>,
-    features: u64,
-    mem: GuestMem,
-    worker: Mutex<Worker>,
-    stats: Arc<VhostUserStats>,
+/// A TAP queue that serves one queue pair, and whether the kernel steers frames to it. A pair the guest has
+/// not enabled has its TAP queue detached, so that no frame waits where no worker will take it to a guest; the
+/// state outlives a connection, as the queue does.
+#[derive(Debug)]
+pub(crate) struct TapQueue {
+    pub(crate) queue: Queue,
+    attached: AtomicBool,
 }
 
-impl std::fmt::Debug for NetBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NetBackend").field("tap", &self.tap.name()).field("features", &self.features).finish()
+impl TapQueue {
+    /// A queue as it comes from opening the device: attached.
+    pub(crate) fn new(queue: Queue) -> TapQueue {
+        TapQueue { queue, attached: AtomicBool::new(true) }
+    }
+
+    /// Attaches or detaches the queue (`TUNSETQUEUE`) when that changes; queue 0 stays attached, since a
+    /// multiqueue device needs one.
+    fn steer_here(&self, index: usize, attach: bool) {
+        if index == 0 || self.attached.swap(attach, Ordering::Relaxed) == attach {
+            return;
+        }
+        let result = if attach { self.queue.attach() } else { self.queue.detach() };
+        match result {
+            Ok(()) => tracing::debug!(tap = self.queue.name(), queue = index, attach, "TAP queue steering"),
+            Err(e) => tracing::warn!("{e}"),
+        }
     }
 }
 
-/// The event the TAP's fd is registered under in the worker's epoll (above the queues and the exit event).
-pub(crate) const TAP_EVENT: u16 = 3;
+/// One queue pair: its TAP queue and the state of the worker thread that serves it.
+struct Pair {
+    tap: Arc<TapQueue>,
+    worker: Mutex<Worker>,
+}
 
-/// Queues of the one pair served.
-const NUM_QUEUES: usize = 2;
+impl Pair {
+    fn worker(&self) -> MutexGuard<'_, Worker> {
+        // A worker that panicked left counters and buffers that are still usable.
+        self.worker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
-impl NetBackend {
-    pub(crate) fn new(tap: Arc<Queue>, features: u64, mem: GuestMem, stats: Arc<VhostUserStats>) -> NetBackend {
-        let worker = Worker {
+impl Worker {
+    fn new() -> Worker {
+        Worker {
             negotiated: Negotiated::new(0),
             tx_buf: vec![0; FRAME_BUF],
             rx_buf: vec![0; FRAME_BUF],
@@ -170,29 +202,65 @@ impl NetBackend {
             to_tap: Counters::default(),
             to_guest: Counters::default(),
             rx_vring: None,
-        };
-        NetBackend { tap, features, mem, worker: Mutex::new(worker), stats }
+        }
+    }
+}
+
+/// One connection's virtio-net device over a TAP's queues, one per queue pair.
+pub(crate) struct NetBackend {
+    pairs: Vec<Pair>,
+    features: u64,
+    mem: GuestMem,
+    stats: Arc<VhostUserStats>,
+}
+
+impl std::fmt::Debug for NetBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetBackend")
+            .field("tap", &self.pairs[0].tap.queue.name())
+            .field("queue_pairs", &self.pairs.len())
+            .field("features", &self.features)
+            .finish()
+    }
+}
+
+impl NetBackend {
+    /// A device over `taps` (one queue each, at least one) for one connection. Every TAP queue but the first is
+    /// detached until the guest enables its pair.
+    pub(crate) fn new(taps: &[Arc<TapQueue>], features: u64, mem: GuestMem, stats: Arc<VhostUserStats>) -> NetBackend {
+        let pairs = taps
+            .iter()
+            .enumerate()
+            .map(|(index, tap)| {
+                tap.steer_here(index, false);
+                Pair { tap: tap.clone(), worker: Mutex::new(Worker::new()) }
+            })
+            .collect();
+        NetBackend { pairs, features, mem, stats }
     }
 
-    /// The TAP's fd, for the worker's epoll.
-    pub(crate) fn tap_fd(&self) -> std::os::fd::RawFd {
-        self.tap.as_raw_fd()
+    /// The event a pair's TAP queue is registered under in its worker's epoll: above the virtqueues and the exit
+    /// event, which vhost-user-backend numbers `0..=num_queues`.
+    pub(crate) fn tap_event(&self) -> u16 {
+        (self.num_queues() + 1) as u16
     }
 
-    fn worker(&self) -> MutexGuard<'_, Worker> {
-        // A worker that panicked left counters and buffers that are still usable.
-        self.worker.lock().unwrap_or_else(|e| e.into_inner())
+    /// The TAP queues' fds, one per worker thread in order, for their epolls.
+    pub(crate) fn tap_fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.pairs.iter().map(|pair| pair.tap.queue.as_raw_fd())
     }
 
-    /// Sets the TAP's offloads to what the guest takes; a combination the kernel refuses leaves none, which the
-    /// guest takes too (whole frames with complete checksums).
+    /// Sets the TAP's offloads (one setting for the device, whichever queue sets it) to what the guest takes; a
+    /// combination the kernel refuses leaves none, which the guest takes too (whole frames with complete
+    /// checksums).
     fn apply_offloads(&self, features: u64) {
+        let tap = &self.pairs[0].tap.queue;
         let offloads = Offloads::for_guest_features(u128::from(features));
-        match self.tap.set_offloads(offloads) {
-            Ok(()) => tracing::info!(tap = self.tap.name(), %offloads, "offloads for the guest's features"),
+        match tap.set_offloads(offloads) {
+            Ok(()) => tracing::info!(tap = tap.name(), %offloads, "offloads for the guest's features"),
             Err(e) => {
-                tracing::warn!(tap = self.tap.name(), "{e}; the guest gets whole frames");
-                let _ = self.tap.set_offloads(Offloads::NONE);
+                tracing::warn!(tap = tap.name(), "{e}; the guest gets whole frames");
+                let _ = tap.set_offloads(Offloads::NONE);
             }
         }
     }
@@ -201,18 +269,23 @@ impl NetBackend {
     /// counters are added to the shared ones, and the TAP hands out no more super-packets for a guest that is
     /// gone.
     pub(crate) fn finish(&self) {
-        let mut w = self.worker();
-        if w.rx.pending.take().is_some() {
-            w.to_guest.drops.add(DropReason::Stopped, 1);
+        for (index, pair) in self.pairs.iter().enumerate() {
+            let mut w = pair.worker();
+            if w.rx.pending.take().is_some() {
+                w.to_guest.drops.add(DropReason::Stopped, 1);
+            }
+            flush(&mut w, &self.stats);
+            w.rx_vring = None;
+            drop(w);
+            // No guest, no pair in use: frames go to queue 0 until the next guest enables more.
+            pair.tap.steer_here(index, false);
         }
-        flush(&mut w, &self.stats);
-        w.rx_vring = None;
-        let _ = self.tap.set_offloads(Offloads::NONE);
+        let _ = self.pairs[0].tap.queue.set_offloads(Offloads::NONE);
     }
 
     /// Guest to TAP: every chain the guest made available is read, checked and written to the TAP, and given
     /// back; notifications stay off while there is work and are turned on again before the last look.
-    fn process_tx(&self, w: &mut Worker, vring: &VringRwLock) {
+    fn process_tx(&self, tap: &Queue, w: &mut Worker, vring: &VringRwLock) {
         let mut state = vring.get_mut();
         if !(state.get_queue().ready() && state.is_enabled()) {
             return;
@@ -226,7 +299,7 @@ impl NetBackend {
                 let Worker { negotiated, tx_buf, to_tap, .. } = &mut *w;
                 // A legacy 10-byte header is moved two bytes on later: room is kept for that.
                 let room = tx_buf.len() - (TAP_VNET_HDR - negotiated.hdr_len);
-                self.transmit(*negotiated, read_chain(chain, &*mem, &mut tx_buf[..room]), tx_buf, to_tap);
+                self.transmit(tap, *negotiated, read_chain(chain, &*mem, &mut tx_buf[..room]), tx_buf, to_tap);
                 if let Err(e) = state.add_used(head, 0) {
                     tracing::debug!("transmit queue: returning chain {head}: {e}");
                 }
@@ -246,7 +319,14 @@ impl NetBackend {
 
     /// Writes one frame a transmit chain held (`read`: its length in `buf`, or why it could not be read) to the
     /// TAP, or counts why not.
-    fn transmit(&self, negotiated: Negotiated, read: Result<usize, DropReason>, buf: &mut [u8], c: &mut Counters) {
+    fn transmit(
+        &self,
+        tap: &Queue,
+        negotiated: Negotiated,
+        read: Result<usize, DropReason>,
+        buf: &mut [u8],
+        c: &mut Counters,
+    ) {
         c.reads += 1;
         let len = match read {
             Ok(len) => len,
@@ -277,7 +357,7 @@ impl NetBackend {
         }
         let frame = &buf[..TAP_VNET_HDR + frame_len];
         loop {
-            match self.tap.send_raw(frame) {
+            match tap.send_raw(frame) {
                 Ok(_) => {
                     c.writes += 1;
                     c.packets += 1;
@@ -291,7 +371,7 @@ impl NetBackend {
                     WriteFailure::Retry => continue,
                     WriteFailure::Drop(reason) => return c.drops.add(reason, 1),
                     _ => {
-                        tracing::debug!("writing a guest frame to {}: {e}", self.tap.name());
+                        tracing::debug!("writing a guest frame to {}: {e}", tap.name());
                         return c.drops.add(lost_with(&e), 1);
                     }
                 },
@@ -301,7 +381,7 @@ impl NetBackend {
 
     /// TAP to guest: frames are read from the TAP while the guest has buffers for them; when it runs out, the
     /// frame in hand waits and notifications are turned on, so that the guest's next kick resumes here.
-    fn process_rx(&self, w: &mut Worker, vring: &VringRwLock) {
+    fn process_rx(&self, tap: &Queue, w: &mut Worker, vring: &VringRwLock) {
         let mut state = vring.get_mut();
         if !(state.get_queue().ready() && state.is_enabled()) {
             return;
@@ -310,7 +390,7 @@ impl NetBackend {
         let mut used = false;
         loop {
             let _ = state.disable_notification();
-            match self.receive(w, &mut state, &mem, &mut used) {
+            match self.receive(tap, w, &mut state, &mem, &mut used) {
                 Receive::TapEmpty => break,
                 Receive::NoBuffers => match state.enable_notification() {
                     Ok(true) => continue,
@@ -323,6 +403,7 @@ impl NetBackend {
 
     fn receive(
         &self,
+        tap: &Queue,
         w: &mut Worker,
         state: &mut VringState<GuestMem>,
         mem: &GuestMemoryMmap<()>,
@@ -330,7 +411,7 @@ impl NetBackend {
     ) -> Receive {
         loop {
             if w.rx.pending.is_none() {
-                match self.read_tap(w) {
+                match read_tap(tap, w) {
                     Some(frame) => w.rx.pending = Some(frame),
                     None => return Receive::TapEmpty,
                 }
@@ -424,36 +505,36 @@ impl NetBackend {
             }
         }
     }
+}
 
-    /// Reads the next frame from the TAP into the receive buffer: where the guest's header and frame start
-    /// in it and how long they are, or None when the TAP has nothing (or failed).
-    fn read_tap(&self, w: &mut Worker) -> Option<(usize, usize)> {
-        loop {
-            let n = match self.tap.recv_raw(&mut w.rx_buf) {
-                Ok(n) => n,
-                Err(e) if e.is_interrupted() => continue,
-                Err(e) if e.is_would_block() => return None,
-                Err(e) => {
-                    tracing::warn!("reading {}: {e}", self.tap.name());
-                    return None;
-                }
-            };
-            w.to_guest.reads += 1;
-            if n > w.rx_buf.len() {
-                w.to_guest.drops.add(DropReason::TooBig, 1);
-                continue;
+/// Reads the next frame from the TAP queue into the receive buffer: where the guest's header and frame start in
+/// it and how long they are, or None when the TAP has nothing (or failed).
+fn read_tap(tap: &Queue, w: &mut Worker) -> Option<(usize, usize)> {
+    loop {
+        let n = match tap.recv_raw(&mut w.rx_buf) {
+            Ok(n) => n,
+            Err(e) if e.is_interrupted() => continue,
+            Err(e) if e.is_would_block() => return None,
+            Err(e) => {
+                tracing::warn!("reading {}: {e}", tap.name());
+                return None;
             }
-            if n < TAP_VNET_HDR {
-                w.to_guest.drops.add(DropReason::Malformed, 1);
-                continue;
-            }
-            // A legacy guest's header is the first 10 bytes: moved up to sit right before the frame.
-            let start = TAP_VNET_HDR - w.negotiated.hdr_len;
-            if start > 0 {
-                w.rx_buf.copy_within(..w.negotiated.hdr_len, start);
-            }
-            return Some((start, n - start));
+        };
+        w.to_guest.reads += 1;
+        if n > w.rx_buf.len() {
+            w.to_guest.drops.add(DropReason::TooBig, 1);
+            continue;
         }
+        if n < TAP_VNET_HDR {
+            w.to_guest.drops.add(DropReason::Malformed, 1);
+            continue;
+        }
+        // A legacy guest's header is the first 10 bytes: moved up to sit right before the frame.
+        let start = TAP_VNET_HDR - w.negotiated.hdr_len;
+        if start > 0 {
+            w.rx_buf.copy_within(..w.negotiated.hdr_len, start);
+        }
+        return Some((start, n - start));
     }
 }
 
@@ -483,7 +564,7 @@ impl VhostUserBackend for NetBackend {
     type Vring = VringRwLock;
 
     fn num_queues(&self) -> usize {
-        NUM_QUEUES
+        2 * self.pairs.len()
     }
 
     fn max_queue_size(&self) -> usize {
@@ -495,7 +576,9 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn acked_features(&self, features: u64) {
-        self.worker().negotiated = Negotiated::new(features);
+        for pair in &self.pairs {
+            pair.worker().negotiated = Negotiated::new(features);
+        }
         self.apply_offloads(features);
     }
 
@@ -504,16 +587,17 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn reset_device(&self) {
-        let mut w = self.worker();
-        w.negotiated = Negotiated::new(0);
-        if w.rx.pending.take().is_some() {
-            w.to_guest.drops.add(DropReason::Stopped, 1);
+        for pair in &self.pairs {
+            let mut w = pair.worker();
+            w.negotiated = Negotiated::new(0);
+            if w.rx.pending.take().is_some() {
+                w.to_guest.drops.add(DropReason::Stopped, 1);
+            }
+            // The rings start over: the buffers taken from them are the guest's again.
+            w.rx.chains.clear();
+            w.rx.contiguous = true;
+            flush(&mut w, &self.stats);
         }
-        // The rings start over: the buffers taken from them are the guest's again.
-        w.rx.chains.clear();
-        w.rx.contiguous = true;
-        flush(&mut w, &self.stats);
-        drop(w);
         self.apply_offloads(0);
     }
 
@@ -526,8 +610,9 @@ impl VhostUserBackend for NetBackend {
         Ok(())
     }
 
+    /// Worker thread `i` serves queue pair `i`: virtqueues `2i` (receive) and `2i + 1` (transmit).
     fn queues_per_thread(&self) -> Vec<u64> {
-        vec![(1 << NUM_QUEUES) - 1]
+        (0..self.pairs.len()).map(|i| 0b11 << (2 * i)).collect()
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -544,10 +629,9 @@ impl VhostUserBackend for NetBackend {
     /// used are handed back: by moving the ring's position back over them when they were the last ones taken,
     /// else as used and empty.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if queue_index as usize != RX {
-            return Ok(());
-        }
-        let mut w = self.worker();
+        let (pair, queue) = (queue_index as usize / 2, queue_index as usize % 2);
+        let Some(pair) = self.pairs.get(pair).filter(|_| queue == RX) else { return Ok(()) };
+        let mut w = pair.worker();
         let Some(vring) = w.rx_vring.clone() else { return Ok(()) };
         let taken: Vec<u16> = w.rx.chains.drain(..).map(|(head, _, _)| head).collect();
         let mut state = vring.get_mut();
@@ -568,28 +652,36 @@ impl VhostUserBackend for NetBackend {
         device_event: u16,
         evset: EventSet,
         vrings: &[VringRwLock],
-        _thread: usize,
+        thread: usize,
     ) -> io::Result<()> {
-        if device_event == TAP_EVENT && !evset.contains(EventSet::IN) {
+        // The thread's vrings are its pair's, numbered RX and TX (see `queues_per_thread`).
+        let Some(pair) = self.pairs.get(thread) else { return Ok(()) };
+        if device_event == self.tap_event() && !evset.contains(EventSet::IN) {
             // An error or hang-up on the TAP (its device deleted). The fd is watched edge-triggered, so this
             // comes once; an error returned here would end the worker, and with it the guest's transmit side.
-            tracing::warn!("{}: {evset:?} on the TAP; its frames no longer reach the guest", self.tap.name());
+            tracing::warn!("{}: {evset:?} on the TAP; its frames no longer reach the guest", pair.tap.queue.name());
             return Ok(());
         }
-        let mut w = self.worker();
+        let mut w = pair.worker();
         if w.rx_vring.is_none() {
             w.rx_vring = vrings.get(RX).cloned();
         }
         match device_event as usize {
             TX => {
                 if let Some(vring) = vrings.get(TX) {
-                    self.process_tx(&mut w, vring);
+                    self.process_tx(&pair.tap.queue, &mut w, vring);
                 }
             }
             // A receive kick (new buffers) and the TAP (new frames) both mean: move frames to the guest.
             _ => {
                 if let Some(vring) = vrings.get(RX) {
-                    self.process_rx(&mut w, vring);
+                    // Frames are steered to this pair's TAP queue while the guest uses its receive ring.
+                    let live = {
+                        let state = vring.get_ref();
+                        state.get_queue().ready() && state.is_enabled()
+                    };
+                    pair.tap.steer_here(thread, live);
+                    self.process_rx(&pair.tap.queue, &mut w, vring);
                 }
             }
         }

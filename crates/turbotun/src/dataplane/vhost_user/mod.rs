@@ -22,10 +22,12 @@
 //!   ([`DropReason::BadDescriptor`](crate::DropReason)), a header the kernel would refuse or the guest did not
 //!   negotiate (`Malformed`), a frame too long (`TooBig`): the frame is dropped and counted, the buffer given back,
 //!   the ring goes on. Nothing a guest writes can panic the backend or make it read outside the guest's memory.
-//! - **Sleeping.** One worker thread per queue pair sleeps in `epoll` on the guest's kick eventfds and on the
-//!   TAP's fd (edge-triggered: it is read until empty, or until the guest has no buffers), never polling.
-//!
-//! One queue pair is served; a multiqueue TAP is not used yet.
+//! - **Sleeping.** One worker thread per queue pair sleeps in `epoll` on the guest's kick eventfds and on its
+//!   TAP queue's fd (edge-triggered: it is read until empty, or until the guest has no buffers), never polling.
+//! - **Queue pairs.** [`VhostUserServer::bind_queues`] takes a multiqueue TAP's queues, one per pair, and offers
+//!   `VIRTIO_NET_F_MQ`; the front end's control queue picks how many pairs the guest uses. Pair `i` is served by
+//!   its own worker on TAP queue `i`, which the kernel steers frames to (by flow) only while the guest has that
+//!   pair's receive ring enabled: the other TAP queues are detached, so no frame waits where no guest reads.
 //!
 //! ```no_run
 //! use turbotun::vhost_user::VhostUserServer;
@@ -63,7 +65,7 @@ use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
-use backend::{GuestMem, NetBackend, TAP_EVENT, TAP_VNET_HDR};
+use backend::{GuestMem, NetBackend, TapQueue, MAX_QUEUE_PAIRS, TAP_VNET_HDR};
 
 /// The virtio header size the TAP must be opened with: `virtio_net_hdr_v1` (12 bytes), which has the
 /// `num_buffers` field the guest's mergeable receive buffers need.
@@ -102,14 +104,14 @@ impl VhostUserStats {
     }
 }
 
-/// A vhost-user-net backend listening on a Unix socket, for one TAP queue.
+/// A vhost-user-net backend listening on a Unix socket, for a TAP's queues (one per queue pair).
 #[derive(Debug)]
 pub struct VhostUserServer {
     listener: UnixListener,
     path: PathBuf,
     /// The socket file's inode: removed at the end only if it is still the one bound here.
     inode: u64,
-    tap: Arc<Queue>,
+    taps: Vec<Arc<TapQueue>>,
     features: u64,
     stats: Arc<VhostUserStats>,
 }
@@ -119,25 +121,51 @@ impl VhostUserServer {
     /// ([`VNET_HDR_LEN`]) and no packet information header; it is switched to non-blocking reads. A stale socket
     /// at `path` is replaced; one a running process answers on is refused ([`Error::SocketInUse`]).
     pub fn bind(path: impl AsRef<Path>, tap: Queue) -> Result<VhostUserServer> {
+        Self::bind_queues(path, vec![tap])
+    }
+
+    /// Binds the socket at `path` for the queues of one multiqueue TAP, one per queue pair offered to the guest
+    /// (at most 16), each as [`VhostUserServer::bind`] requires. Queue pair `i` is served by its own worker
+    /// thread on `queues[i]`.
+    pub fn bind_queues(path: impl AsRef<Path>, queues: Vec<Queue>) -> Result<VhostUserServer> {
         let path = path.as_ref();
-        let name = tap.name().to_string();
-        if tap.mode() != Mode::Tap {
-            return Err(Error::NotTap { name, what: "vhost-user-net backends" });
+        let Some(first) = queues.first() else {
+            return Err(Error::InvalidConfig("a vhost-user-net backend needs at least one TAP queue".into()));
+        };
+        if queues.len() > MAX_QUEUE_PAIRS {
+            return Err(Error::InvalidConfig(format!(
+                "{} TAP queues: a vhost-user-net backend serves at most {MAX_QUEUE_PAIRS} queue pairs",
+                queues.len()
+            )));
         }
-        if tap.packet_info() {
-            return Err(Error::PacketInfo { name, user: "a vhost-user-net backend" });
+        let first_name = first.name().to_string();
+        for tap in &queues {
+            let name = tap.name().to_string();
+            if name != first_name {
+                return Err(Error::InvalidConfig(format!(
+                    "queues of {first_name} and {name}: a backend's queue pairs are the queues of one TAP"
+                )));
+            }
+            if tap.mode() != Mode::Tap {
+                return Err(Error::NotTap { name, what: "vhost-user-net backends" });
+            }
+            if tap.packet_info() {
+                return Err(Error::PacketInfo { name, user: "a vhost-user-net backend" });
+            }
+            if tap.vnet_hdr_len() != VNET_HDR_LEN {
+                return Err(Error::VnetHdrMismatch {
+                    name,
+                    has: tap.vnet_hdr_len(),
+                    needs: format!(
+                        "a vhost-user-net backend needs the {VNET_HDR_LEN}-byte one (vnet_hdr({VNET_HDR_LEN}))"
+                    ),
+                });
+            }
+            tap.set_nonblocking(true)?;
         }
-        if tap.vnet_hdr_len() != VNET_HDR_LEN {
-            return Err(Error::VnetHdrMismatch {
-                name,
-                has: tap.vnet_hdr_len(),
-                needs: format!("a vhost-user-net backend needs the {VNET_HDR_LEN}-byte one (vnet_hdr({VNET_HDR_LEN}))"),
-            });
-        }
-        tap.set_nonblocking(true)?;
         // USO is offered to the guest only where this TAP takes it (Linux 6.2+).
-        let uso = tap.set_offloads(Offloads::CSUM | Offloads::USO4 | Offloads::USO6).is_ok();
-        tap.set_offloads(Offloads::NONE)?;
+        let uso = first.set_offloads(Offloads::CSUM | Offloads::USO4 | Offloads::USO6).is_ok();
+        first.set_offloads(Offloads::NONE)?;
         crate::configuration::local_socket::clear_stale_socket(path, "choose another socket path")?;
         let io_error = |what: &str, e: std::io::Error| Error::io(format!("{what} {}", path.display()), e);
         let listener = UnixListener::bind(path).map_err(|e| io_error("binding", e))?;
@@ -146,8 +174,8 @@ impl VhostUserServer {
             listener,
             path: path.to_path_buf(),
             inode,
-            tap: Arc::new(tap),
-            features: backend::offered_features(uso),
+            features: backend::offered_features(uso, queues.len()),
+            taps: queues.into_iter().map(|queue| Arc::new(TapQueue::new(queue))).collect(),
             stats: Arc::default(),
         })
     }
@@ -159,7 +187,12 @@ impl VhostUserServer {
 
     /// The TAP device's name.
     pub fn tap_name(&self) -> &str {
-        self.tap.name()
+        self.taps[0].queue.name()
+    }
+
+    /// Queue pairs offered to front ends (one per TAP queue).
+    pub fn queue_pairs(&self) -> usize {
+        self.taps.len()
     }
 
     /// The virtio feature bits offered to front ends.
@@ -197,14 +230,15 @@ impl VhostUserServer {
             }
         }
         let mem = GuestMem::new(GuestMemoryMmap::new());
-        let backend = Arc::new(NetBackend::new(self.tap.clone(), self.features, mem.clone(), self.stats.clone()));
+        let backend = Arc::new(NetBackend::new(&self.taps, self.features, mem.clone(), self.stats.clone()));
         let mut daemon = VhostUserDaemon::new("vhost-user-net".into(), backend.clone(), mem)
             .map_err(|e| daemon_error("starting the backend", e))?;
         // The TAP's frames wake the queue pair's worker; edge-triggered, since a frame the guest has no buffer
         // for stays in the TAP until the guest kicks its receive queue.
-        for handler in daemon.get_epoll_handlers() {
+        // Worker thread `i` (handler `i`) serves pair `i` and sleeps on TAP queue `i`.
+        for (handler, tap_fd) in daemon.get_epoll_handlers().iter().zip(backend.tap_fds()) {
             handler
-                .register_listener(backend.tap_fd(), EventSet::IN | EventSet::EDGE_TRIGGERED, u64::from(TAP_EVENT))
+                .register_listener(tap_fd, EventSet::IN | EventSet::EDGE_TRIGGERED, u64::from(backend.tap_event()))
                 .map_err(|e| Error::io("watching the TAP in the worker", e))?;
         }
         let mut listener = Listener::from(
@@ -213,7 +247,7 @@ impl VhostUserServer {
         // The listener is readable, so this accepts at once.
         daemon.start(&mut listener).map_err(|e| daemon_error("accepting a front end", e))?;
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(socket = %self.path.display(), tap = self.tap.name(), "front end connected");
+        tracing::info!(socket = %self.path.display(), tap = self.tap_name(), "front end connected");
 
         // A stop ends the connection from outside: the protocol thread is blocked reading the socket.
         let ended = StopHandle::new();
