@@ -474,6 +474,83 @@ fn guest_super_packet_reaches_the_kernel_as_segments() {
     });
 }
 
+/// Where the piecewise transmit test puts an indirect descriptor table and the pieces it points to (above the
+/// receive buffers, below the end of guest memory).
+const INDIRECT_TABLE: u64 = 0x60_0000;
+const PIECES_AREA: u64 = 0x61_0000;
+const DESC_F_INDIRECT: u16 = 4;
+const INDIRECT_DESC: u32 = 28;
+
+impl Guest {
+    /// Sends `hdr` and `frame` cut into pieces of the given lengths (which sum to both), each in its own
+    /// descriptor at its own address (in reverse order in memory), through an indirect descriptor table; waits
+    /// until the chain is used.
+    fn send_in_pieces(&mut self, hdr: &[u8; HDR], frame: &[u8], cuts: &[usize]) {
+        let bytes = [&hdr[..], frame].concat();
+        assert_eq!(cuts.iter().sum::<usize>(), bytes.len(), "the cuts cover the header and the frame");
+        let mut at = 0;
+        for (i, &len) in cuts.iter().enumerate() {
+            let addr = PIECES_AREA + 0x1000 * (cuts.len() - i) as u64;
+            self.mem.write_slice(&bytes[at..at + len], GuestAddress(addr)).unwrap();
+            let entry = INDIRECT_TABLE + 16 * i as u64;
+            let last = i + 1 == cuts.len();
+            self.mem.write_obj(addr.to_le(), GuestAddress(entry)).unwrap();
+            self.mem.write_obj((len as u32).to_le(), GuestAddress(entry + 8)).unwrap();
+            self.mem.write_obj((if last { 0 } else { DESC_F_NEXT }).to_le(), GuestAddress(entry + 12)).unwrap();
+            self.mem.write_obj((if last { 0 } else { i as u16 + 1 }).to_le(), GuestAddress(entry + 14)).unwrap();
+            at += len;
+        }
+        self.write_desc(&self.tx, 0, INDIRECT_TABLE, 16 * cuts.len() as u32, DESC_F_INDIRECT, 0);
+        self.send_chain(0);
+    }
+}
+
+/// Frames whose header and bytes come in pieces, as guests lay them out: the header split over two
+/// descriptors, a frame in many small ones, more pieces than one gathered write takes (copied instead), and
+/// header and frame in one descriptor. Each reaches the socket whole.
+#[test]
+fn guest_frames_in_pieces_arrive_whole() {
+    run("guest_frames_in_pieces_arrive_whole", |s| {
+        let socket = udp_socket(7777);
+        let mut guest = Guest::connect(&s.socket, linux_guest_features() | bits(&[INDIRECT_DESC]));
+        let mac = s.tap_mac();
+        let mut buf = [0u8; 2048];
+        let mut expect = |what: &str, data: &[u8]| {
+            let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(&buf[..n], data, "{what}");
+        };
+
+        let data = payload(1000, 1);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, None);
+        // The header over two descriptors (5 + 7 bytes), the frame over nine.
+        let mut cuts = vec![5, 7];
+        cuts.extend(std::iter::repeat_n(frame.len() / 9, 8));
+        cuts.push(frame.len() - 8 * (frame.len() / 9));
+        guest.send_in_pieces(&hdr, &frame, &cuts);
+        expect("header in two pieces, frame in nine", &data);
+
+        // 1 + 80 pieces: more than one write gathers (64), so the frame is copied out first.
+        let data = payload(1200, 2);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, None);
+        let mut cuts = vec![HDR];
+        cuts.extend(std::iter::repeat_n(frame.len() / 80, 79));
+        cuts.push(frame.len() - 79 * (frame.len() / 80));
+        guest.send_in_pieces(&hdr, &frame, &cuts);
+        expect("81 pieces", &data);
+
+        // A super-packet whose header shares its descriptor with the frame.
+        let data = payload(3000, 3);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
+        guest.send_in_pieces(&hdr, &frame, &[HDR + frame.len()]);
+        for (i, chunk) in data.chunks(1000).enumerate() {
+            expect(&format!("segment {i} of a one-descriptor super-packet"), chunk);
+        }
+
+        let c = s.counters_when("the three frames", |c| c.to_tap.packets == 3);
+        assert_eq!((c.to_tap.super_packets, c.to_tap.drops.total()), (1, 0), "{c:?}");
+    });
+}
+
 /// A TCP connection from the guest: the handshake's answer comes back through the receive side, and the data
 /// goes out as one TSO super-packet that the kernel's socket reads intact.
 #[test]

@@ -354,6 +354,15 @@ impl Queue {
         Ok(n)
     }
 
+    /// [`Self::send_vectored`] for pieces that lie in a virtual machine's memory (the vhost-user backend's
+    /// transmit path): written as they are, counted and mapped the same way.
+    #[cfg(feature = "vhost-user")]
+    pub(crate) fn send_guest(&self, pieces: &[sys::guest::GuestIoSlice<'_>]) -> Result<usize> {
+        let n = sys::guest::writev_guest(self.fd.as_fd(), pieces).map_err(|e| self.tx_error("write", e))?;
+        self.tx.add(1, n.saturating_sub(self.vnet_hdr_len) as u64);
+        Ok(n)
+    }
+
     /// The fd's send buffer (`TUNGETSNDBUF`; `i32::MAX` means unlimited, the default).
     pub fn sndbuf(&self) -> Result<i32> {
         sys::tun_get_sndbuf(self.fd.as_fd()).map_err(|e| Error::io("TUNGETSNDBUF", e))

@@ -9,6 +9,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub(crate) mod bpf;
 pub(crate) mod ethtool;
+#[cfg(feature = "vhost-user")]
+pub(crate) mod guest;
 pub(crate) mod udp;
 #[cfg(feature = "uring")]
 pub(crate) mod uring;

@@ -11,14 +11,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
-use virtio_queue::QueueT;
+use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 
 use turbotun_wire::virtio_net::{features as f, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN, VIRTIO_NET_HDR_V1_LEN};
 
-use super::chain::{read_chain, writable_spans, write_spans, Span};
+use super::chain::{gather_chain, read_chain, writable_spans, write_spans, NotGathered, Span};
 use super::VhostUserStats;
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::dataplane::write_policy::{lost_with, on_write_error, WriteFailure};
@@ -137,6 +137,9 @@ struct RxState {
 /// The data path's state, used by one worker thread at a time.
 struct Worker {
     negotiated: Negotiated,
+    /// The guest's header of the frame being sent, copied out to be checked and written.
+    tx_hdr: [u8; TAP_VNET_HDR],
+    /// A frame copied out of guest memory: only for a chain of more pieces than one write takes.
     tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     rx: RxState,
@@ -195,6 +198,7 @@ impl Worker {
     fn new() -> Worker {
         Worker {
             negotiated: Negotiated::new(0),
+            tx_hdr: [0; TAP_VNET_HDR],
             tx_buf: vec![0; FRAME_BUF],
             rx_buf: vec![0; FRAME_BUF],
             rx: RxState { contiguous: true, ..RxState::default() },
@@ -296,10 +300,8 @@ impl NetBackend {
             let _ = state.disable_notification();
             while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
-                let Worker { negotiated, tx_buf, to_tap, .. } = &mut *w;
-                // A legacy 10-byte header is moved two bytes on later: room is kept for that.
-                let room = tx_buf.len() - (TAP_VNET_HDR - negotiated.hdr_len);
-                self.transmit(tap, *negotiated, read_chain(chain, &*mem, &mut tx_buf[..room]), tx_buf, to_tap);
+                let Worker { negotiated, tx_buf, tx_hdr, to_tap, .. } = &mut *w;
+                self.transmit(tap, *negotiated, chain, &mem, tx_hdr, tx_buf, to_tap);
                 if let Err(e) = state.add_used(head, 0) {
                     tracing::debug!("transmit queue: returning chain {head}: {e}");
                 }
@@ -317,64 +319,52 @@ impl NetBackend {
         notify(&mut state, used);
     }
 
-    /// Writes one frame a transmit chain held (`read`: its length in `buf`, or why it could not be read) to the
-    /// TAP, or counts why not.
-    fn transmit(
+    /// Writes the frame a transmit chain holds to the TAP, or counts why not. The frame is written from guest
+    /// memory where it lies, behind a copy of its header that was checked; a chain of more pieces than one
+    /// write takes is copied into `copy_buf` first.
+    #[allow(clippy::too_many_arguments)]
+    fn transmit<'m>(
         &self,
         tap: &Queue,
         negotiated: Negotiated,
-        read: Result<usize, DropReason>,
-        buf: &mut [u8],
+        chain: DescriptorChain<&'m GuestMemoryMmap<()>>,
+        mem: &'m GuestMemoryMmap<()>,
+        hdr_buf: &'m mut [u8; TAP_VNET_HDR],
+        copy_buf: &mut [u8],
         c: &mut Counters,
     ) {
         c.reads += 1;
-        let len = match read {
-            Ok(len) => len,
-            Err(reason) => return c.drops.add(reason, 1),
-        };
-        let Some(frame_len) = len.checked_sub(negotiated.hdr_len) else {
-            return c.drops.add(DropReason::Malformed, 1);
-        };
-        // The TAP's header is 12 bytes: behind a legacy 10-byte one the frame moves two bytes on.
-        if negotiated.hdr_len != TAP_VNET_HDR {
-            buf.copy_within(negotiated.hdr_len..len, TAP_VNET_HDR);
-        }
-        // num_buffers means nothing on transmit; the kernel ignores it, and so do we.
-        buf[VIRTIO_NET_HDR_LEN..TAP_VNET_HDR].fill(0);
-        let Ok(hdr) = VirtioNetHdrRepr::parse(&buf[..VIRTIO_NET_HDR_LEN]) else {
-            return c.drops.add(DropReason::Malformed, 1);
-        };
-        if !negotiated.allows(&hdr) {
-            tracing::debug!("guest frame with {hdr} it did not negotiate");
-            return c.drops.add(DropReason::Malformed, 1);
-        }
-        if let Err(e) = hdr.check_sent_frame(frame_len) {
-            tracing::debug!("guest frame of {frame_len} bytes: {e}");
-            return c.drops.add(DropReason::Malformed, 1);
-        }
-        if frame_len < turbotun_wire::ethernet::HEADER_LEN {
-            return c.drops.add(DropReason::Malformed, 1);
-        }
-        let frame = &buf[..TAP_VNET_HDR + frame_len];
-        loop {
-            match tap.send_raw(frame) {
-                Ok(_) => {
-                    c.writes += 1;
-                    c.packets += 1;
-                    c.bytes += frame_len as u64;
-                    if hdr.is_gso() {
-                        c.super_packets += 1;
-                    }
-                    return;
+        match gather_chain(chain.clone(), mem, hdr_buf, negotiated.hdr_len, MAX_PACKET) {
+            Ok(gathered) => {
+                if gathered.hdr_read < negotiated.hdr_len {
+                    return c.drops.add(DropReason::Malformed, 1);
                 }
-                Err(e) => match on_write_error(e.raw_os_error(), false, WhenFull::Drop) {
-                    WriteFailure::Retry => continue,
-                    WriteFailure::Drop(reason) => return c.drops.add(reason, 1),
-                    _ => {
-                        tracing::debug!("writing a guest frame to {}: {e}", tap.name());
-                        return c.drops.add(lost_with(&e), 1);
-                    }
-                },
+                let Some(hdr) = checked_header(negotiated, gathered.hdr, gathered.frame_len) else {
+                    return c.drops.add(DropReason::Malformed, 1);
+                };
+                write_frame(tap, &hdr, gathered.frame_len, c, || tap.send_guest(gathered.pieces()));
+            }
+            Err(NotGathered::Refused(reason)) => c.drops.add(reason, 1),
+            Err(NotGathered::TooManyPieces) => {
+                // A legacy 10-byte header is moved two bytes on: room is kept for that.
+                let room = copy_buf.len() - (TAP_VNET_HDR - negotiated.hdr_len);
+                let len = match read_chain(chain, mem, &mut copy_buf[..room]) {
+                    Ok(len) => len,
+                    Err(reason) => return c.drops.add(reason, 1),
+                };
+                let Some(frame_len) = len.checked_sub(negotiated.hdr_len) else {
+                    return c.drops.add(DropReason::Malformed, 1);
+                };
+                if negotiated.hdr_len != TAP_VNET_HDR {
+                    copy_buf.copy_within(negotiated.hdr_len..len, TAP_VNET_HDR);
+                }
+                // num_buffers means nothing on transmit; the kernel ignores it, and so do we.
+                copy_buf[VIRTIO_NET_HDR_LEN..TAP_VNET_HDR].fill(0);
+                let Some(hdr) = checked_header(negotiated, &copy_buf[..TAP_VNET_HDR], frame_len) else {
+                    return c.drops.add(DropReason::Malformed, 1);
+                };
+                let frame = &copy_buf[..TAP_VNET_HDR + frame_len];
+                write_frame(tap, &hdr, frame_len, c, || tap.send_raw(frame));
             }
         }
     }
@@ -535,6 +525,53 @@ fn read_tap(tap: &Queue, w: &mut Worker) -> Option<(usize, usize)> {
             w.rx_buf.copy_within(..w.negotiated.hdr_len, start);
         }
         return Some((start, n - start));
+    }
+}
+
+/// The guest's header for a frame of `frame_len` bytes, if the guest may send it: parsed, negotiated, and
+/// fitting the frame as the kernel requires of a write (`check_sent_frame`), in front of an Ethernet header.
+fn checked_header(negotiated: Negotiated, hdr: &[u8], frame_len: usize) -> Option<VirtioNetHdrRepr> {
+    let hdr = VirtioNetHdrRepr::parse(&hdr[..VIRTIO_NET_HDR_LEN]).ok()?;
+    if !negotiated.allows(&hdr) {
+        tracing::debug!("guest frame with {hdr} it did not negotiate");
+        return None;
+    }
+    if let Err(e) = hdr.check_sent_frame(frame_len) {
+        tracing::debug!("guest frame of {frame_len} bytes: {e}");
+        return None;
+    }
+    (frame_len >= turbotun_wire::ethernet::HEADER_LEN).then_some(hdr)
+}
+
+/// Makes the one write of a guest frame (`send`), retried when interrupted, and counts it: written, or dropped
+/// by the reason the forwarder's write policy gives its errno.
+fn write_frame(
+    tap: &Queue,
+    hdr: &VirtioNetHdrRepr,
+    frame_len: usize,
+    c: &mut Counters,
+    mut send: impl FnMut() -> crate::error::Result<usize>,
+) {
+    loop {
+        match send() {
+            Ok(_) => {
+                c.writes += 1;
+                c.packets += 1;
+                c.bytes += frame_len as u64;
+                if hdr.is_gso() {
+                    c.super_packets += 1;
+                }
+                return;
+            }
+            Err(e) => match on_write_error(e.raw_os_error(), false, WhenFull::Drop) {
+                WriteFailure::Retry => continue,
+                WriteFailure::Drop(reason) => return c.drops.add(reason, 1),
+                _ => {
+                    tracing::debug!("writing a guest frame to {}: {e}", tap.name());
+                    return c.drops.add(lost_with(&e), 1);
+                }
+            },
+        }
     }
 }
 

@@ -10,11 +10,13 @@
 //!   ways where the kernel takes `TUN_F_USO` (6.2+), `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`. Whatever the guest
 //!   acknowledges becomes the TAP's offloads ([`crate::Offloads::for_guest_features`]), again on every
 //!   `SET_FEATURES` and back to none on a reset or a disconnect.
-//! - **Guest to TAP.** Each transmit chain is copied out of guest memory with vm-memory's checked reads and
-//!   written to the TAP behind the guest's own virtio header (the TAP's header is `virtio_net_hdr_v1`, 12 bytes),
-//!   so a guest's TSO super-packet reaches the kernel whole. The header is checked first as the kernel checks
-//!   a write ([`turbotun_wire::VirtioNetHdrRepr::check_sent_frame`]) and against what was negotiated. Copying
-//!   first means the header the kernel sees is the one that was checked: the guest cannot change it in between.
+//! - **Guest to TAP.** Each transmit chain is written to the TAP with one gathered write, behind the guest's own
+//!   virtio header (the TAP's header is `virtio_net_hdr_v1`, 12 bytes), so a guest's TSO super-packet reaches the
+//!   kernel whole. The header is copied out of guest memory and checked as the kernel checks a write
+//!   ([`turbotun_wire::VirtioNetHdrRepr::check_sent_frame`]) and against what was negotiated; the write takes
+//!   that copy, so the header the kernel sees is the one that was checked. The frame's bytes are written from
+//!   guest memory where they lie (pieces vm-memory checked against the map), without a copy: a guest that
+//!   changes them meanwhile only changes what it sends. A chain of more than 63 pieces is copied out first.
 //! - **TAP to guest.** Frames (super-packets up to 64 KiB with their header) are read from the TAP and written
 //!   into the guest's receive buffers, across as many as it takes with `MRG_RXBUF` (`num_buffers` set). When the
 //!   guest has no buffers, the frame waits and the TAP is not read until the guest adds some.
