@@ -27,6 +27,8 @@ use vhost::vhost_user::VhostUserVirtioFeatures;
 
 /// A message header: request, flags, payload size (little-endian `u32`s, as on the socket).
 const HEADER: usize = 12;
+/// Early `SET_VRING_ENABLE`s held at most, one per ring: far more rings than a front end is offered.
+const MAX_HELD: usize = 64;
 
 /// One message as read from a socket: its header and payload bytes and the descriptors that came with it.
 struct Message {
@@ -103,6 +105,15 @@ fn requests(mut front: UnixStream, mut back: UnixStream, front_writer: &Mutex<Un
                     writer.write_all(&reply)?;
                 }
                 message.set_flags(flags & !VhostUserHeaderFlag::NEED_REPLY.bits());
+                // The latest per ring; a front end cannot make the relay hold more than a few.
+                let ring = message.payload().get(..4).map(<[u8]>::to_vec);
+                held.retain(|m| m.payload().get(..4).map(<[u8]>::to_vec) != ring);
+                if held.len() == MAX_HELD {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("SET_VRING_ENABLE for more than {MAX_HELD} rings before SET_FEATURES"),
+                    ));
+                }
                 held.push(message);
                 continue;
             }
@@ -140,9 +151,7 @@ fn replies(mut back: UnixStream, front_writer: &Mutex<UnixStream>) {
         tracing::debug!("vhost-user relay, backend to front end: {e}");
     }
     let _ = back.shutdown(Shutdown::Both);
-    if let Ok(front) = front_writer.lock() {
-        let _ = front.shutdown(Shutdown::Both);
-    }
+    let _ = front_writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Shutdown::Both);
 }
 
 /// The next message on `socket` (the descriptors arrive with its first bytes); `None` at the end of the stream.
