@@ -3,7 +3,7 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:/usr/local/go/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: deps peers test lint unit bench bench-full build clean-netns install install-wg-quick uninstall
+.PHONY: deps peers guest test lint unit bench bench-full build clean-netns install install-wg-quick uninstall
 
 # Where `make install` puts things: $(DESTDIR)$(PREFIX)/bin, .../share/man/man1, the shells' completion folders.
 PREFIX ?= /usr/local
@@ -23,6 +23,11 @@ deps:
 peers:
 	bench/peers/build.sh wireguard-go boringtun gotatun
 
+# The small Linux guest (Debian's kernel, a busybox initramfs) that the QEMU vhost-user test boots, made into
+# target/guest by scripts/guest-image.sh; nothing to do when it is there. Made here for the same reason as `peers`.
+guest:
+	scripts/guest-image.sh target/guest
+
 build: deps
 	$(CARGO) build --release -p turbotun-cli
 
@@ -39,7 +44,7 @@ lint:
 # rule in crates/turbotun/tests/common/skip.rs); the summary counts them and fails the run if there are any.
 SKIPPED_LOG := $(CURDIR)/target/skipped-tests.log
 
-unit: peers
+unit: peers guest
 	@mkdir -p $(dir $(SKIPPED_LOG)) && rm -f $(SKIPPED_LOG)
 	TURBOTUN_SKIPPED_LOG=$(SKIPPED_LOG) $(CARGO) test --workspace --all-features
 	@scripts/test-summary.sh $(SKIPPED_LOG)

@@ -18,6 +18,12 @@ have sysctl   || need+=(procps)
 # DPDK's testpmd is the vhost-user front end of the vhost-user tests: `dpdk-dev` has `dpdk-testpmd` and pulls the
 # drivers it loads (virtio-user, the ring mempool, the vdev bus).
 have dpdk-testpmd || need+=(dpdk-dev)
+# The QEMU vhost-user test boots a guest under QEMU (TCG is enough); scripts/guest-image.sh makes its initramfs
+# from busybox-static with cpio, the kernel's modules possibly xz-compressed.
+have qemu-system-x86_64 || need+=(qemu-system-x86)
+[[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || need+=(busybox-static)
+have cpio     || need+=(cpio)
+have xz       || need+=(xz-utils)
 # `make lint` checks the library's imports with scripts/check-imports.py.
 have python3  || need+=(python3)
 # The manual pages are checked as `man -l` renders them.

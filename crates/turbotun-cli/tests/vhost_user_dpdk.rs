@@ -9,15 +9,14 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{new_netns, ns_path, privileged, Running};
-use turbotun::netlink::{LinkStats, Netlink};
+use common::vhost_user::Backend;
+use common::{ns_path, privileged};
+use turbotun::netlink::LinkStats;
 use turbotun::Counters;
 
-const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
 const TESTPMD: &str = "dpdk-testpmd";
 /// What an answer may take at most: far above what it takes (testpmd starts in about a second, the backend
 /// moves a frame in microseconds), so that only a path that is broken reaches it.
@@ -182,14 +181,9 @@ fn on_path(tool: &str) -> bool {
     std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
 }
 
-/// A private namespace with `turbotun vhost-user` serving a TAP in it, its socket and counters socket in a
-/// scratch directory. The fields drop in order: the backend is killed (if a test failed before stopping it),
-/// then the directory goes, then the namespace with the TAP.
+/// The backend in its namespace (see [`common::vhost_user::Backend`]) and testpmd's name for its files.
 struct Setup {
-    backend: Option<Running>,
-    scratch: Scratch,
-    ns: OwnedFd,
-    tap: String,
+    backend: Backend,
     /// Names testpmd's runtime files (`/var/run/dpdk/PREFIX`).
     prefix: String,
 }
@@ -201,34 +195,13 @@ impl Setup {
 
     /// The backend offers `pairs` queue pairs on a multiqueue TAP.
     fn with_queue_pairs(pairs: usize) -> Setup {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("{}x{n}", std::process::id() % 100_000);
-        let scratch = Scratch::new(&tag);
-        let ns = new_netns();
-        let tap = format!("ttvd{tag}");
-        let backend = common::start_ready(
-            &ns,
-            Command::new(TURBOTUN)
-                .args(["vhost-user", "--json", "--tap", &tap, "--queues", &pairs.to_string()])
-                .arg("--socket")
-                .arg(scratch.socket())
-                .arg("--stats-socket")
-                .arg(scratch.stats())
-                .stderr(Stdio::inherit()),
-        );
-        let setup = Setup { backend: Some(backend), scratch, ns, tap, prefix: format!("ttdpdk{tag}") };
-        // Only the frames a test makes cross the TAP: no IPv6 (router solicitations, DAD) from the kernel.
-        let tap = setup.tap.clone();
-        setup.in_ns(|| std::fs::write(format!("/proc/sys/net/ipv6/conf/{tap}/disable_ipv6"), "1").unwrap());
-        let mut nl = Netlink::in_netns(&ns_path(&setup.ns)).unwrap();
-        nl.add_address(&setup.tap, TAP_ADDR.parse().unwrap(), 24).unwrap();
-        nl.set_up(&setup.tap, true).unwrap();
-        setup
+        let backend = Backend::with_queue_pairs("dpdk", TAP_ADDR, pairs);
+        let prefix = format!("ttdpdk{}", backend.tag);
+        Setup { backend, prefix }
     }
 
     fn in_ns<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        turbotun::netns::with_netns(&ns_path(&self.ns), f).unwrap()
+        self.backend.in_ns(f)
     }
 
     /// testpmd with a virtio-user port on the backend's socket, at its first prompt.
@@ -238,7 +211,7 @@ impl Setup {
 
     /// testpmd using `pairs` queue pairs of the port (its receive and transmit queues).
     fn testpmd_with_queue_pairs(&self, pairs: usize) -> Testpmd {
-        Testpmd::start(&self.ns, &self.scratch.socket(), &self.prefix, pairs)
+        Testpmd::start(&self.backend.ns, &self.backend.socket(), &self.prefix, pairs)
     }
 
     /// Pings `count` addresses of the guest's subnet (testpmd's `icmpecho` answers for any), a flow each, so
@@ -258,73 +231,27 @@ impl Setup {
     }
 
     fn tap_stats(&self) -> LinkStats {
-        Netlink::in_netns(&ns_path(&self.ns)).unwrap().stats(&self.tap).unwrap()
+        self.backend.tap_stats()
     }
 
-    /// The backend's counters now (its counters socket): guest → TAP and TAP → guest.
+    /// The backend's counters now: guest → TAP and TAP → guest.
     fn backend_counters(&self) -> (Counters, Counters) {
-        let report = turbotun::stats_socket::read(&self.scratch.stats()).expect("the backend's counters socket");
-        let direction = |name: &str| {
-            report.directions.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or_else(|| {
-                panic!("no {name} in the backend's report: {:?}", report.directions);
-            })
-        };
-        (direction("to_tap"), direction("to_guest"))
+        self.backend.counters()
     }
 
-    /// The backend's counters once `done` holds of them: a frame testpmd counts may not be counted by the backend
-    /// yet (it adds a batch's counters after the batch). Fails after [`PATIENCE`].
+    /// The backend's counters once `done` holds of them. Fails after [`PATIENCE`].
     fn wait_backend(&self, what: &str, done: impl Fn(&Counters, &Counters) -> bool) -> (Counters, Counters) {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let (to_tap, to_guest) = self.backend_counters();
-            if done(&to_tap, &to_guest) {
-                return (to_tap, to_guest);
-            }
-            assert!(Instant::now() < deadline, "the backend never counted {what}: {to_tap:?} {to_guest:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.backend.wait_counters(what, PATIENCE, done)
     }
 
-    /// SIGTERM: the backend exits 0 with its closing counters, having served one front end without a drop and
-    /// removed its socket.
+    /// SIGTERM: the backend exits 0 with its closing counters, having served testpmd once without a drop.
     fn stop_backend(&mut self) {
-        self.stop_backend_after(1);
+        self.backend.stop("testpmd");
     }
 
     /// [`Self::stop_backend`] for a backend that served `connections` front ends.
     fn stop_backend_after(&mut self, connections: u32) {
-        let out = self.backend.take().unwrap().stop();
-        let counters: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("closing counters {out:?}: {e}"));
-        assert_eq!(counters["connections"], connections.to_string().as_str(), "testpmd's connections: {counters}");
-        assert_eq!(counters["drops"], 0, "{counters}");
-        assert!(!self.scratch.socket().exists(), "the backend removes its socket");
-    }
-}
-
-/// A directory of the test's own under the temporary directory, removed with what is in it however the test
-/// ends (a killed backend leaves its sockets).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("turbotun-dpdk-{tag}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        Scratch(dir)
-    }
-    fn socket(&self) -> PathBuf {
-        self.0.join("vhost.sock")
-    }
-    fn stats(&self) -> PathBuf {
-        self.0.join("counters.stats")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.backend.stop_after("testpmd", connections);
     }
 }
 

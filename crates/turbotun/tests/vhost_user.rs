@@ -747,3 +747,61 @@ fn a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took() {
         assert_eq!(guest.fe.get_vring_base(0).unwrap(), 0, "the two buffers taken are not reported consumed");
     });
 }
+
+/// QEMU 7.2's virtio-net enables its rings (`SET_VRING_ENABLE`) as soon as `VHOST_USER_F_PROTOCOL_FEATURES` is
+/// offered, before any `SET_FEATURES`: the message is acknowledged and held until the `SET_FEATURES` that acks
+/// the feature, and the connection goes on (the vhost crate's handler alone drops it). QEMU's order, message by
+/// message, on the raw socket.
+#[test]
+fn a_vring_enable_before_set_features_is_held_not_fatal() {
+    run("a_vring_enable_before_set_features_is_held_not_fatal", |s| {
+        let mut socket = std::os::unix::net::UnixStream::connect(&s.socket).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (get_features, set_features, set_owner, get_protocol, set_protocol, set_vring_enable) =
+            (1, 2, 3, 15, 16, 18);
+        let (version, need_reply) = (0x1, VhostUserHeaderFlag::NEED_REPLY.bits());
+
+        raw_send(&mut socket, get_features, version, &[]);
+        let offered = u64::from_le_bytes(raw_reply(&mut socket, get_features).try_into().unwrap());
+        let protocol_features = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        assert_ne!(offered & protocol_features, 0, "VHOST_USER_F_PROTOCOL_FEATURES offered: {offered:#x}");
+        raw_send(&mut socket, get_protocol, version, &[]);
+        raw_reply(&mut socket, get_protocol);
+        raw_send(&mut socket, set_protocol, version, &VhostUserProtocolFeatures::REPLY_ACK.bits().to_le_bytes());
+        raw_send(&mut socket, set_owner, version, &[]);
+
+        // Ring 0 enabled before any SET_FEATURES, a reply asked for: success.
+        let enable = [0u32.to_le_bytes(), 1u32.to_le_bytes()].concat();
+        raw_send(&mut socket, set_vring_enable, version | need_reply, &enable);
+        assert_eq!(raw_reply(&mut socket, set_vring_enable), 0u64.to_le_bytes(), "the early enable acknowledged");
+        // Then the features, acknowledged by the backend, and the connection is still served.
+        raw_send(&mut socket, set_features, version | need_reply, &offered.to_le_bytes());
+        assert_eq!(raw_reply(&mut socket, set_features), 0u64.to_le_bytes(), "SET_FEATURES acknowledged");
+        raw_send(&mut socket, get_features, version, &[]);
+        assert_eq!(raw_reply(&mut socket, get_features), offered.to_le_bytes(), "still served");
+        assert_eq!(s.stats.snapshot().connections, 1);
+    });
+}
+
+/// Writes one vhost-user message: request, flags, size, then the payload.
+fn raw_send(socket: &mut std::os::unix::net::UnixStream, request: u32, flags: u32, payload: &[u8]) {
+    use std::io::Write;
+    let mut message = Vec::new();
+    for word in [request, flags, payload.len() as u32] {
+        message.extend_from_slice(&word.to_le_bytes());
+    }
+    message.extend_from_slice(payload);
+    socket.write_all(&message).unwrap_or_else(|e| panic!("sending request {request}: {e}"));
+}
+
+/// Reads the reply to `request` and returns its payload.
+fn raw_reply(socket: &mut std::os::unix::net::UnixStream, request: u32) -> Vec<u8> {
+    let mut header = [0u8; 12];
+    socket.read_exact(&mut header).unwrap_or_else(|e| panic!("the reply to request {request}: {e}"));
+    let word = |n: usize| u32::from_le_bytes(header[n * 4..n * 4 + 4].try_into().unwrap());
+    assert_eq!(word(0), request, "a reply to request {request}");
+    assert_eq!(word(1), 0x1 | VhostUserHeaderFlag::REPLY.bits(), "version 1, a reply");
+    let mut payload = vec![0u8; word(2) as usize];
+    socket.read_exact(&mut payload).unwrap();
+    payload
+}

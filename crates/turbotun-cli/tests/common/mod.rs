@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use turbotun::netlink::Netlink;
 use turbotun::netns::{with_netns, with_private_netns};
 
+pub mod vhost_user;
 pub mod wg;
 pub mod wg_messages;
 

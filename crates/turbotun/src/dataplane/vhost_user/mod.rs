@@ -48,6 +48,7 @@
 
 mod backend;
 mod chain;
+mod relay;
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
@@ -243,11 +244,14 @@ impl VhostUserServer {
                 .register_listener(tap_fd, EventSet::IN | EventSet::EDGE_TRIGGERED, u64::from(backend.tap_event()))
                 .map_err(|e| Error::io("watching the TAP in the worker", e))?;
         }
-        let mut listener = Listener::from(
-            self.listener.try_clone().map_err(|e| Error::io(format!("sharing {}", self.path.display()), e))?,
-        );
-        // The listener is readable, so this accepts at once.
-        daemon.start(&mut listener).map_err(|e| daemon_error("accepting a front end", e))?;
+        // The listener is readable, so this accepts at once; the handler is given the connection through the
+        // relay (see relay.rs: an order of messages QEMU uses that the handler would refuse).
+        let (front, _) =
+            self.listener.accept().map_err(|e| Error::io(format!("accepting on {}", self.path.display()), e))?;
+        let (relay_end, handler_listener) =
+            relay::handler_listener().map_err(|e| Error::io("making the vhost-user relay", e))?;
+        daemon.start(&mut Listener::from(handler_listener)).map_err(|e| daemon_error("accepting a front end", e))?;
+        let relay = relay::Relay::start(front, relay_end).map_err(|e| Error::io("starting the vhost-user relay", e))?;
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         tracing::info!(socket = %self.path.display(), tap = self.tap_name(), "front end connected");
 
@@ -270,6 +274,8 @@ impl VhostUserServer {
         let result = daemon.wait();
         ended.stop();
         let _ = watcher.join();
+        // The handler's end is shut: the relay shuts the front end's and ends.
+        relay.join();
         // Dropping the daemon ends and joins the worker, so that the counters below are final.
         drop(daemon);
         backend.finish();
