@@ -68,7 +68,10 @@ pub fn run(args: &VhostUserArgs) -> Result<()> {
     let start = Instant::now();
     let socket_path = args.socket.clone();
     let name = tap.clone();
-    let source = move || Report::of_vhost_user(&name, &socket_path, &stats.snapshot(), start.elapsed().as_secs_f64());
+    let source = move || {
+        Report::of_vhost_user(&name, &socket_path, &stats.snapshot(), start.elapsed().as_secs_f64())
+            .with_vhost_user_pairs(&stats.pair_snapshots())
+    };
     let _server = crate::counters::serve("turbotun vhost-user", stats_socket, source.clone());
     eprintln!("turbotun vhost-user: {tap} served on {}", args.socket.display());
     println!("ready");

@@ -129,6 +129,12 @@ fn dpdk_two_queue_pairs_carry_frames_both_ways() {
     assert_eq!(to_tap.packets, port.tx_packets, "guest → TAP over both pairs: {to_tap:?}");
     assert_eq!(to_guest.packets, port.rx_packets, "TAP → guest over both pairs: {to_guest:?}");
     assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
+    // The backend's own count by pair: each carried frames both ways, and together they are the totals.
+    let pairs = setup.backend.pair_counters();
+    assert_eq!(pairs.len(), 2, "{pairs:?}");
+    assert!(pairs.iter().all(|(t, g)| t.packets > 0 && g.packets > 0), "both pairs, both ways: {pairs:?}");
+    let sum = |f: fn(&(Counters, Counters)) -> u64| pairs.iter().map(f).sum::<u64>();
+    assert_eq!((sum(|p| p.0.packets), sum(|p| p.1.packets)), (to_tap.packets, to_guest.packets), "{pairs:?}");
     testpmd.quit();
     setup.stop_backend();
 }

@@ -89,6 +89,23 @@ impl Backend {
         (direction("to_tap"), direction("to_guest"))
     }
 
+    /// Each queue pair's counters (none when the backend serves one pair): guest → TAP and TAP → guest.
+    pub fn pair_counters(&self) -> Vec<(Counters, Counters)> {
+        let report = turbotun::stats_socket::read(&self.scratch.stats()).expect("the backend's counters socket");
+        report
+            .queues
+            .iter()
+            .map(|directions| {
+                let direction = |name: &str| {
+                    directions.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or_else(|| {
+                        panic!("no {name} in a queue pair's report: {directions:?}");
+                    })
+                };
+                (direction("to_tap"), direction("to_guest"))
+            })
+            .collect()
+    }
+
     /// The backend's counters once `done` holds of them: a frame a front end counts may not be counted by the
     /// backend yet (it adds a batch's counters after the batch). Fails after `patience`.
     pub fn wait_counters(

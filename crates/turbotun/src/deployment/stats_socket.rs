@@ -151,6 +151,17 @@ impl Report {
         report
     }
 
+    /// A vhost-user-net backend's report ([`Self::of_vhost_user`]) with each queue pair's counters, when it has
+    /// several ([`crate::dataplane::vhost_user::VhostUserStats::pair_snapshots`]).
+    #[cfg(feature = "vhost-user")]
+    pub fn with_vhost_user_pairs(mut self, pairs: &[crate::dataplane::vhost_user::VhostUserCounters]) -> Report {
+        self.queues = match pairs.len() {
+            0 | 1 => Vec::new(),
+            _ => pairs.iter().map(|p| vec![("to_tap".into(), p.to_tap), ("to_guest".into(), p.to_guest)]).collect(),
+        };
+        self
+    }
+
     /// A forwarder's report: `a_to_b` and `b_to_a` between `devices`, named after the first, `seconds` after it
     /// started.
     pub fn of_forwarder(

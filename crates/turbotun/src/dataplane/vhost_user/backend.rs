@@ -278,7 +278,7 @@ impl NetBackend {
             if w.rx.pending.take().is_some() {
                 w.to_guest.drops.add(DropReason::Stopped, 1);
             }
-            flush(&mut w, &self.stats);
+            flush(&mut w, &self.stats, index);
             w.rx_vring = None;
             drop(w);
             // No guest, no pair in use: frames go to queue 0 until the next guest enables more.
@@ -590,10 +590,9 @@ fn notify(state: &mut VringState<GuestMem>, used: bool) {
     }
 }
 
-/// Adds the worker's counters to the shared ones.
-fn flush(w: &mut Worker, stats: &VhostUserStats) {
-    stats.to_tap.add(&std::mem::take(&mut w.to_tap));
-    stats.to_guest.add(&std::mem::take(&mut w.to_guest));
+/// Adds the worker's counters to the shared ones: the backend's and its queue pair's (`pair`).
+fn flush(w: &mut Worker, stats: &VhostUserStats, pair: usize) {
+    stats.add(pair, &std::mem::take(&mut w.to_tap), &std::mem::take(&mut w.to_guest));
 }
 
 impl VhostUserBackend for NetBackend {
@@ -624,7 +623,7 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn reset_device(&self) {
-        for pair in &self.pairs {
+        for (index, pair) in self.pairs.iter().enumerate() {
             let mut w = pair.worker();
             w.negotiated = Negotiated::new(0);
             if w.rx.pending.take().is_some() {
@@ -633,7 +632,7 @@ impl VhostUserBackend for NetBackend {
             // The rings start over: the buffers taken from them are the guest's again.
             w.rx.chains.clear();
             w.rx.contiguous = true;
-            flush(&mut w, &self.stats);
+            flush(&mut w, &self.stats, index);
         }
         self.apply_offloads(0);
     }
@@ -722,7 +721,7 @@ impl VhostUserBackend for NetBackend {
                 }
             }
         }
-        flush(&mut w, &self.stats);
+        flush(&mut w, &self.stats, thread);
         Ok(())
     }
 }

@@ -74,12 +74,14 @@ use backend::{GuestMem, NetBackend, TapQueue, MAX_QUEUE_PAIRS, TAP_VNET_HDR};
 /// `num_buffers` field the guest's mergeable receive buffers need.
 pub const VNET_HDR_LEN: usize = TAP_VNET_HDR;
 
-/// What a backend moved, for as long as it serves (all connections together).
+/// What a backend moved, for as long as it serves (all connections together), in all and by queue pair.
 #[derive(Debug, Default)]
 pub struct VhostUserStats {
     to_tap: SharedCounters,
     to_guest: SharedCounters,
     connections: AtomicU64,
+    /// Each queue pair's own `to_tap` and `to_guest`.
+    pairs: Vec<(SharedCounters, SharedCounters)>,
 }
 
 /// A snapshot of [`VhostUserStats`].
@@ -92,17 +94,44 @@ pub struct VhostUserCounters {
     pub to_tap: Counters,
     /// TAP to guest: `reads` are frames read from the TAP, `packets` frames placed in the guest's buffers.
     pub to_guest: Counters,
-    /// Front ends served (connections accepted).
+    /// Front ends served (connections accepted); 0 in a queue pair's snapshot.
     pub connections: u64,
 }
 
 impl VhostUserStats {
+    fn with_queue_pairs(pairs: usize) -> VhostUserStats {
+        VhostUserStats { pairs: (0..pairs).map(|_| Default::default()).collect(), ..VhostUserStats::default() }
+    }
+
     /// The counters as they are now (a connection's are added as its worker handles events, and at its end).
     pub fn snapshot(&self) -> VhostUserCounters {
         VhostUserCounters {
             to_tap: self.to_tap.snapshot(),
             to_guest: self.to_guest.snapshot(),
             connections: self.connections.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Each queue pair's counters, in order: which pairs the guest uses, and how evenly the kernel's steering
+    /// and the guest's spread its flows over them.
+    pub fn pair_snapshots(&self) -> Vec<VhostUserCounters> {
+        self.pairs
+            .iter()
+            .map(|(to_tap, to_guest)| VhostUserCounters {
+                to_tap: to_tap.snapshot(),
+                to_guest: to_guest.snapshot(),
+                connections: 0,
+            })
+            .collect()
+    }
+
+    /// Adds what queue pair `pair` moved since its last report.
+    pub(crate) fn add(&self, pair: usize, to_tap: &Counters, to_guest: &Counters) {
+        self.to_tap.add(to_tap);
+        self.to_guest.add(to_guest);
+        if let Some((pair_to_tap, pair_to_guest)) = self.pairs.get(pair) {
+            pair_to_tap.add(to_tap);
+            pair_to_guest.add(to_guest);
         }
     }
 }
@@ -178,8 +207,8 @@ impl VhostUserServer {
             path: path.to_path_buf(),
             inode,
             features: backend::offered_features(uso, queues.len()),
+            stats: Arc::new(VhostUserStats::with_queue_pairs(queues.len())),
             taps: queues.into_iter().map(|queue| Arc::new(TapQueue::new(queue))).collect(),
-            stats: Arc::default(),
         })
     }
 
