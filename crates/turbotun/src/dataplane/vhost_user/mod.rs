@@ -44,6 +44,8 @@
 
 mod backend;
 mod chain;
+#[cfg(feature = "vhost-user-frontend")]
+pub mod frontend;
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
