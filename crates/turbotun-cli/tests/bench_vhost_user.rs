@@ -1,7 +1,9 @@
 //! End-to-end smoke test of `turbotun bench --vhost-user`: the real bench runs every row once for one second
-//! (DPDK's virtio-user front end into `turbotun vhost-user` and into DPDK's own backend), and the test checks
-//! that the JSON has each row with frames that reached the TAP and the backend's CPU, that `--list` names the
-//! same rows, and that nothing is left behind (namespaces, devices, processes, DPDK runtime files, sockets).
+//! (DPDK's virtio-user front end into `turbotun vhost-user` and into DPDK's own backend; the synthetic guest's
+//! TCP connection with TSO, without offloads, and written straight into the TAP), and the test checks that the
+//! JSON has each row with frames that reached the TAP (bytes that reached the socket) and the backend's CPU,
+//! that `--list` names the same rows, and that nothing is left behind (namespaces, devices, processes, DPDK
+//! runtime files, sockets).
 //! Figures are not asserted. Needs root and dpdk-testpmd: skipped without them, except under CI=true where it
 //! fails.
 
@@ -13,7 +15,9 @@ use std::time::Duration;
 const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
 /// The tools the rows need, with the package that has each.
 const TOOLS: &[(&str, &str)] = &[("dpdk-testpmd", "dpdk-dev"), ("stdbuf", "coreutils"), ("taskset", "util-linux")];
-const ROWS: &[&str] = &["turbotun", "dpdk"];
+/// The packet rows (testpmd's frames into a TAP) and the TCP rows (the synthetic guest's connection).
+const PPS_ROWS: &[&str] = &["turbotun", "dpdk"];
+const TCP_ROWS: &[&str] = &["tso", "no-offload", "ceiling"];
 
 fn which(name: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -46,7 +50,7 @@ fn bench_vhost_user_quick_measures_every_row() {
     let list = Command::new(TURBOTUN).args(["bench", "--vhost-user", "--list"]).output().unwrap();
     let listed = String::from_utf8_lossy(&list.stdout);
     assert!(list.status.success(), "--list failed: {listed}");
-    for row in ROWS {
+    for row in PPS_ROWS.iter().chain(TCP_ROWS) {
         let line = listed.lines().find(|l| l.trim_start().starts_with(&format!("{row} "))).unwrap_or_else(|| {
             panic!("--list has no row {row}:\n{listed}");
         });
@@ -76,14 +80,14 @@ fn bench_vhost_user_quick_measures_every_row() {
     assert!(shm.is_empty(), "shared memory left: {shm:?}");
     assert!(!stderr.contains("logs kept in"), "a run failed:\n{stderr}");
 
-    for row in ROWS {
+    for row in PPS_ROWS.iter().chain(TCP_ROWS) {
         assert!(stdout.contains(&format!("| {row} | ")), "no {row} row in the table:\n{stdout}");
     }
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["skipped"].as_array().unwrap().is_empty(), "rows skipped: {}", v["skipped"]);
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), ROWS.len(), "one repetition of each row: {runs:?}");
-    for row in ROWS {
+    assert_eq!(runs.len(), PPS_ROWS.len() + TCP_ROWS.len(), "one repetition of each row: {runs:?}");
+    for row in PPS_ROWS {
         let run = runs.iter().find(|r| r["row"] == *row).unwrap_or_else(|| panic!("no run of {row}"));
         assert!(run["error"].is_null(), "{row} failed: {run}");
         let tap = run["tap_rx_packets"].as_u64().unwrap();
@@ -112,6 +116,32 @@ fn bench_vhost_user_quick_measures_every_row() {
         turbotun["tap_rx_packets_total"].as_u64().unwrap(),
         "turbotun's to_tap packets are the TAP's rx_packets: {turbotun}"
     );
+    // The TCP rows: bytes reached the socket, frames the TAP, and the backend's CPU was counted where there is one.
+    for row in TCP_ROWS {
+        let run = runs.iter().find(|r| r["row"] == *row).unwrap_or_else(|| panic!("no run of {row}"));
+        assert!(run["error"].is_null(), "{row} failed: {run}");
+        let bytes = run["socket_bytes"].as_u64().unwrap();
+        assert!(bytes > 0, "{row}: nothing reached the socket: {run}");
+        let window = number(&run["window_seconds"]);
+        assert!((number(&run["gbps"]) - bytes as f64 * 8.0 / window / 1e9).abs() < 1e-9, "{row}: {run}");
+        assert!(run["tap_rx_packets"].as_u64().unwrap() > 0, "{row}: {run}");
+        let sender = &run["sender"];
+        assert!(sender["frames"].as_u64().unwrap() > 0 && sender["payload_bytes"].as_u64().unwrap() >= bytes, "{run}");
+        let cpu = number(&run["backend_user_seconds"]) + number(&run["backend_sys_seconds"]);
+        if *row == "ceiling" {
+            assert!(run["backend_cpu_per_second"].is_null() && cpu == 0.0, "the ceiling has no backend: {run}");
+        } else {
+            assert!(cpu > 0.0, "{row}: no backend CPU counted: {run}");
+            assert!((number(&run["backend_cpu_per_second"]) - cpu / window).abs() < 1e-9, "{row}: {run}");
+            assert!(run["backend_counters"]["to_tap"]["packets"].as_u64().unwrap() > 0, "{row}: {run}");
+        }
+    }
+    let gbps = |row: &str| number(&runs.iter().find(|r| r["row"] == row).unwrap()["gbps"]);
+    let tso_ratio = number(&v["ratio_tso_no_offload_gbps"]);
+    assert!((tso_ratio - gbps("tso") / gbps("no-offload")).abs() < 1e-9, "{tso_ratio}");
+    let ceiling_ratio = number(&v["ratio_tso_ceiling_gbps"]);
+    assert!((ceiling_ratio - gbps("tso") / gbps("ceiling")).abs() < 1e-9, "{ceiling_ratio}");
+
     let ratio = number(&v["ratio_turbotun_dpdk_pps_per_cpu_second"]);
     let of = |row: &str| number(&runs.iter().find(|r| r["row"] == row).unwrap()["pps_per_cpu_second"]);
     let (ours, theirs) = (of("turbotun"), of("dpdk"));

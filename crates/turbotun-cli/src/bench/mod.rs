@@ -24,6 +24,7 @@ mod stats;
 mod testpmd;
 mod topo;
 mod tunnel;
+mod vguest;
 mod vhost;
 mod wgflood;
 

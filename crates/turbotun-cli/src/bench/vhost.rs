@@ -19,11 +19,16 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use turbotun::netlink::LinkStats;
+use turbotun::vhost_user::frontend::{Guest, Layout};
+use turbotun::vhost_user::VNET_HDR_LEN;
+use turbotun::DeviceBuilder;
 
 use super::modes::{which, Unavailable};
 use super::netcfg::Netns;
@@ -34,6 +39,7 @@ use super::runner::{interrupted, Ctx};
 use super::stats::{cell, fmt_count, med, ratio, Spread};
 use super::testpmd::{self, Testpmd};
 use super::topo::Forwarder;
+use super::vguest;
 use super::BenchArgs;
 
 /// The front end's forwarding lcore (CPU 0) and the backends' CPU (1): never the same core.
@@ -55,12 +61,32 @@ enum Backend {
     Dpdk,
 }
 
+/// How the TCP rows' guest reaches the TAP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TcpPath {
+    /// TSO negotiated: 64 KiB super-packets through `turbotun vhost-user`.
+    Tso,
+    /// No offload negotiated: MSS-sized frames with their checksums through `turbotun vhost-user`.
+    NoOffload,
+    /// No backend: the same super-packets written from guest memory into the TAP, one write each.
+    Ceiling,
+}
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// 64 B frames from testpmd's virtio-user through a backend into the TAP.
+    Pps(Backend),
+    /// The synthetic guest's TCP connection to a socket in the TAP's namespace.
+    Tcp(TcpPath),
+}
+
 /// One row of the report.
 #[derive(Debug)]
 pub struct RowSpec {
     pub label: &'static str,
     pub description: &'static str,
-    backend: Backend,
+    kind: Kind,
 }
 
 pub const ROWS: &[RowSpec] = &[
@@ -68,18 +94,41 @@ pub const ROWS: &[RowSpec] = &[
         label: "turbotun",
         description: "64 B frames, testpmd virtio-user txonly → `turbotun vhost-user` (pinned to CPU 1, sleeps when \
                       idle) → TAP",
-        backend: Backend::Turbotun,
+        kind: Kind::Pps(Backend::Turbotun),
     },
     RowSpec {
         label: "dpdk",
         description: "64 B frames, testpmd virtio-user txonly → DPDK's testpmd net_vhost → net_tap, fwd io (polls \
                       CPU 1) → TAP",
-        backend: Backend::Dpdk,
+        kind: Kind::Pps(Backend::Dpdk),
+    },
+    RowSpec {
+        label: "tso",
+        description:
+            "TCP from the synthetic guest (turbotun::vhost_user::frontend) to a socket in the TAP's namespace, \
+                      TSO negotiated: 64 KiB super-packets (gso TCPV4, MSS 1460) through `turbotun vhost-user` \
+                      (CPU 1)",
+        kind: Kind::Tcp(TcpPath::Tso),
+    },
+    RowSpec {
+        label: "no-offload",
+        description: "the same connection with no offload negotiated: 1460-byte segments in 1514-byte frames, \
+                      checksums complete, through `turbotun vhost-user` (CPU 1)",
+        kind: Kind::Tcp(TcpPath::NoOffload),
+    },
+    RowSpec {
+        label: "ceiling",
+        description: "the same TSO super-packets written from the same kind of guest memory into the TAP, one write \
+                      each, no virtio processing and no backend",
+        kind: Kind::Tcp(TcpPath::Ceiling),
     },
 ];
 
 /// The reference row of the ratio.
 const REFERENCE: &str = "dpdk";
+/// Issue 31's goals for the TCP rows: tso over no-offload, and tso over the ceiling, in Gbps.
+pub const GOAL_TSO_NO_OFFLOAD: f64 = 5.0;
+pub const GOAL_TSO_CEILING: f64 = 0.8;
 
 /// Why a row cannot run here, or `None`.
 fn unavailable(row: &RowSpec) -> Option<String> {
@@ -89,11 +138,15 @@ fn unavailable(row: &RowSpec) -> Option<String> {
             super::cpus()
         ));
     }
-    // testpmd is the front end of every row, and the backend of `dpdk`.
-    testpmd::missing().map(|m| match row.backend {
-        Backend::Turbotun => format!("{m}: testpmd's virtio-user is the front end"),
-        Backend::Dpdk => format!("{m}: testpmd is the front end and DPDK's backend"),
-    })
+    match row.kind {
+        // testpmd is the front end of the packet rows, and the backend of `dpdk`.
+        Kind::Pps(backend) => testpmd::missing().map(|m| match backend {
+            Backend::Turbotun => format!("{m}: testpmd's virtio-user is the front end"),
+            Backend::Dpdk => format!("{m}: testpmd is the front end and DPDK's backend"),
+        }),
+        Kind::Tcp(TcpPath::Ceiling) => None,
+        Kind::Tcp(_) => which("taskset").is_none().then(|| "missing taskset (apt-get install util-linux)".into()),
+    }
 }
 
 /// `turbotun bench --vhost-user --list`.
@@ -140,6 +193,14 @@ pub struct VhostRun {
     /// turbotun's closing counters line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_counters: Option<serde_json::Value>,
+    /// The TCP rows: bytes the socket read over the window, as Gbps, and what the guest's sender did over the
+    /// whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<vguest::SenderReport>,
 }
 
 /// One row over the repetitions.
@@ -158,6 +219,9 @@ pub struct VhostRow {
     pub tap_rx_dropped: Option<Spread>,
     /// Median pps per CPU-second over DPDK's in this bench run.
     pub ratio_dpdk_pps_per_cpu_second: Option<f64>,
+    /// The TCP rows: Gbps the socket read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gbps: Option<Spread>,
 }
 
 /// The JSON document of `--vhost-user`.
@@ -173,6 +237,11 @@ pub struct VhostReport {
     /// turbotun's median pps per backend CPU-second over DPDK's, and the goal.
     pub ratio_turbotun_dpdk_pps_per_cpu_second: Option<f64>,
     pub goal_ratio: f64,
+    /// The TCP rows: tso's median Gbps over no-offload's and over the ceiling's, with the goals.
+    pub ratio_tso_no_offload_gbps: Option<f64>,
+    pub goal_tso_no_offload: f64,
+    pub ratio_tso_ceiling_gbps: Option<f64>,
+    pub goal_tso_ceiling: f64,
     /// Rows that could not run here, with why.
     pub skipped: Vec<Unavailable>,
     pub runs: Vec<VhostRun>,
@@ -218,7 +287,11 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
     for rep in 1..=reps {
         for row in &rows {
             pb.set_message(format!("rep {rep}/{reps} {}", row.label));
-            let run = match run_one(ctx, row, rep, &taskset) {
+            let measured = match row.kind {
+                Kind::Pps(backend) => run_one(ctx, row, backend, rep, &taskset),
+                Kind::Tcp(path) => run_tcp(ctx, row, path, rep, &taskset),
+            };
+            let run = match measured {
                 Ok(run) => run,
                 Err(e) if ctx.interrupted() => {
                     pb.finish_and_clear();
@@ -247,6 +320,10 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
         rows: summarize(&runs, &rows),
         ratio_turbotun_dpdk_pps_per_cpu_second: None,
         goal_ratio: GOAL_PPS_PER_CPU,
+        ratio_tso_no_offload_gbps: None,
+        goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
+        ratio_tso_ceiling_gbps: None,
+        goal_tso_ceiling: GOAL_TSO_CEILING,
         skipped,
         runs,
     }
@@ -312,34 +389,56 @@ fn cpu_seconds(pid: u32, clk_tck: f64) -> Result<(f64, f64)> {
     Ok((user as f64 / clk_tck, sys as f64 / clk_tck))
 }
 
-/// One run: namespace, backend, front end, the window, the drain, the counters.
-fn run_one(ctx: &mut Ctx, row: &RowSpec, rep: u32, taskset: &Path) -> Result<VhostRun> {
-    ctx.run_counter += 1;
-    let base = format!("{}r{}", ctx.prefix, ctx.run_counter);
-    let ns = Netns::new(format!("{base}v"))?;
-    // Only the guest's frames cross the TAP: no router solicitations or DAD from the kernel.
-    ns.set_sysctls(&[("net.ipv6.conf.all.disable_ipv6", "1"), ("net.ipv6.conf.default.disable_ipv6", "1")])?;
-    let tap = format!("{base}v");
-    let socket = ctx.log_dir.join(format!("{base}.sock"));
-    let _socket = RemoveOnDrop(socket.clone());
-    let socket_str = socket.to_str().ok_or_else(|| anyhow!("{} is not UTF-8", socket.display()))?.to_string();
+/// A run's namespace (IPv6 off: only the guest's frames cross the TAP, no router solicitations or DAD), the
+/// names of its TAP and socket, and the socket removed with it.
+struct RunPlace {
+    ns: Netns,
+    base: String,
+    tap: String,
+    socket: PathBuf,
+    socket_str: String,
+    _socket: RemoveOnDrop,
+}
 
-    let backend = match row.backend {
+impl RunPlace {
+    fn new(ctx: &mut Ctx) -> Result<RunPlace> {
+        ctx.run_counter += 1;
+        let base = format!("{}r{}", ctx.prefix, ctx.run_counter);
+        let ns = Netns::new(format!("{base}v"))?;
+        ns.set_sysctls(&[("net.ipv6.conf.all.disable_ipv6", "1"), ("net.ipv6.conf.default.disable_ipv6", "1")])?;
+        let socket = ctx.log_dir.join(format!("{base}.sock"));
+        let socket_str = socket.to_str().ok_or_else(|| anyhow!("{} is not UTF-8", socket.display()))?.to_string();
+        Ok(RunPlace { ns, tap: format!("{base}v"), base, _socket: RemoveOnDrop(socket.clone()), socket, socket_str })
+    }
+
+    /// `turbotun vhost-user` on the socket and the TAP, pinned to [`BACKEND_CPU`], once it printed `ready`.
+    fn start_turbotun(&self, ctx: &Ctx, taskset: &Path) -> Result<Forwarder> {
+        let argv: Vec<String> = vec![
+            "-c".into(),
+            BACKEND_CPU.to_string(),
+            ctx.exe.display().to_string(),
+            "vhost-user".into(),
+            "--json".into(),
+            "--socket".into(),
+            self.socket_str.clone(),
+            "--tap".into(),
+            self.tap.clone(),
+        ];
+        let log = ctx.log_dir.join(format!("{}-turbotun-vhost-user.stderr", self.base));
+        Forwarder::spawn("turbotun vhost-user", taskset, &argv, &self.ns, log, &ctx.stop)
+    }
+}
+
+/// One run of a packet row: namespace, backend, front end, the window, the drain, the counters.
+fn run_one(ctx: &mut Ctx, row: &RowSpec, backend: Backend, rep: u32, taskset: &Path) -> Result<VhostRun> {
+    let place = RunPlace::new(ctx)?;
+    let RunPlace { ns, base, tap, socket_str, .. } = &place;
+    let (base, tap, socket_str) = (base.as_str(), tap.as_str(), socket_str.as_str());
+
+    let backend = match backend {
         Backend::Turbotun => {
-            let argv: Vec<String> = vec![
-                "-c".into(),
-                BACKEND_CPU.to_string(),
-                ctx.exe.display().to_string(),
-                "vhost-user".into(),
-                "--json".into(),
-                "--socket".into(),
-                socket_str.clone(),
-                "--tap".into(),
-                tap.clone(),
-            ];
-            let log = ctx.log_dir.join(format!("{base}-turbotun-vhost-user.stderr"));
-            let fwd = Forwarder::spawn("turbotun vhost-user", taskset, &argv, &ns, log, &ctx.stop)?;
-            ns.netlink()?.set_up(&tap, true).with_context(|| format!("set {tap} up"))?;
+            let fwd = place.start_turbotun(ctx, taskset)?;
+            ns.netlink()?.set_up(tap, true).with_context(|| format!("set {tap} up"))?;
             Running::Turbotun(fwd)
         }
         Backend::Dpdk => {
@@ -392,13 +491,13 @@ fn run_one(ctx: &mut Ctx, row: &RowSpec, rep: u32, taskset: &Path) -> Result<Vho
     front.run("start")?;
     sleep_checked(WARMUP, &ctx.stop)?;
 
-    let (tap0, cpu0, t0) = (tap_stats(&ns, &tap)?, cpu_seconds(pid, ctx.clk_tck)?, Instant::now());
+    let (tap0, cpu0, t0) = (tap_stats(ns, tap)?, cpu_seconds(pid, ctx.clk_tck)?, Instant::now());
     sleep_checked(Duration::from_secs(ctx.duration), &ctx.stop)?;
-    let (tap1, cpu1, t1) = (tap_stats(&ns, &tap)?, cpu_seconds(pid, ctx.clk_tck)?, Instant::now());
+    let (tap1, cpu1, t1) = (tap_stats(ns, tap)?, cpu_seconds(pid, ctx.clk_tck)?, Instant::now());
 
     front.run("stop")?;
     let sent = front.port_stats()?.first().map(|p| p.tx_packets).ok_or_else(|| anyhow!("the front end has no port"))?;
-    let drained = drain(&ns, &tap, &ctx.stop)?;
+    let drained = drain(ns, tap, &ctx.stop)?;
     front.quit()?;
     let (backend_drops, backend_counters) = backend.finish()?;
 
@@ -429,6 +528,148 @@ fn run_one(ctx: &mut Ctx, row: &RowSpec, rep: u32, taskset: &Path) -> Result<Vho
         tap_rx_dropped: drained.rx_dropped,
         backend_drops,
         backend_counters,
+        ..Default::default()
+    })
+}
+
+/// Features of the `tso` row's guest: what a Linux guest takes for TCP over IPv4 (checksums and TSO both ways,
+/// mergeable receive buffers, the event index).
+fn tso_features() -> u64 {
+    use turbotun::wire::virtio_net::features as f;
+    [VERSION_1, EVENT_IDX, f::CSUM, f::GUEST_CSUM, f::HOST_TSO4, f::GUEST_TSO4, f::MRG_RXBUF]
+        .iter()
+        .fold(0, |w, &n| w | 1u64 << n)
+}
+
+/// Features of the `no-offload` row's guest: no checksum or segmentation offload at all.
+fn plain_features() -> u64 {
+    use turbotun::wire::virtio_net::features as f;
+    [VERSION_1, EVENT_IDX, f::MRG_RXBUF].iter().fold(0, |w, &n| w | 1u64 << n)
+}
+
+const VERSION_1: u32 = 32;
+const EVENT_IDX: u32 = 29;
+
+/// Sets a flag when dropped: the run's threads stop however the run ends.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One run of a TCP row: namespace, TAP at 10.203.0.1/24 with the guest's address known to it, the socket, the
+/// backend (or none), the guest's sender; the socket's bytes over the window.
+fn run_tcp(ctx: &mut Ctx, row: &RowSpec, path: TcpPath, rep: u32, taskset: &Path) -> Result<VhostRun> {
+    let place = RunPlace::new(ctx)?;
+    let (ns, tap) = (&place.ns, place.tap.as_str());
+    let configure = || -> Result<()> {
+        let mut nl = ns.netlink()?;
+        nl.add_address(tap, vguest::TAP_IP.into(), 24).with_context(|| format!("address on {tap}"))?;
+        nl.set_up(tap, true).with_context(|| format!("set {tap} up"))?;
+        // The guest answers no ARP: the kernel knows its address already.
+        nl.add_neighbour(tap, vguest::GUEST_IP.into(), vguest::GUEST_MAC)
+            .with_context(|| format!("neighbour on {tap}"))?;
+        Ok(())
+    };
+    let (backend, link): (Option<Running>, Box<dyn vguest::Link + Send>) = match path {
+        TcpPath::Tso | TcpPath::NoOffload => {
+            let fwd = place.start_turbotun(ctx, taskset)?;
+            configure()?;
+            let features = if path == TcpPath::Tso { tso_features() } else { plain_features() };
+            let layout = Layout { rx_size: 256, tx_size: 256 };
+            let mut guest = Guest::connect_with(&place.socket, features, layout).context("the guest's front end")?;
+            guest.post_rx(0, layout.rx_size).context("the guest's receive buffers")?;
+            (Some(Running::Turbotun(fwd)), Box::new(vguest::VirtioLink(guest)))
+        }
+        TcpPath::Ceiling => {
+            let device = ns
+                .run(|| DeviceBuilder::tap().name(tap).vnet_hdr(VNET_HDR_LEN).open())?
+                .with_context(|| format!("open {tap}"))?;
+            configure()?;
+            (None, Box::new(vguest::TapLink::new(device.into_queues().remove(0))?))
+        }
+    };
+    let pid = backend.as_ref().map(Running::pid);
+    let mac = ns.netlink()?.link(tap)?.mac.ok_or_else(|| anyhow!("{tap} has no MAC address"))?;
+    let listener = ns.run(|| std::net::TcpListener::bind((vguest::TAP_IP, vguest::PORT)))?.context("the socket")?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(Arc::clone(&stop));
+    let (received, sent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let receiver = {
+        let (stop, received) = (Arc::clone(&stop), Arc::clone(&received));
+        std::thread::spawn(move || vguest::receive(listener, stop, received))
+    };
+    let sender = {
+        let (stop, sent) = (Arc::clone(&stop), Arc::clone(&sent));
+        let tso = path != TcpPath::NoOffload;
+        let mut link = link;
+        // The link comes back with the report: the ceiling's TAP lives as long as its fd, which the counters
+        // read after the sender stopped still need.
+        std::thread::spawn(move || {
+            let report = vguest::send_tcp(&mut *link, mac, tso, &stop, &sent);
+            (link, report)
+        })
+    };
+    // The connection is up once the socket has read something; the sender's error if it gave up first.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while received.load(Ordering::Relaxed) == 0 {
+        if sender.is_finished() || Instant::now() >= deadline {
+            stop.store(true, Ordering::Relaxed);
+            let why = match sender.join() {
+                Ok((_, Err(e))) => format!("{e:#}"),
+                _ => "no byte reached the socket within 20 s".into(),
+            };
+            bail!("{why}");
+        }
+        sleep_checked(Duration::from_millis(10), &ctx.stop)?;
+    }
+    sleep_checked(WARMUP, &ctx.stop)?;
+    let cpu = |pid: Option<u32>| pid.map(|p| cpu_seconds(p, ctx.clk_tck)).transpose();
+    let (bytes0, tap0, cpu0, t0) = (received.load(Ordering::Relaxed), tap_stats(ns, tap)?, cpu(pid)?, Instant::now());
+    sleep_checked(Duration::from_secs(ctx.duration), &ctx.stop)?;
+    let (bytes1, tap1, cpu1, t1) = (received.load(Ordering::Relaxed), tap_stats(ns, tap)?, cpu(pid)?, Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    let (link, report) = sender.join().map_err(|_| anyhow!("the guest's sender panicked"))?;
+    let report = report?;
+    receiver.join().map_err(|_| anyhow!("the socket's reader panicked"))??;
+    let drained = drain(ns, tap, &ctx.stop)?;
+    drop(link);
+    let (backend_drops, backend_counters) = match backend {
+        Some(b) => b.finish()?,
+        None => (None, None),
+    };
+
+    let window_seconds = (t1 - t0).as_secs_f64();
+    let socket_bytes = bytes1 - bytes0;
+    let tap_rx_packets = tap1.rx_packets.saturating_sub(tap0.rx_packets);
+    let (user, sys) = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => (b.0 - a.0, b.1 - a.1),
+        _ => (0.0, 0.0),
+    };
+    Ok(VhostRun {
+        row: row.label.into(),
+        rep,
+        error: None,
+        window_seconds,
+        tap_rx_packets,
+        mpps: Some(tap_rx_packets as f64 / window_seconds / 1e6),
+        backend_pid: pid.unwrap_or(0),
+        backend_user_seconds: user,
+        backend_sys_seconds: sys,
+        backend_cpu_per_second: pid.map(|_| (user + sys) / window_seconds),
+        pps_per_cpu_second: None,
+        frontend_tx_packets: report.frames,
+        tap_rx_packets_total: drained.rx_packets,
+        lost: report.frames.saturating_sub(drained.rx_packets),
+        tap_rx_dropped: drained.rx_dropped,
+        backend_drops,
+        backend_counters,
+        socket_bytes: Some(socket_bytes),
+        gbps: Some(socket_bytes as f64 * 8.0 / window_seconds / 1e9),
+        sender: Some(report),
     })
 }
 
@@ -467,6 +708,7 @@ fn summarize(runs: &[VhostRun], rows: &[&RowSpec]) -> Vec<VhostRow> {
                 backend_drops: of(|r| r.backend_drops.map(|d| d as f64)),
                 tap_rx_dropped: of(|r| Some(r.tap_rx_dropped as f64)),
                 ratio_dpdk_pps_per_cpu_second: None,
+                gbps: of(|r| r.gbps),
             }
         })
         .collect()
@@ -484,6 +726,13 @@ impl VhostReport {
         }
         self.ratio_turbotun_dpdk_pps_per_cpu_second =
             self.rows.iter().find(|r| r.row == "turbotun").and_then(|r| r.ratio_dpdk_pps_per_cpu_second);
+        let gbps = |label: &str| self.rows.iter().find(|r| r.row == label).and_then(|r| r.gbps).map(|s| s.median);
+        let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        self.ratio_tso_no_offload_gbps = over(gbps("tso"), gbps("no-offload"));
+        self.ratio_tso_ceiling_gbps = over(gbps("tso"), gbps("ceiling"));
         self
     }
 }
@@ -496,44 +745,94 @@ pub fn markdown(report: &VhostReport) -> String {
         report.header.build, report.duration_s, report.reps, report.header.kernel, report.header.cpus
     );
     let _ = writeln!(o, "Front end: {}. Topology: {}.\n", report.front_end, report.topology);
-    let _ = writeln!(
-        o,
-        "| backend | Mpps to TAP | backend CPU-s/s | pps per backend CPU-s | ×dpdk | lost % | backend drops | TAP rx \
-         dropped |"
-    );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
-    for r in &report.rows {
-        let failed = if r.failed > 0 { format!(" ({} of {} failed)", r.failed, r.runs) } else { String::new() };
+    let is_tcp = |label: &str| ROWS.iter().any(|r| r.label == label && matches!(r.kind, Kind::Tcp(_)));
+    let count = |s: Option<Spread>| s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into());
+    let failed =
+        |r: &VhostRow| if r.failed > 0 { format!(" ({} of {} failed)", r.failed, r.runs) } else { String::new() };
+    if report.rows.iter().any(|r| !is_tcp(&r.row)) {
+        let _ = writeln!(o, "### 64-byte frames, front end → backend → TAP\n");
         let _ = writeln!(
             o,
-            "| {}{failed} | {} | {} | {} | {} | {} | {} | {} |",
-            r.row,
-            cell(r.mpps),
-            cell(r.backend_cpu_per_second),
-            r.pps_per_cpu_second.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into()),
-            ratio(r.ratio_dpdk_pps_per_cpu_second),
-            med(r.lost_percent),
-            r.backend_drops.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into()),
-            r.tap_rx_dropped.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into()),
+            "| backend | Mpps to TAP | backend CPU-s/s | pps per backend CPU-s | ×dpdk | lost % | backend drops | TAP \
+             rx dropped |"
         );
-    }
-    if let Some(x) = report.ratio_turbotun_dpdk_pps_per_cpu_second {
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+        for r in report.rows.iter().filter(|r| !is_tcp(&r.row)) {
+            let _ = writeln!(
+                o,
+                "| {}{} | {} | {} | {} | {} | {} | {} | {} |",
+                r.row,
+                failed(r),
+                cell(r.mpps),
+                cell(r.backend_cpu_per_second),
+                count(r.pps_per_cpu_second),
+                ratio(r.ratio_dpdk_pps_per_cpu_second),
+                med(r.lost_percent),
+                count(r.backend_drops),
+                count(r.tap_rx_dropped),
+            );
+        }
+        if let Some(x) = report.ratio_turbotun_dpdk_pps_per_cpu_second {
+            let _ = writeln!(
+                o,
+                "\nturbotun/dpdk, pps per backend CPU-second: {x:.2}× (goal ≥ {:.1}×: {}).",
+                report.goal_ratio,
+                if x >= report.goal_ratio { "met" } else { "not met" }
+            );
+        }
         let _ = writeln!(
             o,
-            "\nturbotun/dpdk, pps per backend CPU-second: {x:.2}× (goal ≥ {:.1}×: {}).",
-            report.goal_ratio,
-            if x >= report.goal_ratio { "met" } else { "not met" }
+            "\nMedians (min–max) over interleaved repetitions. Mpps to TAP = the TAP's rx_packets over the window. \
+             Backend CPU-s/s = the backend process's utime+stime over the window per second (a polling backend \
+             costs a core whatever it moves). pps per backend CPU-s = the two divided, per run. lost % = frames the \
+             front end put in its ring (its port's TX-packets) that never reached the TAP, over the whole run. \
+             backend drops = turbotun's drops counter; DPDK's forwarding drops and port errors. TAP rx dropped = \
+             frames the kernel had no room for."
         );
     }
-    let _ = writeln!(
-        o,
-        "\nMedians (min–max) over interleaved repetitions. Mpps to TAP = the TAP's rx_packets over the window. \
-         Backend CPU-s/s = the backend process's utime+stime over the window per second (a polling backend costs \
-         a core whatever it moves). pps per backend CPU-s = the two divided, per run. lost % = frames the front end \
-         put in its ring (its port's TX-packets) that never reached the TAP, over the whole run. backend drops = \
-         turbotun's drops counter; DPDK's forwarding drops and port errors. TAP rx dropped = frames the kernel had \
-         no room for."
-    );
+    if report.rows.iter().any(|r| is_tcp(&r.row)) {
+        let _ = writeln!(o, "\n### TCP from the guest to a socket in the TAP's namespace\n");
+        let _ = writeln!(
+            o,
+            "| row | Gbps at the socket | backend CPU-s/s | frames into TAP /s | go-backs | lost | backend drops |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+        for r in report.rows.iter().filter(|r| is_tcp(&r.row)) {
+            let runs: Vec<&VhostRun> = report.runs.iter().filter(|x| x.row == r.row && x.error.is_none()).collect();
+            let go_backs = Spread::of(runs.iter().filter_map(|x| Some(x.sender?.go_backs as f64)));
+            let lost = Spread::of(runs.iter().map(|x| x.lost as f64));
+            let _ = writeln!(
+                o,
+                "| {}{} | {} | {} | {} | {} | {} | {} |",
+                r.row,
+                failed(r),
+                cell(r.gbps),
+                r.backend_cpu_per_second.map(|s| cell(Some(s))).unwrap_or_else(|| "no backend".into()),
+                r.mpps.map(|s| fmt_count(s.median * 1e6)).unwrap_or_else(|| "–".into()),
+                count(go_backs),
+                count(lost),
+                count(r.backend_drops),
+            );
+        }
+        let goal = |x: Option<f64>, goal: f64| match x {
+            Some(x) => format!("{x:.2}× (goal ≥ {goal}×: {})", if x >= goal { "met" } else { "not met" }),
+            None => "–".into(),
+        };
+        let _ = writeln!(
+            o,
+            "\ntso/no-offload Gbps: {}; tso/ceiling Gbps: {}.",
+            goal(report.ratio_tso_no_offload_gbps, report.goal_tso_no_offload),
+            goal(report.ratio_tso_ceiling_gbps, report.goal_tso_ceiling)
+        );
+        let _ = writeln!(
+            o,
+            "\nGbps at the socket = bytes the socket read over the window. Backend CPU-s/s = `turbotun vhost-user`'s \
+             utime+stime per second (the ceiling has no backend). frames into TAP /s = the TAP's rx_packets per \
+             second (a super-packet is one). go-backs = times the guest's sender went back to its first \
+             unacknowledged byte after 200 ms without an acknowledgement. lost = frames the guest sent that never \
+             reached the TAP."
+        );
+    }
     if !report.skipped.is_empty() {
         let _ = writeln!(o, "\nSkipped:");
         for u in &report.skipped {
@@ -567,6 +866,14 @@ mod tests {
             run("turbotun", 1.2, 0.5),
             run("dpdk", 2.0, 1.0),
             VhostRun { row: "turbotun".into(), error: Some("broken".into()), ..Default::default() },
+            VhostRun { row: "tso".into(), gbps: Some(10.0), backend_cpu_per_second: Some(0.5), ..Default::default() },
+            VhostRun {
+                row: "no-offload".into(),
+                gbps: Some(2.0),
+                backend_cpu_per_second: Some(1.0),
+                ..Default::default()
+            },
+            VhostRun { row: "ceiling".into(), gbps: Some(20.0), ..Default::default() },
         ];
         let rows: Vec<&RowSpec> = ROWS.iter().collect();
         let report = VhostReport {
@@ -578,6 +885,10 @@ mod tests {
             rows: summarize(&runs, &rows),
             ratio_turbotun_dpdk_pps_per_cpu_second: None,
             goal_ratio: GOAL_PPS_PER_CPU,
+            ratio_tso_no_offload_gbps: None,
+            goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
+            ratio_tso_ceiling_gbps: None,
+            goal_tso_ceiling: GOAL_TSO_CEILING,
             skipped: vec![],
             runs,
         }
@@ -590,6 +901,12 @@ mod tests {
         let md = markdown(&report);
         assert!(md.contains("| turbotun (1 of 3 failed) | 1.10 (1.00–1.20) |"), "{md}");
         assert!(md.contains("1.10× (goal ≥ 1.5×: not met)"), "{md}");
+        assert_eq!((report.ratio_tso_no_offload_gbps, report.ratio_tso_ceiling_gbps), (Some(5.0), Some(0.5)));
+        assert!(md.contains("| ceiling | 20.0 | no backend |"), "{md}");
+        assert!(
+            md.contains("tso/no-offload Gbps: 5.00× (goal ≥ 5×: met); tso/ceiling Gbps: 0.50× (goal ≥ 0.8×: not met)"),
+            "{md}"
+        );
         super::super::report::assert_rows_match_headers(&md);
     }
 }

@@ -39,6 +39,8 @@ const TX_AREA: u64 = 0x10_0000;
 /// The receive buffers start at 4 MiB at least (where the tests have always had them).
 const MIN_RX_AREA: u64 = 0x40_0000;
 const MIB: u64 = 1 << 20;
+/// `VIRTIO_RING_F_EVENT_IDX`.
+const EVENT_IDX: u32 = 29;
 /// Each ring's descriptor table, available ring and used ring fit one 4 KiB page each up to this size.
 const MAX_RING: u16 = 256;
 
@@ -185,6 +187,9 @@ pub struct Guest {
     calls: [EventFd; 2],
     /// Transmit slots not in flight.
     free_tx: Vec<u16>,
+    /// `VIRTIO_RING_F_EVENT_IDX` acknowledged: the guest kicks only when the backend asked to hear of the index
+    /// it moves past (`avail_event`), as a Linux guest does.
+    event_idx: bool,
     _memfd: File,
 }
 
@@ -236,6 +241,7 @@ impl Guest {
             tx_kick: EventFd::new(0)?,
             calls: [EventFd::new(EFD_NONBLOCK)?, EventFd::new(EFD_NONBLOCK)?],
             free_tx: (0..layout.tx_slots()).rev().collect(),
+            event_idx: features & (1 << EVENT_IDX) != 0,
             _memfd: memfd,
         };
         guest.start_queues(host)?;
@@ -397,8 +403,9 @@ impl Guest {
         let (head, tail) = (2 * slot, 2 * slot + 1);
         self.write_desc(self.tx, head, addr, HDR_LEN as u32, DESC_F_NEXT, tail)?;
         self.write_desc(self.tx, tail, addr + HDR_LEN as u64, frame.len() as u32, 0, 0)?;
+        let old = self.tx.next_avail;
         Self::publish(&self.mem, &mut self.tx, head)?;
-        self.tx_kick.write(1)?;
+        self.kick(self.tx, old, &self.tx_kick)?;
         Ok(true)
     }
 
@@ -428,10 +435,26 @@ impl Guest {
 
     /// Offers `count` receive buffers of [`RX_BUF`] bytes, one descriptor each (descriptor i at its own address).
     pub fn post_rx(&mut self, first: u16, count: u16) -> Result<()> {
+        let old = self.rx.next_avail;
         for i in first..first + count {
             self.post_rx_buffer(i % self.rx.size)?;
         }
-        self.rx_kick.write(1)?;
+        self.kick(self.rx, old, &self.rx_kick)
+    }
+
+    /// Kicks `ring` after its available index moved on from `old`: always, or with the event index only when
+    /// the backend's `avail_event` lies in between (`vring_need_event`).
+    fn kick(&self, ring: Ring, old: u16, kick: &EventFd) -> Result<()> {
+        if self.event_idx {
+            fence(Ordering::SeqCst);
+            let at = ring.used + 4 + 8 * u64::from(ring.size);
+            let event = self.mem.read_obj::<u16>(GuestAddress(at)).map(u16::from_le).map_err(memory_error)?;
+            let new = ring.next_avail;
+            if new.wrapping_sub(event).wrapping_sub(1) >= new.wrapping_sub(old) {
+                return Ok(());
+            }
+        }
+        kick.write(1)?;
         Ok(())
     }
 
@@ -457,6 +480,7 @@ impl Guest {
             return Err(FrontendError::Device("set num_buffers to 0".into()));
         }
         let mut ids = vec![first.0 as u16];
+        let old = self.rx.next_avail;
         let more =
             Self::wait_used(&self.mem, &mut self.rx, num_buffers - 1, Duration::from_secs(10), "receive (more)")?;
         for used in more {
@@ -466,7 +490,7 @@ impl Guest {
         for id in ids {
             self.post_rx_buffer(id % self.rx.size)?;
         }
-        self.rx_kick.write(1)?;
+        self.kick(self.rx, old, &self.rx_kick)?;
         let mut hdr = [0u8; HDR_LEN];
         hdr.copy_from_slice(&bytes[..HDR_LEN]);
         Ok(Some(Received { hdr, frame: bytes.split_off(HDR_LEN), num_buffers }))
