@@ -118,64 +118,73 @@ fn after(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
 }
 
-/// One Ethernet + IPv4 + TCP frame from the guest to the socket; `options` after the 20-byte TCP header. With
-/// `tso`, the virtio header of a TCPv4 super-packet (partial checksum, the kernel segments at [`MSS`]); else a
-/// zero header and every checksum complete.
-fn segment(
+/// The guest's side of the frames: the TAP's MAC (the destination) and the next IPv4 identification.
+struct Framer {
     tap_mac: [u8; 6],
     ip_id: u16,
-    seq: u32,
-    ack: u32,
-    flags_: u8,
-    window: u16,
-    options: &[u8],
-    payload: &[u8],
-    tso: bool,
-) -> ([u8; HDR_LEN], Vec<u8>) {
-    let tcp_len = 20 + options.len() + payload.len();
-    let mut f = Vec::with_capacity(ETH + 20 + tcp_len);
-    f.extend_from_slice(&tap_mac);
-    f.extend_from_slice(&GUEST_MAC);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
-    ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-    ip[6] = 0x40;
-    ip[8] = 64;
-    ip[9] = 6;
-    ip[12..16].copy_from_slice(&GUEST_IP.octets());
-    ip[16..20].copy_from_slice(&TAP_IP.octets());
-    let check = checksum::checksum(&ip, 0);
-    ip[10..12].copy_from_slice(&check.to_be_bytes());
-    f.extend_from_slice(&ip);
-    let mut th = [0u8; 20];
-    th[0..2].copy_from_slice(&GUEST_PORT.to_be_bytes());
-    th[2..4].copy_from_slice(&PORT.to_be_bytes());
-    th[4..8].copy_from_slice(&seq.to_be_bytes());
-    th[8..12].copy_from_slice(&ack.to_be_bytes());
-    th[12] = (((20 + options.len()) / 4) as u8) << 4;
-    th[13] = flags_;
-    th[14..16].copy_from_slice(&window.to_be_bytes());
-    f.extend_from_slice(&th);
-    f.extend_from_slice(options);
-    f.extend_from_slice(payload);
-    let pseudo = checksum::pseudo_header_v4(GUEST_IP.octets(), TAP_IP.octets(), 6, tcp_len as u32);
-    let at = ETH + 20 + 16;
-    if tso && payload.len() > MSS {
-        f[at..at + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
-        let mut h = [0u8; HDR_LEN];
-        h[0] = flags::NEEDS_CSUM;
-        h[1] = gso::TCPV4;
-        h[2..4].copy_from_slice(&(HEADERS as u16).to_le_bytes());
-        h[4..6].copy_from_slice(&(MSS as u16).to_le_bytes());
-        h[6..8].copy_from_slice(&((ETH + 20) as u16).to_le_bytes());
-        h[8..10].copy_from_slice(&16u16.to_le_bytes());
-        (h, f)
-    } else {
-        let check = checksum::checksum(&f[ETH + 20..], pseudo);
-        f[at..at + 2].copy_from_slice(&check.to_be_bytes());
-        ([0u8; HDR_LEN], f)
+}
+
+/// The window the guest advertises: it never receives data.
+const WINDOW: u16 = 65535;
+
+impl Framer {
+    /// One Ethernet + IPv4 + TCP frame from the guest to the socket; `options` after the 20-byte TCP header.
+    /// With `tso` and more than an MSS of payload, the virtio header of a TCPv4 super-packet (partial checksum,
+    /// the kernel segments at [`MSS`]); else a zero header and every checksum complete.
+    fn frame(
+        &mut self,
+        (seq, ack, flags_): (u32, u32, u8),
+        options: &[u8],
+        payload: &[u8],
+        tso: bool,
+    ) -> ([u8; HDR_LEN], Vec<u8>) {
+        let (tap_mac, ip_id, window) = (self.tap_mac, self.ip_id, WINDOW);
+        self.ip_id = self.ip_id.wrapping_add(1);
+        let tcp_len = 20 + options.len() + payload.len();
+        let mut f = Vec::with_capacity(ETH + 20 + tcp_len);
+        f.extend_from_slice(&tap_mac);
+        f.extend_from_slice(&GUEST_MAC);
+        f.extend_from_slice(&[0x08, 0x00]);
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
+        ip[6] = 0x40;
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[12..16].copy_from_slice(&GUEST_IP.octets());
+        ip[16..20].copy_from_slice(&TAP_IP.octets());
+        let check = checksum::checksum(&ip, 0);
+        ip[10..12].copy_from_slice(&check.to_be_bytes());
+        f.extend_from_slice(&ip);
+        let mut th = [0u8; 20];
+        th[0..2].copy_from_slice(&GUEST_PORT.to_be_bytes());
+        th[2..4].copy_from_slice(&PORT.to_be_bytes());
+        th[4..8].copy_from_slice(&seq.to_be_bytes());
+        th[8..12].copy_from_slice(&ack.to_be_bytes());
+        th[12] = (((20 + options.len()) / 4) as u8) << 4;
+        th[13] = flags_;
+        th[14..16].copy_from_slice(&window.to_be_bytes());
+        f.extend_from_slice(&th);
+        f.extend_from_slice(options);
+        f.extend_from_slice(payload);
+        let pseudo = checksum::pseudo_header_v4(GUEST_IP.octets(), TAP_IP.octets(), 6, tcp_len as u32);
+        let at = ETH + 20 + 16;
+        if tso && payload.len() > MSS {
+            f[at..at + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+            let mut h = [0u8; HDR_LEN];
+            h[0] = flags::NEEDS_CSUM;
+            h[1] = gso::TCPV4;
+            h[2..4].copy_from_slice(&(HEADERS as u16).to_le_bytes());
+            h[4..6].copy_from_slice(&(MSS as u16).to_le_bytes());
+            h[6..8].copy_from_slice(&((ETH + 20) as u16).to_le_bytes());
+            h[8..10].copy_from_slice(&16u16.to_le_bytes());
+            (h, f)
+        } else {
+            let check = checksum::checksum(&f[ETH + 20..], pseudo);
+            f[at..at + 2].copy_from_slice(&check.to_be_bytes());
+            ([0u8; HDR_LEN], f)
+        }
     }
 }
 
@@ -229,7 +238,7 @@ pub fn send_tcp(
 ) -> Result<SenderReport> {
     let payload = vec![0x5au8; if tso { TSO_PAYLOAD } else { MSS }];
     let iss: u32 = 0x1000_0000;
-    let mut ip_id: u16 = 1;
+    let mut framer = Framer { tap_mac, ip_id: 1 };
     // MSS 1460, NOP, window scale 7.
     let syn_options = [2, 4, (MSS >> 8) as u8, MSS as u8, 1, 3, 3, 7];
     let deadline = Instant::now() + HANDSHAKE;
@@ -240,8 +249,7 @@ pub fn send_tcp(
             bail!("no SYN-ACK from the socket within {} s", HANDSHAKE.as_secs());
         }
         if last_syn.map_or(true, |t| t.elapsed() >= Duration::from_secs(1)) {
-            let (h, f) = segment(tap_mac, ip_id, iss, 0, SYN, 65535, &syn_options, &[], false);
-            ip_id = ip_id.wrapping_add(1);
+            let (h, f) = framer.frame((iss, 0, SYN), &syn_options, &[], false);
             if link.try_send(&h, &f)? {
                 last_syn = Some(Instant::now());
                 report.frames += 1;
@@ -258,9 +266,7 @@ pub fn send_tcp(
     // The window of the SYN-ACK is never scaled; later ones are.
     let rcv_nxt = server_seq.wrapping_add(1);
     let (mut snd_una, mut snd_nxt) = (iss.wrapping_add(1), iss.wrapping_add(1));
-    let our_window = 65535u16;
-    let (h, f) = segment(tap_mac, ip_id, snd_nxt, rcv_nxt, ACK, our_window, &[], &[], false);
-    ip_id = ip_id.wrapping_add(1);
+    let (h, f) = framer.frame((snd_nxt, rcv_nxt, ACK), &[], &[], false);
     while !link.try_send(&h, &f)? {
         std::thread::yield_now();
     }
@@ -288,12 +294,11 @@ pub fn send_tcp(
             if in_flight + payload.len() as u64 > window {
                 break;
             }
-            let (h, f) = segment(tap_mac, ip_id, snd_nxt, rcv_nxt, ACK | PSH, our_window, &[], &payload, tso);
+            let (h, f) = framer.frame((snd_nxt, rcv_nxt, ACK | PSH), &[], &payload, tso);
             if !link.try_send(&h, &f)? {
                 break;
             }
             idle = false;
-            ip_id = ip_id.wrapping_add(1);
             snd_nxt = snd_nxt.wrapping_add(payload.len() as u32);
             report.frames += 1;
             report.payload_bytes += payload.len() as u64;
@@ -351,12 +356,13 @@ mod tests {
 
     #[test]
     fn segments_and_replies() {
-        let mac = [2, 0, 0, 0, 0, 1];
-        let (h, f) = segment(mac, 7, 100, 200, ACK | PSH, 1000, &[], &vec![1u8; TSO_PAYLOAD], true);
+        let mut framer = Framer { tap_mac: [2, 0, 0, 0, 0, 1], ip_id: 7 };
+        let (h, f) = framer.frame((100, 200, ACK | PSH), &[], &vec![1u8; TSO_PAYLOAD], true);
         assert_eq!((h[1], u16::from_le_bytes([h[4], h[5]])), (gso::TCPV4, MSS as u16));
         assert_eq!(f.len(), HEADERS + TSO_PAYLOAD);
         assert!(f.len() - ETH <= 65535, "an IPv4 datagram's total length");
-        let (h, f) = segment(mac, 7, 100, 200, ACK, 1000, &[], &[9u8; MSS], false);
+        let (h, f) = framer.frame((100, 200, ACK), &[], &[9u8; MSS], false);
+        assert_eq!(framer.ip_id, 9, "one identification per frame");
         assert_eq!(h, [0u8; HDR_LEN]);
         // Every checksum complete: the IPv4 header and the TCP segment with its pseudo-header sum to zero.
         assert_eq!(checksum::checksum(&f[ETH..ETH + 20], 0), 0);
@@ -372,7 +378,7 @@ mod tests {
         reply[ETH + 32] = 6 << 4;
         reply[ETH + 33] = SYN | ACK;
         reply.extend_from_slice(&[1, 3, 3, 9]);
-        assert_eq!(parse_reply(&reply), Some((100, 200, SYN | ACK, 1000, Some(9))));
+        assert_eq!(parse_reply(&reply), Some((100, 200, SYN | ACK, WINDOW, Some(9))));
         assert_eq!(parse_reply(&reply[..ETH + 30]), None, "cut short");
         reply[ETH + 22] ^= 1;
         assert_eq!(parse_reply(&reply), None, "another port");

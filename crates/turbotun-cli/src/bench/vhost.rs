@@ -453,7 +453,7 @@ fn run_one(ctx: &mut Ctx, row: &RowSpec, backend: Backend, rep: u32, taskset: &P
             let log = ctx.log_dir.join(format!("{base}-dpdk-backend.log"));
             Running::Dpdk(Testpmd::start(
                 "DPDK's backend (testpmd)",
-                &ns,
+                ns,
                 &eal,
                 &app,
                 &format!("{base}be"),
@@ -472,7 +472,7 @@ fn run_one(ctx: &mut Ctx, row: &RowSpec, backend: Backend, rep: u32, taskset: &P
     let log = ctx.log_dir.join(format!("{base}-front-end.log"));
     let mut front = Testpmd::start(
         "the front end (testpmd)",
-        &ns,
+        ns,
         &eal,
         &["--total-num-mbufs=32768"],
         &format!("{base}fe"),
