@@ -27,6 +27,9 @@
 //!
 //! One queue pair is served; a multiqueue TAP is not used yet.
 //!
+//! `vhost_user::frontend` (feature `vhost-user-frontend`) is the other end: a front end that plays the guest
+//! over memfd memory, for tests and benchmarks (`turbotun bench --vhost-user`).
+//!
 //! ```no_run
 //! use turbotun::vhost_user::VhostUserServer;
 //! use turbotun::{DeviceBuilder, StopHandle};
