@@ -198,6 +198,10 @@ pub fn page(path: &str) -> Option<Page> {
             &[
                 ("turbotun bench --quick", "A quick side-by-side run of the forwarders (a few minutes)."),
                 ("turbotun bench --tunnel", "The tunnels: veth, the kernel's VXLAN, turbotun plain and wg, wireguard-go."),
+                (
+                    "turbotun bench --vhost-user --quick",
+                    "turbotun vhost-user against DPDK's vhost backend, and TCP with the guest's TSO (needs dpdk-testpmd).",
+                ),
             ],
             DONE,
             &[],

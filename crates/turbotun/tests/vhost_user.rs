@@ -6,34 +6,22 @@ mod common;
 
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost::vhost_user::{Frontend, VhostUserFrontend};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
+use vhost::vhost_user::{VhostUserFrontend, VhostUserVirtioFeatures};
+use vhost::VhostBackend;
 
+use turbotun::vhost_user::frontend::{Guest, Layout, Received, DESC_F_NEXT, DESC_F_WRITE, HDR_LEN as HDR, RX_BUF};
 use turbotun::vhost_user::{VhostUserCounters, VhostUserServer, VhostUserStats};
 use turbotun::wire::virtio_net::{features as f, flags, gso};
 use turbotun::{DeviceBuilder, Offloads, StopHandle};
 
 use common::{inet_checksum, unique_name};
 
-const MEM_SIZE: usize = 8 << 20;
-const RX_SIZE: u16 = 256;
-/// Small, so that the transmit tests wrap around the ring.
-const TX_SIZE: u16 = 16;
-const RX_BUF: u64 = 2048;
-const RX_AREA: u64 = 0x40_0000;
-const TX_AREA: u64 = 0x10_0000;
-const TX_SLOT: u64 = 0x1_1000;
-const HDR: usize = 12;
-
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
+/// How long the guest waits for the backend at most: far above what a frame takes.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 const TAP_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
@@ -64,216 +52,14 @@ fn linux_guest_features() -> u64 {
     ])
 }
 
-/// One split virtqueue in guest memory, driven from the guest's side.
-struct Ring {
-    desc: u64,
-    avail: u64,
-    used: u64,
-    size: u16,
-    next_avail: u16,
-    last_used: u16,
+/// The transmit ring's size: small, so that the transmit tests wrap around it.
+fn tx_size() -> u16 {
+    Layout::default().tx_size
 }
 
-impl Ring {
-    fn new(base: u64, size: u16) -> Ring {
-        // Descriptor table, available ring and used ring each on their own 4 KiB pages.
-        let pages = (u64::from(size) * 16).div_ceil(4096) * 4096;
-        Ring { desc: base, avail: base + pages, used: base + pages + 4096, size, next_avail: 0, last_used: 0 }
-    }
-}
-
-/// The guest: its memory, its two queues and the front end's connection.
-struct Guest {
-    mem: GuestMemoryMmap,
-    fe: Frontend,
-    rx: Ring,
-    tx: Ring,
-    rx_kick: EventFd,
-    tx_kick: EventFd,
-    calls: [EventFd; 2],
-    _memfd: std::fs::File,
-}
-
-impl Guest {
-    /// Connects, acknowledges `features` (of those offered) and sets both queues up as QEMU does.
-    fn connect(socket: &std::path::Path, features: u64) -> Guest {
-        let memfd: std::fs::File =
-            rustix::fs::memfd_create("guest", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd").into();
-        memfd.set_len(MEM_SIZE as u64).unwrap();
-        let mem = GuestMemoryMmap::<()>::from_ranges_with_files(&[(
-            GuestAddress(0),
-            MEM_SIZE,
-            Some(FileOffset::new(memfd.try_clone().unwrap(), 0)),
-        )])
-        .unwrap();
-        let mut fe = Frontend::connect(socket, 2).expect("connect to the backend");
-        fe.set_owner().unwrap();
-        let offered = fe.get_features().unwrap();
-        assert_eq!(features & !offered, 0, "acknowledging only offered features ({offered:#x})");
-        fe.set_features(features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()).unwrap();
-        let protocol = fe.get_protocol_features().unwrap();
-        let wanted = VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::RESET_DEVICE
-            | VhostUserProtocolFeatures::REPLY_ACK;
-        fe.set_protocol_features(protocol & wanted).unwrap();
-        // Every message waits for the backend's acknowledgement, so that what it did can be checked right after.
-        assert!(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK), "REPLY_ACK offered");
-        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        let host = GuestMemoryBackend::get_host_address(&mem, GuestAddress(0)).unwrap() as u64;
-        let region = GuestMemoryBackend::find_region(&mem, GuestAddress(0)).unwrap();
-        let region = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
-        fe.set_mem_table(&[region]).unwrap();
-        let mut guest = Guest {
-            mem,
-            fe,
-            rx: Ring::new(0, RX_SIZE),
-            tx: Ring::new(0x1_0000, TX_SIZE),
-            rx_kick: EventFd::new(0).unwrap(),
-            tx_kick: EventFd::new(0).unwrap(),
-            calls: [EventFd::new(EFD_NONBLOCK).unwrap(), EventFd::new(EFD_NONBLOCK).unwrap()],
-            _memfd: memfd,
-        };
-        guest.start_queues(host);
-        guest
-    }
-
-    fn start_queues(&mut self, host: u64) {
-        for (index, ring) in [(0, &self.rx), (1, &self.tx)] {
-            // The rings start empty: every index and flag zero.
-            for addr in [ring.avail, ring.used] {
-                self.mem.write_slice(&[0u8; 4096], GuestAddress(addr)).unwrap();
-            }
-            self.fe.set_vring_num(index, ring.size).unwrap();
-            let config = VringConfigData {
-                queue_max_size: ring.size,
-                queue_size: ring.size,
-                flags: 0,
-                desc_table_addr: host + ring.desc,
-                used_ring_addr: host + ring.used,
-                avail_ring_addr: host + ring.avail,
-                log_addr: None,
-            };
-            self.fe.set_vring_addr(index, &config).unwrap();
-            self.fe.set_vring_base(index, 0).unwrap();
-            self.fe.set_vring_call(index, &self.calls[index]).unwrap();
-            let kick = if index == 0 { &self.rx_kick } else { &self.tx_kick };
-            self.fe.set_vring_kick(index, kick).unwrap();
-            self.fe.set_vring_enable(index, true).unwrap();
-        }
-    }
-
-    fn write_desc(&self, ring: &Ring, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let at = ring.desc + 16 * u64::from(index);
-        self.mem.write_obj(addr.to_le(), GuestAddress(at)).unwrap();
-        self.mem.write_obj(len.to_le(), GuestAddress(at + 8)).unwrap();
-        self.mem.write_obj(flags.to_le(), GuestAddress(at + 12)).unwrap();
-        self.mem.write_obj(next.to_le(), GuestAddress(at + 14)).unwrap();
-    }
-
-    /// Makes chain `head` available and moves the ring's index on.
-    fn publish(mem: &GuestMemoryMmap, ring: &mut Ring, head: u16) {
-        let slot = ring.avail + 4 + 2 * u64::from(ring.next_avail % ring.size);
-        mem.write_obj(head.to_le(), GuestAddress(slot)).unwrap();
-        fence(Ordering::SeqCst);
-        ring.next_avail = ring.next_avail.wrapping_add(1);
-        mem.write_obj(ring.next_avail.to_le(), GuestAddress(ring.avail + 2)).unwrap();
-        fence(Ordering::SeqCst);
-    }
-
-    /// Waits (generously) until the device has used `count` more chains; returns them as (head, length).
-    fn wait_used(mem: &GuestMemoryMmap, ring: &mut Ring, count: u16, what: &str) -> Vec<(u32, u32)> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let idx: u16 = u16::from_le(mem.read_obj(GuestAddress(ring.used + 2)).unwrap());
-            if idx.wrapping_sub(ring.last_used) >= count {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{what}: {count} buffers not used within 10 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        fence(Ordering::SeqCst);
-        (0..count)
-            .map(|_| {
-                let at = ring.used + 4 + 8 * u64::from(ring.last_used % ring.size);
-                ring.last_used = ring.last_used.wrapping_add(1);
-                let id: u32 = u32::from_le(mem.read_obj(GuestAddress(at)).unwrap());
-                let len: u32 = u32::from_le(mem.read_obj(GuestAddress(at + 4)).unwrap());
-                (id, len)
-            })
-            .collect()
-    }
-
-    /// Sends one frame behind `hdr` as a chain of two descriptors (header, frame) and waits until it is used.
-    fn send(&mut self, hdr: &[u8; HDR], frame: &[u8]) {
-        let slot = self.tx.next_avail % (TX_SIZE / 2);
-        let addr = TX_AREA + u64::from(slot) * TX_SLOT;
-        self.mem.write_slice(hdr, GuestAddress(addr)).unwrap();
-        self.mem.write_slice(frame, GuestAddress(addr + HDR as u64)).unwrap();
-        let (head, tail) = (2 * slot, 2 * slot + 1);
-        self.write_desc(&self.tx, head, addr, HDR as u32, DESC_F_NEXT, tail);
-        self.write_desc(&self.tx, tail, addr + HDR as u64, frame.len() as u32, 0, 0);
-        self.send_chain(head);
-    }
-
-    /// Makes transmit chain `head` (written already) available, kicks and waits until it is given back.
-    fn send_chain(&mut self, head: u16) {
-        Self::publish(&self.mem, &mut self.tx, head);
-        self.tx_kick.write(1).unwrap();
-        let used = Self::wait_used(&self.mem, &mut self.tx, 1, "transmit");
-        assert_eq!(used[0].0, u32::from(head), "the chain given back is the one sent");
-    }
-
-    /// Offers `count` receive buffers of [`RX_BUF`] bytes, one descriptor each (descriptor i at its own address).
-    fn post_rx(&mut self, first: u16, count: u16) {
-        for i in first..first + count {
-            let id = i % RX_SIZE;
-            self.write_desc(&self.rx, id, RX_AREA + u64::from(id) * RX_BUF, RX_BUF as u32, DESC_F_WRITE, 0);
-            Self::publish(&self.mem, &mut self.rx, id);
-        }
-        self.rx_kick.write(1).unwrap();
-    }
-
-    /// Takes the next frame the device put in the receive buffers: its header and bytes (gathered over
-    /// `num_buffers` buffers) and the number of buffers. Each buffer used is offered again.
-    fn recv(&mut self) -> ([u8; HDR], Vec<u8>, u16) {
-        let first = Self::wait_used(&self.mem, &mut self.rx, 1, "receive")[0];
-        let mut bytes = self.read_rx_buffer(first);
-        assert!(bytes.len() >= HDR, "a used receive buffer holds at least the header: {first:?}");
-        let num_buffers = u16::from_le_bytes([bytes[10], bytes[11]]);
-        assert!(num_buffers >= 1, "num_buffers is set");
-        let mut ids = vec![first.0 as u16];
-        for more in Self::wait_used(&self.mem, &mut self.rx, num_buffers - 1, "receive (more buffers)") {
-            bytes.extend(self.read_rx_buffer(more));
-            ids.push(more.0 as u16);
-        }
-        for id in ids {
-            self.write_desc(&self.rx, id, RX_AREA + u64::from(id) * RX_BUF, RX_BUF as u32, DESC_F_WRITE, 0);
-            Self::publish(&self.mem, &mut self.rx, id);
-        }
-        self.rx_kick.write(1).unwrap();
-        let mut hdr = [0u8; HDR];
-        hdr.copy_from_slice(&bytes[..HDR]);
-        (hdr, bytes.split_off(HDR), num_buffers)
-    }
-
-    fn read_rx_buffer(&self, (id, len): (u32, u32)) -> Vec<u8> {
-        assert!(u64::from(len) <= RX_BUF, "used length {len} within the buffer");
-        let mut out = vec![0u8; len as usize];
-        self.mem.read_slice(&mut out, GuestAddress(RX_AREA + u64::from(id) * RX_BUF)).unwrap();
-        out
-    }
-
-    /// Receives frames until one is accepted by `want` (a TAP also carries the kernel's own traffic).
-    fn recv_matching(&mut self, mut want: impl FnMut(&[u8]) -> bool) -> ([u8; HDR], Vec<u8>, u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let got = self.recv();
-            if want(&got.1) {
-                return got;
-            }
-            assert!(Instant::now() < deadline, "no matching frame within 10 s");
-        }
-    }
+/// Makes transmit chain `head` (written already) available and checks that the backend gave that one back.
+fn send_chain(guest: &mut Guest, head: u16) {
+    assert_eq!(guest.send_chain(head).unwrap(), u32::from(head), "the chain given back is the one sent");
 }
 
 /// A TAP in a private namespace at 10.77.0.1/24, the guest's address known to it, and the backend serving it.
@@ -426,14 +212,14 @@ fn negotiated_features_become_tap_offloads_and_a_reset_renegotiates() {
         }
         let device_offloads = || turbotun::inspect::device_offloads(&s.tap).unwrap();
         assert_eq!(device_offloads(), Offloads::NONE, "nothing before a guest negotiated");
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
         assert_eq!(device_offloads(), Offloads::TCP | Offloads::USO4 | Offloads::USO6);
 
-        guest.fe.reset_device().unwrap();
+        guest.frontend().reset_device().unwrap();
         assert_eq!(device_offloads(), Offloads::NONE, "a reset takes the offloads away");
-        guest.fe.set_features(bits(&[VERSION_1, f::CSUM, f::GUEST_CSUM, f::MRG_RXBUF])).unwrap();
+        guest.frontend().set_features(bits(&[VERSION_1, f::CSUM, f::GUEST_CSUM, f::MRG_RXBUF])).unwrap();
         assert_eq!(device_offloads(), Offloads::CSUM, "a guest without TSO gets no super-packets");
-        guest.fe.set_features(bits(&[VERSION_1, f::GUEST_CSUM, f::GUEST_TSO6, f::GUEST_ECN])).unwrap();
+        guest.frontend().set_features(bits(&[VERSION_1, f::GUEST_CSUM, f::GUEST_TSO6, f::GUEST_ECN])).unwrap();
         assert_eq!(device_offloads(), Offloads::CSUM | Offloads::TSO6 | Offloads::TSO_ECN);
         drop(guest);
         // A front end that goes leaves none behind for the next.
@@ -451,58 +237,59 @@ fn negotiated_features_become_tap_offloads_and_a_reset_renegotiates() {
 fn guest_super_packet_reaches_the_kernel_as_segments() {
     run("guest_super_packet_reaches_the_kernel_as_segments", |s| {
         let socket = udp_socket(7777);
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
         let mac = s.tap_mac();
         let data = payload(5000, 1);
         let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
-        guest.send(&hdr, &frame);
+        guest.send(&hdr, &frame).unwrap();
         let mut buf = [0u8; 2048];
         for (i, want) in data.chunks(1000).enumerate() {
             let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("segment {i}: {e}"));
             assert_eq!(&buf[..n], want, "segment {i}");
         }
-        for i in 0..3 * u32::from(TX_SIZE) {
+        for i in 0..3 * u32::from(tx_size()) {
             let data = payload(100 + i as usize, i as u8);
             let (hdr, frame) = udp_frame(mac, 7777, &data, None);
-            guest.send(&hdr, &frame);
+            guest.send(&hdr, &frame).unwrap();
             let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
             assert_eq!(&buf[..n], &data[..], "datagram {i}");
         }
-        let c = s.counters_when("transmit", |c| c.to_tap.packets == 1 + 3 * u64::from(TX_SIZE));
+        let c = s.counters_when("transmit", |c| c.to_tap.packets == 1 + 3 * u64::from(tx_size()));
         assert_eq!(c.to_tap.super_packets, 1);
         assert_eq!(c.to_tap.drops.total(), 0, "{c:?}");
     });
 }
 
-/// Where the piecewise transmit test puts an indirect descriptor table and the pieces it points to (above the
-/// receive buffers, below the end of guest memory).
-const INDIRECT_TABLE: u64 = 0x60_0000;
-const PIECES_AREA: u64 = 0x61_0000;
 const DESC_F_INDIRECT: u16 = 4;
 const INDIRECT_DESC: u32 = 28;
 
-impl Guest {
-    /// Sends `hdr` and `frame` cut into pieces of the given lengths (which sum to both), each in its own
-    /// descriptor at its own address (in reverse order in memory), through an indirect descriptor table; waits
-    /// until the chain is used.
-    fn send_in_pieces(&mut self, hdr: &[u8; HDR], frame: &[u8], cuts: &[usize]) {
-        let bytes = [&hdr[..], frame].concat();
-        assert_eq!(cuts.iter().sum::<usize>(), bytes.len(), "the cuts cover the header and the frame");
-        let mut at = 0;
-        for (i, &len) in cuts.iter().enumerate() {
-            let addr = PIECES_AREA + 0x1000 * (cuts.len() - i) as u64;
-            self.mem.write_slice(&bytes[at..at + len], GuestAddress(addr)).unwrap();
-            let entry = INDIRECT_TABLE + 16 * i as u64;
-            let last = i + 1 == cuts.len();
-            self.mem.write_obj(addr.to_le(), GuestAddress(entry)).unwrap();
-            self.mem.write_obj((len as u32).to_le(), GuestAddress(entry + 8)).unwrap();
-            self.mem.write_obj((if last { 0 } else { DESC_F_NEXT }).to_le(), GuestAddress(entry + 12)).unwrap();
-            self.mem.write_obj((if last { 0 } else { i as u16 + 1 }).to_le(), GuestAddress(entry + 14)).unwrap();
-            at += len;
-        }
-        self.write_desc(&self.tx, 0, INDIRECT_TABLE, 16 * cuts.len() as u32, DESC_F_INDIRECT, 0);
-        self.send_chain(0);
+/// Sends `hdr` and `frame` cut into pieces of the given lengths (which sum to both), each in its own descriptor
+/// at its own address (in reverse order in memory), through an indirect descriptor table; waits until the chain
+/// is used. The table and the pieces lie above the receive buffers, in memory the guest does not otherwise use.
+fn send_in_pieces(guest: &mut Guest, hdr: &[u8; HDR], frame: &[u8], cuts: &[usize]) {
+    use vm_memory::{Bytes, GuestAddress};
+    let layout = guest.layout();
+    let table = layout.rx_area() + u64::from(layout.rx_size) * RX_BUF;
+    let pieces = table + 0x1000;
+    assert!(pieces + 0x1000 * (cuts.len() as u64 + 1) <= layout.mem_size(), "room for {} pieces", cuts.len());
+    let bytes = [&hdr[..], frame].concat();
+    assert_eq!(cuts.iter().sum::<usize>(), bytes.len(), "the cuts cover the header and the frame");
+    assert!(cuts.iter().all(|&len| len <= 0x1000), "a piece fits its place");
+    let mem = guest.memory();
+    let mut at = 0;
+    for (i, &len) in cuts.iter().enumerate() {
+        let addr = pieces + 0x1000 * (cuts.len() - i) as u64;
+        mem.write_slice(&bytes[at..at + len], GuestAddress(addr)).unwrap();
+        let entry = table + 16 * i as u64;
+        let last = i + 1 == cuts.len();
+        mem.write_obj(addr.to_le(), GuestAddress(entry)).unwrap();
+        mem.write_obj((len as u32).to_le(), GuestAddress(entry + 8)).unwrap();
+        mem.write_obj((if last { 0 } else { DESC_F_NEXT }).to_le(), GuestAddress(entry + 12)).unwrap();
+        mem.write_obj((if last { 0 } else { i as u16 + 1 }).to_le(), GuestAddress(entry + 14)).unwrap();
+        at += len;
     }
+    guest.write_tx_desc(0, table, 16 * cuts.len() as u32, DESC_F_INDIRECT, 0).unwrap();
+    send_chain(guest, 0);
 }
 
 /// Frames whose header and bytes come in pieces, as guests lay them out: the header split over two
@@ -512,7 +299,7 @@ impl Guest {
 fn guest_frames_in_pieces_arrive_whole() {
     run("guest_frames_in_pieces_arrive_whole", |s| {
         let socket = udp_socket(7777);
-        let mut guest = Guest::connect(&s.socket, linux_guest_features() | bits(&[INDIRECT_DESC]));
+        let mut guest = Guest::connect(&s.socket, linux_guest_features() | bits(&[INDIRECT_DESC])).unwrap();
         let mac = s.tap_mac();
         let mut buf = [0u8; 2048];
         let mut expect = |what: &str, data: &[u8]| {
@@ -526,7 +313,7 @@ fn guest_frames_in_pieces_arrive_whole() {
         let mut cuts = vec![5, 7];
         cuts.extend(std::iter::repeat_n(frame.len() / 9, 8));
         cuts.push(frame.len() - 8 * (frame.len() / 9));
-        guest.send_in_pieces(&hdr, &frame, &cuts);
+        send_in_pieces(&mut guest, &hdr, &frame, &cuts);
         expect("header in two pieces, frame in nine", &data);
 
         // 1 + 80 pieces: more than one write gathers (64), so the frame is copied out first.
@@ -535,13 +322,13 @@ fn guest_frames_in_pieces_arrive_whole() {
         let mut cuts = vec![HDR];
         cuts.extend(std::iter::repeat_n(frame.len() / 80, 79));
         cuts.push(frame.len() - 79 * (frame.len() / 80));
-        guest.send_in_pieces(&hdr, &frame, &cuts);
+        send_in_pieces(&mut guest, &hdr, &frame, &cuts);
         expect("81 pieces", &data);
 
         // A super-packet whose header shares its descriptor with the frame.
         let data = payload(3000, 3);
         let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
-        guest.send_in_pieces(&hdr, &frame, &[HDR + frame.len()]);
+        send_in_pieces(&mut guest, &hdr, &frame, &[HDR + frame.len()]);
         for (i, chunk) in data.chunks(1000).enumerate() {
             expect(&format!("segment {i} of a one-descriptor super-packet"), chunk);
         }
@@ -564,8 +351,8 @@ fn guest_tcp_with_tso_reaches_a_socket() {
             let mut got = vec![0u8; 10_000];
             stream.read_exact(&mut got).map(|()| got)
         });
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
-        guest.post_rx(0, 64);
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
+        guest.post_rx(0, 64).unwrap();
         let mac = s.tap_mac();
         let tcp = |seq: u32, ack: u32, tcp_flags: u8, body: &[u8], tso: bool| {
             let len = 20 + body.len();
@@ -596,15 +383,18 @@ fn guest_tcp_with_tso_reaches_a_socket() {
             }
         };
         let (hdr, syn) = tcp(1000, 0, 0x02, &[], false);
-        guest.send(&hdr, &syn);
-        let (_, synack, _) = guest.recv_matching(|fr| {
-            fr.len() >= 54 && fr[23] == 6 && fr[34..36] == 8080u16.to_be_bytes() && fr[47] & 0x12 == 0x12
-        });
+        guest.send(&hdr, &syn).unwrap();
+        let synack = guest
+            .recv_matching(PATIENCE, |fr| {
+                fr.len() >= 54 && fr[23] == 6 && fr[34..36] == 8080u16.to_be_bytes() && fr[47] & 0x12 == 0x12
+            })
+            .unwrap()
+            .frame;
         // The guest asked (event index) to hear of the first used buffer: its call eventfd was written.
-        assert!(guest.calls[0].read().is_ok_and(|n| n > 0), "the guest is notified of received frames");
+        assert!(guest.call(0).read().is_ok_and(|n| n > 0), "the guest is notified of received frames");
         let server_seq = u32::from_be_bytes(synack[38..42].try_into().unwrap());
         let (hdr, segment) = tcp(1001, server_seq.wrapping_add(1), 0x18, &data, true);
-        guest.send(&hdr, &segment);
+        guest.send(&hdr, &segment).unwrap();
         let got = common::join_within(reader, Duration::from_secs(15), "the socket's reader").expect("read");
         assert!(got == data, "the stream arrived altered");
         let c = s.counters_when("transmit", |c| c.to_tap.packets == 2);
@@ -621,16 +411,17 @@ fn tap_super_packet_fills_mergeable_buffers() {
             common::cannot_run("tap_super_packet_fills_mergeable_buffers", "the kernel has no USO on TAP devices");
             return;
         }
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
-        guest.post_rx(0, 64);
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
+        guest.post_rx(0, 64).unwrap();
         let sender = UdpSocket::bind((TAP_IP, 9000)).unwrap();
         turbotun::udp::set_udp_segment(&sender, 1400).unwrap();
         // 40 sends of 7 buffers each: both rings wrap.
         for round in 0..40u8 {
             let data = payload(14_000, round);
             sender.send_to(&data, (GUEST_IP, 9999)).unwrap();
-            let (hdr, frame, num_buffers) =
-                guest.recv_matching(|fr| fr.len() > 42 && fr[23] == 17 && fr[36..38] == 9999u16.to_be_bytes());
+            let Received { hdr, frame, num_buffers } = guest
+                .recv_matching(PATIENCE, |fr| fr.len() > 42 && fr[23] == 17 && fr[36..38] == 9999u16.to_be_bytes())
+                .unwrap();
             let expected_len = 14 + 20 + 8 + data.len();
             assert_eq!(frame.len(), expected_len, "round {round}: one super-packet for the whole send");
             assert_eq!(usize::from(num_buffers), (HDR + expected_len).div_ceil(RX_BUF as usize), "round {round}");
@@ -651,26 +442,26 @@ fn tap_super_packet_fills_mergeable_buffers() {
 fn bad_descriptors_and_headers_are_counted_not_fatal() {
     run("bad_descriptors_and_headers_are_counted_not_fatal", |s| {
         let socket = udp_socket(7777);
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
         let mac = s.tap_mac();
         let mut buf = [0u8; 2048];
 
         // A descriptor beyond guest memory.
-        guest.write_desc(&guest.tx, 0, MEM_SIZE as u64 + 0x1000, 100, 0, 0);
-        guest.send_chain(0);
+        guest.write_tx_desc(0, guest.layout().mem_size() + 0x1000, 100, 0, 0).unwrap();
+        send_chain(&mut guest, 0);
         // A descriptor that straddles its end.
-        guest.write_desc(&guest.tx, 0, MEM_SIZE as u64 - 10, 100, 0, 0);
-        guest.send_chain(0);
+        guest.write_tx_desc(0, guest.layout().mem_size() - 10, 100, 0, 0).unwrap();
+        send_chain(&mut guest, 0);
         // A loop: 1 -> 2 -> 1.
-        guest.write_desc(&guest.tx, 1, TX_AREA, 64, DESC_F_NEXT, 2);
-        guest.write_desc(&guest.tx, 2, TX_AREA, 64, DESC_F_NEXT, 1);
-        guest.send_chain(1);
+        guest.write_tx_desc(1, guest.layout().tx_slot_addr(0), 64, DESC_F_NEXT, 2).unwrap();
+        guest.write_tx_desc(2, guest.layout().tx_slot_addr(0), 64, DESC_F_NEXT, 1).unwrap();
+        send_chain(&mut guest, 1);
         // A chain whose next descriptor is beyond the table.
-        guest.write_desc(&guest.tx, 3, TX_AREA, 64, DESC_F_NEXT, 999);
-        guest.send_chain(3);
+        guest.write_tx_desc(3, guest.layout().tx_slot_addr(0), 64, DESC_F_NEXT, 999).unwrap();
+        send_chain(&mut guest, 3);
         // A buffer the device may write, in a transmit chain.
-        guest.write_desc(&guest.tx, 4, TX_AREA, 64, DESC_F_WRITE, 0);
-        guest.send_chain(4);
+        guest.write_tx_desc(4, guest.layout().tx_slot_addr(0), 64, DESC_F_WRITE, 0).unwrap();
+        send_chain(&mut guest, 4);
         let c = s.counters_when("bad chains", |c| c.to_tap.drops.bad_descriptor == 5);
         assert_eq!(c.to_tap.drops.total(), 5, "{c:?}");
 
@@ -685,16 +476,16 @@ fn bad_descriptors_and_headers_are_counted_not_fatal() {
         let mut not_negotiated = good;
         not_negotiated[1] = gso::UDP;
         for hdr in [zero_gso, hdr_len_beyond, csum_beyond, not_negotiated] {
-            guest.send(&hdr, &frame);
+            guest.send(&hdr, &frame).unwrap();
         }
         // Shorter than its own header.
-        guest.write_desc(&guest.tx, 5, TX_AREA, 6, 0, 0);
-        guest.send_chain(5);
+        guest.write_tx_desc(5, guest.layout().tx_slot_addr(0), 6, 0, 0).unwrap();
+        send_chain(&mut guest, 5);
         let c = s.counters_when("bad headers", |c| c.to_tap.drops.malformed == 5);
         assert_eq!(c.to_tap.drops.total(), 10, "{c:?}");
         assert_eq!(c.to_tap.packets, 0, "none of them reached the TAP");
 
-        guest.send(&good, &frame);
+        guest.send(&good, &frame).unwrap();
         for (i, want) in data.chunks(1000).enumerate() {
             let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("segment {i} after the bad ones: {e}"));
             assert_eq!(&buf[..n], want, "segment {i}");
@@ -711,10 +502,10 @@ fn a_front_end_reconnects() {
         let mac = s.tap_mac();
         let mut buf = [0u8; 2048];
         for round in 0..2u8 {
-            let mut guest = Guest::connect(&s.socket, linux_guest_features());
+            let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
             let data = payload(200, round);
             let (hdr, frame) = udp_frame(mac, 7777, &data, None);
-            guest.send(&hdr, &frame);
+            guest.send(&hdr, &frame).unwrap();
             let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("round {round}: {e}"));
             assert_eq!(&buf[..n], &data[..], "round {round}");
         }
@@ -735,16 +526,16 @@ fn a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took() {
             );
             return;
         }
-        let mut guest = Guest::connect(&s.socket, linux_guest_features());
-        guest.post_rx(0, 2);
+        let mut guest = Guest::connect(&s.socket, linux_guest_features()).unwrap();
+        guest.post_rx(0, 2).unwrap();
         let sender = UdpSocket::bind((TAP_IP, 9000)).unwrap();
         turbotun::udp::set_udp_segment(&sender, 1400).unwrap();
         sender.send_to(&payload(14_000, 5), (GUEST_IP, 9999)).unwrap();
         // Read from the TAP, too big for the two buffers: it waits with both.
         s.counters_when("the frame read", |c| c.to_guest.reads == 1);
-        let used: u16 = u16::from_le(guest.mem.read_obj(GuestAddress(guest.rx.used + 2)).unwrap());
+        let used = guest.rx_used_index().unwrap();
         assert_eq!(used, 0, "nothing used: the frame does not fit yet");
-        assert_eq!(guest.fe.get_vring_base(0).unwrap(), 0, "the two buffers taken are not reported consumed");
+        assert_eq!(guest.frontend().get_vring_base(0).unwrap(), 0, "the two buffers taken are not reported consumed");
     });
 }
 

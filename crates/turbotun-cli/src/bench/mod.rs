@@ -1,6 +1,7 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
 //! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback); with `--tunnel`, VPN-style tunnels
-//! between the namespaces (tunnel.rs). See docs/BENCH.md.
+//! between the namespaces (tunnel.rs); with `--vhost-user`, vhost-user-net backends between a guest's rings and a
+//! TAP (vhost.rs). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
@@ -20,8 +21,11 @@ mod procfs;
 mod report;
 mod runner;
 mod stats;
+mod testpmd;
 mod topo;
 mod tunnel;
+mod vguest;
+mod vhost;
 mod wgflood;
 
 use std::path::{Path, PathBuf};
@@ -99,6 +103,12 @@ pub struct BenchArgs {
     /// those named-only kinds; those that cannot run here are listed as skipped.
     #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
     pub tunnel_kinds: Option<Vec<String>>,
+    /// vhost-user-net backends instead of forwarders: a DPDK virtio-user front end (testpmd, txonly, 64-byte
+    /// frames) into `turbotun vhost-user` and into DPDK's own vhost backend, each writing into a TAP in a
+    /// private namespace; frames per second reaching the TAP, the backend's CPU, and packets per backend
+    /// CPU-second. Honours --quick (1 repetition of 1 s), --duration, --reps, --json, --list.
+    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "modes", "traffic", "flamegraph", "ipv6", "baseline", "chart"])]
+    pub vhost_user: bool,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
     #[arg(long, requires = "tunnel")]
@@ -240,6 +250,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
     let peers_dir = modes::peers_dir(&exe);
+    if args.vhost_user && args.list {
+        vhost::print_list();
+        return Ok(());
+    }
     if args.tunnel && args.list {
         tunnel::print_list(&exe, peers_dir.as_deref());
         return Ok(());
@@ -253,6 +267,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     preflight(args)?;
     if let Some(c) = &args.chart {
         chart::check_path(c)?;
+    }
+    if args.vhost_user {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 1 } else { 5 }))?;
+        let failures = vhost::run(&mut ctx, args).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&ctx.log_dir);
+        })?;
+        finish(&ctx, failures, false);
+        return Ok(());
     }
     if args.tunnel {
         let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 3 } else { 10 }))?;
@@ -651,8 +673,9 @@ fn preflight(args: &BenchArgs) -> Result<()> {
             std::env::args().collect::<Vec<_>>().join(" ")
         );
     }
-    // The loss and echo benches make their traffic with turbotun's own generator.
-    let mut tools = if args.loss || args.echo { vec![] } else { vec![("iperf3", "iperf3")] };
+    // The loss and echo benches make their traffic with turbotun's own generator, the vhost-user bench with
+    // testpmd (whose absence makes rows unavailable, said per row).
+    let mut tools = if args.loss || args.echo || args.vhost_user { vec![] } else { vec![("iperf3", "iperf3")] };
     if args.flamegraph.is_some() {
         tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }

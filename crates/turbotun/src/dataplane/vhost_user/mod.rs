@@ -31,6 +31,9 @@
 //!   its own worker on TAP queue `i`, which the kernel steers frames to (by flow) only while the guest has that
 //!   pair's receive ring enabled: the other TAP queues are detached, so no frame waits where no guest reads.
 //!
+//! `vhost_user::frontend` (feature `vhost-user-frontend`) is the other end: a front end that plays the guest
+//! over memfd memory, for tests and benchmarks (`turbotun bench --vhost-user`).
+//!
 //! ```no_run
 //! use turbotun::vhost_user::VhostUserServer;
 //! use turbotun::{DeviceBuilder, StopHandle};
@@ -48,6 +51,8 @@
 
 mod backend;
 mod chain;
+#[cfg(feature = "vhost-user-frontend")]
+pub mod frontend;
 mod relay;
 
 use std::os::fd::AsFd;
