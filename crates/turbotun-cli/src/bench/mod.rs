@@ -106,8 +106,9 @@ pub struct BenchArgs {
     /// vhost-user-net backends instead of forwarders: a DPDK virtio-user front end (testpmd, txonly, 64-byte
     /// frames) into `turbotun vhost-user` and into DPDK's own vhost backend, each writing into a TAP in a
     /// private namespace; frames per second reaching the TAP, the backend's CPU, and packets per backend
-    /// CPU-second. Honours --quick (1 repetition of 1 s), --duration, --reps, --json, --list.
-    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "modes", "traffic", "flamegraph", "ipv6", "baseline", "chart"])]
+    /// CPU-second. Honours --quick (1 repetition of 1 s), --duration, --reps, --json, --list, --baseline
+    /// (`turbotun@baseline`, `tso@baseline`, `no-offload@baseline`).
+    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "modes", "traffic", "flamegraph", "ipv6", "chart"])]
     pub vhost_user: bool,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
@@ -115,8 +116,8 @@ pub struct BenchArgs {
     pub no_syscalls: bool,
     /// The A/B of a change: also run turbotun's modes with this other build of turbotun (e.g. the commit before
     /// the change, built with `cargo build --release`), interleaved with this build's in the same rounds: each
-    /// selected forwarder mode as `MODE@baseline`, or with --tunnel `turbotun-plain@baseline` and
-    /// `turbotun-wg@baseline`.
+    /// selected forwarder mode as `MODE@baseline`, with --tunnel `turbotun-plain@baseline` and
+    /// `turbotun-wg@baseline`, with --vhost-user `turbotun@baseline`, `tso@baseline` and `no-offload@baseline`.
     #[arg(long, value_name = "TURBOTUN", conflicts_with_all = ["echo"])]
     pub baseline: Option<PathBuf>,
     /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),

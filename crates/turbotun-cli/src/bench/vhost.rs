@@ -87,6 +87,8 @@ pub struct RowSpec {
     pub label: &'static str,
     pub description: &'static str,
     kind: Kind,
+    /// The row's backend is the `--baseline` build of turbotun (the A/B of a change); run only with it.
+    baseline: bool,
 }
 
 pub const ROWS: &[RowSpec] = &[
@@ -95,12 +97,14 @@ pub const ROWS: &[RowSpec] = &[
         description: "64 B frames, testpmd virtio-user txonly → `turbotun vhost-user` (pinned to CPU 1, sleeps when \
                       idle) → TAP",
         kind: Kind::Pps(Backend::Turbotun),
+        baseline: false,
     },
     RowSpec {
         label: "dpdk",
         description: "64 B frames, testpmd virtio-user txonly → DPDK's testpmd net_vhost → net_tap, fwd io (polls \
                       CPU 1) → TAP",
         kind: Kind::Pps(Backend::Dpdk),
+        baseline: false,
     },
     RowSpec {
         label: "tso",
@@ -109,18 +113,39 @@ pub const ROWS: &[RowSpec] = &[
                       TSO negotiated: 64 KiB super-packets (gso TCPV4, MSS 1460) through `turbotun vhost-user` \
                       (CPU 1)",
         kind: Kind::Tcp(TcpPath::Tso),
+        baseline: false,
     },
     RowSpec {
         label: "no-offload",
         description: "the same connection with no offload negotiated: 1460-byte segments in 1514-byte frames, \
                       checksums complete, through `turbotun vhost-user` (CPU 1)",
         kind: Kind::Tcp(TcpPath::NoOffload),
+        baseline: false,
     },
     RowSpec {
         label: "ceiling",
         description: "the same TSO super-packets written from the same kind of guest memory into the TAP, one write \
                       each, no virtio processing and no backend",
         kind: Kind::Tcp(TcpPath::Ceiling),
+        baseline: false,
+    },
+    RowSpec {
+        label: "turbotun@baseline",
+        description: "the `turbotun` row with the --baseline build's `turbotun vhost-user`",
+        kind: Kind::Pps(Backend::Turbotun),
+        baseline: true,
+    },
+    RowSpec {
+        label: "tso@baseline",
+        description: "the `tso` row with the --baseline build's `turbotun vhost-user`",
+        kind: Kind::Tcp(TcpPath::Tso),
+        baseline: true,
+    },
+    RowSpec {
+        label: "no-offload@baseline",
+        description: "the `no-offload` row with the --baseline build's `turbotun vhost-user`",
+        kind: Kind::Tcp(TcpPath::NoOffload),
+        baseline: true,
     },
 ];
 
@@ -151,7 +176,7 @@ fn unavailable(row: &RowSpec) -> Option<String> {
 
 /// `turbotun bench --vhost-user --list`.
 pub fn print_list() {
-    println!("vhost-user rows:");
+    println!("vhost-user rows (those @baseline only with --baseline):");
     for row in ROWS {
         let state = unavailable(row).map(|r| format!(" (not available: {r})")).unwrap_or_default();
         println!("  {:<10} {}{state}", row.label, row.description);
@@ -242,9 +267,24 @@ pub struct VhostReport {
     pub goal_tso_no_offload: f64,
     pub ratio_tso_ceiling_gbps: Option<f64>,
     pub goal_tso_ceiling: f64,
+    /// With --baseline: this build over the baseline's, row by row.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ab: Vec<AbRatio>,
     /// Rows that could not run here, with why.
     pub skipped: Vec<Unavailable>,
     pub runs: Vec<VhostRun>,
+}
+
+/// The A/B of one row: this build's figure over the --baseline build's, the row's own measure (pps per backend
+/// CPU-second for `turbotun`, Gbps at the socket for the TCP rows).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AbRatio {
+    pub row: String,
+    pub measure: String,
+    /// Median over median.
+    pub ratio_of_medians: Option<f64>,
+    /// The ratio within each round (repetition), both measured side by side: median, min and max.
+    pub per_round: Option<Spread>,
 }
 
 /// Every row that can run, `reps` times interleaved; then the JSON and the Markdown. Returns how many runs
@@ -254,7 +294,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
     let mut skipped = Vec::new();
     let mut rows = Vec::new();
-    for row in ROWS {
+    for row in ROWS.iter().filter(|row| !row.baseline || args.baseline.is_some()) {
         match unavailable(row) {
             Some(reason) => {
                 eprintln!("turbotun bench: skipping vhost-user row {}: {reason}", row.label);
@@ -287,9 +327,13 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
     for rep in 1..=reps {
         for row in &rows {
             pb.set_message(format!("rep {rep}/{reps} {}", row.label));
+            let exe = match (&args.baseline, row.baseline) {
+                (Some(baseline), true) => baseline.clone(),
+                _ => ctx.exe.clone(),
+            };
             let measured = match row.kind {
-                Kind::Pps(backend) => run_one(ctx, row, backend, rep, &taskset),
-                Kind::Tcp(path) => run_tcp(ctx, row, path, rep, &taskset),
+                Kind::Pps(backend) => run_one(ctx, row, backend, rep, &taskset, &exe),
+                Kind::Tcp(path) => run_tcp(ctx, row, path, rep, &taskset, &exe),
             };
             let run = match measured {
                 Ok(run) => run,
@@ -324,6 +368,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
         goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
         ratio_tso_ceiling_gbps: None,
         goal_tso_ceiling: GOAL_TSO_CEILING,
+        ab: Vec::new(),
         skipped,
         runs,
     }
@@ -412,11 +457,12 @@ impl RunPlace {
     }
 
     /// `turbotun vhost-user` on the socket and the TAP, pinned to [`BACKEND_CPU`], once it printed `ready`.
-    fn start_turbotun(&self, ctx: &Ctx, taskset: &Path) -> Result<Forwarder> {
+    /// `exe` is this build of turbotun, or the --baseline build.
+    fn start_turbotun(&self, ctx: &Ctx, taskset: &Path, exe: &Path) -> Result<Forwarder> {
         let argv: Vec<String> = vec![
             "-c".into(),
             BACKEND_CPU.to_string(),
-            ctx.exe.display().to_string(),
+            exe.display().to_string(),
             "vhost-user".into(),
             "--json".into(),
             "--socket".into(),
@@ -430,14 +476,14 @@ impl RunPlace {
 }
 
 /// One run of a packet row: namespace, backend, front end, the window, the drain, the counters.
-fn run_one(ctx: &mut Ctx, row: &RowSpec, backend: Backend, rep: u32, taskset: &Path) -> Result<VhostRun> {
+fn run_one(ctx: &mut Ctx, row: &RowSpec, backend: Backend, rep: u32, taskset: &Path, exe: &Path) -> Result<VhostRun> {
     let place = RunPlace::new(ctx)?;
     let RunPlace { ns, base, tap, socket_str, .. } = &place;
     let (base, tap, socket_str) = (base.as_str(), tap.as_str(), socket_str.as_str());
 
     let backend = match backend {
         Backend::Turbotun => {
-            let fwd = place.start_turbotun(ctx, taskset)?;
+            let fwd = place.start_turbotun(ctx, taskset, exe)?;
             ns.netlink()?.set_up(tap, true).with_context(|| format!("set {tap} up"))?;
             Running::Turbotun(fwd)
         }
@@ -561,7 +607,7 @@ impl Drop for StopOnDrop {
 
 /// One run of a TCP row: namespace, TAP at 10.203.0.1/24 with the guest's address known to it, the socket, the
 /// backend (or none), the guest's sender; the socket's bytes over the window.
-fn run_tcp(ctx: &mut Ctx, row: &RowSpec, path: TcpPath, rep: u32, taskset: &Path) -> Result<VhostRun> {
+fn run_tcp(ctx: &mut Ctx, row: &RowSpec, path: TcpPath, rep: u32, taskset: &Path, exe: &Path) -> Result<VhostRun> {
     let place = RunPlace::new(ctx)?;
     let (ns, tap) = (&place.ns, place.tap.as_str());
     let configure = || -> Result<()> {
@@ -575,7 +621,7 @@ fn run_tcp(ctx: &mut Ctx, row: &RowSpec, path: TcpPath, rep: u32, taskset: &Path
     };
     let (backend, link): (Option<Running>, Box<dyn vguest::Link + Send>) = match path {
         TcpPath::Tso | TcpPath::NoOffload => {
-            let fwd = place.start_turbotun(ctx, taskset)?;
+            let fwd = place.start_turbotun(ctx, taskset, exe)?;
             configure()?;
             let features = if path == TcpPath::Tso { tso_features() } else { plain_features() };
             let layout = Layout { rx_size: 256, tx_size: 256 };
@@ -733,7 +779,48 @@ impl VhostReport {
         };
         self.ratio_tso_no_offload_gbps = over(gbps("tso"), gbps("no-offload"));
         self.ratio_tso_ceiling_gbps = over(gbps("tso"), gbps("ceiling"));
+        self.ab = self.ab_ratios();
         self
+    }
+
+    /// For every row run with the --baseline build too: this build over that one.
+    fn ab_ratios(&self) -> Vec<AbRatio> {
+        let measure = |row: &str, r: &VhostRun| match ROWS.iter().find(|spec| spec.label == row).map(|s| s.kind) {
+            Some(Kind::Pps(_)) => r.pps_per_cpu_second,
+            _ => r.gbps,
+        };
+        let median = |label: &str| {
+            Spread::of(
+                self.runs.iter().filter(|r| r.row == label && r.error.is_none()).filter_map(|r| measure(label, r)),
+            )
+            .map(|s| s.median)
+        };
+        ROWS.iter()
+            .filter(|spec| spec.baseline)
+            .filter_map(|spec| {
+                let row = spec.label.strip_suffix("@baseline")?;
+                let per_round = Spread::of(self.runs.iter().filter(|r| r.row == row).filter_map(|ours| {
+                    let theirs = self.runs.iter().find(|r| r.row == spec.label && r.rep == ours.rep)?;
+                    match (measure(row, ours), measure(row, theirs)) {
+                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                        _ => None,
+                    }
+                }));
+                let ratio_of_medians = match (median(row), median(spec.label)) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ => None,
+                };
+                (ratio_of_medians.is_some() || per_round.is_some()).then(|| AbRatio {
+                    row: row.into(),
+                    measure: match spec.kind {
+                        Kind::Pps(_) => "pps per backend CPU-second".into(),
+                        Kind::Tcp(_) => "Gbps at the socket".into(),
+                    },
+                    ratio_of_medians,
+                    per_round,
+                })
+            })
+            .collect()
     }
 }
 
@@ -833,6 +920,23 @@ pub fn markdown(report: &VhostReport) -> String {
              reached the TAP."
         );
     }
+    if !report.ab.is_empty() {
+        let _ = writeln!(o, "\n### This build over the --baseline build (A/B)\n");
+        let _ = writeln!(o, "| row | measure | median over median | per round: median (min–max) |");
+        let _ = writeln!(o, "|---|---|---|---|");
+        for ab in &report.ab {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} |",
+                ab.row,
+                ab.measure,
+                ab.ratio_of_medians.map(|x| format!("{x:.2}×")).unwrap_or_else(|| "–".into()),
+                ab.per_round
+                    .map(|s| format!("{:.2}× ({:.2}–{:.2}, {} rounds)", s.median, s.min, s.max, s.n))
+                    .unwrap_or_else(|| "–".into()),
+            );
+        }
+    }
     if !report.skipped.is_empty() {
         let _ = writeln!(o, "\nSkipped:");
         for u in &report.skipped {
@@ -889,10 +993,12 @@ mod tests {
             goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
             ratio_tso_ceiling_gbps: None,
             goal_tso_ceiling: GOAL_TSO_CEILING,
+            ab: vec![],
             skipped: vec![],
             runs,
         }
         .with_ratio();
+        assert!(report.ab.is_empty(), "no baseline rows, no A/B: {:?}", report.ab);
         let turbotun = &report.rows[0];
         assert_eq!((turbotun.runs, turbotun.failed), (3, 1));
         assert_eq!(turbotun.pps_per_cpu_second.unwrap().median, 2.2e6);
@@ -907,6 +1013,54 @@ mod tests {
             md.contains("tso/no-offload Gbps: 5.00× (goal ≥ 5×: met); tso/ceiling Gbps: 0.50× (goal ≥ 0.8×: not met)"),
             "{md}"
         );
+        super::super::report::assert_rows_match_headers(&md);
+    }
+
+    #[test]
+    fn the_ab_is_this_build_over_the_baseline_round_by_round() {
+        let at = |row: &str, rep: u32, mpps: f64| VhostRun { rep, ..run(row, mpps, 1.0) };
+        let tcp =
+            |row: &str, rep: u32, gbps: f64| VhostRun { row: row.into(), rep, gbps: Some(gbps), ..Default::default() };
+        let runs = vec![
+            at("turbotun", 1, 1.2),
+            at("turbotun@baseline", 1, 1.0),
+            at("turbotun", 2, 3.0),
+            at("turbotun@baseline", 2, 2.0),
+            at("turbotun", 3, 1.0),
+            at("turbotun@baseline", 3, 1.0),
+            tcp("tso", 1, 10.0),
+            tcp("tso@baseline", 1, 8.0),
+        ];
+        let rows: Vec<&RowSpec> = ROWS.iter().collect();
+        let report = VhostReport {
+            header: ReportHeader::for_tests("turbotun bench --vhost-user"),
+            duration_s: 1,
+            reps: 3,
+            topology: String::new(),
+            front_end: String::new(),
+            rows: summarize(&runs, &rows),
+            ratio_turbotun_dpdk_pps_per_cpu_second: None,
+            goal_ratio: GOAL_PPS_PER_CPU,
+            ratio_tso_no_offload_gbps: None,
+            goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
+            ratio_tso_ceiling_gbps: None,
+            goal_tso_ceiling: GOAL_TSO_CEILING,
+            ab: vec![],
+            skipped: vec![],
+            runs,
+        }
+        .with_ratio();
+        let pps = report.ab.iter().find(|a| a.row == "turbotun").expect("turbotun's A/B");
+        // Medians 1.2 over 1.0; rounds 1.2, 1.5, 1.0.
+        assert!((pps.ratio_of_medians.unwrap() - 1.2).abs() < 1e-9, "{pps:?}");
+        let round = pps.per_round.unwrap();
+        assert_eq!((round.min, round.max, round.n), (1.0, 1.5, 3), "{pps:?}");
+        assert!((round.median - 1.2).abs() < 1e-9, "{pps:?}");
+        let tso = report.ab.iter().find(|a| a.row == "tso").expect("tso's A/B");
+        assert_eq!((tso.ratio_of_medians, tso.measure.as_str()), (Some(1.25), "Gbps at the socket"));
+        assert!(report.ab.iter().all(|a| a.row != "no-offload"), "a row without baseline runs has no A/B");
+        let md = markdown(&report);
+        assert!(md.contains("| turbotun | pps per backend CPU-second | 1.20× | 1.20× (1.00–1.50, 3 rounds) |"), "{md}");
         super::super::report::assert_rows_match_headers(&md);
     }
 }
