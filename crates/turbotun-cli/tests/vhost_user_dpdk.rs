@@ -289,7 +289,11 @@ type Transcript = Arc<(Mutex<String>, Condvar)>;
 struct Testpmd {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
+    /// Its standard output: prompts and answers.
     transcript: Transcript,
+    /// Its standard error, kept apart: a message written there while the prompt is printed would cut the prompt
+    /// in two.
+    errors: Transcript,
     /// Prompts seen so far: a command is done when the next prompt is printed.
     prompts: usize,
     runtime_dir: PathBuf,
@@ -323,16 +327,24 @@ impl Testpmd {
         let mut child = turbotun::netns::with_netns(&ns_path(ns), || command.spawn())
             .unwrap()
             .unwrap_or_else(|e| panic!("starting {TESTPMD}: {e}"));
-        let transcript: Transcript = Arc::default();
-        for output in
-            [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())]
-        {
-            let transcript = transcript.clone();
-            std::thread::spawn(move || copy_into(output, &transcript));
+        let (transcript, errors): (Transcript, Transcript) = (Arc::default(), Arc::default());
+        for (output, into) in [
+            (Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, &transcript),
+            (Box::new(child.stderr.take().unwrap()), &errors),
+        ] {
+            let into = into.clone();
+            std::thread::spawn(move || copy_into(output, &into));
         }
         let stdin = child.stdin.take();
-        let mut testpmd =
-            Testpmd { child: Some(child), stdin, transcript, prompts: 0, runtime_dir, prefix: prefix.to_string() };
+        let mut testpmd = Testpmd {
+            child: Some(child),
+            stdin,
+            transcript,
+            errors,
+            prompts: 0,
+            runtime_dir,
+            prefix: prefix.to_string(),
+        };
         // The first prompt comes once the port has started: connected, features agreed, rings handed over.
         testpmd.wait_prompt("its first prompt");
         let started = testpmd.output();
@@ -342,12 +354,12 @@ impl Testpmd {
 
     /// Sends `command` and waits for the next prompt; what testpmd answered.
     fn run(&mut self, command: &str) -> String {
-        let before = self.output().len();
+        let before = self.answers().len();
         let stdin = self.stdin.as_mut().unwrap();
         stdin.write_all(format!("{command}\n").as_bytes()).unwrap();
         stdin.flush().unwrap();
         self.wait_prompt(command);
-        let text = self.output();
+        let text = self.answers();
         text[before..].to_string()
     }
 
@@ -365,7 +377,19 @@ impl Testpmd {
         self.prompts = want;
     }
 
+    /// Its standard output so far, and then its standard error.
     fn output(&self) -> String {
+        let errors = self.errors.0.lock().unwrap().clone();
+        let output = self.transcript.0.lock().unwrap().clone();
+        if errors.is_empty() {
+            output
+        } else {
+            format!("{output}\n--- standard error ---\n{errors}")
+        }
+    }
+
+    /// Its standard output so far: the prompts and answers.
+    fn answers(&self) -> String {
         self.transcript.0.lock().unwrap().clone()
     }
 

@@ -104,7 +104,11 @@ type Transcript = Arc<(Mutex<String>, Condvar)>;
 pub struct Testpmd {
     child: Child,
     stdin: Option<ChildStdin>,
+    /// What testpmd printed on its standard output: its prompts and answers.
     transcript: Transcript,
+    /// What it printed on its standard error, kept apart: a message written there while the prompt is printed
+    /// would otherwise cut the prompt in two.
+    errors: Transcript,
     /// Prompts seen so far: a command is done when the next prompt is printed.
     prompts: usize,
     file_prefix: String,
@@ -138,22 +142,22 @@ impl Testpmd {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = ns.spawn(&mut command)?;
-        let transcript: Transcript = Arc::default();
-        for output in [
-            child.stdout.take().map(|o| Box::new(o) as Box<dyn Read + Send>),
-            child.stderr.take().map(|e| Box::new(e) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let transcript = transcript.clone();
-            std::thread::spawn(move || copy_into(output, &transcript));
+        let (transcript, errors): (Transcript, Transcript) = (Arc::default(), Arc::default());
+        for (output, into) in [
+            (child.stdout.take().map(|o| Box::new(o) as Box<dyn Read + Send>), &transcript),
+            (child.stderr.take().map(|e| Box::new(e) as Box<dyn Read + Send>), &errors),
+        ] {
+            if let Some(output) = output {
+                let into = into.clone();
+                std::thread::spawn(move || copy_into(output, &into));
+            }
         }
         let stdin = child.stdin.take();
         let mut testpmd = Testpmd {
             child,
             stdin,
             transcript,
+            errors,
             prompts: 0,
             file_prefix: file_prefix.to_string(),
             label: label.to_string(),
@@ -195,10 +199,18 @@ impl Testpmd {
                 bail!("interrupted");
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                bail!("{} exited ({status}) before answering `{what}`: {}", self.label, tail(&guard));
+                let errors = self.errors();
+                bail!("{} exited ({status}) before answering `{what}`: {} {}", self.label, tail(&guard), tail(&errors));
             }
             if Instant::now() >= deadline {
-                bail!("{} gave no prompt after `{what}` within {} s: {}", self.label, PATIENCE.as_secs(), tail(&guard));
+                let errors = self.errors();
+                bail!(
+                    "{} gave no prompt after `{what}` within {} s: {} {}",
+                    self.label,
+                    PATIENCE.as_secs(),
+                    tail(&guard),
+                    tail(&errors)
+                );
             }
             guard = changed.wait_timeout(guard, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -206,8 +218,14 @@ impl Testpmd {
         Ok(())
     }
 
+    /// Its standard output so far.
     pub fn output(&self) -> String {
         self.transcript.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Its standard error so far.
+    fn errors(&self) -> String {
+        self.errors.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// `quit`: testpmd closes its ports (a vhost-user peer sees its front end leave) and exits; killed if it
@@ -227,7 +245,7 @@ impl Testpmd {
 impl Drop for Testpmd {
     fn drop(&mut self) {
         terminate(&mut self.child, Duration::from_secs(2));
-        let _ = std::fs::write(&self.log, self.output());
+        let _ = std::fs::write(&self.log, format!("{}\n--- standard error ---\n{}", self.output(), self.errors()));
         remove_runtime_files(&self.file_prefix);
     }
 }
