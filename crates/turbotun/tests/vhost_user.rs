@@ -292,9 +292,10 @@ fn send_in_pieces(guest: &mut Guest, hdr: &[u8; HDR], frame: &[u8], cuts: &[usiz
     send_chain(guest, 0);
 }
 
-/// Frames whose header and bytes come in pieces, as guests lay them out: the header split over two
-/// descriptors, a frame in many small ones, more pieces than one gathered write takes (copied instead), and
-/// header and frame in one descriptor. Each reaches the socket whole.
+/// Frames whose header and bytes come in pieces, as guests lay them out: a header split over two descriptors,
+/// a frame in many small ones, more pieces than one gathered write takes, header and frame in one descriptor;
+/// super-packets (written from guest memory where they lie) and a small frame (copied out). Each reaches the
+/// socket whole.
 #[test]
 fn guest_frames_in_pieces_arrive_whole() {
     run("guest_frames_in_pieces_arrive_whole", |s| {
@@ -302,39 +303,42 @@ fn guest_frames_in_pieces_arrive_whole() {
         let mut guest = Guest::connect(&s.socket, linux_guest_features() | bits(&[INDIRECT_DESC])).unwrap();
         let mac = s.tap_mac();
         let mut buf = [0u8; 2048];
-        let mut expect = |what: &str, data: &[u8]| {
-            let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(&buf[..n], data, "{what}");
+        let mut expect = |what: &str, data: &[u8], segment: usize| {
+            for (i, chunk) in data.chunks(segment).enumerate() {
+                let n = socket.recv(&mut buf).unwrap_or_else(|e| panic!("{what}, segment {i}: {e}"));
+                assert_eq!(&buf[..n], chunk, "{what}, segment {i}");
+            }
+        };
+        // Pieces: `head` for the header, then the frame cut into `n` (the last takes the rest).
+        let cuts = |head: &[usize], frame_len: usize, n: usize| {
+            let mut cuts = head.to_vec();
+            cuts.extend(std::iter::repeat_n(frame_len / n, n - 1));
+            cuts.push(frame_len - (n - 1) * (frame_len / n));
+            cuts
         };
 
-        let data = payload(1000, 1);
-        let (hdr, frame) = udp_frame(mac, 7777, &data, None);
-        // The header over two descriptors (5 + 7 bytes), the frame over nine.
-        let mut cuts = vec![5, 7];
-        cuts.extend(std::iter::repeat_n(frame.len() / 9, 8));
-        cuts.push(frame.len() - 8 * (frame.len() / 9));
-        send_in_pieces(&mut guest, &hdr, &frame, &cuts);
-        expect("header in two pieces, frame in nine", &data);
+        let data = payload(4000, 1);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
+        send_in_pieces(&mut guest, &hdr, &frame, &cuts(&[5, 7], frame.len(), 9));
+        expect("a super-packet: header in two pieces, frame in nine", &data, 1000);
 
-        // 1 + 80 pieces: more than one write gathers (64), so the frame is copied out first.
-        let data = payload(1200, 2);
-        let (hdr, frame) = udp_frame(mac, 7777, &data, None);
-        let mut cuts = vec![HDR];
-        cuts.extend(std::iter::repeat_n(frame.len() / 80, 79));
-        cuts.push(frame.len() - 79 * (frame.len() / 80));
-        send_in_pieces(&mut guest, &hdr, &frame, &cuts);
-        expect("81 pieces", &data);
+        let data = payload(3000, 2);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
+        send_in_pieces(&mut guest, &hdr, &frame, &cuts(&[HDR], frame.len(), 80));
+        expect("a super-packet in 81 pieces, more than one write gathers (64): copied", &data, 1000);
 
-        // A super-packet whose header shares its descriptor with the frame.
         let data = payload(3000, 3);
         let (hdr, frame) = udp_frame(mac, 7777, &data, Some(1000));
         send_in_pieces(&mut guest, &hdr, &frame, &[HDR + frame.len()]);
-        for (i, chunk) in data.chunks(1000).enumerate() {
-            expect(&format!("segment {i} of a one-descriptor super-packet"), chunk);
-        }
+        expect("a super-packet whose header shares its descriptor with the frame", &data, 1000);
 
-        let c = s.counters_when("the three frames", |c| c.to_tap.packets == 3);
-        assert_eq!((c.to_tap.super_packets, c.to_tap.drops.total()), (1, 0), "{c:?}");
+        let data = payload(1000, 4);
+        let (hdr, frame) = udp_frame(mac, 7777, &data, None);
+        send_in_pieces(&mut guest, &hdr, &frame, &cuts(&[5, 7], frame.len(), 9));
+        expect("a small frame (copied): header in two pieces, frame in nine", &data, 1000);
+
+        let c = s.counters_when("the four frames", |c| c.to_tap.packets == 4);
+        assert_eq!((c.to_tap.super_packets, c.to_tap.drops.total()), (3, 0), "{c:?}");
     });
 }
 

@@ -14,6 +14,7 @@ use vm_memory::VolatileSlice;
 /// No Rust reference to guest memory is ever made: the guest may change it at any time, which only the kernel's
 /// copy (inside `writev`) sees.
 #[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
 pub(crate) struct GuestIoSlice<'m> {
     iov: libc::iovec,
     _borrow: PhantomData<&'m [u8]>,
@@ -44,19 +45,11 @@ impl<'m> GuestIoSlice<'m> {
 
 /// One write gathered from the pieces (`writev`).
 pub(crate) fn writev_guest(fd: BorrowedFd<'_>, pieces: &[GuestIoSlice<'_>]) -> io::Result<usize> {
-    // `GuestIoSlice` is a `libc::iovec` and a zero-sized marker; `repr(Rust)` does not promise that layout, so
-    // the iovecs are copied out to an array of their own (pieces of a chain are few: at most MAX_PIECES).
-    let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_PIECES];
-    let count = pieces.len().min(MAX_PIECES);
-    for (slot, piece) in iov.iter_mut().zip(&pieces[..count]) {
-        *slot = piece.iov;
-    }
-    // SAFETY: every iovec points to memory that stays mapped for the call: guest memory borrowed from its map for
-    // the lifetime the pieces carry (the map is not dropped while a `VolatileSlice` of it lives), or the
-    // caller's own bytes. The kernel only reads them; memory the guest changes meanwhile only changes the bytes
-    // written, never what is valid to read.
-    super::cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), count as libc::c_int) })
+    let count = pieces.len().min(libc::c_int::MAX as usize) as libc::c_int;
+    // SAFETY: `GuestIoSlice` is `repr(transparent)` over `libc::iovec` (its other field is zero-sized), so the
+    // slice is an array of iovecs. Each points to memory that stays mapped for the call: guest memory borrowed
+    // from its map for the lifetime the pieces carry (the map is not dropped while a `VolatileSlice` of it
+    // lives), or the caller's own bytes. The kernel only reads them; memory the guest changes meanwhile only
+    // changes the bytes written, never what is valid to read.
+    super::cvt_size(unsafe { libc::writev(fd.as_raw_fd(), pieces.as_ptr().cast::<libc::iovec>(), count) })
 }
-
-/// Most pieces one gathered write takes (a transmit chain's descriptors, and the header in front).
-pub(crate) const MAX_PIECES: usize = 64;

@@ -18,12 +18,13 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 
 use turbotun_wire::virtio_net::{features as f, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN, VIRTIO_NET_HDR_V1_LEN};
 
-use super::chain::{gather_chain, read_chain, writable_spans, write_spans, NotGathered, Span};
+use super::chain::{copy_spans, guest_pieces, take_header, writable_spans, write_spans, Span};
 use super::VhostUserStats;
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::dataplane::write_policy::{lost_with, on_write_error, WriteFailure};
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::{Queue, MAX_PACKET};
+use crate::sys::guest::GuestIoSlice;
 
 /// The guest's memory as vhost-user-backend hands it over (replaced whole on every memory table update).
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -44,6 +45,15 @@ pub(crate) const MAX_QUEUE_SIZE: usize = 1024;
 
 /// Bytes a frame and its header may take in the bounce buffers: a 64 KiB super-packet with its Ethernet header.
 const FRAME_BUF: usize = TAP_VNET_HDR + MAX_PACKET;
+
+/// Guest frames up to this long are copied out and written from the copy; longer ones (super-packets) are
+/// written from guest memory with one gathered write. A copy of a frame of a 1500-byte MTU costs less than
+/// looking its pieces up in the memory map and handing the kernel more iovecs.
+const COPY_UP_TO: usize = 2048;
+
+/// Pieces one gathered write of a guest frame takes at most: its header and 63 pieces of guest memory (a Linux
+/// guest's super-packet is a linear part and at most 17 page fragments); a frame in more is copied.
+const MAX_PIECES: usize = 64;
 
 /// The virtio feature bits (`VIRTIO_F_*`, `VIRTIO_RING_F_*`) this device offers besides the net ones.
 const VERSION_1: u32 = virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -139,7 +149,9 @@ struct Worker {
     negotiated: Negotiated,
     /// The guest's header of the frame being sent, copied out to be checked and written.
     tx_hdr: [u8; TAP_VNET_HDR],
-    /// A frame copied out of guest memory: only for a chain of more pieces than one write takes.
+    /// Where the frame being sent lies in guest memory.
+    tx_spans: Vec<Span>,
+    /// A frame copied out of guest memory, behind its header.
     tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     rx: RxState,
@@ -199,6 +211,7 @@ impl Worker {
         Worker {
             negotiated: Negotiated::new(0),
             tx_hdr: [0; TAP_VNET_HDR],
+            tx_spans: Vec::with_capacity(MAX_PIECES),
             tx_buf: vec![0; FRAME_BUF],
             rx_buf: vec![0; FRAME_BUF],
             rx: RxState { contiguous: true, ..RxState::default() },
@@ -300,8 +313,8 @@ impl NetBackend {
             let _ = state.disable_notification();
             while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
-                let Worker { negotiated, tx_buf, tx_hdr, to_tap, .. } = &mut *w;
-                self.transmit(tap, *negotiated, chain, &mem, tx_hdr, tx_buf, to_tap);
+                let Worker { negotiated, tx_buf, tx_hdr, tx_spans, to_tap, .. } = &mut *w;
+                self.transmit(tap, *negotiated, chain, &mem, tx_hdr, tx_spans, tx_buf, to_tap);
                 if let Err(e) = state.add_used(head, 0) {
                     tracing::debug!("transmit queue: returning chain {head}: {e}");
                 }
@@ -319,54 +332,51 @@ impl NetBackend {
         notify(&mut state, used);
     }
 
-    /// Writes the frame a transmit chain holds to the TAP, or counts why not. The frame is written from guest
-    /// memory where it lies, behind a copy of its header that was checked; a chain of more pieces than one
-    /// write takes is copied into `copy_buf` first.
+    /// Writes the frame a transmit chain holds to the TAP, or counts why not: its header copied out and checked,
+    /// then a frame of up to [`COPY_UP_TO`] bytes copied behind it into `copy_buf` and written (a copy that
+    /// small costs less than gathering it), a longer one (a super-packet) written from guest memory where it
+    /// lies, behind the checked header, with one gathered write; one of more pieces than that write takes is
+    /// copied too.
     #[allow(clippy::too_many_arguments)]
-    fn transmit<'m>(
+    fn transmit(
         &self,
         tap: &Queue,
         negotiated: Negotiated,
-        chain: DescriptorChain<&'m GuestMemoryMmap<()>>,
-        mem: &'m GuestMemoryMmap<()>,
-        hdr_buf: &'m mut [u8; TAP_VNET_HDR],
+        chain: DescriptorChain<&GuestMemoryMmap<()>>,
+        mem: &GuestMemoryMmap<()>,
+        hdr_buf: &mut [u8; TAP_VNET_HDR],
+        spans: &mut Vec<Span>,
         copy_buf: &mut [u8],
         c: &mut Counters,
     ) {
         c.reads += 1;
-        match gather_chain(chain.clone(), mem, hdr_buf, negotiated.hdr_len, MAX_PACKET) {
-            Ok(gathered) => {
-                if gathered.hdr_read < negotiated.hdr_len {
-                    return c.drops.add(DropReason::Malformed, 1);
+        let frame = match take_header(chain, mem, hdr_buf, negotiated.hdr_len, MAX_PACKET, spans) {
+            Ok(frame) => frame,
+            Err(reason) => return c.drops.add(reason, 1),
+        };
+        if frame.hdr_read < negotiated.hdr_len {
+            return c.drops.add(DropReason::Malformed, 1);
+        }
+        let Some(hdr) = checked_header(negotiated, hdr_buf, frame.frame_len) else {
+            return c.drops.add(DropReason::Malformed, 1);
+        };
+        if frame.frame_len > COPY_UP_TO {
+            let mut pieces = [GuestIoSlice::EMPTY; MAX_PIECES];
+            match guest_pieces(mem, &hdr_buf[..], spans, &mut pieces) {
+                Ok(Some(count)) => {
+                    return write_frame(tap, &hdr, frame.frame_len, c, || tap.send_guest(&pieces[..count]));
                 }
-                let Some(hdr) = checked_header(negotiated, gathered.hdr, gathered.frame_len) else {
-                    return c.drops.add(DropReason::Malformed, 1);
-                };
-                write_frame(tap, &hdr, gathered.frame_len, c, || tap.send_guest(gathered.pieces()));
-            }
-            Err(NotGathered::Refused(reason)) => c.drops.add(reason, 1),
-            Err(NotGathered::TooManyPieces) => {
-                // A legacy 10-byte header is moved two bytes on: room is kept for that.
-                let room = copy_buf.len() - (TAP_VNET_HDR - negotiated.hdr_len);
-                let len = match read_chain(chain, mem, &mut copy_buf[..room]) {
-                    Ok(len) => len,
-                    Err(reason) => return c.drops.add(reason, 1),
-                };
-                let Some(frame_len) = len.checked_sub(negotiated.hdr_len) else {
-                    return c.drops.add(DropReason::Malformed, 1);
-                };
-                if negotiated.hdr_len != TAP_VNET_HDR {
-                    copy_buf.copy_within(negotiated.hdr_len..len, TAP_VNET_HDR);
-                }
-                // num_buffers means nothing on transmit; the kernel ignores it, and so do we.
-                copy_buf[VIRTIO_NET_HDR_LEN..TAP_VNET_HDR].fill(0);
-                let Some(hdr) = checked_header(negotiated, &copy_buf[..TAP_VNET_HDR], frame_len) else {
-                    return c.drops.add(DropReason::Malformed, 1);
-                };
-                let frame = &copy_buf[..TAP_VNET_HDR + frame_len];
-                write_frame(tap, &hdr, frame_len, c, || tap.send_raw(frame));
+                Ok(None) => {}
+                Err(reason) => return c.drops.add(reason, 1),
             }
         }
+        let len = TAP_VNET_HDR + frame.frame_len;
+        copy_buf[..TAP_VNET_HDR].copy_from_slice(&hdr_buf[..]);
+        if let Err(reason) = copy_spans(mem, spans, &mut copy_buf[TAP_VNET_HDR..len]) {
+            return c.drops.add(reason, 1);
+        }
+        let frame_bytes = &copy_buf[..len];
+        write_frame(tap, &hdr, frame.frame_len, c, || tap.send_raw(frame_bytes));
     }
 
     /// TAP to guest: frames are read from the TAP while the guest has buffers for them; when it runs out, the

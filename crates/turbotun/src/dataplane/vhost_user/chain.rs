@@ -9,7 +9,7 @@ use virtio_queue::DescriptorChain;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend};
 
 use crate::dataplane::stats::DropReason;
-use crate::sys::guest::{GuestIoSlice, MAX_PIECES};
+use crate::sys::guest::GuestIoSlice;
 use turbotun_wire::virtio_net::{VIRTIO_NET_HDR_LEN, VIRTIO_NET_HDR_V1_LEN};
 
 /// Follows a chain to its end, handing each descriptor to `visit`. A chain is refused
@@ -37,81 +37,39 @@ where
     Ok(())
 }
 
-/// Copies what a transmit chain holds into `out` and returns its length. Refused: a descriptor the device may
-/// write (a transmit chain is read-only for the device) or one outside guest memory, or a chain that cannot be
-/// followed ([`DropReason::BadDescriptor`]); more bytes than `out` holds ([`DropReason::TooBig`]).
-pub(crate) fn read_chain<M>(chain: DescriptorChain<M>, mem: &M::Target, out: &mut [u8]) -> Result<usize, DropReason>
-where
-    M: Deref,
-    M::Target: GuestMemory + GuestMemoryBackend + Sized,
-{
-    let mut len = 0usize;
-    walk(chain, |desc| {
-        if desc.is_write_only() {
-            return Err(DropReason::BadDescriptor);
-        }
-        let n = desc.len() as usize;
-        let dst = out.get_mut(len..len.saturating_add(n)).ok_or(DropReason::TooBig)?;
-        mem.read_slice(dst, desc.addr()).map_err(|_| DropReason::BadDescriptor)?;
-        len += n;
-        Ok(())
-    })?;
-    Ok(len)
-}
-
-/// A transmit chain ready for one gathered write: the guest's virtio header copied out (into the caller's
-/// buffer), then the frame as pieces of guest memory, uncopied.
-pub(crate) struct Gathered<'m> {
-    /// The header as the TAP takes it (`virtio_net_hdr_v1`, `num_buffers` zero).
-    pub(crate) hdr: &'m [u8],
-    /// The header's piece (first) and the frame's pieces.
-    pieces: [GuestIoSlice<'m>; MAX_PIECES],
-    count: usize,
+/// What [`take_header`] found in a transmit chain.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxFrame {
     /// Bytes of the guest's header the chain held (less than asked for when the chain is shorter).
     pub(crate) hdr_read: usize,
     /// Bytes of the frame after the header.
     pub(crate) frame_len: usize,
 }
 
-impl<'m> Gathered<'m> {
-    /// The pieces of the write, the header's first.
-    pub(crate) fn pieces(&self) -> &[GuestIoSlice<'m>] {
-        &self.pieces[..self.count]
-    }
-}
-
-/// Why a chain was not gathered.
-pub(crate) enum NotGathered {
-    /// It is refused, for the reason given (as [`read_chain`] refuses).
-    Refused(DropReason),
-    /// It has more pieces than one write takes: copy it instead ([`read_chain`]).
-    TooManyPieces,
-}
-
-/// Gathers a transmit chain for one write without copying its frame: its first `guest_hdr_len` bytes (the
-/// guest's virtio header, 10 or 12 bytes) are copied into `hdr` (the TAP's 12-byte header: what a legacy header
-/// lacks and `num_buffers`, which means nothing on transmit, are zero), which becomes the first piece; the rest
-/// is taken as pieces of guest memory, each checked against the map by vm-memory. The header is copied because
-/// it is checked before the write: the guest cannot change it in between. The frame it may change: that only
-/// changes what it sends. Refused as [`read_chain`] refuses, and more than `max_frame` bytes after the header is
-/// [`DropReason::TooBig`].
-pub(crate) fn gather_chain<'m, M>(
-    chain: DescriptorChain<&'m M>,
-    mem: &'m M,
-    hdr: &'m mut [u8; VIRTIO_NET_HDR_V1_LEN],
+/// Walks a transmit chain once: its first `guest_hdr_len` bytes (the guest's virtio header, 10 or 12 bytes) are
+/// copied into `hdr` (the TAP's 12-byte header: what a legacy header lacks and `num_buffers`, which means nothing
+/// on transmit, are zero), and where the frame's bytes lie in guest memory is appended to `spans`, unread.
+/// The header is copied because it is checked before the write: the guest cannot change it in between. The
+/// frame's bytes are then copied ([`copy_spans`]) or written from where they lie ([`guest_pieces`]). Refused
+/// ([`DropReason::BadDescriptor`]): a descriptor the device may write (a transmit chain is read-only for the
+/// device), a header outside guest memory, or a chain that cannot be followed; more than `max_frame` bytes
+/// after the header is [`DropReason::TooBig`].
+pub(crate) fn take_header<M>(
+    chain: DescriptorChain<&M>,
+    mem: &M,
+    hdr: &mut [u8; VIRTIO_NET_HDR_V1_LEN],
     guest_hdr_len: usize,
     max_frame: usize,
-) -> Result<Gathered<'m>, NotGathered>
+    spans: &mut Vec<Span>,
+) -> Result<TxFrame, DropReason>
 where
     M: GuestMemory + GuestMemoryBackend,
 {
-    let mut pieces = [GuestIoSlice::EMPTY; MAX_PIECES];
-    let mut count = 1; // the header's, set once it is read
-    let (mut hdr_read, mut frame_len) = (0usize, 0usize);
-    let mut too_many = false;
+    spans.clear();
     let guest_hdr_len = guest_hdr_len.min(hdr.len());
     *hdr = [0; VIRTIO_NET_HDR_V1_LEN];
-    let walked = walk(chain, |desc| {
+    let (mut hdr_read, mut frame_len) = (0usize, 0usize);
+    walk(chain, |desc| {
         if desc.is_write_only() {
             return Err(DropReason::BadDescriptor);
         }
@@ -130,29 +88,56 @@ where
         if frame_len > max_frame {
             return Err(DropReason::TooBig);
         }
+        spans.push(Span { addr, len: len as u32 });
+        Ok(())
+    })?;
+    hdr[VIRTIO_NET_HDR_LEN..].fill(0);
+    Ok(TxFrame { hdr_read, frame_len })
+}
+
+/// Copies the bytes of `spans` into `out` (which holds them: their lengths were summed by [`take_header`]);
+/// [`DropReason::BadDescriptor`] if a span is not guest memory.
+pub(crate) fn copy_spans<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    spans: &[Span],
+    out: &mut [u8],
+) -> Result<(), DropReason> {
+    let mut at = 0usize;
+    for span in spans {
+        let len = span.len as usize;
+        let dst = out.get_mut(at..at + len).ok_or(DropReason::TooBig)?;
+        mem.read_slice(dst, span.addr).map_err(|_| DropReason::BadDescriptor)?;
+        at += len;
+    }
+    Ok(())
+}
+
+/// The pieces of one gathered write: `hdr` first, then the frame's bytes where they lie in guest memory (each
+/// span checked against the map by vm-memory, a span across two regions in two pieces), into `pieces`. The
+/// number of pieces; `None` when they do not fit `pieces` (copy instead). [`DropReason::BadDescriptor`] if a
+/// span is not guest memory.
+pub(crate) fn guest_pieces<'m, M>(
+    mem: &'m M,
+    hdr: &'m [u8],
+    spans: &[Span],
+    pieces: &mut [GuestIoSlice<'m>],
+) -> Result<Option<usize>, DropReason>
+where
+    M: GuestMemory + GuestMemoryBackend,
+{
+    let Some(first) = pieces.first_mut() else { return Ok(None) };
+    *first = GuestIoSlice::bytes(hdr);
+    let mut count = 1;
+    for span in spans {
         // A piece of the guest's address range may lie in more than one region of its map.
-        for slice in GuestMemoryBackend::get_slices(mem, addr, len) {
+        for slice in GuestMemoryBackend::get_slices(mem, span.addr, span.len as usize) {
             let slice = slice.map_err(|_| DropReason::BadDescriptor)?;
-            let Some(slot) = pieces.get_mut(count) else {
-                too_many = true;
-                // Any error ends the walk; `too_many` tells it from a refusal.
-                return Err(DropReason::TooBig);
-            };
+            let Some(slot) = pieces.get_mut(count) else { return Ok(None) };
             *slot = GuestIoSlice::guest(&slice);
             count += 1;
         }
-        Ok(())
-    });
-    match walked {
-        Err(_) if too_many => Err(NotGathered::TooManyPieces),
-        Err(reason) => Err(NotGathered::Refused(reason)),
-        Ok(()) => {
-            hdr[VIRTIO_NET_HDR_LEN..].fill(0);
-            let hdr: &'m [u8] = hdr;
-            pieces[0] = GuestIoSlice::bytes(hdr);
-            Ok(Gathered { hdr, pieces, count, hdr_read, frame_len })
-        }
     }
+    Ok(Some(count))
 }
 
 /// One piece of guest memory a receive chain lends the device.

@@ -14,9 +14,10 @@
 //!   virtio header (the TAP's header is `virtio_net_hdr_v1`, 12 bytes), so a guest's TSO super-packet reaches the
 //!   kernel whole. The header is copied out of guest memory and checked as the kernel checks a write
 //!   ([`turbotun_wire::VirtioNetHdrRepr::check_sent_frame`]) and against what was negotiated; the write takes
-//!   that copy, so the header the kernel sees is the one that was checked. The frame's bytes are written from
-//!   guest memory where they lie (pieces vm-memory checked against the map), without a copy: a guest that
-//!   changes them meanwhile only changes what it sends. A chain of more than 63 pieces is copied out first.
+//!   that copy, so the header the kernel sees is the one that was checked. A frame of up to 2 KiB is copied out
+//!   behind it (cheaper than gathering it); a longer one, a super-packet, is written from guest memory where it
+//!   lies (pieces vm-memory checked against the map), without a copy: a guest that changes its bytes meanwhile
+//!   only changes what it sends. A super-packet in more than 63 pieces is copied too.
 //! - **TAP to guest.** Frames (super-packets up to 64 KiB with their header) are read from the TAP and written
 //!   into the guest's receive buffers, across as many as it takes with `MRG_RXBUF` (`num_buffers` set). When the
 //!   guest has no buffers, the frame waits and the TAP is not read until the guest adds some.
