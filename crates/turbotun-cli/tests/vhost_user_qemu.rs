@@ -64,6 +64,54 @@ fn qemu_guest_and_tap_ping_each_other_through_the_backend() {
     backend.stop("QEMU");
 }
 
+/// A guest with two queue pairs (two vCPUs: its driver uses both), QEMU handling the control queue that enables
+/// the second: flows from 16 addresses of the namespace are spread by the kernel over the TAP's two queues, and
+/// each reaches the guest through its pair and is answered.
+#[test]
+fn qemu_guest_with_two_queue_pairs_answers_flows_on_both() {
+    let Some((_one, image)) = runnable("qemu_guest_with_two_queue_pairs_answers_flows_on_both") else { return };
+    let mut backend = Backend::with_queue_pairs("qemu", TAP_ADDR, 2);
+    let sources: Vec<String> = (100..116).map(|i| format!("10.99.0.{i}")).collect();
+    let mut nl = turbotun::netlink::Netlink::in_netns(&common::ns_path(&backend.ns)).unwrap();
+    for source in &sources {
+        nl.add_address(&backend.tap, source.parse().unwrap(), 24).unwrap();
+    }
+    let mut guest = Guest::boot_with_queue_pairs(&backend, &image, "turbotun.wait=7000", 2);
+    let up = guest.lines()[0].clone();
+    assert!(up.trim_end().ends_with("queues rx-0 rx-1 tx-0 tx-1"), "the guest's driver uses two queue pairs: {up}");
+    guest.wait_line("waiting 7000");
+    let unanswered: Vec<String> = sources
+        .iter()
+        .filter_map(|source| {
+            let out = backend.in_ns(|| {
+                Command::new("ping").args(["-n", "-c", "2", "-i", "0.2", "-w", "60", "-I", source, GUEST_ADDR]).output()
+            });
+            let out = out.expect("ping (iputils-ping)");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            (!(out.status.success() && text.contains("2 received"))).then(|| format!("from {source}: {text}"))
+        })
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "pings the guest did not answer: {unanswered:#?}
+{}",
+        guest.console()
+    );
+    guest.release(&backend, 7000);
+    guest.power_off();
+
+    let pairs = backend.pair_counters();
+    assert_eq!(pairs.len(), 2, "{pairs:?}");
+    // 16 flows on two TAP queues: all on one would take a hash that puts 16 sources on the same side.
+    assert!(
+        pairs.iter().all(|(_, to_guest)| to_guest.packets > 0),
+        "both pairs carried frames to the guest: {pairs:?}"
+    );
+    let (to_tap, to_guest) = backend.counters();
+    assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
+    backend.stop("QEMU");
+}
+
 /// TCP both ways with the guest's segmentation offloads: the namespace sends the guest `LEN` bytes (the TAP's
 /// TSO super-packets spread over the guest's mergeable buffers), the guest sends them back (its driver's TSO
 /// super-packets written to the TAP whole), and they come back as they were sent.
@@ -191,12 +239,19 @@ impl Guest {
     /// Boots the guest with eth0 at [`GUEST_ADDR`] and `steps` (the init's `turbotun.*` parameters) on its command
     /// line; returns once its driver has brought eth0 up on the backend's device.
     fn boot(backend: &Backend, image: &GuestImage, steps: &str) -> Guest {
+        Guest::boot_with_queue_pairs(backend, image, steps, 1)
+    }
+
+    /// [`Guest::boot`] with `pairs` queue pairs (QEMU's `queues=` and `mq=on`) and as many vCPUs, so that the
+    /// guest's driver uses every pair.
+    fn boot_with_queue_pairs(backend: &Backend, image: &GuestImage, steps: &str, pairs: usize) -> Guest {
         let console = backend.dir().join("console.log");
         let memory = "256M";
         // The guest's memory is a memfd shared with the backend, which maps it. `vectors=0`: no MSI-X, which
         // QEMU 7.2 under TCG does not survive on a vhost-user device (it crashes when the driver binds).
         let qemu = Command::new(QEMU)
-            .args(["-accel", "tcg", "-m", memory, "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot"])
+            .args(["-accel", "tcg", "-m", memory, "-smp", &pairs.to_string()])
+            .args(["-nodefaults", "-display", "none", "-no-reboot"])
             .args(["-object", &format!("memory-backend-memfd,id=mem,size={memory},share=on")])
             .args(["-machine", "pc,memory-backend=mem"])
             .arg("-kernel")
@@ -205,8 +260,8 @@ impl Guest {
             .arg(&image.initrd)
             .args(["-append", &format!("console=ttyS0 turbotun.addr={GUEST_ADDR}/24 {steps}")])
             .args(["-chardev", &format!("socket,id=vu,path={}", backend.socket().display())])
-            .args(["-netdev", "vhost-user,id=net0,chardev=vu"])
-            .args(["-device", &format!("virtio-net-pci,netdev=net0,mac={GUEST_MAC},vectors=0")])
+            .args(["-netdev", &format!("vhost-user,id=net0,chardev=vu,queues={pairs}")])
+            .args(["-device", &format!("virtio-net-pci,netdev=net0,mac={GUEST_MAC},vectors=0,mq={}", pairs > 1)])
             .args(["-serial", &format!("file:{}", console.display())])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
