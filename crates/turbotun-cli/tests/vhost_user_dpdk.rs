@@ -12,8 +12,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use common::ns_path;
 use common::vhost_user::Backend;
-use common::{ns_path, privileged};
 use turbotun::netlink::LinkStats;
 use turbotun::Counters;
 
@@ -167,24 +167,10 @@ fn dpdk_one_pair_of_two_gets_every_frame_also_after_a_guest_with_two() {
 /// Holds the lock while the test runs; `None` when the test is to be skipped (the suite's skip rule: under
 /// `CI=true` a test that cannot run fails).
 fn runnable(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
-    if !privileged(test) {
-        return None;
-    }
-    let missing: Vec<&str> = [(TESTPMD, "dpdk-dev"), ("stdbuf", "coreutils"), ("ping", "iputils-ping")]
-        .into_iter()
-        .filter(|(tool, _)| !on_path(tool))
-        .map(|(_, package)| package)
-        .collect();
-    if !missing.is_empty() {
-        common::cannot_run(test, &format!("missing packages {} (scripts/install-deps.sh)", missing.join(", ")));
+    if !common::vhost_user::can_run(test, &[(TESTPMD, "dpdk-dev"), ("stdbuf", "coreutils"), ("ping", "iputils-ping")]) {
         return None;
     }
     Some(ONE_FRONT_END_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
-}
-
-fn on_path(tool: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
 }
 
 /// The backend in its namespace (see [`common::vhost_user::Backend`]) and testpmd's name for its files.

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::vhost_user::Backend;
-use common::{pattern, privileged, Running};
+use common::{pattern, Running};
 
 const QEMU: &str = "qemu-system-x86_64";
 /// How long a guest may take to reach a step: far above what it takes (a TCG boot is about 10 s of wall time
@@ -176,16 +176,7 @@ fn qemu_guest_tcp_both_ways_with_tso_super_packets() {
 /// Holds the lock while the test runs, with the guest's image; `None` when the test is to be skipped (the
 /// suite's skip rule: under `CI=true` a test that cannot run fails).
 fn runnable(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, GuestImage)> {
-    if !privileged(test) {
-        return None;
-    }
-    let missing: Vec<&str> = [(QEMU, "qemu-system-x86"), ("ping", "iputils-ping")]
-        .into_iter()
-        .filter(|(tool, _)| !on_path(tool))
-        .map(|(_, package)| package)
-        .collect();
-    if !missing.is_empty() {
-        common::cannot_run(test, &format!("missing packages {} (scripts/install-deps.sh)", missing.join(", ")));
+    if !common::vhost_user::can_run(test, &[(QEMU, "qemu-system-x86"), ("ping", "iputils-ping")]) {
         return None;
     }
     let one = ONE_GUEST_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -196,11 +187,6 @@ fn runnable(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, GuestImag
             None
         }
     }
-}
-
-fn on_path(tool: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
 }
 
 /// The guest's kernel and initramfs, made by `scripts/guest-image.sh` into `target/guest` (`make guest` makes

@@ -962,6 +962,29 @@ mod tests {
         }
     }
 
+    /// The report of `runs`, every row listed, ratios made.
+    fn report_of(runs: Vec<VhostRun>, reps: u32) -> VhostReport {
+        let rows: Vec<&RowSpec> = ROWS.iter().collect();
+        VhostReport {
+            header: ReportHeader::for_tests("turbotun bench --vhost-user"),
+            duration_s: 1,
+            reps,
+            topology: String::new(),
+            front_end: String::new(),
+            rows: summarize(&runs, &rows),
+            ratio_turbotun_dpdk_pps_per_cpu_second: None,
+            goal_ratio: GOAL_PPS_PER_CPU,
+            ratio_tso_no_offload_gbps: None,
+            goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
+            ratio_tso_ceiling_gbps: None,
+            goal_tso_ceiling: GOAL_TSO_CEILING,
+            ab: vec![],
+            skipped: vec![],
+            runs,
+        }
+        .with_ratio()
+    }
+
     #[test]
     fn rows_and_the_ratio_to_dpdk() {
         let runs = vec![
@@ -979,25 +1002,7 @@ mod tests {
             },
             VhostRun { row: "ceiling".into(), gbps: Some(20.0), ..Default::default() },
         ];
-        let rows: Vec<&RowSpec> = ROWS.iter().collect();
-        let report = VhostReport {
-            header: ReportHeader::for_tests("turbotun bench --vhost-user"),
-            duration_s: 1,
-            reps: 2,
-            topology: String::new(),
-            front_end: String::new(),
-            rows: summarize(&runs, &rows),
-            ratio_turbotun_dpdk_pps_per_cpu_second: None,
-            goal_ratio: GOAL_PPS_PER_CPU,
-            ratio_tso_no_offload_gbps: None,
-            goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
-            ratio_tso_ceiling_gbps: None,
-            goal_tso_ceiling: GOAL_TSO_CEILING,
-            ab: vec![],
-            skipped: vec![],
-            runs,
-        }
-        .with_ratio();
+        let report = report_of(runs, 2);
         assert!(report.ab.is_empty(), "no baseline rows, no A/B: {:?}", report.ab);
         let turbotun = &report.rows[0];
         assert_eq!((turbotun.runs, turbotun.failed), (3, 1));
@@ -1031,25 +1036,7 @@ mod tests {
             tcp("tso", 1, 10.0),
             tcp("tso@baseline", 1, 8.0),
         ];
-        let rows: Vec<&RowSpec> = ROWS.iter().collect();
-        let report = VhostReport {
-            header: ReportHeader::for_tests("turbotun bench --vhost-user"),
-            duration_s: 1,
-            reps: 3,
-            topology: String::new(),
-            front_end: String::new(),
-            rows: summarize(&runs, &rows),
-            ratio_turbotun_dpdk_pps_per_cpu_second: None,
-            goal_ratio: GOAL_PPS_PER_CPU,
-            ratio_tso_no_offload_gbps: None,
-            goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
-            ratio_tso_ceiling_gbps: None,
-            goal_tso_ceiling: GOAL_TSO_CEILING,
-            ab: vec![],
-            skipped: vec![],
-            runs,
-        }
-        .with_ratio();
+        let report = report_of(runs, 3);
         let pps = report.ab.iter().find(|a| a.row == "turbotun").expect("turbotun's A/B");
         // Medians 1.2 over 1.0; rounds 1.2, 1.5, 1.0.
         assert!((pps.ratio_of_medians.unwrap() - 1.2).abs() < 1e-9, "{pps:?}");
