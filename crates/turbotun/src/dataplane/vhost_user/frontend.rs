@@ -187,6 +187,9 @@ pub struct Guest {
     calls: [EventFd; 2],
     /// Transmit slots not in flight.
     free_tx: Vec<u16>,
+    /// The payload each transmit slot holds from its last frame sent with [`Guest::try_send_parts`]: the
+    /// caller's key for it, where it starts and how long it is.
+    tx_payload: Vec<Option<(u64, usize, usize)>>,
     /// `VIRTIO_RING_F_EVENT_IDX` acknowledged: the guest kicks only when the backend asked to hear of the index
     /// it moves past (`avail_event`), as a Linux guest does.
     event_idx: bool,
@@ -241,6 +244,7 @@ impl Guest {
             tx_kick: EventFd::new(0)?,
             calls: [EventFd::new(EFD_NONBLOCK)?, EventFd::new(EFD_NONBLOCK)?],
             free_tx: (0..layout.tx_slots()).rev().collect(),
+            tx_payload: vec![None; usize::from(layout.tx_slots())],
             event_idx: features & (1 << EVENT_IDX) != 0,
             _memfd: memfd,
         };
@@ -389,20 +393,42 @@ impl Guest {
     /// Puts one frame behind `hdr` in a free transmit slot as a chain of two descriptors (header, frame) and
     /// kicks; `false` (nothing sent) when every slot is in flight. Does not wait for the backend.
     pub fn try_send(&mut self, hdr: &[u8; HDR_LEN], frame: &[u8]) -> Result<bool> {
+        self.try_send_parts(hdr, frame, &[], None)
+    }
+
+    /// [`Guest::try_send`] of a frame made of `head` (its headers) and `payload`, where `payload_key` names the
+    /// payload: a slot that last sent the same key behind a head of the same length still holds it, and only
+    /// the header and `head` are written (a sender of one payload over and over, as a benchmark's, does not
+    /// copy it each time). `None`: always written.
+    pub fn try_send_parts(
+        &mut self,
+        hdr: &[u8; HDR_LEN],
+        head: &[u8],
+        payload: &[u8],
+        payload_key: Option<u64>,
+    ) -> Result<bool> {
         if self.free_tx.is_empty() {
             self.reclaim_tx()?;
         }
         let Some(slot) = self.free_tx.pop() else { return Ok(false) };
-        if frame.len() as u64 > TX_SLOT - HDR_LEN as u64 {
+        let len = head.len() + payload.len();
+        if len as u64 > TX_SLOT - HDR_LEN as u64 {
             self.free_tx.push(slot);
-            return Err(FrontendError::Memory(format!("a {}-byte frame does not fit a transmit slot", frame.len())));
+            return Err(FrontendError::Memory(format!("a {len}-byte frame does not fit a transmit slot")));
         }
         let addr = self.layout.tx_slot_addr(slot);
+        let frame_addr = addr + HDR_LEN as u64;
         self.mem.write_slice(hdr, GuestAddress(addr)).map_err(memory_error)?;
-        self.mem.write_slice(frame, GuestAddress(addr + HDR_LEN as u64)).map_err(memory_error)?;
+        self.mem.write_slice(head, GuestAddress(frame_addr)).map_err(memory_error)?;
+        let cached = payload_key.map(|key| (key, head.len(), payload.len()));
+        let held = &mut self.tx_payload[usize::from(slot)];
+        if cached.is_none() || *held != cached {
+            self.mem.write_slice(payload, GuestAddress(frame_addr + head.len() as u64)).map_err(memory_error)?;
+            *held = cached;
+        }
         let (head, tail) = (2 * slot, 2 * slot + 1);
         self.write_desc(self.tx, head, addr, HDR_LEN as u32, DESC_F_NEXT, tail)?;
-        self.write_desc(self.tx, tail, addr + HDR_LEN as u64, frame.len() as u32, 0, 0)?;
+        self.write_desc(self.tx, tail, frame_addr, len as u32, 0, 0)?;
         let old = self.tx.next_avail;
         Self::publish(&self.mem, &mut self.tx, head)?;
         self.kick(self.tx, old, &self.tx_kick)?;
