@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use turbotun::vhost_user::frontend::{Guest, GuestMemory, HDR_LEN};
-use turbotun::wire::checksum;
-use turbotun::wire::virtio_net::{flags, gso};
+use turbotun::wire::ethernet::{self, ETHERTYPE_IPV4};
+use turbotun::wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
+use turbotun::wire::{checksum, ipv4, tcp, IPPROTO_TCP};
 use turbotun::Queue;
 
 pub const TAP_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
@@ -188,50 +189,49 @@ impl Framer {
         payload: Option<&[u8]>,
         tso: bool,
     ) -> ([u8; HDR_LEN], Vec<u8>) {
-        let (tap_mac, ip_id, window) = (self.tap_mac, self.ip_id, WINDOW);
+        let ip_id = self.ip_id;
         self.ip_id = self.ip_id.wrapping_add(1);
-        let tcp_len = 20 + options.len() + payload_len;
-        let mut f = Vec::with_capacity(ETH + 20 + tcp_len);
-        f.extend_from_slice(&tap_mac);
-        f.extend_from_slice(&GUEST_MAC);
-        f.extend_from_slice(&[0x08, 0x00]);
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&GUEST_IP.octets());
-        ip[16..20].copy_from_slice(&TAP_IP.octets());
-        let check = checksum::checksum(&ip, 0);
-        ip[10..12].copy_from_slice(&check.to_be_bytes());
-        f.extend_from_slice(&ip);
-        let mut th = [0u8; 20];
-        th[0..2].copy_from_slice(&GUEST_PORT.to_be_bytes());
-        th[2..4].copy_from_slice(&PORT.to_be_bytes());
-        th[4..8].copy_from_slice(&seq.to_be_bytes());
-        th[8..12].copy_from_slice(&ack.to_be_bytes());
-        th[12] = (((20 + options.len()) / 4) as u8) << 4;
-        th[13] = flags_;
-        th[14..16].copy_from_slice(&window.to_be_bytes());
-        f.extend_from_slice(&th);
-        f.extend_from_slice(options);
+        let tcp_header_len = tcp::MIN_HEADER_LEN + options.len();
+        let tcp_len = tcp_header_len + payload_len;
+        let mut f = vec![0u8; ETH + ipv4::MIN_HEADER_LEN + tcp_header_len];
+        let eth = ethernet::Repr { dst: self.tap_mac, src: GUEST_MAC, ethertype: ETHERTYPE_IPV4, ..Default::default() };
+        let ip = ipv4::Repr {
+            src: GUEST_IP.octets(),
+            dst: TAP_IP.octets(),
+            protocol: IPPROTO_TCP,
+            payload_len: tcp_len as u16,
+            ttl: 64,
+            tos: 0,
+            ident: ip_id,
+            dont_frag: true,
+        };
+        let th = tcp::Repr { src_port: GUEST_PORT, dst_port: PORT, seq, ack, flags: flags_, window: WINDOW };
+        let emitted = eth
+            .emit(&mut f)
+            .and_then(|_| ip.emit(&mut f[ETH..]))
+            .and_then(|()| th.emit(&mut f[ETH + ipv4::MIN_HEADER_LEN..]));
+        emitted.expect("the buffer holds the headers");
+        let mut segment = tcp::Packet::new_unchecked(&mut f[ETH + ipv4::MIN_HEADER_LEN..]);
+        segment.set_header_len(tcp_header_len);
+        segment.options_mut().copy_from_slice(options);
         f.extend_from_slice(payload.unwrap_or_default());
-        let pseudo = checksum::pseudo_header_v4(GUEST_IP.octets(), TAP_IP.octets(), 6, tcp_len as u32);
-        let at = ETH + 20 + 16;
+        let pseudo = checksum::pseudo_header_v4(GUEST_IP.octets(), TAP_IP.octets(), IPPROTO_TCP, tcp_len as u32);
+        let at = ETH + ipv4::MIN_HEADER_LEN + tcp::CHECKSUM_OFFSET;
         if tso && payload_len > MSS {
             f[at..at + 2].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
             let mut h = [0u8; HDR_LEN];
-            h[0] = flags::NEEDS_CSUM;
-            h[1] = gso::TCPV4;
-            h[2..4].copy_from_slice(&(HEADERS as u16).to_le_bytes());
-            h[4..6].copy_from_slice(&(MSS as u16).to_le_bytes());
-            h[6..8].copy_from_slice(&((ETH + 20) as u16).to_le_bytes());
-            h[8..10].copy_from_slice(&16u16.to_le_bytes());
+            VirtioNetHdrRepr {
+                flags: flags::NEEDS_CSUM,
+                gso_type: gso::TCPV4,
+                hdr_len: HEADERS as u16,
+                gso_size: MSS as u16,
+                csum_start: (ETH + ipv4::MIN_HEADER_LEN) as u16,
+                csum_offset: tcp::CHECKSUM_OFFSET as u16,
+            }
+            .emit(&mut h);
             (h, f)
         } else {
-            let check = checksum::checksum(&f[ETH + 20..], pseudo);
+            let check = checksum::checksum(&f[ETH + ipv4::MIN_HEADER_LEN..], pseudo);
             f[at..at + 2].copy_from_slice(&check.to_be_bytes());
             ([0u8; HDR_LEN], f)
         }
@@ -240,42 +240,28 @@ impl Framer {
 
 /// A TCP segment from the socket to the guest: (seq, ack, flags, window, window scale offered).
 fn parse_reply(frame: &[u8]) -> Option<(u32, u32, u8, u16, Option<u8>)> {
-    let ip = frame.get(ETH..)?;
-    if frame.get(12..14)? != [0x08, 0x00] || ip.first()? >> 4 != 4 || *ip.get(9)? != 6 {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    if eth.ethertype() != ETHERTYPE_IPV4 {
         return None;
     }
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
-    if ip.get(12..16)? != TAP_IP.octets() || ip.get(16..20)? != GUEST_IP.octets() {
+    let ip = ipv4::Packet::new_checked(eth.payload()).ok()?;
+    if ip.protocol() != IPPROTO_TCP || ip.src_addr() != TAP_IP.octets() || ip.dst_addr() != GUEST_IP.octets() {
         return None;
     }
-    let th = ip.get(ihl..)?;
-    if th.get(0..2)? != PORT.to_be_bytes() || th.get(2..4)? != GUEST_PORT.to_be_bytes() {
+    let th = tcp::Packet::new_checked(ip.payload()).ok()?;
+    if th.src_port() != PORT || th.dst_port() != GUEST_PORT {
         return None;
     }
-    let u32_at = |i: usize| Some(u32::from_be_bytes(th.get(i..i + 4)?.try_into().ok()?));
-    let data_offset = usize::from(th.get(12)? >> 4) * 4;
     let mut scale = None;
-    let mut opts = th.get(20..data_offset)?;
-    while let Some(&kind) = opts.first() {
-        match kind {
-            0 => break,
-            1 => opts = &opts[1..],
-            _ => {
-                let len = usize::from(*opts.get(1)?).max(2);
-                if kind == 3 && len == 3 {
-                    scale = Some(*opts.get(2)?);
-                }
-                opts = opts.get(len..)?;
-            }
+    for option in th.option_iter() {
+        if let tcp::TcpOption::WindowScale(shift) = option.ok()? {
+            scale = Some(shift);
         }
     }
-    Some((u32_at(4)?, u32_at(8)?, *th.get(13)?, u16::from_be_bytes([*th.get(14)?, *th.get(15)?]), scale))
+    Some((th.seq_number(), th.ack_number(), th.flags(), th.window(), scale))
 }
 
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-const PSH: u8 = 0x08;
-const RST: u8 = 0x04;
+use tcp::flags::{ACK, PSH, RST, SYN};
 
 /// Connects to [`TAP_IP`]:[`PORT`] over `link` and sends `payload`-byte segments (TSO super-packets when
 /// `tso`) until `stop`; `sent` follows the payload bytes handed to the link.
