@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,24 +14,9 @@ use std::time::{Duration, Instant};
 const TOOLS: &[(&str, &str)] =
     &[("iperf3", "iperf3"), ("wg", "wireguard-tools"), ("go", "golang-go"), ("perf", "linux-perf")];
 
-fn which(name: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let extra = [Path::new("/usr/local/go/bin").to_path_buf()];
-    std::env::split_paths(&path).chain(extra).any(|d| d.join(name).is_file())
-}
-
 /// `true` when the test can run; otherwise the suite's skip rule.
 fn runnable(test: &str) -> bool {
-    if !common::privileged(test) {
-        return false;
-    }
-    let missing: Vec<String> =
-        TOOLS.iter().filter(|(t, _)| !which(t)).map(|(t, p)| format!("{t} (apt-get install {p})")).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    common::cannot_run(test, &format!("missing {}", missing.join(", ")));
-    false
+    common::can_run(test, TOOLS)
 }
 
 /// Makes this test process the reaper of its orphaned descendants, so that a process the bench leaves behind

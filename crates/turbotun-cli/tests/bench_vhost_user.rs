@@ -19,23 +19,9 @@ const TOOLS: &[(&str, &str)] = &[("dpdk-testpmd", "dpdk-dev"), ("stdbuf", "coreu
 const PPS_ROWS: &[&str] = &["turbotun", "dpdk"];
 const TCP_ROWS: &[&str] = &["tso", "no-offload", "ceiling"];
 
-fn which(name: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|d| d.join(name).is_file())
-}
-
 /// `true` when the test can run; otherwise the suite's skip rule.
 fn runnable(test: &str) -> bool {
-    if !common::privileged(test) {
-        return false;
-    }
-    let missing: Vec<String> =
-        TOOLS.iter().filter(|(t, _)| !which(t)).map(|(t, p)| format!("{t} (apt-get install {p})")).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    common::cannot_run(test, &format!("missing {}", missing.join(", ")));
-    false
+    common::can_run(test, TOOLS)
 }
 
 fn number(v: &serde_json::Value) -> f64 {

@@ -167,7 +167,7 @@ fn dpdk_one_pair_of_two_gets_every_frame_also_after_a_guest_with_two() {
 /// Holds the lock while the test runs; `None` when the test is to be skipped (the suite's skip rule: under
 /// `CI=true` a test that cannot run fails).
 fn runnable(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
-    if !common::vhost_user::can_run(test, &[(TESTPMD, "dpdk-dev"), ("stdbuf", "coreutils"), ("ping", "iputils-ping")]) {
+    if !common::can_run(test, &[(TESTPMD, "dpdk-dev"), ("stdbuf", "coreutils"), ("ping", "iputils-ping")]) {
         return None;
     }
     Some(ONE_FRONT_END_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))

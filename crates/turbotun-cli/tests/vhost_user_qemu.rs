@@ -176,7 +176,7 @@ fn qemu_guest_tcp_both_ways_with_tso_super_packets() {
 /// Holds the lock while the test runs, with the guest's image; `None` when the test is to be skipped (the
 /// suite's skip rule: under `CI=true` a test that cannot run fails).
 fn runnable(test: &str) -> Option<(std::sync::MutexGuard<'static, ()>, GuestImage)> {
-    if !common::vhost_user::can_run(test, &[(QEMU, "qemu-system-x86"), ("ping", "iputils-ping")]) {
+    if !common::can_run(test, &[(QEMU, "qemu-system-x86"), ("ping", "iputils-ping")]) {
         return None;
     }
     let one = ONE_GUEST_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

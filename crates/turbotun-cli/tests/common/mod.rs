@@ -37,6 +37,27 @@ pub fn privileged(test: &str) -> bool {
     }
 }
 
+/// Whether a test whose other end is a program written elsewhere can run: root ([`privileged`]), and each
+/// `(tool, package)` on the PATH or in /usr/local/go/bin (where the Go toolchain goes). False when it is to be
+/// skipped, after saying why (the suite's rule: under `CI=true` a test that cannot run fails).
+pub fn can_run(test: &str, tools: &[(&str, &str)]) -> bool {
+    if !privileged(test) {
+        return false;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path).chain([PathBuf::from("/usr/local/go/bin")]).collect();
+    let missing: Vec<String> = tools
+        .iter()
+        .filter(|(tool, _)| !dirs.iter().any(|dir| dir.join(tool).is_file()))
+        .map(|(tool, package)| format!("{tool} (apt-get install {package})"))
+        .collect();
+    if !missing.is_empty() {
+        cannot_run(test, &format!("missing {}; scripts/install-deps.sh installs them", missing.join(", ")));
+        return false;
+    }
+    true
+}
+
 pub fn new_netns() -> OwnedFd {
     with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
         .expect("private netns")

@@ -14,26 +14,6 @@ use super::{new_netns, ns_path, start_ready, Running};
 
 const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
 
-/// Whether a test whose front end is a program written elsewhere can run: root, and each `(tool, package)`
-/// on the PATH. False when it is to be skipped, after saying why (the suite's rule: under `CI=true` a test that
-/// cannot run fails).
-pub fn can_run(test: &str, tools: &[(&str, &str)]) -> bool {
-    if !super::privileged(test) {
-        return false;
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let missing: Vec<&str> = tools
-        .iter()
-        .filter(|(tool, _)| !std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
-        .map(|&(_, package)| package)
-        .collect();
-    if !missing.is_empty() {
-        super::cannot_run(test, &format!("missing packages {} (scripts/install-deps.sh)", missing.join(", ")));
-        return false;
-    }
-    true
-}
-
 /// A private namespace with `turbotun vhost-user` serving a TAP (IPv6 off, `tap_addr`/24 on it, up), its socket
 /// and counters socket in a scratch directory. The fields drop in order: the backend is killed (if a test failed
 /// before stopping it), then the directory goes, then the namespace with the TAP.
