@@ -381,11 +381,15 @@ impl NetBackend {
 
     /// TAP to guest: frames are read from the TAP while the guest has buffers for them; when it runs out, the
     /// frame in hand waits and notifications are turned on, so that the guest's next kick resumes here.
-    fn process_rx(&self, tap: &Queue, w: &mut Worker, vring: &VringRwLock) {
+    /// Frames are steered to pair `index`'s TAP queue while the guest uses its receive ring.
+    fn process_rx(&self, tap: &TapQueue, index: usize, w: &mut Worker, vring: &VringRwLock) {
         let mut state = vring.get_mut();
-        if !(state.get_queue().ready() && state.is_enabled()) {
+        let live = state.get_queue().ready() && state.is_enabled();
+        tap.steer_here(index, live);
+        if !live {
             return;
         }
+        let tap = &tap.queue;
         let mem = self.mem.memory();
         let mut used = false;
         loop {
@@ -721,13 +725,7 @@ impl VhostUserBackend for NetBackend {
             // A receive kick (new buffers) and the TAP (new frames) both mean: move frames to the guest.
             _ => {
                 if let Some(vring) = vrings.get(RX) {
-                    // Frames are steered to this pair's TAP queue while the guest uses its receive ring.
-                    let live = {
-                        let state = vring.get_ref();
-                        state.get_queue().ready() && state.is_enabled()
-                    };
-                    pair.tap.steer_here(thread, live);
-                    self.process_rx(&pair.tap.queue, &mut w, vring);
+                    self.process_rx(&pair.tap, thread, &mut w, vring);
                 }
             }
         }

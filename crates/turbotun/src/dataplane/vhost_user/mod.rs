@@ -80,11 +80,10 @@ use backend::{GuestMem, NetBackend, TapQueue, MAX_QUEUE_PAIRS, TAP_VNET_HDR};
 /// `num_buffers` field the guest's mergeable receive buffers need.
 pub const VNET_HDR_LEN: usize = TAP_VNET_HDR;
 
-/// What a backend moved, for as long as it serves (all connections together), in all and by queue pair.
+/// What a backend moved, for as long as it serves (all connections together), by queue pair; the totals are
+/// their sum.
 #[derive(Debug, Default)]
 pub struct VhostUserStats {
-    to_tap: SharedCounters,
-    to_guest: SharedCounters,
     connections: AtomicU64,
     /// Each queue pair's own `to_tap` and `to_guest`.
     pairs: Vec<(SharedCounters, SharedCounters)>,
@@ -111,11 +110,13 @@ impl VhostUserStats {
 
     /// The counters as they are now (a connection's are added as its worker handles events, and at its end).
     pub fn snapshot(&self) -> VhostUserCounters {
-        VhostUserCounters {
-            to_tap: self.to_tap.snapshot(),
-            to_guest: self.to_guest.snapshot(),
-            connections: self.connections.load(Ordering::Relaxed),
+        let mut total =
+            VhostUserCounters { connections: self.connections.load(Ordering::Relaxed), ..Default::default() };
+        for pair in self.pair_snapshots() {
+            total.to_tap.add(&pair.to_tap);
+            total.to_guest.add(&pair.to_guest);
         }
+        total
     }
 
     /// Each queue pair's counters, in order: which pairs the guest uses, and how evenly the kernel's steering
@@ -133,8 +134,6 @@ impl VhostUserStats {
 
     /// Adds what queue pair `pair` moved since its last report.
     pub(crate) fn add(&self, pair: usize, to_tap: &Counters, to_guest: &Counters) {
-        self.to_tap.add(to_tap);
-        self.to_guest.add(to_guest);
         if let Some((pair_to_tap, pair_to_guest)) = self.pairs.get(pair) {
             pair_to_tap.add(to_tap);
             pair_to_guest.add(to_guest);
