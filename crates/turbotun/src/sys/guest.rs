@@ -27,6 +27,8 @@ impl<'m> GuestIoSlice<'m> {
 
     /// A piece of guest memory, as vm-memory checked it against the map.
     pub(crate) fn guest<B: BitmapSlice>(slice: &VolatileSlice<'m, B>) -> GuestIoSlice<'m> {
+        // The guard maps nothing without vm-memory's `xen` feature (not enabled here): the pointer stays valid
+        // for as long as the map the slice borrows, not only while the guard lives.
         let guard = slice.ptr_guard();
         GuestIoSlice {
             iov: libc::iovec { iov_base: guard.as_ptr().cast_mut().cast(), iov_len: guard.len() },
