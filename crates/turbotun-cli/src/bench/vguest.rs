@@ -314,6 +314,11 @@ pub fn send_tcp(
             idle = false;
             let Some((_, ack, fl, win, _)) = parse_reply(&frame) else { continue };
             if fl & RST != 0 {
+                // At the end of the run the reader closes its socket with data unread, which resets the
+                // connection: that is the end, not a failure.
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(report);
+                }
                 bail!("the socket reset the connection");
             }
             if fl & ACK != 0 {
