@@ -346,6 +346,53 @@ fn the_endpoint_is_not_dumpable() {
     endpoint.stop();
 }
 
+/// Sets a sysctl of the whole machine (`fs.suid_dumpable` has no per-namespace copy) and puts it back when
+/// dropped, however the test ends.
+struct Sysctl {
+    path: &'static str,
+    was: String,
+}
+
+impl Sysctl {
+    fn set(path: &'static str, value: &str) -> Sysctl {
+        let was = std::fs::read_to_string(path).unwrap();
+        std::fs::write(path, value).unwrap();
+        Sysctl { path, was }
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.was.trim());
+    }
+}
+
+/// The attack: with `fs.suid_dumpable` at 1, the kernel made a process dumpable again when it changed its uid, so
+/// the endpoint run with `--user` had its memory (its keys) open to every process of that user, and at 2 a crash
+/// wrote a core with them. Its `/proc/PID` files show it: a dumpable process's are its user's, a non-dumpable
+/// one's root's.
+#[test]
+fn the_endpoint_stays_not_dumpable_after_dropping_to_its_user() {
+    if !privileged("the_endpoint_stays_not_dumpable_after_dropping_to_its_user") {
+        return;
+    }
+    let _sysctl = Sysctl::set("/proc/sys/fs/suid_dumpable", "1");
+    let ns = new_netns();
+    let name = unique("wgn");
+    let endpoint = Endpoint::start_with(&ns, Impl::Turbotun, &name, &["--user", "nobody"]);
+    let uid_line = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", endpoint.pid())).unwrap();
+        status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string()
+    };
+    // The configuration socket is bound before the drop: the drop is seen in the kernel's view of the process.
+    wait_for(|| !uid_line().split_whitespace().skip(1).any(|u| u == "0"), "the drop to nobody");
+    let uid_line = uid_line();
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(format!("/proc/{}/environ", endpoint.pid())).unwrap().uid();
+    assert_eq!(owner, 0, "the endpoint is dumpable after its drop to nobody ({uid_line}): its /proc files are theirs");
+    endpoint.stop();
+}
+
 #[test]
 fn a_slow_client_blocks_neither_wg_show_nor_the_stop_and_a_huge_request_is_refused() {
     if !privileged("a_slow_client_blocks_neither_wg_show_nor_the_stop_and_a_huge_request_is_refused") {

@@ -9,15 +9,31 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use subtle::{Choice, ConstantTimeEq};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 /// A Curve25519 public key, 32 bytes.
 pub type Key = [u8; 32];
 
 /// A secret key (the device's private key, a peer's preshared key): wiped when dropped, never printed by
-/// `Debug`, and not `Copy`, so that every copy is one that will be wiped.
-#[derive(Clone, PartialEq, Eq)]
+/// `Debug`, not `Copy`, so that every copy is one that will be wiped, and compared in constant time (`==` too),
+/// so that how long a comparison takes says nothing of where two keys differ.
+#[derive(Clone)]
 pub struct SecretKey([u8; 32]);
+
+impl ConstantTimeEq for SecretKey {
+    fn ct_eq(&self, other: &Self) -> Choice {
+        self.0.ct_eq(&other.0)
+    }
+}
+
+impl PartialEq for SecretKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.ct_eq(other).into()
+    }
+}
+
+impl Eq for SecretKey {}
 
 impl SecretKey {
     /// The key of these bytes.
@@ -39,7 +55,7 @@ impl SecretKey {
 
     /// Whether it is all zero (what the protocol sends for "no key").
     pub fn is_zero(&self) -> bool {
-        self.0 == [0; 32]
+        self.0.ct_eq(&[0; 32]).into()
     }
 
     /// The key as a Curve25519 private key is used (and as the kernel and wireguard-go store and show it): the
@@ -114,6 +130,15 @@ impl PeerConfig {
     }
 }
 
+/// Whether two optional secrets (preshared keys as a peer holds them) are the same, compared in constant time.
+pub fn same_secret(a: Option<&[u8; 32]>, b: Option<&[u8; 32]>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.ct_eq(b).into(),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
 /// A key in lowercase hex, as the protocol writes it.
 pub fn key_to_hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
@@ -153,5 +178,18 @@ mod tests {
         assert_eq!(key_from_hex("ab"), None);
         assert_eq!(key_from_hex(&"zz".repeat(32)), None);
         assert_eq!(key_from_hex(&"é".repeat(32)), None, "non-ASCII never slices through a character");
+    }
+
+    /// Secret keys are compared through `subtle` (whose comparison does not stop at the first differing byte),
+    /// `==` included; a key differing only in its last byte is unequal, an equal one equal.
+    #[test]
+    fn test_secret_keys_compare_in_constant_time() {
+        let a = SecretKey::new(k(7));
+        let mut last = k(7);
+        last[31] ^= 1;
+        assert!(bool::from(a.ct_eq(&SecretKey::new(k(7)))));
+        assert!(!bool::from(a.ct_eq(&SecretKey::new(last))));
+        assert!(a == SecretKey::new(k(7)) && a != SecretKey::new(last));
+        assert!(SecretKey::new([0; 32]).is_zero() && !a.is_zero());
     }
 }

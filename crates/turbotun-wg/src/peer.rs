@@ -227,6 +227,23 @@ impl Peer {
         before.into_iter().filter(|i| keypairs.find(*i).is_none()).collect()
     }
 
+    /// What a new private key of the device does to this peer (the kernel's
+    /// `wg_noise_expire_current_peer_keypairs`): the handshake under way is dropped and the next initiation may
+    /// go at once; `current` and `next` stop sealing. The greatest timestamp taken from the peer stays, so that
+    /// an initiation seen before is still a replay. Returns the index no handshake holds any more.
+    pub fn expire_for_new_identity(&self) -> Option<u32> {
+        let mut st = self.state();
+        let pending = st.pending.take().map(|p| p.local_index);
+        st.last_initiation_sent = None;
+        drop(st);
+        self.change_keypairs(|k| {
+            for keypair in [&k.current, &k.next].into_iter().flatten() {
+                keypair.expire_sending();
+            }
+        });
+        pending.filter(|&i| self.keypairs().find(i).is_none())
+    }
+
     /// The handshake worker's state.
     pub fn state(&self) -> MutexGuard<'_, HandshakeSide> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())

@@ -83,6 +83,9 @@ pub struct Keypair {
     /// Whether the peer is known to have it: always for the initiator; for the responder once the initiator's
     /// first message with it arrived.
     confirmed: AtomicBool,
+    /// Sealing with it stopped before its time (the device's private key changed): the kernel's
+    /// `sending.is_valid` cleared; it still opens what the peer sent with it.
+    sending_expired: AtomicBool,
 }
 
 impl std::fmt::Debug for Keypair {
@@ -122,7 +125,18 @@ impl Keypair {
             send_counter: AtomicU64::new(0),
             window: Mutex::new(ReplayWindow::default()),
             confirmed: AtomicBool::new(false),
+            sending_expired: AtomicBool::new(false),
         }
+    }
+
+    /// Stops sealing with it (what the peer sends with it is still opened).
+    pub fn expire_sending(&self) {
+        self.sending_expired.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::expire_sending`] was called.
+    pub fn sending_expired(&self) -> bool {
+        self.sending_expired.load(Ordering::Acquire)
     }
 
     /// Whether the peer is known to have this session.

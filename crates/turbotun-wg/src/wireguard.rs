@@ -30,6 +30,7 @@ use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::{Opened, Room, SealBatch, Sealed, Settled, Transform};
+use turbotun::udp::{LocalAddr, ReplySources};
 use turbotun::{DropReason, Drops};
 
 use crate::config::{key_to_hex, DeviceConfig, Key};
@@ -50,6 +51,8 @@ const REKEY_TIMEOUT: u64 = 5_000;
 /// Up to this much is added to each handshake retransmission, so that peers do not retry in step.
 const REKEY_TIMEOUT_JITTER: u64 = 333;
 const KEEPALIVE_TIMEOUT: u64 = 10_000;
+/// The age of a session we initiated past which a message received asks for a new handshake.
+const LASTMINUTE_AGE: u64 = REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT;
 /// Retransmissions of one handshake before it is given up (REKEY_ATTEMPT_TIME, 90 s, over REKEY_TIMEOUT).
 const MAX_TIMER_HANDSHAKES: u32 = 18;
 /// Initiations a second taken from one peer (more are a flood, even with fresh timestamps).
@@ -84,6 +87,8 @@ struct Job {
     message: [u8; INITIATION_LEN],
     len: usize,
     from: SocketAddr,
+    /// The local address it reached: recorded for replies to `from` if it authenticates.
+    to: Option<LocalAddr>,
     /// Under load without a valid cookie: answered with a cookie reply and nothing else.
     needs_cookie: bool,
 }
@@ -158,10 +163,63 @@ pub struct WireGuard {
     settled: Mutex<Settled>,
     /// Whether the handshake worker's thread has been given its lower priority.
     worker_niced: AtomicBool,
+    /// Where replies to each remote leave from (the tunnel's table): a handshake message that authenticated
+    /// records its sender's local address there before anything answers it.
+    reply_sources: RwLock<ReplySources>,
     jitter: AtomicU64,
+    /// The debug lines about handshake messages refused, limited as the kernel limits its own: whoever sends
+    /// them chooses how many there are.
+    refused_log: LogLimit,
     /// Moves the clock forward in tests of the timers.
     #[cfg(test)]
     skipped_ms: AtomicU64,
+}
+
+/// Lines a [`LogLimit`] lets through in each interval, and the interval (ms): the kernel's `net_ratelimit`
+/// (a burst of 10 every 5 seconds).
+const LOG_BURST: u32 = 10;
+const LOG_INTERVAL: u64 = 5_000;
+
+/// Debug lines about what others send, at most [`LOG_BURST`] each [`LOG_INTERVAL`]; how many were held back is
+/// said with the first line of the next interval.
+#[derive(Debug, Default)]
+struct LogLimit {
+    window: Mutex<LogWindow>,
+}
+
+#[derive(Debug, Default)]
+struct LogWindow {
+    /// When the interval began (device clock, ms; 0: none yet).
+    start: u64,
+    printed: u32,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// Whether a line may go out at `now`, counting it either way.
+    fn allow(&self, now: u64) -> bool {
+        let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if w.start == 0 || now >= w.start + LOG_INTERVAL {
+            if w.suppressed > 0 {
+                tracing::debug!("{} lines about refused handshake messages suppressed", w.suppressed);
+            }
+            *w = LogWindow { start: now, printed: 0, suppressed: 0 };
+        }
+        if w.printed < LOG_BURST {
+            w.printed += 1;
+            true
+        } else {
+            w.suppressed += 1;
+            false
+        }
+    }
+
+    /// `line` at debug level, if the limit lets it through at `now`.
+    fn debug(&self, now: u64, line: std::fmt::Arguments<'_>) {
+        if tracing::enabled!(tracing::Level::DEBUG) && self.allow(now) {
+            tracing::debug!("{line}");
+        }
+    }
 }
 
 /// What a worker thread keeps between packets, so that the common case (the same runtime, destination, session
@@ -263,9 +321,14 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
-/// Whether `keypair` may still seal or open at `now`.
+/// Whether `keypair` may still open at `now`.
 fn usable(keypair: &Keypair, now: u64) -> bool {
     now < keypair.born_ms + REJECT_AFTER_TIME && keypair.sent() < REJECT_AFTER_MESSAGES
+}
+
+/// Whether `keypair` may still seal at `now`: usable, and not expired for sending by a change of our key.
+fn sendable(keypair: &Keypair, now: u64) -> bool {
+    usable(keypair, now) && !keypair.sending_expired()
 }
 
 /// The destination of an IP packet.
@@ -327,7 +390,9 @@ impl WireGuard {
             under_load_until: AtomicU64::new(0),
             settled: Mutex::new(Settled::default()),
             worker_niced: AtomicBool::new(false),
+            reply_sources: RwLock::default(),
             jitter: AtomicU64::new(OsRng.next_u64() | 1),
+            refused_log: LogLimit::default(),
             #[cfg(test)]
             skipped_ms: AtomicU64::new(0),
         }
@@ -419,9 +484,12 @@ impl WireGuard {
             .collect()
     }
 
-    /// Puts `config` in force. Peers whose public key stays keep their sessions and counters; a new private key
-    /// starts every peer afresh (their sessions were made with the old one); a new preshared key is used from
-    /// the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel does.
+    /// Puts `config` in force. Peers whose public key stays keep their sessions, counters and the greatest
+    /// initiation timestamp taken from them; a new private key is taken as the kernel takes it: each peer's
+    /// handshake keys are made anew, a handshake under way is dropped, and its sessions stop sealing (what the
+    /// peer still sends with them is opened) until a handshake with the new key completes. A new preshared key
+    /// is used from the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel
+    /// does.
     pub fn apply(&self, config: DeviceConfig) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let old = guard.clone();
@@ -435,20 +503,24 @@ impl WireGuard {
             |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
         let mut peers = Vec::with_capacity(config.peers.len());
         let mut wake = false;
+        let mut retired = Vec::new();
         for pc in &config.peers {
             // The same peer only if it was not removed and added again since (replace_peers, remove).
             let old_config =
                 old.config.peers.iter().find(|o| o.public_key == pc.public_key && o.incarnation == pc.incarnation);
             let kept = old_config.and(old.by_key.get(&pc.public_key)).map(|&i| old.peers[i].clone());
             let preshared_key = pc.preshared_key.as_ref().map(|k| *k.as_bytes());
-            let peer = match kept.clone().filter(|_| !identity_changed) {
+            let peer = match kept {
                 Some(p) => {
                     let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if **psk != preshared_key {
+                    if identity_changed || !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref()) {
                         **psk = preshared_key;
                         p.set_keys(keys_for(pc.public_key, preshared_key));
                     }
                     drop(psk);
+                    if identity_changed {
+                        retired.extend(p.expire_for_new_identity());
+                    }
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
                     if pc.endpoint.is_some() && old_config.map(|o| o.endpoint) != Some(pc.endpoint) {
                         p.set_endpoint(pc.endpoint);
@@ -464,11 +536,7 @@ impl WireGuard {
                 None => {
                     let keys = keys_for(pc.public_key, preshared_key);
                     let p = Peer::new(pc.public_key, keys, preshared_key, pc.persistent_keepalive);
-                    p.set_endpoint(pc.endpoint.or_else(|| kept.as_ref().and_then(|k| k.endpoint())));
-                    if let Some(k) = &kept {
-                        p.rx_bytes.store(k.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-                        p.tx_bytes.store(k.tx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-                    }
+                    p.set_endpoint(pc.endpoint);
                     if pc.persistent_keepalive > 0 {
                         p.wants_keepalive.store(true, Ordering::Relaxed);
                         wake = true;
@@ -478,6 +546,7 @@ impl WireGuard {
             };
             peers.push(peer);
         }
+        self.retire(&retired);
         // Peers gone (or made anew) take their indices with them.
         let gone: Vec<&Arc<Peer>> = old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).collect();
         if !gone.is_empty() {
@@ -538,6 +607,19 @@ impl WireGuard {
         now < self.under_load_until.load(Ordering::Relaxed)
     }
 
+    /// Whether a message just received finds the session `peer` sends with one we initiated that is within
+    /// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT of its end, with no last-minute handshake asked for yet (then it is).
+    fn needs_lastminute_handshake(&self, peer: &Peer, now: u64) -> bool {
+        if peer.sent_lastminute_handshake.load(Ordering::Acquire) {
+            return false;
+        }
+        let due = peer
+            .keypairs()
+            .current
+            .is_some_and(|k| k.initiator && sendable(&k, now) && now >= k.born_ms + LASTMINUTE_AGE);
+        due && !peer.sent_lastminute_handshake.swap(true, Ordering::AcqRel)
+    }
+
     /// Asks the handshake worker for a handshake with `peer`.
     fn request_handshake(&self, peer: &Peer) {
         if !peer.wants_handshake.swap(true, Ordering::AcqRel) {
@@ -546,7 +628,14 @@ impl WireGuard {
     }
 
     /// The data worker's part of a handshake message: the checks that cost no key work, then the queue.
-    fn queue_handshake(&self, rt: &Runtime, kind: MessageKind, message: &[u8], from: SocketAddr) -> Opened {
+    fn queue_handshake(
+        &self,
+        rt: &Runtime,
+        kind: MessageKind,
+        message: &[u8],
+        from: SocketAddr,
+        to: Option<LocalAddr>,
+    ) -> Opened {
         let Some(identity) = rt.identity.as_ref() else {
             return Opened::Dropped(DropReason::Unauthenticated); // no key: nothing can be for us
         };
@@ -573,7 +662,7 @@ impl WireGuard {
                 MacState::ValidMacWithCookie => {}
             }
         }
-        let mut job = Job { message: [0; INITIATION_LEN], len: message.len(), from, needs_cookie };
+        let mut job = Job { message: [0; INITIATION_LEN], len: message.len(), from, to, needs_cookie };
         job.message[..message.len()].copy_from_slice(message);
         if self.handshakes.push(job) {
             Opened::Queued
@@ -633,10 +722,9 @@ impl WireGuard {
             self.handshakes.kick();
         }
         peer.received_authenticated(now, !plain.is_empty());
-        if keypair.initiator
-            && now >= keypair.born_ms + REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT
-            && !peer.sent_lastminute_handshake.swap(true, Ordering::AcqRel)
-        {
+        // The kernel's keep_key_fresh on receiving: judged on the session we send with (`current`), which is never
+        // older than the one a message came on; so only a message on a session that old needs the look.
+        if now >= keypair.born_ms + LASTMINUTE_AGE && self.needs_lastminute_handshake(peer, now) {
             self.request_handshake(peer);
         }
         // Authenticated: the peer is now at `from` (roaming), unless a later message of the session came from
@@ -706,8 +794,8 @@ impl WireGuard {
                 self.send_cookie(identity, message, job.from, control);
                 Err(DropReason::RateLimited)
             }
-            Some(MessageKind::Initiation) => self.take_initiation(rt, identity, message, job.from, now, control),
-            Some(MessageKind::Response) => self.take_response(identity, message, job.from, now, control),
+            Some(MessageKind::Initiation) => self.take_initiation(rt, identity, job, now, control),
+            Some(MessageKind::Response) => self.take_response(identity, job, now, control),
             Some(MessageKind::CookieReply) => {
                 let index = noise::receiver_index(MessageKind::CookieReply, message);
                 let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
@@ -715,7 +803,7 @@ impl WireGuard {
                 if peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
                     Ok(())
                 } else {
-                    tracing::debug!("cookie reply from {} did not authenticate", job.from);
+                    self.refused_log.debug(now, format_args!("cookie reply from {} did not authenticate", job.from));
                     Err(DropReason::Unauthenticated)
                 }
             }
@@ -741,28 +829,28 @@ impl WireGuard {
         &self,
         rt: &Runtime,
         identity: &Identity,
-        message: &[u8],
-        from: SocketAddr,
+        job: &Job,
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Result<(), DropReason> {
+        let (message, from) = (&job.message[..job.len], job.from);
         let Some(opened) = open_initiation(identity, message) else {
-            tracing::debug!("handshake initiation from {from} did not authenticate");
+            self.refused_log.debug(now, format_args!("handshake initiation from {from} did not authenticate"));
             return Err(DropReason::Unauthenticated);
         };
         let Some(peer) = rt.by_key.get(&opened.peer).map(|&i| rt.peers[i].clone()) else {
-            tracing::debug!("handshake initiation from {from} names no peer of ours");
+            self.refused_log.debug(now, format_args!("handshake initiation from {from} names no peer of ours"));
             return Err(DropReason::Unauthenticated);
         };
         let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
         let Some(consumed) = finish_initiation(opened, &keys, message) else {
-            tracing::debug!("handshake initiation from {from} did not authenticate");
+            self.refused_log.debug(now, format_args!("handshake initiation from {from} did not authenticate"));
             return Err(DropReason::Unauthenticated);
         };
         let mut st = peer.state();
         let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
         if consumed.timestamp <= st.greatest_timestamp || flood {
-            tracing::debug!("handshake initiation from {from}: a replay or too soon after the last");
+            self.refused_log.debug(now, format_args!("handshake initiation from {from}: a replay or too soon after the last"));
             return Err(DropReason::Replayed);
         }
         st.greatest_timestamp = consumed.timestamp;
@@ -779,9 +867,15 @@ impl WireGuard {
             self.retire(&[ours.local_index]);
         }
         let keypair = Arc::new(Keypair::new(&session, local_index, consumed.remote_index, false, now));
-        let gone = peer.change_keypairs(|k| k.next = Some(keypair));
+        // The kernel's add_new_keypair for the responder: the new session waits as `next` (the old `next` goes),
+        // and `previous` goes too; `current` stays until the initiator's first message confirms the new one.
+        let gone = peer.change_keypairs(|k| {
+            k.next = Some(keypair);
+            k.previous = None;
+        });
         self.retire(&gone);
         peer.set_endpoint(Some(from));
+        self.authenticated(job);
         peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
         peer.received_authenticated(now, false);
         control(&response, from);
@@ -794,11 +888,11 @@ impl WireGuard {
     fn take_response(
         &self,
         identity: &Identity,
-        message: &[u8],
-        from: SocketAddr,
+        job: &Job,
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Result<(), DropReason> {
+        let (message, from) = (&job.message[..job.len], job.from);
         let index = noise::receiver_index(MessageKind::Response, message);
         let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
         let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
@@ -808,7 +902,10 @@ impl WireGuard {
             _ => None,
         };
         let Some(session) = session else {
-            tracing::debug!("handshake response from {from} answers nothing under way or did not authenticate");
+            self.refused_log.debug(
+                now,
+                format_args!("handshake response from {from} answers nothing under way or did not authenticate"),
+            );
             return Err(DropReason::Unauthenticated);
         };
         st.pending = None;
@@ -823,12 +920,18 @@ impl WireGuard {
         });
         self.retire(&gone);
         peer.set_endpoint(Some(from));
+        self.authenticated(job);
         peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
         peer.received_authenticated(now, false);
         self.handshake_complete(&peer, &mut st, now);
         // What waited goes now; with nothing waiting, a keepalive confirms the session to the responder.
         self.send_keepalive(&peer, &keys, &mut st, now, control);
         Ok(())
+    }
+
+    /// Records, for replies to the sender of `job` (which authenticated), the local address it reached.
+    fn authenticated(&self, job: &Job) {
+        self.reply_sources.read().unwrap_or_else(|e| e.into_inner()).remember(job.from, job.to);
     }
 
     fn handshake_complete(&self, peer: &Peer, st: &mut HandshakeSide, now: u64) {
@@ -887,7 +990,7 @@ impl WireGuard {
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
     ) {
-        let current = peer.keypairs().current.filter(|k| usable(k, now));
+        let current = peer.keypairs().current.filter(|k| sendable(k, now));
         let (Some(keypair), Some(endpoint)) = (current, peer.endpoint()) else {
             self.send_initiation(peer, keys, st, false, now, control);
             return;
@@ -929,11 +1032,15 @@ impl WireGuard {
         if flush {
             self.handshake_complete(peer, &mut st, now);
         }
-        if flush || peer.wants_keepalive.swap(false, Ordering::AcqRel) {
+        // A session confirmed by the initiator's first message sends what waited for it, and nothing when nothing
+        // did (the kernel's send_staged_packets with an empty queue): the confirming message already told the
+        // initiator, and a keepalive here would stand in for the passive one that is due later.
+        let keepalive = peer.wants_keepalive.swap(false, Ordering::AcqRel);
+        if keepalive || (flush && !st.held.is_empty()) {
             self.send_keepalive(peer, &keys, &mut st, now, control);
         }
         if peer.wants_handshake.swap(false, Ordering::AcqRel) {
-            let current = peer.keypairs().current.filter(|k| usable(k, now));
+            let current = peer.keypairs().current.filter(|k| sendable(k, now));
             if current.is_some() && !st.held.is_empty() {
                 self.send_keepalive(peer, &keys, &mut st, now, control);
             } else {
@@ -941,11 +1048,13 @@ impl WireGuard {
             }
         }
         if st.retransmit_at.is_some_and(|t| now >= t) {
-            if st.attempts >= MAX_TIMER_HANDSHAKES {
+            // The kernel's rule: retried while the count of retries is at most MAX_TIMER_HANDSHAKES, so the
+            // initiation goes MAX_TIMER_HANDSHAKES + 2 times before this gives up.
+            if st.attempts > MAX_TIMER_HANDSHAKES {
                 tracing::debug!(
                     "handshake for peer {} did not complete after {} attempts, giving up",
                     key_to_hex(&peer.public_key),
-                    st.attempts + 2
+                    st.attempts + 1
                 );
                 st.retransmit_at = None;
                 st.keepalive_timer = None;
@@ -1061,16 +1170,17 @@ fn sending_keypair<'a>(
     if !fresh {
         *sending = Some(SendCache { peer: position, keypairs_gen, keypair: peer.keypairs().current });
     }
-    sending.as_ref()?.keypair.as_deref().filter(|k| usable(k, now))
+    sending.as_ref()?.keypair.as_deref().filter(|k| sendable(k, now))
 }
 
 impl WireGuard {
     /// Records that `bytes` of transport data up to message `last` left for `peer` with `keypair`, and asks for a
-    /// new handshake when the initiator's session is old or has sent enough.
+    /// new handshake when the session has sent enough (either side) or, for its initiator, is old: the kernel's
+    /// `keep_key_fresh` on sending (only the age waits for the initiator, so that both sides do not rekey at once).
     fn sent(&self, peer: &Peer, keypair: &Keypair, bytes: u64, last: u64, now: u64) {
         peer.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
         peer.sent_data(now);
-        if keypair.initiator && (last >= REKEY_AFTER_MESSAGES || now >= keypair.born_ms + REKEY_AFTER_TIME) {
+        if last >= REKEY_AFTER_MESSAGES || (keypair.initiator && now >= keypair.born_ms + REKEY_AFTER_TIME) {
             self.request_handshake(peer);
         }
     }
@@ -1203,6 +1313,7 @@ impl Transform for WireGuard {
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
+        to: Option<LocalAddr>,
         _out: &mut [u8],
         _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {
@@ -1213,13 +1324,17 @@ impl Transform for WireGuard {
             MessageKind::Data => self.open_data(cache, datagram, from),
             _ => {
                 let rt = cache.rt.clone();
-                self.queue_handshake(&rt, kind, datagram, from)
+                self.queue_handshake(&rt, kind, datagram, from, to)
             }
         })
     }
 
     fn tick_interval(&self) -> Option<Duration> {
         Some(TICK)
+    }
+
+    fn reply_sources(&self, sources: ReplySources) {
+        *self.reply_sources.write().unwrap_or_else(|e| e.into_inner()) = sources;
     }
 
     fn work_fd(&self) -> Option<BorrowedFd<'_>> {

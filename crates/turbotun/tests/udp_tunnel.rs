@@ -321,6 +321,7 @@ impl Transform for Framed {
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
+        _to: Option<turbotun::udp::LocalAddr>,
         _out: &mut [u8],
         _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {

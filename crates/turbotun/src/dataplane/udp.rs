@@ -14,8 +14,10 @@
 //!
 //! - **Replies leave from the address the remote contacted** (the kernel's WireGuard calls it source-address
 //!   stickiness): a socket bound to a wildcard address reads the local address of every datagram
-//!   (`IP_PKTINFO`, `IPV6_RECVPKTINFO`); the engine records it per remote once the transform accepted what came
-//!   ([`TunnelSocket::remember_source`]), and every send to that remote, segmented or not, names it as its source.
+//!   (`IP_PKTINFO`, `IPV6_RECVPKTINFO`); it is recorded per remote only once what the remote sent
+//!   authenticated: by the engine for a datagram the transform opened ([`TunnelSocket::remember_source`]), by the
+//!   transform for a message its own worker authenticated ([`ReplySources`]); every send to that remote,
+//!   segmented or not, names it as its source. A datagram that did not authenticate never changes it.
 //!   A send the kernel refuses for that source (`EINVAL`, `EADDRNOTAVAIL`, `ENETUNREACH`: the address went away)
 //!   forgets it and goes again from the routing's choice.
 //!
@@ -117,15 +119,18 @@ pub struct TunnelSocket {
     sources: Option<Arc<Sources>>,
 }
 
-/// Most remote addresses a [`Sources`] table remembers: past them it starts again (each live remote is recorded
-/// again by its next datagram), so that no sender can grow it without bound.
-const MAX_SOURCES: usize = 4096;
+/// Most remote addresses a [`Sources`] table remembers (the kernel's limit of peers on one device): past them a
+/// new one takes the place of another, which its next authenticated datagram records again. Only senders whose
+/// datagrams authenticated are recorded, so only they can fill it.
+const MAX_SOURCES: usize = 1 << 20;
 
 /// The local address each remote address last reached us at, shared by the sockets of one group (a remote is
 /// received on one socket and may be sent to from any).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Sources {
     map: RwLock<HashMap<SocketAddr, LocalAddr>>,
+    /// Most entries it holds.
+    capacity: usize,
     /// How many entries `map` holds: a send looks at the lock only when there is one.
     len: AtomicUsize,
     /// Bumped whenever an entry is forgotten or replaced by another address, so that every receiving worker's
@@ -133,20 +138,31 @@ struct Sources {
     changes: AtomicU64,
 }
 
+impl Default for Sources {
+    fn default() -> Self {
+        Sources::with_capacity(MAX_SOURCES)
+    }
+}
+
 impl Sources {
-    /// Records `remote` at `local`; what it was recorded at before.
-    fn remember(&self, remote: SocketAddr, local: LocalAddr) -> Option<LocalAddr> {
+    fn with_capacity(capacity: usize) -> Self {
+        Sources { map: RwLock::default(), capacity, len: AtomicUsize::new(0), changes: AtomicU64::new(0) }
+    }
+
+    /// Records `remote` at `local`: in place of another remote when the table is full.
+    fn remember(&self, remote: SocketAddr, local: LocalAddr) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_SOURCES && !map.contains_key(&remote) {
-            map.clear();
-            self.changes.fetch_add(1, Ordering::Release);
+        if map.len() >= self.capacity && !map.contains_key(&remote) {
+            if let Some(other) = map.keys().next().copied() {
+                map.remove(&other);
+                self.changes.fetch_add(1, Ordering::Release);
+            }
         }
         let was = map.insert(remote, local);
         if was.is_some_and(|was| was != local) {
             self.changes.fetch_add(1, Ordering::Release);
         }
         self.len.store(map.len(), Ordering::Release);
-        was
     }
 
     fn forget(&self, remote: SocketAddr) {
@@ -173,6 +189,32 @@ pub struct SourceMemo {
     entries: [Option<(SocketAddr, LocalAddr)>; MEMO_ENTRIES],
     /// The table's `changes` count these entries go with.
     changes: u64,
+}
+
+/// The local address a reply to a datagram that reached `local` leaves from: unicast only, IPv4 as itself.
+fn reply_source(local: LocalAddr) -> Option<LocalAddr> {
+    let local = LocalAddr { ip: unmapped_ip(local.ip), ..local };
+    let unicast = match local.ip {
+        IpAddr::V4(ip) => !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified()),
+        IpAddr::V6(ip) => !(ip.is_multicast() || ip.is_unspecified()),
+    };
+    unicast.then_some(local)
+}
+
+/// Where replies to each remote leave from, as a transform records it: the table of a tunnel's sockets
+/// ([`TunnelSocket::reply_sources`]), given to a transform that authenticates datagrams on its own worker
+/// ([`crate::tunnel::Transform::reply_sources`]). Records nothing for sockets bound to one address.
+#[derive(Debug, Clone, Default)]
+pub struct ReplySources(Option<Arc<Sources>>);
+
+impl ReplySources {
+    /// Records that `remote` reached us at `local`, now that a message from it authenticated: replies to it
+    /// leave from that address from now on (see [`TunnelSocket::remember_source`]).
+    pub fn remember(&self, remote: SocketAddr, local: Option<LocalAddr>) {
+        if let (Some(sources), Some(local)) = (&self.0, local.and_then(reply_source)) {
+            sources.remember(remote, local);
+        }
+    }
 }
 
 /// How a socket holds its port.
@@ -266,51 +308,28 @@ impl TunnelSocket {
         }
     }
 
-    /// Records that `remote` reached us at `local` (the [`RecvMeta::local`] of a datagram from it), after the
-    /// engine accepted what came from it: replies to `remote` then leave from that address. `memo` is the calling
-    /// worker's own, so that the same remote at the same address again costs no lock. Nothing is recorded on a
-    /// socket bound to one address, or for a datagram sent to a multicast or broadcast address.
-    ///
-    /// Returns what the table held for `remote` before when it was written (`Some(previous)`), `None` when nothing
-    /// changed: [`Self::restore_source`] takes it back if what came turns out not to be accepted.
-    pub fn remember_source(
-        &self,
-        remote: SocketAddr,
-        local: Option<LocalAddr>,
-        memo: &mut SourceMemo,
-    ) -> Option<Option<LocalAddr>> {
-        let (Some(sources), Some(local)) = (&self.sources, local) else { return None };
-        let local = LocalAddr { ip: unmapped_ip(local.ip), ..local };
-        let unicast = match local.ip {
-            IpAddr::V4(ip) => !(ip.is_multicast() || ip.is_broadcast() || ip.is_unspecified()),
-            IpAddr::V6(ip) => !(ip.is_multicast() || ip.is_unspecified()),
-        };
-        if !unicast {
-            return None;
-        }
+    /// Records that `remote` reached us at `local` (the [`RecvMeta::local`] of a datagram from it), once what it
+    /// sent authenticated (the engine: a datagram the transform opened; a transform: a message its own worker
+    /// authenticated, through [`ReplySources`]): replies to `remote` then leave from that address. `memo` is the
+    /// calling worker's own, so that the same remote at the same address again costs no lock. Nothing is
+    /// recorded on a socket bound to one address, or for a datagram sent to a multicast or broadcast address.
+    pub fn remember_source(&self, remote: SocketAddr, local: Option<LocalAddr>, memo: &mut SourceMemo) {
+        let (Some(sources), Some(local)) = (&self.sources, local.and_then(reply_source)) else { return };
         let changes = sources.changes.load(Ordering::Acquire);
         if memo.changes != changes {
             *memo = SourceMemo { changes, ..SourceMemo::default() };
         }
         let slot = &mut memo.entries[memo_slot(&remote)];
         if *slot == Some((remote, local)) {
-            return None;
+            return;
         }
-        let previous = sources.remember(remote, local);
+        sources.remember(remote, local);
         *slot = Some((remote, local));
-        Some(previous)
     }
 
-    /// Puts back what [`Self::remember_source`] replaced for `remote` (a datagram the engine did not accept).
-    pub fn restore_source(&self, remote: SocketAddr, previous: Option<LocalAddr>, memo: &mut SourceMemo) {
-        let Some(sources) = &self.sources else { return };
-        match previous {
-            Some(local) => {
-                sources.remember(remote, local);
-            }
-            None => sources.forget(remote),
-        }
-        memo.entries[memo_slot(&remote)] = None;
+    /// The group's table of reply sources, for a transform that authenticates datagrams on a worker of its own.
+    pub fn reply_sources(&self) -> ReplySources {
+        ReplySources(self.sources.clone())
     }
 
     /// The local address replies to `dest` leave from, as a send names it: v4-mapped on a dual-stack socket's
@@ -836,24 +855,15 @@ mod tests {
         let v6: SocketAddr = "[fe80::9]:5000".parse().unwrap();
         socket.remember_source(v6, local("fe80::1", 4), &mut a);
         assert_eq!(source_of(&socket, "[fe80::9]:5000"), local("fe80::1", 4));
-        // A datagram at another address that is then not accepted: recorded, then taken back to what was before;
-        // one at the same address as before changes nothing and has nothing to take back.
-        let undo = socket.remember_source(remote, local("10.0.0.5", 3), &mut a);
-        assert_eq!(undo, Some(Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 3 })));
-        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.5", 0));
-        socket.restore_source(remote, undo.unwrap(), &mut a);
-        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.1", 0));
-        let new_remote: SocketAddr = "10.0.0.6:5000".parse().unwrap();
-        let undo = socket.remember_source(new_remote, local("10.0.0.5", 3), &mut a);
-        assert_eq!(undo, Some(None));
-        socket.restore_source(new_remote, None, &mut a);
-        assert_eq!(source_of(&socket, "10.0.0.6:5000"), None, "a remote never accepted is not remembered");
-        assert_eq!(
-            socket.remember_source(remote, local("10.0.0.1", 3), &mut a),
-            Some(Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 3 })),
-            "the memo was cleared by the restore"
-        );
-        assert_eq!(socket.remember_source(remote, local("10.0.0.1", 3), &mut a), None, "same as last time");
+        // The same remote at the same address again changes nothing, and costs no lock (the worker's memo).
+        let changes = socket.sources.as_ref().unwrap().changes.load(Ordering::Relaxed);
+        socket.remember_source(remote, local("10.0.0.1", 3), &mut a);
+        assert_eq!(socket.sources.as_ref().unwrap().changes.load(Ordering::Relaxed), changes);
+        // What a transform records through the group's handle is the same table.
+        socket.reply_sources().remember(remote, local("10.0.0.4", 3));
+        assert_eq!(source_of(&socket, "10.0.0.9:5000"), local("10.0.0.4", 0));
+        socket.reply_sources().remember(group, local("224.0.0.1", 2));
+        assert_eq!(source_of(&socket, "10.0.0.7:5000"), None);
         // Forgotten: the routing's choice again.
         socket.sources.as_ref().unwrap().forget(remote);
         assert_eq!(source_of(&socket, "10.0.0.9:5000"), None);
@@ -866,21 +876,20 @@ mod tests {
         assert!(bound.sources.is_none());
     }
 
+    /// A full table takes a new remote in place of one other entry: the others stay.
     #[test]
-    fn test_the_table_of_reply_sources_is_bounded() {
-        let socket = TunnelSocket::bind("0.0.0.0:0".parse().unwrap(), &SocketOptions::default()).unwrap();
-        let mut memo = SourceMemo::default();
-        let local = Some(LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 0 });
-        for i in 0..MAX_SOURCES as u32 + 10 {
-            let remote = SocketAddr::from((std::net::Ipv4Addr::from(0x0b00_0000 + i), 9));
-            socket.remember_source(remote, local, &mut memo);
+    fn test_the_table_of_reply_sources_is_bounded_and_a_new_remote_evicts_one() {
+        let sources = Sources::with_capacity(64);
+        let local = LocalAddr { ip: "10.0.0.1".parse().unwrap(), ifindex: 0 };
+        let remote = |i: u32| SocketAddr::from((std::net::Ipv4Addr::from(0x0b00_0000 + i), 9));
+        for i in 0..64 {
+            sources.remember(remote(i), local);
         }
-        let sources = socket.sources.as_ref().unwrap();
-        assert!(sources.len.load(Ordering::Relaxed) <= MAX_SOURCES, "grew past its bound");
-        assert_eq!(
-            source_of(&socket, &format!("{}:9", std::net::Ipv4Addr::from(0x0b00_0000 + MAX_SOURCES as u32 + 9))),
-            local
-        );
+        sources.remember(remote(64), local);
+        let map = sources.map.read().unwrap();
+        assert_eq!(map.len(), 64, "grew past its bound");
+        assert!(map.contains_key(&remote(64)));
+        assert_eq!((0..64).filter(|&i| map.contains_key(&remote(i))).count(), 63, "one entry evicted, not all");
     }
 
     fn datagrams_of(meta: &RecvMeta, data: &mut [u8]) -> Vec<Vec<u8>> {

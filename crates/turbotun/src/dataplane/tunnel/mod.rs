@@ -14,8 +14,9 @@
 //! - Every packet read and every datagram received is written or counted: [`TunnelStats`] holds one
 //!   [`Counters`] per direction with drops by [`DropReason`], the tunnel's own reasons included. A packet the
 //!   transform has nowhere to send ([`Sealed::Unreachable`]) is answered with an ICMP error on the device.
-//! - Replies leave from the local address each remote contacted (see [`crate::udp`]), recorded once the
-//!   transform accepted a datagram from it.
+//! - Replies leave from the local address each remote contacted (see [`crate::udp`]), recorded only once a
+//!   datagram from it authenticated: one the transform opened, or a message the transform's own worker
+//!   authenticated ([`Transform::reply_sources`]). Nothing unauthenticated chooses where replies leave from.
 //!
 //! [`Plain`] is the transform of an unencrypted tunnel: the packet is the datagram. A protocol with keys and a
 //! handshake (WireGuard, in the `turbotun-wg` crate) implements [`Transform`] the same way.
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, DropReason, Drops, SharedCounters};
 use crate::dataplane::threads::{run_workers, Worker};
-use crate::dataplane::udp::{SocketOptions, TunnelSocket};
+use crate::dataplane::udp::{LocalAddr, ReplySources, SocketOptions, TunnelSocket};
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
@@ -71,16 +72,28 @@ pub trait Transform: Send + Sync + 'static {
         }
     }
 
-    /// Opens one datagram from `from`: the packet inside stays in the datagram ([`Opened::InPlace`], no copy) or
-    /// goes to the start of `out` ([`Opened::Packet`]; `out` holds any packet a datagram can carry). `control`
-    /// sends the protocol's own datagrams at once (a handshake response, packets that waited for the handshake).
+    /// Opens one datagram from `from`, which reached local address `to` (`None` on a socket bound to one
+    /// address): the packet inside stays in the datagram ([`Opened::InPlace`], no copy) or goes to the start of
+    /// `out` ([`Opened::Packet`]; `out` holds any packet a datagram can carry). `control` sends the protocol's
+    /// own datagrams at once (a handshake response, packets that waited for the handshake).
+    ///
+    /// A datagram answered [`Opened::Packet`], [`Opened::InPlace`] or [`Opened::Control`] has authenticated:
+    /// replies to `from` leave from `to` from then on. One handed to the transform's own worker
+    /// ([`Opened::Queued`]) changes nothing until that worker records it ([`Self::reply_sources`]).
     fn open(
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
+        to: Option<LocalAddr>,
         out: &mut [u8],
         control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened;
+
+    /// Given, before the workers start, the table of where replies to each remote leave from, for a transform
+    /// that authenticates datagrams on a worker of its own ([`Opened::Queued`]): it records a sender there (the
+    /// `from` and `to` [`Self::open`] was given) once that sender's message authenticated, before it answers.
+    /// The default keeps nothing.
+    fn reply_sources(&self, _sources: ReplySources) {}
 
     /// How often [`Self::tick`] wants to run (`None`: never).
     fn tick_interval(&self) -> Option<Duration> {
@@ -232,6 +245,7 @@ impl Transform for Plain {
         &self,
         datagram: &mut [u8],
         from: SocketAddr,
+        _to: Option<LocalAddr>,
         out: &mut [u8],
         _control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Opened {
@@ -497,6 +511,7 @@ impl<T: Transform> Tunnel<T> {
     /// failure is returned after every worker stopped, with their counts in [`Self::stats`]. Returns the
     /// counters of the handle it counted into (see [`TunnelBuilder::count_into`]).
     pub fn run(self) -> Result<TunnelStats> {
+        self.transform.reply_sources(self.sockets[0].reply_sources());
         let mut workers = Vec::new();
         for (i, (queue, socket)) in self.queues.iter().zip(&self.sockets).enumerate() {
             let ctx = workers::Ctx {

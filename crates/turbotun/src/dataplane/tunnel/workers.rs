@@ -259,7 +259,7 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
                 continue;
             }
             let outer_ecn = meta.tos.unwrap_or(0) & 0b11;
-            // Recorded once per message (one sender's run of datagrams) when the transform accepts one of them.
+            // Recorded once per message (one sender's run of datagrams), when one of them authenticated.
             let mut local = meta.local;
             // A coalesced read is one flow's run of datagrams: written in one batch, its packets coalesce into
             // one write, so the batch so far goes first if the run would not fit behind it.
@@ -272,15 +272,12 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
             for datagram in udp::datagrams(meta, data) {
                 counters.segments += 1;
-                // Replies to `from` leave from the address it reached: recorded before the transform sees the
-                // datagram (its reply to a handshake may leave from another thread at once), and taken back if
-                // the datagram is not accepted (no lock when it is the same as last time).
-                let undo = if local.is_some() { ctx.socket.remember_source(from, local, &mut sources) } else { None };
-                let opened = ctx.transform.open(datagram, from, &mut out[k][vnet..], &mut send_control);
-                match (&opened, undo) {
-                    (Opened::Dropped(_), Some(previous)) => ctx.socket.restore_source(from, previous, &mut sources),
-                    (Opened::Dropped(_), None) => {}
-                    _ => local = None,
+                let opened = ctx.transform.open(datagram, from, meta.local, &mut out[k][vnet..], &mut send_control);
+                // Replies to `from` leave from the address it reached once what it sent authenticated (no lock
+                // when it is the same as last time); a message the transform queued is its own worker's to record.
+                if local.is_some() && matches!(opened, Opened::Packet { .. } | Opened::InPlace { .. } | Opened::Control)
+                {
+                    ctx.socket.remember_source(from, local.take(), &mut sources);
                 }
                 let (mut piece, len) = match opened {
                     Opened::Packet { len } => (None, len),
