@@ -80,6 +80,9 @@ struct RelayState {
     passed_since_hold: u64,
     /// The held message, once passed on.
     released: Option<Vec<u8>>,
+    /// The source of each datagram from the server, in the order they came (the server answers from one of its
+    /// addresses, on its port).
+    server_sources: Vec<SocketAddr>,
 }
 
 /// A UDP relay in the client's namespace: the client's endpoint for the server is [`Relay::inner`]; the relay
@@ -153,11 +156,13 @@ impl Relay {
                 let mut buf = vec![0u8; 65536];
                 while !stop.load(Ordering::Relaxed) {
                     let Ok((n, from)) = outer.recv_from(&mut buf) else { continue };
-                    if from != server {
+                    // From any of the server's addresses: which one it answers from is what some tests look at.
+                    if from.port() != server.port() {
                         continue;
                     }
                     let mut s = state.lock().unwrap();
                     s.seen.push((false, Instant::now(), buf[..n].to_vec()));
+                    s.server_sources.push(from);
                     if let (false, Some(client)) = (s.blocked, s.client) {
                         let _ = inner.send_to(&buf[..n], client);
                     }
@@ -204,6 +209,21 @@ impl Relay {
     fn send_to_server(&self, data: &[u8]) {
         self.outer_socket.send_to(data, self.server).unwrap();
     }
+
+    /// Sends `data` from where the server sees the client to another address of the server's, `to`.
+    fn send_from_client_to(&self, data: &[u8], to: SocketAddr) {
+        self.outer_socket.send_to(data, to).unwrap();
+    }
+
+    /// How many datagrams came from the server so far: a mark for [`Self::server_sources`].
+    fn server_mark(&self) -> usize {
+        self.state.lock().unwrap().server_sources.len()
+    }
+
+    /// The sources of the server's datagrams since `mark`.
+    fn server_sources(&self, mark: usize) -> Vec<SocketAddr> {
+        self.state.lock().unwrap().server_sources[mark..].to_vec()
+    }
 }
 
 /// A server (`turbotun wg`, or wireguard-go as the oracle) in `u.nss[1]` at 10.202.0.1 and a wireguard-go client
@@ -244,9 +264,26 @@ fn via_relay(
     keepalive: u16,
     blocked: bool,
 ) -> ViaRelay {
+    via_relay_to(sides, v6, server, server_knows_client, keepalive, blocked, underlay_ip(1, v6))
+}
+
+/// [`via_relay`] with the client talking to the server at `server_ip`: its underlay address, or a second one
+/// given to it here.
+fn via_relay_to(
+    sides: usize,
+    v6: bool,
+    server: Impl,
+    server_knows_client: bool,
+    keepalive: u16,
+    blocked: bool,
+    server_ip: IpAddr,
+) -> ViaRelay {
     let u = underlay(sides);
     if v6 {
         add_v6_underlay(&u);
+    }
+    if server_ip != underlay_ip(1, v6) {
+        Netlink::in_netns(&ns_path(&u.nss[1])).unwrap().add_address(&u.names[1], server_ip, 24).unwrap();
     }
     let dir = private_dir();
     let (server_keys, client_keys) = (keys(dir.path(), "server.key"), keys(dir.path(), "client.key"));
@@ -258,7 +295,7 @@ fn via_relay(
         &u.nss[2],
         loopback,
         underlay_ip(2, v6),
-        SocketAddr::new(underlay_ip(1, v6), SERVER_PORT),
+        SocketAddr::new(server_ip, SERVER_PORT),
         SocketAddr::new(loopback, CLIENT_PORT),
     );
     relay.block(blocked);
@@ -348,6 +385,104 @@ fn forged_messages_against_the_endpoint(v6: bool) {
     assert_eq!(endpoint_of(t.server_ns(), &t.server.name), relay, "{ip}");
     let received = t.relay.datagrams(false, 0).len();
     assert!(received > 0, "{ip}: the relay carried the server's datagrams");
+}
+
+/// The attack on where replies leave from: the server has two addresses and the client talks to the second.
+/// A 64-byte junk cookie reply from the client's own address and port to the first address, and then 4200 from
+/// other ports of another host (more than the table of reply sources once held, which was then cleared whole),
+/// must leave the server's data to the client going from the second address, as the kernel keeps a peer's
+/// source address as part of its endpoint, written only by what authenticated.
+#[test]
+fn unauthenticated_datagrams_never_choose_the_address_replies_leave_from() {
+    if !privileged("unauthenticated_datagrams_never_choose_the_address_replies_leave_from") {
+        return;
+    }
+    let second: IpAddr = "10.201.0.111".parse().unwrap();
+    let t = via_relay_to(3, false, server_impl(), false, 0, false, second);
+    let (first, second) = (SocketAddr::new(underlay_ip(1, false), SERVER_PORT), SocketAddr::new(second, SERVER_PORT));
+    assert!(ping_within(t.client_ns(), "10.202.0.1", 5), "no tunnel");
+    // Where the server's datagrams to the client leave from: each one from the same address.
+    let replies_from = |what: &str| {
+        let mark = t.relay.server_mark();
+        assert!(ping_within(t.server_ns(), "10.202.0.2", 3), "{what}: the server no longer reaches the client");
+        let sources = t.relay.server_sources(mark);
+        assert!(!sources.is_empty(), "{what}: nothing came from the server");
+        assert!(sources.iter().all(|s| *s == sources[0]), "{what}: from several addresses: {sources:?}");
+        sources[0]
+    };
+    let before = replies_from("before any attack");
+    // turbotun answers from the address the client talks to, as the kernel does (wireguard-go, the oracle, from
+    // the routing's choice: the attacks must change neither).
+    if server_impl() == Impl::Turbotun {
+        assert_eq!(before, second, "the server answers from another address than the client talks to");
+    }
+    let unchanged = |what: &str| {
+        let now = replies_from(what);
+        assert_eq!(now, before, "{what}: the server's datagrams to the client now leave from {now}, not {before}");
+    };
+    let junk = |seed: u64| {
+        let mut cookie_reply = pattern(64, seed);
+        cookie_reply[..4].copy_from_slice(&[3, 0, 0, 0]);
+        cookie_reply
+    };
+    t.relay.send_from_client_to(&junk(1), first);
+    std::thread::sleep(Duration::from_millis(200));
+    unchanged("after a junk cookie reply from the client's address and port to the first address");
+    with_netns(&ns_path(&t.u.nss[3]), || {
+        for i in 0..4200 {
+            let socket = UdpSocket::bind((underlay_ip(3, false), 0)).unwrap();
+            socket.send_to(&junk(i + 2), first).unwrap();
+        }
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    unchanged("after 4200 junk cookie replies from other ports of another host");
+    assert!(ping(t.client_ns(), "10.202.0.1"), "the client no longer reaches the server");
+    if let Some(counters) = stop_server(t.server) {
+        let refused = counters["drops_by_reason"]["unauthenticated"].as_u64().unwrap_or(0);
+        assert!(refused >= 4000, "the junk is counted as unauthenticated: {counters}");
+    }
+}
+
+/// The attack of a key change: a captured initiation of the client's replayed from another host after
+/// `wg set private-key OTHER; wg set private-key ORIGINAL`. The peer keeps the greatest timestamp it took (as the
+/// kernel and wireguard-go keep it), so the replay is answered with nothing and the endpoint stays.
+#[test]
+fn an_initiation_replayed_after_a_key_change_and_back_is_refused() {
+    if !privileged("an_initiation_replayed_after_a_key_change_and_back_is_refused") {
+        return;
+    }
+    let t = via_relay(3, false, server_impl(), false, 0, false);
+    assert!(ping_within(t.client_ns(), "10.202.0.1", 5), "no tunnel");
+    let relay = t.relay.outer.to_string();
+    assert_eq!(endpoint_of(t.server_ns(), &t.server.name), relay);
+    let captured = t
+        .relay
+        .datagrams(true, 0)
+        .into_iter()
+        .rev()
+        .map(|(_, d)| d)
+        .find(|d| d.len() == msg::INITIATION_LEN && d[0] == 1)
+        .expect("the client's initiation");
+    let dir = private_dir();
+    let other = keys(dir.path(), "other.key");
+    wg(t.server_ns(), &["set", &t.server.name, "private-key", other.private_file.to_str().unwrap()]);
+    wg(t.server_ns(), &["set", &t.server.name, "private-key", t.server_keys.private_file.to_str().unwrap()]);
+    let attacker = with_netns(&ns_path(&t.u.nss[3]), || UdpSocket::bind((underlay_ip(3, false), 0))).unwrap().unwrap();
+    attacker.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    // Past the 20 ms a peer must leave between two initiations the server takes.
+    std::thread::sleep(Duration::from_millis(100));
+    attacker.send_to(&captured, SocketAddr::new(underlay_ip(1, false), SERVER_PORT)).unwrap();
+    let mut buf = [0u8; 256];
+    let answer = attacker.recv_from(&mut buf);
+    assert!(answer.is_err(), "the replayed initiation was answered: {:?}", answer.map(|(n, _)| buf[..n].to_vec()));
+    let now = endpoint_of(t.server_ns(), &t.server.name);
+    assert_eq!(now, relay, "the replay moved the client's endpoint to {now}");
+    // The client's traffic goes on (a new handshake with the key in force, its session no longer sealing on the
+    // server's side).
+    assert!(ping_within(t.client_ns(), "10.202.0.1", 10), "the client no longer reaches the server");
+    assert!(ping_within(t.server_ns(), "10.202.0.2", 5), "the server no longer reaches the client");
+    assert_eq!(endpoint_of(t.server_ns(), &t.server.name), relay);
 }
 
 /// A value of `/proc/net/snmp` (`table` `field`, e.g. `Udp` `InErrors`) in `ns`.

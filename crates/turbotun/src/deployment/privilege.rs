@@ -13,7 +13,7 @@
 //! 5. a check of the result, read back from the kernel, and a try to become root again, which must fail.
 //!
 //! The process's dumpable flag (`PR_SET_DUMPABLE`) is what it was before: the kernel resets it to
-//! `fs.suid_dumpable` when the uid changes, which would undo a process's choice not to be dumped.
+//! `fs.suid_dumpable` when the uid or gid changes, which would undo a process's choice not to be dumped.
 //!
 //! Capabilities and `no_new_privs` belong to a thread, not to the process, so [`drop_to`] refuses to run while
 //! the process has more than one thread: drop before starting workers (or a tokio runtime); threads started
@@ -168,16 +168,17 @@ pub fn drop_to(identity: &Identity) -> Result<()> {
     let step = |what: &str, e: nix::Error| {
         Error::io(format!("dropping privileges to {identity}: {what}"), std::io::Error::from(e))
     };
+    // The kernel sets the dumpable flag to `fs.suid_dumpable` whenever the uid or gid changes: a process that
+    // made itself non-dumpable (secret keys in memory) would become dumpable again where that is 1 (its memory
+    // open to the user it became) or 2 (a core written with the keys). Read before the first change, put back
+    // after the last.
+    let dumpable = rustix::process::dumpable_behavior()
+        .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_GET_DUMPABLE"), e.into()))?;
     // The bounding set first: emptying it needs CAP_SETPCAP, which the uid change below takes away.
     empty_bounding_set()
         .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_CAPBSET_DROP (needs CAP_SETPCAP)"), e))?;
     nix::unistd::setgroups(&[gid]).map_err(|e| step("setgroups (needs CAP_SETGID: run as root)", e))?;
     nix::unistd::setresgid(gid, gid, gid).map_err(|e| step("setresgid (needs CAP_SETGID: run as root)", e))?;
-    // The kernel sets the dumpable flag to `fs.suid_dumpable` whenever the uid changes: a process that made
-    // itself non-dumpable (secret keys in memory) would become dumpable again where that is 1 (its memory open to
-    // the user it became) or 2 (a core written with the keys). Read before, put back after.
-    let dumpable = rustix::process::dumpable_behavior()
-        .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_GET_DUMPABLE"), e.into()))?;
     nix::unistd::setresuid(uid, uid, uid).map_err(|e| step("setresuid (needs CAP_SETUID: run as root)", e))?;
     rustix::process::set_dumpable_behavior(dumpable)
         .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_SET_DUMPABLE"), e.into()))?;
