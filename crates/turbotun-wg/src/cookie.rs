@@ -158,7 +158,8 @@ impl CookieChecker {
         tag_out.copy_from_slice(&tag);
     }
 
-    /// Drops rate-limiter entries idle for more than a second.
+    /// Drops rate-limiter entries idle for more than a second; does nothing within a second of the last time
+    /// (the handshake worker calls it with every tick, never a data worker).
     pub fn expire(&mut self, now: Instant) {
         self.limiter.expire(now);
     }
@@ -169,7 +170,12 @@ impl CookieChecker {
 #[derive(Default)]
 struct RateLimiter {
     sources: HashMap<[u8; 8], (Instant, u64)>,
+    /// When idle entries were last dropped.
+    collected: Option<Instant>,
 }
+
+/// How often idle entries are dropped, and how long an entry must have been idle to go.
+const GC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The cost of one message in nanoseconds of credit, and the most credit a source may hold.
 const TOKEN_COST: u64 = 1_000_000_000 / PER_SOURCE_PER_SECOND;
@@ -205,18 +211,22 @@ impl RateLimiter {
             }
             return false;
         }
+        // Full: refused at once, as the kernel refuses (its garbage collection, off the data path, makes room).
+        // Never a scan here: a packet costs the same whatever the table holds.
         if self.sources.len() >= MAX_SOURCES {
-            self.expire(now);
-            if self.sources.len() >= MAX_SOURCES {
-                return false;
-            }
+            return false;
         }
         self.sources.insert(key, (now, TOKEN_MAX - TOKEN_COST));
         true
     }
 
+    /// Drops the entries idle for a second, at most once a second (the kernel's garbage collection).
     fn expire(&mut self, now: Instant) {
-        self.sources.retain(|_, (last, _)| now.duration_since(*last) < Duration::from_secs(1));
+        if self.collected.is_some_and(|at| now.duration_since(at) < GC_INTERVAL) {
+            return;
+        }
+        self.collected = Some(now);
+        self.sources.retain(|_, (last, _)| now.duration_since(*last) < GC_INTERVAL);
     }
 }
 
@@ -278,6 +288,32 @@ mod tests {
 
     fn keys(public: &[u8; 32]) -> ([u8; 32], [u8; 32]) {
         (hash(&[LABEL_MAC1, public]), hash(&[LABEL_COOKIE, public]))
+    }
+
+    /// A full table refuses a new source at once, even when every entry is idle: the data path never scans it;
+    /// the worker's collection (once a second) makes room.
+    #[test]
+    fn test_a_full_rate_limiter_refuses_a_new_source_without_a_scan() {
+        let mut limiter = RateLimiter::default();
+        let start = Instant::now();
+        limiter.expire(start);
+        for i in 0..MAX_SOURCES as u32 {
+            assert!(limiter.allow(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)), start));
+        }
+        let later = start + Duration::from_secs(2);
+        let newcomer: IpAddr = "192.0.2.77".parse().unwrap();
+        assert!(!limiter.allow(newcomer, later), "full: refused, however idle the entries are");
+        assert_eq!(limiter.sources.len(), MAX_SOURCES, "nothing was collected on the data path");
+        limiter.expire(later);
+        assert!(limiter.sources.is_empty(), "the collection drops the idle entries");
+        assert!(limiter.allow(newcomer, later));
+        // Collected at most once a second: an entry idle for more than a second stays until then.
+        let idle = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000));
+        assert!(limiter.allow(idle, later - Duration::from_millis(800)));
+        limiter.expire(later + Duration::from_millis(300));
+        assert_eq!(limiter.sources.len(), 2, "within a second of the last collection: nothing dropped");
+        limiter.expire(later + Duration::from_millis(1000));
+        assert!(limiter.sources.is_empty());
     }
 
     #[test]
