@@ -461,7 +461,8 @@ fn turbotun_wg_runs_unprivileged_and_still_removes_its_socket() {
     let dir = private_dir();
     let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
     let (na, nb) = (unique("wgu"), unique("wgv"));
-    let a = Endpoint::start_with(&nss[1], Impl::Turbotun, &na, &["--user", "nobody"]);
+    // Two queues: the steering program that needs a privilege is attached before the drop.
+    let a = Endpoint::start_with(&nss[1], Impl::Turbotun, &na, &["--user", "nobody", "--queues", "2"]);
     let b = Endpoint::start(&nss[2], Impl::WireguardGo, &nb);
     // The endpoint itself: nobody, no capability, no_new_privs.
     let status = std::fs::read_to_string(format!("/proc/{}/status", a.pid())).unwrap();

@@ -174,6 +174,11 @@ fn open_endpoint(options: &Options) -> Result<Endpoint, DaemonError> {
     device.queues()[0].set_mtu(DEFAULT_MTU)?;
     let wg_mtu = DEFAULT_MTU as usize;
     let queues: Vec<Arc<Queue>> = device.into_queues().into_iter().map(Arc::new).collect();
+    if queues.len() > 1 {
+        // Loading the steering program needs a privilege that `--user` gives up: done here, before the drop, so
+        // that each tunnel built later on these queues (a new port) finds the device steered.
+        queues[0].steer_by_flow()?;
+    }
     let uapi = UapiSocket::bind(&name)?;
     let wg = Arc::new(WireGuard::new());
     wg.set_mtu(wg_mtu);

@@ -5,7 +5,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,6 +88,9 @@ pub struct Queue {
     offloads: Arc<AtomicU32>,
     /// Opened without `IFF_NO_PI`: every packet has the 4-byte packet information header in front.
     packet_info: bool,
+    /// Whether the device's flow-hash steering program is attached ([`Queue::steer_by_flow`]): per device, shared
+    /// like `offloads`.
+    flow_steered: Arc<AtomicBool>,
     rx: DirectionCounters,
     tx: DirectionCounters,
 }
@@ -109,15 +112,31 @@ impl Queue {
             vnet_hdr_len,
             offloads: Arc::new(AtomicU32::new(offloads.bits())),
             packet_info: false,
+            flow_steered: Arc::new(AtomicBool::new(false)),
             rx: DirectionCounters::default(),
             tx: DirectionCounters::default(),
         }
     }
 
-    /// Makes the queue share `other`'s view of the device's offloads (queues of one device).
+    /// Makes the queue share `other`'s view of the device's offloads and steering (queues of one device).
     pub(crate) fn sharing_offloads_with(mut self, other: &Queue) -> Self {
         self.offloads = other.offloads.clone();
+        self.flow_steered = other.flow_steered.clone();
         self
+    }
+
+    /// Steers the device's packets to its queues by a hash of their addresses and ports (the flow-hash eBPF
+    /// program, `TUNSETSTEERINGEBPF`), so that one flow stays on one queue; once per device: a device already
+    /// steered so through any of its queues is left as it is. Loading the program needs `CAP_BPF` (or
+    /// `CAP_SYS_ADMIN`): a process that drops its privileges calls this before, and what it builds later (a
+    /// tunnel on these queues) finds the device steered.
+    pub fn steer_by_flow(&self) -> Result<()> {
+        if self.flow_steered.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        crate::devices::steering::SteeringProgram::flow_hash()?.attach(self.fd.as_fd())?;
+        self.flow_steered.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Marks a queue opened with the packet information header.
@@ -404,6 +423,7 @@ impl Queue {
             .map_err(|e| Error::io(format!("duplicating queue {} of {}", self.index, self.name), e))?;
         let mut clone = Queue::new(fd, self.name.clone(), self.index, self.mode, self.vnet_hdr_len, Offloads::NONE);
         clone.offloads = self.offloads.clone();
+        clone.flow_steered = self.flow_steered.clone();
         clone.packet_info = self.packet_info;
         Ok(clone)
     }

@@ -401,7 +401,7 @@ impl<T: Transform> TunnelBuilder<T> {
         crate::dataplane::wake::prepare()?;
         if queues.len() > 1 {
             // One flow to one queue (and so one worker and one socket): its packets stay in order.
-            crate::devices::steering::SteeringProgram::flow_hash()?.attach(std::os::fd::AsFd::as_fd(&*queues[0]))?;
+            queues[0].steer_by_flow()?;
         }
         let sockets = if !self.sockets.is_empty() {
             if self.sockets.len() != queues.len() {
