@@ -850,7 +850,8 @@ impl WireGuard {
         let mut st = peer.state();
         let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
         if consumed.timestamp <= st.greatest_timestamp || flood {
-            self.refused_log.debug(now, format_args!("handshake initiation from {from}: a replay or too soon after the last"));
+            self.refused_log
+                .debug(now, format_args!("handshake initiation from {from}: a replay or too soon after the last"));
             return Err(DropReason::Replayed);
         }
         st.greatest_timestamp = consumed.timestamp;

@@ -111,9 +111,9 @@ impl Node {
         let mut data = datagram.data.clone();
         let mut out = vec![0u8; 65_536];
         let from = self.addr;
-        let opened = self
-            .wg
-            .open(&mut data, datagram.from, None, &mut out, &mut |d, to| wire.push(Wire { data: d.to_vec(), from, to }));
+        let opened = self.wg.open(&mut data, datagram.from, None, &mut out, &mut |d, to| {
+            wire.push(Wire { data: d.to_vec(), from, to })
+        });
         let packet = match opened {
             Opened::Packet { len } => out[..len].to_vec(),
             Opened::InPlace { start, len } => data[start..start + len].to_vec(),
