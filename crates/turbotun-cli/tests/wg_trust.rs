@@ -485,6 +485,72 @@ fn an_initiation_replayed_after_a_key_change_and_back_is_refused() {
     assert_eq!(endpoint_of(t.server_ns(), &t.server.name), relay);
 }
 
+/// What a socket of root's with `SO_REUSEPORT` set (as any program may set it) gets binding `addr` in `ns`: the
+/// errno of a refusal, 0 when it joined.
+fn joiner_errno(ns: &OwnedFd, addr: SocketAddr) -> i32 {
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+    with_netns(&ns_path(ns), || {
+        let family = if addr.is_ipv6() { AddressFamily::INET6 } else { AddressFamily::INET };
+        let fd = rustix::net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, None).unwrap();
+        sockopt::set_socket_reuseport(&fd, true).unwrap();
+        if addr.is_ipv6() {
+            sockopt::set_ipv6_v6only(&fd, false).unwrap();
+        }
+        rustix::net::bind(&fd, &addr).map_or_else(|e| e.raw_os_error(), |()| 0)
+    })
+    .unwrap()
+}
+
+/// The joiner: no other socket binds the server's port while it runs, whatever its number of queues, with or
+/// without `--user`, at the port it started with and after `wg` moved it. With two queues the sockets share the
+/// port through `SO_REUSEPORT`, and the kernel would hand part of the peers' datagrams to a socket that joined.
+/// Tried as root, with `SO_REUSEPORT` set, on `[::]`, `0.0.0.0` and the server's address.
+#[test]
+fn no_other_socket_joins_the_servers_port() {
+    if !privileged("no_other_socket_joins_the_servers_port") {
+        return;
+    }
+    let variants: &[&[&str]] = match server_impl() {
+        Impl::Turbotun => &[&[], &["--queues", "2"], &["--queues", "2", "--user", "nobody"]],
+        _ => &[&[]],
+    };
+    for options in variants {
+        let u = underlay(1);
+        let dir = private_dir();
+        let key = keys(dir.path(), "server.key");
+        let name = unique("wtj");
+        let server = Endpoint::start_with(&u.nss[1], server_impl(), &name, options);
+        for port in [SERVER_PORT, SERVER_PORT + 10] {
+            wg(
+                &u.nss[1],
+                &["set", &name, "private-key", key.private_file.to_str().unwrap(), "listen-port", &port.to_string()],
+            );
+            assert_eq!(wg(&u.nss[1], &["show", &name, "listen-port"]).trim(), port.to_string(), "{options:?}");
+            let address = SocketAddr::new(underlay_ip(1, false), port);
+            for joiner in [SocketAddr::from(([0u16; 8], port)), SocketAddr::from(([0, 0, 0, 0], port)), address] {
+                let errno = joiner_errno(&u.nss[1], joiner);
+                assert_eq!(
+                    errno,
+                    libc::EADDRINUSE,
+                    "{options:?}: a socket with SO_REUSEPORT bound {joiner} while the server holds port {port}"
+                );
+            }
+        }
+        if options.contains(&"--user") {
+            // Its groups after the drop come from sockets made before it, enough for 8 port changes: 2 made above,
+            // 6 more, and the ninth is refused, the port kept.
+            for port in (SERVER_PORT + 11..).take(6) {
+                wg(&u.nss[1], &["set", &name, "listen-port", &port.to_string()]);
+            }
+            let refused = wg_status(&u.nss[1], &["set", &name, "listen-port", "51900"]);
+            let stderr = String::from_utf8_lossy(&refused.stderr);
+            assert!(!refused.status.success() && stderr.contains("Operation not permitted"), "{refused:?}");
+            assert_eq!(wg(&u.nss[1], &["show", &name, "listen-port"]).trim(), (SERVER_PORT + 16).to_string());
+        }
+        server.stop();
+    }
+}
+
 /// A value of `/proc/net/snmp` (`table` `field`, e.g. `Udp` `InErrors`) in `ns`.
 fn snmp(ns: &OwnedFd, table: &str, field: &str) -> u64 {
     let text = with_netns(&ns_path(ns), || std::fs::read_to_string("/proc/thread-self/net/snmp")).unwrap().unwrap();

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use turbotun::privilege::{drop_to, Identity};
 use turbotun::stats_socket::{Report, StatsServer, StatsSocket};
-use turbotun::tunnel::{bind_sockets, TunnelBuilder, TunnelStats, TunnelStatsHandle};
-use turbotun::udp::{SocketOptions, TunnelSocket};
+use turbotun::tunnel::{bind_sockets_with, TunnelBuilder, TunnelStats, TunnelStatsHandle};
+use turbotun::udp::{SocketOptions, SocketReserve, TunnelSocket};
 use turbotun::{DeviceBuilder, Offloads, Queue, StopHandle};
 
 use crate::config::DeviceConfig;
@@ -132,6 +132,12 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let Endpoint { name, queues, uapi, wg, sockets } = open_endpoint(options)?;
     let stats_socket = bind_stats_socket(options, &name);
+    // Sockets for the ports `wg` may ask for after the drop, given the owner that keeps a port group closed
+    // while this process may (see `bind_sockets_with`); one socket is bound alone and needs none.
+    let reserve = match (&options.user, queues.len() > 1) {
+        (Some(_), true) => Some(Arc::new(SocketReserve::new(RESERVED_PORT_CHANGES * queues.len())?)),
+        _ => None,
+    };
     // Kept alive until this process ends, however it ends: see `keep_socket`.
     let _keeper = match &options.user {
         Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
@@ -140,7 +146,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, &options.stats, &name));
     announce_up(options, &name, &wg, &uapi);
 
-    let configuration = serve_configuration(uapi, wg.clone(), queues.len(), stop.clone())?;
+    let configuration = serve_configuration(uapi, wg.clone(), queues.len(), reserve, stop.clone())?;
     let socket_file = crate::uapi::socket_path(&name);
     let ended = run_engine(&wg, &queues, sockets, &configuration, &options.stats, &stop, &socket_file);
     configuration.finish();
@@ -182,7 +188,7 @@ fn open_endpoint(options: &Options) -> Result<Endpoint, DaemonError> {
     let uapi = UapiSocket::bind(&name)?;
     let wg = Arc::new(WireGuard::new());
     wg.set_mtu(wg_mtu);
-    let sockets = bind_port(0, queues.len(), 0)?;
+    let sockets = bind_port(0, queues.len(), 0, None)?;
     wg.set_bound_port(sockets[0].local_addr()?.port());
     Ok(Endpoint { name, queues, uapi, wg, sockets })
 }
@@ -283,6 +289,7 @@ fn serve_configuration(
     uapi: UapiSocket,
     wg: Arc<WireGuard>,
     queue_count: usize,
+    reserve: Option<Arc<SocketReserve>>,
     stop: StopHandle,
 ) -> Result<ConfigurationServer, DaemonError> {
     let in_use: Arc<Mutex<Vec<Arc<TunnelSocket>>>> = Arc::new(Mutex::new(Vec::new()));
@@ -297,7 +304,11 @@ fn serve_configuration(
                 // then asked for by number, as `wg syncconf` does): they hold it alone, so binding it again would
                 // fail with EADDRINUSE.
                 if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
-                    let sockets = bind_port(new.listen_port, queue_count, new.fwmark).map_err(|e| errno_of(&e))?;
+                    let sockets =
+                        bind_port(new.listen_port, queue_count, new.fwmark, reserve.as_deref()).map_err(|e| {
+                            tracing::warn!("listen-port {}: {e}", new.listen_port);
+                            errno_of(&e)
+                        })?;
                     let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
                     wg.set_bound_port(port);
                     let _ = rebind_tx.send(sockets);
@@ -447,14 +458,22 @@ pub fn keep_socket(spec: &std::ffi::OsStr) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// `count` sockets on `port` (0: any) for IPv6 and IPv4 alike, with `mark`.
-fn bind_port(port: u16, count: usize, mark: u32) -> turbotun::Result<Vec<TunnelSocket>> {
+/// Port changes a multi-queue endpoint run with `--user` can make: the sockets for them are made before the drop.
+const RESERVED_PORT_CHANGES: usize = 8;
+
+/// `count` sockets on `port` (0: any) for IPv6 and IPv4 alike, with `mark`; a group's from `reserve` if given.
+fn bind_port(
+    port: u16,
+    count: usize,
+    mark: u32,
+    reserve: Option<&SocketReserve>,
+) -> turbotun::Result<Vec<TunnelSocket>> {
     let options = SocketOptions { dual_stack: true, mark, ..SocketOptions::default() };
-    match bind_sockets(SocketAddr::from(([0u16; 8], port)), count, &options) {
+    match bind_sockets_with(SocketAddr::from(([0u16; 8], port)), count, &options, reserve) {
         Ok(sockets) => Ok(sockets),
         // A kernel without IPv6: IPv4 alone.
         Err(turbotun::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
-            bind_sockets(SocketAddr::from(([0, 0, 0, 0], port)), count, &options)
+            bind_sockets_with(SocketAddr::from(([0, 0, 0, 0], port)), count, &options, reserve)
         }
         Err(e) => Err(e),
     }

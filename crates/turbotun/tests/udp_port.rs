@@ -89,3 +89,40 @@ fn the_queues_of_a_tunnel_share_a_port_they_proved_free() {
         assert_eq!(received[0] + received[1], 64);
     });
 }
+
+/// The joiner: while a tunnel's group of sockets holds a port, a socket of root's with `SO_REUSEPORT` set joins it
+/// on no address (the wildcard of either family, or the group's own): the group's sockets are owned by a uid no
+/// account has, and the kernel lets only a socket of the same owner join. So too for a group bound from sockets
+/// reserved beforehand; a reserve too small for a group refuses it and keeps what it has.
+#[test]
+fn no_socket_joins_a_tunnels_port_group() {
+    in_netns("no_socket_joins_a_tunnels_port_group", || {
+        up_lo();
+        let dual = SocketOptions { dual_stack: true, ..SocketOptions::default() };
+        let reserve = turbotun::udp::SocketReserve::new(6).unwrap();
+        for (local, reserved) in [("[::]:0", false), ("0.0.0.0:0", false), ("127.0.0.1:0", false), ("[::]:0", true)] {
+            let sockets = match reserved {
+                false => bind_sockets(local.parse().unwrap(), 2, &dual).unwrap(),
+                true => turbotun::tunnel::bind_sockets_with(local.parse().unwrap(), 2, &dual, Some(&reserve)).unwrap(),
+            };
+            let at = sockets[0].local_addr().unwrap();
+            let port = at.port();
+            let v4 = if at.ip().is_loopback() { at } else { SocketAddr::from(([0, 0, 0, 0], port)) };
+            for joiner in [SocketAddr::from(([0u16; 8], port)), SocketAddr::from(([0, 0, 0, 0], port)), v4, at] {
+                assert_eq!(
+                    reuseport_bind(joiner).err(),
+                    Some(libc::EADDRINUSE),
+                    "{local} (reserved: {reserved}): a socket with SO_REUSEPORT joined the group at {joiner}"
+                );
+            }
+        }
+        assert_eq!(reserve.left(), 4, "the reserved group took two sockets");
+        let refused = turbotun::tunnel::bind_sockets_with("[::]:0".parse().unwrap(), 6, &dual, Some(&reserve));
+        let e = refused.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        assert!(e.to_string().contains("4 of the sockets reserved for a new port are left, 6 needed"), "{e}");
+        assert_eq!(reserve.left(), 4, "a refused group takes nothing");
+        let v4 = turbotun::tunnel::bind_sockets_with("0.0.0.0:0".parse().unwrap(), 2, &dual, Some(&reserve));
+        assert_eq!(v4.unwrap_err().raw_os_error(), Some(libc::EAFNOSUPPORT), "an IPv6 reserve for an IPv4 group");
+    });
+}

@@ -27,9 +27,9 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use rustix::event::PollFlags;
@@ -217,6 +217,102 @@ impl ReplySources {
     }
 }
 
+/// The owner (uid) a port group's sockets are given: the kernel lets a socket join a `SO_REUSEPORT` group only
+/// with the same owner as the group's sockets, so a uid that no account has keeps every other socket out, root's
+/// included. Chosen once per process, at random among the uids from 2^31 on (no account system hands those out).
+fn group_owner() -> u32 {
+    use std::hash::BuildHasher;
+    static OWNER: OnceLock<u32> = OnceLock::new();
+    *OWNER.get_or_init(|| {
+        let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        0x8000_0000 + (random % 0x7fff_ff00) as u32
+    })
+}
+
+/// A new unbound UDP socket of `family`.
+fn new_socket(family: rustix::net::AddressFamily) -> Result<OwnedFd> {
+    use rustix::net::{SocketFlags, SocketType};
+    rustix::net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK, None)
+        .map_err(|e| Error::io("socket(UDP)", e.into()))
+}
+
+/// A new unbound UDP socket of `family` owned by [`group_owner`], for a port group; `None` when this process may
+/// not give it that owner (no `CAP_CHOWN`).
+fn new_group_socket(family: rustix::net::AddressFamily) -> Result<Option<OwnedFd>> {
+    let fd = new_socket(family)?;
+    match rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(group_owner())), None) {
+        Ok(()) => Ok(Some(fd)),
+        Err(rustix::io::Errno::PERM) => Ok(None),
+        Err(e) => Err(Error::io("fchown(UDP socket)", e.into())),
+    }
+}
+
+/// Unbound UDP sockets owned by the group owner (see [`crate::tunnel::bind_sockets_with`]), made while the
+/// process may still give them that owner, for the port groups it binds after it gave up its privileges (a
+/// WireGuard endpoint run with `--user` whose port `wg` changes): such a group is as closed to other sockets
+/// as one bound as root. Each group takes as many sockets as it has; a reserve that is empty refuses.
+#[derive(Debug)]
+pub struct SocketReserve {
+    /// IPv6 sockets (`true`), or IPv4 where the kernel has no IPv6.
+    ipv6: bool,
+    sockets: std::sync::Mutex<Vec<OwnedFd>>,
+}
+
+impl SocketReserve {
+    /// `count` sockets, IPv6 (IPv4 on a kernel without IPv6). Needs `CAP_CHOWN`.
+    pub fn new(count: usize) -> Result<Self> {
+        use rustix::net::AddressFamily;
+        let ipv6 = match new_socket(AddressFamily::INET6) {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => false,
+            Err(e) => return Err(e),
+        };
+        let family = if ipv6 { AddressFamily::INET6 } else { AddressFamily::INET };
+        let mut sockets = Vec::with_capacity(count);
+        for _ in 0..count {
+            let fd = new_group_socket(family)?.ok_or_else(|| Error::PermissionDenied {
+                action: "reserving sockets for a port group (fchown needs CAP_CHOWN)".into(),
+                source: std::io::Error::from_raw_os_error(libc::EPERM),
+            })?;
+            sockets.push(fd);
+        }
+        Ok(SocketReserve { ipv6, sockets: std::sync::Mutex::new(sockets) })
+    }
+
+    /// How many sockets are left.
+    pub fn left(&self) -> usize {
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// `count` sockets for `addr`'s family, all or none.
+    pub(crate) fn take(&self, addr: &SocketAddr, count: usize) -> Result<Vec<OwnedFd>> {
+        if addr.is_ipv6() != self.ipv6 {
+            return Err(Error::io(
+                format!("binding UDP {addr} from the reserved sockets"),
+                std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT),
+            ));
+        }
+        let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        if sockets.len() < count {
+            return Err(Error::io(
+                format!(
+                    "binding UDP {addr}: {} of the sockets reserved for a new port are left, {count} needed (they \
+                     were made before the privileges were dropped; restart to change the port again)",
+                    sockets.len()
+                ),
+                std::io::Error::from_raw_os_error(libc::EPERM),
+            ));
+        }
+        let at = sockets.len() - count;
+        Ok(sockets.split_off(at))
+    }
+
+    /// Puts back sockets [`Self::take`] gave that were not bound.
+    pub(crate) fn give_back(&self, fds: Vec<OwnedFd>) {
+        self.sockets.lock().unwrap_or_else(|e| e.into_inner()).extend(fds);
+    }
+}
+
 /// How a socket holds its port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PortSharing {
@@ -240,15 +336,32 @@ impl TunnelSocket {
     /// [`Self::bind`] with the way the port is held (see [`crate::tunnel::bind_sockets`], the one place that
     /// makes groups).
     pub(crate) fn bind_sharing(addr: SocketAddr, options: &SocketOptions, sharing: PortSharing) -> Result<Self> {
-        use rustix::net::{AddressFamily, SocketType};
+        use rustix::net::AddressFamily;
         let family = if addr.is_ipv6() { AddressFamily::INET6 } else { AddressFamily::INET };
-        let fd = rustix::net::socket_with(
-            family,
-            SocketType::DGRAM,
-            rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| Error::io("socket(UDP)", e.into()))?;
+        let fd = match sharing {
+            PortSharing::Alone => new_socket(family)?,
+            // Owned by the group owner where this process may give it one; its own otherwise (then a socket of
+            // the same owner could join the group: see `crate::tunnel::bind_sockets_with`).
+            PortSharing::FirstOfGroup | PortSharing::JoinGroup => match new_group_socket(family)? {
+                Some(fd) => fd,
+                None => new_socket(family)?,
+            },
+        };
+        Self::bind_fd(fd, addr, options, sharing)
+    }
+
+    /// [`Self::bind_sharing`] with a socket of the group owner taken from a [`SocketReserve`].
+    pub(crate) fn bind_reserved(
+        fd: OwnedFd,
+        addr: SocketAddr,
+        options: &SocketOptions,
+        sharing: PortSharing,
+    ) -> Result<Self> {
+        Self::bind_fd(fd, addr, options, sharing)
+    }
+
+    /// Sets `fd` (a new, unbound UDP socket of `addr`'s family) up and binds it.
+    fn bind_fd(fd: OwnedFd, addr: SocketAddr, options: &SocketOptions, sharing: PortSharing) -> Result<Self> {
         let opt = |what: &'static str, r: rustix::io::Result<()>| r.map_err(|e| Error::io(what, e.into()));
         if sharing == PortSharing::JoinGroup {
             opt("setsockopt(SO_REUSEPORT)", sockopt::set_socket_reuseport(&fd, true))?;

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, DropReason, Drops, SharedCounters};
 use crate::dataplane::threads::{run_workers, Worker};
-use crate::dataplane::udp::{LocalAddr, ReplySources, SocketOptions, TunnelSocket};
+use crate::dataplane::udp::{LocalAddr, ReplySources, SocketOptions, SocketReserve, TunnelSocket};
 use crate::devices::queue::Queue;
 use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
@@ -450,23 +450,54 @@ impl<T: Transform> TunnelBuilder<T> {
 /// - Several: the first is bound alone, which proves the port free (`EADDRINUSE` if any socket holds it, one
 ///   that shares it included), picking it when `local` has port 0; only then does it take `SO_REUSEPORT`, and
 ///   the others join it. The kernel spreads remote addresses over the group, each remote on one socket.
-///
-/// What remains: while a group lives, the kernel lets a socket join it only with `SO_REUSEPORT` and the same
-/// owning user (the uid that created the sockets). Sockets made as root before a privilege drop keep the
-/// unprivileged user out; a process of the creating user (root, for sockets made as root) could still join.
+/// - While a group lives the kernel lets a socket join it only with `SO_REUSEPORT` and the same owner (uid) as
+///   the group's sockets: they are given an owner no account has (`fchown`, which needs `CAP_CHOWN`), so that
+///   no other socket can join, root's included. A process without `CAP_CHOWN` binds a group of its own uid
+///   (a socket of that uid could join it): one that gives up its privileges and binds groups afterwards keeps
+///   sockets made before, a [`SocketReserve`] given to [`bind_sockets_with`].
 pub fn bind_sockets(local: SocketAddr, count: usize, options: &SocketOptions) -> Result<Vec<TunnelSocket>> {
+    bind_sockets_with(local, count, options, None)
+}
+
+/// [`bind_sockets`], a group's sockets taken from `reserve` when one is given (made while the process could
+/// still give them their owner); an empty reserve refuses. One socket is bound alone, as ever.
+pub fn bind_sockets_with(
+    local: SocketAddr,
+    count: usize,
+    options: &SocketOptions,
+    reserve: Option<&SocketReserve>,
+) -> Result<Vec<TunnelSocket>> {
     use crate::dataplane::udp::PortSharing;
-    let first_sharing = if count > 1 { PortSharing::FirstOfGroup } else { PortSharing::Alone };
-    let first = TunnelSocket::bind_sharing(local, options, first_sharing)?;
-    let bound = first.local_addr()?;
-    let mut sockets = vec![first];
-    for _ in 1..count {
-        let mut socket = TunnelSocket::bind_sharing(bound, options, PortSharing::JoinGroup)?;
-        // One table of reply sources for the group: a remote is received on one socket, sent to from any.
-        socket.share_sources_with(&sockets[0]);
-        sockets.push(socket);
+    if count <= 1 {
+        return Ok(vec![TunnelSocket::bind_sharing(local, options, PortSharing::Alone)?]);
     }
-    Ok(sockets)
+    let mut fds = match reserve {
+        Some(reserve) => Some(reserve.take(&local, count)?),
+        None => None,
+    };
+    let mut bind = |addr, sharing| match fds.as_mut().and_then(Vec::pop) {
+        Some(fd) => TunnelSocket::bind_reserved(fd, addr, options, sharing),
+        None => TunnelSocket::bind_sharing(addr, options, sharing),
+    };
+    let bound: Result<Vec<TunnelSocket>> = (|| {
+        let first = bind(local, PortSharing::FirstOfGroup)?;
+        let at = first.local_addr()?;
+        let mut sockets = vec![first];
+        for _ in 1..count {
+            let mut socket = bind(at, PortSharing::JoinGroup)?;
+            // One table of reply sources for the group: a remote is received on one socket, sent to from any.
+            socket.share_sources_with(&sockets[0]);
+            sockets.push(socket);
+        }
+        Ok(sockets)
+    })();
+    if bound.is_err() {
+        // What a failed bind did not reach stays in the reserve (a socket whose bind failed is gone with it).
+        if let (Some(reserve), Some(fds)) = (reserve, fds) {
+            reserve.give_back(fds);
+        }
+    }
+    bound
 }
 
 /// A tunnel ready to run (see [`TunnelBuilder`]).
