@@ -551,6 +551,144 @@ fn no_other_socket_joins_the_servers_port() {
     }
 }
 
+/// How many copies of `needle` the writable memory of process `pid` holds, read through `/proc/PID/mem` (root
+/// reads a non-dumpable process's memory with CAP_SYS_PTRACE).
+fn copies_in_memory(pid: u32, needle: &[u8]) -> usize {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut copies = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        if !perms.starts_with("rw") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let (mut at, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        while at < end {
+            let len = (end - at).min(buf.len() as u64) as usize;
+            // Pages that cannot be read (guard pages) hold nothing to find.
+            let Ok(n) = mem.read_at(&mut buf[..len], at) else { break };
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            let mut from = 0;
+            while let Some(i) = chunk[from..].iter().position(|&b| b == needle[0]) {
+                let i = from + i;
+                if chunk.get(i..i + needle.len()) == Some(needle) {
+                    copies += 1;
+                }
+                from = i + 1;
+            }
+            // A copy across two reads is counted by reading from a little before the end next time.
+            at += (n.saturating_sub(needle.len() - 1)).max(1) as u64;
+        }
+    }
+    copies
+}
+
+/// An IPv4 UDP datagram from `src` to `dst`, port 9 (nothing listens: the kernel answers with an ICMP error).
+fn udp_packet(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    let mut p = vec![0u8; 28];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&28u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    let sum = p[..20].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    p[10..12].copy_from_slice(&(!((folded & 0xffff) + (folded >> 16)) as u16).to_be_bytes());
+    p[20..22].copy_from_slice(&4000u16.to_be_bytes());
+    p[22..24].copy_from_slice(&9u16.to_be_bytes());
+    p[24..26].copy_from_slice(&8u16.to_be_bytes());
+    p
+}
+
+/// Key material is erased when it is retired, as the kernel frees keypairs with `kfree_sensitive`: the memory
+/// of `turbotun wg` (every writable page, read through /proc) holds no copy of a session's transport keys once
+/// the peer is removed, and no copy of the old private key once a new one is set. The test is the peer: it
+/// completes the handshake itself, so it knows the keys, and uses the session both ways (data in, an ICMP error
+/// sealed back) so that every worker touched them; while the session lives the scan finds them.
+#[test]
+fn retired_keys_leave_no_copy_in_the_endpoints_memory() {
+    if !privileged("retired_keys_leave_no_copy_in_the_endpoints_memory") {
+        return;
+    }
+    let u = underlay(2);
+    let dir = private_dir();
+    let (server_keys, new_keys) = (keys(dir.path(), "server.key"), keys(dir.path(), "new.key"));
+    let client_private: [u8; 32] = pattern(32, 0x6b65_7973).try_into().unwrap();
+    let client_public =
+        encode_key(&x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(client_private)).to_bytes());
+    let name = unique("wtk");
+    let server = Endpoint::start(&u.nss[1], Impl::Turbotun, &name);
+    let pid = server.pid();
+    let add_peer = || {
+        wg(&u.nss[1], &["set", &name, "peer", &client_public, "allowed-ips", "10.202.0.2/32"]);
+    };
+    wg(&u.nss[1], &["set", &name, "private-key", server_keys.private_file.to_str().unwrap(), "listen-port", "51820"]);
+    add_peer();
+    bring_up(&u.nss[1], &name, "10.202.0.1");
+    let socket = with_netns(&ns_path(&u.nss[2]), || UdpSocket::bind((underlay_ip(2, false), 0))).unwrap().unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let server_at = SocketAddr::new(underlay_ip(1, false), SERVER_PORT);
+    let mut initiator = Initiator::new(client_private, decode_key(&server_keys.public));
+    let mut buf = [0u8; 2048];
+    // A session, used both ways: its keys are where the workers keep them.
+    let mut session = |initiator: &mut Initiator, sender: u32| {
+        let (initiation, _) = initiator.initiation(sender);
+        socket.send_to(&initiation, server_at).unwrap();
+        let (n, _) = socket.recv_from(&mut buf).expect("a handshake response");
+        let session = initiator.session(&buf[..n]).expect("a response that completes the handshake");
+        let packet = udp_packet([10, 202, 0, 2], [10, 202, 0, 1]);
+        socket.send_to(&msg::transport(&session.send, session.remote_index, 0, &packet), server_at).unwrap();
+        let (n, _) = socket.recv_from(&mut buf).expect("the ICMP error, sealed back");
+        assert!(n > 32 && buf[0] == msg::TRANSPORT, "a data message back: {:?}", &buf[..n.min(16)]);
+        session
+    };
+    let first = session(&mut initiator, 7);
+    for (what, key) in [("send", first.send), ("receive", first.receive)] {
+        assert!(copies_in_memory(pid, &key) > 0, "a live session's {what} key is not found: the scan sees nothing");
+    }
+    wg(&u.nss[1], &["set", &name, "peer", &client_public, "remove"]);
+    std::thread::sleep(Duration::from_millis(500));
+    for (what, key) in [("receiving", first.send), ("sending", first.receive)] {
+        let copies = copies_in_memory(pid, &key);
+        assert_eq!(copies, 0, "{copies} copies of the removed peer's {what} key in the endpoint's memory");
+    }
+
+    // A key change: the old private key goes, in every form the endpoint had it (as set, clamped, in hex).
+    add_peer();
+    std::thread::sleep(Duration::from_millis(50));
+    let _second = session(&mut initiator, 8);
+    let old = decode_key(&server_keys.private);
+    let mut clamped = old;
+    clamped[0] &= 248;
+    clamped[31] = (clamped[31] & 127) | 64;
+    let hex = |key: &[u8; 32]| key.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let (hex_sent, hex_shown) = (hex(&old), hex(&clamped));
+    // `wg show` has the endpoint write it out (clamped, in hex), as a configuration tool does.
+    wg(&u.nss[1], &["show", &name, "private-key"]);
+    assert!(copies_in_memory(pid, &clamped) > 0, "the private key in force is not found: the scan sees nothing");
+    wg(&u.nss[1], &["set", &name, "private-key", new_keys.private_file.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(500));
+    let needles = [
+        ("as set", &old[..]),
+        ("clamped", &clamped[..]),
+        ("in hex as wg sent it", hex_sent.as_bytes()),
+        ("in hex as get=1 wrote it", hex_shown.as_bytes()),
+    ];
+    for (what, needle) in needles {
+        let copies = copies_in_memory(pid, needle);
+        assert_eq!(copies, 0, "{copies} copies of the old private key ({what}) in the endpoint's memory");
+    }
+    server.stop();
+}
+
 /// A value of `/proc/net/snmp` (`table` `field`, e.g. `Udp` `InErrors`) in `ns`.
 fn snmp(ns: &OwnedFd, table: &str, field: &str) -> u64 {
     let text = with_netns(&ns_path(ns), || std::fs::read_to_string("/proc/thread-self/net/snmp")).unwrap().unwrap();

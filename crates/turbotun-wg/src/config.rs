@@ -96,6 +96,17 @@ pub struct DeviceConfig {
     pub peers: Vec<PeerConfig>,
 }
 
+impl DeviceConfig {
+    /// Takes the private key out, wiping its bytes where they were: `Option::take` would leave them in place
+    /// (only the tag changes), and every later move of the configuration would copy them along.
+    pub fn take_private_key(&mut self) -> Option<SecretKey> {
+        let key = self.private_key.clone();
+        // Assigning drops the key in place, and its `Drop` wipes it there.
+        self.private_key = None;
+        key
+    }
+}
+
 /// One peer's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerConfig {
@@ -137,6 +148,25 @@ pub fn same_secret(a: Option<&[u8; 32]>, b: Option<&[u8; 32]>) -> bool {
         (None, None) => true,
         _ => false,
     }
+}
+
+/// Overwrites the stack below the caller's frame with zeros: what the calls made from there left in their
+/// frames (keys moved or derived on the way, HMAC pads) is gone. Called where secret work ends on a thread (the
+/// handshake worker's wake-up, a configuration request), since frames are not wiped when they return.
+pub fn scrub_stack() {
+    scrub::<{ 64 * 1024 }>();
+}
+
+/// [`scrub_stack`] for the data path, after each batch: deep enough for the frames of sealing and opening, where
+/// ring's ChaCha20-Poly1305 leaves its key (its state on the stack, not wiped).
+pub fn scrub_data_path_stack() {
+    scrub::<{ 16 * 1024 }>();
+}
+
+#[inline(never)]
+fn scrub<const BYTES: usize>() {
+    let mut area = [0u8; BYTES];
+    std::hint::black_box(&mut area);
 }
 
 /// A key in lowercase hex, as the protocol writes it.

@@ -16,6 +16,8 @@ use blake2::digest::{Digest, KeyInit, Mac};
 use blake2::{Blake2s256, Blake2sMac};
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::ChaCha20Poly1305;
+use std::sync::Mutex;
+
 use hmac::SimpleHmac;
 use rand_core::OsRng;
 use x25519_dalek::{PublicKey, StaticSecret};
@@ -193,7 +195,9 @@ pub fn macs_at(message_len: usize) -> (usize, usize) {
 
 /// This device's static identity.
 pub struct Identity {
-    secret: StaticSecret,
+    /// The private key: taken out and wiped when the device's key changes ([`Identity::erase`]), whoever still
+    /// holds the identity.
+    secret: Mutex<Option<StaticSecret>>,
     /// Its public key.
     pub public: [u8; 32],
     /// HASH(LABEL_MAC1 || public): checks the mac1 of messages to us.
@@ -226,7 +230,7 @@ impl Identity {
         let secret = StaticSecret::from(*private);
         let public = PublicKey::from(&secret).to_bytes();
         Identity {
-            secret,
+            secret: Mutex::new(Some(secret)),
             public,
             mac1_key: hash(&[LABEL_MAC1, &public]),
             cookie_key: hash(&[LABEL_COOKIE, &public]),
@@ -236,7 +240,24 @@ impl Identity {
 
     /// The X25519 of our static key with a peer's: `None` for a low-order key (no handshake with it, ever).
     pub fn static_static(&self, peer: &[u8; 32]) -> Option<Secret> {
-        dh(&self.secret, peer)
+        self.dh(peer)
+    }
+
+    /// The X25519 of our static key with `public`; `None` for a low-order key, or once erased.
+    fn dh(&self, public: &[u8; 32]) -> Option<Secret> {
+        dh(self.secret.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?, public)
+    }
+
+    /// The private key, as the configuration reports it (clamped); `None` once erased.
+    pub fn private_key(&self) -> Option<crate::config::SecretKey> {
+        let secret = self.secret.lock().unwrap_or_else(|e| e.into_inner());
+        Some(crate::config::SecretKey::new(secret.as_ref()?.to_bytes()))
+    }
+
+    /// Wipes the private key (a new one is in force): no handshake is made with this identity after.
+    pub fn erase(&self) {
+        // Dropped in place (its `Drop` wipes it there): `take` would leave its bytes behind in the slot.
+        *self.secret.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -385,7 +406,7 @@ pub fn open_initiation(identity: &Identity, msg: &[u8]) -> Option<InitiationStat
     remote_ephemeral.copy_from_slice(&msg[8..40]);
     let ck = kdf1(&initial_chaining_key(), &remote_ephemeral);
     let h = hash(&[&identity.responder_hash, &remote_ephemeral]);
-    let es = dh(&identity.secret, &remote_ephemeral)?;
+    let es = identity.dh(&remote_ephemeral)?;
     let (ck, key) = kdf2(&ck, &*es);
     let mut peer = [0u8; 32];
     if !open(&key, &msg[40..88], &h, &mut peer) {
@@ -465,7 +486,7 @@ pub fn consume_response(
     let h = hash(&[&state.hash, &remote_ephemeral]);
     let ee = dh(&state.ephemeral, &remote_ephemeral)?;
     let ck = kdf1(&ck, &*ee);
-    let se = dh(&identity.secret, &remote_ephemeral)?;
+    let se = identity.dh(&remote_ephemeral)?;
     let ck = kdf1(&ck, &*se);
     let (ck, tau, key) = kdf3(&ck, &*peer.psk);
     let h = hash(&[&h, &*tau]);

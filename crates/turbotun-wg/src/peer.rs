@@ -218,13 +218,34 @@ impl Peer {
         self.keypairs.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Changes its sessions with `f`, returning the indices that no session holds any more.
+    /// Changes its sessions with `f`, returning the indices that no session holds any more. A session `f` takes
+    /// out of the slots is erased at once ([`Keypair::erase`]), whoever still holds it.
     pub fn change_keypairs(&self, f: impl FnOnce(&mut Keypairs)) -> Vec<u32> {
         let mut keypairs = self.keypairs.write().unwrap_or_else(|e| e.into_inner());
-        let before: Vec<u32> = keypairs.indices().collect();
+        let before = keypairs.clone();
         f(&mut keypairs);
         self.keypairs_gen.fetch_add(1, Ordering::Release);
-        before.into_iter().filter(|i| keypairs.find(*i).is_none()).collect()
+        let mut gone = Vec::new();
+        for old in [before.current, before.previous, before.next].into_iter().flatten() {
+            let kept = [&keypairs.current, &keypairs.previous, &keypairs.next]
+                .into_iter()
+                .flatten()
+                .any(|k| Arc::ptr_eq(k, &old));
+            if !kept {
+                old.erase();
+                gone.push(old.local_index);
+            }
+        }
+        gone
+    }
+
+    /// Erases everything secret it holds, now that it is removed: its sessions, the handshake under way, its
+    /// handshake keys. Returns the indices that no session or handshake holds any more.
+    pub fn forget_secrets(&self) -> Vec<u32> {
+        let mut gone = self.change_keypairs(|k| *k = Keypairs::default());
+        gone.extend(self.state().pending.take().map(|p| p.local_index));
+        self.set_keys(None);
+        gone
     }
 
     /// What a new private key of the device does to this peer (the kernel's

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
@@ -76,8 +76,10 @@ pub struct Keypair {
     pub initiator: bool,
     /// When it was made, in the device's clock (milliseconds).
     pub born_ms: u64,
-    send: LessSafeKey,
-    receive: LessSafeKey,
+    /// The keys, erased in place when the session is retired ([`Self::erase`]) whoever still holds the session
+    /// (a worker's cache keeps it until that worker's next packet); read-locked while they seal or open.
+    send: RwLock<LessSafeKey>,
+    receive: RwLock<LessSafeKey>,
     send_counter: AtomicU64,
     window: Mutex<ReplayWindow>,
     /// Whether the peer is known to have it: always for the initiator; for the responder once the initiator's
@@ -86,6 +88,23 @@ pub struct Keypair {
     /// Sealing with it stopped before its time (the device's private key changed): the kernel's
     /// `sending.is_valid` cleared; it still opens what the peer sent with it.
     sending_expired: AtomicBool,
+    /// Its keys were erased: it opens nothing.
+    erased: AtomicBool,
+}
+
+impl Drop for Keypair {
+    fn drop(&mut self) {
+        for key in [&mut self.send, &mut self.receive] {
+            erase_key(key.get_mut().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+}
+
+/// Overwrites `key` where it is with a key of zeros. The store is kept (`black_box`) even when the memory is
+/// freed right after, which would otherwise let the compiler drop it.
+fn erase_key(key: &mut LessSafeKey) {
+    *key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &[0; 32]).expect("32-byte key"));
+    std::hint::black_box(&*key);
 }
 
 impl std::fmt::Debug for Keypair {
@@ -114,18 +133,33 @@ pub fn padded_len(len: usize, mtu: usize) -> usize {
 impl Keypair {
     /// A session from handshake keys.
     pub fn new(keys: &SessionKeys, local_index: u32, remote_index: u32, initiator: bool, born_ms: u64) -> Self {
+        #[cfg(test)]
+        tests::made_keys(keys);
         let key = |k: &[u8; 32]| LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, k).expect("32-byte key"));
         Keypair {
             local_index,
             remote_index,
             initiator,
             born_ms,
-            send: key(&keys.send),
-            receive: key(&keys.receive),
+            send: RwLock::new(key(&keys.send)),
+            receive: RwLock::new(key(&keys.receive)),
             send_counter: AtomicU64::new(0),
             window: Mutex::new(ReplayWindow::default()),
             confirmed: AtomicBool::new(false),
             sending_expired: AtomicBool::new(false),
+            erased: AtomicBool::new(false),
+        }
+    }
+
+    /// Erases its keys where they are (the kernel frees a keypair with `kfree_sensitive`): each is overwritten with
+    /// a key of zeros under its lock, so that no copy outlives the session in this process, however long a
+    /// worker's cache holds the session. It seals and opens nothing after.
+    pub fn erase(&self) {
+        for key in [&self.send, &self.receive] {
+            let mut key = key.write().unwrap_or_else(|e| e.into_inner());
+            self.expire_sending();
+            self.erased.store(true, Ordering::Release);
+            erase_key(&mut key);
         }
     }
 
@@ -169,10 +203,14 @@ impl Keypair {
         }
     }
 
-    /// Seals the packet at `buf[start..start + len]` where it is, as the transport data message with `counter`
-    /// (taken with [`Self::take_counters`]), padded for a device of `mtu`: its header goes into the 16 bytes in
-    /// front, the padding (zeros) and the tag behind. Returns where the message is in `buf`, or `None` when `buf`
-    /// has no room for it or the counter is past the session's last.
+    /// The sealing key, held for a run of packets ([`Sealer::seal_in_place`]); `None` once erased.
+    pub fn sealer(&self) -> Option<Sealer<'_>> {
+        let key = self.send.read().unwrap_or_else(|e| e.into_inner());
+        // Read under the lock that erasing takes to write: a session erased is never sealed with.
+        (!self.sending_expired()).then_some(Sealer { keypair: self, key })
+    }
+
+    /// [`Sealer::seal_in_place`] with the key taken for this one packet.
     pub fn seal_in_place(
         &self,
         buf: &mut [u8],
@@ -181,25 +219,7 @@ impl Keypair {
         counter: u64,
         mtu: usize,
     ) -> Option<Range<usize>> {
-        if counter >= REJECT_AFTER_MESSAGES {
-            return None;
-        }
-        let padded = padded_len(len, mtu);
-        let from = start.checked_sub(DATA_HEADER_LEN)?;
-        let to = start.checked_add(padded)?.checked_add(TAG_LEN)?;
-        let message = buf.get_mut(from..to)?;
-        let (header, rest) = message.split_at_mut(DATA_HEADER_LEN);
-        header[..4].copy_from_slice(&[4, 0, 0, 0]);
-        header[4..8].copy_from_slice(&self.remote_index.to_le_bytes());
-        header[8..].copy_from_slice(&counter.to_le_bytes());
-        let (body, tag_room) = rest.split_at_mut(padded);
-        body[len..].fill(0);
-        let tag = self
-            .send
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce(counter)), Aad::empty(), body)
-            .ok()?;
-        tag_room.copy_from_slice(tag.as_ref());
-        Some(from..to)
+        self.sealer()?.seal_in_place(buf, start, len, counter, mtu)
     }
 
     /// Seals `packet` (possibly empty: a keepalive) into `out` as a transport data message, padded for a device
@@ -224,15 +244,67 @@ impl Keypair {
             return Err(OpenError::Replayed);
         }
         let body = message.get_mut(DATA_HEADER_LEN..).ok_or(OpenError::Unauthenticated)?;
-        let plain = self
-            .receive
+        let key = self.receive.read().unwrap_or_else(|e| e.into_inner());
+        // An erased key is all zeros: what it "opens" would be a forgery's. Read under the lock erasing writes.
+        if self.erased.load(Ordering::Acquire) {
+            return Err(OpenError::Unauthenticated);
+        }
+        let plain = key
             .open_in_place(Nonce::assume_unique_for_key(nonce(counter)), Aad::empty(), body)
             .map_err(|_| OpenError::Unauthenticated)?;
+        drop(key);
         // Only a message that authenticated may move the window.
         if !self.window.lock().unwrap_or_else(|e| e.into_inner()).accept(counter) {
             return Err(OpenError::Replayed);
         }
         Ok((plain, counter))
+    }
+}
+
+/// A session's sealing key, held (read-locked) for a run of packets: one lock for the run.
+pub struct Sealer<'a> {
+    keypair: &'a Keypair,
+    key: RwLockReadGuard<'a, LessSafeKey>,
+}
+
+impl std::fmt::Debug for Sealer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer").field("keypair", self.keypair).finish_non_exhaustive()
+    }
+}
+
+impl Sealer<'_> {
+    /// Seals the packet at `buf[start..start + len]` where it is, as the transport data message with `counter`
+    /// (taken with [`Keypair::take_counters`]), padded for a device of `mtu`: its header goes into the 16 bytes
+    /// in front, the padding (zeros) and the tag behind. Returns where the message is in `buf`, or `None` when
+    /// `buf` has no room for it or the counter is past the session's last.
+    pub fn seal_in_place(
+        &self,
+        buf: &mut [u8],
+        start: usize,
+        len: usize,
+        counter: u64,
+        mtu: usize,
+    ) -> Option<Range<usize>> {
+        if counter >= REJECT_AFTER_MESSAGES {
+            return None;
+        }
+        let padded = padded_len(len, mtu);
+        let from = start.checked_sub(DATA_HEADER_LEN)?;
+        let to = start.checked_add(padded)?.checked_add(TAG_LEN)?;
+        let message = buf.get_mut(from..to)?;
+        let (header, rest) = message.split_at_mut(DATA_HEADER_LEN);
+        header[..4].copy_from_slice(&[4, 0, 0, 0]);
+        header[4..8].copy_from_slice(&self.keypair.remote_index.to_le_bytes());
+        header[8..].copy_from_slice(&counter.to_le_bytes());
+        let (body, tag_room) = rest.split_at_mut(padded);
+        body[len..].fill(0);
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce(counter)), Aad::empty(), body)
+            .ok()?;
+        tag_room.copy_from_slice(tag.as_ref());
+        Some(from..to)
     }
 }
 
@@ -247,8 +319,26 @@ pub enum OpenError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// What every transport key made in this process is XORed with where the tests keep it, so that the copy a
+    /// memory scan looks for is not one the tests hold.
+    pub(crate) const KEY_MASK: u8 = 0x5a;
+
+    thread_local! {
+        /// The transport keys of every session made on this thread (tests run on threads of their own beside
+        /// each other), masked, for the memory scans.
+        pub(crate) static MADE_KEYS: std::cell::RefCell<Vec<[u8; 32]>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn made_keys(keys: &SessionKeys) {
+        MADE_KEYS.with_borrow_mut(|made| {
+            for key in [&keys.send, &keys.receive] {
+                made.push(key.map(|b| b ^ KEY_MASK));
+            }
+        });
+    }
 
     fn pair() -> (Keypair, Keypair) {
         let a = SessionKeys { send: [1; 32], receive: [2; 32] };

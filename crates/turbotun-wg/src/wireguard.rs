@@ -448,9 +448,12 @@ impl WireGuard {
         })
     }
 
-    /// The configuration in force.
+    /// The configuration in force (the private key taken from the identity: the runtime keeps no copy of it).
     pub fn config(&self) -> DeviceConfig {
-        self.runtime().config.clone()
+        let rt = self.runtime();
+        let mut config = rt.config.clone();
+        config.private_key = rt.identity.as_ref().and_then(|identity| identity.private_key());
+        config
     }
 
     /// The port the sockets are bound to.
@@ -490,15 +493,19 @@ impl WireGuard {
     /// peer still sends with them is opened) until a handshake with the new key completes. A new preshared key
     /// is used from the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel
     /// does.
-    pub fn apply(&self, config: DeviceConfig) {
+    pub fn apply(&self, mut config: DeviceConfig) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let old = guard.clone();
-        let identity_changed = config.private_key != old.config.private_key;
+        // The private key lives in the identity alone (wiped in place when it changes): the runtime, which a
+        // worker's cache may hold long after it is replaced, keeps none.
+        let private_key = config.take_private_key();
+        let identity_changed = private_key != old.identity.as_ref().and_then(|identity| identity.private_key());
         let identity = if identity_changed {
-            config.private_key.as_ref().map(|k| Arc::new(Identity::new(k.as_bytes())))
+            private_key.as_ref().map(|k| Arc::new(Identity::new(k.as_bytes())))
         } else {
             old.identity.clone()
         };
+        drop(private_key);
         let keys_for =
             |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
         let mut peers = Vec::with_capacity(config.peers.len());
@@ -547,9 +554,18 @@ impl WireGuard {
             peers.push(peer);
         }
         self.retire(&retired);
-        // Peers gone (or made anew) take their indices with them.
+        if identity_changed {
+            if let Some(old_identity) = &old.identity {
+                old_identity.erase();
+            }
+        }
+        // Peers gone (or made anew) take their indices with them, and their secrets are erased at once (a worker's
+        // cache may hold the peer until its next packet).
         let gone: Vec<&Arc<Peer>> = old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).collect();
         if !gone.is_empty() {
+            for peer in &gone {
+                peer.forget_secrets();
+            }
             let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
             indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
         }
@@ -1218,7 +1234,9 @@ impl WireGuard {
         let mut sealed = run.start;
         let Cache { rt, sending, .. } = cache;
         let peer = &rt.peers[position];
-        if let Some(keypair) = sending_keypair(rt, sending, position, now) {
+        // The key is held for the run: a session erased meanwhile seals nothing, its packets are held instead.
+        let sealing = sending_keypair(rt, sending, position, now).and_then(|k| Some((k, k.sealer()?)));
+        if let Some((keypair, sealer)) = sealing {
             let counters = keypair.take_counters(run.len());
             let mut bytes = 0;
             let last = counters.end.saturating_sub(1);
@@ -1226,7 +1244,7 @@ impl WireGuard {
                 let i = sealed;
                 sealed += 1;
                 let message =
-                    batch.room(i).and_then(|room| keypair.seal_in_place(room.buf, room.start, room.len, counter, mtu));
+                    batch.room(i).and_then(|room| sealer.seal_in_place(room.buf, room.start, room.len, counter, mtu));
                 match message {
                     Some(message) => {
                         bytes += message.len() as u64;
@@ -1308,6 +1326,11 @@ impl Transform for WireGuard {
                 start = end;
             }
         });
+        crate::config::scrub_data_path_stack();
+    }
+
+    fn opened_batch(&self) {
+        crate::config::scrub_data_path_stack();
     }
 
     fn open(
@@ -1355,6 +1378,8 @@ impl Transform for WireGuard {
             }
         }
         self.add_settled(&settled);
+        // Key work leaves copies of secrets in the frames it used: overwritten before the worker sleeps.
+        crate::config::scrub_stack();
         if self.handshakes.len.load(Ordering::Relaxed) > 0 {
             self.handshakes.kick(); // more to do: back at once, after the timers
         }

@@ -122,6 +122,7 @@ pub fn transport_counter(datagram: &[u8]) -> Option<u64> {
 /// A peer whose private key the test holds, writing genuine handshake initiations to a responder: each a new
 /// ephemeral key and a later timestamp, with mac1, and mac2 once a cookie reply gave it a cookie.
 pub struct Initiator {
+    static_secret: StaticSecret,
     static_public: [u8; 32],
     responder: [u8; 32],
     /// DH(our static, their static): the same for every initiation.
@@ -133,6 +134,33 @@ pub struct Initiator {
     last_stamp: (u64, u32),
     /// Seeds the ephemeral keys (any bytes make a key; they need not be secret here).
     seed: u64,
+    /// What the last initiation leaves for its response: our index, the ephemeral key, the chaining key, the hash.
+    pending: Option<(u32, StaticSecret, [u8; 32], [u8; 32])>,
+}
+
+/// A session the test completed with a responder: its keys and the responder's index.
+pub struct Session {
+    /// Seals what the test sends.
+    pub send: [u8; 32],
+    /// Opens what the responder sends.
+    pub receive: [u8; 32],
+    /// The responder's index (what the test's transport messages carry as their receiver).
+    pub remote_index: u32,
+}
+
+/// A transport data message to `receiver` with `counter`: `plain` padded to 16 bytes, sealed with `key`.
+pub fn transport(key: &[u8; 32], receiver: u32, counter: u64, plain: &[u8]) -> Vec<u8> {
+    let mut padded = plain.to_vec();
+    padded.resize(plain.len().div_ceil(16) * 16, 0);
+    let mut nonce = [0u8; 12];
+    nonce[4..].copy_from_slice(&counter.to_le_bytes());
+    let cipher = <ChaCha20Poly1305 as KeyInit>::new(key.into());
+    let sealed = cipher.encrypt(&nonce.into(), Payload { msg: &padded, aad: &[] }).expect("sealing cannot fail");
+    let mut m = vec![TRANSPORT, 0, 0, 0];
+    m.extend_from_slice(&receiver.to_le_bytes());
+    m.extend_from_slice(&counter.to_le_bytes());
+    m.extend_from_slice(&sealed);
+    m
 }
 
 impl Initiator {
@@ -141,6 +169,8 @@ impl Initiator {
         let static_static = secret.diffie_hellman(&PublicKey::from(responder)).to_bytes();
         Initiator {
             static_public: PublicKey::from(&secret).to_bytes(),
+            static_secret: secret,
+            pending: None,
             responder,
             static_static,
             mac1_key: mac1_key(&responder),
@@ -185,9 +215,12 @@ impl Initiator {
         let sealed_static = seal(&key, &self.static_public, &h);
         m[40..88].copy_from_slice(&sealed_static);
         h = hash(&[&h, &sealed_static]);
-        let (_, key) = kdf2(&chaining, &self.static_static);
+        let (c, key) = kdf2(&chaining, &self.static_static);
+        chaining = c;
         let stamp = self.stamp();
         m[88..116].copy_from_slice(&seal(&key, &stamp, &h));
+        h = hash(&[&h, &m[88..116]]);
+        self.pending = Some((sender, ephemeral, chaining, h));
         let mac1 = set_mac1(&mut m, &self.mac1_key);
         if let Some(cookie) = self.cookie {
             let mac2 = keyed_mac(&cookie, &m[..132]);
@@ -215,5 +248,29 @@ impl Initiator {
     /// The cookie in use.
     pub fn cookie(&self) -> Option<[u8; 16]> {
         self.cookie
+    }
+
+    /// The session a response to the last initiation completes (no preshared key), as the initiator derives it;
+    /// `None` when it does not answer that initiation or does not authenticate.
+    pub fn session(&self, response: &[u8]) -> Option<Session> {
+        let (sender, ephemeral, chaining, h) = self.pending.as_ref()?;
+        if response.len() != RESPONSE_LEN || response[0] != RESPONSE || response[8..12] != sender.to_le_bytes() {
+            return None;
+        }
+        let theirs: [u8; 32] = response[12..44].try_into().unwrap();
+        let mut c = kdf2(chaining, &theirs).0;
+        let mut h = hash(&[h, &theirs]);
+        c = kdf2(&c, ephemeral.diffie_hellman(&PublicKey::from(theirs)).as_bytes()).0;
+        c = kdf2(&c, self.static_secret.diffie_hellman(&PublicKey::from(theirs)).as_bytes()).0;
+        // KDF3 of the (zero) preshared key: chaining key, a value for the hash, the key of the empty payload.
+        let prk = hmac(&c, &[&[0u8; 32]]);
+        let chained = hmac(&prk, &[&[1]]);
+        let tau = hmac(&prk, &[&chained, &[2]]);
+        let key = hmac(&prk, &[&tau, &[3]]);
+        h = hash(&[&h, &tau]);
+        let cipher = <ChaCha20Poly1305 as KeyInit>::new((&key).into());
+        cipher.decrypt(&[0u8; 12].into(), Payload { msg: &response[44..60], aad: &h }).ok()?;
+        let (send, receive) = kdf2(&chained, &[]);
+        Some(Session { send, receive, remote_index: u32::from_le_bytes(response[4..8].try_into().unwrap()) })
     }
 }

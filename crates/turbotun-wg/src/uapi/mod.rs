@@ -149,6 +149,8 @@ impl UapiSocket {
                                 if let Err(e) = serve_client(stream, wg, config_lock, stop) {
                                     tracing::debug!("configuration client: {e}");
                                 }
+                                // Requests carry keys, and the thread's stack may be kept for the next thread.
+                                crate::config::scrub_stack();
                             });
                         match spawned {
                             Ok(client) => clients.push(client),
@@ -401,6 +403,7 @@ fn serve_client(
         if !client.write_all(&reply, deadline)? {
             return Ok(());
         }
+        crate::config::scrub_stack();
     }
 }
 

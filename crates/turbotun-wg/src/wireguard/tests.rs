@@ -114,6 +114,8 @@ impl Node {
         let opened = self.wg.open(&mut data, datagram.from, None, &mut out, &mut |d, to| {
             wire.push(Wire { data: d.to_vec(), from, to })
         });
+        // As the tunnel's receiving worker does after each batch.
+        self.wg.opened_batch();
         let packet = match opened {
             Opened::Packet { len } => out[..len].to_vec(),
             Opened::InPlace { start, len } => data[start..start + len].to_vec(),
@@ -764,4 +766,62 @@ fn test_a_key_change_and_back_keeps_replay_state_and_expires_sessions() {
     wire.retain(|w| w.to == a.addr);
     let (at_a, _) = deliver(&a, &b, &mut wire);
     assert_eq!(at_a, vec![packet(B_INNER, A_INNER, 8)]);
+}
+
+/// How many copies of the key whose masked form is `masked` (see `session::tests::KEY_MASK`) the writable memory
+/// of this process holds, read through /proc/self/mem; the unmasked key is never formed here.
+fn copies_in_own_memory(masked: &[u8; 32]) -> usize {
+    use crate::session::tests::KEY_MASK;
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mem = std::fs::File::open("/proc/self/mem").unwrap();
+    let mut copies = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        if !perms.starts_with("rw") || line.ends_with("[vvar]") {
+            continue;
+        }
+        let (start, end) = range.split_once('-').unwrap();
+        let (mut at, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        while at < end {
+            let len = (end - at).min(buf.len() as u64) as usize;
+            let Ok(n) = mem.read_at(&mut buf[..len], at) else { break };
+            if n == 0 {
+                break;
+            }
+            let chunk = &buf[..n];
+            copies += chunk
+                .windows(32)
+                .filter(|w| w[0] ^ KEY_MASK == masked[0] && w.iter().zip(masked).all(|(b, m)| b ^ KEY_MASK == *m))
+                .count();
+            at += n.saturating_sub(31).max(1) as u64;
+        }
+    }
+    copies
+}
+
+/// Item: the zero-key timer (3 × REJECT_AFTER_TIME without a handshake, on the test clock) erases every session
+/// of both sides where it is: no copy of their transport keys remains in this process's memory, although the
+/// test still holds the sessions (as a worker's cache would).
+#[test]
+fn test_the_zero_key_timer_leaves_no_copy_of_the_keys_in_memory() {
+    let (a, b) = pair();
+    let mut wire = Vec::new();
+    a.send(&packet(A_INNER, B_INNER, 100), &mut wire);
+    b.send(&packet(B_INNER, A_INNER, 100), &mut wire);
+    deliver(&a, &b, &mut wire);
+    let held = [only_peer(&a).keypairs().current.unwrap(), only_peer(&b).keypairs().current.unwrap()];
+    // The keys of the sessions this test's two devices made (on this thread, where their handshakes ran).
+    let ours = crate::session::tests::MADE_KEYS.with_borrow(Vec::clone);
+    assert!(ours.len() >= 2 && ours.iter().all(|k| copies_in_own_memory(k) > 0), "the scan sees no live key");
+    for node in [&a, &b] {
+        node.skip(3 * REJECT_AFTER_TIME + 1000);
+        node.tick(&mut wire);
+    }
+    assert!(held.iter().all(|k| k.sealer().is_none()), "the sessions held are erased");
+    for key in &ours {
+        assert_eq!(copies_in_own_memory(key), 0, "a transport key outlived the zero-key timer");
+    }
 }

@@ -95,6 +95,11 @@ pub trait Transform: Send + Sync + 'static {
     /// The default keeps nothing.
     fn reply_sources(&self, _sources: ReplySources) {}
 
+    /// Called by a receiving worker once it opened a batch of datagrams, from the frame it called [`Self::open`]
+    /// from: a transform whose primitives leave secrets in the stack frames they used (an AEAD's key in its
+    /// state) overwrites them here, once a batch rather than once a datagram. The default does nothing.
+    fn opened_batch(&self) {}
+
     /// How often [`Self::tick`] wants to run (`None`: never).
     fn tick_interval(&self) -> Option<Duration> {
         None

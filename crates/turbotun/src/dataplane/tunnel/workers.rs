@@ -332,6 +332,7 @@ pub(super) fn from_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
             }
         }
         drop(send_control);
+        ctx.transform.opened_batch();
         if k > 0 {
             if let Err(e) = write_opened(&mut tx, &mut out, &mut in_slots[..k], &mut lens, vnet, checksums) {
                 break Err(e);
