@@ -309,6 +309,29 @@ fn refused_lines_are_logged_without_their_keys() {
     assert!(!log.contains(&secret[..16]), "a key in the log: {log}");
 }
 
+/// `ip link del NAME` and at once a new endpoint of that name (as WireGuard's netns selftest does): the old
+/// endpoint is still ending and still serves the socket for a moment; the new one waits for it and comes up,
+/// where it once refused ("is in use").
+#[test]
+fn a_new_endpoint_starts_at_once_after_the_old_ones_device_is_deleted() {
+    if !privileged("a_new_endpoint_starts_at_once_after_the_old_ones_device_is_deleted") {
+        return;
+    }
+    let ns = new_netns();
+    let name = unique("wgr");
+    let start = || {
+        with_netns(&ns_path(&ns), || Command::new(TURBOTUN).args(["wg", &name]).stdin(Stdio::null()).output())
+            .unwrap()
+            .expect("turbotun wg")
+    };
+    for round in 0..3 {
+        let started = start();
+        assert!(started.status.success(), "round {round}: {}", String::from_utf8_lossy(&started.stderr));
+        Netlink::in_netns(&ns_path(&ns)).unwrap().delete_link(&name).unwrap();
+    }
+    wait_for(|| !socket_of(&name).exists(), "the last endpoint to end and remove its socket");
+}
+
 #[test]
 fn the_endpoint_is_not_dumpable() {
     if !privileged("the_endpoint_is_not_dumpable") {

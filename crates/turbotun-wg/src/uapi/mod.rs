@@ -43,6 +43,11 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 /// `EMSGSIZE`, so that a client cannot make the endpoint's memory grow without bound.
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 
+/// How long a new endpoint waits, at most, for the endpoint that serves its socket to end (`IN_USE_TRIES` looks,
+/// `IN_USE_WAIT` apart) before it refuses to start.
+const IN_USE_TRIES: u32 = 50;
+const IN_USE_WAIT: Duration = Duration::from_millis(20);
+
 /// How much a client's buffer grows by per read.
 const READ_CHUNK: usize = 16 << 10;
 
@@ -97,10 +102,24 @@ impl UapiSocket {
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(|e| io_error("creating", e))?;
         }
-        if path.exists() {
+        // A served socket may belong to an endpoint that is ending (its device was just deleted, as `ip link del`
+        // then a new endpoint of the same name in quick succession does): it is given a moment to go.
+        let mut tries = 0;
+        while path.exists() {
             match UnixStream::connect(path) {
+                Ok(_) if tries < IN_USE_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(IN_USE_WAIT);
+                }
                 Ok(_) => return Err(UapiError::InUse { path: path.to_path_buf() }),
-                Err(_) => std::fs::remove_file(path).map_err(|e| io_error("removing the stale socket", e))?,
+                Err(_) => {
+                    match std::fs::remove_file(path) {
+                        // Gone meanwhile (its endpoint removed it as it ended).
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        removed => removed.map_err(|e| io_error("removing the stale socket", e))?,
+                    }
+                    break;
+                }
             }
         }
         // Only the owner may connect: the socket hands out the private key.
