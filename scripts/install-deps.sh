@@ -15,6 +15,9 @@ have arping   || need+=(arping)
 # The WireGuard endpoint is driven by the real `wg` and `wg-quick` in the tests and the bench.
 have wg       || need+=(wireguard-tools)
 have sysctl   || need+=(procps)
+# WireGuard's netns selftest (wireguard-go's tests/netns.sh, run against turbotun-wg) uses ncat and a NAT.
+have ncat     || need+=(ncat)
+have iptables || need+=(iptables)
 # DPDK's testpmd is the vhost-user front end of the vhost-user tests: `dpdk-dev` has `dpdk-testpmd` and pulls the
 # drivers it loads (virtio-user, the ring mempool, the vdev bus).
 have dpdk-testpmd || need+=(dpdk-dev)

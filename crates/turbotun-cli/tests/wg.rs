@@ -510,3 +510,33 @@ fn turbotun_wg_runs_unprivileged_and_still_removes_its_socket() {
     wait_for(|| !socket_of(&name).exists(), "the keeper to remove the socket");
     drop(b);
 }
+
+/// WireGuard's netns selftest as wireguard-go ships it for userspace implementations (`tests/netns.sh` of the
+/// wireguard-go module that `make peers` builds, run as it is, not copied here): three namespaces, the devices'
+/// sockets in one and the devices moved to the others, pings and iperf3 both ways over IPv4 and IPv6, roaming
+/// between addresses and families, a NAT in the middle with a persistent keepalive, port and endpoint changes,
+/// and tables of 130,000 allowed prefixes. It passes whole against `turbotun-wg`.
+#[test]
+fn wireguard_gos_netns_selftest_passes_against_turbotun_wg() {
+    let test = "wireguard_gos_netns_selftest_passes_against_turbotun_wg";
+    if !common::can_run(test, &[("ncat", "ncat"), ("iptables", "iptables"), ("iperf3", "iperf3"), ("ss", "iproute2")]) {
+        return;
+    }
+    let version_file = wireguard_go().with_extension("version");
+    let version = std::fs::read_to_string(&version_file).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/peers/gopath/pkg/mod/golang.zx2c4.com")
+        .join(format!("wireguard@{}", version.trim()))
+        .join("tests/netns.sh");
+    assert!(script.is_file(), "{} (the wireguard-go module, `make peers`)", script.display());
+    let dir = private_dir();
+    let out = Command::new("bash").arg(&script).arg(TURBOTUN_WG).current_dir(dir.path()).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let tail: Vec<&str> = text.lines().filter(|l| !l.contains("DEBUG")).rev().take(30).collect();
+    assert!(
+        out.status.success(),
+        "netns.sh failed ({}); its last lines, newest first:\n{}",
+        out.status,
+        tail.join("\n")
+    );
+}
