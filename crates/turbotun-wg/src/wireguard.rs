@@ -511,6 +511,7 @@ impl WireGuard {
         let mut peers = Vec::with_capacity(config.peers.len());
         let mut wake = false;
         let mut retired = Vec::new();
+        let mut expiring = Vec::new();
         for pc in &config.peers {
             // The same peer only if it was not removed and added again since (replace_peers, remove).
             let old_config =
@@ -526,7 +527,7 @@ impl WireGuard {
                     }
                     drop(psk);
                     if identity_changed {
-                        retired.extend(p.expire_for_new_identity());
+                        expiring.push(p.clone());
                     }
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
                     if pc.endpoint.is_some() && old_config.map(|o| o.endpoint) != Some(pc.endpoint) {
@@ -553,22 +554,8 @@ impl WireGuard {
             };
             peers.push(peer);
         }
-        self.retire(&retired);
-        if identity_changed {
-            if let Some(old_identity) = &old.identity {
-                old_identity.erase();
-            }
-        }
-        // Peers gone (or made anew) take their indices with them, and their secrets are erased at once (a worker's
-        // cache may hold the peer until its next packet).
-        let gone: Vec<&Arc<Peer>> = old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).collect();
-        if !gone.is_empty() {
-            for peer in &gone {
-                peer.forget_secrets();
-            }
-            let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
-            indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
-        }
+        let gone: Vec<Arc<Peer>> =
+            old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).cloned().collect();
         let mut routes = IpNetworkTable::new();
         for (i, pc) in config.peers.iter().enumerate() {
             for &(addr, len) in &pc.allowed_ips {
@@ -581,6 +568,26 @@ impl WireGuard {
         let rt = Runtime { config, identity, peers, by_key, routes, bound_port: old.bound_port };
         self.replace(&mut guard, rt);
         drop(guard);
+        // What takes a peer's handshake state runs with the runtime's lock released: the handshake worker takes
+        // that state first and the runtime after, so holding the runtime's write lock here would deadlock.
+        for peer in &expiring {
+            retired.extend(peer.expire_for_new_identity());
+        }
+        self.retire(&retired);
+        if identity_changed {
+            if let Some(old_identity) = &old.identity {
+                old_identity.erase();
+            }
+        }
+        // Peers gone (or made anew) take their indices with them, and their secrets are erased at once (a worker's
+        // cache may hold the peer until its next packet).
+        if !gone.is_empty() {
+            for peer in &gone {
+                peer.forget_secrets();
+            }
+            let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
+            indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
+        }
         if wake {
             self.handshakes.kick();
         }
@@ -864,6 +871,11 @@ impl WireGuard {
             return Err(DropReason::Unauthenticated);
         };
         let mut st = peer.state();
+        // Opened with keys a configuration change has replaced since (a new private or preshared key): its session
+        // would be of a retired key, as the kernel refuses it.
+        if !peer.keys().is_some_and(|current| Arc::ptr_eq(&current, &keys)) {
+            return Err(DropReason::Unauthenticated);
+        }
         let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
         if consumed.timestamp <= st.greatest_timestamp || flood {
             self.refused_log
@@ -1378,8 +1390,6 @@ impl Transform for WireGuard {
             }
         }
         self.add_settled(&settled);
-        // Key work leaves copies of secrets in the frames it used: overwritten before the worker sleeps.
-        crate::config::scrub_stack();
         if self.handshakes.len.load(Ordering::Relaxed) > 0 {
             self.handshakes.kick(); // more to do: back at once, after the timers
         }
@@ -1389,6 +1399,9 @@ impl Transform for WireGuard {
         for peer in &rt.peers {
             self.service_peer(peer, now, control, &mut lost);
         }
+        // Key work (handshake messages, initiations, keepalives) leaves copies of secrets in the frames it used:
+        // overwritten before the worker sleeps.
+        crate::config::scrub_stack();
         lost
     }
 

@@ -180,6 +180,11 @@ pub fn drop_to(identity: &Identity) -> Result<()> {
     nix::unistd::setgroups(&[gid]).map_err(|e| step("setgroups (needs CAP_SETGID: run as root)", e))?;
     nix::unistd::setresgid(gid, gid, gid).map_err(|e| step("setresgid (needs CAP_SETGID: run as root)", e))?;
     nix::unistd::setresuid(uid, uid, uid).map_err(|e| step("setresuid (needs CAP_SETUID: run as root)", e))?;
+    // PR_SET_DUMPABLE takes 0 or 1: a process dumpable for root only (2) is put back as not dumpable.
+    let dumpable = match dumpable {
+        rustix::process::DumpableBehavior::DumpableReadableOnlyByRoot => rustix::process::DumpableBehavior::NotDumpable,
+        other => other,
+    };
     rustix::process::set_dumpable_behavior(dumpable)
         .map_err(|e| Error::io(format!("dropping privileges to {identity}: PR_SET_DUMPABLE"), e.into()))?;
     clear_capabilities()
