@@ -242,7 +242,8 @@ fn new_group_socket(family: rustix::net::AddressFamily) -> Result<Option<OwnedFd
     let fd = new_socket(family)?;
     match rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(group_owner())), None) {
         Ok(()) => Ok(Some(fd)),
-        Err(rustix::io::Errno::PERM) => Ok(None),
+        // No CAP_CHOWN, or a user namespace where that uid is not mapped: the process's own uid then.
+        Err(rustix::io::Errno::PERM | rustix::io::Errno::INVAL) => Ok(None),
         Err(e) => Err(Error::io("fchown(UDP socket)", e.into())),
     }
 }
