@@ -351,18 +351,14 @@ impl TunnelSocket {
         Self::bind_fd(fd, addr, options, sharing)
     }
 
-    /// [`Self::bind_sharing`] with a socket of the group owner taken from a [`SocketReserve`].
-    pub(crate) fn bind_reserved(
+    /// Sets `fd` (a new, unbound UDP socket of `addr`'s family: made here, or taken from a [`SocketReserve`]) up
+    /// and binds it.
+    pub(crate) fn bind_fd(
         fd: OwnedFd,
         addr: SocketAddr,
         options: &SocketOptions,
         sharing: PortSharing,
     ) -> Result<Self> {
-        Self::bind_fd(fd, addr, options, sharing)
-    }
-
-    /// Sets `fd` (a new, unbound UDP socket of `addr`'s family) up and binds it.
-    fn bind_fd(fd: OwnedFd, addr: SocketAddr, options: &SocketOptions, sharing: PortSharing) -> Result<Self> {
         let opt = |what: &'static str, r: rustix::io::Result<()>| r.map_err(|e| Error::io(what, e.into()));
         if sharing == PortSharing::JoinGroup {
             opt("setsockopt(SO_REUSEPORT)", sockopt::set_socket_reuseport(&fd, true))?;

@@ -481,7 +481,7 @@ pub fn bind_sockets_with(
         None => None,
     };
     let mut bind = |addr, sharing| match fds.as_mut().and_then(Vec::pop) {
-        Some(fd) => TunnelSocket::bind_reserved(fd, addr, options, sharing),
+        Some(fd) => TunnelSocket::bind_fd(fd, addr, options, sharing),
         None => TunnelSocket::bind_sharing(addr, options, sharing),
     };
     let bound: Result<Vec<TunnelSocket>> = (|| {
