@@ -1,0 +1,345 @@
+//! The data path: a worker's state between packets, cryptokey routing (a packet's destination to its peer, an
+//! opened packet's source checked against the peer's AllowedIPs), sealing runs of packets and opening transport
+//! data in place.
+
+use std::cell::RefCell;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use turbotun::tunnel::{Opened, SealBatch, Sealed};
+use turbotun::DropReason;
+
+use super::{sendable, usable, Runtime, WireGuard, LASTMINUTE_AGE, REKEY_AFTER_TIME};
+use crate::noise;
+use crate::noise::{MessageKind, DATA_HEADER_LEN};
+use crate::peer::{Peer, HELD_PER_PEER};
+use crate::session::{Keypair, OpenError, REKEY_AFTER_MESSAGES};
+
+/// What a worker thread keeps between packets, so that the common case (the same runtime, destination, session
+/// and source) touches no lock but the session's receive window.
+pub(super) struct WorkerState {
+    pub(super) owner: u64,
+    pub(super) generation: u64,
+    pub(super) rt: Arc<Runtime>,
+    /// The last destination sealed for.
+    pub(super) route: Option<RouteCache>,
+    /// The session last sealed with.
+    pub(super) sending: Option<SendCache>,
+    /// The session last opened with.
+    pub(super) receiving: Option<ReceiveCache>,
+    /// The last authenticated source.
+    pub(super) seen: Option<SeenSource>,
+    /// The last inner source address found allowed.
+    pub(super) allowed: Option<AllowedSource>,
+}
+
+/// A destination and where it goes.
+#[derive(Clone, Copy)]
+pub(super) struct RouteCache {
+    destination: IpAddr,
+    peer: usize,
+    endpoint_gen: u64,
+    endpoint: Option<SocketAddr>,
+}
+
+/// A peer and the session it sends with.
+pub(super) struct SendCache {
+    /// The peer's position in the runtime.
+    peer: usize,
+    /// The peer's `keypairs_gen` when the session was looked up.
+    keypairs_gen: u64,
+    /// Its current session, if it has one.
+    keypair: Option<Arc<Keypair>>,
+}
+
+/// A source a peer's message authenticated from, and the peer's endpoint generation then (its endpoint is
+/// looked at again only when either changes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct SeenSource {
+    peer: usize,
+    endpoint_gen: u64,
+    from: SocketAddr,
+}
+
+/// An inner source address the peer at `peer` may use (cryptokey routing looked it up once).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct AllowedSource {
+    source: IpAddr,
+    peer: usize,
+}
+
+/// A receiver index and its session.
+pub(super) struct ReceiveCache {
+    index: u32,
+    keypairs_gen: u64,
+    peer: Arc<Peer>,
+    position: usize,
+    keypair: Arc<Keypair>,
+}
+
+thread_local! {
+    static WORKER_STATE: RefCell<Option<WorkerState>> = const { RefCell::new(None) };
+}
+
+/// The destination of an IP packet.
+fn destination(packet: &[u8]) -> Option<IpAddr> {
+    match packet.first()? >> 4 {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?))),
+        6 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(packet.get(24..40)?).ok()?))),
+        _ => None,
+    }
+}
+
+/// The IP packet at the start of a decrypted (and padded) payload, as [`inner_packet`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InnerPacket {
+    /// Its length, as its header gives it (the padding after it is not the packet's).
+    len: usize,
+    /// Its source address, which cryptokey routing checks against the sending peer's allowed prefixes.
+    source: IpAddr,
+}
+
+/// The length and source address of the IP packet at the start of a decrypted (and padded) payload; `None` when
+/// it is not an IP packet or says it is longer than what arrived.
+fn inner_packet(plain: &[u8]) -> Option<InnerPacket> {
+    let (len, source) = match plain.first()? >> 4 {
+        4 if plain.len() >= 20 => {
+            let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
+            (len, IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&plain[12..16]).ok()?)))
+        }
+        6 if plain.len() >= 40 => {
+            let len = 40 + usize::from(u16::from_be_bytes([plain[4], plain[5]]));
+            (len, IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&plain[8..24]).ok()?)))
+        }
+        _ => return None,
+    };
+    let header = if matches!(source, IpAddr::V4(_)) { 20 } else { 40 };
+    (header..=plain.len()).contains(&len).then_some(InnerPacket { len, source })
+}
+
+/// Where `packet` goes: the position of the peer whose AllowedIPs cover its destination, and that peer's
+/// endpoint; or the answer for a packet that goes nowhere. Remembers the destination for the next packet.
+pub(super) fn route(cache: &mut WorkerState, packet: &[u8]) -> Result<(usize, SocketAddr), Sealed> {
+    let Some(dst) = destination(packet) else {
+        return Err(Sealed::Dropped(DropReason::Malformed));
+    };
+    let rt = &*cache.rt;
+    let cached = cache
+        .route
+        .filter(|r| r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen);
+    let route = match cached {
+        Some(route) => route,
+        None => {
+            let Some((_, &i)) = rt.routes.longest_match(dst) else {
+                return Err(Sealed::Unreachable(DropReason::NoPeer));
+            };
+            let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
+            let route = RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
+            cache.route = Some(route);
+            route
+        }
+    };
+    route.endpoint.map(|endpoint| (route.peer, endpoint)).ok_or(Sealed::Unreachable(DropReason::NoPeer))
+}
+
+/// The session the peer at `position` of `rt` sends with, if it can still send at `now`; remembered in `sending`
+/// (a worker's [`WorkerState::sending`]) until the peer's sessions change.
+pub(super) fn sending_keypair<'a>(
+    rt: &Runtime,
+    sending: &'a mut Option<SendCache>,
+    position: usize,
+    now: u64,
+) -> Option<&'a Keypair> {
+    let peer = &rt.peers[position];
+    let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
+    let fresh = sending.as_ref().is_some_and(|s| s.peer == position && s.keypairs_gen == keypairs_gen);
+    if !fresh {
+        *sending = Some(SendCache { peer: position, keypairs_gen, keypair: peer.keypairs().current });
+    }
+    sending.as_ref()?.keypair.as_deref().filter(|k| sendable(k, now))
+}
+
+impl WireGuard {
+    /// Runs `f` with this thread's cache, refreshed if the runtime changed since.
+    pub(super) fn with_worker_state<R>(&self, f: impl FnOnce(&mut WorkerState) -> R) -> R {
+        let generation = self.generation.load(Ordering::Acquire);
+        WORKER_STATE.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let fresh = matches!(&*cell, Some(c) if c.owner == self.id && c.generation == generation);
+            if !fresh {
+                *cell = Some(WorkerState {
+                    owner: self.id,
+                    generation,
+                    rt: self.runtime(),
+                    route: None,
+                    sending: None,
+                    receiving: None,
+                    seen: None,
+                    allowed: None,
+                });
+            }
+            f(cell.as_mut().expect("filled above"))
+        })
+    }
+
+    /// Opens a transport data message where it is.
+    pub(super) fn open_data(&self, cache: &mut WorkerState, datagram: &mut [u8], from: SocketAddr) -> Opened {
+        let index = noise::receiver_index(MessageKind::Data, datagram);
+        let fresh = matches!(&cache.receiving,
+            Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
+        if !fresh {
+            cache.receiving = None;
+            let Some(peer) = self.peer_of_index(index) else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            let Some(&position) = cache.rt.by_key.get(&peer.public_key) else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            if !Arc::ptr_eq(&cache.rt.peers[position], &peer) {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            }
+            let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
+            let Some(keypair) = peer.keypairs().find(index).cloned() else {
+                return Opened::Dropped(DropReason::Unauthenticated);
+            };
+            cache.receiving = Some(ReceiveCache { index, keypairs_gen, peer, position, keypair });
+        }
+        let r = cache.receiving.as_ref().expect("filled above");
+        let now = self.now();
+        if !usable(&r.keypair, now) {
+            return Opened::Dropped(DropReason::NoSession);
+        }
+        let datagram_len = datagram.len() as u64;
+        let (plain, counter) = match r.keypair.open(datagram) {
+            Ok(opened) => opened,
+            Err(OpenError::Unauthenticated) => return Opened::Dropped(DropReason::Unauthenticated),
+            Err(OpenError::Replayed) => return Opened::Dropped(DropReason::Replayed),
+        };
+        let (peer, position, keypair) = (&r.peer, r.position, &r.keypair);
+        peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
+        if !keypair.confirmed() {
+            // The initiator's first message with the session we answered for: it becomes the one we send with.
+            let next = keypair.clone();
+            let gone = peer.change_keypairs(|k| {
+                if k.next.as_ref().is_some_and(|n| Arc::ptr_eq(n, &next)) {
+                    k.previous = k.current.take();
+                    k.current = k.next.take();
+                }
+            });
+            keypair.confirm();
+            self.retire(&gone);
+            *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+            peer.wants_flush.store(true, Ordering::Release);
+            self.handshakes.kick();
+        }
+        peer.received_authenticated(now, !plain.is_empty());
+        // The kernel's keep_key_fresh on receiving: judged on the session we send with (`current`), which is never
+        // older than the one a message came on; so only a message on a session that old needs the look.
+        if now >= keypair.born_ms + LASTMINUTE_AGE && self.needs_lastminute_handshake(peer, now) {
+            self.request_handshake(peer);
+        }
+        // Authenticated: the peer is now at `from` (roaming), unless a later message of the session came from
+        // elsewhere (see `Peer::roam`). Looked at only when it may have moved.
+        let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
+        if cache.seen != Some(SeenSource { peer: position, endpoint_gen, from }) {
+            // Left where a later message put it: looked at again with this source's next message.
+            cache.seen = peer.roam(from, keypair.local_index, counter).then(|| SeenSource {
+                peer: position,
+                endpoint_gen: peer.endpoint_gen.load(Ordering::Acquire),
+                from,
+            });
+        }
+        if plain.is_empty() {
+            return Opened::Control; // a keepalive
+        }
+        let Some(InnerPacket { len, source: src }) = inner_packet(plain) else {
+            return Opened::Dropped(DropReason::Malformed);
+        };
+        // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
+        // once).
+        let allowed = cache.allowed == Some(AllowedSource { source: src, peer: position })
+            || cache.rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
+        if !allowed {
+            return Opened::Dropped(DropReason::NotAllowed);
+        }
+        cache.allowed = Some(AllowedSource { source: src, peer: position });
+        // The packet stays where it was opened, behind the message header (the engine's room for its own).
+        Opened::InPlace { start: DATA_HEADER_LEN, len }
+    }
+
+    /// Records that `bytes` of transport data up to message `last` left for `peer` with `keypair`, and asks for a
+    /// new handshake when the session has sent enough (either side) or, for its initiator, is old: the kernel's
+    /// `keep_key_fresh` on sending (only the age waits for the initiator, so that both sides do not rekey at once).
+    pub(super) fn sent(&self, peer: &Peer, keypair: &Keypair, bytes: u64, last: u64, now: u64) {
+        peer.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+        peer.sent_data(now);
+        if last >= REKEY_AFTER_MESSAGES || (keypair.initiator && now >= keypair.born_ms + REKEY_AFTER_TIME) {
+            self.request_handshake(peer);
+        }
+    }
+
+    /// A packet no session can carry: held for the handshake the worker is asked for (the oldest held dropped
+    /// beyond [`HELD_PER_PEER`]), or dropped when the peer cannot make one.
+    pub(super) fn hold(&self, peer: &Peer, packet: &[u8]) -> Sealed {
+        if !peer.keys().is_some_and(|k| k.can_handshake()) {
+            return Sealed::Dropped(DropReason::NoSession);
+        }
+        let mut st = peer.state();
+        if st.held.len() >= HELD_PER_PEER {
+            st.held.pop_front();
+            peer.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        st.held.push_back(packet.to_vec());
+        drop(st);
+        self.request_handshake(peer);
+        Sealed::Held
+    }
+
+    /// Seals packets `run` of `batch`, all for the peer at `position` at `endpoint`, where they are: one counter
+    /// step for the run, one update of the peer's counters and timers. Packets past the session's last message,
+    /// or all of them without a session, are held for a handshake.
+    pub(super) fn seal_run(
+        &self,
+        cache: &mut WorkerState,
+        batch: &mut SealBatch<'_, '_>,
+        run: Range<usize>,
+        (position, endpoint): (usize, SocketAddr),
+        mtu: usize,
+    ) {
+        let now = self.now();
+        let mut sealed = run.start;
+        let WorkerState { rt, sending, .. } = cache;
+        let peer = &rt.peers[position];
+        // The key is held for the run: a session erased meanwhile seals nothing, its packets are held instead.
+        let sealing = sending_keypair(rt, sending, position, now).and_then(|k| Some((k, k.sealer()?)));
+        if let Some((keypair, sealer)) = sealing {
+            let counters = keypair.take_counters(run.len());
+            let mut bytes = 0;
+            let last = counters.end.saturating_sub(1);
+            for counter in counters {
+                let i = sealed;
+                sealed += 1;
+                let message =
+                    batch.room(i).and_then(|room| sealer.seal_in_place(room.buf, room.start, room.len, counter, mtu));
+                match message {
+                    Some(message) => {
+                        bytes += message.len() as u64;
+                        batch.set(i, Sealed::Grown { start: message.start, len: message.len(), to: endpoint });
+                    }
+                    // The tunnel sizes its buffers by `seal_room`: only a caller that did not is short.
+                    None => batch.set(i, Sealed::Dropped(DropReason::TooBig)),
+                }
+            }
+            if bytes > 0 {
+                self.sent(peer, keypair, bytes, last, now);
+            }
+        }
+        for i in sealed..run.end {
+            let answer = self.hold(peer, batch.packet(i));
+            batch.set(i, answer);
+        }
+    }
+}

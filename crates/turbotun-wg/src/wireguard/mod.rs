@@ -1,0 +1,390 @@
+//! WireGuard as a [`Transform`] of turbotun's tunnel engine: cryptokey routing over several peers and the
+//! protocol itself, with the kernel implementation's semantics.
+//!
+//! - Sealing (a data worker): the packet's destination picks the peer (longest-prefix match over every peer's
+//!   AllowedIPs); no peer, or a peer without a known endpoint, is a `no_peer` drop. With a session the packet is
+//!   padded to a multiple of 16 bytes (within the MTU) and sealed in the worker's buffer; without one it is held
+//!   (at most [`HELD_PER_PEER`] a peer, the oldest dropped beyond) and the handshake worker is asked for a
+//!   handshake.
+//! - Opening (a data worker): transport data by the index our side gave the session, in place; a packet whose
+//!   source the sending peer may not use is a `not_allowed` drop. Handshake messages get only cheap checks here
+//!   (mac1; under load the cookie and the source's rate), then go to the handshake worker's bounded queue, so
+//!   that no flood of them spends a data worker's time on key work.
+//! - The handshake worker (the engine's timer thread, woken through [`Transform::work_fd`]) does every
+//!   Diffie-Hellman, answers with responses and cookie replies, and runs the timers (retransmission, keepalives,
+//!   rekeying, key expiry, persistent keepalive).
+//! - A peer's endpoint moves only to the source of a message that authenticated: transport data that opened, an
+//!   initiation that proved its sender, a response that completed our handshake; never on a cookie reply or
+//!   anything else.
+//!
+//! The type is split by protocol phase: the configuration and the state it replaces here, `index` the indices
+//! our side gives out, `handshake` the handshake queue and worker, `timers` each peer's timers, `data`
+//! routing, sealing and opening, `transform` the engine's calls mapped onto them.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use ip_network::IpNetwork;
+use ip_network_table::IpNetworkTable;
+use rand_core::{OsRng, RngCore};
+use turbotun::tunnel::{Settled, Transform};
+use turbotun::udp::ReplySources;
+
+use crate::config::{DeviceConfig, Key};
+use crate::cookie::CookieChecker;
+use crate::noise::{Identity, PeerKeys, DATA_HEADER_LEN, TAG_LEN};
+use crate::peer::Peer;
+use crate::session::{Keypair, REJECT_AFTER_MESSAGES};
+
+pub use crate::peer::HELD_PER_PEER;
+
+/// The protocol's timers, in milliseconds (the kernel's `messages.h`).
+const REKEY_AFTER_TIME: u64 = 120_000;
+const REJECT_AFTER_TIME: u64 = 180_000;
+const REKEY_TIMEOUT: u64 = 5_000;
+/// Up to this much is added to each handshake retransmission, so that peers do not retry in step.
+const REKEY_TIMEOUT_JITTER: u64 = 333;
+const KEEPALIVE_TIMEOUT: u64 = 10_000;
+/// The age of a session we initiated past which a message received asks for a new handshake.
+const LASTMINUTE_AGE: u64 = REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT;
+/// Retransmissions of one handshake before it is given up (REKEY_ATTEMPT_TIME, 90 s, over REKEY_TIMEOUT).
+const MAX_TIMER_HANDSHAKES: u32 = 18;
+/// Initiations a second taken from one peer (more are a flood, even with fresh timestamps).
+const INITIATIONS_PER_SECOND: u64 = 50;
+/// Handshake messages waiting for the handshake worker, at most; under load from an eighth of it.
+const MAX_QUEUED_HANDSHAKES: usize = 4096;
+/// How long the device stays under load after its queue was last that long.
+const UNDER_LOAD_FOR: u64 = 1_000;
+/// Queued handshake messages handled per wake-up, so that the timers run however long the queue stays full.
+const HANDSHAKES_PER_CALL: usize = 256;
+
+/// How often the protocol's timers run.
+const TICK: Duration = Duration::from_millis(250);
+
+/// What a data message adds to its packet beyond the padding: header and tag.
+const DATA_OVERHEAD: usize = DATA_HEADER_LEN + TAG_LEN;
+
+/// Everything a packet's way through needs, replaced whole by a new configuration.
+struct Runtime {
+    config: DeviceConfig,
+    identity: Option<Arc<Identity>>,
+    peers: Vec<Arc<Peer>>,
+    /// Positions in `peers`.
+    by_key: HashMap<Key, usize>,
+    routes: IpNetworkTable<usize>,
+    /// The port the device's sockets are bound to (reported by `get=1`).
+    bound_port: u16,
+}
+
+/// A WireGuard device's protocol side, shared by the tunnel's workers and the configuration socket.
+pub struct WireGuard {
+    /// Tells this instance's entries in the workers' caches from another's.
+    id: u64,
+    runtime: RwLock<Arc<Runtime>>,
+    /// Bumped whenever `runtime` is replaced.
+    generation: AtomicU64,
+    /// Every index our side gave out (handshakes under way and sessions), to its peer.
+    indices: RwLock<HashMap<u32, Arc<Peer>>>,
+    /// The device clock's start: timers count milliseconds from here (1 is the first).
+    start: Instant,
+    /// The device's MTU, which padding never goes past (0: unknown).
+    mtu: AtomicUsize,
+    handshakes: HandshakeQueue,
+    checker: Mutex<CookieChecker>,
+    /// Until when (device clock) handshake messages need a cookie.
+    under_load_until: AtomicU64,
+    /// What the handshake worker made of the messages it took, not yet reported ([`Transform::settled`]).
+    settled: Mutex<Settled>,
+    /// Whether the handshake worker's thread has been given its lower priority.
+    worker_niced: AtomicBool,
+    /// Where replies to each remote leave from (the tunnel's table): a handshake message that authenticated
+    /// records its sender's local address there before anything answers it.
+    reply_sources: RwLock<ReplySources>,
+    jitter: AtomicU64,
+    /// The debug lines about handshake messages refused, limited as the kernel limits its own: whoever sends
+    /// them chooses how many there are.
+    refused_log: LogLimit,
+    /// Moves the clock forward in tests of the timers.
+    #[cfg(test)]
+    skipped_ms: AtomicU64,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl std::fmt::Debug for WireGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rt = self.runtime();
+        f.debug_struct("WireGuard").field("peers", &rt.peers.len()).field("port", &rt.bound_port).finish()
+    }
+}
+
+impl Default for WireGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The public key of a private key.
+pub fn public_key(private: &Key) -> Key {
+    Identity::new(private).public
+}
+
+/// What `get=1` reports of one peer beyond its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerState {
+    /// Where its datagrams go now.
+    pub endpoint: Option<SocketAddr>,
+    /// When the last handshake completed.
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes of datagrams received from it.
+    pub rx_bytes: u64,
+    /// Bytes of datagrams sent to it.
+    pub tx_bytes: u64,
+}
+
+/// Whether `keypair` may still open at `now`.
+fn usable(keypair: &Keypair, now: u64) -> bool {
+    now < keypair.born_ms + REJECT_AFTER_TIME && keypair.sent() < REJECT_AFTER_MESSAGES
+}
+
+/// Whether `keypair` may still seal at `now`: usable, and not expired for sending by a change of our key.
+fn sendable(keypair: &Keypair, now: u64) -> bool {
+    usable(keypair, now) && !keypair.sending_expired()
+}
+
+impl WireGuard {
+    /// A device with no key and no peer (it sends nothing until configured).
+    pub fn new() -> Self {
+        let runtime = Runtime {
+            config: DeviceConfig::default(),
+            identity: None,
+            peers: Vec::new(),
+            by_key: HashMap::new(),
+            routes: IpNetworkTable::new(),
+            bound_port: 0,
+        };
+        WireGuard {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            runtime: RwLock::new(Arc::new(runtime)),
+            generation: AtomicU64::new(0),
+            indices: RwLock::new(HashMap::new()),
+            start: Instant::now(),
+            mtu: AtomicUsize::new(0),
+            handshakes: HandshakeQueue::new(),
+            checker: Mutex::new(CookieChecker::new()),
+            under_load_until: AtomicU64::new(0),
+            settled: Mutex::new(Settled::default()),
+            worker_niced: AtomicBool::new(false),
+            reply_sources: RwLock::default(),
+            jitter: AtomicU64::new(OsRng.next_u64() | 1),
+            refused_log: LogLimit::default(),
+            #[cfg(test)]
+            skipped_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Milliseconds on the device clock (never 0).
+    fn now(&self) -> u64 {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
+        #[cfg(test)]
+        let now = now + self.skipped_ms.load(Ordering::Relaxed);
+        now
+    }
+
+    /// A pseudo-random delay in `0..REKEY_TIMEOUT_JITTER` (xorshift: the jitter needs no secrecy).
+    fn jitter(&self) -> u64 {
+        let mut x = self.jitter.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter.store(x, Ordering::Relaxed);
+        x % REKEY_TIMEOUT_JITTER
+    }
+
+    fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the runtime (workers see it from their next packet).
+    fn replace(&self, guard: &mut Arc<Runtime>, rt: Runtime) {
+        *guard = Arc::new(rt);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The configuration in force (the private key taken from the identity: the runtime keeps no copy of it).
+    pub fn config(&self) -> DeviceConfig {
+        let rt = self.runtime();
+        let mut config = rt.config.clone();
+        config.private_key = rt.identity.as_ref().and_then(|identity| identity.private_key());
+        config
+    }
+
+    /// The port the sockets are bound to.
+    pub fn bound_port(&self) -> u16 {
+        self.runtime().bound_port
+    }
+
+    /// Records the port the sockets were bound to.
+    pub fn set_bound_port(&self, port: u16) {
+        let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
+        let rt = Runtime { bound_port: port, ..Runtime::clone_shallow(&guard) };
+        self.replace(&mut guard, rt);
+    }
+
+    /// Records the device's MTU: padding never makes a packet longer than it.
+    pub fn set_mtu(&self, mtu: usize) {
+        self.mtu.store(mtu, Ordering::Relaxed);
+    }
+
+    /// What each configured peer's session knows, in configuration order.
+    pub fn peer_states(&self) -> Vec<PeerState> {
+        self.runtime()
+            .peers
+            .iter()
+            .map(|p| PeerState {
+                endpoint: p.endpoint(),
+                last_handshake: *p.last_handshake.lock().unwrap_or_else(|e| e.into_inner()),
+                rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
+                tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Puts `config` in force. Peers whose public key stays keep their sessions, counters and the greatest
+    /// initiation timestamp taken from them; a new private key is taken as the kernel takes it: each peer's
+    /// handshake keys are made anew, a handshake under way is dropped, and its sessions stop sealing (what the
+    /// peer still sends with them is opened) until a handshake with the new key completes. A new preshared key
+    /// is used from the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel
+    /// does.
+    pub fn apply(&self, mut config: DeviceConfig) {
+        let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
+        let old = guard.clone();
+        // The private key lives in the identity alone (wiped in place when it changes): the runtime, which a
+        // worker's cache may hold long after it is replaced, keeps none.
+        let private_key = config.take_private_key();
+        let identity_changed = private_key != old.identity.as_ref().and_then(|identity| identity.private_key());
+        let identity = if identity_changed {
+            private_key.as_ref().map(|k| Arc::new(Identity::new(k.as_bytes())))
+        } else {
+            old.identity.clone()
+        };
+        drop(private_key);
+        let keys_for =
+            |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
+        let mut peers = Vec::with_capacity(config.peers.len());
+        let mut wake = false;
+        let mut retired = Vec::new();
+        let mut expiring = Vec::new();
+        for pc in &config.peers {
+            // The same peer only if it was not removed and added again since (replace_peers, remove).
+            let old_config =
+                old.config.peers.iter().find(|o| o.public_key == pc.public_key && o.incarnation == pc.incarnation);
+            let kept = old_config.and(old.by_key.get(&pc.public_key)).map(|&i| old.peers[i].clone());
+            let preshared_key = pc.preshared_key.as_ref().map(|k| *k.as_bytes());
+            let peer = match kept {
+                Some(p) => {
+                    let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
+                    if identity_changed || !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref()) {
+                        **psk = preshared_key;
+                        p.set_keys(keys_for(pc.public_key, preshared_key));
+                    }
+                    drop(psk);
+                    if identity_changed {
+                        expiring.push(p.clone());
+                    }
+                    // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
+                    if pc.endpoint.is_some() && old_config.map(|o| o.endpoint) != Some(pc.endpoint) {
+                        p.set_endpoint(pc.endpoint);
+                    }
+                    if p.persistent_keepalive.swap(pc.persistent_keepalive, Ordering::Relaxed) == 0
+                        && pc.persistent_keepalive > 0
+                    {
+                        p.wants_keepalive.store(true, Ordering::Relaxed);
+                        wake = true;
+                    }
+                    p
+                }
+                None => {
+                    let keys = keys_for(pc.public_key, preshared_key);
+                    let p = Peer::new(pc.public_key, keys, preshared_key, pc.persistent_keepalive);
+                    p.set_endpoint(pc.endpoint);
+                    if pc.persistent_keepalive > 0 {
+                        p.wants_keepalive.store(true, Ordering::Relaxed);
+                        wake = true;
+                    }
+                    Arc::new(p)
+                }
+            };
+            peers.push(peer);
+        }
+        let gone: Vec<Arc<Peer>> =
+            old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).cloned().collect();
+        let mut routes = IpNetworkTable::new();
+        for (i, pc) in config.peers.iter().enumerate() {
+            for &(addr, len) in &pc.allowed_ips {
+                if let Ok(net) = IpNetwork::new_truncate(addr, len) {
+                    routes.insert(net, i);
+                }
+            }
+        }
+        let by_key = peers.iter().enumerate().map(|(i, p)| (p.public_key, i)).collect();
+        let rt = Runtime { config, identity, peers, by_key, routes, bound_port: old.bound_port };
+        self.replace(&mut guard, rt);
+        drop(guard);
+        // What takes a peer's handshake state runs with the runtime's lock released: the handshake worker takes
+        // that state first and the runtime after, so holding the runtime's write lock here would deadlock.
+        for peer in &expiring {
+            retired.extend(peer.expire_for_new_identity());
+        }
+        self.retire(&retired);
+        if identity_changed {
+            if let Some(old_identity) = &old.identity {
+                old_identity.erase();
+            }
+        }
+        // Peers gone (or made anew) take their indices with them, and their secrets are erased at once (a worker's
+        // cache may hold the peer until its next packet).
+        if !gone.is_empty() {
+            for peer in &gone {
+                peer.forget_secrets();
+            }
+            let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
+            indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
+        }
+        if wake {
+            self.handshakes.kick();
+        }
+    }
+}
+
+impl Runtime {
+    fn clone_shallow(rt: &Runtime) -> Runtime {
+        Runtime {
+            config: rt.config.clone(),
+            identity: rt.identity.clone(),
+            peers: rt.peers.clone(),
+            by_key: rt.by_key.clone(),
+            routes: {
+                let mut t = IpNetworkTable::new();
+                for (net, &peer) in rt.routes.iter() {
+                    t.insert(net, peer);
+                }
+                t
+            },
+            bound_port: rt.bound_port,
+        }
+    }
+}
+
+use handshake::{HandshakeQueue, LogLimit};
+
+mod data;
+mod handshake;
+mod index;
+#[cfg(test)]
+mod tests;
+mod timers;
+mod transform;

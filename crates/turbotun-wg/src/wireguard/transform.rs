@@ -1,0 +1,160 @@
+//! WireGuard as the tunnel engine's [`Transform`]: what each of the engine's calls (seal, open, tick, settle)
+//! does, in terms of the data path, the handshake worker and the timers.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use turbotun::tunnel::{Opened, Room, SealBatch, Sealed, Settled, Transform};
+use turbotun::udp::{LocalAddr, ReplySources};
+use turbotun::{DropReason, Drops};
+
+use super::{WireGuard, DATA_OVERHEAD, HANDSHAKES_PER_CALL, TICK};
+use crate::noise::{MessageKind, DATA_HEADER_LEN, TAG_LEN};
+use crate::session::PADDING_MULTIPLE;
+
+use super::data::{route, sending_keypair, WorkerState};
+
+impl Transform for WireGuard {
+    fn overhead(&self) -> usize {
+        DATA_OVERHEAD + PADDING_MULTIPLE - 1
+    }
+
+    fn seal(&self, packet: &mut [u8], out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
+        let mtu = self.mtu.load(Ordering::Relaxed);
+        self.with_worker_state(|cache| {
+            let (position, endpoint) = match route(cache, packet) {
+                Ok(route) => route,
+                Err(answer) => return answer,
+            };
+            let now = self.now();
+            let WorkerState { rt, sending, .. } = cache;
+            let peer = &rt.peers[position];
+            if let Some(keypair) = sending_keypair(rt, sending, position, now) {
+                if let Some((len, counter)) = keypair.seal(packet, out, mtu) {
+                    self.sent(peer, keypair, len as u64, counter, now);
+                    return Sealed::Out { len, to: endpoint };
+                }
+            }
+            self.hold(peer, packet)
+        })
+    }
+
+    fn seal_room(&self) -> Room {
+        Room { front: DATA_HEADER_LEN, back: PADDING_MULTIPLE - 1 + TAG_LEN }
+    }
+
+    /// Runs of packets to one peer: one route look-up for a run of one destination, one counter step and one
+    /// update of the peer's counters and timers per run, each packet sealed where it was read.
+    fn seal_batch(&self, batch: &mut SealBatch<'_, '_>, _control: &mut dyn FnMut(&[u8], SocketAddr)) {
+        let mtu = self.mtu.load(Ordering::Relaxed);
+        let n = batch.len();
+        self.with_worker_state(|cache| {
+            let mut start = 0;
+            let mut routed = (n > 0).then(|| route(cache, batch.packet(0)));
+            while let Some(first) = routed.take() {
+                let (position, endpoint) = match first {
+                    Ok(route) => route,
+                    Err(answer) => {
+                        batch.set(start, answer);
+                        start += 1;
+                        routed = (start < n).then(|| route(cache, batch.packet(start)));
+                        continue;
+                    }
+                };
+                // The run: the packets after it that go to the same peer at the same endpoint.
+                let mut end = start + 1;
+                while end < n {
+                    let next = route(cache, batch.packet(end));
+                    if next != Ok((position, endpoint)) {
+                        routed = Some(next);
+                        break;
+                    }
+                    end += 1;
+                }
+                self.seal_run(cache, batch, start..end, (position, endpoint), mtu);
+                start = end;
+            }
+        });
+        crate::config::scrub_data_path_stack();
+    }
+
+    fn opened_batch(&self) {
+        crate::config::scrub_data_path_stack();
+    }
+
+    fn open(
+        &self,
+        datagram: &mut [u8],
+        from: SocketAddr,
+        to: Option<LocalAddr>,
+        _out: &mut [u8],
+        _control: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> Opened {
+        let Some(kind) = MessageKind::of(datagram) else {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        };
+        self.with_worker_state(|cache| match kind {
+            MessageKind::Data => self.open_data(cache, datagram, from),
+            _ => {
+                let rt = cache.rt.clone();
+                self.queue_handshake(&rt, kind, datagram, from, to)
+            }
+        })
+    }
+
+    fn tick_interval(&self) -> Option<Duration> {
+        Some(TICK)
+    }
+
+    fn reply_sources(&self, sources: ReplySources) {
+        *self.reply_sources.write().unwrap_or_else(|e| e.into_inner()) = sources;
+    }
+
+    fn work_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.handshakes.wake.as_fd())
+    }
+
+    fn tick(&self, control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
+        self.nice_worker();
+        self.handshakes.drain_wake();
+        let rt = self.runtime();
+        let mut settled = Settled::default();
+        for _ in 0..HANDSHAKES_PER_CALL {
+            let Some(job) = self.handshakes.pop() else { break };
+            match self.handle_job(&rt, &job, control) {
+                Ok(()) => settled.control += 1,
+                Err(reason) => settled.drops.add(reason, 1),
+            }
+        }
+        self.add_settled(&settled);
+        if self.handshakes.len.load(Ordering::Relaxed) > 0 {
+            self.handshakes.kick(); // more to do: back at once, after the timers
+        }
+        let now = self.now();
+        self.checker.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
+        let mut lost = Drops::default();
+        for peer in &rt.peers {
+            self.service_peer(peer, now, control, &mut lost);
+        }
+        // Key work (handshake messages, initiations, keepalives) leaves copies of secrets in the frames it used:
+        // overwritten before the worker sleeps.
+        crate::config::scrub_stack();
+        lost
+    }
+
+    fn settled(&self, stopping: bool) -> Settled {
+        let mut settled = std::mem::take(&mut *self.settled.lock().unwrap_or_else(|e| e.into_inner()));
+        if stopping {
+            while self.handshakes.pop().is_some() {
+                settled.drops.add(DropReason::Stopped, 1);
+            }
+        }
+        settled
+    }
+
+    fn authenticates(&self) -> bool {
+        true
+    }
+}
