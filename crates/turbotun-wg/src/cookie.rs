@@ -14,7 +14,8 @@ use rand_core::{OsRng, RngCore};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::noise::{self, macs_at, COOKIE_REPLY_LEN, TAG_LEN};
+use crate::message::{field, macs_at, set_mac1, CookieReply, COOKIE_REPLY_LEN};
+use crate::noise;
 
 /// How long a cookie secret lives (and so a cookie), as the kernel's COOKIE_SECRET_MAX_AGE.
 pub const COOKIE_SECRET_MAX_AGE: Duration = Duration::from_secs(120);
@@ -144,17 +145,16 @@ impl CookieChecker {
     ) {
         let cookie = self.cookie(from, now);
         let (mac1_at, mac2_at) = macs_at(message.len());
-        reply.fill(0);
-        reply[0] = 3;
-        reply[4..8].copy_from_slice(&message[4..8]); // the message's sender index
-        OsRng.fill_bytes(&mut reply[8..32]);
-        let (head, sealed) = reply.split_at_mut(32);
+        let mut reply = CookieReply::start(reply);
+        // The sender index of an initiation or a response, the same bytes in both.
+        reply.set_receiver(u32::from_le_bytes(message[field::initiation::SENDER].try_into().expect("4 bytes")));
+        let (nonce, sealed) = reply.nonce_and_cookie_mut();
+        OsRng.fill_bytes(nonce);
         sealed[..16].copy_from_slice(&cookie);
         let cipher = XChaCha20Poly1305::new(cookie_key.into());
         let (text, tag_out) = sealed.split_at_mut(16);
-        let tag = cipher
-            .encrypt_in_place_detached((&head[8..32]).into(), &message[mac1_at..mac2_at], text)
-            .expect("16 bytes");
+        let tag =
+            cipher.encrypt_in_place_detached((&*nonce).into(), &message[mac1_at..mac2_at], text).expect("16 bytes");
         tag_out.copy_from_slice(&tag);
     }
 
@@ -248,9 +248,8 @@ impl CookieJar {
     /// Writes mac1 (with `mac1_key`, HASH(LABEL_MAC1 || the peer's public key)) and, with a fresh cookie, mac2
     /// into the last 32 bytes of `message`.
     pub fn stamp(&mut self, mac1_key: &[u8; 32], message: &mut [u8], now: Instant) {
-        let (mac1_at, mac2_at) = macs_at(message.len());
-        let mac1 = noise::mac(mac1_key, &[&message[..mac1_at]]);
-        message[mac1_at..mac2_at].copy_from_slice(&mac1);
+        let (_, mac2_at) = macs_at(message.len());
+        let mac1 = set_mac1(message, mac1_key);
         self.last_mac1 = Some(mac1);
         let fresh =
             self.cookie.filter(|(_, born)| now.duration_since(*born) < COOKIE_SECRET_MAX_AGE - COOKIE_SECRET_LATENCY);
@@ -265,14 +264,12 @@ impl CookieJar {
     /// peer's public key)); false if it answers nothing we sent or does not authenticate. One reply per message.
     pub fn consume(&mut self, cookie_key: &[u8; 32], reply: &[u8], now: Instant) -> bool {
         let Some(mac1) = self.last_mac1 else { return false };
-        if reply.len() != COOKIE_REPLY_LEN {
-            return false;
-        }
+        let Some(reply) = CookieReply::new_checked(reply) else { return false };
         let cipher = XChaCha20Poly1305::new(cookie_key.into());
+        let (sealed, tag) = reply.sealed_cookie().split_at(16);
         let mut cookie = [0u8; 16];
-        cookie.copy_from_slice(&reply[32..48]);
-        let tag = &reply[48..48 + TAG_LEN];
-        if cipher.decrypt_in_place_detached((&reply[8..32]).into(), &mac1, &mut cookie, tag.into()).is_err() {
+        cookie.copy_from_slice(sealed);
+        if cipher.decrypt_in_place_detached(reply.nonce().into(), &mac1, &mut cookie, tag.into()).is_err() {
             return false;
         }
         self.cookie = Some((cookie, now));

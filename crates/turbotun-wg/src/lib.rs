@@ -18,6 +18,7 @@
 pub mod config;
 pub mod cookie;
 pub mod daemon;
+pub mod message;
 pub mod noise;
 pub mod peer;
 pub mod session;

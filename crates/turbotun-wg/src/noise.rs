@@ -1,9 +1,9 @@
 //! WireGuard's handshake: the Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s construction as the WireGuard paper and the
-//! kernel implementation define it, and the layouts of the protocol's four messages.
+//! kernel implementation define it.
 //!
 //! Every primitive comes from a crate made for it (X25519 from `x25519-dalek`, BLAKE2s, its keyed MAC and HMAC
 //! from `blake2`/`hmac`, ChaCha20-Poly1305 from `chacha20poly1305`); what is written here is only how WireGuard
-//! chains them. Secrets live in types that zero themselves when dropped.
+//! chains them (the messages' layouts are [`crate::message`]'s). Secrets live in types that zero themselves when dropped.
 //!
 //! The initiator calls [`create_initiation`] and, on the answer, [`consume_response`]; the responder calls
 //! [`open_initiation`] (which names the sender), [`finish_initiation`] (which proves it) and [`create_response`]. Both end with the same [`SessionKeys`], mirrored. A
@@ -23,6 +23,8 @@ use rand_core::OsRng;
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
+use crate::message::{Initiation, Response, INITIATION_LEN, RESPONSE_LEN, TAG_LEN};
+
 /// The Noise protocol name, the first input of every handshake's chaining key.
 const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// WireGuard's prologue.
@@ -31,19 +33,6 @@ const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
 pub const LABEL_MAC1: &[u8] = b"mac1----";
 /// The label of the key that encrypts cookie replies.
 pub const LABEL_COOKIE: &[u8] = b"cookie--";
-
-/// Message type 1: handshake initiation, 148 bytes.
-pub const INITIATION_LEN: usize = 148;
-/// Message type 2: handshake response, 92 bytes.
-pub const RESPONSE_LEN: usize = 92;
-/// Message type 3: cookie reply, 64 bytes.
-pub const COOKIE_REPLY_LEN: usize = 64;
-/// Message type 4: transport data, header (type, receiver index, counter).
-pub const DATA_HEADER_LEN: usize = 16;
-/// The Poly1305 tag.
-pub const TAG_LEN: usize = 16;
-/// The shortest transport data message: a keepalive (header and the tag of nothing).
-pub const DATA_MIN_LEN: usize = DATA_HEADER_LEN + TAG_LEN;
 
 /// A 32-byte secret (a chaining key, a derived key), zeroed when dropped.
 pub type Secret = Zeroizing<[u8; 32]>;
@@ -137,60 +126,6 @@ pub fn tai64n(now: SystemTime) -> [u8; 12] {
 fn dh(secret: &StaticSecret, public: &[u8; 32]) -> Option<Secret> {
     let shared = secret.diffie_hellman(&PublicKey::from(*public));
     shared.was_contributory().then(|| Zeroizing::new(shared.to_bytes()))
-}
-
-/// The message kinds by their type word (the type byte and three zero bytes, little-endian, as the kernel reads
-/// it) and their exact lengths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageKind {
-    /// Type 1.
-    Initiation,
-    /// Type 2.
-    Response,
-    /// Type 3.
-    CookieReply,
-    /// Type 4.
-    Data,
-}
-
-impl MessageKind {
-    /// The kind of `message`, or `None` if it is not a WireGuard message of a valid length.
-    pub fn of(message: &[u8]) -> Option<MessageKind> {
-        let word = u32::from_le_bytes(message.get(..4)?.try_into().ok()?);
-        let kind = match (word, message.len()) {
-            (1, INITIATION_LEN) => MessageKind::Initiation,
-            (2, RESPONSE_LEN) => MessageKind::Response,
-            (3, COOKIE_REPLY_LEN) => MessageKind::CookieReply,
-            (4, len) if len >= DATA_MIN_LEN => MessageKind::Data,
-            _ => return None,
-        };
-        Some(kind)
-    }
-}
-
-/// A little-endian u32 field at `at` of a message already checked by [`MessageKind::of`].
-pub fn u32_at(message: &[u8], at: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&message[at..at + 4]);
-    u32::from_le_bytes(b)
-}
-
-/// The sender index of an initiation or a response.
-pub fn sender_index(message: &[u8]) -> u32 {
-    u32_at(message, 4)
-}
-
-/// The receiver index of a response (bytes 8..12), a cookie reply or a data message (bytes 4..8).
-pub fn receiver_index(kind: MessageKind, message: &[u8]) -> u32 {
-    match kind {
-        MessageKind::Response => u32_at(message, 8),
-        _ => u32_at(message, 4),
-    }
-}
-
-/// Where a handshake message's mac1 and mac2 are: the last 32 bytes.
-pub fn macs_at(message_len: usize) -> (usize, usize) {
-    (message_len - 32, message_len - 16)
 }
 
 /// This device's static identity.
@@ -344,21 +279,20 @@ pub fn create_initiation(
     let static_static = peer.static_static.as_ref()?;
     let ephemeral = StaticSecret::random_from_rng(OsRng);
     let ephemeral_public = PublicKey::from(&ephemeral).to_bytes();
-    msg.fill(0);
-    msg[0] = 1;
-    msg[4..8].copy_from_slice(&local_index.to_le_bytes());
+    let mut msg = Initiation::start(msg);
+    msg.set_sender(local_index);
     let ck = kdf1(&initial_chaining_key(), &ephemeral_public);
-    msg[8..40].copy_from_slice(&ephemeral_public);
+    msg.ephemeral_mut().copy_from_slice(&ephemeral_public);
     let h = hash(&[&peer.initiator_hash, &ephemeral_public]);
     let es = dh(&ephemeral, &peer.public)?;
     let (ck, key) = kdf2(&ck, &*es);
-    msg[40..72].copy_from_slice(&identity.public);
-    seal(&key, &mut msg[40..88], &h);
-    let h = hash(&[&h, &msg[40..88]]);
+    msg.sealed_static_mut()[..32].copy_from_slice(&identity.public);
+    seal(&key, msg.sealed_static_mut(), &h);
+    let h = hash(&[&h, msg.sealed_static()]);
     let (ck, key) = kdf2(&ck, &**static_static);
-    msg[88..100].copy_from_slice(&tai64n(now));
-    seal(&key, &mut msg[88..116], &h);
-    let h = hash(&[&h, &msg[88..116]]);
+    msg.sealed_timestamp_mut()[..12].copy_from_slice(&tai64n(now));
+    seal(&key, msg.sealed_timestamp_mut(), &h);
+    let h = hash(&[&h, msg.sealed_timestamp()]);
     Some(InitiationState { local_index, chaining_key: ck, hash: h, ephemeral })
 }
 
@@ -399,40 +333,38 @@ impl std::fmt::Debug for ConsumedInitiation {
 /// Opens the static key of an initiation (its MACs already checked): `None` if it does not authenticate under
 /// our key or its ephemeral key is of low order.
 pub fn open_initiation(identity: &Identity, msg: &[u8]) -> Option<InitiationStatic> {
-    if MessageKind::of(msg) != Some(MessageKind::Initiation) {
-        return None;
-    }
-    let mut remote_ephemeral = [0u8; 32];
-    remote_ephemeral.copy_from_slice(&msg[8..40]);
+    let msg = Initiation::new_checked(msg)?;
+    let remote_ephemeral = msg.ephemeral();
     let ck = kdf1(&initial_chaining_key(), &remote_ephemeral);
     let h = hash(&[&identity.responder_hash, &remote_ephemeral]);
     let es = identity.dh(&remote_ephemeral)?;
     let (ck, key) = kdf2(&ck, &*es);
     let mut peer = [0u8; 32];
-    if !open(&key, &msg[40..88], &h, &mut peer) {
+    if !open(&key, msg.sealed_static(), &h, &mut peer) {
         return None;
     }
-    let h = hash(&[&h, &msg[40..88]]);
+    let h = hash(&[&h, msg.sealed_static()]);
     Some(InitiationStatic { peer, chaining_key: ck, hash: h, remote_ephemeral })
 }
 
 /// Finishes opening an initiation with the keys of the peer it names: `None` unless its timestamp authenticates
 /// (which proves the sender holds that peer's private key).
 pub fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: &[u8]) -> Option<ConsumedInitiation> {
+    let msg = Initiation::new_checked(msg)?;
     if peer.public != opened.peer {
         return None;
     }
     let static_static = peer.static_static.as_ref()?;
     let (ck, key) = kdf2(&opened.chaining_key, &**static_static);
     let mut timestamp = [0u8; 12];
-    if !open(&key, &msg[88..116], &opened.hash, &mut timestamp) {
+    if !open(&key, msg.sealed_timestamp(), &opened.hash, &mut timestamp) {
         return None;
     }
-    let h = hash(&[&opened.hash, &msg[88..116]]);
+    let h = hash(&[&opened.hash, msg.sealed_timestamp()]);
     Some(ConsumedInitiation {
         peer: opened.peer,
         timestamp,
-        remote_index: sender_index(msg),
+        remote_index: msg.sender(),
         chaining_key: ck,
         hash: h,
         remote_ephemeral: opened.remote_ephemeral,
@@ -449,11 +381,10 @@ pub fn create_response(
 ) -> Option<SessionKeys> {
     let ephemeral = StaticSecret::random_from_rng(OsRng);
     let ephemeral_public = PublicKey::from(&ephemeral).to_bytes();
-    msg.fill(0);
-    msg[0] = 2;
-    msg[4..8].copy_from_slice(&local_index.to_le_bytes());
-    msg[8..12].copy_from_slice(&consumed.remote_index.to_le_bytes());
-    msg[12..44].copy_from_slice(&ephemeral_public);
+    let mut msg = Response::start(msg);
+    msg.set_sender(local_index);
+    msg.set_receiver(consumed.remote_index);
+    msg.ephemeral_mut().copy_from_slice(&ephemeral_public);
     let ck = kdf1(&consumed.chaining_key, &ephemeral_public);
     let h = hash(&[&consumed.hash, &ephemeral_public]);
     let ee = dh(&ephemeral, &consumed.remote_ephemeral)?;
@@ -462,7 +393,7 @@ pub fn create_response(
     let ck = kdf1(&ck, &*se);
     let (ck, tau, key) = kdf3(&ck, &*peer.psk);
     let h = hash(&[&h, &*tau]);
-    seal(&key, &mut msg[44..60], &h);
+    seal(&key, msg.sealed_empty_mut(), &h);
     let (initiator_sends, responder_sends) = kdf2(&ck, &[]);
     Some(SessionKeys { send: *responder_sends, receive: *initiator_sends })
 }
@@ -475,13 +406,11 @@ pub fn consume_response(
     peer: &PeerKeys,
     msg: &[u8],
 ) -> Option<SessionKeys> {
-    if MessageKind::of(msg) != Some(MessageKind::Response)
-        || receiver_index(MessageKind::Response, msg) != state.local_index
-    {
+    let msg = Response::new_checked(msg)?;
+    if msg.receiver() != state.local_index {
         return None;
     }
-    let mut remote_ephemeral = [0u8; 32];
-    remote_ephemeral.copy_from_slice(&msg[12..44]);
+    let remote_ephemeral = msg.ephemeral();
     let ck = kdf1(&state.chaining_key, &remote_ephemeral);
     let h = hash(&[&state.hash, &remote_ephemeral]);
     let ee = dh(&state.ephemeral, &remote_ephemeral)?;
@@ -490,7 +419,7 @@ pub fn consume_response(
     let ck = kdf1(&ck, &*se);
     let (ck, tau, key) = kdf3(&ck, &*peer.psk);
     let h = hash(&[&h, &*tau]);
-    if !open(&key, &msg[44..60], &h, &mut []) {
+    if !open(&key, msg.sealed_empty(), &h, &mut []) {
         return None;
     }
     let (initiator_sends, responder_sends) = kdf2(&ck, &[]);
@@ -500,6 +429,7 @@ pub fn consume_response(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::message::MessageKind;
 
     fn identity(seed: u8) -> Identity {
         Identity::new(&[seed; 32])
@@ -587,7 +517,7 @@ pub(crate) mod tests {
         for low in low_order_points() {
             let mut init = [0u8; INITIATION_LEN];
             init[0] = 1;
-            init[8..40].copy_from_slice(&low);
+            init[crate::message::field::initiation::EPHEMERAL].copy_from_slice(&low);
             assert!(open_initiation(&b, &init).is_none());
         }
     }
@@ -599,19 +529,5 @@ pub(crate) mod tests {
         assert_eq!(u64::from_be_bytes(label[..8].try_into().unwrap()), 0x4000_0000_0000_000a + 100);
         assert_eq!(u32::from_be_bytes(label[8..].try_into().unwrap()) & 0x00ff_ffff, 0);
         assert!(tai64n(t + std::time::Duration::from_secs(1)) > label);
-    }
-
-    #[test]
-    fn test_kinds_need_the_exact_type_word_and_length() {
-        let mut m = [0u8; INITIATION_LEN];
-        m[0] = 1;
-        assert_eq!(MessageKind::of(&m), Some(MessageKind::Initiation));
-        m[1] = 1;
-        assert_eq!(MessageKind::of(&m), None, "reserved bytes must be zero");
-        assert_eq!(MessageKind::of(&m[..3]), None);
-        let mut d = [0u8; DATA_MIN_LEN];
-        d[0] = 4;
-        assert_eq!(MessageKind::of(&d), Some(MessageKind::Data));
-        assert_eq!(MessageKind::of(&d[..DATA_MIN_LEN - 1]), None);
     }
 }

@@ -7,7 +7,8 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
-use crate::noise::{nonce, SessionKeys, DATA_HEADER_LEN, TAG_LEN};
+use crate::message::{DataHeader, DATA_HEADER_LEN, TAG_LEN};
+use crate::noise::{nonce, SessionKeys};
 
 /// Messages after which the initiator of a session starts a new handshake (the kernel's REKEY_AFTER_MESSAGES).
 pub const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
@@ -237,9 +238,7 @@ impl Keypair {
 
     /// Opens a transport data message in place: its plaintext (padding included) and its counter, or why not.
     pub fn open<'a>(&self, message: &'a mut [u8]) -> Result<(&'a mut [u8], u64), OpenError> {
-        let mut counter = [0u8; 8];
-        counter.copy_from_slice(message.get(8..16).ok_or(OpenError::Unauthenticated)?);
-        let counter = u64::from_le_bytes(counter);
+        let counter = DataHeader::new_checked(&*message).ok_or(OpenError::Unauthenticated)?.counter();
         if counter >= REJECT_AFTER_MESSAGES {
             return Err(OpenError::Replayed);
         }
@@ -294,9 +293,7 @@ impl Sealer<'_> {
         let to = start.checked_add(padded)?.checked_add(TAG_LEN)?;
         let message = buf.get_mut(from..to)?;
         let (header, rest) = message.split_at_mut(DATA_HEADER_LEN);
-        header[..4].copy_from_slice(&[4, 0, 0, 0]);
-        header[4..8].copy_from_slice(&self.keypair.remote_index.to_le_bytes());
-        header[8..].copy_from_slice(&counter.to_le_bytes());
+        DataHeader::new_checked(header).expect("16 bytes").write(self.keypair.remote_index, counter);
         let (body, tag_room) = rest.split_at_mut(padded);
         body[len..].fill(0);
         let tag = self

@@ -3,18 +3,18 @@
 //! data in place.
 
 use std::cell::RefCell;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use turbotun::tunnel::{Opened, SealBatch, Sealed};
+use turbotun::wire::{ipv4, ipv6};
 use turbotun::DropReason;
 
 use super::{sendable, usable, Runtime, WireGuard, LASTMINUTE_AGE, REKEY_AFTER_TIME};
-use crate::noise;
-use crate::noise::{MessageKind, DATA_HEADER_LEN};
+use crate::message::{MessageKind, DATA_HEADER_LEN};
 use crate::peer::{Peer, HELD_PER_PEER};
 use crate::session::{Keypair, OpenError, REKEY_AFTER_MESSAGES};
 
@@ -84,11 +84,12 @@ thread_local! {
     static WORKER_STATE: RefCell<Option<WorkerState>> = const { RefCell::new(None) };
 }
 
-/// The destination of an IP packet.
+/// The destination of an IP packet. Read through the header views unchecked past the fixed header's length: the
+/// kernel routes by the destination field without looking at the header length, and so does this.
 fn destination(packet: &[u8]) -> Option<IpAddr> {
     match packet.first()? >> 4 {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?))),
-        6 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(packet.get(24..40)?).ok()?))),
+        4 if packet.len() >= ipv4::MIN_HEADER_LEN => Some(IpAddr::from(ipv4::Packet::new_unchecked(packet).dst_addr())),
+        6 if packet.len() >= ipv6::HEADER_LEN => Some(IpAddr::from(ipv6::Packet::new_unchecked(packet).dst_addr())),
         _ => None,
     }
 }
@@ -105,18 +106,17 @@ struct InnerPacket {
 /// The length and source address of the IP packet at the start of a decrypted (and padded) payload; `None` when
 /// it is not an IP packet or says it is longer than what arrived.
 fn inner_packet(plain: &[u8]) -> Option<InnerPacket> {
-    let (len, source) = match plain.first()? >> 4 {
-        4 if plain.len() >= 20 => {
-            let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
-            (len, IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&plain[12..16]).ok()?)))
+    let (len, source, header) = match plain.first()? >> 4 {
+        4 if plain.len() >= ipv4::MIN_HEADER_LEN => {
+            let ip = ipv4::Packet::new_unchecked(plain);
+            (usize::from(ip.total_len()), IpAddr::from(ip.src_addr()), ipv4::MIN_HEADER_LEN)
         }
-        6 if plain.len() >= 40 => {
-            let len = 40 + usize::from(u16::from_be_bytes([plain[4], plain[5]]));
-            (len, IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&plain[8..24]).ok()?)))
+        6 if plain.len() >= ipv6::HEADER_LEN => {
+            let ip = ipv6::Packet::new_unchecked(plain);
+            (ipv6::HEADER_LEN + usize::from(ip.payload_len()), IpAddr::from(ip.src_addr()), ipv6::HEADER_LEN)
         }
         _ => return None,
     };
-    let header = if matches!(source, IpAddr::V4(_)) { 20 } else { 40 };
     (header..=plain.len()).contains(&len).then_some(InnerPacket { len, source })
 }
 
@@ -187,7 +187,9 @@ impl WireGuard {
 
     /// Opens a transport data message where it is.
     pub(super) fn open_data(&self, cache: &mut WorkerState, datagram: &mut [u8], from: SocketAddr) -> Opened {
-        let index = noise::receiver_index(MessageKind::Data, datagram);
+        let Some(index) = MessageKind::Data.receiver(datagram) else {
+            return Opened::Dropped(DropReason::MalformedDatagram);
+        };
         let fresh = matches!(&cache.receiving,
             Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
         if !fresh {

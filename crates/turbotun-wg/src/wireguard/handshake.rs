@@ -19,10 +19,9 @@ use super::{
 };
 use crate::cookie;
 use crate::cookie::MacState;
+use crate::message::{MessageKind, Response, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
 use crate::noise;
-use crate::noise::{
-    finish_initiation, open_initiation, Identity, MessageKind, PeerKeys, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN,
-};
+use crate::noise::{finish_initiation, open_initiation, Identity, PeerKeys};
 use crate::peer::{HandshakeSide, Peer};
 use crate::session::Keypair;
 
@@ -208,7 +207,7 @@ impl WireGuard {
             Some(MessageKind::Initiation) => self.take_initiation(rt, identity, job, now, control),
             Some(MessageKind::Response) => self.take_response(identity, job, now, control),
             Some(MessageKind::CookieReply) => {
-                let index = noise::receiver_index(MessageKind::CookieReply, message);
+                let index = MessageKind::CookieReply.receiver(message).ok_or(DropReason::MalformedDatagram)?;
                 let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
                 let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
                 if peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
@@ -310,7 +309,8 @@ impl WireGuard {
         control: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> Result<(), DropReason> {
         let (message, from) = (&job.message[..job.len], job.from);
-        let index = noise::receiver_index(MessageKind::Response, message);
+        let response = Response::new_checked(message).ok_or(DropReason::MalformedDatagram)?;
+        let index = response.receiver();
         let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
         let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
         let mut st = peer.state();
@@ -326,7 +326,7 @@ impl WireGuard {
             return Err(DropReason::Unauthenticated);
         };
         st.pending = None;
-        let keypair = Arc::new(Keypair::new(&session, index, noise::sender_index(message), true, now));
+        let keypair = Arc::new(Keypair::new(&session, index, response.sender(), true, now));
         keypair.confirm();
         let gone = peer.change_keypairs(|k| {
             match k.next.take() {

@@ -35,7 +35,8 @@ use turbotun::udp::ReplySources;
 
 use crate::config::{DeviceConfig, Key};
 use crate::cookie::CookieChecker;
-use crate::noise::{Identity, PeerKeys, DATA_HEADER_LEN, TAG_LEN};
+use crate::message::{DATA_HEADER_LEN, TAG_LEN};
+use crate::noise::{Identity, PeerKeys};
 use crate::peer::Peer;
 use crate::session::{Keypair, REJECT_AFTER_MESSAGES};
 

@@ -11,7 +11,7 @@ use turbotun::udp::{LocalAddr, ReplySources};
 use turbotun::{DropReason, Drops};
 
 use super::{WireGuard, DATA_OVERHEAD, HANDSHAKES_PER_CALL, TICK};
-use crate::noise::{MessageKind, DATA_HEADER_LEN, TAG_LEN};
+use crate::message::{MessageKind, DATA_HEADER_LEN, TAG_LEN};
 use crate::session::PADDING_MULTIPLE;
 
 use super::data::{route, sending_keypair, WorkerState};

@@ -5,8 +5,8 @@ use turbotun::tunnel::{Opened, Sealed};
 
 use super::*;
 use crate::cookie;
+use crate::message::INITIATION_LEN;
 use crate::noise;
-use crate::noise::INITIATION_LEN;
 use crate::session::REKEY_AFTER_MESSAGES;
 use crate::wireguard::handshake::{LOG_BURST, LOG_INTERVAL};
 
