@@ -99,7 +99,7 @@ pub struct DeviceConfig {
 impl DeviceConfig {
     /// Takes the private key out, wiping its bytes where they were: `Option::take` would leave them in place
     /// (only the tag changes), and every later move of the configuration would copy them along.
-    pub fn take_private_key(&mut self) -> Option<SecretKey> {
+    pub(crate) fn take_private_key(&mut self) -> Option<SecretKey> {
         let key = self.private_key.clone();
         // Assigning drops the key in place, and its `Drop` wipes it there.
         self.private_key = None;
@@ -142,7 +142,7 @@ impl PeerConfig {
 }
 
 /// Whether two optional secrets (preshared keys as a peer holds them) are the same, compared in constant time.
-pub fn same_secret(a: Option<&[u8; 32]>, b: Option<&[u8; 32]>) -> bool {
+pub(crate) fn same_secret(a: Option<&[u8; 32]>, b: Option<&[u8; 32]>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => a.ct_eq(b).into(),
         (None, None) => true,
@@ -153,13 +153,13 @@ pub fn same_secret(a: Option<&[u8; 32]>, b: Option<&[u8; 32]>) -> bool {
 /// Overwrites the stack below the caller's frame with zeros: what the calls made from there left in their
 /// frames (keys moved or derived on the way, HMAC pads) is gone. Called where secret work ends on a thread (the
 /// handshake worker's wake-up, a configuration request), since frames are not wiped when they return.
-pub fn scrub_stack() {
+pub(crate) fn scrub_stack() {
     scrub::<{ 64 * 1024 }>();
 }
 
 /// [`scrub_stack`] for the data path, after each batch: deep enough for the frames of sealing and opening, where
 /// ring's ChaCha20-Poly1305 leaves its key (its state on the stack, not wiped).
-pub fn scrub_data_path_stack() {
+pub(crate) fn scrub_data_path_stack() {
     scrub::<{ 16 * 1024 }>();
 }
 
@@ -170,12 +170,12 @@ fn scrub<const BYTES: usize>() {
 }
 
 /// A key in lowercase hex, as the protocol writes it.
-pub fn key_to_hex(key: &Key) -> String {
+pub(crate) fn key_to_hex(key: &Key) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A key from 64 hex digits.
-pub fn key_from_hex(text: &str) -> Option<Key> {
+pub(crate) fn key_from_hex(text: &str) -> Option<Key> {
     let mut key = [0u8; 32];
     decode_hex(text, &mut key)?;
     Some(key)

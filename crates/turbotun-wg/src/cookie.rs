@@ -18,19 +18,19 @@ use crate::message::{field, macs_at, set_mac1, CookieReply, COOKIE_REPLY_LEN};
 use crate::noise;
 
 /// How long a cookie secret lives (and so a cookie), as the kernel's COOKIE_SECRET_MAX_AGE.
-pub const COOKIE_SECRET_MAX_AGE: Duration = Duration::from_secs(120);
+pub(crate) const COOKIE_SECRET_MAX_AGE: Duration = Duration::from_secs(120);
 /// How much sooner a sender stops using a cookie than its secret's end (COOKIE_SECRET_LATENCY).
 const COOKIE_SECRET_LATENCY: Duration = Duration::from_secs(5);
 /// Handshake messages a second one source address may have processed under load (the kernel's ratelimiter).
-pub const PER_SOURCE_PER_SECOND: u64 = 20;
+pub(crate) const PER_SOURCE_PER_SECOND: u64 = 20;
 /// The burst a source may send above that rate.
-pub const PER_SOURCE_BURST: u64 = 5;
+pub(crate) const PER_SOURCE_BURST: u64 = 5;
 /// Sources the limiter tracks at once; beyond, a new source is refused until old ones expire (the kernel's
 /// table is bounded the same way, by memory).
 const MAX_SOURCES: usize = 16_384;
 
 /// Whether `message`'s mac1 is the one `mac1_key` (HASH(LABEL_MAC1 || receiver's public key)) gives.
-pub fn mac1_valid(mac1_key: &[u8; 32], message: &[u8]) -> bool {
+pub(crate) fn mac1_valid(mac1_key: &[u8; 32], message: &[u8]) -> bool {
     let (mac1_at, mac2_at) = macs_at(message.len());
     let expected = noise::mac(mac1_key, &[&message[..mac1_at]]);
     bool::from(expected.ct_eq(&message[mac1_at..mac2_at]))
@@ -38,7 +38,7 @@ pub fn mac1_valid(mac1_key: &[u8; 32], message: &[u8]) -> bool {
 
 /// What the receiver of a handshake message makes of its MACs (the kernel's `cookie_mac_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MacState {
+pub(crate) enum MacState {
     /// mac1 is wrong: the sender does not know our public key, or the message was changed.
     Invalid,
     /// mac1 is right; mac2 was not looked at, or is not the cookie of this source.
@@ -51,7 +51,7 @@ pub enum MacState {
 
 /// The responder's side: the rotating secret that cookies are made from, the per-source rate limiter, and the
 /// cookie replies.
-pub struct CookieChecker {
+pub(crate) struct CookieChecker {
     secret: Zeroizing<[u8; 32]>,
     secret_born: Instant,
     limiter: RateLimiter,
@@ -87,7 +87,7 @@ fn source_bytes(from: SocketAddr, out: &mut [u8; 18]) -> &[u8] {
 
 impl CookieChecker {
     /// A checker with a fresh random secret.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut secret = Zeroizing::new([0u8; 32]);
         OsRng.fill_bytes(&mut *secret);
         CookieChecker { secret, secret_born: Instant::now(), limiter: RateLimiter::default() }
@@ -105,7 +105,7 @@ impl CookieChecker {
 
     /// What `message` from `from` carries: mac1 checked with `mac1_key`; under load, also its cookie and its
     /// source's rate.
-    pub fn validate(
+    pub(crate) fn validate(
         &mut self,
         mac1_key: &[u8; 32],
         message: &[u8],
@@ -135,7 +135,7 @@ impl CookieChecker {
     /// Writes into `reply` the cookie reply to `message` (an initiation or response with a valid mac1) from
     /// `from`: its cookie sealed with `cookie_key` (HASH(LABEL_COOKIE || our public key)), bound to the message's
     /// mac1.
-    pub fn reply(
+    pub(crate) fn reply(
         &mut self,
         cookie_key: &[u8; 32],
         message: &[u8],
@@ -160,7 +160,7 @@ impl CookieChecker {
 
     /// Drops rate-limiter entries idle for more than a second; does nothing within a second of the last time
     /// (the handshake worker calls it with every tick, never a data worker).
-    pub fn expire(&mut self, now: Instant) {
+    pub(crate) fn expire(&mut self, now: Instant) {
         self.limiter.expire(now);
     }
 }
@@ -233,7 +233,7 @@ impl RateLimiter {
 /// The initiator's side for one peer: the mac1 of the last handshake message sent (a cookie reply is bound to
 /// it) and the cookie last received, which gives later messages their mac2.
 #[derive(Default)]
-pub struct CookieJar {
+pub(crate) struct CookieJar {
     last_mac1: Option<[u8; 16]>,
     cookie: Option<([u8; 16], Instant)>,
 }
@@ -247,7 +247,7 @@ impl std::fmt::Debug for CookieJar {
 impl CookieJar {
     /// Writes mac1 (with `mac1_key`, HASH(LABEL_MAC1 || the peer's public key)) and, with a fresh cookie, mac2
     /// into the last 32 bytes of `message`.
-    pub fn stamp(&mut self, mac1_key: &[u8; 32], message: &mut [u8], now: Instant) {
+    pub(crate) fn stamp(&mut self, mac1_key: &[u8; 32], message: &mut [u8], now: Instant) {
         let (_, mac2_at) = macs_at(message.len());
         let mac1 = set_mac1(message, mac1_key);
         self.last_mac1 = Some(mac1);
@@ -262,7 +262,7 @@ impl CookieJar {
 
     /// Takes the cookie of a cookie reply from the peer (opened with `cookie_key`, HASH(LABEL_COOKIE || the
     /// peer's public key)); false if it answers nothing we sent or does not authenticate. One reply per message.
-    pub fn consume(&mut self, cookie_key: &[u8; 32], reply: &[u8], now: Instant) -> bool {
+    pub(crate) fn consume(&mut self, cookie_key: &[u8; 32], reply: &[u8], now: Instant) -> bool {
         let Some(mac1) = self.last_mac1 else { return false };
         let Some(reply) = CookieReply::new_checked(reply) else { return false };
         let cipher = XChaCha20Poly1305::new(cookie_key.into());

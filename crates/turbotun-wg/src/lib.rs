@@ -5,23 +5,24 @@
 //!
 //! - [`wireguard::WireGuard`]: the protocol side, a [`turbotun::tunnel::Transform`] over several peers: routing,
 //!   the data path, the handshake worker and the timers.
-//! - [`noise`]: the handshake's construction and the messages' layouts; [`cookie`]: mac1/mac2, cookie replies
-//!   and the per-source rate limit; [`session`]: transport keys, send counter and replay window; [`peer`]: one
-//!   peer's state.
+//! - [`message`]: the four messages as typed views over their bytes (the handshake's construction, the cookies,
+//!   the transport keys and the per-peer state are the crate's own: `noise`, `cookie`, `session`, `peer`).
 //! - [`config`]: the configuration, the data model that `wg` reads and writes.
-//! - [`uapi`]: WireGuard's userspace configuration protocol: the socket (`/var/run/wireguard/NAME.sock`), the
-//!   `get=1` reply ([`uapi::get`]) and the `set=1` request (a bad request changes nothing, [`uapi::set`]).
+//! - [`uapi`]: WireGuard's userspace configuration protocol: where the socket is
+//!   (`/var/run/wireguard/NAME.sock`, [`uapi::socket_path`]); a bad `set=1` request changes nothing.
 //! - [`daemon`]: the whole endpoint as `turbotun wg` runs it: device, sockets, engine, daemonizing, and exiting
 //!   when the device is deleted or the socket file removed.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod config;
-pub mod cookie;
+mod cookie;
 pub mod daemon;
 pub mod message;
-pub mod noise;
-pub mod peer;
-pub mod session;
+mod noise;
+mod peer;
+mod session;
 pub mod uapi;
 pub mod wireguard;
 

@@ -30,15 +30,15 @@ const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// WireGuard's prologue.
 const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
 /// The label of the key that MACs a message for its receiver (mac1).
-pub const LABEL_MAC1: &[u8] = b"mac1----";
+pub(crate) const LABEL_MAC1: &[u8] = b"mac1----";
 /// The label of the key that encrypts cookie replies.
-pub const LABEL_COOKIE: &[u8] = b"cookie--";
+pub(crate) const LABEL_COOKIE: &[u8] = b"cookie--";
 
 /// A 32-byte secret (a chaining key, a derived key), zeroed when dropped.
-pub type Secret = Zeroizing<[u8; 32]>;
+pub(crate) type Secret = Zeroizing<[u8; 32]>;
 
 /// BLAKE2s-256 of the concatenated `parts`.
-pub fn hash(parts: &[&[u8]]) -> [u8; 32] {
+pub(crate) fn hash(parts: &[&[u8]]) -> [u8; 32] {
     let mut h = Blake2s256::new();
     for part in parts {
         Digest::update(&mut h, part);
@@ -47,7 +47,7 @@ pub fn hash(parts: &[&[u8]]) -> [u8; 32] {
 }
 
 /// Keyed BLAKE2s with a 16-byte output (WireGuard's MAC), over the concatenated `parts`; `key` is 16 or 32 bytes.
-pub fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
+pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
     let mut m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("BLAKE2s takes keys of up to 32 bytes");
     for part in parts {
         Mac::update(&mut m, part);
@@ -88,7 +88,7 @@ fn kdf3(key: &[u8; 32], input: &[u8]) -> (Secret, Secret, Secret) {
 }
 
 /// The 96-bit nonce of a counter: four zero bytes, then the counter little-endian.
-pub fn nonce(counter: u64) -> [u8; 12] {
+pub(crate) fn nonce(counter: u64) -> [u8; 12] {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_le_bytes());
     n
@@ -113,7 +113,7 @@ fn open(key: &[u8; 32], sealed: &[u8], aad: &[u8], out: &mut [u8]) -> bool {
 
 /// The TAI64N label of `now`, its nanoseconds rounded down to about 16 ms as the kernel does (so that the
 /// timestamp, which every initiation carries encrypted, tells nothing finer about the sender's clock).
-pub fn tai64n(now: SystemTime) -> [u8; 12] {
+pub(crate) fn tai64n(now: SystemTime) -> [u8; 12] {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let mut t = [0u8; 12];
     t[..8].copy_from_slice(&(0x4000_0000_0000_000a_u64 + since.as_secs()).to_be_bytes());
@@ -129,7 +129,7 @@ fn dh(secret: &StaticSecret, public: &[u8; 32]) -> Option<Secret> {
 }
 
 /// This device's static identity.
-pub struct Identity {
+pub(crate) struct Identity {
     /// The private key: taken out and wiped when the device's key changes ([`Identity::erase`]), whoever still
     /// holds the identity.
     secret: Mutex<Option<StaticSecret>>,
@@ -161,7 +161,7 @@ fn initial_hash(responder: &[u8; 32]) -> [u8; 32] {
 
 impl Identity {
     /// The identity of a private key (clamped by X25519 itself).
-    pub fn new(private: &[u8; 32]) -> Self {
+    pub(crate) fn new(private: &[u8; 32]) -> Self {
         let secret = StaticSecret::from(*private);
         let public = PublicKey::from(&secret).to_bytes();
         Identity {
@@ -174,7 +174,7 @@ impl Identity {
     }
 
     /// The X25519 of our static key with a peer's: `None` for a low-order key (no handshake with it, ever).
-    pub fn static_static(&self, peer: &[u8; 32]) -> Option<Secret> {
+    pub(crate) fn static_static(&self, peer: &[u8; 32]) -> Option<Secret> {
         self.dh(peer)
     }
 
@@ -184,20 +184,20 @@ impl Identity {
     }
 
     /// The private key, as the configuration reports it (clamped); `None` once erased.
-    pub fn private_key(&self) -> Option<crate::config::SecretKey> {
+    pub(crate) fn private_key(&self) -> Option<crate::config::SecretKey> {
         let secret = self.secret.lock().unwrap_or_else(|e| e.into_inner());
         Some(crate::config::SecretKey::new(secret.as_ref()?.to_bytes()))
     }
 
     /// Wipes the private key (a new one is in force): no handshake is made with this identity after.
-    pub fn erase(&self) {
+    pub(crate) fn erase(&self) {
         // Dropped in place (its `Drop` wipes it there): `take` would leave its bytes behind in the slot.
         *self.secret.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
 /// What we keep of one peer for handshakes with it.
-pub struct PeerKeys {
+pub(crate) struct PeerKeys {
     /// Its public key.
     pub public: [u8; 32],
     /// The preshared key (zeros when none is set, as the protocol mixes zeros then).
@@ -220,7 +220,7 @@ impl std::fmt::Debug for PeerKeys {
 
 impl PeerKeys {
     /// The keys for peer `public` of `identity`, with preshared key `psk`.
-    pub fn new(identity: &Identity, public: [u8; 32], psk: Option<&[u8; 32]>) -> Self {
+    pub(crate) fn new(identity: &Identity, public: [u8; 32], psk: Option<&[u8; 32]>) -> Self {
         PeerKeys {
             public,
             psk: Zeroizing::new(psk.copied().unwrap_or([0; 32])),
@@ -232,14 +232,14 @@ impl PeerKeys {
     }
 
     /// Whether a handshake with this peer is possible (its key is not of low order).
-    pub fn can_handshake(&self) -> bool {
+    pub(crate) fn can_handshake(&self) -> bool {
         self.static_static.is_some()
     }
 }
 
 /// The keys of one session, from the point of view of one side.
 #[derive(Zeroize, ZeroizeOnDrop)]
-pub struct SessionKeys {
+pub(crate) struct SessionKeys {
     /// Seals what this side sends.
     pub send: [u8; 32],
     /// Opens what this side receives.
@@ -253,7 +253,7 @@ impl std::fmt::Debug for SessionKeys {
 }
 
 /// An initiation sent and waiting for its response.
-pub struct InitiationState {
+pub(crate) struct InitiationState {
     /// The index the response will carry as its receiver.
     pub local_index: u32,
     chaining_key: Secret,
@@ -269,7 +269,7 @@ impl std::fmt::Debug for InitiationState {
 
 /// Writes an initiation to `peer` into `msg` (all but the MACs, which depend on the cookie state); `None` for a
 /// peer whose key is of low order (nothing is written).
-pub fn create_initiation(
+pub(crate) fn create_initiation(
     identity: &Identity,
     peer: &PeerKeys,
     local_index: u32,
@@ -297,7 +297,7 @@ pub fn create_initiation(
 }
 
 /// An initiation whose static key a responder opened: who claims to have sent it, before that is proven.
-pub struct InitiationStatic {
+pub(crate) struct InitiationStatic {
     /// The static public key it carries.
     pub peer: [u8; 32],
     chaining_key: Secret,
@@ -312,9 +312,7 @@ impl std::fmt::Debug for InitiationStatic {
 }
 
 /// An initiation a responder opened whole: its sender proven, and what the response needs.
-pub struct ConsumedInitiation {
-    /// The initiator's static public key.
-    pub peer: [u8; 32],
+pub(crate) struct ConsumedInitiation {
     /// Its TAI64N timestamp (greater than any before it from the same peer, or a replay).
     pub timestamp: [u8; 12],
     /// The initiator's index (the response's receiver index).
@@ -332,7 +330,7 @@ impl std::fmt::Debug for ConsumedInitiation {
 
 /// Opens the static key of an initiation (its MACs already checked): `None` if it does not authenticate under
 /// our key or its ephemeral key is of low order.
-pub fn open_initiation(identity: &Identity, msg: &[u8]) -> Option<InitiationStatic> {
+pub(crate) fn open_initiation(identity: &Identity, msg: &[u8]) -> Option<InitiationStatic> {
     let msg = Initiation::new_checked(msg)?;
     let remote_ephemeral = msg.ephemeral();
     let ck = kdf1(&initial_chaining_key(), &remote_ephemeral);
@@ -349,7 +347,7 @@ pub fn open_initiation(identity: &Identity, msg: &[u8]) -> Option<InitiationStat
 
 /// Finishes opening an initiation with the keys of the peer it names: `None` unless its timestamp authenticates
 /// (which proves the sender holds that peer's private key).
-pub fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: &[u8]) -> Option<ConsumedInitiation> {
+pub(crate) fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: &[u8]) -> Option<ConsumedInitiation> {
     let msg = Initiation::new_checked(msg)?;
     if peer.public != opened.peer {
         return None;
@@ -362,7 +360,6 @@ pub fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: &[u8]) 
     }
     let h = hash(&[&opened.hash, msg.sealed_timestamp()]);
     Some(ConsumedInitiation {
-        peer: opened.peer,
         timestamp,
         remote_index: msg.sender(),
         chaining_key: ck,
@@ -373,7 +370,7 @@ pub fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: &[u8]) 
 
 /// Writes the response to a consumed initiation into `msg` (all but the MACs) and derives the session; `None`
 /// if a Diffie-Hellman result is zero.
-pub fn create_response(
+pub(crate) fn create_response(
     consumed: &ConsumedInitiation,
     peer: &PeerKeys,
     local_index: u32,
@@ -400,7 +397,7 @@ pub fn create_response(
 
 /// Opens a response to `state` from `peer` (its MACs already checked) and derives the session; `None` if it does
 /// not authenticate.
-pub fn consume_response(
+pub(crate) fn consume_response(
     identity: &Identity,
     state: &InitiationState,
     peer: &PeerKeys,
@@ -446,7 +443,7 @@ pub(crate) mod tests {
         let opened = open_initiation(&b, &init).unwrap();
         assert_eq!(opened.peer, a.public);
         let consumed = finish_initiation(opened, &a_at_b, &init).unwrap();
-        assert_eq!((consumed.peer, consumed.remote_index), (a.public, 7));
+        assert_eq!(consumed.remote_index, 7);
         let mut response = [0u8; RESPONSE_LEN];
         let b_keys = create_response(&consumed, &a_at_b, 9, &mut response).unwrap();
         assert_eq!(MessageKind::of(&response), Some(MessageKind::Response));

@@ -23,7 +23,7 @@ pub const HELD_PER_PEER: usize = 128;
 
 /// A peer's sessions.
 #[derive(Debug, Default, Clone)]
-pub struct Keypairs {
+pub(crate) struct Keypairs {
     /// What packets are sealed with.
     pub current: Option<Arc<Keypair>>,
     /// The session before it, still opened for packets in flight.
@@ -34,19 +34,14 @@ pub struct Keypairs {
 
 impl Keypairs {
     /// The session whose index is `local_index`.
-    pub fn find(&self, local_index: u32) -> Option<&Arc<Keypair>> {
+    pub(crate) fn find(&self, local_index: u32) -> Option<&Arc<Keypair>> {
         [&self.current, &self.previous, &self.next].into_iter().flatten().find(|k| k.local_index == local_index)
-    }
-
-    /// Every index these sessions hold.
-    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
-        [&self.current, &self.previous, &self.next].into_iter().flatten().map(|k| k.local_index)
     }
 }
 
 /// A timer judged from timestamps: the event it belongs to, when it started, and whether it fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timer {
+pub(crate) struct Timer {
     /// The timestamp of the event that cancels it when it changes (our last send, or the last we heard).
     pub after: u64,
     /// When it started.
@@ -57,7 +52,7 @@ pub struct Timer {
 
 /// What the handshake worker keeps of a peer.
 #[derive(Debug, Default)]
-pub struct HandshakeSide {
+pub(crate) struct HandshakeSide {
     /// Our initiation waiting for its response.
     pub pending: Option<InitiationState>,
     /// When the last initiation was sent (device clock, ms): none is sent within REKEY_TIMEOUT of it.
@@ -95,7 +90,7 @@ struct EndpointState {
 }
 
 /// One peer at run time.
-pub struct Peer {
+pub(crate) struct Peer {
     /// Its public key.
     pub public_key: Key,
     /// Its keys for handshakes (`None` while the device has no private key).
@@ -144,7 +139,7 @@ impl std::fmt::Debug for Peer {
 
 impl Peer {
     /// A peer with no session, at `endpoint`.
-    pub fn new(public_key: Key, keys: Option<PeerKeys>, preshared_key: Option<Key>, keepalive: u16) -> Self {
+    pub(crate) fn new(public_key: Key, keys: Option<PeerKeys>, preshared_key: Option<Key>, keepalive: u16) -> Self {
         Peer {
             public_key,
             keys: RwLock::new(keys.map(Arc::new)),
@@ -171,22 +166,22 @@ impl Peer {
     }
 
     /// Its handshake keys.
-    pub fn keys(&self) -> Option<Arc<PeerKeys>> {
+    pub(crate) fn keys(&self) -> Option<Arc<PeerKeys>> {
         self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Replaces its handshake keys (a new preshared key).
-    pub fn set_keys(&self, keys: Option<PeerKeys>) {
+    pub(crate) fn set_keys(&self, keys: Option<PeerKeys>) {
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys.map(Arc::new);
     }
 
     /// Where its datagrams go.
-    pub fn endpoint(&self) -> Option<SocketAddr> {
+    pub(crate) fn endpoint(&self) -> Option<SocketAddr> {
         self.endpoint.lock().unwrap_or_else(|e| e.into_inner()).addr
     }
 
     /// Moves it to `to` (configured, or where an authenticated handshake message came from).
-    pub fn set_endpoint(&self, to: Option<SocketAddr>) {
+    pub(crate) fn set_endpoint(&self, to: Option<SocketAddr>) {
         let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
         endpoint.moved_by = None;
         if endpoint.addr != to {
@@ -200,7 +195,7 @@ impl Peer {
     /// follows the newest message the peer sent, not the last one read: with several sockets (one per queue)
     /// two workers may take a peer's datagrams from its old and its new address at once, and the one that
     /// finishes last must not move it back. Returns whether the endpoint is `from` now.
-    pub fn roam(&self, from: SocketAddr, local_index: u32, counter: u64) -> bool {
+    pub(crate) fn roam(&self, from: SocketAddr, local_index: u32, counter: u64) -> bool {
         let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
         if endpoint.moved_by.is_some_and(|(index, newest)| index == local_index && counter < newest) {
             return endpoint.addr == Some(from);
@@ -214,13 +209,13 @@ impl Peer {
     }
 
     /// Its sessions, to read.
-    pub fn keypairs(&self) -> Keypairs {
+    pub(crate) fn keypairs(&self) -> Keypairs {
         self.keypairs.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Changes its sessions with `f`, returning the indices that no session holds any more. A session `f` takes
     /// out of the slots is erased at once ([`Keypair::erase`]), whoever still holds it.
-    pub fn change_keypairs(&self, f: impl FnOnce(&mut Keypairs)) -> Vec<u32> {
+    pub(crate) fn change_keypairs(&self, f: impl FnOnce(&mut Keypairs)) -> Vec<u32> {
         let mut keypairs = self.keypairs.write().unwrap_or_else(|e| e.into_inner());
         let before = keypairs.clone();
         f(&mut keypairs);
@@ -241,7 +236,7 @@ impl Peer {
 
     /// Erases everything secret it holds, now that it is removed: its sessions, the handshake under way, its
     /// handshake keys. Returns the indices that no session or handshake holds any more.
-    pub fn forget_secrets(&self) -> Vec<u32> {
+    pub(crate) fn forget_secrets(&self) -> Vec<u32> {
         let mut gone = self.change_keypairs(|k| *k = Keypairs::default());
         gone.extend(self.state().pending.take().map(|p| p.local_index));
         self.set_keys(None);
@@ -252,7 +247,7 @@ impl Peer {
     /// `wg_noise_expire_current_peer_keypairs`): the handshake under way is dropped and the next initiation may
     /// go at once; `current` and `next` stop sealing. The greatest timestamp taken from the peer stays, so that
     /// an initiation seen before is still a replay. Returns the index no handshake holds any more.
-    pub fn expire_for_new_identity(&self) -> Option<u32> {
+    pub(crate) fn expire_for_new_identity(&self) -> Option<u32> {
         let mut st = self.state();
         let pending = st.pending.take().map(|p| p.local_index);
         st.last_initiation_sent = None;
@@ -266,23 +261,23 @@ impl Peer {
     }
 
     /// The handshake worker's state.
-    pub fn state(&self) -> MutexGuard<'_, HandshakeSide> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, HandshakeSide> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records that an authenticated message went to it at `now`.
-    pub fn sent_authenticated(&self, now: u64) {
+    pub(crate) fn sent_authenticated(&self, now: u64) {
         store_if_changed(&self.sent_any_ms, now);
     }
 
     /// Records that data (not a keepalive) went to it at `now`.
-    pub fn sent_data(&self, now: u64) {
+    pub(crate) fn sent_data(&self, now: u64) {
         store_if_changed(&self.sent_any_ms, now);
         store_if_changed(&self.sent_data_ms, now);
     }
 
     /// Records that an authenticated message came from it at `now`, and whether it carried data.
-    pub fn received_authenticated(&self, now: u64, data: bool) {
+    pub(crate) fn received_authenticated(&self, now: u64, data: bool) {
         store_if_changed(&self.received_any_ms, now);
         if data {
             store_if_changed(&self.received_data_ms, now);

@@ -11,23 +11,23 @@ use crate::message::{DataHeader, DATA_HEADER_LEN, TAG_LEN};
 use crate::noise::{nonce, SessionKeys};
 
 /// Messages after which the initiator of a session starts a new handshake (the kernel's REKEY_AFTER_MESSAGES).
-pub const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
+pub(crate) const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
 /// Bits of the receive window (the kernel's COUNTER_BITS_TOTAL).
-pub const WINDOW_BITS: u64 = 8192;
+pub(crate) const WINDOW_BITS: u64 = 8192;
 const WORD_BITS: u64 = 64;
 const WORDS: usize = (WINDOW_BITS / WORD_BITS) as usize;
 /// How far behind the greatest counter seen a message may arrive: the window less one word, which is cleared as
 /// the window moves (COUNTER_WINDOW_SIZE).
-pub const WINDOW_SIZE: u64 = WINDOW_BITS - WORD_BITS;
+pub(crate) const WINDOW_SIZE: u64 = WINDOW_BITS - WORD_BITS;
 /// Messages after which a session's keys are never used again (the kernel's REJECT_AFTER_MESSAGES).
-pub const REJECT_AFTER_MESSAGES: u64 = u64::MAX - WINDOW_SIZE - 1;
+pub(crate) const REJECT_AFTER_MESSAGES: u64 = u64::MAX - WINDOW_SIZE - 1;
 /// Transport data is padded with zeros to a multiple of this, within the MTU.
-pub const PADDING_MULTIPLE: usize = 16;
+pub(crate) const PADDING_MULTIPLE: usize = 16;
 
 /// The counters seen of one session, as a sliding bitmap: a message is taken once, and not when it is older than
 /// the window (the kernel's algorithm, RFC 6479's idea).
 #[derive(Debug)]
-pub struct ReplayWindow {
+pub(crate) struct ReplayWindow {
     /// One more than the greatest counter taken.
     next: u64,
     bits: [u64; WORDS],
@@ -42,7 +42,7 @@ impl Default for ReplayWindow {
 impl ReplayWindow {
     /// Takes `counter` (of a message that authenticated): false if it was seen before, is too old, or is past
     /// the session's last.
-    pub fn accept(&mut self, counter: u64) -> bool {
+    pub(crate) fn accept(&mut self, counter: u64) -> bool {
         if self.next > REJECT_AFTER_MESSAGES || counter >= REJECT_AFTER_MESSAGES {
             return false;
         }
@@ -68,7 +68,7 @@ impl ReplayWindow {
 }
 
 /// The keys of one session and what goes with them.
-pub struct Keypair {
+pub(crate) struct Keypair {
     /// The index we gave the session (what the peer's messages carry as their receiver).
     pub local_index: u32,
     /// The index the peer gave it (what ours carry).
@@ -121,7 +121,7 @@ impl std::fmt::Debug for Keypair {
 
 /// The length a packet of `len` bytes is padded to, for a device of `mtu` (0: unknown): the next multiple of
 /// [`PADDING_MULTIPLE`], never past the MTU (as the kernel pads).
-pub fn padded_len(len: usize, mtu: usize) -> usize {
+pub(crate) fn padded_len(len: usize, mtu: usize) -> usize {
     let aligned = len.div_ceil(PADDING_MULTIPLE) * PADDING_MULTIPLE;
     if mtu == 0 {
         return aligned;
@@ -133,7 +133,7 @@ pub fn padded_len(len: usize, mtu: usize) -> usize {
 
 impl Keypair {
     /// A session from handshake keys.
-    pub fn new(keys: &SessionKeys, local_index: u32, remote_index: u32, initiator: bool, born_ms: u64) -> Self {
+    pub(crate) fn new(keys: &SessionKeys, local_index: u32, remote_index: u32, initiator: bool, born_ms: u64) -> Self {
         #[cfg(test)]
         tests::made_keys(keys);
         let key = |k: &[u8; 32]| LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, k).expect("32-byte key"));
@@ -155,7 +155,7 @@ impl Keypair {
     /// Erases its keys where they are (the kernel frees a keypair with `kfree_sensitive`): each is overwritten with
     /// a key of zeros under its lock, so that no copy outlives the session in this process, however long a
     /// worker's cache holds the session. It seals and opens nothing after.
-    pub fn erase(&self) {
+    pub(crate) fn erase(&self) {
         for key in [&self.send, &self.receive] {
             let mut key = key.write().unwrap_or_else(|e| e.into_inner());
             self.expire_sending();
@@ -165,27 +165,27 @@ impl Keypair {
     }
 
     /// Stops sealing with it (what the peer sends with it is still opened).
-    pub fn expire_sending(&self) {
+    pub(crate) fn expire_sending(&self) {
         self.sending_expired.store(true, Ordering::Release);
     }
 
     /// Whether [`Self::expire_sending`] was called.
-    pub fn sending_expired(&self) -> bool {
+    pub(crate) fn sending_expired(&self) -> bool {
         self.sending_expired.load(Ordering::Acquire)
     }
 
     /// Whether the peer is known to have this session.
-    pub fn confirmed(&self) -> bool {
+    pub(crate) fn confirmed(&self) -> bool {
         self.confirmed.load(Ordering::Acquire)
     }
 
     /// Records that the peer has this session.
-    pub fn confirm(&self) {
+    pub(crate) fn confirm(&self) {
         self.confirmed.store(true, Ordering::Release);
     }
 
     /// Messages sent so far.
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.send_counter.load(Ordering::Relaxed)
     }
 
@@ -193,7 +193,7 @@ impl Keypair {
     /// long it is and the counters of one run are consecutive. Fewer than `n` (none, once it is reached) when the
     /// run would reach [`REJECT_AFTER_MESSAGES`]: the session sends no message with that counter or later, and
     /// its counter never moves past that point by more than one run.
-    pub fn take_counters(&self, n: usize) -> Range<u64> {
+    pub(crate) fn take_counters(&self, n: usize) -> Range<u64> {
         let n = n as u64;
         let taken = self.send_counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
             (next < REJECT_AFTER_MESSAGES).then(|| next.saturating_add(n))
@@ -205,14 +205,14 @@ impl Keypair {
     }
 
     /// The sealing key, held for a run of packets ([`Sealer::seal_in_place`]); `None` once erased.
-    pub fn sealer(&self) -> Option<Sealer<'_>> {
+    pub(crate) fn sealer(&self) -> Option<Sealer<'_>> {
         let key = self.send.read().unwrap_or_else(|e| e.into_inner());
         // Read under the lock that erasing takes to write: a session erased is never sealed with.
         (!self.sending_expired()).then_some(Sealer { keypair: self, key })
     }
 
     /// [`Sealer::seal_in_place`] with the key taken for this one packet.
-    pub fn seal_in_place(
+    pub(crate) fn seal_in_place(
         &self,
         buf: &mut [u8],
         start: usize,
@@ -225,7 +225,7 @@ impl Keypair {
 
     /// Seals `packet` (possibly empty: a keepalive) into `out` as a transport data message, padded for a device
     /// of `mtu`; returns its length and counter, or `None` when the session may send no more or `out` is short.
-    pub fn seal(&self, packet: &[u8], out: &mut [u8], mtu: usize) -> Option<(usize, u64)> {
+    pub(crate) fn seal(&self, packet: &[u8], out: &mut [u8], mtu: usize) -> Option<(usize, u64)> {
         let total = DATA_HEADER_LEN + padded_len(packet.len(), mtu) + TAG_LEN;
         if out.len() < total {
             return None;
@@ -237,7 +237,7 @@ impl Keypair {
     }
 
     /// Opens a transport data message in place: its plaintext (padding included) and its counter, or why not.
-    pub fn open<'a>(&self, message: &'a mut [u8]) -> Result<(&'a mut [u8], u64), OpenError> {
+    pub(crate) fn open<'a>(&self, message: &'a mut [u8]) -> Result<(&'a mut [u8], u64), OpenError> {
         let counter = DataHeader::new_checked(&*message).ok_or(OpenError::Unauthenticated)?.counter();
         if counter >= REJECT_AFTER_MESSAGES {
             return Err(OpenError::Replayed);
@@ -261,7 +261,7 @@ impl Keypair {
 }
 
 /// A session's sealing key, held (read-locked) for a run of packets: one lock for the run.
-pub struct Sealer<'a> {
+pub(crate) struct Sealer<'a> {
     keypair: &'a Keypair,
     key: RwLockReadGuard<'a, LessSafeKey>,
 }
@@ -277,7 +277,7 @@ impl Sealer<'_> {
     /// (taken with [`Keypair::take_counters`]), padded for a device of `mtu`: its header goes into the 16 bytes
     /// in front, the padding (zeros) and the tag behind. Returns where the message is in `buf`, or `None` when
     /// `buf` has no room for it or the counter is past the session's last.
-    pub fn seal_in_place(
+    pub(crate) fn seal_in_place(
         &self,
         buf: &mut [u8],
         start: usize,
@@ -307,7 +307,7 @@ impl Sealer<'_> {
 
 /// Why a transport data message did not open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     /// Its tag is wrong (another key, or changed on the way).
     Unauthenticated,
     /// It authenticated, but its counter was taken before, is older than the window, or is past the session's

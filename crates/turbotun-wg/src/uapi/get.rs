@@ -11,7 +11,7 @@ use crate::wireguard::WireGuard;
 /// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it). It holds the private
 /// and preshared keys: room for all of it is taken at once, so that no copy is left behind by a reallocation,
 /// and it is zeroed when dropped.
-pub fn render_get(wg: &WireGuard) -> Zeroizing<String> {
+pub(crate) fn render_get(wg: &WireGuard) -> Zeroizing<String> {
     use std::fmt::Write;
     let config = wg.config();
     let states = wg.peer_states();

@@ -2,18 +2,18 @@
 //! `get=1` and `set=1` requests over `/var/run/wireguard/NAME.sock`, each answered with an `errno=` line.
 //!
 //! - this module: the socket and its clients;
-//! - [`get`]: the text of a `get=1` reply;
-//! - [`set`]: a `set=1` request's lines parsed and applied to a copy of the configuration (a bad request
+//! - `get`: the text of a `get=1` reply;
+//! - `set`: a `set=1` request's lines parsed and applied to a copy of the configuration (a bad request
 //!   changes nothing), then put in force.
 //!
-//! Clients are served at once, each on a thread of its own (up to [`MAX_CLIENTS`]; more wait to be accepted):
+//! Clients are served at once, each on a thread of its own (up to `MAX_CLIENTS`; more wait to be accepted):
 //! one that is slow, silent or never finishes its request delays nobody else. A request must arrive whole within
-//! [`REQUEST_DEADLINE`] and be at most [`MAX_REQUEST_BYTES`] long (a longer one is refused with `EMSGSIZE` and
+//! `REQUEST_DEADLINE` and be at most `MAX_REQUEST_BYTES` long (a longer one is refused with `EMSGSIZE` and
 //! nothing of it applied); a stop ends every client's wait at once. Requests that change the configuration are
 //! applied one at a time, and a `get=1` reads a configuration that no request is half-way through changing.
 
-pub mod get;
-pub mod set;
+pub(crate) mod get;
+pub(crate) mod set;
 
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -33,15 +33,15 @@ use crate::wireguard::WireGuard;
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 
 /// Clients served at once; further connections wait in the socket's backlog until one of them ends.
-pub const MAX_CLIENTS: usize = 8;
+pub(crate) const MAX_CLIENTS: usize = 8;
 
 /// How long a request may take to arrive whole (from the connection, or from the reply to the one before), and
 /// its reply to be taken: a client that trickles bytes is cut off then.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The longest request taken (some 30,000 peers with one allowed prefix each); a longer one is refused with
 /// `EMSGSIZE`, so that a client cannot make the endpoint's memory grow without bound.
-pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+pub(crate) const MAX_REQUEST_BYTES: usize = 8 << 20;
 
 /// How long a new endpoint waits, at most, for the endpoint that serves its socket to end (`IN_USE_TRIES` looks,
 /// `IN_USE_WAIT` apart) before it refuses to start.
@@ -53,7 +53,7 @@ const READ_CHUNK: usize = 16 << 10;
 
 /// What checks a new configuration (`old`, `new`) before it takes effect, and may refuse it with an errno (a
 /// port that cannot be bound): it runs for one request at a time.
-pub type OnSet<'a> = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'a;
+pub(crate) type OnSet<'a> = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'a;
 
 /// The socket path of interface `name`.
 pub fn socket_path(name: &str) -> PathBuf {
@@ -83,7 +83,7 @@ pub enum UapiError {
 
 /// The listening configuration socket of one interface; removed when dropped (if it is still ours).
 #[derive(Debug)]
-pub struct UapiSocket {
+pub(crate) struct UapiSocket {
     listener: UnixListener,
     path: PathBuf,
     inode: u64,
@@ -92,7 +92,7 @@ pub struct UapiSocket {
 impl UapiSocket {
     /// Binds `/var/run/wireguard/NAME.sock` (the directory made 0755 if missing, the socket reachable by its
     /// owner only). A stale socket left by a process that died is replaced; a live one is an error.
-    pub fn bind(name: &str) -> Result<Self, UapiError> {
+    pub(crate) fn bind(name: &str) -> Result<Self, UapiError> {
         Self::bind_at(&socket_path(name))
     }
 
@@ -133,24 +133,24 @@ impl UapiSocket {
     }
 
     /// The socket's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The socket file's inode (which tells it from a socket another process bound at the same path later).
-    pub fn inode(&self) -> u64 {
+    pub(crate) fn inode(&self) -> u64 {
         self.inode
     }
 
     /// Whether the socket file is still the one bound here (deleting it is a way to stop the endpoint).
-    pub fn still_there(&self) -> bool {
+    pub(crate) fn still_there(&self) -> bool {
         std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode)
     }
 
     /// Serves clients until `stop` fires, then waits for the clients' threads (which end at once). `on_set(old,
     /// new)` runs before a valid `set=1` takes effect and may refuse it with an errno; the configuration then
     /// stays as it was.
-    pub fn serve(&self, wg: &WireGuard, on_set: &mut OnSet<'_>, stop: &StopHandle) -> io::Result<()> {
+    pub(crate) fn serve(&self, wg: &WireGuard, on_set: &mut OnSet<'_>, stop: &StopHandle) -> io::Result<()> {
         let wake = stop.wake_fd().map_err(io::Error::from)?;
         // Held while a request changes the configuration, and while a `get=1` reads it.
         let config_lock = Mutex::new(on_set);

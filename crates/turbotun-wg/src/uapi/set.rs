@@ -35,7 +35,7 @@ pub(super) fn handle_set(wg: &WireGuard, lines: &[&[u8]], config_lock: &Mutex<&m
 
 /// Why a `set=1` request was refused: the errno it is answered with, the line, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetError {
+pub(crate) struct SetError {
     /// The errno (positive; the reply carries it negated, as wireguard-go and the kernel do).
     pub errno: i32,
     /// The line that was refused, as it may be shown: the value of a line that can carry a key is left out
@@ -47,7 +47,7 @@ pub struct SetError {
 
 impl SetError {
     /// Refuses `line` (kept only as [`printable_line`] shows it).
-    pub fn new(errno: i32, line: &str, reason: impl Into<String>) -> Self {
+    pub(super) fn new(errno: i32, line: &str, reason: impl Into<String>) -> Self {
         SetError { errno, line: printable_line(line), reason: reason.into() }
     }
 }
@@ -78,7 +78,7 @@ const PLAIN_KEYS: &[&str] = &[
 /// A request line as it may go into a log or an error: whole if its key is one whose value is never secret,
 /// otherwise its key name alone (`private_key=`, `preshared_key=`, any key the protocol does not have, in either
 /// section), and nothing of a line without `=` (a key pasted on a line of its own).
-pub fn printable_line(line: &str) -> String {
+pub(crate) fn printable_line(line: &str) -> String {
     match line.split_once('=') {
         Some((key, _)) if PLAIN_KEYS.contains(&key) => line.to_string(),
         Some((key, value)) => {
@@ -93,7 +93,7 @@ pub fn printable_line(line: &str) -> String {
 }
 
 /// A prefix `ADDR/LEN` with its host bits cleared.
-pub fn parse_prefix(text: &str) -> Option<(IpAddr, u8)> {
+pub(crate) fn parse_prefix(text: &str) -> Option<(IpAddr, u8)> {
     let net = ip_network::IpNetwork::from_str_truncate(text).ok()?;
     Some((net.network_address(), net.netmask()))
 }
@@ -101,7 +101,7 @@ pub fn parse_prefix(text: &str) -> Option<(IpAddr, u8)> {
 /// An endpoint as `wg` sends it: `ADDR:PORT`, `[ADDR]:PORT`, or `[ADDR%SCOPE]:PORT` for an IPv6 address with a
 /// scope (a link-local one), the scope an interface index or name (`wg` writes the name when it has one); a
 /// name is looked up in this network namespace.
-pub fn parse_endpoint(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_endpoint(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr); // including a numeric scope
     }
@@ -147,7 +147,7 @@ enum Section {
 /// As in the kernel: a peer section with the public key of the private key in force at that line is ignored
 /// (a new private key first removes the peer with its public key), and an allowed prefix given to a peer is
 /// taken from whichever peer had it.
-pub fn apply_set(
+pub(crate) fn apply_set(
     config: &DeviceConfig,
     lines: &[&str],
     own_public: impl Fn(&Key) -> Key,

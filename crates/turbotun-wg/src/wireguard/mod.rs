@@ -1,4 +1,4 @@
-//! WireGuard as a [`Transform`] of turbotun's tunnel engine: cryptokey routing over several peers and the
+//! WireGuard as a [`Transform`](turbotun::tunnel::Transform) of turbotun's tunnel engine: cryptokey routing over several peers and the
 //! protocol itself, with the kernel implementation's semantics.
 //!
 //! - Sealing (a data worker): the packet's destination picks the peer (longest-prefix match over every peer's
@@ -10,7 +10,7 @@
 //!   source the sending peer may not use is a `not_allowed` drop. Handshake messages get only cheap checks here
 //!   (mac1; under load the cookie and the source's rate), then go to the handshake worker's bounded queue, so
 //!   that no flood of them spends a data worker's time on key work.
-//! - The handshake worker (the engine's timer thread, woken through [`Transform::work_fd`]) does every
+//! - The handshake worker (the engine's timer thread, woken through [`Transform::work_fd`](turbotun::tunnel::Transform::work_fd)) does every
 //!   Diffie-Hellman, answers with responses and cookie replies, and runs the timers (retransmission, keepalives,
 //!   rekeying, key expiry, persistent keepalive).
 //! - A peer's endpoint moves only to the source of a message that authenticated: transport data that opened, an
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
-use turbotun::tunnel::{Settled, Transform};
+use turbotun::tunnel::Settled;
 use turbotun::udp::ReplySources;
 
 use crate::config::{DeviceConfig, Key};
@@ -97,7 +97,7 @@ pub struct WireGuard {
     checker: Mutex<CookieChecker>,
     /// Until when (device clock) handshake messages need a cookie.
     under_load_until: AtomicU64,
-    /// What the handshake worker made of the messages it took, not yet reported ([`Transform::settled`]).
+    /// What the handshake worker made of the messages it took, not yet reported ([`Transform::settled`](turbotun::tunnel::Transform::settled)).
     settled: Mutex<Settled>,
     /// Whether the handshake worker's thread has been given its lower priority.
     worker_niced: AtomicBool,

@@ -1,7 +1,7 @@
 //! Two devices talking through a network held in memory: every datagram either sends is delivered by the test,
 //! dropped, or handed to an attacker, and the clock is moved by hand.
 
-use turbotun::tunnel::{Opened, SealBatch, Sealed};
+use turbotun::tunnel::{Opened, SealBatch, Sealed, Transform};
 use turbotun::{DropReason, Drops};
 
 use super::*;
