@@ -151,7 +151,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     let socket = args.counters.bind_socket("turbotun fwd", &devices[0]);
     let _keeper = match (&identity, &socket) {
         (Some(_), Some(socket)) => {
-            Some(turbotun_wg::daemon::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
+            Some(turbotun::socket_keeper::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
         }
         _ => None,
     };

@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 /// Sets the process up; `Some(status)` when it was started as a socket keeper and has done that job (see
-/// `turbotun_wg::daemon::keep_socket`).
+/// `turbotun::socket_keeper::keep_socket`).
 pub fn start(program: &str) -> Option<ExitCode> {
-    if let Some(spec) = std::env::var_os(turbotun_wg::daemon::KEEPER_ENV) {
-        return Some(match turbotun_wg::daemon::keep_socket(&spec) {
+    if let Some(spec) = std::env::var_os(turbotun::socket_keeper::KEEPER_ENV) {
+        return Some(match turbotun::socket_keeper::keep_socket(&spec) {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::FAILURE,
         });

@@ -54,7 +54,7 @@ pub fn run(args: &VhostUserArgs) -> Result<()> {
     let stats_socket = args.counters.bind_socket("turbotun vhost-user", &tap);
     let _keeper = match (&identity, &stats_socket) {
         (Some(_), Some(socket)) => {
-            Some(turbotun_wg::daemon::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
+            Some(turbotun::socket_keeper::start_socket_keeper(&[(socket.path().to_path_buf(), socket.inode())])?)
         }
         _ => None,
     };

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use turbotun::privilege::{drop_to, Identity};
+use turbotun::socket_keeper::start_socket_keeper;
 use turbotun::stats_socket::{Report, StatsServer, StatsSocket};
 use turbotun::tunnel::{bind_sockets_with, TunnelBuilder, TunnelStats, TunnelStatsHandle};
 use turbotun::udp::{SocketOptions, SocketReserve, TunnelSocket};
@@ -30,9 +31,6 @@ pub const DEFAULT_MTU: u32 = 1420;
 
 /// The environment variable that tells a background process to report readiness on its standard output.
 pub const READY_ENV: &str = "TURBOTUN_WG_REPORT_READY";
-
-/// The environment variable that makes the program the socket keeper of [`keep_socket`]: `INODE:PATH`.
-pub const KEEPER_ENV: &str = "TURBOTUN_WG_SOCKET_KEEPER";
 
 /// Why the endpoint could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +136,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
         (Some(_), true) => Some(Arc::new(SocketReserve::new(RESERVED_PORT_CHANGES * queues.len())?)),
         _ => None,
     };
-    // Kept alive until this process ends, however it ends: see `keep_socket`.
+    // Kept alive until this process ends, however it ends: see `turbotun::socket_keeper`.
     let _keeper = match &options.user {
         Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
         None => None,
@@ -410,52 +408,6 @@ fn watch_engine(
             }
         }
     }
-}
-
-/// Starts the socket keeper: this program again, as root without capabilities, holding the other end of a pipe
-/// that this process keeps open until it ends. A process that dropped its privileges cannot remove its sockets
-/// (`(path, inode)`) from the root-owned `/var/run/wireguard` and `/run/turbotun`; the keeper does when the pipe
-/// closes.
-pub fn start_socket_keeper(sockets: &[(PathBuf, u64)]) -> Result<std::process::Child, DaemonError> {
-    let program = std::env::current_exe()
-        .map_err(|e| DaemonError::Background(format!("finding this program for the socket keeper: {e}")))?;
-    let spec: Vec<String> = sockets.iter().map(|(path, inode)| format!("{inode}:{}", path.display())).collect();
-    Command::new(program)
-        .env(KEEPER_ENV, spec.join("\n"))
-        .env_remove(READY_ENV)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        // Its own group: a terminal's Ctrl-C reaches the endpoint, which then ends, and the keeper after it.
-        .process_group(0)
-        .spawn()
-        .map_err(|e| DaemonError::Background(format!("starting the socket keeper: {e}")))
-}
-
-/// The socket keeper (see [`KEEPER_ENV`]): gives up every capability, waits until its standard input closes
-/// (the endpoint has ended), then removes each socket of `INODE:PATH` (one per line) if it is still the one
-/// with that inode.
-pub fn keep_socket(spec: &std::ffi::OsStr) -> Result<(), DaemonError> {
-    let spec = spec.to_string_lossy();
-    let sockets = spec
-        .lines()
-        .map(|line| {
-            line.split_once(':')
-                .and_then(|(i, p)| Some((i.parse::<u64>().ok()?, PathBuf::from(p))))
-                .ok_or_else(|| DaemonError::Background(format!("{KEEPER_ENV}={line}: expected INODE:PATH")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    turbotun::privilege::give_up_capabilities()?;
-    let mut sink = Vec::new();
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-    use std::os::unix::fs::MetadataExt;
-    for (inode, path) in sockets {
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == inode) {
-            std::fs::remove_file(&path)
-                .map_err(|e| DaemonError::Background(format!("removing {}: {e}", path.display())))?;
-        }
-    }
-    Ok(())
 }
 
 /// Port changes a multi-queue endpoint run with `--user` can make: the sockets for them are made before the drop.

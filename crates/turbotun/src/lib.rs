@@ -90,7 +90,7 @@ pub use dataplane::vhost_user;
 #[doc(inline)]
 pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
 #[doc(inline)]
-pub use deployment::{handover, privilege, stats_socket};
+pub use deployment::{handover, privilege, socket_keeper, stats_socket};
 #[doc(inline)]
 pub use devices::{device, filter, inspect, queue, steering, stop};
 

@@ -1,6 +1,8 @@
 //! Deploying with least privilege: dropping to a user after the devices are open, and handing queue fds to
-//! another process; serving a running engine's counters on a local socket.
+//! another process; serving a running engine's counters on a local socket; removing a process's sockets after
+//! it dropped its privileges.
 
 pub mod handover;
 pub mod privilege;
+pub mod socket_keeper;
 pub mod stats_socket;
