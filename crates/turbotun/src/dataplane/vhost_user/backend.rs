@@ -132,9 +132,24 @@ impl Negotiated {
     }
 }
 
-/// A frame read from the TAP that waits for the guest's receive buffers, and the buffers gathered for it so far.
-#[derive(Debug, Default)]
-struct RxState {
+/// Guest to TAP, one queue pair's: the buffers a frame is checked and written from, and its counters.
+#[derive(Debug)]
+struct TxPath {
+    /// The guest's header of the frame being sent, copied out to be checked and written.
+    hdr: [u8; TAP_VNET_HDR],
+    /// Where the frame being sent lies in guest memory.
+    spans: Vec<Span>,
+    /// A frame copied out of guest memory, behind its header.
+    buf: Vec<u8>,
+    to_tap: Counters,
+}
+
+/// TAP to guest, one queue pair's: a frame read from the TAP that waits for the guest's receive buffers, the
+/// buffers gathered for it so far, and the counters.
+#[derive(Debug)]
+struct RxPath {
+    /// The frame read from the TAP (behind room for the guest's header).
+    buf: Vec<u8>,
     /// Bytes of `buf` (from `start`) to hand the guest: its header, then the frame.
     pending: Option<(usize, usize)>,
     /// Receive chains taken from the ring and not yet given back: head index, capacity, and their spans.
@@ -142,23 +157,16 @@ struct RxState {
     /// Whether `chains` are the last ones taken from the ring, in order (no chain after them was given back
     /// early), so that a stopped ring can be rewound over them.
     contiguous: bool,
+    /// Spans of a chain being checked, reused.
+    spare_spans: Vec<Span>,
+    to_guest: Counters,
 }
 
 /// The data path's state, used by one worker thread at a time.
 struct Worker {
     negotiated: Negotiated,
-    /// The guest's header of the frame being sent, copied out to be checked and written.
-    tx_hdr: [u8; TAP_VNET_HDR],
-    /// Where the frame being sent lies in guest memory.
-    tx_spans: Vec<Span>,
-    /// A frame copied out of guest memory, behind its header.
-    tx_buf: Vec<u8>,
-    rx_buf: Vec<u8>,
-    rx: RxState,
-    /// Spans of a chain being checked, reused.
-    spare_spans: Vec<Span>,
-    to_tap: Counters,
-    to_guest: Counters,
+    tx: TxPath,
+    rx: RxPath,
     /// The receive vring, kept from the first event so that [`NetBackend::stop_vring`] can hand unused
     /// buffers back.
     rx_vring: Option<VringRwLock>,
@@ -210,15 +218,219 @@ impl Worker {
     fn new() -> Worker {
         Worker {
             negotiated: Negotiated::new(0),
-            tx_hdr: [0; TAP_VNET_HDR],
-            tx_spans: Vec::with_capacity(MAX_PIECES),
-            tx_buf: vec![0; FRAME_BUF],
-            rx_buf: vec![0; FRAME_BUF],
-            rx: RxState { contiguous: true, ..RxState::default() },
-            spare_spans: Vec::new(),
-            to_tap: Counters::default(),
-            to_guest: Counters::default(),
+            tx: TxPath {
+                hdr: [0; TAP_VNET_HDR],
+                spans: Vec::with_capacity(MAX_PIECES),
+                buf: vec![0; FRAME_BUF],
+                to_tap: Counters::default(),
+            },
+            rx: RxPath {
+                buf: vec![0; FRAME_BUF],
+                pending: None,
+                chains: VecDeque::new(),
+                contiguous: true,
+                spare_spans: Vec::new(),
+                to_guest: Counters::default(),
+            },
             rx_vring: None,
+        }
+    }
+}
+
+impl TxPath {
+    /// Writes the frame a transmit chain holds to the TAP, or counts why not: its header copied out and checked,
+    /// then a frame of up to [`COPY_UP_TO`] bytes copied behind it into the path's buffer and written (a copy that
+    /// small costs less than gathering it), a longer one (a super-packet) written from guest memory where it
+    /// lies, behind the checked header, with one gathered write; one of more pieces than that write takes is
+    /// copied too.
+    fn transmit(
+        &mut self,
+        tap: &Queue,
+        negotiated: Negotiated,
+        chain: DescriptorChain<&GuestMemoryMmap<()>>,
+        mem: &GuestMemoryMmap<()>,
+    ) {
+        let TxPath { hdr: hdr_buf, spans, buf: copy_buf, to_tap: c } = self;
+        c.reads += 1;
+        let frame = match take_header(chain, mem, hdr_buf, negotiated.hdr_len, MAX_PACKET, spans) {
+            Ok(frame) => frame,
+            Err(reason) => return c.drops.add(reason, 1),
+        };
+        if frame.hdr_read < negotiated.hdr_len {
+            return c.drops.add(DropReason::Malformed, 1);
+        }
+        let Some(hdr) = checked_header(negotiated, hdr_buf, frame.frame_len) else {
+            return c.drops.add(DropReason::Malformed, 1);
+        };
+        if frame.frame_len > COPY_UP_TO {
+            let mut pieces = [GuestIoSlice::EMPTY; MAX_PIECES];
+            match guest_pieces(mem, &hdr_buf[..], spans, &mut pieces) {
+                Ok(Some(count)) => {
+                    return write_frame(tap, &hdr, frame.frame_len, c, || tap.send_guest(&pieces[..count]));
+                }
+                Ok(None) => {}
+                Err(reason) => return c.drops.add(reason, 1),
+            }
+        }
+        let len = TAP_VNET_HDR + frame.frame_len;
+        copy_buf[..TAP_VNET_HDR].copy_from_slice(&hdr_buf[..]);
+        if let Err(reason) = copy_spans(mem, spans, &mut copy_buf[TAP_VNET_HDR..len]) {
+            return c.drops.add(reason, 1);
+        }
+        let frame_bytes = &copy_buf[..len];
+        write_frame(tap, &hdr, frame.frame_len, c, || tap.send_raw(frame_bytes));
+    }
+}
+
+impl RxPath {
+    /// Hands frames from the TAP to the guest while it has buffers for them.
+    fn receive(
+        &mut self,
+        tap: &Queue,
+        negotiated: Negotiated,
+        state: &mut VringState<GuestMem>,
+        mem: &GuestMemoryMmap<()>,
+        used: &mut bool,
+    ) -> Receive {
+        loop {
+            if self.pending.is_none() {
+                match self.read_tap(tap, negotiated) {
+                    Some(frame) => self.pending = Some(frame),
+                    None => return Receive::TapEmpty,
+                }
+            }
+            let Some((start, len)) = self.pending else { continue };
+            let rx = &mut *self;
+            let fits = match rx.gather(negotiated, len, state, mem, used) {
+                Ok(fits) => fits,
+                Err(out_of_buffers) => return out_of_buffers,
+            };
+            if rx.pending.is_none() {
+                continue;
+            }
+            let Some(count) = fits else {
+                rx.to_guest.drops.add(DropReason::TooBig, 1);
+                rx.pending = None;
+                continue;
+            };
+            let frame = &mut rx.buf[start..start + len];
+            if negotiated.hdr_len == VIRTIO_NET_HDR_V1_LEN {
+                frame[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_V1_LEN].copy_from_slice(&(count as u16).to_le_bytes());
+            }
+            let super_packet = VirtioNetHdrRepr::parse(frame).is_ok_and(|h| h.is_gso());
+            let mut written = 0;
+            let mut fault = None;
+            for _ in 0..count {
+                let Some((head, _, spans)) = rx.chains.pop_front() else { break };
+                let n = match write_spans(mem, &spans, &frame[written..]) {
+                    Ok(n) => n,
+                    Err(reason) => {
+                        fault = Some(reason);
+                        0
+                    }
+                };
+                written += n;
+                if let Err(e) = state.add_used(head, n as u32) {
+                    tracing::debug!("receive queue: using chain {head}: {e}");
+                }
+                *used = true;
+            }
+            if rx.chains.is_empty() {
+                rx.contiguous = true;
+            }
+            rx.pending = None;
+            match fault {
+                Some(reason) => rx.to_guest.drops.add(reason, 1),
+                None => {
+                    rx.to_guest.packets += 1;
+                    rx.to_guest.writes += 1;
+                    rx.to_guest.bytes += (len - negotiated.hdr_len) as u64;
+                    if super_packet {
+                        rx.to_guest.super_packets += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gathers receive chains until the pending frame of `len` bytes fits: one chain without mergeable buffers, as
+    /// many as it takes with. How many chains it takes; `None` when they cannot hold it (one chain too short, kept
+    /// for the next frame) or a bad buffer dropped the frame (then nothing is pending); `Err` when the ring ran out.
+    fn gather(
+        &mut self,
+        negotiated: Negotiated,
+        len: usize,
+        state: &mut VringState<GuestMem>,
+        mem: &GuestMemoryMmap<()>,
+        used: &mut bool,
+    ) -> Result<Option<usize>, Receive> {
+        loop {
+            let mut capacity = 0;
+            let mut chains = 0;
+            for (_, cap, _) in self.chains.iter() {
+                capacity += cap;
+                chains += 1;
+                if capacity >= len || !negotiated.mergeable {
+                    break;
+                }
+            }
+            if chains > 0 && capacity >= len {
+                return Ok(Some(chains));
+            }
+            if chains > 0 && !negotiated.mergeable {
+                // The one chain is too short for this frame: it is kept for the next one.
+                return Ok(None);
+            }
+            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
+                return Err(Receive::NoBuffers);
+            };
+            let head = chain.head_index();
+            self.spare_spans.clear();
+            match writable_spans(chain, mem, &mut self.spare_spans) {
+                Ok(cap) => self.chains.push_back((head, cap, std::mem::take(&mut self.spare_spans))),
+                Err(reason) => {
+                    // The bad buffer goes back empty at once; the frame it was meant for is dropped.
+                    if let Err(e) = state.add_used(head, 0) {
+                        tracing::debug!("receive queue: returning chain {head}: {e}");
+                    }
+                    *used = true;
+                    self.contiguous = false;
+                    self.to_guest.drops.add(reason, 1);
+                    self.pending = None;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Reads the next frame from the TAP queue into the receive buffer: where the guest's header and frame start in
+    /// it and how long they are, or None when the TAP has nothing (or failed).
+    fn read_tap(&mut self, tap: &Queue, negotiated: Negotiated) -> Option<(usize, usize)> {
+        loop {
+            let n = match tap.recv_raw(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) if e.is_interrupted() => continue,
+                Err(e) if e.is_would_block() => return None,
+                Err(e) => {
+                    tracing::warn!("reading {}: {e}", tap.name());
+                    return None;
+                }
+            };
+            self.to_guest.reads += 1;
+            if n > self.buf.len() {
+                self.to_guest.drops.add(DropReason::TooBig, 1);
+                continue;
+            }
+            if n < TAP_VNET_HDR {
+                self.to_guest.drops.add(DropReason::Malformed, 1);
+                continue;
+            }
+            // A legacy guest's header is the first 10 bytes: moved up to sit right before the frame.
+            let start = TAP_VNET_HDR - negotiated.hdr_len;
+            if start > 0 {
+                self.buf.copy_within(..negotiated.hdr_len, start);
+            }
+            return Some((start, n - start));
         }
     }
 }
@@ -289,7 +501,7 @@ impl NetBackend {
         for (index, pair) in self.pairs.iter().enumerate() {
             let mut w = pair.worker();
             if w.rx.pending.take().is_some() {
-                w.to_guest.drops.add(DropReason::Stopped, 1);
+                w.rx.to_guest.drops.add(DropReason::Stopped, 1);
             }
             flush(&mut w, &self.stats, index);
             w.rx_vring = None;
@@ -313,8 +525,8 @@ impl NetBackend {
             let _ = state.disable_notification();
             while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
-                let Worker { negotiated, tx_buf, tx_hdr, tx_spans, to_tap, .. } = &mut *w;
-                self.transmit(tap, *negotiated, chain, &mem, tx_hdr, tx_spans, tx_buf, to_tap);
+                let Worker { negotiated, tx, .. } = &mut *w;
+                tx.transmit(tap, *negotiated, chain, &mem);
                 if let Err(e) = state.add_used(head, 0) {
                     tracing::debug!("transmit queue: returning chain {head}: {e}");
                 }
@@ -332,53 +544,6 @@ impl NetBackend {
         notify(&mut state, used);
     }
 
-    /// Writes the frame a transmit chain holds to the TAP, or counts why not: its header copied out and checked,
-    /// then a frame of up to [`COPY_UP_TO`] bytes copied behind it into `copy_buf` and written (a copy that
-    /// small costs less than gathering it), a longer one (a super-packet) written from guest memory where it
-    /// lies, behind the checked header, with one gathered write; one of more pieces than that write takes is
-    /// copied too.
-    #[allow(clippy::too_many_arguments)]
-    fn transmit(
-        &self,
-        tap: &Queue,
-        negotiated: Negotiated,
-        chain: DescriptorChain<&GuestMemoryMmap<()>>,
-        mem: &GuestMemoryMmap<()>,
-        hdr_buf: &mut [u8; TAP_VNET_HDR],
-        spans: &mut Vec<Span>,
-        copy_buf: &mut [u8],
-        c: &mut Counters,
-    ) {
-        c.reads += 1;
-        let frame = match take_header(chain, mem, hdr_buf, negotiated.hdr_len, MAX_PACKET, spans) {
-            Ok(frame) => frame,
-            Err(reason) => return c.drops.add(reason, 1),
-        };
-        if frame.hdr_read < negotiated.hdr_len {
-            return c.drops.add(DropReason::Malformed, 1);
-        }
-        let Some(hdr) = checked_header(negotiated, hdr_buf, frame.frame_len) else {
-            return c.drops.add(DropReason::Malformed, 1);
-        };
-        if frame.frame_len > COPY_UP_TO {
-            let mut pieces = [GuestIoSlice::EMPTY; MAX_PIECES];
-            match guest_pieces(mem, &hdr_buf[..], spans, &mut pieces) {
-                Ok(Some(count)) => {
-                    return write_frame(tap, &hdr, frame.frame_len, c, || tap.send_guest(&pieces[..count]));
-                }
-                Ok(None) => {}
-                Err(reason) => return c.drops.add(reason, 1),
-            }
-        }
-        let len = TAP_VNET_HDR + frame.frame_len;
-        copy_buf[..TAP_VNET_HDR].copy_from_slice(&hdr_buf[..]);
-        if let Err(reason) = copy_spans(mem, spans, &mut copy_buf[TAP_VNET_HDR..len]) {
-            return c.drops.add(reason, 1);
-        }
-        let frame_bytes = &copy_buf[..len];
-        write_frame(tap, &hdr, frame.frame_len, c, || tap.send_raw(frame_bytes));
-    }
-
     /// TAP to guest: frames are read from the TAP while the guest has buffers for them; when it runs out, the
     /// frame in hand waits and notifications are turned on, so that the guest's next kick resumes here.
     /// Frames are steered to pair `index`'s TAP queue while the guest uses its receive ring.
@@ -394,7 +559,8 @@ impl NetBackend {
         let mut used = false;
         loop {
             let _ = state.disable_notification();
-            match self.receive(tap, w, &mut state, &mem, &mut used) {
+            let negotiated = w.negotiated;
+            match w.rx.receive(tap, negotiated, &mut state, &mem, &mut used) {
                 Receive::TapEmpty => break,
                 Receive::NoBuffers => match state.enable_notification() {
                     Ok(true) => continue,
@@ -403,142 +569,6 @@ impl NetBackend {
             }
         }
         notify(&mut state, used);
-    }
-
-    fn receive(
-        &self,
-        tap: &Queue,
-        w: &mut Worker,
-        state: &mut VringState<GuestMem>,
-        mem: &GuestMemoryMmap<()>,
-        used: &mut bool,
-    ) -> Receive {
-        loop {
-            if w.rx.pending.is_none() {
-                match read_tap(tap, w) {
-                    Some(frame) => w.rx.pending = Some(frame),
-                    None => return Receive::TapEmpty,
-                }
-            }
-            let Some((start, len)) = w.rx.pending else { continue };
-            let Worker { negotiated, rx_buf, rx, spare_spans, to_guest, .. } = &mut *w;
-            // Gather buffers until the frame fits: one chain without mergeable buffers, as many as it takes with.
-            let mut fits = None;
-            loop {
-                let mut capacity = 0;
-                let mut chains = 0;
-                for (_, cap, _) in rx.chains.iter() {
-                    capacity += cap;
-                    chains += 1;
-                    if capacity >= len || !negotiated.mergeable {
-                        break;
-                    }
-                }
-                if chains > 0 && capacity >= len {
-                    fits = Some(chains);
-                    break;
-                }
-                if chains > 0 && !negotiated.mergeable {
-                    // The one chain is too short for this frame: it is kept for the next one.
-                    break;
-                }
-                let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
-                    return Receive::NoBuffers;
-                };
-                let head = chain.head_index();
-                spare_spans.clear();
-                match writable_spans(chain, mem, spare_spans) {
-                    Ok(cap) => rx.chains.push_back((head, cap, std::mem::take(spare_spans))),
-                    Err(reason) => {
-                        // The bad buffer goes back empty at once; the frame it was meant for is dropped.
-                        if let Err(e) = state.add_used(head, 0) {
-                            tracing::debug!("receive queue: returning chain {head}: {e}");
-                        }
-                        *used = true;
-                        rx.contiguous = false;
-                        to_guest.drops.add(reason, 1);
-                        rx.pending = None;
-                        break;
-                    }
-                }
-            }
-            if rx.pending.is_none() {
-                continue;
-            }
-            let Some(count) = fits else {
-                to_guest.drops.add(DropReason::TooBig, 1);
-                rx.pending = None;
-                continue;
-            };
-            let frame = &mut rx_buf[start..start + len];
-            if negotiated.hdr_len == VIRTIO_NET_HDR_V1_LEN {
-                frame[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_V1_LEN].copy_from_slice(&(count as u16).to_le_bytes());
-            }
-            let super_packet = VirtioNetHdrRepr::parse(frame).is_ok_and(|h| h.is_gso());
-            let mut written = 0;
-            let mut fault = None;
-            for _ in 0..count {
-                let Some((head, _, spans)) = rx.chains.pop_front() else { break };
-                let n = match write_spans(mem, &spans, &frame[written..]) {
-                    Ok(n) => n,
-                    Err(reason) => {
-                        fault = Some(reason);
-                        0
-                    }
-                };
-                written += n;
-                if let Err(e) = state.add_used(head, n as u32) {
-                    tracing::debug!("receive queue: using chain {head}: {e}");
-                }
-                *used = true;
-            }
-            if rx.chains.is_empty() {
-                rx.contiguous = true;
-            }
-            rx.pending = None;
-            match fault {
-                Some(reason) => to_guest.drops.add(reason, 1),
-                None => {
-                    to_guest.packets += 1;
-                    to_guest.writes += 1;
-                    to_guest.bytes += (len - negotiated.hdr_len) as u64;
-                    if super_packet {
-                        to_guest.super_packets += 1;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Reads the next frame from the TAP queue into the receive buffer: where the guest's header and frame start in
-/// it and how long they are, or None when the TAP has nothing (or failed).
-fn read_tap(tap: &Queue, w: &mut Worker) -> Option<(usize, usize)> {
-    loop {
-        let n = match tap.recv_raw(&mut w.rx_buf) {
-            Ok(n) => n,
-            Err(e) if e.is_interrupted() => continue,
-            Err(e) if e.is_would_block() => return None,
-            Err(e) => {
-                tracing::warn!("reading {}: {e}", tap.name());
-                return None;
-            }
-        };
-        w.to_guest.reads += 1;
-        if n > w.rx_buf.len() {
-            w.to_guest.drops.add(DropReason::TooBig, 1);
-            continue;
-        }
-        if n < TAP_VNET_HDR {
-            w.to_guest.drops.add(DropReason::Malformed, 1);
-            continue;
-        }
-        // A legacy guest's header is the first 10 bytes: moved up to sit right before the frame.
-        let start = TAP_VNET_HDR - w.negotiated.hdr_len;
-        if start > 0 {
-            w.rx_buf.copy_within(..w.negotiated.hdr_len, start);
-        }
-        return Some((start, n - start));
     }
 }
 
@@ -606,7 +636,7 @@ fn notify(state: &mut VringState<GuestMem>, used: bool) {
 
 /// Adds the worker's counters to the shared ones: the backend's and its queue pair's (`pair`).
 fn flush(w: &mut Worker, stats: &VhostUserStats, pair: usize) {
-    stats.add(pair, &std::mem::take(&mut w.to_tap), &std::mem::take(&mut w.to_guest));
+    stats.add(pair, &std::mem::take(&mut w.tx.to_tap), &std::mem::take(&mut w.rx.to_guest));
 }
 
 impl VhostUserBackend for NetBackend {
@@ -641,7 +671,7 @@ impl VhostUserBackend for NetBackend {
             let mut w = pair.worker();
             w.negotiated = Negotiated::new(0);
             if w.rx.pending.take().is_some() {
-                w.to_guest.drops.add(DropReason::Stopped, 1);
+                w.rx.to_guest.drops.add(DropReason::Stopped, 1);
             }
             // The rings start over: the buffers taken from them are the guest's again.
             w.rx.chains.clear();
