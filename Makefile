@@ -39,6 +39,8 @@ lint:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --all-features --no-deps --quiet
 	# One path per module inside the library, and no import cycle between its folders.
 	scripts/check-imports.py
+	# Files of at most 800 lines, no too_many_arguments allowance, BENCHMARKS.md of at most 350 lines.
+	scripts/check-shape.sh
 
 # Every test that cannot run here (no root, a kernel feature or tool missing) adds a line to this log (the skip
 # rule in crates/turbotun/tests/common/skip.rs); the summary counts them and fails the run if there are any.
