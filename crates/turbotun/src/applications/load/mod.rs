@@ -28,7 +28,6 @@
 
 use std::time::Duration;
 
-
 pub use generator::{Generator, GeneratorReport, SendErrors};
 pub use sink::{FlowReport, Sink, SinkBuilder, SinkReport, DEFAULT_RCVBUF};
 
