@@ -15,13 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
-use blake2::digest::consts::U16;
-use blake2::digest::{FixedOutput, KeyInit, Update};
-use blake2::{Blake2s256, Blake2sMac, Digest};
 use serde::{Deserialize, Serialize};
+use turbotun_wg::message::{self, Initiation, INITIATION_LEN};
 
-/// A handshake initiation: type, sender index, ephemeral key, sealed static key, sealed timestamp, mac1, mac2.
-pub const INITIATION_LEN: usize = 148;
 /// Initiations per `sendmmsg`.
 const BATCH: usize = 64;
 /// Distinct initiations sent in turn (the server keeps no memory of junk, so a few hundred are as good as new).
@@ -57,24 +53,18 @@ pub fn parse_public_key(text: &str) -> Result<[u8; 32]> {
     }
 }
 
-/// mac1 over `message` (all of it but the two MACs) for the holder of `public`: keyed BLAKE2s-128 whose key is
-/// BLAKE2s-256("mac1----" || public).
-fn set_mac1(message: &mut [u8; INITIATION_LEN], mac1_key: &[u8; 32]) {
-    let mut mac = <Blake2sMac<U16> as KeyInit>::new_from_slice(mac1_key).expect("a 32-byte BLAKE2s key");
-    mac.update(&message[..INITIATION_LEN - 32]);
-    let tag: [u8; 16] = mac.finalize_fixed().into();
-    message[INITIATION_LEN - 32..INITIATION_LEN - 16].copy_from_slice(&tag);
-}
-
 /// `count` initiations with random content and a valid mac1 for `server_public`, back to back.
 pub fn forged_initiations(server_public: &[u8; 32], count: usize) -> Vec<u8> {
-    let mac1_key: [u8; 32] = Blake2s256::new().chain_update(b"mac1----").chain_update(server_public).finalize().into();
+    let mac1_key = message::mac1_key(server_public);
     let mut out = Vec::with_capacity(count * INITIATION_LEN);
     for _ in 0..count {
         let mut m = [0u8; INITIATION_LEN];
-        fastrand::fill(&mut m[4..INITIATION_LEN - 32]);
-        m[..4].copy_from_slice(&[1, 0, 0, 0]);
-        set_mac1(&mut m, &mac1_key);
+        let mut initiation = Initiation::start(&mut m);
+        initiation.set_sender(fastrand::u32(..));
+        fastrand::fill(initiation.ephemeral_mut());
+        fastrand::fill(initiation.sealed_static_mut());
+        fastrand::fill(initiation.sealed_timestamp_mut());
+        message::set_mac1(&mut m, &mac1_key);
         out.extend_from_slice(&m);
     }
     out
@@ -147,23 +137,33 @@ pub fn run(dest: SocketAddr, key: Option<&str>, sources: &[IpAddr], rate: u64, s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use blake2::digest::consts::U16;
+    use blake2::digest::{FixedOutput, KeyInit, Update};
+    use blake2::{Blake2s256, Blake2sMac, Digest};
+    use turbotun_wg::message::field::initiation;
 
     #[test]
     fn initiations_carry_a_valid_mac1_and_random_content() {
         let public = [7u8; 32];
         let pool = forged_initiations(&public, 3);
+        // mac1 as the protocol defines it, computed here on its own (keyed BLAKE2s-128 whose key is
+        // BLAKE2s-256("mac1----" || public)), not by the code that wrote the messages.
         let key: [u8; 32] = Blake2s256::new().chain_update(b"mac1----").chain_update(public).finalize().into();
         let messages: Vec<&[u8]> = pool.chunks(INITIATION_LEN).collect();
         assert_eq!(messages.len(), 3);
         for m in &messages {
             assert_eq!(m[..4], [1, 0, 0, 0]);
             let mut mac = <Blake2sMac<U16> as KeyInit>::new_from_slice(&key).unwrap();
-            mac.update(&m[..116]);
+            mac.update(&m[..initiation::MAC1.start]);
             let expected: [u8; 16] = mac.finalize_fixed().into();
-            assert_eq!(m[116..132], expected);
-            assert_eq!(m[132..], [0u8; 16], "no mac2: the flooder has no cookie");
+            assert_eq!(m[initiation::MAC1], expected);
+            assert_eq!(m[initiation::MAC2], [0u8; 16], "no mac2: the flooder has no cookie");
         }
-        assert_ne!(messages[0][8..40], messages[1][8..40], "each its own ephemeral key");
+        assert_ne!(
+            messages[0][initiation::EPHEMERAL],
+            messages[1][initiation::EPHEMERAL],
+            "each its own ephemeral key"
+        );
     }
 
     #[test]
