@@ -7,8 +7,8 @@
 
 use std::io;
 
-use crate::configuration::netlink::NetlinkError;
-use crate::deployment::handover::HandoverError;
+use crate::configuration::netlink::error::NetlinkError;
+use crate::deployment::handover::error::HandoverError;
 use crate::devices::offloads::{Offloads, UnknownOffload};
 
 /// Errors from opening, configuring and using TUN/TAP devices.
@@ -565,7 +565,7 @@ mod tests {
     /// read as they did when they were variants of `Error`, and keep their errno and `io::ErrorKind`.
     #[test]
     fn test_wrapped_errors_keep_their_messages() {
-        use crate::deployment::handover::PeerCredentials;
+        use crate::deployment::handover::error::PeerCredentials;
 
         let enodev = || io::Error::from_raw_os_error(libc::ENODEV);
         let netlink = Error::from(NetlinkError { context: "setting the MTU of tun9".into(), source: enodev() });

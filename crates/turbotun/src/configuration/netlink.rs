@@ -24,7 +24,7 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::error::{Error, Result};
 
-mod error;
+pub(crate) mod error;
 pub use error::NetlinkError;
 
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the

@@ -18,7 +18,7 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use crate::configuration::netlink::NetlinkError;
+use crate::configuration::netlink::error::NetlinkError;
 use crate::error::{Error, Result};
 use crate::sys;
 

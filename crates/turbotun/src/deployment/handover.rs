@@ -56,7 +56,7 @@ use crate::devices::stop::StopHandle;
 use crate::error::{validate_ifname, Error, Result};
 use crate::sys::{self, iff};
 
-mod error;
+pub(crate) mod error;
 pub use error::{HandoverError, PeerCredentials};
 
 /// The header version this build writes and reads.

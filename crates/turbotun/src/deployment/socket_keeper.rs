@@ -51,7 +51,7 @@ pub fn keep_socket(spec: &OsStr) -> Result<()> {
                 .ok_or_else(|| Error::InvalidConfig(format!("{KEEPER_ENV}={line}: expected INODE:PATH")))
         })
         .collect::<Result<Vec<_>>>()?;
-    crate::privilege::give_up_capabilities()?;
+    crate::deployment::privilege::give_up_capabilities()?;
     let mut sink = Vec::new();
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
     for (inode, path) in sockets {

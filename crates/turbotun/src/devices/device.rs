@@ -1,4 +1,5 @@
-//! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd), and [`Capabilities`].
+//! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd); what the kernel supports is
+//! [`Capabilities`](crate::Capabilities).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -9,7 +10,6 @@ use crate::devices::queue::Queue;
 use crate::error::{permission_or_io, validate_ifname, Error, Result};
 use crate::sys::{self, iff};
 
-pub use crate::devices::capabilities::Capabilities;
 pub use crate::devices::mode::Mode;
 pub use crate::devices::offloads::{Offloads, UnknownOffload};
 
@@ -408,7 +408,7 @@ impl DeviceBuilder {
     fn check_existing(&self, link: &LinkInfo) -> Result<()> {
         let name = link.name.clone();
         let Some(tun) = &link.tun else {
-            return Err(not_tun_tap(link));
+            return Err(crate::devices::inspect::not_tun_tap(link));
         };
         let differ = |difference: String| Err(Error::FramingMismatch { name: name.clone(), difference });
         if tun.is_tap() != (self.mode == Mode::Tap) {
@@ -539,13 +539,6 @@ pub const MAX_QUEUES: usize = 256;
 fn busy(name: &str, exclusive: bool) -> Error {
     let holders = crate::devices::inspect::queue_holder_processes(name);
     Error::Busy { name: name.to_string(), exclusive, holders }
-}
-
-/// The error for a link that exists and is not TUN/TAP, naming what it is.
-pub(crate) fn not_tun_tap(link: &LinkInfo) -> Error {
-    let kind =
-        link.kind.clone().unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
-    Error::NotTunTap { name: link.name.clone(), kind }
 }
 
 /// The link of that name in this namespace, if there is one (`None` too when netlink cannot tell: the open
