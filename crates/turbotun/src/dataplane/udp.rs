@@ -36,8 +36,8 @@ use rustix::event::PollFlags;
 use rustix::net::sockopt;
 
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 pub use crate::sys::udp::{LocalAddr, RecvMeta, MAX_MMSG};
@@ -483,7 +483,7 @@ impl TunnelSocket {
 
     /// Waits until a datagram can be read, `timeout` passes or `stop` fires (false for the last two).
     pub fn wait_readable(&self, stop: Option<&StopHandle>, timeout: Option<Duration>) -> Result<bool> {
-        crate::devices::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
+        crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
     }
 
     /// Blocking or non-blocking mode (a new socket is non-blocking). On a blocking socket a full send buffer is
@@ -636,7 +636,7 @@ impl TunnelSocket {
                 }
                 if errno == libc::EAGAIN {
                     let room = Some(Duration::from_millis(100));
-                    crate::devices::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, room)?;
+                    crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, room)?;
                 }
                 Ok(Retry::Again)
             }
