@@ -9,7 +9,7 @@ use turbotun::echo::{EchoBuilder, EchoMode, EchoStats};
 use turbotun::netlink::Netlink;
 use turbotun::Mode;
 
-use crate::inspect_cmd::QueueingArgs;
+use crate::device_cmd::QueueingArgs;
 
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

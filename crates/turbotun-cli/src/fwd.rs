@@ -13,7 +13,7 @@ use turbotun::stats_socket::Report;
 use turbotun::{Mode, Queue, StopHandle};
 
 use crate::counters::{CountersArgs, Sampler, Sink};
-use crate::inspect_cmd::QueueingArgs;
+use crate::device_cmd::QueueingArgs;
 
 /// `--mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -6,10 +6,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 mod args;
 mod bench;
 mod counters;
+mod device_cmd;
 mod echo_cmd;
 mod fwd;
 mod help;
-mod inspect_cmd;
 mod load_cmd;
 mod logging;
 mod open;
@@ -29,15 +29,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// What this kernel's tun driver supports (each feature probed, not assumed).
-    Features(inspect_cmd::FeaturesArgs),
+    Features(device_cmd::FeaturesArgs),
     /// Every TUN/TAP device in this network namespace, or one: flags, queues, offloads, addresses, counters.
-    Info(inspect_cmd::InfoArgs),
+    Info(device_cmd::InfoArgs),
     /// Create a persistent TUN/TAP device (optionally on a bridge, with a MAC, carrier off, filters).
-    Create(inspect_cmd::CreateArgs),
+    Create(device_cmd::CreateArgs),
     /// Change a device's layer-2 settings: bridge, MAC, carrier, TX filter, eBPF filter.
-    Set(inspect_cmd::SetArgs),
+    Set(device_cmd::SetArgs),
     /// Delete a persistent TUN/TAP device.
-    Delete(inspect_cmd::DeleteArgs),
+    Delete(device_cmd::DeleteArgs),
     /// Forward packets between two devices (created if missing) until SIGINT/SIGTERM.
     Fwd(fwd::FwdArgs),
     /// Answer what the kernel sends into a device (ARP, ND, ping, UDP; never TCP) until SIGINT/SIGTERM.
@@ -99,11 +99,11 @@ fn main() -> std::process::ExitCode {
     }
     let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
-        Command::Features(args) => inspect_cmd::features(&args),
-        Command::Info(args) => inspect_cmd::info(&args),
-        Command::Create(args) => inspect_cmd::create(&args),
-        Command::Set(args) => inspect_cmd::set(&args),
-        Command::Delete(args) => inspect_cmd::delete(&args),
+        Command::Features(args) => device_cmd::features(&args),
+        Command::Info(args) => device_cmd::info(&args),
+        Command::Create(args) => device_cmd::create(&args),
+        Command::Set(args) => device_cmd::set(&args),
+        Command::Delete(args) => device_cmd::delete(&args),
         Command::Fwd(args) => fwd::run(&args),
         Command::Echo(args) => echo_cmd::run(&args),
         Command::Open(args) => open::run(&args),

@@ -21,12 +21,25 @@ pub fn start(program: &str) -> Option<ExitCode> {
     None
 }
 
+/// An error the background process has reported already (to the process that started it, or in its log):
+/// the program exits with a failure without printing it again.
+#[derive(Debug)]
+pub struct AlreadyReported;
+
+impl std::fmt::Display for AlreadyReported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reported")
+    }
+}
+
+impl std::error::Error for AlreadyReported {}
+
 /// The exit status of a command's result: 0, or 1 with the error on one line of standard error (`PROGRAM:
 /// error: cause`), once. Usage errors exit with 2 before this (clap).
 pub fn finish(program: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) if err.downcast_ref::<crate::wg_cmd::AlreadyReported>().is_some() => ExitCode::FAILURE,
+        Err(err) if err.downcast_ref::<AlreadyReported>().is_some() => ExitCode::FAILURE,
         Err(err) => {
             eprintln!("{program}: {}", error_text(&err));
             ExitCode::FAILURE

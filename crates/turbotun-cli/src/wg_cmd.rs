@@ -45,19 +45,6 @@ pub fn standalone_command() -> clap::Command {
     crate::help::decorate(WgArgs::augment_args(cmd))
 }
 
-/// An error the background process has reported already (to the process that started it, or in its log):
-/// the program exits with a failure without printing it again.
-#[derive(Debug)]
-pub struct AlreadyReported;
-
-impl std::fmt::Display for AlreadyReported {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("reported")
-    }
-}
-
-impl std::error::Error for AlreadyReported {}
-
 /// Runs the endpoint; `again` is how this program is invoked for it (`["wg"]` for `turbotun`, nothing for
 /// `turbotun-wg`), to start it again in the background.
 pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
@@ -139,7 +126,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
                 // The starting process prints it, once.
                 println!("{}{text}", daemon::START_ERROR_PREFIX);
             }
-            return Err(AlreadyReported.into());
+            return Err(crate::process::AlreadyReported.into());
         }
         Err(e) => return Err(e.into()),
     };

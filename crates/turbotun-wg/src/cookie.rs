@@ -14,8 +14,8 @@ use rand_core::{OsRng, RngCore};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
+use crate::blake2s;
 use crate::message::{field, macs_at, set_mac1, CookieReply, COOKIE_REPLY_LEN};
-use crate::noise;
 
 /// How long a cookie secret lives (and so a cookie), as the kernel's COOKIE_SECRET_MAX_AGE.
 pub(crate) const COOKIE_SECRET_MAX_AGE: Duration = Duration::from_secs(120);
@@ -32,7 +32,7 @@ const MAX_SOURCES: usize = 16_384;
 /// Whether `message`'s mac1 is the one `mac1_key` (HASH(LABEL_MAC1 || receiver's public key)) gives.
 pub(crate) fn mac1_valid(mac1_key: &[u8; 32], message: &[u8]) -> bool {
     let (mac1_at, mac2_at) = macs_at(message.len());
-    let expected = noise::mac(mac1_key, &[&message[..mac1_at]]);
+    let expected = blake2s::mac(mac1_key, &[&message[..mac1_at]]);
     bool::from(expected.ct_eq(&message[mac1_at..mac2_at]))
 }
 
@@ -100,7 +100,7 @@ impl CookieChecker {
             self.secret_born = now;
         }
         let mut buf = [0u8; 18];
-        noise::mac(&*self.secret, &[source_bytes(from, &mut buf)])
+        blake2s::mac(&*self.secret, &[source_bytes(from, &mut buf)])
     }
 
     /// What `message` from `from` carries: mac1 checked with `mac1_key`; under load, also its cookie and its
@@ -121,7 +121,7 @@ impl CookieChecker {
         }
         let (_, mac2_at) = macs_at(message.len());
         let cookie = self.cookie(from, now);
-        let expected = noise::mac(&cookie, &[&message[..mac2_at]]);
+        let expected = blake2s::mac(&cookie, &[&message[..mac2_at]]);
         if !bool::from(expected.ct_eq(&message[mac2_at..])) {
             return MacState::ValidMacNoCookie;
         }
@@ -254,7 +254,7 @@ impl CookieJar {
         let fresh =
             self.cookie.filter(|(_, born)| now.duration_since(*born) < COOKIE_SECRET_MAX_AGE - COOKIE_SECRET_LATENCY);
         let mac2 = match fresh {
-            Some((cookie, _)) => noise::mac(&cookie, &[&message[..mac2_at]]),
+            Some((cookie, _)) => blake2s::mac(&cookie, &[&message[..mac2_at]]),
             None => [0; 16],
         };
         message[mac2_at..].copy_from_slice(&mac2);
@@ -281,7 +281,7 @@ impl CookieJar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::noise::{hash, LABEL_COOKIE, LABEL_MAC1};
+    use crate::blake2s::{hash, LABEL_COOKIE, LABEL_MAC1};
 
     fn keys(public: &[u8; 32]) -> ([u8; 32], [u8; 32]) {
         (hash(&[LABEL_MAC1, public]), hash(&[LABEL_COOKIE, public]))

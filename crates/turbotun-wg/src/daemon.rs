@@ -358,8 +358,14 @@ fn run_engine(
             .map_err(|e| turbotun::Error::Io { context: "spawning the engine".into(), source: e })?;
         let next = watch_engine(&engine, wg, &queues[0], configuration, stop, socket_file);
         engine_stop.stop();
-        let result =
-            engine.join().unwrap_or_else(|_| Err(turbotun::Error::InvalidConfig("the engine panicked".into())));
+        let result = engine.join().unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(turbotun::Error::WorkerPanicked { worker: "the engine".into(), message })
+        });
         match next {
             Some(new) => sockets = new,
             None => {

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod blake2s;
 pub mod config;
 mod cookie;
 pub mod daemon;

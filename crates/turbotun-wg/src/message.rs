@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use crate::noise;
+use crate::blake2s;
 
 /// Message type 1: handshake initiation, 148 bytes.
 pub const INITIATION_LEN: usize = 148;
@@ -147,14 +147,14 @@ pub fn macs_at(message_len: usize) -> (usize, usize) {
 
 /// The key a handshake message's mac1 is made with for the holder of `public`: HASH(LABEL_MAC1 || public).
 pub fn mac1_key(public: &[u8; 32]) -> [u8; 32] {
-    noise::hash(&[noise::LABEL_MAC1, public])
+    blake2s::hash(&[blake2s::LABEL_MAC1, public])
 }
 
 /// Writes the mac1 of a handshake message (an initiation or a response, over everything before its MACs) made
 /// with `mac1_key` ([`mac1_key`] of the receiver's public key); returns it.
 pub fn set_mac1(message: &mut [u8], mac1_key: &[u8; 32]) -> [u8; 16] {
     let (mac1_at, mac2_at) = macs_at(message.len());
-    let mac1 = noise::mac(mac1_key, &[&message[..mac1_at]]);
+    let mac1 = blake2s::mac(mac1_key, &[&message[..mac1_at]]);
     message[mac1_at..mac2_at].copy_from_slice(&mac1);
     mac1
 }

@@ -11,9 +11,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use blake2::digest::consts::U16;
-use blake2::digest::{Digest, KeyInit, Mac};
-use blake2::{Blake2s256, Blake2sMac};
+use blake2::digest::{KeyInit, Mac};
+use blake2::Blake2s256;
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::ChaCha20Poly1305;
 use std::sync::Mutex;
@@ -23,37 +22,15 @@ use rand_core::OsRng;
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
+use crate::blake2s::{hash, LABEL_COOKIE, LABEL_MAC1};
 use crate::message::{Initiation, Response, INITIATION_LEN, RESPONSE_LEN, TAG_LEN};
 
 /// The Noise protocol name, the first input of every handshake's chaining key.
 const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 /// WireGuard's prologue.
 const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
-/// The label of the key that MACs a message for its receiver (mac1).
-pub(crate) const LABEL_MAC1: &[u8] = b"mac1----";
-/// The label of the key that encrypts cookie replies.
-pub(crate) const LABEL_COOKIE: &[u8] = b"cookie--";
-
 /// A 32-byte secret (a chaining key, a derived key), zeroed when dropped.
 pub(crate) type Secret = Zeroizing<[u8; 32]>;
-
-/// BLAKE2s-256 of the concatenated `parts`.
-pub(crate) fn hash(parts: &[&[u8]]) -> [u8; 32] {
-    let mut h = Blake2s256::new();
-    for part in parts {
-        Digest::update(&mut h, part);
-    }
-    h.finalize().into()
-}
-
-/// Keyed BLAKE2s with a 16-byte output (WireGuard's MAC), over the concatenated `parts`; `key` is 16 or 32 bytes.
-pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 16] {
-    let mut m = <Blake2sMac<U16> as KeyInit>::new_from_slice(key).expect("BLAKE2s takes keys of up to 32 bytes");
-    for part in parts {
-        Mac::update(&mut m, part);
-    }
-    m.finalize().into_bytes().into()
-}
 
 /// HMAC-BLAKE2s-256.
 fn hmac(key: &[u8], parts: &[&[u8]]) -> Secret {

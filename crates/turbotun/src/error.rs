@@ -7,8 +7,8 @@
 
 use std::io;
 
-use crate::configuration::netlink::NetlinkError;
-use crate::deployment::handover::HandoverError;
+use crate::configuration::netlink::error::NetlinkError;
+use crate::deployment::handover::error::HandoverError;
 use crate::devices::offloads::{Offloads, UnknownOffload};
 
 /// Errors from opening, configuring and using TUN/TAP devices.
@@ -251,9 +251,9 @@ pub enum Error {
     },
 
     /// A request that cannot be carried out as given (options that contradict each other or the device); the
-    /// message says what to change.
+    /// variant names what is wrong and the message says what to change.
     #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
+    Config(#[from] ConfigError),
 
     /// A frame read from a device cannot be parsed or split.
     #[error("malformed packet from {device} (at byte {offset}): {reason}")]
@@ -308,6 +308,228 @@ pub enum Error {
     },
 }
 
+/// What is wrong with a request that cannot be carried out as given ([`Error::Config`]); each message says what to
+/// change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// An offload list that does not parse ([`Offloads::parse`]).
+    #[error(transparent)]
+    UnknownOffload(#[from] UnknownOffload),
+
+    /// Offloads asked for without the virtio header that carries them.
+    #[error("offloads {offloads} need the virtio header: add vnet_hdr(10)")]
+    OffloadsNeedVnetHdr {
+        /// The offloads asked for.
+        offloads: Offloads,
+    },
+
+    /// UDP tunnel offloads asked for with a virtio header too short for the tunnel offsets.
+    #[error(
+        "UDP tunnel offloads need the {len}-byte virtio header, which holds the tunnel offsets: use vnet_hdr({len})"
+    )]
+    UdpTunnelNeedsVnetHdr {
+        /// The virtio header size they need.
+        len: usize,
+    },
+
+    /// Offloads the kernel grants only together with others.
+    #[error("{rule}")]
+    OffloadCombination {
+        /// Which offloads go together, and what to add.
+        rule: &'static str,
+    },
+
+    /// Offloads stated for a queue that has no virtio header to carry them.
+    #[error("{name} has no virtio header, so it can have no offloads ({offloads} stated)")]
+    OffloadsWithoutVnetHdr {
+        /// The device's name.
+        name: String,
+        /// The offloads stated.
+        offloads: Offloads,
+    },
+
+    /// A single-packet read on a queue whose reads may be super-packets.
+    #[error(
+        "{name} has segmentation offloads ({offloads}): a read may be a super-packet, use recv_with_hdr or RecvBatch"
+    )]
+    SuperPackets {
+        /// The device's name.
+        name: String,
+        /// Its offloads.
+        offloads: Offloads,
+    },
+
+    /// No queue where at least one is needed.
+    #[error("{needs}")]
+    NoQueue {
+        /// What needs one.
+        needs: &'static str,
+    },
+
+    /// A number of queues (or of the sockets that go with them) that does not fit.
+    #[error("{why}")]
+    QueueCount {
+        /// The numbers, and the rule they break.
+        why: String,
+    },
+
+    /// Queues added to, or opened on, a device without `IFF_MULTI_QUEUE`.
+    #[error("{}", if *existing {
+        format!("device {name} exists without multi_queue: open it with multi_queue(false), or delete it and create \
+                 it again with multi_queue(true)")
+    } else {
+        format!("{name} was opened without IFF_MULTI_QUEUE: open it with multi_queue(true) to add queues later")
+    })]
+    NotMultiQueue {
+        /// The device's name.
+        name: String,
+        /// Whether the device existed before this open (else it was opened so by this process).
+        existing: bool,
+    },
+
+    /// Two queues whose virtio header sizes differ, given to something that passes frames through as they are.
+    #[error("{a} has a {a_len}-byte virtio header and {b} a {b_len}-byte one: {needs}")]
+    VnetHdrSizesDiffer {
+        /// The first queue's device.
+        a: String,
+        /// Its virtio header size.
+        a_len: usize,
+        /// The second queue's device.
+        b: String,
+        /// Its virtio header size.
+        b_len: usize,
+        /// Why they must be the same.
+        needs: &'static str,
+    },
+
+    /// A queue whose virtio header size does not fit the mode it is used in.
+    #[error("{name} has a {len}-byte virtio header: {needs}")]
+    VnetHdrSize {
+        /// The device's name.
+        name: String,
+        /// Its virtio header size.
+        len: usize,
+        /// What the mode needs.
+        needs: String,
+    },
+
+    /// Queues of the wrong devices: two that must differ, or several that must be one.
+    #[error("{why}")]
+    Devices {
+        /// The devices, and the rule they break.
+        why: String,
+    },
+
+    /// Options that contradict each other.
+    #[error("{why}")]
+    Conflict {
+        /// Which options, and which to change.
+        why: String,
+    },
+
+    /// A size or count (a buffer, an offset, a ring, a batch, a datagram, a duration) outside what works.
+    #[error("{why}")]
+    Size {
+        /// The value and the range it must lie in.
+        why: String,
+    },
+
+    /// A TAP TX filter the kernel would not apply as meant.
+    #[error("{why}")]
+    TxFilter {
+        /// What is wrong with its addresses.
+        why: String,
+    },
+
+    /// A MAC address that does not parse.
+    #[error("{text:?} is not a MAC address (aa:bb:cc:dd:ee:ff)")]
+    MacAddress {
+        /// The text given.
+        text: String,
+    },
+
+    /// A hand-over message received that does not parse or does not match the fds that came with it.
+    #[error("queue hand-over message refused: {why}")]
+    HandoverMessage {
+        /// What is wrong with it.
+        why: String,
+    },
+
+    /// Queues or fds that cannot be handed over as given.
+    #[error("{why}")]
+    Handover {
+        /// What is wrong.
+        why: String,
+    },
+
+    /// A user or group given to drop privileges to, or to own a device, that cannot be used.
+    #[error("{why}")]
+    User {
+        /// What is wrong with it.
+        why: String,
+    },
+
+    /// Privileges that cannot be dropped as asked, or that did not drop.
+    #[error("{why}")]
+    PrivilegeDrop {
+        /// What is wrong.
+        why: String,
+    },
+
+    /// A uid or gid the kernel refused for a device's owner or group.
+    #[error("{request} refused {id}: not a valid {kind} in this user namespace")]
+    IdRefused {
+        /// The ioctl (`TUNSETOWNER`, `TUNSETGROUP`).
+        request: &'static str,
+        /// The id given.
+        id: u32,
+        /// `uid` or `gid`.
+        kind: &'static str,
+    },
+
+    /// A path for a socket (or the directory of sockets) that cannot be used.
+    #[error("{} {why}", path.display())]
+    SocketPath {
+        /// The path.
+        path: std::path::PathBuf,
+        /// What is wrong with it, and what to do.
+        why: String,
+    },
+
+    /// A counters socket whose answer does not parse.
+    #[error("{socket} answered a bad report: {reason}")]
+    StatsReport {
+        /// The socket, as shown.
+        socket: String,
+        /// What is wrong with the report.
+        reason: String,
+    },
+
+    /// A line of the socket keeper's variable that is not `INODE:PATH`.
+    #[error("{var}={line}: expected INODE:PATH")]
+    KeeperSpec {
+        /// The variable's name.
+        var: &'static str,
+        /// The line.
+        line: String,
+    },
+
+    /// A link that is not what a request on it needs (a bridge that is not one, a VXLAN's mixed address families).
+    #[error("{why}")]
+    Link {
+        /// What is wrong.
+        why: String,
+    },
+
+    /// A network namespace path that cannot be a path (it contains a NUL byte).
+    #[error("namespace path {} contains a NUL byte", path.display())]
+    NamespacePath {
+        /// The path.
+        path: std::path::PathBuf,
+    },
+}
+
 /// Why a frame read from a device cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -359,9 +581,9 @@ impl Malformed {
 }
 
 impl From<UnknownOffload> for Error {
-    /// An offload list that does not parse is a configuration to change: [`Error::InvalidConfig`].
+    /// An offload list that does not parse is a configuration to change: [`ConfigError::UnknownOffload`].
     fn from(e: UnknownOffload) -> Error {
-        Error::InvalidConfig(e.to_string())
+        Error::Config(ConfigError::UnknownOffload(e))
     }
 }
 
@@ -441,7 +663,7 @@ impl From<Error> for io::Error {
             Error::NoTunDevice | Error::NoSuchDevice { .. } => io::ErrorKind::NotFound,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::InvalidName { .. }
-            | Error::InvalidConfig(_)
+            | Error::Config(_)
             | Error::UnsupportedVnetHdr { .. }
             | Error::PacketInfo { .. }
             | Error::VnetHdrMismatch { .. }
@@ -565,7 +787,7 @@ mod tests {
     /// read as they did when they were variants of `Error`, and keep their errno and `io::ErrorKind`.
     #[test]
     fn test_wrapped_errors_keep_their_messages() {
-        use crate::deployment::handover::PeerCredentials;
+        use crate::deployment::handover::error::PeerCredentials;
 
         let enodev = || io::Error::from_raw_os_error(libc::ENODEV);
         let netlink = Error::from(NetlinkError { context: "setting the MTU of tun9".into(), source: enodev() });
@@ -593,6 +815,57 @@ mod tests {
              udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none)"
         );
         assert_eq!(io::Error::from(unknown).kind(), io::ErrorKind::InvalidInput);
+    }
+
+    /// `ConfigError`'s variants read as the `invalid configuration: ...` lines they replaced (docs/RELIABILITY.md
+    /// quotes some), and are `InvalidInput` as an `io::Error`.
+    #[test]
+    fn test_config_errors_keep_their_messages() {
+        let cases = [
+            (
+                ConfigError::NotMultiQueue { name: "tt0".into(), existing: true },
+                "device tt0 exists without multi_queue: open it with multi_queue(false), or delete it and create it \
+                 again with multi_queue(true)",
+            ),
+            (
+                ConfigError::NotMultiQueue { name: "tt0".into(), existing: false },
+                "tt0 was opened without IFF_MULTI_QUEUE: open it with multi_queue(true) to add queues later",
+            ),
+            (
+                ConfigError::IdRefused { request: "TUNSETOWNER", id: 4294967295, kind: "uid" },
+                "TUNSETOWNER refused 4294967295: not a valid uid in this user namespace",
+            ),
+            (
+                ConfigError::SocketPath {
+                    path: "/tmp/nots".into(),
+                    why: "exists and is not a socket: remove it".into(),
+                },
+                "/tmp/nots exists and is not a socket: remove it",
+            ),
+            (
+                ConfigError::HandoverMessage { why: "mode 7 is neither 0 (tun) nor 1 (tap)".into() },
+                "queue hand-over message refused: mode 7 is neither 0 (tun) nor 1 (tap)",
+            ),
+            (
+                ConfigError::VnetHdrSizesDiffer {
+                    a: "a".into(),
+                    a_len: 10,
+                    b: "b".into(),
+                    b_len: 12,
+                    needs: "passthrough forwards headers as they are",
+                },
+                "a has a 10-byte virtio header and b a 12-byte one: passthrough forwards headers as they are",
+            ),
+            (
+                ConfigError::KeeperSpec { var: "TURBOTUN_KEEP", line: "x".into() },
+                "TURBOTUN_KEEP=x: expected INODE:PATH",
+            ),
+        ];
+        for (config, text) in cases {
+            let e = Error::from(config);
+            assert_eq!(e.to_string(), format!("invalid configuration: {text}"));
+            assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);
+        }
     }
 
     #[test]

@@ -61,12 +61,15 @@ mod dataplane;
 mod deployment;
 mod devices;
 pub mod error;
+// The stop handle ends engines (the dataplane fires it) and a queue's waits watch it (devices): a file of its own
+// below both, like `error`.
+pub mod stop;
 #[allow(unsafe_code)]
 mod sys;
 
 // The public modules, flat (`turbotun::batch`, `turbotun::netlink`, ...): each is the folder module itself,
 // documented at this path, and the one path code outside the crate uses. Code inside the crate does not use
-// them (`scripts/check-imports.sh` checks it); doc comments link through them, since they are what the reader sees.
+// them (`scripts/check-imports.py` checks it); doc comments link through them, since they are what the reader sees.
 #[cfg(feature = "echo")]
 #[doc(inline)]
 pub use applications::echo;
@@ -92,7 +95,7 @@ pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
 #[doc(inline)]
 pub use deployment::{handover, privilege, socket_keeper, stats_socket};
 #[doc(inline)]
-pub use devices::{device, filter, inspect, queue, steering, stop};
+pub use devices::{device, filter, inspect, queue, steering};
 
 // The types most programs need, at the crate root as well.
 pub use dataplane::forward::{ForwardMode, Forwarder, ForwarderBuilder, IoKind};
@@ -102,8 +105,8 @@ pub use devices::device::{Device, DeviceBuilder};
 pub use devices::mode::Mode;
 pub use devices::offloads::Offloads;
 pub use devices::queue::{Queue, QueueStats};
-pub use devices::stop::StopHandle;
-pub use error::{validate_ifname, Error, Malformed, Result};
+pub use error::{validate_ifname, ConfigError, Error, Malformed, Result};
+pub use stop::StopHandle;
 /// The calling thread's effective capability set (CAP_NET_ADMIN is bit 12).
 pub use sys::effective_capabilities;
 /// `TUNSETIFF` request flags (`IFF_*`), e.g. to read [`Device::kernel_flags`].

@@ -77,8 +77,8 @@ use crate::devices::device::{Device, DeviceBuilder};
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::{Queue, MAX_PACKET};
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 
 /// IP protocol number of ICMP.
 const IPPROTO_ICMP: u8 = 1;
@@ -621,10 +621,9 @@ impl EchoBuilder {
         let name = dev.name().to_string();
         let mut queues = dev.into_queues();
         if queues.len() != 1 {
-            return Err(Error::InvalidConfig(format!(
-                "{name} has {} queues: the echo answers on one (open it with queues(1))",
-                queues.len()
-            )));
+            return Err(Error::Config(ConfigError::QueueCount {
+                why: format!("{name} has {} queues: the echo answers on one (open it with queues(1))", queues.len()),
+            }));
         }
         self.build_queue(queues.remove(0))
     }
@@ -634,16 +633,18 @@ impl EchoBuilder {
         match (self.mode, queue.vnet_hdr_len()) {
             (EchoMode::Plain, 0) | (EchoMode::Offload, VNET_HDR) => {}
             (EchoMode::Plain, n) => {
-                return Err(Error::InvalidConfig(format!(
-                    "{} has a {n}-byte virtio header: plain mode answers on a queue without one",
-                    queue.name()
-                )))
+                return Err(Error::Config(ConfigError::VnetHdrSize {
+                    name: queue.name().to_string(),
+                    len: n,
+                    needs: "plain mode answers on a queue without one".into(),
+                }))
             }
             (EchoMode::Offload, n) => {
-                return Err(Error::InvalidConfig(format!(
-                    "{} has a {n}-byte virtio header: offload mode needs a {VNET_HDR}-byte one (vnet_hdr({VNET_HDR}))",
-                    queue.name()
-                )))
+                return Err(Error::Config(ConfigError::VnetHdrSize {
+                    name: queue.name().to_string(),
+                    len: n,
+                    needs: format!("offload mode needs a {VNET_HDR}-byte one (vnet_hdr({VNET_HDR}))"),
+                }))
             }
         }
         queue.set_nonblocking(true)?;

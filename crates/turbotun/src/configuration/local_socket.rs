@@ -5,7 +5,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// Makes way for a socket to be bound at `path`: refused when a process answers there ([`Error::SocketInUse`])
 /// or when a file of another kind is in the way (the error suggests `elsewhere`); a socket nobody answers on (its
@@ -18,10 +18,10 @@ pub fn clear_stale_socket(path: &Path, elsewhere: &str) -> Result<()> {
             Err(_) => std::fs::remove_file(path)
                 .map_err(|e| Error::io(format!("removing the stale socket {}", path.display()), e)),
         },
-        Ok(_) => Err(Error::InvalidConfig(format!(
-            "{} exists and is not a socket: remove it, or {elsewhere}",
-            path.display()
-        ))),
+        Ok(_) => Err(Error::Config(ConfigError::SocketPath {
+            path: path.to_path_buf(),
+            why: format!("exists and is not a socket: remove it, or {elsewhere}"),
+        })),
         Err(_) => Ok(()),
     }
 }

@@ -22,9 +22,9 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
-mod error;
+pub(crate) mod error;
 pub use error::NetlinkError;
 
 /// Interface counters as the kernel keeps them (`IFLA_STATS64`). For a TUN/TAP device, `tx` is towards the
@@ -273,10 +273,12 @@ impl Netlink {
             Some(bridge) => {
                 let link = self.link(bridge)?;
                 if link.kind.as_deref() != Some("bridge") {
-                    return Err(Error::InvalidConfig(format!(
+                    return Err(Error::Config(ConfigError::Link {
+                        why: format!(
                         "{bridge} is not a bridge (link kind {}): create one with `ip link add {bridge} type bridge`",
                         link.kind.as_deref().unwrap_or("none")
-                    )));
+                    ),
+                    }));
                 }
                 (link.index, format!("attaching {name} to bridge {bridge}"))
             }
@@ -344,10 +346,12 @@ impl Netlink {
     pub fn create_vxlan(&mut self, vxlan: &Vxlan) -> Result<()> {
         crate::error::validate_ifname(&vxlan.name)?;
         if vxlan.local.is_ipv4() != vxlan.remote.is_ipv4() {
-            return Err(Error::InvalidConfig(format!(
-                "vxlan {}: local {} and remote {} are of different IP versions",
-                vxlan.name, vxlan.local, vxlan.remote
-            )));
+            return Err(Error::Config(ConfigError::Link {
+                why: format!(
+                    "vxlan {}: local {} and remote {} are of different IP versions",
+                    vxlan.name, vxlan.local, vxlan.remote
+                ),
+            }));
         }
         let mut data = vec![InfoVxlan::Id(vxlan.vni)];
         match (vxlan.local, vxlan.remote) {

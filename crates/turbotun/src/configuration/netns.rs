@@ -18,8 +18,8 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use crate::configuration::netlink::NetlinkError;
-use crate::error::{Error, Result};
+use crate::configuration::netlink::error::NetlinkError;
+use crate::error::{ConfigError, Error, Result};
 use crate::sys;
 
 /// Runs `f` on a new thread inside a fresh, private network namespace whose loopback is up.
@@ -69,7 +69,7 @@ where
 /// Opens a namespace file (`/run/netns/NAME`, `/proc/PID/ns/net`) for `setns` or `IFLA_NET_NS_FD`.
 pub(crate) fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::InvalidConfig(format!("namespace path {} contains a NUL byte", path.display())))?;
+        .map_err(|_| Error::Config(ConfigError::NamespacePath { path: path.to_path_buf() }))?;
     sys::open_rdonly(&c).map_err(|e| Error::io(format!("opening network namespace {}", path.display()), e))
 }
 

@@ -29,7 +29,7 @@
 //! over the arena it shares with the kernel. That every slot is in exactly one place at any time, under any
 //! sequence of batch sizes, is property-tested (`tests/ring.rs`).
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// One ring entry: which slot, and how many bytes of it are in use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,9 +56,9 @@ impl SlotRing {
     /// An empty ring of `capacity` entries (a power of two, at most 2^16).
     pub fn new(capacity: usize) -> Result<SlotRing> {
         if !capacity.is_power_of_two() || capacity > 1 << 16 {
-            return Err(Error::InvalidConfig(format!(
-                "a slot ring holds a power of two of entries up to 65536, not {capacity}"
-            )));
+            return Err(Error::Config(ConfigError::Size {
+                why: format!("a slot ring holds a power of two of entries up to 65536, not {capacity}"),
+            }));
         }
         Ok(SlotRing {
             entries: vec![Slot::default(); capacity].into_boxed_slice(),

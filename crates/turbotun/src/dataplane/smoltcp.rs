@@ -31,8 +31,8 @@ use crate::dataplane::batch::{RecvBatch, SendBatch, Sent, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason};
 use crate::devices::mode::Mode;
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 
 /// smoltcp's device over one queue. `Q` holds the queue for both halves: `&Queue` or `Arc<Queue>`.
 pub struct QueueDevice<Q: Borrow<Queue> + Clone> {

@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 
 /// How often the supervisor looks at the stop handle while no worker reports.
 const IDLE_WAIT: Duration = Duration::from_millis(100);

@@ -25,8 +25,8 @@ use turbotun_wire::Batch;
 use crate::dataplane::batch::{Progress, Received, RecvHalf, SendHalf, Sent};
 use crate::dataplane::stats::{Counters, WhenFull};
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 
 /// A queue driven by tokio. Cheap to share (`Clone`): one task may read while another writes.
 #[derive(Debug, Clone)]

@@ -10,8 +10,8 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
 use crate::error::{queue_io_error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 /// How long a write waiting for room sleeps before it looks at the stop handle again.

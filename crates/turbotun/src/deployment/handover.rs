@@ -52,11 +52,11 @@ use rustix::net::{
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
-use crate::error::{validate_ifname, Error, Result};
+use crate::error::{validate_ifname, ConfigError, Error, Result};
+use crate::stop::StopHandle;
 use crate::sys::{self, iff};
 
-mod error;
+pub(crate) mod error;
 pub use error::{HandoverError, PeerCredentials};
 
 /// The header version this build writes and reads.
@@ -91,11 +91,15 @@ impl HandoverHeader {
     pub fn encode(&self) -> Result<Vec<u8>> {
         validate_ifname(&self.name)?;
         if self.name.contains('%') {
-            return Err(Error::InvalidConfig(format!("{:?} is a name template, not a device's name", self.name)));
+            return Err(Error::Config(ConfigError::Handover {
+                why: format!("{:?} is a name template, not a device's name", self.name),
+            }));
         }
         crate::devices::vnet_hdr::check_vnet_hdr_len(&self.name, self.vnet_hdr_len)?;
         if self.queues == 0 || self.queues > MAX_QUEUES {
-            return Err(Error::InvalidConfig(format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues)));
+            return Err(Error::Config(ConfigError::QueueCount {
+                why: format!("{} queues: a hand-over carries 1 to {MAX_QUEUES}", self.queues),
+            }));
         }
         let len = FIXED_LEN + self.name.len();
         let mut out = Vec::with_capacity(len);
@@ -116,7 +120,7 @@ impl HandoverHeader {
 
     /// Parses a whole header, checking every field; the error says what is wrong.
     pub fn decode(bytes: &[u8]) -> Result<HandoverHeader> {
-        let bad = |why: String| Err(Error::InvalidConfig(format!("queue hand-over message refused: {why}")));
+        let bad = |why: String| Err(Error::Config(ConfigError::HandoverMessage { why }));
         if bytes.len() < PREFIX_LEN {
             return bad(format!("{} bytes, shorter than the {PREFIX_LEN}-byte prefix", bytes.len()));
         }
@@ -199,10 +203,9 @@ fn fd_facts(fd: BorrowedFd<'_>) -> Result<FdFacts> {
         (true, false) => Mode::Tun,
         (false, true) => Mode::Tap,
         _ => {
-            return Err(Error::InvalidConfig(format!(
-                "{} reports flags {flags:#x}: neither TUN nor TAP",
-                describe_fd(fd)
-            )))
+            return Err(Error::Config(ConfigError::Handover {
+                why: format!("{} reports flags {flags:#x}: neither TUN nor TAP", describe_fd(fd)),
+            }))
         }
     };
     let vnet_hdr_len = if flags & iff::VNET_HDR != 0 {
@@ -242,10 +245,7 @@ fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
     let facts = fd_facts(fd.as_fd())?;
     crate::devices::vnet_hdr::check_vnet_hdr_len(&facts.name, facts.vnet_hdr_len)?;
     if facts.vnet_hdr_len == 0 && !offloads.is_empty() {
-        return Err(Error::InvalidConfig(format!(
-            "{} has no virtio header, so it can have no offloads ({offloads} stated)",
-            facts.name
-        )));
+        return Err(Error::Config(ConfigError::OffloadsWithoutVnetHdr { name: facts.name, offloads }));
     }
     Ok(Queue::new(fd, Arc::from(facts.name), index, facts.mode, facts.vnet_hdr_len, offloads))
 }
@@ -255,18 +255,16 @@ fn adopt(fd: OwnedFd, offloads: Offloads, index: usize) -> Result<Queue> {
 /// open files, so the device lives on after this process closes its copies.
 pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     let Some(first) = queues.first() else {
-        return Err(Error::InvalidConfig("no queue to hand over".into()));
+        return Err(Error::Config(ConfigError::NoQueue { needs: "no queue to hand over" }));
     };
     if let Some(pi) = queues.iter().find(|q| q.packet_info()) {
         // A receiver could not tell from the fd that frames carry it.
         return Err(Error::PacketInfo { name: pi.name().to_string(), user: "a hand-over" });
     }
     if let Some(other) = queues.iter().find(|q| q.name() != first.name()) {
-        return Err(Error::InvalidConfig(format!(
-            "one hand-over carries one device's queues: {} and {} differ",
-            first.name(),
-            other.name()
-        )));
+        return Err(Error::Config(ConfigError::Devices {
+            why: format!("one hand-over carries one device's queues: {} and {} differ", first.name(), other.name()),
+        }));
     }
     let header = HandoverHeader {
         name: first.name().to_string(),
@@ -280,7 +278,9 @@ pub fn send_queues(socket: &UnixStream, queues: &[&Queue]) -> Result<()> {
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(Error::InvalidConfig(format!("{} fds do not fit one control message", fds.len())));
+        return Err(Error::Config(ConfigError::Handover {
+            why: format!("{} fds do not fit one control message", fds.len()),
+        }));
     }
     let sent = rustix::net::sendmsg(socket, &[IoSlice::new(&header)], &mut control, SendFlags::NOSIGNAL)
         .map_err(|e| Error::io(format!("sending the queues of {} (sendmsg)", first.name()), e.into()))?;
@@ -350,9 +350,9 @@ pub fn recv_queues_with_header(socket: &UnixStream) -> Result<(HandoverHeader, V
         }
     }
     if got.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(Error::InvalidConfig(format!(
-            "queue hand-over message refused: more than {MAX_QUEUES} fds (the excess was closed by the kernel)"
-        )));
+        return Err(Error::Config(ConfigError::HandoverMessage {
+            why: format!("more than {MAX_QUEUES} fds (the excess was closed by the kernel)"),
+        }));
     }
     if got.bytes == 0 {
         return Err(Error::io(
@@ -370,27 +370,26 @@ pub fn recv_queues_with_header(socket: &UnixStream) -> Result<(HandoverHeader, V
     }
     let header = HandoverHeader::decode(&header)?;
     if fds.len() != header.queues {
-        return Err(Error::InvalidConfig(format!(
-            "queue hand-over message refused: the header announces {} queues of {}, {} fds came",
-            header.queues,
-            header.name,
-            fds.len()
-        )));
+        return Err(Error::Config(ConfigError::HandoverMessage {
+            why: format!("the header announces {} queues of {}, {} fds came", header.queues, header.name, fds.len()),
+        }));
     }
     let mut queues = Vec::with_capacity(fds.len());
     for (index, fd) in fds.into_iter().enumerate() {
         let queue = adopt(fd, header.offloads, index)?;
         if queue.name() != header.name || queue.mode() != header.mode || queue.vnet_hdr_len() != header.vnet_hdr_len {
-            return Err(Error::InvalidConfig(format!(
-                "queue hand-over message refused: fd {index} is a queue of {} ({}, {}-byte virtio header), the \
+            return Err(Error::Config(ConfigError::HandoverMessage {
+                why: format!(
+                    "fd {index} is a queue of {} ({}, {}-byte virtio header), the \
                  header says {} ({}, {}-byte)",
-                queue.name(),
-                queue.mode(),
-                queue.vnet_hdr_len(),
-                header.name,
-                header.mode,
-                header.vnet_hdr_len
-            )));
+                    queue.name(),
+                    queue.mode(),
+                    queue.vnet_hdr_len(),
+                    header.name,
+                    header.mode,
+                    header.vnet_hdr_len
+                ),
+            }));
         }
         // Queues of one device share one view of its offloads, as `Device::open` gives them.
         let queue = match queues.first() {
@@ -465,11 +464,12 @@ impl QueueListener {
     /// directory only the senders and this user can reach.
     pub fn bind(path: &Path) -> Result<QueueListener> {
         if path.symlink_metadata().is_ok() {
-            return Err(Error::InvalidConfig(format!(
-                "{} exists: give a path that does not, in a directory only you can write to (turbotun never \
-                 replaces a file it did not create)",
-                path.display()
-            )));
+            return Err(Error::Config(ConfigError::SocketPath {
+                path: path.to_path_buf(),
+                why: "exists: give a path that does not, in a directory only you can write to (turbotun never \
+                      replaces a file it did not create)"
+                    .into(),
+            }));
         }
         let listener =
             UnixListener::bind(path).map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
@@ -527,7 +527,7 @@ impl QueueListener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(format!("accepting on {}", self.path.display()), e)),
             }
-            crate::devices::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
+            crate::stop::wait_or_stop(self.listener.as_fd(), PollFlags::IN, Some(stop), None)?;
         }
     }
 }

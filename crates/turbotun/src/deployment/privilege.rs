@@ -42,7 +42,7 @@ use std::fmt;
 
 use nix::unistd::{Gid, Group, Uid, User};
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// The user (and optionally the group) to become: names or numbers, as `--user U --group G` take them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +71,7 @@ impl UserSpec {
             return Ok(uid);
         }
         if user.is_empty() {
-            return Err(Error::InvalidConfig("empty user name: give a user such as nobody".into()));
+            return Err(Error::Config(ConfigError::User { why: "empty user name: give a user such as nobody".into() }));
         }
         let found = User::from_name(user).map_err(|e| lookup_error(format!("looking up user {user:?}"), e))?;
         found.map(|u| u.uid.as_raw()).ok_or_else(|| Error::NoSuchUser { user: user.to_string() })
@@ -83,7 +83,7 @@ impl UserSpec {
     pub fn resolve(&self) -> Result<Identity> {
         let user = self.user.trim();
         if user.is_empty() {
-            return Err(Error::InvalidConfig("empty user name: give a user such as nobody".into()));
+            return Err(Error::Config(ConfigError::User { why: "empty user name: give a user such as nobody".into() }));
         }
         let entry = if let Ok(uid) = user.parse::<u32>() {
             User::from_uid(Uid::from_raw(uid)).map_err(|e| lookup_error(format!("looking up uid {uid}"), e))?
@@ -100,17 +100,19 @@ impl UserSpec {
             None => match &entry {
                 Some(entry) => entry.gid.as_raw(),
                 None => {
-                    return Err(Error::InvalidConfig(format!(
-                        "uid {uid} has no passwd entry, so it has no primary group: give a group as well"
-                    )))
+                    return Err(Error::Config(ConfigError::User {
+                        why: format!("uid {uid} has no passwd entry, so it has no primary group: give a group as well"),
+                    }))
                 }
             },
         };
         if uid == 0 || gid == 0 {
-            return Err(Error::InvalidConfig(format!(
-                "dropping privileges to uid {uid} gid {gid} keeps root's: choose an unprivileged user and group \
+            return Err(Error::Config(ConfigError::PrivilegeDrop {
+                why: format!(
+                    "dropping privileges to uid {uid} gid {gid} keeps root's: choose an unprivileged user and group \
                  such as nobody"
-            )));
+                ),
+            }));
         }
         let name = entry.map(|e| e.name).unwrap_or_else(|| uid.to_string());
         Ok(Identity { name, uid, gid })
@@ -129,9 +131,11 @@ fn resolve_group(group: &str) -> Result<u32> {
     }
     let found = Group::from_name(group).map_err(|e| lookup_error(format!("looking up group {group:?}"), e))?;
     found.map(|g| g.gid.as_raw()).ok_or_else(|| {
-        Error::InvalidConfig(format!(
-            "no group named {group:?} on this system (see `getent group`): give an existing group or a gid"
-        ))
+        Error::Config(ConfigError::User {
+            why: format!(
+                "no group named {group:?} on this system (see `getent group`): give an existing group or a gid"
+            ),
+        })
     })
 }
 
@@ -162,7 +166,9 @@ impl fmt::Display for Identity {
 pub fn drop_to(identity: &Identity) -> Result<()> {
     let (uid, gid) = (Uid::from_raw(identity.uid), Gid::from_raw(identity.gid));
     if identity.uid == 0 || identity.gid == 0 {
-        return Err(Error::InvalidConfig(format!("dropping privileges to {identity} keeps root's")));
+        return Err(Error::Config(ConfigError::PrivilegeDrop {
+            why: format!("dropping privileges to {identity} keeps root's"),
+        }));
     }
     single_threaded()?;
     let step = |what: &str, e: nix::Error| {
@@ -249,10 +255,12 @@ fn single_threaded() -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    Err(Error::InvalidConfig(format!(
-        "this process has {threads} threads: drop privileges before starting any (capabilities and no_new_privs \
+    Err(Error::Config(ConfigError::PrivilegeDrop {
+        why: format!(
+            "this process has {threads} threads: drop privileges before starting any (capabilities and no_new_privs \
          belong to each thread, so the others would keep theirs)"
-    )))
+        ),
+    }))
 }
 
 /// What the kernel says about the calling thread after the drop; any difference is an error.
@@ -270,12 +278,14 @@ fn verify(identity: &Identity) -> Result<()> {
         no_new_privs: true,
     };
     if status != expected {
-        return Err(Error::InvalidConfig(format!(
-            "dropping privileges to {identity} did not take: the kernel reports {status:?}"
-        )));
+        return Err(Error::Config(ConfigError::PrivilegeDrop {
+            why: format!("dropping privileges to {identity} did not take: the kernel reports {status:?}"),
+        }));
     }
     if nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
-        return Err(Error::InvalidConfig(format!("dropped to {identity}, yet setuid(0) still succeeds")));
+        return Err(Error::Config(ConfigError::PrivilegeDrop {
+            why: format!("dropped to {identity}, yet setuid(0) still succeeds"),
+        }));
     }
     Ok(())
 }
@@ -310,8 +320,11 @@ impl ThreadStatus {
     pub fn read(path: impl AsRef<std::path::Path>) -> Result<ThreadStatus> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        ThreadStatus::parse(&text)
-            .ok_or_else(|| Error::InvalidConfig(format!("{} lacks Uid/Gid/Cap*/NoNewPrivs lines", path.display())))
+        ThreadStatus::parse(&text).ok_or_else(|| {
+            Error::Config(ConfigError::PrivilegeDrop {
+                why: format!("{} lacks Uid/Gid/Cap*/NoNewPrivs lines", path.display()),
+            })
+        })
     }
 
     /// Parses the text of a status file; `None` if a line this struct needs is missing or malformed.

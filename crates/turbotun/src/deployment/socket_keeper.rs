@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 
 /// The environment variable that makes the program the socket keeper of [`keep_socket`]: `INODE:PATH` lines.
 pub const KEEPER_ENV: &str = "TURBOTUN_SOCKET_KEEPER";
@@ -48,7 +48,7 @@ pub fn keep_socket(spec: &OsStr) -> Result<()> {
         .map(|line| {
             line.split_once(':')
                 .and_then(|(i, p)| Some((i.parse::<u64>().ok()?, PathBuf::from(p))))
-                .ok_or_else(|| Error::InvalidConfig(format!("{KEEPER_ENV}={line}: expected INODE:PATH")))
+                .ok_or_else(|| Error::Config(ConfigError::KeeperSpec { var: KEEPER_ENV, line: line.to_string() }))
         })
         .collect::<Result<Vec<_>>>()?;
     crate::deployment::privilege::give_up_capabilities()?;

@@ -39,8 +39,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::dataplane::stats::{Counters, DropReason, Engine};
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 
 /// Where the counters sockets are: one `NAME.stats` per running engine.
 pub const STATS_DIR: &str = "/run/turbotun";
@@ -453,18 +453,22 @@ fn check_dir(dir: &Path) -> Result<()> {
     let meta = std::fs::metadata(dir).map_err(|e| io_error("reading", e))?;
     let me = rustix::process::geteuid().as_raw();
     if meta.uid() != 0 && meta.uid() != me {
-        return Err(Error::InvalidConfig(format!(
-            "{} belongs to uid {}, not to root or this user: counters sockets are not served from it",
-            dir.display(),
-            meta.uid()
-        )));
+        return Err(Error::Config(ConfigError::SocketPath {
+            path: dir.to_path_buf(),
+            why: format!(
+                "belongs to uid {}, not to root or this user: counters sockets are not served from it",
+                meta.uid()
+            ),
+        }));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(Error::InvalidConfig(format!(
-            "{} is writable by others (mode {:o}): counters sockets are not served from it (chmod 755 it)",
-            dir.display(),
-            meta.mode() & 0o7777
-        )));
+        return Err(Error::Config(ConfigError::SocketPath {
+            path: dir.to_path_buf(),
+            why: format!(
+                "is writable by others (mode {:o}): counters sockets are not served from it (chmod 755 it)",
+                meta.mode() & 0o7777
+            ),
+        }));
     }
     Ok(())
 }
@@ -525,7 +529,9 @@ pub fn read(path: &Path) -> Result<Report> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(|e| Error::io(format!("configuring {shown}"), e))?;
     let mut text = String::new();
     (&mut stream).take(MAX_REPORT).read_to_string(&mut text).map_err(|e| Error::io(format!("reading {shown}"), e))?;
-    Report::parse(&text).map_err(|reason| Error::InvalidConfig(format!("{shown} answered a bad report: {reason}")))
+    Report::parse(&text).map_err(|reason| {
+        Error::Config(ConfigError::StatsReport { socket: shown.to_string(), reason: reason.to_string() })
+    })
 }
 
 /// The counters sockets in `dir` (normally [`STATS_DIR`]), by name, sorted.

@@ -1,4 +1,5 @@
-//! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd), and [`Capabilities`].
+//! Opening TUN/TAP devices: [`DeviceBuilder`] -> [`Device`] (one [`Queue`] per fd); what the kernel supports is
+//! [`Capabilities`](crate::Capabilities).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -6,10 +7,9 @@ use std::sync::Arc;
 
 use crate::configuration::netlink::{LinkInfo, Netlink};
 use crate::devices::queue::Queue;
-use crate::error::{permission_or_io, validate_ifname, Error, Result};
+use crate::error::{permission_or_io, validate_ifname, ConfigError, Error, Result};
 use crate::sys::{self, iff};
 
-pub use crate::devices::capabilities::Capabilities;
 pub use crate::devices::mode::Mode;
 pub use crate::devices::offloads::{Offloads, UnknownOffload};
 
@@ -227,46 +227,45 @@ impl DeviceBuilder {
         }
         if self.offloads.intersects(Offloads::UDP_TUNNEL) {
             if self.vnet_hdr.is_some_and(|size| size < UDP_TUNNEL_VNET_HDR_LEN) {
-                return Err(Error::InvalidConfig(format!(
-                    "UDP tunnel offloads need the {UDP_TUNNEL_VNET_HDR_LEN}-byte virtio header, which holds the \
-                     tunnel offsets: use vnet_hdr({UDP_TUNNEL_VNET_HDR_LEN})"
-                )));
+                return Err(Error::Config(ConfigError::UdpTunnelNeedsVnetHdr { len: UDP_TUNNEL_VNET_HDR_LEN }));
             }
             if !self.offloads.contains(Offloads::UDP_TUNNEL_GSO) {
-                return Err(Error::InvalidConfig("udp_tunnel_gso_csum needs udp_tunnel_gso".into()));
+                return Err(Error::Config(ConfigError::OffloadCombination {
+                    rule: "udp_tunnel_gso_csum needs udp_tunnel_gso",
+                }));
             }
             if !self.offloads.intersects(Offloads::TSO4 | Offloads::TSO6 | Offloads::USO4 | Offloads::USO6) {
-                return Err(Error::InvalidConfig(
-                    "the kernel grants UDP tunnel offloads only together with TSO or USO: add tso4/tso6 or uso".into(),
-                ));
+                return Err(Error::Config(ConfigError::OffloadCombination {
+                    rule: "the kernel grants UDP tunnel offloads only together with TSO or USO: add tso4/tso6 or uso",
+                }));
             }
         }
         if !self.offloads.is_empty() && self.vnet_hdr.is_none() {
-            return Err(Error::InvalidConfig(format!(
-                "offloads {} need the virtio header: add vnet_hdr(10)",
-                self.offloads
-            )));
+            return Err(Error::Config(ConfigError::OffloadsNeedVnetHdr { offloads: self.offloads }));
         }
         if self.offloads.intersects(Offloads::USO4 | Offloads::USO6)
             && !self.offloads.contains(Offloads::USO4 | Offloads::USO6)
         {
-            return Err(Error::InvalidConfig("the kernel accepts USO4 and USO6 only together".into()));
+            return Err(Error::Config(ConfigError::OffloadCombination {
+                rule: "the kernel accepts USO4 and USO6 only together",
+            }));
         }
         if self.queues == 0 {
-            return Err(Error::InvalidConfig("queues(0): a device needs at least one queue".into()));
+            return Err(Error::Config(ConfigError::NoQueue { needs: "queues(0): a device needs at least one queue" }));
         }
         if self.queues > 1 && self.multi_queue == Some(false) {
-            return Err(Error::InvalidConfig(format!(
-                "queues({}) needs IFF_MULTI_QUEUE, and multi_queue(false) refuses it",
-                self.queues
-            )));
+            return Err(Error::Config(ConfigError::Conflict {
+                why: format!("queues({}) needs IFF_MULTI_QUEUE, and multi_queue(false) refuses it", self.queues),
+            }));
         }
         if self.queues > MAX_QUEUES {
             let name = self.name.clone().unwrap_or_else(|| format!("{}%d", self.mode));
             return Err(Error::TooManyQueues { name, queues: self.queues, max: MAX_QUEUES });
         }
         if self.napi_frags && (!self.napi || self.mode != Mode::Tap) {
-            return Err(Error::InvalidConfig("napi_frags needs napi(true) on a TAP device".into()));
+            return Err(Error::Config(ConfigError::Conflict {
+                why: "napi_frags needs napi(true) on a TAP device".into(),
+            }));
         }
         Ok(())
     }
@@ -384,10 +383,7 @@ impl DeviceBuilder {
             return Err(Error::MultiQueueMismatch { name: display_name, existing: "without multi_queue", hint: "1" });
         }
         if self.multi_queue.is_some() {
-            return Err(Error::InvalidConfig(format!(
-                "device {display_name} exists without multi_queue: open it with multi_queue(false), or delete it \
-                 and create it again with multi_queue(true)"
-            )));
+            return Err(Error::Config(ConfigError::NotMultiQueue { name: display_name, existing: true }));
         }
         match sys::tun_set_iff(fd, requested, self.flags(true)) {
             Ok(name) => {
@@ -408,7 +404,7 @@ impl DeviceBuilder {
     fn check_existing(&self, link: &LinkInfo) -> Result<()> {
         let name = link.name.clone();
         let Some(tun) = &link.tun else {
-            return Err(not_tun_tap(link));
+            return Err(crate::devices::inspect::not_tun_tap(link));
         };
         let differ = |difference: String| Err(Error::FramingMismatch { name: name.clone(), difference });
         if tun.is_tap() != (self.mode == Mode::Tap) {
@@ -504,7 +500,7 @@ impl DeviceBuilder {
         if let Some(uid) = self.owner {
             sys::tun_set_owner(ctl, uid).map_err(|e| match e.raw_os_error() {
                 Some(libc::EINVAL) => {
-                    Error::InvalidConfig(format!("TUNSETOWNER refused {uid}: not a valid uid in this user namespace"))
+                    Error::Config(ConfigError::IdRefused { request: "TUNSETOWNER", id: uid, kind: "uid" })
                 }
                 _ => permission_or_io("TUNSETOWNER", e),
             })?;
@@ -512,7 +508,7 @@ impl DeviceBuilder {
         if let Some(gid) = self.group {
             sys::tun_set_group(ctl, gid).map_err(|e| match e.raw_os_error() {
                 Some(libc::EINVAL) => {
-                    Error::InvalidConfig(format!("TUNSETGROUP refused {gid}: not a valid gid in this user namespace"))
+                    Error::Config(ConfigError::IdRefused { request: "TUNSETGROUP", id: gid, kind: "gid" })
                 }
                 _ => permission_or_io("TUNSETGROUP", e),
             })?;
@@ -539,13 +535,6 @@ pub const MAX_QUEUES: usize = 256;
 fn busy(name: &str, exclusive: bool) -> Error {
     let holders = crate::devices::inspect::queue_holder_processes(name);
     Error::Busy { name: name.to_string(), exclusive, holders }
-}
-
-/// The error for a link that exists and is not TUN/TAP, naming what it is.
-pub(crate) fn not_tun_tap(link: &LinkInfo) -> Error {
-    let kind =
-        link.kind.clone().unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
-    Error::NotTunTap { name: link.name.clone(), kind }
 }
 
 /// The link of that name in this namespace, if there is one (`None` too when netlink cannot tell: the open
@@ -655,14 +644,11 @@ impl Device {
     }
 
     /// Attaches one more queue to a multiqueue device (a guest raised its queue-pair count): a new fd with the
-    /// device's flags, its virtio header size and offloads view shared. [`Error::InvalidConfig`] on a device
+    /// device's flags, its virtio header size and offloads view shared. [`ConfigError::NotMultiQueue`](crate::ConfigError::NotMultiQueue) on a device
     /// opened without `IFF_MULTI_QUEUE` ([`DeviceBuilder::multi_queue`]); the kernel's limit is [`MAX_QUEUES`].
     pub fn add_queue(&mut self) -> Result<&Queue> {
         if self.attach_flags & iff::MULTI_QUEUE == 0 {
-            return Err(Error::InvalidConfig(format!(
-                "{} was opened without IFF_MULTI_QUEUE: open it with multi_queue(true) to add queues later",
-                self.name
-            )));
+            return Err(Error::Config(ConfigError::NotMultiQueue { name: self.name.to_string(), existing: false }));
         }
         let fd = open_tun(self.nonblocking)?;
         let index = self.queues.iter().map(|q| q.index() + 1).max().unwrap_or(0);
@@ -719,7 +705,7 @@ impl Device {
         sys::tun_set_carrier(self.ctl(), carrier).map_err(|e| Error::io("TUNSETCARRIER", e))
     }
     /// `TUNSETTXFILTER`: only frames to the filter's MAC addresses reach the reader; `None` turns the filter off.
-    /// TAP devices only (a TUN device is refused with [`Error::InvalidConfig`]). See [`crate::filter`].
+    /// TAP devices only (a TUN device is refused with [`Error::NotTap`]). See [`crate::filter`].
     pub fn set_tx_filter(&self, filter: Option<&crate::devices::filter::TxFilter>) -> Result<()> {
         if self.mode != Mode::Tap {
             return Err(Error::NotTap { name: self.name.to_string(), what: "TX filters (TUNSETTXFILTER)" });

@@ -10,7 +10,7 @@ use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::configuration::netlink::mac_to_string;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::sys;
 use crate::sys::bpf::{load_socket_filter, BpfInsn};
 
@@ -105,31 +105,31 @@ impl TxFilter {
     /// The `TUNSETTXFILTER` flags and address list: unicast addresses first (exact), then multicast.
     fn to_kernel(&self) -> Result<(u16, Vec<[u8; 6]>)> {
         if let Some(mac) = self.unicast.iter().find(|m| is_multicast(m)) {
-            return Err(Error::InvalidConfig(format!(
-                "TX filter: {} is a multicast address, not a unicast one",
-                mac_to_string(mac)
-            )));
+            return Err(Error::Config(ConfigError::TxFilter {
+                why: format!("TX filter: {} is a multicast address, not a unicast one", mac_to_string(mac)),
+            }));
         }
         if let Some(mac) = self.multicast.iter().find(|m| !is_multicast(m)) {
-            return Err(Error::InvalidConfig(format!(
-                "TX filter: {} is a unicast address, not a multicast one",
-                mac_to_string(mac)
-            )));
+            return Err(Error::Config(ConfigError::TxFilter {
+                why: format!("TX filter: {} is a unicast address, not a multicast one", mac_to_string(mac)),
+            }));
         }
         if self.unicast.len() > TX_FILTER_EXACT {
-            return Err(Error::InvalidConfig(format!(
-                "TX filter: {} unicast addresses, the kernel matches at most {TX_FILTER_EXACT} (more turns it off)",
-                self.unicast.len()
-            )));
+            return Err(Error::Config(ConfigError::TxFilter {
+                why: format!(
+                    "TX filter: {} unicast addresses, the kernel matches at most {TX_FILTER_EXACT} (more turns it off)",
+                    self.unicast.len()
+                ),
+            }));
         }
         let mut addrs: Vec<[u8; 6]> = self.unicast.iter().chain(&self.multicast).copied().collect();
         if addrs.is_empty() {
             if !self.all_multicast {
-                return Err(Error::InvalidConfig(
-                    "TX filter without any address: the kernel would turn the filter off and pass everything; \
+                return Err(Error::Config(ConfigError::TxFilter {
+                    why: "TX filter without any address: the kernel would turn the filter off and pass everything; \
                      to drop every frame attach FilterProgram::drop_all()"
                         .into(),
-                ));
+                }));
             }
             // The kernel enables the filter only with at least one address; broadcast passes anyway.
             addrs.push(BROADCAST);
@@ -151,7 +151,7 @@ impl fmt::Display for TxFilter {
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(text: &str) -> Result<[u8; 6]> {
-    let bad = || Error::InvalidConfig(format!("{text:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+    let bad = || Error::Config(ConfigError::MacAddress { text: text.to_string() });
     let mut mac = [0u8; 6];
     let mut parts = text.split(':');
     for byte in &mut mac {
@@ -235,10 +235,9 @@ impl FilterProgram {
     /// IPv6, 0x0806 ARP) is listed; drops the rest.
     pub fn allow_protocols(protocols: &[u16]) -> Result<Self> {
         if protocols.is_empty() || protocols.len() > 64 {
-            return Err(Error::InvalidConfig(format!(
-                "an eBPF protocol filter needs 1 to 64 protocols, not {}",
-                protocols.len()
-            )));
+            return Err(Error::Config(ConfigError::Size {
+                why: format!("an eBPF protocol filter needs 1 to 64 protocols, not {}", protocols.len()),
+            }));
         }
         let insns = protocol_insns(protocols);
         let what = protocols.iter().map(|p| format!("{p:#06x}")).collect::<Vec<_>>().join(",");

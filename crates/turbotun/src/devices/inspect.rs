@@ -164,6 +164,13 @@ pub fn process_command(pid: u32) -> String {
     std::iter::once(program).chain(words[1..].iter().cloned()).collect::<Vec<_>>().join(" ")
 }
 
+/// The error for a link that exists and is not TUN/TAP, naming what it is.
+pub(crate) fn not_tun_tap(link: &LinkInfo) -> Error {
+    let kind =
+        link.kind.clone().unwrap_or_else(|| if link.name == "lo" { "loopback".into() } else { "non-tun".into() });
+    Error::NotTunTap { name: link.name.clone(), kind }
+}
+
 /// Reports one device by name.
 pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
     let link = netlink.link(name)?;
@@ -173,7 +180,7 @@ pub fn inspect(netlink: &mut Netlink, name: &str) -> Result<DeviceReport> {
 /// The report of a device whose link attributes are at hand.
 fn report(netlink: &mut Netlink, link: LinkInfo) -> Result<DeviceReport> {
     let Some(tun) = link.tun else {
-        return Err(crate::devices::device::not_tun_tap(&link));
+        return Err(not_tun_tap(&link));
     };
     let name = link.name.as_str();
     // rtnetlink answers in the socket's namespace; sysfs only in the namespace that mounted /sys, and only it

@@ -14,7 +14,7 @@ const KNOWN: &str =
     "csum, tso4, tso6, tso_ecn, ufo, uso4, uso6, udp_tunnel_gso, udp_tunnel_gso_csum, tcp, uso, udp_tunnel, all, none";
 
 /// A word in an offload list that [`Offloads::parse`] does not know. As a [`crate::Error`] (it converts) it is
-/// [`crate::Error::InvalidConfig`].
+/// [`crate::Error::Config`] ([`crate::ConfigError::UnknownOffload`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown offload {word:?} (known: {})", KNOWN)]
 pub struct UnknownOffload {

@@ -13,7 +13,7 @@ use turbotun_wire::virtio_net::VirtioNetHdrRepr;
 
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
-use crate::error::{queue_io_error, Error, Malformed, Result};
+use crate::error::{queue_io_error, ConfigError, Error, Malformed, Result};
 use rustix::event::PollFlags;
 
 use crate::sys::{self, iff};
@@ -224,11 +224,10 @@ impl Queue {
             return self.read_raw(buf, nowait);
         }
         if self.receives_super_packets() {
-            return Err(Error::InvalidConfig(format!(
-                "{} has segmentation offloads ({}): a read may be a super-packet, use recv_with_hdr or RecvBatch",
-                self.name,
-                self.offloads()
-            )));
+            return Err(Error::Config(ConfigError::SuperPackets {
+                name: self.name.to_string(),
+                offloads: self.offloads(),
+            }));
         }
         let (hdr, len) = self.read_with_hdr(buf, nowait)?;
         hdr.finish_whole(&mut buf[..len]).map_err(|e| Error::malformed(&self.name, Malformed::PartialChecksum(e)))?;
@@ -505,20 +504,12 @@ impl Queue {
 
     /// Waits until a read would not block, `timeout` passes (false) or `stop` fires (false): a wait that a stop
     /// ends at once, with no signal (see [`StopHandle::wake_fd`](crate::StopHandle::wake_fd)).
-    pub fn wait_readable_or_stop(
-        &self,
-        stop: &crate::devices::stop::StopHandle,
-        timeout: Option<Duration>,
-    ) -> Result<bool> {
+    pub fn wait_readable_or_stop(&self, stop: &crate::stop::StopHandle, timeout: Option<Duration>) -> Result<bool> {
         self.wait_or_stop(PollFlags::IN, Some(stop), timeout)
     }
 
     /// Like [`Self::wait_readable_or_stop`] for room to write.
-    pub fn wait_writable_or_stop(
-        &self,
-        stop: &crate::devices::stop::StopHandle,
-        timeout: Option<Duration>,
-    ) -> Result<bool> {
+    pub fn wait_writable_or_stop(&self, stop: &crate::stop::StopHandle, timeout: Option<Duration>) -> Result<bool> {
         self.wait_or_stop(PollFlags::OUT, Some(stop), timeout)
     }
 
@@ -526,10 +517,10 @@ impl Queue {
     pub(crate) fn wait_or_stop(
         &self,
         events: PollFlags,
-        stop: Option<&crate::devices::stop::StopHandle>,
+        stop: Option<&crate::stop::StopHandle>,
         timeout: Option<Duration>,
     ) -> Result<bool> {
-        crate::devices::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
+        crate::stop::wait_or_stop(self.fd.as_fd(), events, stop, timeout)
     }
 
     /// Counts a packet the caller decided not to send (so that drops are never silent).

@@ -4,9 +4,9 @@
 use turbotun::tunnel::{Opened, Sealed};
 
 use super::*;
+use crate::blake2s;
 use crate::cookie;
 use crate::message::INITIATION_LEN;
-use crate::noise;
 use crate::session::REKEY_AFTER_MESSAGES;
 use crate::wireguard::handshake::{LOG_BURST, LOG_INTERVAL};
 
@@ -50,7 +50,7 @@ impl DebugLines {
 fn test_debug_lines_about_refused_handshake_messages_are_rate_limited() {
     let (_a, b) = pair();
     let attacker: SocketAddr = ATTACKER.parse().unwrap();
-    let mac1_key = hash(&[noise::LABEL_MAC1, &b.public()]);
+    let mac1_key = hash(&[blake2s::LABEL_MAC1, &b.public()]);
     let mut jar = cookie::CookieJar::default();
     let lines = DebugLines::default();
     tracing::subscriber::with_default(lines.clone(), || {

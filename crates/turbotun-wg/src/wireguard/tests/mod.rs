@@ -5,11 +5,12 @@ use turbotun::tunnel::{Opened, SealBatch, Sealed, Transform};
 use turbotun::{DropReason, Drops};
 
 use super::*;
+use crate::blake2s;
+use crate::blake2s::hash;
 use crate::config::PeerConfig;
 use crate::cookie;
 use crate::message::{MessageKind, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
 use crate::noise;
-use crate::noise::hash;
 use turbotun::tunnel::SealOut;
 
 const A: &str = "192.0.2.1:1000";
@@ -228,7 +229,7 @@ fn test_unauthenticated_messages_never_move_an_endpoint() {
     a.send(&packet(A_INNER, B_INNER, 10), &mut wire);
     let victim_index = MessageKind::Data.receiver(&wire[0].data).expect("a data message");
     deliver(&a, &b, &mut wire);
-    let mac1_key = hash(&[noise::LABEL_MAC1, &b.public()]);
+    let mac1_key = hash(&[blake2s::LABEL_MAC1, &b.public()]);
     for under_load in [false, true] {
         if under_load {
             b.wg.under_load_until.store(u64::MAX, Ordering::Relaxed);
@@ -267,9 +268,9 @@ fn test_under_load_each_source_gets_a_cookie_then_its_rate() {
     let (a, b) = pair();
     let attacker: SocketAddr = ATTACKER.parse().unwrap();
     b.wg.under_load_until.store(u64::MAX, Ordering::Relaxed);
-    let mac1_key = hash(&[noise::LABEL_MAC1, &b.public()]);
+    let mac1_key = hash(&[blake2s::LABEL_MAC1, &b.public()]);
     let mut jar = cookie::CookieJar::default();
-    let cookie_key = hash(&[noise::LABEL_COOKIE, &b.public()]);
+    let cookie_key = hash(&[blake2s::LABEL_COOKIE, &b.public()]);
     let mut initiation = [7u8; INITIATION_LEN];
     initiation[..4].copy_from_slice(&[1, 0, 0, 0]);
     jar.stamp(&mac1_key, &mut initiation, Instant::now());
@@ -444,7 +445,7 @@ fn test_a_packet_from_a_source_the_peer_may_not_use_is_dropped() {
 fn test_every_handshake_message_taken_to_the_worker_is_settled_once() {
     let (a, b) = pair();
     let attacker: SocketAddr = ATTACKER.parse().unwrap();
-    let mac1_key = hash(&[noise::LABEL_MAC1, &b.public()]);
+    let mac1_key = hash(&[blake2s::LABEL_MAC1, &b.public()]);
     let mut jar = cookie::CookieJar::default();
     let forged = |round: u8, jar: &mut cookie::CookieJar| {
         let mut initiation = [round; INITIATION_LEN];

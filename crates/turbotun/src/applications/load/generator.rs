@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::{monotonic_ns, Header, BURST, HEADER_LEN, MAX_FLOWS, MAX_PAYLOAD, MAX_SEGMENTS};
 use crate::dataplane::udp::MAX_MMSG;
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::stop::StopHandle;
+use crate::error::{ConfigError, Error, Result};
 use crate::sys;
 
 /// Send failures by kind, in datagrams not sent. None is silent: each is counted and the generator goes on.
@@ -162,7 +162,7 @@ impl Generator {
 
     /// Checks the settings; [`Self::run`] does too, before opening anything.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::InvalidConfig(what));
+        let bad = |what: String| Err(Error::Config(ConfigError::Size { why: what }));
         if self.size < HEADER_LEN || self.size > MAX_PAYLOAD {
             return bad(format!(
                 "datagram size {} out of range: {HEADER_LEN} (the load header) to {MAX_PAYLOAD}",
@@ -173,7 +173,9 @@ impl Generator {
             return bad(format!("{} flows out of range: 1 to {MAX_FLOWS}", self.flows));
         }
         if self.socket.is_some() && self.flows != 1 {
-            return bad(format!("{} flows from one given socket: a flow is a socket, so one flow only", self.flows));
+            return Err(Error::Config(ConfigError::Conflict {
+                why: format!("{} flows from one given socket: a flow is a socket, so one flow only", self.flows),
+            }));
         }
         if self.segments == 0 || self.segments > MAX_SEGMENTS {
             return bad(format!("{} GSO segments out of range: 1 (no GSO) to {MAX_SEGMENTS}", self.segments));

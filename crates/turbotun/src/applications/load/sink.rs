@@ -9,7 +9,7 @@ use rustix::net::sockopt;
 
 use super::{FlowCounts, FlowTracker, Header, MAX_FLOWS};
 use crate::dataplane::udp::{RecvSlots, MAX_MMSG};
-use crate::devices::stop::StopHandle;
+use crate::stop::StopHandle;
 use crate::error::{Error, Result};
 use crate::sys;
 

@@ -16,9 +16,9 @@ use turbotun_wire::{Batch, Checksums, Framing};
 use super::{frame_len, MAX_SEGMENTS};
 use crate::dataplane::stats::{Counters, DropReason};
 use crate::devices::queue::{Queue, MAX_PACKET};
-use crate::devices::stop::StopHandle;
 use crate::devices::vnet_hdr::MAX_VNET_HDR;
-use crate::error::{queue_io_error, Error, Malformed, Result};
+use crate::error::{queue_io_error, ConfigError, Error, Malformed, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 /// What one [`RecvBatch::recv_many`] produced.
@@ -253,7 +253,9 @@ impl RecvHalf {
     fn recv_one<B: AsMut<[u8]>>(&mut self, queue: &Queue, batch: &mut Batch<'_, B>, nowait: bool) -> Result<Received> {
         let offset = batch.offset;
         if batch.bufs.is_empty() || batch.lens.len() < batch.bufs.len() {
-            return Err(Error::InvalidConfig("recv needs at least one buffer and a length slot per buffer".into()));
+            return Err(Error::Config(ConfigError::Size {
+                why: "recv needs at least one buffer and a length slot per buffer".into(),
+            }));
         }
         let first = batch.bufs[0].as_mut().len();
         if first <= offset {
@@ -261,10 +263,12 @@ impl RecvHalf {
         }
         self.last_whole = false;
         if self.whole_udp && offset < self.vnet_hdr_len {
-            return Err(Error::InvalidConfig(format!(
-                "offset {offset} leaves no room for the {}-byte virtio header in front of each packet",
-                self.vnet_hdr_len
-            )));
+            return Err(Error::Config(ConfigError::Size {
+                why: format!(
+                    "offset {offset} leaves no room for the {}-byte virtio header in front of each packet",
+                    self.vnet_hdr_len
+                ),
+            }));
         }
         let received = self.recv_frame(queue, batch, nowait)?;
         if self.whole_udp && !self.last_whole {

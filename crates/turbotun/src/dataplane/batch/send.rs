@@ -15,8 +15,8 @@ use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::dataplane::write_policy::{lost_with, Unit, Writer, Written};
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 
 /// Pieces one gathered write can carry: a coalesced packet of at most 128 segments (UDP_MAX_SEGMENTS on newer
 /// kernels) plus its header.
@@ -147,10 +147,9 @@ impl SendHalf {
     ) -> Result<usize> {
         let offset = batch.offset;
         if offset < self.vnet_hdr_len {
-            return Err(Error::InvalidConfig(format!(
-                "offset {offset} leaves no room for the {}-byte virtio header",
-                self.vnet_hdr_len
-            )));
+            return Err(Error::Config(ConfigError::Size {
+                why: format!("offset {offset} leaves no room for the {}-byte virtio header", self.vnet_hdr_len),
+            }));
         }
         let n = batch.capacity();
         self.coalesce(&mut batch.range(0..n), checksums);

@@ -42,8 +42,8 @@ use crate::devices::device::{Device, DeviceBuilder};
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 
 mod jobs;
 mod run;
@@ -295,7 +295,7 @@ impl ForwarderBuilder {
     /// Checks the options against each other and picks the I/O kind; a default that the kernel cannot run
     /// falls back with a note.
     fn resolve(&self, queues: usize, notes: &mut Vec<String>) -> Result<IoKind> {
-        let bad = |why: &str| Err(Error::InvalidConfig(why.to_string()));
+        let bad = |why: &str| Err(Error::Config(ConfigError::Conflict { why: why.to_string() }));
         if self.threads == 0 || queues == 0 {
             return bad("threads and queues must be at least 1");
         }
@@ -422,11 +422,15 @@ impl ForwarderBuilder {
     /// A forwarder between two sets of queues, pairwise (for queues opened elsewhere or a subset of them).
     pub fn build_queues(mut self, a: Vec<Queue>, b: Vec<Queue>) -> Result<Forwarder> {
         if a.len() != b.len() {
-            return Err(Error::InvalidConfig(format!("{} queues on one side and {} on the other", a.len(), b.len())));
+            return Err(Error::Config(ConfigError::QueueCount {
+                why: format!("{} queues on one side and {} on the other", a.len(), b.len()),
+            }));
         }
         if let (Some(qa), Some(qb)) = (a.first(), b.first()) {
             if qa.name() == qb.name() {
-                return Err(Error::InvalidConfig(format!("the two devices must differ (both are {})", qa.name())));
+                return Err(Error::Config(ConfigError::Devices {
+                    why: format!("the two devices must differ (both are {})", qa.name()),
+                }));
             }
         }
         let mut notes = Vec::new();
@@ -448,13 +452,13 @@ impl ForwarderBuilder {
         }
         if self.mode == ForwardMode::Passthrough {
             if let Some((qa, qb)) = a.iter().zip(&b).find(|(qa, qb)| qa.vnet_hdr_len() != qb.vnet_hdr_len()) {
-                return Err(Error::InvalidConfig(format!(
-                    "{} has a {}-byte virtio header and {} a {}-byte one: passthrough forwards headers as they are",
-                    qa.name(),
-                    qa.vnet_hdr_len(),
-                    qb.name(),
-                    qb.vnet_hdr_len()
-                )));
+                return Err(Error::Config(ConfigError::VnetHdrSizesDiffer {
+                    a: qa.name().to_string(),
+                    a_len: qa.vnet_hdr_len(),
+                    b: qb.name().to_string(),
+                    b_len: qb.vnet_hdr_len(),
+                    needs: "passthrough forwards headers as they are",
+                }));
             }
         }
         let io = self.uring_offload_fits(io, a.iter().chain(&b), &mut notes);

@@ -11,9 +11,9 @@ use crate::dataplane::batch::{RecvBatch, SendBatch};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::queue::{Queue, MAX_PACKET};
-use crate::devices::stop::StopHandle;
 use crate::devices::vnet_hdr::MAX_VNET_HDR;
 use crate::error::Result;
+use crate::stop::StopHandle;
 
 /// What a worker needs to know besides its two queues.
 #[derive(Clone)]

@@ -29,8 +29,8 @@ use crate::dataplane::stats::{Counters, DropReason, Drops, SharedCounters};
 use crate::dataplane::threads::{run_workers, Worker};
 use crate::dataplane::udp::{LocalAddr, ReplySources, SocketOptions, SocketReserve, TunnelSocket};
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 
 mod seal;
 mod unreachable;
@@ -395,7 +395,7 @@ impl<T: Transform> TunnelBuilder<T> {
     pub fn build<Q: Into<Arc<Queue>>>(self, queues: Vec<Q>) -> Result<Tunnel<T>> {
         let queues: Vec<Arc<Queue>> = queues.into_iter().map(Into::into).collect();
         if queues.is_empty() {
-            return Err(Error::InvalidConfig("a tunnel needs at least one queue".into()));
+            return Err(Error::Config(ConfigError::NoQueue { needs: "a tunnel needs at least one queue" }));
         }
         for q in &queues {
             if q.packet_info() {
@@ -410,16 +410,20 @@ impl<T: Transform> TunnelBuilder<T> {
         }
         let sockets = if !self.sockets.is_empty() {
             if self.sockets.len() != queues.len() {
-                return Err(Error::InvalidConfig(format!(
-                    "{} sockets for {} queues: the tunnel needs one per queue",
-                    self.sockets.len(),
-                    queues.len()
-                )));
+                return Err(Error::Config(ConfigError::QueueCount {
+                    why: format!(
+                        "{} sockets for {} queues: the tunnel needs one per queue",
+                        self.sockets.len(),
+                        queues.len()
+                    ),
+                }));
             }
             self.sockets
         } else {
             let local = self.local.ok_or_else(|| {
-                Error::InvalidConfig("a tunnel needs a local address (bind) or sockets of its own".into())
+                Error::Config(ConfigError::Conflict {
+                    why: "a tunnel needs a local address (bind) or sockets of its own".into(),
+                })
             })?;
             bind_sockets(local, queues.len(), &self.options)?
         };

@@ -14,8 +14,8 @@ use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, DropRe
 use crate::dataplane::udp::{self, Datagram, RecvSlots, SourceMemo, TunnelSocket};
 use crate::devices::mode::Mode;
 use crate::devices::queue::{Queue, MAX_PACKET};
-use crate::devices::stop::StopHandle;
 use crate::error::Result;
+use crate::stop::StopHandle;
 
 /// What one worker works with.
 pub(super) struct Ctx<T: Transform> {
@@ -387,9 +387,9 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         let woken = match ctx.transform.work_fd() {
             Some(work) => {
                 let left = interval.saturating_sub(last_tick.elapsed());
-                crate::devices::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
+                crate::stop::wait_or_stop(work, rustix::event::PollFlags::IN, Some(&ctx.stop), Some(left))?
             }
-            None => crate::devices::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
+            None => crate::stop::wait_or_stop(wake, rustix::event::PollFlags::IN, None, Some(interval))?,
         };
         if ctx.stop.is_stopped() || (woken && ctx.transform.work_fd().is_none()) {
             break;

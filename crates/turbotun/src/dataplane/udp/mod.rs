@@ -34,7 +34,7 @@ use std::time::Duration;
 use rustix::event::PollFlags;
 use rustix::net::sockopt;
 
-use crate::devices::stop::StopHandle;
+use crate::stop::StopHandle;
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -243,7 +243,7 @@ impl TunnelSocket {
 
     /// Waits until a datagram can be read, `timeout` passes or `stop` fires (false for the last two).
     pub fn wait_readable(&self, stop: Option<&StopHandle>, timeout: Option<Duration>) -> Result<bool> {
-        crate::devices::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
+        crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::IN, stop, timeout)
     }
 
     /// Blocking or non-blocking mode (a new socket is non-blocking). On a blocking socket a full send buffer is

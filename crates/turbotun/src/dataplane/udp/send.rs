@@ -12,7 +12,7 @@ use rustix::event::PollFlags;
 
 use super::{max_send_payload, Datagram, TunnelSocket, MAX_SEGMENTS};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::devices::stop::StopHandle;
+use crate::stop::StopHandle;
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::sys::udp::{LocalAddr, MAX_MMSG};
@@ -199,7 +199,7 @@ impl TunnelSocket {
                 }
                 if errno == libc::EAGAIN {
                     let room = Some(Duration::from_millis(100));
-                    crate::devices::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, room)?;
+                    crate::stop::wait_or_stop(self.socket.as_fd(), PollFlags::OUT, stop, room)?;
                 }
                 Ok(Retry::Again)
             }

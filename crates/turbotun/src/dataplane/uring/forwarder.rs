@@ -9,7 +9,7 @@ use turbotun_wire::virtio_net::VirtioNetHdr;
 use crate::dataplane::stats::{Counters, DropReason, WhenFull};
 use crate::dataplane::write_policy::{on_write_error, WriteFailure};
 use crate::devices::queue::{Queue, MAX_PACKET};
-use crate::error::{queue_io_error, Error, Result};
+use crate::error::{queue_io_error, ConfigError, Error, Result};
 use crate::sys::uring::{Completion, ForwardRing, Op};
 
 /// One direction, `src` to `dst`, over a ring of its own.
@@ -40,13 +40,13 @@ impl UringForwarder {
     /// pages a frame touches become resident). Both queues must use the same virtio header size.
     pub fn new(src: &Queue, dst: &Queue, depth: usize) -> Result<Self> {
         if src.vnet_hdr_len() != dst.vnet_hdr_len() {
-            return Err(Error::InvalidConfig(format!(
-                "{} has a {}-byte virtio header and {} a {}-byte one: frames cannot be forwarded as they are",
-                src.name(),
-                src.vnet_hdr_len(),
-                dst.name(),
-                dst.vnet_hdr_len()
-            )));
+            return Err(Error::Config(ConfigError::VnetHdrSizesDiffer {
+                a: src.name().to_string(),
+                a_len: src.vnet_hdr_len(),
+                b: dst.name().to_string(),
+                b_len: dst.vnet_hdr_len(),
+                needs: "frames cannot be forwarded as they are",
+            }));
         }
         let stride = src.vnet_hdr_len() + MAX_PACKET;
         let ring = ForwardRing::new(src.as_fd(), dst.as_fd(), depth, stride)

@@ -232,7 +232,7 @@ impl UringOffload {
     }
 
     /// A write re-split after a refusal and waiting for room gives up once `stop` fires.
-    pub fn stop_on(mut self, stop: crate::devices::stop::StopHandle) -> Self {
+    pub fn stop_on(mut self, stop: crate::stop::StopHandle) -> Self {
         self.writer.stop = Some(stop);
         self
     }

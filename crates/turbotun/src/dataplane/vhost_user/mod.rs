@@ -72,8 +72,8 @@ use crate::dataplane::stats::{Counters, SharedCounters};
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
-use crate::devices::stop::StopHandle;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 use backend::{GuestMem, NetBackend, TapQueue, MAX_QUEUE_PAIRS, TAP_VNET_HDR};
 
 /// The virtio header size the TAP must be opened with: `virtio_net_hdr_v1` (12 bytes), which has the
@@ -167,21 +167,27 @@ impl VhostUserServer {
     pub fn bind_queues(path: impl AsRef<Path>, queues: Vec<Queue>) -> Result<VhostUserServer> {
         let path = path.as_ref();
         let Some(first) = queues.first() else {
-            return Err(Error::InvalidConfig("a vhost-user-net backend needs at least one TAP queue".into()));
+            return Err(Error::Config(ConfigError::NoQueue {
+                needs: "a vhost-user-net backend needs at least one TAP queue",
+            }));
         };
         if queues.len() > MAX_QUEUE_PAIRS {
-            return Err(Error::InvalidConfig(format!(
-                "{} TAP queues: a vhost-user-net backend serves at most {MAX_QUEUE_PAIRS} queue pairs",
-                queues.len()
-            )));
+            return Err(Error::Config(ConfigError::QueueCount {
+                why: format!(
+                    "{} TAP queues: a vhost-user-net backend serves at most {MAX_QUEUE_PAIRS} queue pairs",
+                    queues.len()
+                ),
+            }));
         }
         let first_name = first.name().to_string();
         for tap in &queues {
             let name = tap.name().to_string();
             if name != first_name {
-                return Err(Error::InvalidConfig(format!(
-                    "queues of {first_name} and {name}: a backend's queue pairs are the queues of one TAP"
-                )));
+                return Err(Error::Config(ConfigError::Devices {
+                    why: format!(
+                        "queues of {first_name} and {name}: a backend's queue pairs are the queues of one TAP"
+                    ),
+                }));
             }
             if tap.mode() != Mode::Tap {
                 return Err(Error::NotTap { name, what: "vhost-user-net backends" });
@@ -257,12 +263,7 @@ impl VhostUserServer {
                 return Ok(false);
             }
             // False also when a signal ended the wait: the flag above tells a stop from another signal.
-            if crate::devices::stop::wait_or_stop(
-                self.listener.as_fd(),
-                rustix::event::PollFlags::IN,
-                Some(stop),
-                None,
-            )? {
+            if crate::stop::wait_or_stop(self.listener.as_fd(), rustix::event::PollFlags::IN, Some(stop), None)? {
                 break;
             }
         }

@@ -1,5 +1,9 @@
 //! A stop handle: one flag that tells every worker of a forwarder (and any write waiting for room) to finish,
 //! and an fd that becomes readable when it fires, for waits that must end with it.
+//!
+//! It stops engines, yet a queue's own waits watch it (`Queue::wait_readable_or_stop`), so it is neither the
+//! dataplane's nor the devices': a file at the crate's root, below both, that names nothing of the crate but
+//! `error`.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! `turbotun features`, `turbotun info`, `turbotun create`, `turbotun delete`.
+//! The device commands: `turbotun features`, `turbotun info`, `turbotun create`, `turbotun set`, `turbotun delete`.
 
 use anyhow::{Context, Result};
 use clap::Args;
