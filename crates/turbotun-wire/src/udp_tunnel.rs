@@ -22,7 +22,7 @@ use crate::ipv4;
 use crate::ipv6;
 use crate::udp;
 use crate::virtio_net::{flags, gso, TunnelOffsets, VirtioNetHdrRepr};
-use crate::{locate_ip, Framing, GsoError, SplitProgress, WireError, IPPROTO_UDP};
+use crate::{locate_ip, Batch, Framing, GsoError, SplitProgress, WireError, IPPROTO_UDP};
 
 /// A validated UDP-tunnel super-packet. Construction checks every offset; afterwards nothing can panic.
 #[derive(Debug, Clone)]
@@ -216,21 +216,17 @@ impl<'a> TunnelSplitter<'a> {
         }
     }
 
-    /// Writes segments `first, first + 1, ...` into `bufs[i][offset..]` and their lengths into `lens[i]`, as
-    /// many as fit, like [`Splitter::split_into`].
+    /// Writes segments `first, first + 1, ...` into the batch's `bufs[i][offset..]` and their lengths into
+    /// `lens[i]`, as many as fit, like [`Splitter::split_into`].
     pub fn split_into<B: AsMut<[u8]>>(
         &self,
         first: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Result<SplitProgress, GsoError> {
         crate::gso::split_batch(
             first,
             self.segment_count(),
-            bufs,
-            lens,
-            offset,
+            batch,
             |index, out| self.write_segment(index, out),
             |index| self.segment_len(index),
         )

@@ -6,7 +6,7 @@
 use turbotun_wire::fuzzing::{checksums_ok, payload, Spec};
 use turbotun_wire::tcp::flags as tf;
 use turbotun_wire::virtio_net::{flags, gso};
-use turbotun_wire::{Checksums, Framing, Gro, GroConfig, GroStats, Splitter, VirtioNetHdrRepr};
+use turbotun_wire::{Batch, Checksums, Framing, Gro, GroConfig, GroStats, Splitter, VirtioNetHdrRepr};
 
 const OFF: usize = 12;
 
@@ -28,7 +28,7 @@ fn run_with(gro: &mut Gro, pkts: &[Vec<u8>], valid: bool, room: usize) -> Run {
         .collect();
     let mut lens: Vec<usize> = pkts.iter().map(|p| p.len()).collect();
     let mut to_write = vec![99];
-    let stats = gro.coalesce(&mut bufs, &mut lens, OFF, valid, &mut to_write);
+    let stats = gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), valid, &mut to_write);
     Run { bufs, lens, to_write, stats }
 }
 
@@ -629,13 +629,13 @@ fn bad_offset_and_lengths_are_reported_not_panicking() {
     let mut bufs: Vec<Vec<u8>> = p.clone();
     let mut lens = vec![1000 + 52, 5000];
     let mut tw = Vec::new();
-    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut bufs, &mut lens, 0, false, &mut tw);
+    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut Batch::new(&mut bufs, &mut lens, 0), false, &mut tw);
     assert_eq!(tw, vec![0, 1]);
     assert_eq!(st.malformed, 2);
     assert_eq!(bufs, p);
     // lens shorter than bufs: only the first lens.len() packets are considered.
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 100]; 3];
-    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut bufs, &mut [10], 10, false, &mut tw);
+    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut Batch::new(&mut bufs, &mut [10], 10), false, &mut tw);
     assert_eq!((st.packets, tw.len()), (1, 1));
 }
 
@@ -655,7 +655,7 @@ fn vnet_header_sizes_12_and_20() {
         let mut lens: Vec<usize> = p.iter().map(|x| x.len()).collect();
         let mut tw = Vec::new();
         let c = GroConfig { vnet_hdr_len: vlen, ..cfg(Framing::Ip) };
-        Gro::new(c).coalesce(&mut bufs, &mut lens, 24, false, &mut tw);
+        Gro::new(c).coalesce(&mut Batch::new(&mut bufs, &mut lens, 24), false, &mut tw);
         assert_eq!(tw, vec![0]);
         let h = &bufs[0][24 - vlen..24];
         assert_eq!(VirtioNetHdrRepr::parse(h).unwrap().gso_type, gso::TCPV6);

@@ -13,7 +13,7 @@ use crate::checksum;
 use crate::gro::{Checksums, Gro, GroConfig};
 use crate::gso::Splitter;
 use crate::virtio_net::{flags, gso, VirtioNetHdrRepr};
-use crate::{ethernet, ipv4, ipv6, tcp, udp, Framing, IPPROTO_TCP, IPPROTO_UDP};
+use crate::{ethernet, ipv4, ipv6, tcp, udp, Batch, Framing, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Description of one test packet; [`Spec::build`] makes it with valid checksums.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,7 +402,7 @@ pub fn udp_tunnel_split(data: &[u8]) {
     assert!(s.write_segment(n, &mut out).is_err());
     let mut bufs = vec![vec![0u8; 2048]; 4];
     let mut lens = [0usize; 4];
-    let _ = s.split_into(0, &mut bufs, &mut lens, 12);
+    let _ = s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, 12));
     // GRO: what merges of the segments must split back into the same segments.
     if n <= 64 {
         use crate::udp_tunnel::{coalesce_tunnel, TunnelKind};
@@ -565,7 +565,7 @@ pub fn gso_split(data: &[u8]) {
     }
     let mut bufs = vec![vec![0u8; 2048]; 4];
     let mut lens = [0usize; 4];
-    let _ = s.split_into(0, &mut bufs, &mut lens, 12);
+    let _ = s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, 12));
 }
 
 /// Fuzz entry: `data` = config byte, then packets as (u16 LE length, bytes). Coalesces them and checks the
@@ -599,15 +599,15 @@ pub fn gro_coalesce(data: &[u8]) {
     let want = reference_groups(&pkts, &config, udp_max, checksums);
     let (mut gather_bufs, mut gather_lens, mut gather_write) = (bufs.clone(), lens.clone(), Vec::new());
     let mut gather = Gro::new(config).with_udp_max_segments(udp_max).with_gather(true);
-    gather.coalesce(&mut gather_bufs, &mut gather_lens, offset, checksums, &mut gather_write);
+    gather.coalesce(&mut Batch::new(&mut gather_bufs, &mut gather_lens, offset), checksums, &mut gather_write);
     assert_eq!(groups_of(&gather, &gather_write, &gather_lens, offset), want, "the kernel's merge decision");
     // The same batch without the fast path for the next segment of a stream: the same output.
     let (mut slow_bufs, mut slow_lens, mut slow_write) = (bufs.clone(), lens.clone(), Vec::new());
     let mut slow = Gro::new(config).with_udp_max_segments(udp_max).with_fast_path(false);
-    let slow_stats = slow.coalesce(&mut slow_bufs, &mut slow_lens, offset, checksums, &mut slow_write);
+    let slow_stats = slow.coalesce(&mut Batch::new(&mut slow_bufs, &mut slow_lens, offset), checksums, &mut slow_write);
     let mut gro = Gro::new(config).with_udp_max_segments(udp_max);
     let mut to_write = Vec::new();
-    let stats = gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
+    let stats = gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, offset), checksums, &mut to_write);
     assert_eq!((&to_write, stats), (&slow_write, slow_stats));
     for &i in &to_write {
         assert_eq!(bufs[i][..offset + lens[i]], slow_bufs[i][..offset + slow_lens[i]], "packet {i}");
@@ -646,7 +646,7 @@ pub fn gro_coalesce(data: &[u8]) {
     assert_eq!(segments, stats.packets);
     assert_eq!(before, after);
     // Reuse with the same engine must not panic either.
-    let _ = gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
+    let _ = gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, offset), checksums, &mut to_write);
 }
 
 /// For criterion's `iter_custom`: runs `reset` then `work` on `state` `iters` times and returns the time spent
@@ -667,8 +667,11 @@ pub fn time_after_reset<S>(
     total
 }
 
-/// Copies `pkts` into `bufs[i][off..]` and sets `lens` (a batch to coalesce, rebuilt before each run).
-pub fn load(pkts: &[Vec<u8>], bufs: &mut [Vec<u8>], lens: &mut [usize], off: usize) {
+/// Copies `pkts` into the batch's `bufs[i][offset..]` and sets its `lens` (a batch to coalesce, rebuilt before
+/// each run).
+pub fn load(pkts: &[Vec<u8>], batch: &mut Batch<'_, Vec<u8>>) {
+    let Batch { bufs, lens, offset } = batch;
+    let off = *offset;
     for (i, p) in pkts.iter().enumerate() {
         bufs[i][off..off + p.len()].copy_from_slice(p);
         lens[i] = p.len();
@@ -799,7 +802,7 @@ pub fn gro_model(data: &[u8]) {
         let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
         let mut gro = Gro::new(config).with_gather(true).with_fast_path(fast).with_udp_max_segments(udp_max);
         let mut to_write = Vec::new();
-        gro.coalesce(&mut bufs, &mut lens, offset, checksums, &mut to_write);
+        gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, offset), checksums, &mut to_write);
         let got = groups_of(&gro, &to_write, &lens, offset);
         assert_eq!(got, want, "fast path {fast}: coalesced packets differ from the kernel's decision");
     }

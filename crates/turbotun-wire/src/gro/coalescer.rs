@@ -12,6 +12,7 @@ use crate::ipv6;
 use crate::tcp;
 use crate::udp;
 use crate::virtio_net::{flags, gso, VirtioNetHdrRepr, VIRTIO_NET_HDR_LEN};
+use crate::Batch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
@@ -20,8 +21,9 @@ enum Slot {
     Merged,
 }
 
-fn packet<'a, B: AsRef<[u8]>>(bufs: &'a [B], lens: &[usize], i: usize, offset: usize) -> &'a [u8] {
-    &bufs[i].as_ref()[offset..offset + lens[i]]
+/// Packet `i` of the batch.
+fn packet<'a, B: AsRef<[u8]>>(batch: &'a Batch<'_, B>, i: usize) -> &'a [u8] {
+    &batch.bufs[i].as_ref()[batch.offset..batch.offset + batch.lens[i]]
 }
 
 /// Copies `bufs[src][range]` to `bufs[dst][at..]` (`src != dst`, ranges checked by the caller).
@@ -162,23 +164,22 @@ impl Gro {
         &self.config
     }
 
-    /// Coalesces a batch. Packets are `bufs[i][offset .. offset + lens[i]]`; `offset >= vnet_hdr_len` and buffers
-    /// should have room to grow to `offset + 65535` (a merge that does not fit a buffer is not made). Merged
-    /// packets are appended into the flow head's buffer (`lens` updated). Every packet to write gets its virtio
-    /// header in `bufs[i][offset - vnet_hdr_len .. offset]` (zeroed if unmerged, or `NEEDS_CSUM` for a markable
-    /// packet with [`Checksums::Partial`]). `to_write` is cleared and then filled with the indices to write, in
-    /// ascending order.
+    /// Coalesces a batch. Packets are `bufs[i][offset .. offset + lens[i]]` of `batch`; `offset >= vnet_hdr_len`
+    /// and buffers should have room to grow to `offset + 65535` (a merge that does not fit a buffer is not made).
+    /// Merged packets are appended into the flow head's buffer (`lens` updated). Every packet to write gets its
+    /// virtio header in `bufs[i][offset - vnet_hdr_len .. offset]` (zeroed if unmerged, or `NEEDS_CSUM` for a
+    /// markable packet with [`Checksums::Partial`]). `to_write` is cleared and then filled with the indices to
+    /// write, in ascending order.
     ///
     /// `checksums`: what the caller vouches for (`true` for [`Checksums::Valid`]: segments split by us, or
     /// `DATA_VALID`; `false` for [`Checksums::Unverified`]).
     pub fn coalesce<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums: impl Into<Checksums>,
         to_write: &mut Vec<usize>,
     ) -> GroStats {
+        let offset = batch.offset;
         let checksums = checksums.into();
         let checksums_valid = checksums.trusted();
         to_write.clear();
@@ -186,9 +187,9 @@ impl Gro {
         self.slots.clear();
         self.next.clear();
         if self.gather {
-            self.next.resize(bufs.len().min(lens.len()), CHAIN_END);
+            self.next.resize(batch.capacity(), CHAIN_END);
         }
-        let n = bufs.len().min(lens.len());
+        let n = batch.capacity();
         let vlen = self.config.vnet_hdr_len;
         let mut stats = GroStats { packets: n, ..GroStats::default() };
         let headers_ok = vlen >= VIRTIO_NET_HDR_LEN && offset >= vlen;
@@ -196,22 +197,23 @@ impl Gro {
         let mut cand = Cand::EMPTY;
         for i in 0..n {
             self.slots.push(Slot::Pass);
-            let buf_len = bufs[i].as_ref().len();
-            if !headers_ok || !offset.checked_add(lens[i]).is_some_and(|e| e <= buf_len) {
+            let buf_len = batch.bufs[i].as_ref().len();
+            if !headers_ok || !offset.checked_add(batch.lens[i]).is_some_and(|e| e <= buf_len) {
                 stats.malformed += 1;
                 continue;
             }
-            if self.fast_path && checksums_valid && self.try_fast_append(i, bufs, lens, offset) {
+            if self.fast_path && checksums_valid && self.try_fast_append(i, batch) {
                 stats.coalesced += 1;
                 continue;
             }
-            let pkt = packet(bufs, lens, i, offset);
+            let pkt = packet(batch, i);
             match parse_candidate_into(pkt, self.config.framing, tcp_on, udp_on, &mut cand) {
-                Parsed::Transport => self.insert(i, &cand, bufs, lens, offset, checksums_valid, &mut stats),
+                Parsed::Transport => self.insert(i, &cand, batch, checksums_valid, &mut stats),
                 Parsed::Stopped { udp_barrier: true } => self.udp_barrier(pkt),
                 Parsed::Stopped { udp_barrier: false } => {}
             }
         }
+        let Batch { bufs, lens, .. } = batch;
         for i in 0..n {
             let slot = self.slots[i];
             if slot == Slot::Merged {
@@ -259,10 +261,11 @@ impl Gro {
     /// Whether item `k`, grown to `new_len` bytes, stays within [`MAX_PACKET_LEN`] of IP packet and (in copy
     /// mode, where the payload is appended to the head's buffer) within its buffer.
     #[inline(always)]
-    fn fits<B: AsRef<[u8]>>(&self, k: usize, new_len: usize, bufs: &[B], offset: usize) -> bool {
+    fn fits<B: AsRef<[u8]>>(&self, k: usize, new_len: usize, batch: &Batch<'_, B>) -> bool {
         let it = &self.items[k];
         // Gather mode writes only headers into the head's buffer, so its size does not limit the merge.
-        new_len - it.layout.l3 <= MAX_PACKET_LEN && (self.gather || bufs[it.buf].as_ref().len() >= offset + new_len)
+        new_len - it.layout.l3 <= MAX_PACKET_LEN
+            && (self.gather || batch.bufs[it.buf].as_ref().len() >= batch.offset + new_len)
     }
 
     /// The coalesced length of item `k` with `payload_len` more bytes.
@@ -279,13 +282,7 @@ impl Gro {
     /// changed window, another flow, a gap) returns `false` and takes the full path, which reaches the same
     /// verdict. Trusted checksums only.
     #[inline]
-    fn try_fast_append<B: AsMut<[u8]> + AsRef<[u8]>>(
-        &mut self,
-        i: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) -> bool {
+    fn try_fast_append<B: AsMut<[u8]> + AsRef<[u8]>>(&mut self, i: usize, batch: &mut Batch<'_, B>) -> bool {
         let Some(k) = self.items.len().checked_sub(1) else {
             return false;
         };
@@ -294,8 +291,9 @@ impl Gro {
             return false;
         }
         let l = it.layout;
-        let pkt = packet(bufs, lens, i, offset);
-        let head = &bufs[it.buf].as_ref()[offset..offset + l.hdr_len];
+        let offset = batch.offset;
+        let pkt = packet(batch, i);
+        let head = &batch.bufs[it.buf].as_ref()[offset..offset + l.hdr_len];
         // The full path stops a packet whose IPv4 header checksum fails before the transport layer.
         if !headers_match(head, pkt, &l) || (!l.v6 && !ipv4_header_sum_ok(&pkt[l.l3..])) {
             return false;
@@ -304,11 +302,11 @@ impl Gro {
         let Some(id_mode) = it.accepts(&seg, df_of(pkt, &l), self.udp_max_segments) else {
             return false;
         };
-        let new_len = self.grown_len(k, lens, seg.payload_len);
-        if !self.fits(k, new_len, bufs, offset) {
+        let new_len = self.grown_len(k, batch.lens, seg.payload_len);
+        if !self.fits(k, new_len, batch) {
             return false;
         }
-        self.append(k, i, l.hdr_len, seg.payload_len, new_len, bufs, lens, offset);
+        self.append(k, i, l.hdr_len, seg.payload_len, new_len, batch);
         self.count_merge(k, seg.payload_len, seg.flags, id_mode);
         true
     }
@@ -316,43 +314,31 @@ impl Gro {
     /// The open item of packet `i`'s flow (parsed as `c`): the newest open item with its flow key whose IPv6
     /// extension headers, if any, are the packet's byte for byte.
     #[inline]
-    fn find_open<B: AsRef<[u8]>>(
-        &self,
-        hash: u64,
-        c: &Cand,
-        bufs: &[B],
-        lens: &[usize],
-        i: usize,
-        offset: usize,
-    ) -> Option<usize> {
+    fn find_open<B: AsRef<[u8]>>(&self, hash: u64, c: &Cand, batch: &Batch<'_, B>, i: usize) -> Option<usize> {
         (0..self.items.len()).rev().find(|&k| {
             let it = &self.items[k];
             !it.closed && it.hash == hash && it.key == c.key && {
                 let ext = c.layout.l3 + ipv6::HEADER_LEN..c.layout.l4;
-                c.key.ext_len == 0
-                    || packet(bufs, lens, it.buf, offset)[ext.clone()] == packet(bufs, lens, i, offset)[ext]
+                c.key.ext_len == 0 || packet(batch, it.buf)[ext.clone()] == packet(batch, i)[ext]
             }
         })
     }
 
     /// Merges packet `i` (parsed as `c`) into its flow's open item, or closes that item and makes the packet the
     /// head of a new one (if it may be held), or lets it pass alone.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn insert<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         i: usize,
         c: &Cand,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums_valid: bool,
         stats: &mut GroStats,
     ) {
         let hash = c.key.hash();
         let mut pkt_ok: Option<bool> = if checksums_valid { Some(true) } else { None };
-        if let Some(k) = self.find_open(hash, c, bufs, lens, i, offset) {
-            match self.try_merge(k, i, c, bufs, lens, offset, &mut pkt_ok, stats) {
+        if let Some(k) = self.find_open(hash, c, batch, i) {
+            match self.try_merge(k, i, c, batch, &mut pkt_ok, stats) {
                 Attempt::Merged | Attempt::BadPacket => return,
                 Attempt::Refused | Attempt::BadItem => {}
             }
@@ -361,28 +347,25 @@ impl Gro {
             return;
         }
         self.slots[i] = Slot::Head(self.items.len());
-        self.items.push(Item::first(c, hash, i, lens[i], pkt_ok == Some(true)));
+        self.items.push(Item::first(c, hash, i, batch.lens[i], pkt_ok == Some(true)));
     }
 
     /// Packet `i` of the flow of open item `k`: merged, or the item closed. Checksums are verified only here, as
     /// a packet meets an item: the item's (if not yet verified) and the packet's (cached in `pkt_ok`).
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn try_merge<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
         k: usize,
         i: usize,
         c: &Cand,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         pkt_ok: &mut Option<bool>,
         stats: &mut GroStats,
     ) -> Attempt {
         if !self.items[k].verified {
             let it = &self.items[k];
             let l = it.layout;
-            let head = packet(bufs, lens, it.buf, offset);
+            let head = packet(batch, it.buf);
             if !l4_checksum_ok(&head[l.l4..], addr_sum(head, &l), l.udp, l.v6) {
                 self.items[k].closed = true;
                 stats.bad_checksum += 1;
@@ -392,24 +375,24 @@ impl Gro {
         }
         let l = c.layout;
         if !*pkt_ok.get_or_insert_with(|| {
-            let pkt = packet(bufs, lens, i, offset);
+            let pkt = packet(batch, i);
             l4_checksum_ok(&pkt[l.l4..], addr_sum(pkt, &l), l.udp, l.v6)
         }) {
             stats.bad_checksum += 1;
             return Attempt::BadPacket;
         }
         let it = &self.items[k];
-        let pkt = packet(bufs, lens, i, offset);
-        let head = &bufs[it.buf].as_ref()[offset..offset + it.layout.hdr_len];
+        let pkt = packet(batch, i);
+        let head = &batch.bufs[it.buf].as_ref()[batch.offset..batch.offset + it.layout.hdr_len];
         let verdict = if headers_match(head, pkt, &it.layout) {
             it.accepts(&c.seg, df_of(pkt, &l), self.udp_max_segments)
         } else {
             None
         };
-        let new_len = self.grown_len(k, lens, c.seg.payload_len);
-        match verdict.filter(|_| self.fits(k, new_len, bufs, offset)) {
+        let new_len = self.grown_len(k, batch.lens, c.seg.payload_len);
+        match verdict.filter(|_| self.fits(k, new_len, batch)) {
             Some(id_mode) => {
-                self.append(k, i, l.hdr_len, c.seg.payload_len, new_len, bufs, lens, offset);
+                self.append(k, i, l.hdr_len, c.seg.payload_len, new_len, batch);
                 self.count_merge(k, c.seg.payload_len, c.seg.flags, id_mode);
                 stats.coalesced += 1;
                 Attempt::Merged
@@ -428,7 +411,6 @@ impl Gro {
 
     /// Packet `i` (header length, payload length) follows item `k`: its payload goes after the item's (copied, or
     /// chained in gather mode).
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     fn append<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
@@ -437,10 +419,10 @@ impl Gro {
         hdr_len: usize,
         payload_len: usize,
         new_len: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) {
+        let Batch { bufs, lens, offset } = batch;
+        let offset = *offset;
         let it = &mut self.items[k];
         if self.gather {
             self.next[it.last] = i;
@@ -518,7 +500,7 @@ mod tests {
                 bufs[i][10..10 + p.len()].copy_from_slice(p);
                 lens[i] = p.len();
             }
-            let st = g.coalesce(&mut bufs, &mut lens, 10, false, &mut tw);
+            let st = g.coalesce(&mut Batch::new(&mut bufs, &mut lens, 10), false, &mut tw);
             assert_eq!((st.written, st.coalesced, st.tcp_super_packets), (1, 31, 1));
             caps.push((g.items.capacity(), g.slots.capacity(), g.items.as_ptr(), g.slots.as_ptr()));
         }

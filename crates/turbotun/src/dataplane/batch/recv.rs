@@ -25,7 +25,7 @@ use crate::sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Received {
-    /// Packets written to `bufs[..packets]`.
+    /// Packets written to the batch's `bufs[..packets]`.
     pub packets: usize,
     /// Segments of the last super-packet that did not fit and will be returned by the next call (no read).
     pub pending: usize,
@@ -154,7 +154,7 @@ impl RecvHalf {
         self.pending.as_ref().map_or(0, |p| p.total - p.next)
     }
 
-    /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
+    /// Fills as much of `batch` as the queue has ready: the first read waits (up to `timeout`, on a non-blocking
     /// queue), later ones only take what is there already. A batch ends after a super-packet (its segments, or
     /// those that fit, with the rest pending for next time). Returns zero packets on timeout, or when a signal
     /// interrupted a blocking read (see [`crate::wake`]), so that the caller can look at its flags.
@@ -445,14 +445,13 @@ impl RecvHalf {
         batch: &mut Batch<'_, B>,
         shape: ScatterShape,
     ) -> Option<Received> {
-        let Batch { bufs, lens, offset } = batch;
-        let offset = *offset;
+        let offset = batch.offset;
         match shape.placement(hdr, len) {
             Placement::Whole => {
-                return Some(self.deliver_whole(hdr, &mut bufs[0].as_mut()[offset..offset + len], lens));
+                return Some(self.deliver_whole(hdr, &mut batch.bufs[0].as_mut()[offset..offset + len], batch.lens));
             }
             Placement::Segments => {
-                let split = shape.split_in_place(hdr, len, self.framing, self.partial, bufs, offset, lens);
+                let split = shape.split_in_place(hdr, len, self.framing, self.partial, batch);
                 if let Some((count, left_partial)) = split {
                     self.stats.zero_copy_splits += 1;
                     let progress = SplitProgress { produced: count, next: count, total: count };
@@ -461,7 +460,7 @@ impl RecvHalf {
             }
             Placement::Join => {}
         }
-        shape.join(bufs, offset, len, &mut self.scratch);
+        shape.join(batch.bufs, offset, len, &mut self.scratch);
         None
     }
 
@@ -496,7 +495,8 @@ impl RecvHalf {
         }
         let limit = total.min(MAX_SEGMENTS);
         let room = batch.bufs.len().min(limit);
-        let progress = match splitter.split_into(0, &mut batch.bufs[..room], batch.lens, batch.offset) {
+        let progress = match splitter.split_into(0, &mut Batch::new(&mut batch.bufs[..room], batch.lens, batch.offset))
+        {
             Ok(progress) => progress,
             Err(e) => {
                 // Buffers too small: keep the super-packet for a call with larger ones.
@@ -549,7 +549,7 @@ impl RecvHalf {
             .leave_checksums_partial(self.partial);
         let room = batch.bufs.len().min(p.total - p.next);
         let progress = splitter
-            .split_into(p.next, &mut batch.bufs[..room], batch.lens, batch.offset)
+            .split_into(p.next, &mut Batch::new(&mut batch.bufs[..room], batch.lens, batch.offset))
             .map_err(|e| split_error(queue, e))?;
         let progress = SplitProgress { total: p.total, ..progress };
         p.next = progress.next;
@@ -569,7 +569,7 @@ impl RecvHalf {
 /// header size and offloads decide how reads are laid out; offloads changed at run time
 /// ([`Queue::set_offloads`]) are followed from the next read on.
 ///
-/// Buffers: packet `i` lands at `bufs[i][offset .. offset + lens[i]]`. Each buffer needs `offset` (at least the
+/// Buffers: a [`Batch`]; packet `i` lands at `bufs[i][offset .. offset + lens[i]]`. Each buffer needs `offset` (at least the
 /// queue's virtio header size) plus the largest packet the device hands over whole: its MTU plus the link-layer
 /// header (14 bytes on TAP, 18 or 22 with VLAN tags). Super-packets are read into a buffer of the half's own
 /// (about 64 KiB, made on the first read that needs it) or scattered over the caller's buffers, never into one of
@@ -638,7 +638,7 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
         self.half.pending()
     }
 
-    /// Fills as much of `bufs` as the queue has ready: the first read waits (up to `timeout`, forever with
+    /// Fills as much of `batch` as the queue has ready: the first read waits (up to `timeout`, forever with
     /// `None`), later ones only take what is there already. A batch ends after a super-packet (its segments, or
     /// those that fit, with the rest pending for next time). Returns zero packets on timeout, or when a signal
     /// interrupted a blocking read (see [`crate::wake`]), so that the caller can look at its flags. A frame that
@@ -646,25 +646,18 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
     /// queue.
     pub fn recv_many<B: AsMut<[u8]>>(
         &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         timeout: Option<std::time::Duration>,
     ) -> Result<Received> {
-        self.half.recv_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset), timeout)
+        self.half.recv_many(self.queue.borrow(), batch, timeout)
     }
 
     /// Like [`Self::recv_many`] without waiting: on a non-blocking queue with nothing to read it returns the
     /// would-block error ([`Error::is_would_block`]), which is what an event loop waits on. On a blocking queue
     /// the first read sleeps until a packet comes; the later ones never do (`RWF_NOWAIT`), so a batch holds what
     /// was already queued. A kernel without `RWF_NOWAIT` gets one read per batch on a blocking queue.
-    pub fn try_recv_many<B: AsMut<[u8]>>(
-        &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) -> Result<Received> {
-        self.half.try_recv_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset))
+    pub fn try_recv_many<B: AsMut<[u8]>>(&mut self, batch: &mut Batch<'_, B>) -> Result<Received> {
+        self.half.try_recv_many(self.queue.borrow(), batch)
     }
 }
 
@@ -713,7 +706,7 @@ mod tests {
         let (mut bufs, mut lens) = buffers(64, VIRTIO_NET_HDR_LEN + 1500);
         let mut delivered = 0;
         while delivered < MAX_SEGMENTS {
-            let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, None).unwrap();
+            let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN), None).unwrap();
             assert!(got.packets > 0);
             assert!(lens[..got.packets].iter().all(|&len| len == 20 + 20 + 1), "one-byte segments");
             delivered += got.packets;
@@ -740,7 +733,7 @@ mod tests {
         feed.send(&bad_offsets).unwrap();
         feed.send(&super_packet(3000, 1000)).unwrap();
         let (mut bufs, mut lens) = buffers(8, VIRTIO_NET_HDR_LEN + 1500);
-        let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, None).unwrap();
+        let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN), None).unwrap();
         assert_eq!(got.packets, 3, "the good super-packet, split");
         let stats = rx.stats();
         assert_eq!(stats.reads, 4);
@@ -769,7 +762,7 @@ mod tests {
 
         // A super-packet alone: its segments carry the pseudo-header sum, and the batch says so.
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, off)).unwrap();
         assert_eq!((got.packets, got.checksums), (3, Checksums::Partial));
         for i in 0..3 {
             let seg = &bufs[i][off..off + lens[i]];
@@ -782,7 +775,7 @@ mod tests {
         // segments' checksums are completed.
         feed.send(&whole_packet(200)).unwrap();
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, off)).unwrap();
         assert_eq!((got.packets, got.checksums), (4, Checksums::Unverified));
         for i in 0..4 {
             assert!(checksum_complete(&bufs[i][off..off + lens[i]]), "packet {i}");
@@ -791,7 +784,7 @@ mod tests {
         // Without the option every segment is complete.
         let mut rx = RecvBatch::new(&queue);
         feed.send(&super_packet(3000, 1000)).unwrap();
-        let got = rx.try_recv_many(&mut bufs, &mut lens, off).unwrap();
+        let got = rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, off)).unwrap();
         assert_eq!((got.packets, got.checksums), (3, Checksums::Valid));
         assert!((0..3).all(|i| checksum_complete(&bufs[i][off..off + lens[i]])));
     }
@@ -805,7 +798,7 @@ mod tests {
         feed.send(&[0x45; 100]).unwrap();
         feed.send(&[0x60; 60]).unwrap();
         let (mut bufs, mut lens) = buffers(4, 1500);
-        let got = rx.try_recv_many(&mut bufs, &mut lens, 0).unwrap();
+        let got = rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, 0)).unwrap();
         assert_eq!((got.packets, lens[0], lens[1]), (2, 100, 60));
         assert_eq!((bufs[0][0], bufs[1][0]), (0x45, 0x60));
         assert_eq!(rx.stats().drops.total(), 0);

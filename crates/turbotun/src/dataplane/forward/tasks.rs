@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::jobs::jobs;
 use super::workers::{arena, each_packet, packet_offset, raw_frame, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder};
+use crate::dataplane::batch::Batch;
 use crate::dataplane::stats::Counters;
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Flusher};
 use crate::dataplane::threads::{panic_message, supervise, Done};
@@ -100,7 +101,7 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
     let mut flusher = Flusher::new(ctx.shared());
     let offset = packet_offset(src.get_ref(), dst.get_ref());
     loop {
-        let got = match rx.recv_many(&mut bufs, &mut lens, offset).await {
+        let got = match rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, offset)).await {
             Ok(got) => got,
             Err(e) => {
                 flusher.flush(final_batch_counts(rx.stats(), tx.stats(), rx.pending()));
@@ -108,7 +109,9 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
             }
         };
         each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
-        let sent = tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums).await;
+        let sent = tx
+            .send_many(&mut Batch::new(&mut bufs[..got.packets], &mut lens[..got.packets], offset), got.checksums)
+            .await;
         flusher.flush(batch_counts(rx.stats(), tx.stats()));
         sent?;
     }

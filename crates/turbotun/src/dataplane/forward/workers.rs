@@ -7,7 +7,7 @@ use std::io::IoSlice;
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
 use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, IDLE_WAIT};
-use crate::dataplane::batch::{RecvBatch, SendBatch};
+use crate::dataplane::batch::{Batch, RecvBatch, SendBatch};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::queue::{Queue, MAX_PACKET};
@@ -119,13 +119,13 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let offset = packet_offset(src, dst);
     let result = (|| {
         while !ctx.stop.is_stopped() {
-            let got = rx.recv_many(&mut bufs, &mut lens, offset, Some(IDLE_WAIT))?;
+            let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, offset), Some(IDLE_WAIT))?;
             if got.packets == 0 {
                 flusher.flush(batch_counts(rx.stats(), tx.stats()));
                 continue;
             }
             each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
-            tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums)?;
+            tx.send_many(&mut Batch::new(&mut bufs[..got.packets], &mut lens[..got.packets], offset), got.checksums)?;
             flusher.maybe_flush(batch_counts(rx.stats(), tx.stats()));
         }
         Ok(())
