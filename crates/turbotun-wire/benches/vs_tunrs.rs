@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use turbotun_wire::checksum;
 use turbotun_wire::fuzzing::{load, payload, time_after_reset, Spec};
-use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
+use turbotun_wire::{Batch, Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 
 const OFF: usize = 12;
 
@@ -65,7 +65,7 @@ fn bench_split(c: &mut Criterion) {
     let mut tsizes = vec![0usize; n];
     let mut tin = sup.clone();
     // Same work: identical output bytes.
-    s.split_into(0, &mut bufs, &mut lens, OFF).unwrap();
+    s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, OFF)).unwrap();
     let got = tun_rs::gso_split(&mut tin, tunrs_hdr(&hdr), &mut tbufs, &mut tsizes, OFF, false).unwrap();
     assert_eq!(got, n);
     for i in 0..n {
@@ -77,7 +77,7 @@ fn bench_split(c: &mut Criterion) {
     g.bench_function("turbotun", |b| {
         b.iter(|| {
             let s = Splitter::new(black_box(&hdr), black_box(&sup), Framing::Ip).unwrap();
-            s.split_into(0, &mut bufs, &mut lens, OFF).unwrap()
+            s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, OFF)).unwrap()
         })
     });
     g.bench_function("tun-rs", |b| {
@@ -150,8 +150,8 @@ fn bench_coalesce(c: &mut Criterion) {
         }
     };
     // Same work: both produce one identical super-packet.
-    load(&pkts, &mut bufs, &mut lens, OFF);
-    gro.coalesce(&mut bufs, &mut lens, OFF, false, &mut tw);
+    load(&pkts, &mut Batch::new(&mut bufs, &mut lens, OFF));
+    gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), false, &mut tw);
     reset_tunrs(&mut tbufs);
     table.apply_gro(&mut tbufs, OFF, true).unwrap();
     assert_eq!(tw, vec![0]);
@@ -164,8 +164,8 @@ fn bench_coalesce(c: &mut Criterion) {
     // pieces joined, is the same super-packet.
     let mut gather =
         Gro::new(GroConfig { tcp: true, udp: true, framing: Framing::Ip, vnet_hdr_len: 10 }).with_gather(true);
-    load(&pkts, &mut bufs, &mut lens, OFF);
-    gather.coalesce(&mut bufs, &mut lens, OFF, true, &mut tw);
+    load(&pkts, &mut Batch::new(&mut bufs, &mut lens, OFF));
+    gather.coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), true, &mut tw);
     assert_eq!(tw, vec![0]);
     let joined: Vec<u8> = gather.pieces(0, &lens, OFF).flat_map(|(b, range)| bufs[b][range].to_vec()).collect();
     assert_eq!(joined, tbufs[0][OFF - 10..], "gather mode's pieces, joined");
@@ -177,9 +177,9 @@ fn bench_coalesce(c: &mut Criterion) {
                 time_after_reset(
                     iters,
                     &mut (&mut bufs, &mut lens),
-                    |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                    |(bufs, lens)| load(&pkts, &mut Batch::new(bufs, lens, OFF)),
                     |(bufs, lens)| {
-                        black_box(gro.coalesce(bufs, lens, OFF, trusted, &mut tw));
+                        black_box(gro.coalesce(&mut Batch::new(bufs, lens, OFF), trusted, &mut tw));
                     },
                 )
             })

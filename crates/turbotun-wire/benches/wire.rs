@@ -6,7 +6,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use turbotun_wire::checksum;
 use turbotun_wire::fuzzing::{load, payload, time_after_reset, Spec};
-use turbotun_wire::{Checksums, Framing, Gro, GroConfig, Splitter};
+use turbotun_wire::{Batch, Checksums, Framing, Gro, GroConfig, Splitter};
 
 const OFF: usize = 12;
 
@@ -53,7 +53,7 @@ fn bench_split(c: &mut Criterion) {
     g.bench_function("split_into", |b| {
         b.iter(|| {
             let s = Splitter::new(black_box(&hdr), black_box(&sup), Framing::Ip).unwrap();
-            s.split_into(0, &mut bufs, &mut lens, OFF).unwrap()
+            s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, OFF)).unwrap()
         })
     });
     g.bench_function("segment_view", |b| {
@@ -94,9 +94,9 @@ fn bench_coalesce(c: &mut Criterion) {
                 let total = time_after_reset(
                     iters,
                     &mut (&mut bufs, &mut lens),
-                    |(bufs, lens)| load(&pkts, bufs, lens, OFF),
+                    |(bufs, lens)| load(&pkts, &mut Batch::new(bufs, lens, OFF)),
                     |(bufs, lens)| {
-                        black_box(gro.coalesce(bufs, lens, OFF, checksums, &mut tw));
+                        black_box(gro.coalesce(&mut Batch::new(bufs, lens, OFF), checksums, &mut tw));
                     },
                 );
                 assert_eq!(tw, vec![0]);

@@ -13,7 +13,7 @@ use crate::ipv6;
 use crate::tcp;
 use crate::udp;
 use crate::virtio_net::{gso, VirtioNetHdrRepr};
-use crate::{locate_ip, Framing, GsoError, WireError, IPPROTO_TCP, IPPROTO_UDP};
+use crate::{locate_ip, Batch, Framing, GsoError, WireError, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Longest header (L2 + L3 + extension headers + L4) a super-packet may have: 22 bytes of Ethernet with two VLAN
 /// tags, 60 bytes of IPv4 or 40 bytes of IPv6 plus up to 114 bytes of extension headers, and 60 bytes of TCP.
@@ -565,24 +565,20 @@ impl<'a> Splitter<'a> {
         Ok(v)
     }
 
-    /// Batch helper: writes segments `first, first + 1, ...` into `bufs[i][offset..]` and their lengths into
-    /// `lens[i]`, as many as `bufs` and `lens` hold. Reports exactly how many were produced and the next index.
+    /// Batch helper: writes segments `first, first + 1, ...` into the batch's `bufs[i][offset..]` and their lengths
+    /// into `lens[i]`, as many as it holds. Reports exactly how many were produced and the next index.
     ///
     /// A buffer too small for its segment stops the batch there: if some segments were already produced they are
     /// reported (and `next` points at the segment that did not fit); if it is the first one, the error is returned.
     pub fn split_into<B: AsMut<[u8]>>(
         &self,
         first: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Result<SplitProgress, GsoError> {
         split_batch(
             first,
             self.count,
-            bufs,
-            lens,
-            offset,
+            batch,
             |index, out| self.write_segment(index, out),
             |index| self.segment_len(index),
         )
@@ -590,17 +586,17 @@ impl<'a> Splitter<'a> {
 }
 
 /// The batch loop of [`Splitter::split_into`] and [`crate::TunnelSplitter::split_into`]: segments `first ..
-/// total` written by `write` into `bufs[i][offset..]` (lengths into `lens[i]`) as far as the buffers go. A buffer
-/// too small for its segment ends the batch there, or is the error if it is the first.
+/// total` written by `write` into the batch's `bufs[i][offset..]` (lengths into `lens[i]`) as far as the buffers
+/// go. A buffer too small for its segment ends the batch there, or is the error if it is the first.
 pub(crate) fn split_batch<B: AsMut<[u8]>>(
     first: usize,
     total: usize,
-    bufs: &mut [B],
-    lens: &mut [usize],
-    offset: usize,
+    batch: &mut Batch<'_, B>,
     write: impl Fn(usize, &mut [u8]) -> Result<usize, GsoError>,
     segment_len: impl Fn(usize) -> usize,
 ) -> Result<SplitProgress, GsoError> {
+    let Batch { bufs, lens, offset } = batch;
+    let offset = *offset;
     if first > total {
         return Err(GsoError::IndexOutOfRange { index: first, count: total });
     }
@@ -748,7 +744,7 @@ mod tests {
         let mut next = 0;
         let mut got = 0;
         loop {
-            let pr = s.split_into(next, &mut bufs, &mut lens, 10).unwrap();
+            let pr = s.split_into(next, &mut Batch::new(&mut bufs, &mut lens, 10)).unwrap();
             got += pr.produced;
             assert_eq!(pr.total, 10);
             for l in &lens[..pr.produced] {
@@ -763,10 +759,10 @@ mod tests {
         assert_eq!(got, 10);
         // Second buffer too small: the first is reported, next points at segment 1.
         let mut bufs = vec![vec![0u8; 200], vec![0u8; 100]];
-        let pr = s.split_into(0, &mut bufs, &mut lens[..2], 10).unwrap();
+        let pr = s.split_into(0, &mut Batch::new(&mut bufs, &mut lens[..2], 10)).unwrap();
         assert_eq!(pr, SplitProgress { produced: 1, next: 1, total: 10 });
-        assert!(s.split_into(1, &mut bufs[1..], &mut lens[..1], 10).is_err());
-        assert!(s.split_into(11, &mut bufs, &mut lens[..2], 0).is_err());
-        assert_eq!(s.split_into(10, &mut bufs, &mut lens[..2], 0).unwrap().produced, 0);
+        assert!(s.split_into(1, &mut Batch::new(&mut bufs[1..], &mut lens[..1], 10)).is_err());
+        assert!(s.split_into(11, &mut Batch::new(&mut bufs, &mut lens[..2], 0)).is_err());
+        assert_eq!(s.split_into(10, &mut Batch::new(&mut bufs, &mut lens[..2], 0)).unwrap().produced, 0);
     }
 }

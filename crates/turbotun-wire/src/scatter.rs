@@ -12,7 +12,7 @@ use core::ops::Range;
 
 use crate::gso::{Splitter, MAX_HEADER_LEN};
 use crate::virtio_net::VirtioNetHdrRepr;
-use crate::Framing;
+use crate::{Batch, Framing};
 
 /// The shape a scattered read is laid out for: the header length and segment size of the last super-packet,
 /// and how many segment buffers the read fills before the overflow buffer that takes the rest.
@@ -85,21 +85,20 @@ impl ScatterShape {
         }
     }
 
-    /// Writes each segment's headers in front of its payload, which the read already put in `bufs[i]` (at
-    /// `offset`), and each segment's length into `lens[i]`. Returns the number of segments and whether their
+    /// Writes each segment's headers in front of its payload, which the read already put in the batch's `bufs[i]`
+    /// (at `offset`), and each segment's length into `lens[i]`. Returns the number of segments and whether their
     /// checksums were left partial (with `partial`; see [`Splitter::leave_checksums_partial`]); `None` (nothing
     /// written) if the frame is not of this shape, for [`Self::join`].
-    #[allow(clippy::too_many_arguments)]
     pub fn split_in_place<B: AsMut<[u8]>>(
         &self,
         hdr: &VirtioNetHdrRepr,
         len: usize,
         framing: Framing,
         partial: bool,
-        bufs: &mut [B],
-        offset: usize,
-        lens: &mut [usize],
+        batch: &mut Batch<'_, B>,
     ) -> Option<(usize, bool)> {
+        let Batch { bufs, lens, offset } = batch;
+        let offset = *offset;
         let h = self.hdr_len;
         if h > MAX_HEADER_LEN || bufs.len() < self.segments {
             return None;
@@ -186,7 +185,13 @@ mod tests {
                 assert_eq!(shape.placement(&hdr, frame.len()), Placement::Segments);
                 let mut lens = vec![0; 8];
                 let (count, partial) = shape
-                    .split_in_place(&hdr, frame.len(), Framing::Ip, false, &mut bufs, offset, &mut lens)
+                    .split_in_place(
+                        &hdr,
+                        frame.len(),
+                        Framing::Ip,
+                        false,
+                        &mut Batch::new(&mut bufs, &mut lens, offset),
+                    )
                     .expect("the predicted shape");
                 assert!(!partial);
                 let copied = spec.segments(&payload(payload_len, 3), 1000);
@@ -209,7 +214,13 @@ mod tests {
             let mut lens = vec![0; 4];
             let placed = shape.placement(&hdr, frame.len());
             if placed == Placement::Segments {
-                let split = shape.split_in_place(&hdr, frame.len(), Framing::Ip, false, &mut bufs, 10, &mut lens);
+                let split = shape.split_in_place(
+                    &hdr,
+                    frame.len(),
+                    Framing::Ip,
+                    false,
+                    &mut Batch::new(&mut bufs, &mut lens, 10),
+                );
                 assert!(split.is_none(), "another segment size is not the shape");
             } else {
                 assert_eq!(placed, Placement::Join);

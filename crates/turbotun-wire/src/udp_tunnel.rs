@@ -16,13 +16,13 @@
 //! checksum, complete over the whole segment with `UDP_TUNNEL_CSUM` (0 sent as 0xffff), 0 without it.
 
 use crate::checksum;
-use crate::gro::{self, ipv4_id_rule, FlowRun, IdMode, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
+use crate::gro::{rules, segment, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
 use crate::gso::{Splitter, MAX_HEADER_LEN};
 use crate::ipv4;
 use crate::ipv6;
 use crate::udp;
 use crate::virtio_net::{flags, gso, TunnelOffsets, VirtioNetHdrRepr};
-use crate::{locate_ip, Framing, GsoError, SplitProgress, WireError, IPPROTO_UDP};
+use crate::{locate_ip, Batch, Framing, GsoError, SplitProgress, WireError, IPPROTO_UDP};
 
 /// A validated UDP-tunnel super-packet. Construction checks every offset; afterwards nothing can panic.
 #[derive(Debug, Clone)]
@@ -216,21 +216,17 @@ impl<'a> TunnelSplitter<'a> {
         }
     }
 
-    /// Writes segments `first, first + 1, ...` into `bufs[i][offset..]` and their lengths into `lens[i]`, as
-    /// many as fit, like [`Splitter::split_into`].
+    /// Writes segments `first, first + 1, ...` into the batch's `bufs[i][offset..]` and their lengths into
+    /// `lens[i]`, as many as fit, like [`Splitter::split_into`].
     pub fn split_into<B: AsMut<[u8]>>(
         &self,
         first: usize,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
     ) -> Result<SplitProgress, GsoError> {
         crate::gso::split_batch(
             first,
             self.segment_count(),
-            bufs,
-            lens,
-            offset,
+            batch,
             |index, out| self.write_segment(index, out),
             |index| self.segment_len(index),
         )
@@ -261,7 +257,7 @@ pub struct TunnelMerge {
 }
 
 /// The outer headers of one frame as the coalescer sees them (the inner packet is the GRO rules' business,
-/// [`FlowRun`]).
+/// [`segment::FlowRun`]).
 #[derive(Debug, Clone, Copy)]
 struct Outer {
     l3: usize,
@@ -296,7 +292,7 @@ fn parse_outer(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Outer> {
             && !p.is_fragment()
             && usize::from(p.total_len()) == ip.len()
             && p.protocol() == IPPROTO_UDP
-            && gro::ipv4_header_sum_ok(ip);
+            && segment::ipv4_header_sum_ok(ip);
         if !ok {
             return None;
         }
@@ -310,7 +306,7 @@ fn parse_outer(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Outer> {
     // A zero outer UDP checksum is "none", over IPv6 too: tunnels may send that (RFC 6935; Linux VXLAN with
     // `udp6zerocsumtx`). A present one must verify.
     let csum = u.checksum() != 0;
-    if csum && !gro::l4_checksum_ok(&f[th..], addr_sum, true, v6) {
+    if csum && !segment::l4_checksum_ok(&f[th..], addr_sum, true, v6) {
         return None;
     }
     let tunnel = th + udp::HEADER_LEN;
@@ -334,8 +330,8 @@ fn parse_outer(f: &[u8], framing: Framing, kind: TunnelKind) -> Option<Outer> {
 fn outer_headers_match(a: &[u8], b: &[u8], p: &Outer) -> bool {
     let udp_end = p.th + udp::HEADER_LEN;
     a[..p.l3] == b[..p.l3]
-        && gro::ip_headers_match(&a[p.l3..], &b[p.l3..], p.v6)
-        && gro::l4_headers_match(&a[p.th..udp_end], &b[p.th..udp_end], true)
+        && rules::ip_headers_match(&a[p.l3..], &b[p.l3..], p.v6)
+        && rules::l4_headers_match(&a[p.th..udp_end], &b[p.th..udp_end], true)
         && a[udp_end..p.eth] == b[udp_end..p.eth]
 }
 
@@ -364,18 +360,18 @@ pub fn coalesce_tunnel(
     let Some(p) = parse_outer(first, framing, kind) else {
         return plain(out);
     };
-    let Some(mut run) = FlowRun::start(&first[p.eth..], Framing::Ethernet, DEFAULT_UDP_MAX_SEGMENTS) else {
+    let Some(mut run) = segment::FlowRun::start(&first[p.eth..], Framing::Ethernet, DEFAULT_UDP_MAX_SEGMENTS) else {
         return plain(out);
     };
     if p.eth + run.hdr_len() > MAX_HEADER_LEN {
         return plain(out);
     }
     let (mut count, mut total) = (1usize, first.len());
-    let mut outer_ids = IdMode::Unknown;
+    let mut outer_ids = segment::IdMode::Unknown;
     for f in &frames[1..] {
         let Some(q) = parse_outer(f, framing, kind) else { break };
         let payload = f.len().saturating_sub(q.eth + run.hdr_len());
-        let outer_id = if p.v6 { Some(outer_ids) } else { ipv4_id_rule(p.id, count, q.id, q.df, outer_ids) };
+        let outer_id = if p.v6 { Some(outer_ids) } else { segment::ipv4_id_rule(p.id, count, q.id, q.df, outer_ids) };
         let fits = q.eth == p.eth
             && q.csum == p.csum
             && outer_headers_match(first, f, &p)
@@ -424,7 +420,7 @@ pub fn coalesce_tunnel(
 
 /// The merged packet's lengths, IPv4 header checksums, FIN and PSH of its last segment, and its partial
 /// checksums (pseudo-header sums).
-fn patch_merged(seg: &mut [u8], p: &Outer, run: &FlowRun) {
+fn patch_merged(seg: &mut [u8], p: &Outer, run: &segment::FlowRun) {
     let total = seg.len();
     let set_ip = |seg: &mut [u8], l3: usize, v6: bool| {
         if v6 {

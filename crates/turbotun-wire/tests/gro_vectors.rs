@@ -3,116 +3,13 @@
 //! again and compared byte for byte with the inputs it absorbed; every unmerged packet must be unchanged with a
 //! zeroed virtio header.
 
+mod common;
+
+use common::*;
 use turbotun_wire::fuzzing::{checksums_ok, payload, Spec};
 use turbotun_wire::tcp::flags as tf;
-use turbotun_wire::virtio_net::{flags, gso};
-use turbotun_wire::{Checksums, Framing, Gro, GroConfig, GroStats, Splitter, VirtioNetHdrRepr};
-
-const OFF: usize = 12;
-
-struct Run {
-    bufs: Vec<Vec<u8>>,
-    lens: Vec<usize>,
-    to_write: Vec<usize>,
-    stats: GroStats,
-}
-
-fn run_with(gro: &mut Gro, pkts: &[Vec<u8>], valid: bool, room: usize) -> Run {
-    let mut bufs: Vec<Vec<u8>> = pkts
-        .iter()
-        .map(|p| {
-            let mut b = vec![0xeeu8; OFF + room.max(p.len())];
-            b[OFF..OFF + p.len()].copy_from_slice(p);
-            b
-        })
-        .collect();
-    let mut lens: Vec<usize> = pkts.iter().map(|p| p.len()).collect();
-    let mut to_write = vec![99];
-    let stats = gro.coalesce(&mut bufs, &mut lens, OFF, valid, &mut to_write);
-    Run { bufs, lens, to_write, stats }
-}
-
-fn cfg(framing: Framing) -> GroConfig {
-    GroConfig { tcp: true, udp: true, framing, vnet_hdr_len: 10 }
-}
-
-/// Runs GRO and checks the result is exactly `groups` (input indices in segment order; written at group[0]).
-fn check(framing: Framing, pkts: &[Vec<u8>], groups: &[&[usize]]) -> Run {
-    check_opts(&mut Gro::new(cfg(framing)), framing, pkts, groups, false, false)
-}
-
-fn check_opts(
-    gro: &mut Gro,
-    framing: Framing,
-    pkts: &[Vec<u8>],
-    groups: &[&[usize]],
-    valid: bool,
-    ignore_ip_id: bool,
-) -> Run {
-    let r = run_with(gro, pkts, valid, 65535);
-    let mut g: Vec<&[usize]> = groups.to_vec();
-    g.sort_by_key(|g| g[0]);
-    assert_eq!(r.to_write, g.iter().map(|g| g[0]).collect::<Vec<_>>(), "written indices");
-    assert_eq!(r.stats.packets, pkts.len());
-    assert_eq!(r.stats.written, g.len());
-    assert_eq!(r.stats.coalesced, pkts.len() - g.len());
-    for grp in g {
-        let i = grp[0];
-        let vh = &r.bufs[i][OFF - 10..OFF];
-        let out = &r.bufs[i][OFF..OFF + r.lens[i]];
-        let hdr = VirtioNetHdrRepr::parse(vh).unwrap();
-        if grp.len() == 1 {
-            assert_eq!(vh, &[0u8; 10], "unmerged packet {i} gets a zeroed header");
-            assert_eq!(out, &pkts[i][..], "unmerged packet {i} untouched");
-            continue;
-        }
-        assert_eq!(hdr.flags, flags::NEEDS_CSUM);
-        let s = Splitter::new(&hdr, out, framing).expect("merged packet splits");
-        assert_eq!(hdr.hdr_len as usize, s.hdr_len());
-        assert_eq!(hdr.csum_start as usize, s.l4_offset());
-        assert_eq!(s.segment_count(), grp.len(), "group {grp:?}");
-        for (k, &src) in grp.iter().enumerate() {
-            let mut seg = s.segment_view(k).unwrap().to_vec();
-            assert!(checksums_ok(&seg, framing));
-            let mut want = pkts[src].clone();
-            if ignore_ip_id {
-                let l3 = s.l4_offset() - 20;
-                for b in [4, 5, 10, 11] {
-                    seg[l3 + b] = 0;
-                    want[l3 + b] = 0;
-                }
-            }
-            assert_eq!(seg, want, "segment {k} of group {grp:?} equals input {src}");
-        }
-    }
-    r
-}
-
-/// A stream of segments of `lens` payload bytes each, consecutive sequence numbers and IDs.
-fn stream(spec: &Spec, lens: &[usize]) -> (Vec<Spec>, Vec<Vec<u8>>) {
-    let mut specs = Vec::new();
-    let mut s = spec.clone();
-    for &l in lens {
-        specs.push(s.clone());
-        s = s.next_seg(l);
-    }
-    let pkts = specs.iter().zip(lens).enumerate().map(|(i, (s, &l))| s.build(&payload(l, i as u8))).collect();
-    (specs, pkts)
-}
-
-fn all_bases() -> Vec<Spec> {
-    let mut v = Vec::new();
-    for base in [Spec::tcp4(), Spec::tcp6(), Spec::udp4(), Spec::udp6()] {
-        for (f, vl) in [(Framing::Ip, 0), (Framing::Ethernet, 0), (Framing::Ethernet, 2)] {
-            v.push(base.clone().with_framing(f, vl));
-        }
-    }
-    v
-}
-
-fn tcp_bases() -> Vec<Spec> {
-    all_bases().into_iter().filter(|s| !s.udp).collect()
-}
+use turbotun_wire::virtio_net::gso;
+use turbotun_wire::{Batch, Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 
 #[test]
 fn data_same_size() {
@@ -399,15 +296,6 @@ fn ip_options_and_fragments_are_not_candidates() {
     }
 }
 
-/// Turns the first extension header of `pkt` (built from `spec` with `v6_dest_opts >= 1`) into a fragment
-/// header of the first fragment of a larger datagram.
-fn make_fragment_header(pkt: &mut [u8], spec: &Spec) {
-    let l3 = spec.l2_len();
-    pkt[l3 + 6] = 44;
-    let next = pkt[l3 + 40];
-    pkt[l3 + 40..l3 + 48].copy_from_slice(&[next, 0, 0, 1, 0, 0, 0, 7]);
-}
-
 /// Rewrites the first extension header of `pkt` (built from `spec` with `v6_dest_opts >= 1`, an 8-byte
 /// destination-options header) as another 8-byte header of type `kind` with `body` after its next-header and
 /// length bytes. Extension headers are not covered by the transport checksum.
@@ -629,13 +517,13 @@ fn bad_offset_and_lengths_are_reported_not_panicking() {
     let mut bufs: Vec<Vec<u8>> = p.clone();
     let mut lens = vec![1000 + 52, 5000];
     let mut tw = Vec::new();
-    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut bufs, &mut lens, 0, false, &mut tw);
+    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut Batch::new(&mut bufs, &mut lens, 0), false, &mut tw);
     assert_eq!(tw, vec![0, 1]);
     assert_eq!(st.malformed, 2);
     assert_eq!(bufs, p);
     // lens shorter than bufs: only the first lens.len() packets are considered.
     let mut bufs: Vec<Vec<u8>> = vec![vec![0u8; 100]; 3];
-    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut bufs, &mut [10], 10, false, &mut tw);
+    let st = Gro::new(cfg(Framing::Ip)).coalesce(&mut Batch::new(&mut bufs, &mut [10], 10), false, &mut tw);
     assert_eq!((st.packets, tw.len()), (1, 1));
 }
 
@@ -655,7 +543,7 @@ fn vnet_header_sizes_12_and_20() {
         let mut lens: Vec<usize> = p.iter().map(|x| x.len()).collect();
         let mut tw = Vec::new();
         let c = GroConfig { vnet_hdr_len: vlen, ..cfg(Framing::Ip) };
-        Gro::new(c).coalesce(&mut bufs, &mut lens, 24, false, &mut tw);
+        Gro::new(c).coalesce(&mut Batch::new(&mut bufs, &mut lens, 24), false, &mut tw);
         assert_eq!(tw, vec![0]);
         let h = &bufs[0][24 - vlen..24];
         assert_eq!(VirtioNetHdrRepr::parse(h).unwrap().gso_type, gso::TCPV6);
@@ -732,182 +620,5 @@ fn a_broken_ip_header_is_no_barrier_for_udp() {
         broken.truncate(l3 + 20);
         p.insert(1, broken);
         check(b.framing, &p, &[&[0, 2], &[1]]);
-    }
-}
-
-/// One case of the kernel's GRO selftest (`tools/testing/selftests/net/gro.c`), in packets of our own: the
-/// groups Linux 6.18 delivers (`kernel`: which packets end up in which delivered packet) and the ones turbotun
-/// writes (`turbotun`: the same, unless one of the documented differences applies).
-struct Scenario {
-    name: &'static str,
-    pkts: Vec<Vec<u8>>,
-    checksums: Checksums,
-    kernel: Vec<Vec<usize>>,
-    turbotun: Vec<Vec<usize>>,
-}
-
-fn groups(g: &[&[usize]]) -> Vec<Vec<usize>> {
-    g.iter().map(|g| g.to_vec()).collect()
-}
-
-/// The selftest's cases for one TCP base (IPv4 or IPv6, any framing), with 1000-byte segments.
-fn selftest_scenarios(b: &Spec) -> Vec<Scenario> {
-    const P: usize = 1000;
-    let same = |name, pkts, checksums, g: &[&[usize]]| Scenario {
-        name,
-        pkts,
-        checksums,
-        kernel: groups(g),
-        turbotun: groups(g),
-    };
-    let built = |specs: &[Spec], lens: &[usize]| -> Vec<Vec<u8>> {
-        specs.iter().zip(lens).enumerate().map(|(i, (s, &l))| s.build(&payload(l, i as u8))).collect()
-    };
-    // A stream of `lens`, with `change` applied to packet `at` (and only to it).
-    let changed = |lens: &[usize], at: usize, change: &dyn Fn(&mut Spec)| {
-        let (mut s, _) = stream(b, lens);
-        change(&mut s[at]);
-        built(&s, lens)
-    };
-    let valid = Checksums::Valid;
-    let mut v = vec![
-        same("data_same", stream(b, &[P, P]).1, valid, &[&[0, 1]]),
-        same("data_lrg_sml", stream(b, &[P, P / 2]).1, valid, &[&[0, 1]]),
-        same("data_lrg_1byte", stream(b, &[P, 1]).1, valid, &[&[0, 1]]),
-        same("data_sml_lrg", stream(b, &[P / 2, P]).1, valid, &[&[0], &[1]]),
-        same("ack", stream(b, &[0, 0, 0]).1, valid, &[&[0], &[1], &[2]]),
-        same("flags_psh", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::PSH), valid, &[&[0, 1, 2], &[3, 4]]),
-        same("flags_syn", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::SYN), valid, &[&[0, 1], &[2], &[3, 4]]),
-        same("flags_rst", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::RST), valid, &[&[0, 1], &[2], &[3, 4]]),
-        same("flags_urg", changed(&[P; 5], 2, &|s| s.tcp_flags |= tf::URG), valid, &[&[0, 1], &[2], &[3, 4]]),
-        same("flags_cwr", changed(&[P; 4], 1, &|s| s.tcp_flags |= tf::CWR), valid, &[&[0], &[1], &[2, 3]]),
-        same(
-            "flags_cwr_twice",
-            {
-                let (mut s, _) = stream(b, &[P, P]);
-                s.iter_mut().for_each(|s| s.tcp_flags |= tf::CWR);
-                built(&s, &[P, P])
-            },
-            valid,
-            &[&[0], &[1]],
-        ),
-        same("tcp_csum", changed(&[P, P], 1, &|s| s.bad_csum = true), Checksums::Unverified, &[&[0], &[1]]),
-        same("tcp_seq", changed(&[P, P], 1, &|s| s.seq += 1), valid, &[&[0], &[1]]),
-        same(
-            "tcp_ts",
-            {
-                let (mut s, _) = stream(b, &[P; 4]);
-                s[2].tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 2];
-                s[3].tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 9];
-                built(&s, &[P; 4])
-            },
-            valid,
-            &[&[0, 1], &[2], &[3]],
-        ),
-        same(
-            "tcp_opt",
-            changed(&[P; 3], 2, &|s| s.tcp_opts = vec![1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 2]),
-            valid,
-            &[&[0, 1], &[2]],
-        ),
-        same("ip_ecn", changed(&[P, P], 1, &|s| s.tos ^= 2), valid, &[&[0], &[1]]),
-        same("ip_tos", changed(&[P, P], 1, &|s| s.tos ^= 0x10), valid, &[&[0], &[1]]),
-        same("single", stream(b, &[P]).1, valid, &[&[0]]),
-    ];
-    if b.v6 {
-        let ext = Spec { v6_dest_opts: 1, ..b.clone() };
-        v.push(same("ip_v6ext_same", stream(&ext, &[P, P]).1, valid, &[&[0, 1]]));
-        let (mut s, _) = stream(&ext, &[P, P]);
-        s[1].v6_opts_fill = 9;
-        v.push(same("ip_v6ext_diff", built(&s, &[P, P]), valid, &[&[0], &[1]]));
-        let (s, mut p) = stream(&Spec { v6_dest_opts: 1, ..b.clone() }, &[P; 4]);
-        let plain = stream(b, &[P; 4]).1;
-        make_fragment_header(&mut p[2], &s[2]);
-        v.push(same(
-            "ip_frag6",
-            vec![plain[0].clone(), plain[1].clone(), p[2].clone(), plain[3].clone()],
-            valid,
-            &[&[0, 1], &[2], &[3]],
-        ));
-    } else {
-        v.push(same("ip_ttl", changed(&[P, P], 1, &|s| s.ttl -= 1), valid, &[&[0], &[1]]));
-        let mut p = stream(b, &[P; 3]).1;
-        p[1][b.l2_len() + 10] ^= 1; // the IPv4 header checksum
-        v.push(same("ip_csum", p, valid, &[&[0], &[1], &[2]]));
-        v.push(same("ip_opt", changed(&[P; 3], 1, &|s| s.ip_opts = vec![1, 1, 1, 0]), valid, &[&[0], &[1], &[2]]));
-        v.push(same("ip_frag4", changed(&[P, P], 1, &|s| s.mf = true), valid, &[&[0], &[1]]));
-        let ids = |df: bool, ids: &[u16]| {
-            let (mut s, _) = stream(b, &vec![P; ids.len()]);
-            for (s, &id) in s.iter_mut().zip(ids) {
-                (s.df, s.ip_id) = (df, id);
-            }
-            built(&s, &vec![P; ids.len()])
-        };
-        v.push(same("ip_id_df1_inc", ids(true, &[8, 9]), valid, &[&[0, 1]]));
-        v.push(same("ip_id_df1_fixed", ids(true, &[8, 8]), valid, &[&[0, 1]]));
-        v.push(same("ip_id_df0_inc", ids(false, &[8, 9]), valid, &[&[0, 1]]));
-        // Issue 30, item 3: Linux 6.18 merges a fixed ID with DF clear; turbotun refuses, on purpose.
-        v.push(Scenario {
-            name: "ip_id_df0_fixed",
-            pkts: ids(false, &[8, 8]),
-            checksums: valid,
-            kernel: groups(&[&[0, 1]]),
-            turbotun: groups(&[&[0], &[1]]),
-        });
-        v.push(same("ip_id_df1_inc_fixed", ids(true, &[8, 9, 9]), valid, &[&[0, 1], &[2]]));
-        v.push(same("ip_id_df1_fixed_inc", ids(true, &[8, 8, 9]), valid, &[&[0, 1], &[2]]));
-    }
-    // large_max: the merged IP packet stops short of 65,535 bytes; the segment that would pass it starts anew.
-    let per = (65535 - (b.hdr_len() - b.l2_len())) / 1448;
-    let n = per + 2;
-    let first: Vec<usize> = (0..per).collect();
-    let rest: Vec<usize> = (per..n).collect();
-    v.push(same("large_max", stream(b, &vec![1448; n]).1, valid, &[&first, &rest]));
-    v
-}
-
-/// The kernel's GRO selftest, case by case: `Gro` writes the groups turbotun is meant to (the kernel's, but for
-/// the documented differences), and the reference model makes the kernel's groups with no differences and
-/// turbotun's with them. TCP over IPv4 and IPv6, IP and Ethernet framing, copy and gather mode, with and
-/// without the fast path.
-#[test]
-fn kernel_selftest_scenarios() {
-    use turbotun_wire::fuzzing::{groups_of, reference_groups, reference_groups_with, Differences};
-    for b in tcp_bases() {
-        for sc in selftest_scenarios(&b) {
-            let what = format!("{} ({:?}, v6 {}, {} VLAN tags)", sc.name, b.framing, b.v6, b.vlans);
-            let refs: Vec<&[u8]> = sc.pkts.iter().map(Vec::as_slice).collect();
-            let config = cfg(b.framing);
-            let kernel = reference_groups_with(&refs, &config, 64, sc.checksums, &Differences::NONE);
-            assert_eq!(kernel, sc.kernel, "the model as Linux 6.18: {what}");
-            assert_eq!(
-                reference_groups(&refs, &config, 64, sc.checksums),
-                sc.turbotun,
-                "the model as turbotun: {what}"
-            );
-            for (fast, gather) in [(true, true), (false, true), (true, false), (false, false)] {
-                let mut gro = Gro::new(config).with_fast_path(fast).with_gather(gather);
-                let r = run_with(&mut gro, &sc.pkts, sc.checksums == Checksums::Valid, 65535);
-                let got = if gather {
-                    groups_of(&gro, &r.to_write, &r.lens, OFF)
-                } else {
-                    // Copy mode: the groups' heads, each with as many segments as its virtio header says.
-                    let mut seen = Vec::new();
-                    for &i in &r.to_write {
-                        let hdr = VirtioNetHdrRepr::parse(&r.bufs[i][OFF - 10..OFF]).unwrap();
-                        let segs = if hdr.gso_type == gso::NONE {
-                            1
-                        } else {
-                            Splitter::new(&hdr, &r.bufs[i][OFF..OFF + r.lens[i]], b.framing).unwrap().segment_count()
-                        };
-                        seen.push((i, segs));
-                    }
-                    let want_shape: Vec<(usize, usize)> = sc.turbotun.iter().map(|g| (g[0], g.len())).collect();
-                    assert_eq!(seen, want_shape, "copy mode, fast path {fast}: {what}");
-                    continue;
-                };
-                assert_eq!(got, sc.turbotun, "gather mode, fast path {fast}: {what}");
-            }
-        }
     }
 }

@@ -5,7 +5,7 @@ use turbotun_wire::fuzzing::{checksums_ok, payload, Spec};
 use turbotun_wire::gso::MAX_HEADER_LEN;
 use turbotun_wire::tcp::flags as tf;
 use turbotun_wire::virtio_net::{flags, gso};
-use turbotun_wire::{checksum, Framing, GsoError, Splitter, VirtioNetHdrRepr, WireError};
+use turbotun_wire::{checksum, Batch, Framing, GsoError, Splitter, VirtioNetHdrRepr, WireError};
 
 fn framings() -> Vec<(Framing, usize)> {
     vec![(Framing::Ip, 0), (Framing::Ethernet, 0), (Framing::Ethernet, 1), (Framing::Ethernet, 2)]
@@ -36,7 +36,7 @@ fn check_split(hdr: &VirtioNetHdrRepr, pkt: &[u8], framing: Framing, expected: &
     }
     let mut bufs = vec![vec![0u8; 70000]; expected.len()];
     let mut lens = vec![0usize; expected.len()];
-    let p = s.split_into(0, &mut bufs, &mut lens, 12).unwrap();
+    let p = s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, 12)).unwrap();
     assert_eq!((p.produced, p.next, p.total), (expected.len(), expected.len(), expected.len()));
     for (i, exp) in expected.iter().enumerate() {
         assert_eq!(&bufs[i][12..12 + lens[i]], &exp[..]);

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use turbotun_wire::fuzzing::{self, checksums_ok, payload, Spec};
 use turbotun_wire::partial::same_up_to_checksum_zero;
 use turbotun_wire::tcp::flags as tf;
-use turbotun_wire::{Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
+use turbotun_wire::{Batch, Framing, Gro, GroConfig, Splitter, VirtioNetHdrRepr};
 
 const OFF: usize = 20;
 
@@ -102,7 +102,7 @@ proptest! {
         }
         let (mut bufs, mut lens) = into_bufs(&pkts);
         let mut tw = Vec::new();
-        let st = gro_for(spec.framing).coalesce(&mut bufs, &mut lens, OFF, valid, &mut tw);
+        let st = gro_for(spec.framing).coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), valid, &mut tw);
         prop_assert_eq!(st.written + st.coalesced, n);
         let total = (n - 1) * mss + last + spec.hdr_len();
         if total <= 65535 && (!spec.udp || n <= 64) {
@@ -130,14 +130,14 @@ proptest! {
         let n = s.segment_count();
         let mut bufs = vec![vec![0u8; OFF + 65535]; n];
         let mut lens = vec![0usize; n];
-        let p = s.split_into(0, &mut bufs, &mut lens, OFF).unwrap();
+        let p = s.split_into(0, &mut Batch::new(&mut bufs, &mut lens, OFF)).unwrap();
         prop_assert!(p.is_done());
         for i in 0..n {
             prop_assert!(checksums_ok(&bufs[i][OFF..OFF + lens[i]], spec.framing));
         }
         let segs: Vec<Vec<u8>> = (0..n).map(|i| bufs[i][OFF..OFF + lens[i]].to_vec()).collect();
         let mut tw = Vec::new();
-        gro_for(spec.framing).coalesce(&mut bufs, &mut lens, OFF, valid, &mut tw);
+        gro_for(spec.framing).coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), valid, &mut tw);
         prop_assert_eq!(&tw, &vec![0]);
         let out_hdr = VirtioNetHdrRepr::parse(&bufs[0][OFF - 10..OFF]).unwrap();
         if n > 1 {
@@ -171,7 +171,7 @@ proptest! {
         }
         let (mut bufs, mut lens) = into_bufs(&pkts);
         let mut tw = Vec::new();
-        gro_for(a.framing).coalesce(&mut bufs, &mut lens, OFF, false, &mut tw);
+        gro_for(a.framing).coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), false, &mut tw);
         let out = split_all(&bufs, &lens, &tw, a.framing);
         let oa: Vec<Vec<u8>> = out.iter().filter(|p| fa.contains(p)).cloned().collect();
         let ob: Vec<Vec<u8>> = out.iter().filter(|p| fb.contains(p)).cloned().collect();
@@ -275,12 +275,12 @@ proptest! {
 
         let (mut copy_bufs, mut copy_lens) = into_bufs(&pkts);
         let mut copy_tw = Vec::new();
-        gro_for(spec.framing).coalesce(&mut copy_bufs, &mut copy_lens, OFF, valid, &mut copy_tw);
+        gro_for(spec.framing).coalesce(&mut Batch::new(&mut copy_bufs, &mut copy_lens, OFF), valid, &mut copy_tw);
 
         let (mut g_bufs, mut g_lens) = into_bufs(&pkts);
         let mut g_tw = Vec::new();
         let mut gather = gro_for(spec.framing).with_gather(true);
-        gather.coalesce(&mut g_bufs, &mut g_lens, OFF, valid, &mut g_tw);
+        gather.coalesce(&mut Batch::new(&mut g_bufs, &mut g_lens, OFF), valid, &mut g_tw);
 
         prop_assert_eq!(&copy_tw, &g_tw);
         for &i in &g_tw {
@@ -405,8 +405,8 @@ proptest! {
         let n = complete.segment_count();
         let (mut cbufs, mut clens) = (vec![vec![0u8; OFF + 65535]; n], vec![0usize; n]);
         let (mut pbufs, mut plens) = (cbufs.clone(), clens.clone());
-        complete.split_into(0, &mut cbufs, &mut clens, OFF).unwrap();
-        partial.split_into(0, &mut pbufs, &mut plens, OFF).unwrap();
+        complete.split_into(0, &mut Batch::new(&mut cbufs, &mut clens, OFF)).unwrap();
+        partial.split_into(0, &mut Batch::new(&mut pbufs, &mut plens, OFF)).unwrap();
         for i in 0..n {
             // Completed from what the field holds (the kernel's way), not recomputed.
             let mut seg = pbufs[i][OFF..OFF + plens[i]].to_vec();
@@ -425,8 +425,8 @@ proptest! {
         let (mut ctw, mut ptw) = (Vec::new(), Vec::new());
         let mut cgro = gro_for(spec.framing).with_gather(gather);
         let mut pgro = gro_for(spec.framing).with_gather(gather);
-        cgro.coalesce(&mut cb, &mut cl, OFF, turbotun_wire::Checksums::Valid, &mut ctw);
-        pgro.coalesce(&mut pb, &mut pl, OFF, turbotun_wire::Checksums::Partial, &mut ptw);
+        cgro.coalesce(&mut Batch::new(&mut cb, &mut cl, OFF), turbotun_wire::Checksums::Valid, &mut ctw);
+        pgro.coalesce(&mut Batch::new(&mut pb, &mut pl, OFF), turbotun_wire::Checksums::Partial, &mut ptw);
         prop_assert_eq!(&ctw, &ptw);
         for &i in &ctw {
             let want = joined(&cgro, &cb, &cl, i);
@@ -504,7 +504,7 @@ proptest! {
             let (mut bufs, mut lens) = into_bufs(&pkts);
             let mut tw = Vec::new();
             let mut gro = gro_for(spec.framing).with_gather(gather).with_fast_path(fast);
-            let stats = gro.coalesce(&mut bufs, &mut lens, OFF, checksums, &mut tw);
+            let stats = gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), checksums, &mut tw);
             let written: Vec<Vec<u8>> = tw.iter().map(|&i| joined(&gro, &bufs, &lens, i)).collect();
             (tw, stats, written)
         };
@@ -516,7 +516,7 @@ proptest! {
         let (mut bufs, mut lens) = into_bufs(&pkts);
         let mut tw = Vec::new();
         let mut gro = gro_for(spec.framing).with_gather(true);
-        gro.coalesce(&mut bufs, &mut lens, OFF, checksums, &mut tw);
+        gro.coalesce(&mut Batch::new(&mut bufs, &mut lens, OFF), checksums, &mut tw);
         let refs: Vec<&[u8]> = pkts.iter().map(Vec::as_slice).collect();
         let want = fuzzing::reference_groups(&refs, gro.config(), gro.udp_max_segments(), checksums);
         prop_assert_eq!(fuzzing::groups_of(&gro, &tw, &lens, OFF), want);

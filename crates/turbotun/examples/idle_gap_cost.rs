@@ -10,7 +10,7 @@
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use turbotun::batch::{RecvBatch, SendBatch};
+use turbotun::batch::{Batch, RecvBatch, SendBatch};
 use turbotun::{DeviceBuilder, Offloads};
 use turbotun_wire::{checksum, ipv4, udp, IPPROTO_UDP};
 
@@ -62,7 +62,7 @@ fn measure() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     for _ in 0..calls {
         // Would-block every time: nothing is routed into the device.
-        let _ = rx.try_recv_many(&mut bufs, &mut lens, HDR);
+        let _ = rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR));
     }
     let per_read = start.elapsed().as_nanos() as f64 / f64::from(calls);
     println!("a read that finds the queue empty: {per_read:.0} ns");
@@ -88,10 +88,10 @@ fn measure() -> Result<(), Box<dyn std::error::Error>> {
             let mut lens: Vec<usize> = burst.iter().map(Vec::len).collect();
             let start = Instant::now();
             if coalesced {
-                tx.send_many(&mut bufs, &mut lens, HDR, true)?;
+                tx.send_many(&mut Batch::new(&mut bufs, &mut lens, HDR), true)?;
             } else {
                 for i in 0..burst.len() {
-                    tx.send_many(&mut bufs[i..i + 1], &mut lens[i..i + 1], HDR, true)?;
+                    tx.send_many(&mut Batch::new(&mut bufs[i..i + 1], &mut lens[i..i + 1], HDR), true)?;
                 }
             }
             spent += start.elapsed();

@@ -5,7 +5,7 @@
 //! other address of those prefixes comes back from it. Reads are split into MTU-sized packets (a UDP GSO send
 //! arrives as one super-packet), and the answers are coalesced again before they are written.
 
-use turbotun::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use turbotun::batch::{Batch, RecvBatch, SendBatch, BATCH_SIZE};
 use turbotun::netlink::Netlink;
 use turbotun::wire::{ipv4, ipv6, udp, VIRTIO_NET_HDR_LEN};
 use turbotun::{DeviceBuilder, Offloads};
@@ -23,19 +23,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let offset = VIRTIO_NET_HDR_LEN;
     let mut bufs = vec![vec![0u8; offset + queue.mtu()? as usize]; BATCH_SIZE];
     let mut lens = vec![0usize; BATCH_SIZE];
+    let mut batch = Batch::new(&mut bufs, &mut lens, offset);
     println!("ready");
     loop {
-        let got = rx.recv_many(&mut bufs, &mut lens, offset, None)?;
+        let got = rx.recv_many(&mut batch, None)?;
         // Keep the answers at the front of the batch.
         let mut answers = 0;
         for i in 0..got.packets {
-            if answer_udp(&mut bufs[i][offset..offset + lens[i]]) {
-                bufs.swap(answers, i);
-                lens.swap(answers, i);
+            if answer_udp(&mut batch.bufs[i][offset..offset + batch.lens[i]]) {
+                batch.bufs.swap(answers, i);
+                batch.lens.swap(answers, i);
                 answers += 1;
             }
         }
-        tx.send_many(&mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
+        tx.send_many(&mut batch.range(0..answers), got.checksums)?;
     }
 }
 

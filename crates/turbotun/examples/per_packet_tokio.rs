@@ -3,7 +3,7 @@
 //!
 //! `per_packet_tokio DEV ADDR/PREFIX...`; needs turbotun's `tokio` feature.
 
-use turbotun::batch::BATCH_SIZE;
+use turbotun::batch::{Batch, BATCH_SIZE};
 use turbotun::netlink::Netlink;
 use turbotun::tokio::AsyncQueue;
 use turbotun::wire::{ipv4, ipv6, udp, VIRTIO_NET_HDR_LEN};
@@ -25,18 +25,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let offset = VIRTIO_NET_HDR_LEN;
     let mut bufs = vec![vec![0u8; offset + queue.get_ref().mtu()? as usize]; BATCH_SIZE];
     let mut lens = vec![0usize; BATCH_SIZE];
+    let mut batch = Batch::new(&mut bufs, &mut lens, offset);
     println!("ready");
     loop {
-        let got = rx.recv_many(&mut bufs, &mut lens, offset).await?;
+        let got = rx.recv_many(&mut batch).await?;
         let mut answers = 0;
         for i in 0..got.packets {
-            if answer_udp(&mut bufs[i][offset..offset + lens[i]]) {
-                bufs.swap(answers, i);
-                lens.swap(answers, i);
+            if answer_udp(&mut batch.bufs[i][offset..offset + batch.lens[i]]) {
+                batch.bufs.swap(answers, i);
+                batch.lens.swap(answers, i);
                 answers += 1;
             }
         }
-        tx.send_many(&mut bufs[..answers], &mut lens[..answers], offset, got.checksums).await?;
+        tx.send_many(&mut batch.range(0..answers), got.checksums).await?;
     }
 }
 

@@ -27,7 +27,7 @@
 //! `turbotun::queue::Queue`).
 //!
 //! ```no_run
-//! use turbotun::batch::{RecvBatch, SendBatch};
+//! use turbotun::batch::{Batch, RecvBatch, SendBatch};
 //! use turbotun::{DeviceBuilder, Offloads};
 //!
 //! # fn main() -> turbotun::Result<()> {
@@ -37,8 +37,9 @@
 //! let (mut rx, mut tx) = (RecvBatch::new(q), SendBatch::new(q));
 //! let mut bufs = vec![vec![0u8; 10 + q.mtu()? as usize]; 64];
 //! let mut lens = vec![0usize; 64];
-//! let got = rx.recv_many(&mut bufs, &mut lens, 10, None)?;
-//! tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], 10, got.checksums)?;
+//! let mut batch = Batch::new(&mut bufs, &mut lens, 10); // packet i at bufs[i][10..10 + lens[i]]
+//! let got = rx.recv_many(&mut batch, None)?;
+//! tx.send_many(&mut batch.range(0..got.packets), got.checksums)?;
 //! # Ok(())
 //! # }
 //! ```

@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use common::*;
-use turbotun::batch::{RecvBatch, SendBatch};
+use turbotun::batch::{Batch, RecvBatch, SendBatch};
 use turbotun::Capabilities;
 use turbotun::{DeviceBuilder, Offloads};
 
@@ -44,7 +44,8 @@ fn uso_super_packet_split_through_few_buffers() {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while received.len() < 40 * 1000 {
             assert!(std::time::Instant::now() < deadline, "only {} bytes arrived", received.len());
-            let got = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+            let got =
+                rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR), Some(Duration::from_millis(100))).unwrap();
             calls += 1;
             for i in 0..got.packets {
                 let pkt = &bufs[i][HDR..HDR + lens[i]];
@@ -91,7 +92,7 @@ fn udp_batch_coalesced_into_one_write() {
             lens.push(pkt.len());
             bufs.push(buf);
         }
-        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
+        let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, HDR), false).unwrap();
         assert_eq!(sent.packets, 40);
         assert_eq!(sent.dropped, 0);
         assert_eq!(sent.writes, 1, "one flow, one coalesced write");
@@ -158,14 +159,14 @@ fn ipv6_datagrams_with_extension_headers_coalesced_into_one_write() {
             let probe = datagram(0xee);
             let mut one = vec![vec![0u8; HDR + 2048]];
             one[0][HDR..HDR + probe.len()].copy_from_slice(&probe);
-            tx.send_many(&mut one, &mut [probe.len()], HDR, false).unwrap();
+            tx.send_many(&mut Batch::new(&mut one, &mut [probe.len()], HDR), false).unwrap();
             if rx_sock.recv(&mut buf).is_ok() {
                 break;
             }
         }
         rx_sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let coalesced_before = tx.stats().coalesced;
-        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
+        let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, HDR), false).unwrap();
         assert_eq!((sent.packets, sent.dropped, sent.writes), (8, 0, 1), "one flow, one coalesced write");
         let mut i = 0u8;
         while i < 8 {
@@ -203,7 +204,7 @@ fn bad_checksum_is_not_coalesced() {
             lens.push(pkt.len());
             bufs.push(buf);
         }
-        let sent = tx.send_many(&mut bufs, &mut lens, HDR, false).unwrap();
+        let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, HDR), false).unwrap();
         assert!(sent.writes >= 2, "the bad packet was written apart: {sent:?}");
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
@@ -258,7 +259,7 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
         let (mut ours, mut largest_batch) = (Vec::new(), 0);
         // Other chatter may come first; at most a few batches hold the five datagrams.
         for _ in 0..4 {
-            let got = rx.recv_many(&mut bufs, &mut lens, HDR, None).unwrap();
+            let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR), None).unwrap();
             largest_batch = largest_batch.max(got.packets);
             for i in 0..got.packets {
                 if let Some((_, _, _, 5354, data)) = parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]) {
@@ -277,7 +278,7 @@ fn blocking_queue_batches_without_sleeping_and_wakes_on_interrupt() {
             let mut bufs = vec![vec![0u8; HDR + 2048]; 4];
             let mut lens = [0usize; 4];
             loop {
-                let got = rx.recv_many(&mut bufs, &mut lens, HDR, None).unwrap();
+                let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR), None).unwrap();
                 if got.packets == 0 {
                     return got;
                 }
@@ -319,13 +320,18 @@ fn a_burst_after_an_idle_gap_is_read_in_one_batch() {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             loop {
                 assert!(std::time::Instant::now() < deadline, "nothing arrived for port {port}");
-                let got = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+                let got =
+                    rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR), Some(Duration::from_millis(100))).unwrap();
                 let ours: Vec<usize> = (0..got.packets)
                     .filter(|&i| parse_ipv4_udp(&bufs[i][HDR..HDR + lens[i]]).is_some_and(|p| p.3 == port))
                     .collect();
                 if !ours.is_empty() {
                     // What the send half would write of them: one coalesced packet per flow when they all merge.
-                    gro.coalesce(&mut bufs[..got.packets], &mut lens[..got.packets], HDR, got.checksums, &mut to_write);
+                    gro.coalesce(
+                        &mut Batch::new(&mut bufs[..got.packets], &mut lens[..got.packets], HDR),
+                        got.checksums,
+                        &mut to_write,
+                    );
                     let writes = to_write.iter().filter(|i| ours.contains(i)).count();
                     return (ours, writes);
                 }
@@ -388,7 +394,7 @@ fn scattered_reads_split_without_copying_and_survive_surprises() {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while got.len() < expected.len() {
             assert!(std::time::Instant::now() < deadline, "{} of {} datagrams", got.len(), expected.len());
-            let r = rx.recv_many(&mut bufs, &mut lens, HDR, Some(Duration::from_millis(100))).unwrap();
+            let r = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, HDR), Some(Duration::from_millis(100))).unwrap();
             for i in 0..r.packets {
                 let pkt = &bufs[i][HDR..HDR + lens[i]];
                 let Some((_, _, _, 5355, data)) = parse_ipv4_udp(pkt) else { continue };
@@ -476,7 +482,9 @@ fn every_virtio_header_size_works_on_every_path() {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while segments < 4 {
                 assert!(std::time::Instant::now() < deadline, "{size}: {segments} segments");
-                let got = rxb.recv_many(&mut bufs, &mut lens, size, Some(Duration::from_millis(100))).unwrap();
+                let got = rxb
+                    .recv_many(&mut Batch::new(&mut bufs, &mut lens, size), Some(Duration::from_millis(100)))
+                    .unwrap();
                 segments += (0..got.packets)
                     .filter(|&i| parse_ipv4_udp(&bufs[i][size..size + lens[i]]).is_some_and(|u| u.3 == 9998))
                     .count();
@@ -487,7 +495,7 @@ fn every_virtio_header_size_works_on_every_path() {
             let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [vec![0u8; size], p.clone()].concat()).collect();
             let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
             let mut tx = SendBatch::new(q);
-            let sent = tx.send_many(&mut bufs, &mut lens, size, false).unwrap();
+            let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, size), false).unwrap();
             assert_eq!((sent.packets, sent.dropped), (6, 0), "{size}: {sent:?}");
             assert!(sent.writes < 6, "{size}: coalesced ({sent:?})");
             for i in 0..6u8 {

@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use common::{configure_v4, in_netns, ipv4_udp, unique_name};
-use turbotun::batch::{RecvBatch, SendBatch};
+use turbotun::batch::{Batch, RecvBatch, SendBatch};
 use turbotun::{Capabilities, DeviceBuilder, Offloads};
 
 const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 7, 1);
@@ -33,7 +33,7 @@ fn sending_probes_nothing() {
         let mut bufs: Vec<Vec<u8>> =
             (0..8u8).map(|i| [vec![0u8; 10], ipv4_udp(PEER, LOCAL, 9, 7100, &[i; 800])].concat()).collect();
         let mut lens: Vec<usize> = bufs.iter().map(|b| b.len() - 10).collect();
-        let sent = tx.send_many(&mut bufs, &mut lens, 10, false).unwrap();
+        let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, 10), false).unwrap();
         assert_eq!((sent.packets, sent.dropped), (8, 0));
         assert!(sent.writes < 8, "coalesced: {sent:?}");
         let mut buf = [0u8; 1024];

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{in_netns, join_within, new_netns, ns_path, unique_name, wait_until_asleep, Sides, A4, B4};
-use turbotun::batch::RecvBatch;
+use turbotun::batch::{Batch, RecvBatch};
 use turbotun::forward::{ForwardMode, ForwarderBuilder, IoKind};
 use turbotun::netns::with_netns;
 use turbotun::{DeviceBuilder, Mode, Offloads, StopHandle};
@@ -41,7 +41,7 @@ fn readers_stop_on_the_handle_alone() {
             let mut lens = [0usize; 4];
             tid_tx.send(rustix::thread::gettid().as_raw_nonzero().get()).unwrap();
             // No timeout: only the stop handle can end this wait.
-            rx.recv_many(&mut bufs, &mut lens, 10, None).unwrap().packets
+            rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, 10), None).unwrap().packets
         });
         wait_until_asleep(tid_rx.recv().unwrap(), Duration::from_secs(30));
         assert!(!reader.is_finished(), "the reader waits while nothing comes");

@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use common::*;
+use turbotun::batch::Batch;
 use turbotun::tokio::AsyncQueue;
 use turbotun::{DeviceBuilder, Offloads};
 
@@ -25,7 +26,8 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
             let mut rx = q.recv_batch();
             let mut bufs = vec![vec![0u8; 10 + 65535]; 4];
             let mut lens = [0usize; 4];
-            let early = tokio::time::timeout(Duration::from_millis(200), rx.recv_many(&mut bufs, &mut lens, 10));
+            let mut waiting = Batch::new(&mut bufs, &mut lens, 10);
+            let early = tokio::time::timeout(Duration::from_millis(200), rx.recv_many(&mut waiting));
             // IPv6 autoconfiguration may send something; either it timed out or it returned a real packet.
             if let Ok(r) = early.await {
                 assert!(r.unwrap().packets > 0);
@@ -35,10 +37,13 @@ fn async_recv_waits_for_the_packet_and_send_delivers() {
                 UdpSocket::bind((LOCAL, 0)).unwrap().send_to(b"async hello", (PEER, 4444)).unwrap();
             });
             let found = loop {
-                let got = tokio::time::timeout(Duration::from_secs(5), rx.recv_many(&mut bufs, &mut lens, 10))
-                    .await
-                    .expect("the datagram arrives")
-                    .unwrap();
+                let got = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, 10)),
+                )
+                .await
+                .expect("the datagram arrives")
+                .unwrap();
                 let hit = (0..got.packets).find_map(|i| {
                     parse_ipv4_udp(&bufs[i][10..10 + lens[i]])
                         .filter(|(_, d, _, dp, _)| *d == PEER && *dp == 4444)
@@ -84,9 +89,12 @@ fn async_send_to_a_device_that_is_down_fails_at_once() {
             let mut batch = q.send_batch();
             let mut bufs = vec![[vec![0u8; 10], packet.clone()].concat()];
             let mut lens = [packet.len()];
-            let sent = tokio::time::timeout(Duration::from_secs(3), batch.send_many(&mut bufs, &mut lens, 10, false))
-                .await
-                .expect("not left waiting");
+            let sent = tokio::time::timeout(
+                Duration::from_secs(3),
+                batch.send_many(&mut Batch::new(&mut bufs, &mut lens, 10), false),
+            )
+            .await
+            .expect("not left waiting");
             assert_eq!(batch.stats().drops.get(turbotun::DropReason::DeviceDown), 1, "{sent:?}");
         });
     });

@@ -70,7 +70,7 @@ use std::time::Duration;
 use turbotun_wire::virtio_net::VirtioNetHdr;
 use turbotun_wire::{arp, ethernet, icmp, icmpv6, ipv4, ipv6, udp, IPPROTO_TCP, IPPROTO_UDP};
 
-use crate::dataplane::batch::{RecvBatch, SendBatch, BATCH_SIZE};
+use crate::dataplane::batch::{Batch, RecvBatch, SendBatch, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason, SharedCounters, WhenFull};
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::device::{Device, DeviceBuilder};
@@ -721,7 +721,7 @@ impl Echo {
         };
         let result = (|| {
             while !self.stop.is_stopped() {
-                let got = rx.recv_many(&mut bufs, &mut lens, offset, Some(POLL_INTERVAL))?;
+                let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, offset), Some(POLL_INTERVAL))?;
                 if got.packets == 0 {
                     let now = total(&rx, &tx, &own);
                     self.stats.add_delta(&now, &last);
@@ -753,7 +753,7 @@ impl Echo {
                         }
                     }
                 }
-                tx.send_many(&mut bufs[..answers], &mut lens[..answers], offset, got.checksums)?;
+                tx.send_many(&mut Batch::new(&mut bufs[..answers], &mut lens[..answers], offset), got.checksums)?;
                 if let Some(i) = whole {
                     // Written back with the header it was read with: the kernel cuts it into the same datagrams.
                     let frame = &bufs[i][offset - vlen..offset + lens[i]];

@@ -27,7 +27,7 @@ use ::smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, M
 use ::smoltcp::time::Instant;
 use turbotun_wire::{partial, Checksums, Framing};
 
-use crate::dataplane::batch::{RecvBatch, SendBatch, Sent, BATCH_SIZE};
+use crate::dataplane::batch::{Batch, RecvBatch, SendBatch, Sent, BATCH_SIZE};
 use crate::dataplane::stats::{Counters, DropReason};
 use crate::devices::mode::Mode;
 use crate::devices::queue::Queue;
@@ -219,7 +219,7 @@ impl<Q: Borrow<Queue>> RxSide<Q> {
                 if self.error.is_some() {
                     return None;
                 }
-                match self.batch.try_recv_many(&mut self.bufs, &mut self.lens, self.offset) {
+                match self.batch.try_recv_many(&mut Batch::new(&mut self.bufs, &mut self.lens, self.offset)) {
                     Ok(got) => {
                         (self.next, self.ready, self.checksums) = (0, got.packets, got.checksums);
                         if got.packets == 0 {
@@ -273,7 +273,7 @@ impl<Q: Borrow<Queue>> TxSide<Q> {
         }
         let n = std::mem::take(&mut self.queued);
         let checksums = if self.partial { Checksums::Partial } else { Checksums::Valid };
-        match self.batch.send_many(&mut self.bufs[..n], &mut self.lens[..n], self.offset, checksums) {
+        match self.batch.send_many(&mut Batch::new(&mut self.bufs[..n], &mut self.lens[..n], self.offset), checksums) {
             Ok(sent) => sent,
             Err(e) => {
                 self.error.get_or_insert(e);

@@ -186,18 +186,12 @@ impl AsyncRecvBatch {
         self.half.pending()
     }
 
-    /// Fills `bufs` from as many reads as are ready once the queue is readable, splitting super-packets (see
+    /// Fills `batch` from as many reads as are ready once the queue is readable, splitting super-packets (see
     /// [`crate::batch::RecvBatch::try_recv_many`]). Cancellation safe.
-    pub async fn recv_many<B: AsMut<[u8]>>(
-        &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
-    ) -> Result<Received> {
-        let mut batch = Batch::new(bufs, lens, offset);
+    pub async fn recv_many<B: AsMut<[u8]>>(&mut self, batch: &mut Batch<'_, B>) -> Result<Received> {
         loop {
             let half = &mut self.half;
-            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, &mut batch)) {
+            if let Some(done) = self.queue.readable().await?.try_io(|q| half.try_recv_many(q, batch)) {
                 return done;
             }
         }
@@ -257,16 +251,13 @@ impl AsyncSendBatch {
     /// waits for room without blocking the thread. See the module documentation for what a dropped future does.
     pub async fn send_many<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums: impl Into<turbotun_wire::Checksums>,
     ) -> Result<Sent> {
         let before = self.half.stats();
-        let mut batch = Batch::new(bufs, lens, offset);
-        let n = self.half.prepare(&mut batch, checksums.into())?;
+        let n = self.half.prepare(batch, checksums.into())?;
         let batch = batch.range(0..n);
-        let lens = &*batch.lens;
+        let (lens, offset) = (&*batch.lens, batch.offset);
         let mut writing = Writing { half: &mut self.half, queue: &self.queue, lens, offset, next: 0, done: false };
         let queue = writing.queue;
         queue
@@ -362,7 +353,8 @@ mod tests {
                 })
             };
             let (mut bufs, mut lens) = batch(60);
-            let sending = tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true);
+            let mut packets = Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN);
+            let sending = tx.send_many(&mut packets, true);
             let reader = ::tokio::task::spawn_blocking(move || {
                 // The peer reads nothing for a while: the socket fills, the send must wait.
                 std::thread::sleep(Duration::from_millis(100));
@@ -395,7 +387,7 @@ mod tests {
             let (mut bufs, mut lens) = batch(60);
             let timed_out = ::tokio::time::timeout(
                 Duration::from_millis(100),
-                tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true),
+                tx.send_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN), true),
             )
             .await;
             assert!(timed_out.is_err(), "the socket filled and the send waited");
@@ -404,7 +396,7 @@ mod tests {
             assert_eq!(stats.packets + stats.drops.stopped, 60, "{stats:?}");
             assert_eq!(drain(&peer) as u64, stats.packets, "what was written arrived");
             let (mut bufs, mut lens) = batch(5);
-            let sent = tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).await.unwrap();
+            let sent = tx.send_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN), true).await.unwrap();
             assert_eq!(sent.packets, 5);
             assert_eq!(drain(&peer), 5);
         });
@@ -419,13 +411,11 @@ mod tests {
             let mut rx = q.recv_batch();
             let mut bufs = vec![vec![0u8; 2048]; 4];
             let mut lens = [0usize; 4];
-            let early = ::tokio::time::timeout(
-                Duration::from_millis(50),
-                rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN),
-            );
+            let mut waiting = Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN);
+            let early = ::tokio::time::timeout(Duration::from_millis(50), rx.recv_many(&mut waiting));
             assert!(early.await.is_err(), "nothing to read: the receive waited and was dropped");
             peer.send(&frame(7)).unwrap();
-            let got = rx.recv_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN).await.unwrap();
+            let got = rx.recv_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN)).await.unwrap();
             assert_eq!((got.packets, lens[0]), (1, 60));
             assert_eq!(rx.stats().drops.total(), 0);
         });

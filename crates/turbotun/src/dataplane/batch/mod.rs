@@ -21,7 +21,7 @@
 mod recv;
 mod send;
 
-use turbotun_wire::Batch;
+pub use turbotun_wire::Batch;
 
 use crate::dataplane::stats::DropReason;
 
@@ -165,11 +165,11 @@ pub(crate) fn prepare_units<B: AsMut<[u8]> + AsRef<[u8]>>(
     checksums: turbotun_wire::Checksums,
     to_write: &mut Vec<usize>,
 ) -> usize {
+    if let Some(gro) = gro {
+        return gro.coalesce(batch, checksums, to_write).coalesced;
+    }
     let Batch { bufs, lens, offset } = batch;
     let offset = *offset;
-    if let Some(gro) = gro {
-        return gro.coalesce(bufs, lens, offset, checksums, to_write).coalesced;
-    }
     to_write.clear();
     to_write.extend(0..bufs.len());
     let partial = checksums == turbotun_wire::Checksums::Partial;

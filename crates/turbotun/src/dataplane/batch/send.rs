@@ -368,7 +368,7 @@ impl<Q: Borrow<Queue>> SendBatch<Q> {
         self.half.gro_kinds()
     }
 
-    /// Coalesces `bufs[..n]` and writes the result. On a queue with a virtio header every packet needs
+    /// Coalesces the packets of `batch` and writes the result. On a queue with a virtio header every packet needs
     /// `offset >= vnet_hdr_len` bytes of headroom, where the header is written.
     ///
     /// `checksums`: what [`crate::batch::Received::checksums`] said of these packets (`true` and `false` stand for
@@ -377,12 +377,10 @@ impl<Q: Borrow<Queue>> SendBatch<Q> {
     /// here before the write.
     pub fn send_many<B: AsMut<[u8]> + AsRef<[u8]>>(
         &mut self,
-        bufs: &mut [B],
-        lens: &mut [usize],
-        offset: usize,
+        batch: &mut Batch<'_, B>,
         checksums: impl Into<Checksums>,
     ) -> Result<Sent> {
-        self.half.send_many(self.queue.borrow(), &mut Batch::new(bufs, lens, offset), checksums)
+        self.half.send_many(self.queue.borrow(), batch, checksums)
     }
 }
 
@@ -410,7 +408,7 @@ mod tests {
         let mut bufs: Vec<Vec<u8>> = pkts.iter().map(|p| [vec![0u8; VIRTIO_NET_HDR_LEN], p.clone()].concat()).collect();
         let mut lens: Vec<usize> = pkts.iter().map(Vec::len).collect();
         let mut tx = SendBatch::new(&queue);
-        assert!(tx.send_many(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN, true).is_err());
+        assert!(tx.send_many(&mut Batch::new(&mut bufs, &mut lens, VIRTIO_NET_HDR_LEN), true).is_err());
         let stats = tx.stats();
         assert_eq!(stats.packets + stats.drops.total(), 3, "{stats:?}");
         assert_eq!(stats.drops.stopped, 3, "{stats:?}");

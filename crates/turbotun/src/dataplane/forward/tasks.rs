@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::jobs::jobs;
 use super::workers::{arena, each_packet, packet_offset, raw_frame, WorkerCtx};
 use super::{ForwardMode, ForwardStats, Forwarder};
+use crate::dataplane::batch::Batch;
 use crate::dataplane::stats::Counters;
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Flusher};
 use crate::dataplane::threads::{panic_message, supervise, Done};
@@ -98,17 +99,18 @@ async fn forward_offload(src: &AsyncQueue, dst: &AsyncQueue, ctx: &WorkerCtx) ->
     // A task may be dropped at any await point when the forwarder stops: counts are added after every batch, and
     // a batch dropped while it waits for room counts what it had not written.
     let mut flusher = Flusher::new(ctx.shared());
-    let offset = packet_offset(src.get_ref(), dst.get_ref());
+    let mut batch = Batch::new(&mut bufs, &mut lens, packet_offset(src.get_ref(), dst.get_ref()));
     loop {
-        let got = match rx.recv_many(&mut bufs, &mut lens, offset).await {
+        let got = match rx.recv_many(&mut batch).await {
             Ok(got) => got,
             Err(e) => {
                 flusher.flush(final_batch_counts(rx.stats(), tx.stats(), rx.pending()));
                 return Err(e);
             }
         };
-        each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
-        let sent = tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums).await;
+        let mut received = batch.range(0..got.packets);
+        each_packet(ctx, &mut received);
+        let sent = tx.send_many(&mut received, got.checksums).await;
         flusher.flush(batch_counts(rx.stats(), tx.stats()));
         sent?;
     }

@@ -7,7 +7,7 @@ use std::io::IoSlice;
 use turbotun_wire::virtio_net::VirtioNetHdr;
 
 use super::{Direction, ForwardMode, Forwarder, IoKind, PerPacket, StatsHandle, IDLE_WAIT};
-use crate::dataplane::batch::{RecvBatch, SendBatch};
+use crate::dataplane::batch::{Batch, RecvBatch, SendBatch};
 use crate::dataplane::stats::{batch_counts, final_batch_counts, Counters, Flusher, SharedCounters, WhenFull};
 use crate::dataplane::write_policy::{Unit, Writer};
 use crate::devices::queue::{Queue, MAX_PACKET};
@@ -100,9 +100,10 @@ pub(super) fn packet_offset(src: &Queue, dst: &Queue) -> usize {
 }
 
 /// Hands every packet of a batch to the per-packet hook, if there is one.
-pub(super) fn each_packet(ctx: &WorkerCtx, bufs: &mut [&mut [u8]], lens: &[usize], offset: usize) {
+pub(super) fn each_packet(ctx: &WorkerCtx, batch: &mut Batch<'_, &mut [u8]>) {
     if let Some(hook) = &ctx.per_packet {
-        for (buf, &len) in bufs.iter_mut().zip(lens) {
+        let offset = batch.offset;
+        for (buf, &len) in batch.bufs.iter_mut().zip(batch.lens.iter()) {
             hook(ctx.direction(), &mut buf[offset..offset + len]);
         }
     }
@@ -116,16 +117,17 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums).stop_on(ctx.stop.clone());
     let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
-    let offset = packet_offset(src, dst);
+    let mut batch = Batch::new(&mut bufs, &mut lens, packet_offset(src, dst));
     let result = (|| {
         while !ctx.stop.is_stopped() {
-            let got = rx.recv_many(&mut bufs, &mut lens, offset, Some(IDLE_WAIT))?;
+            let got = rx.recv_many(&mut batch, Some(IDLE_WAIT))?;
             if got.packets == 0 {
                 flusher.flush(batch_counts(rx.stats(), tx.stats()));
                 continue;
             }
-            each_packet(ctx, &mut bufs[..got.packets], &lens[..got.packets], offset);
-            tx.send_many(&mut bufs[..got.packets], &mut lens[..got.packets], offset, got.checksums)?;
+            let mut received = batch.range(0..got.packets);
+            each_packet(ctx, &mut received);
+            tx.send_many(&mut received, got.checksums)?;
             flusher.maybe_flush(batch_counts(rx.stats(), tx.stats()));
         }
         Ok(())

@@ -95,7 +95,7 @@ pub(super) fn to_network<T: Transform>(ctx: &Ctx<T>) -> Result<()> {
         if ctx.stop.is_stopped() {
             break Ok(());
         }
-        let got = match rx.try_recv_many(&mut bufs, &mut lens, offset) {
+        let got = match rx.try_recv_many(&mut Batch::new(&mut bufs, &mut lens, offset)) {
             Ok(got) => got.packets,
             // Woken (to stop, or by any other signal): the loop looks at the stop handle.
             Err(e) if e.is_interrupted() || e.is_would_block() => {
@@ -362,7 +362,7 @@ fn write_opened(
             None => own,
         };
     }
-    tx.send_many(&mut units[..k], &mut lens[..k], vnet, checksums)?;
+    tx.send_many(&mut Batch::new(&mut units[..k], &mut lens[..k], vnet), checksums)?;
     Ok(())
 }
 

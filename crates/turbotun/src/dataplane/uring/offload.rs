@@ -591,7 +591,9 @@ impl UringOffload {
         let (src, outs) = bufs.split_at_mut(1);
         let partial = self.partial;
         let split = Splitter::new(&s.hdr, &src[0][OFFSET..OFFSET + s.len], self.framing).and_then(|splitter| {
-            splitter.leave_checksums_partial(partial).split_into(s.next, outs, &mut self.lens[first..], OFFSET)
+            splitter
+                .leave_checksums_partial(partial)
+                .split_into(s.next, &mut Batch::new(outs, &mut self.lens[first..], OFFSET))
         });
         drop(bufs);
         let progress = match split {

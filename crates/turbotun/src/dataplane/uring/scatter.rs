@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use turbotun_wire::scatter::{Placement, ScatterShape};
 use turbotun_wire::virtio_net::VirtioNetHdrRepr;
+use turbotun_wire::Batch;
 
 use super::offload::{ReadMode, UringOffload};
 use super::OFFSET;
@@ -158,7 +159,13 @@ impl UringOffload {
                     .slots_mut(&self.slot_ids)
                     .map_err(|e| super::ring_error(&self.src_name, &self.dst_name, e))?;
                 let mut lens = [0usize; crate::sys::MAX_SCATTER];
-                let split = shape.split_in_place(&hdr, len, self.framing, self.partial, &mut bufs, OFFSET, &mut lens);
+                let split = shape.split_in_place(
+                    &hdr,
+                    len,
+                    self.framing,
+                    self.partial,
+                    &mut Batch::new(&mut bufs, &mut lens, OFFSET),
+                );
                 drop(bufs);
                 let Some((count, _)) = split else { return Ok(false) };
                 self.ready_segments.extend(plan[..count].iter().zip(&lens).map(|((slot, _), &len)| (*slot, len)));
