@@ -73,7 +73,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    fn of(self, s: &Summary, t: &Traffic) -> Option<crate::bench::stats::Spread> {
+    fn of(self, s: &Summary, t: &Traffic) -> Option<crate::stats::Spread> {
         match self {
             Metric::Headline => s.headline(t.udp),
             Metric::Gbps => s.gbps,
@@ -333,8 +333,8 @@ pub fn check_path(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::iperf::traffic_by_label;
-    use crate::bench::stats::Spread;
+    use crate::iperf::traffic_by_label;
+    use crate::stats::Spread;
 
     #[test]
     fn svg_has_bars_and_labels() {

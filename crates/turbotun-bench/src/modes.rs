@@ -475,24 +475,6 @@ pub struct Flood {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    /// `turbotun fwd` as the bench starts it.
-    #[derive(Debug, Parser)]
-    struct Fwd {
-        #[command(flatten)]
-        args: crate::fwd::FwdArgs,
-    }
-
-    #[test]
-    fn turbotun_fwd_accepts_every_mode() {
-        for m in TURBOTUN_MODES {
-            let argv = ["fwd", "tta", "ttb"].into_iter().chain(m.args.iter().copied());
-            if let Err(e) = Fwd::try_parse_from(argv) {
-                panic!("turbotun-{}: `turbotun fwd` refuses {:?}: {e}", m.label, m.args);
-            }
-        }
-    }
 
     fn support(vnet_hdr: bool, multi_queue: bool, uring: Result<(), String>) -> Support {
         Support { tun: Ok(TunFeatures { vnet_hdr, multi_queue }), uring }

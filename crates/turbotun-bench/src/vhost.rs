@@ -40,7 +40,7 @@ use super::stats::{cell, fmt_count, med, ratio, Spread};
 use super::testpmd::{self, Testpmd};
 use super::topo::Forwarder;
 use super::vguest;
-use super::BenchArgs;
+use super::Options;
 
 /// The front end's forwarding lcore (CPU 0) and the backends' CPU (1): never the same core.
 const FRONT_END_MAIN_LCORE: u32 = 1;
@@ -289,7 +289,7 @@ pub struct AbRatio {
 
 /// Every row that can run, `reps` times interleaved; then the JSON and the Markdown. Returns how many runs
 /// failed.
-pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
+pub fn run(ctx: &mut Ctx, args: &Options) -> Result<usize> {
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
     let mut skipped = Vec::new();
@@ -1018,7 +1018,7 @@ mod tests {
             md.contains("tso/no-offload Gbps: 5.00× (goal ≥ 5×: met); tso/ceiling Gbps: 0.50× (goal ≥ 0.8×: not met)"),
             "{md}"
         );
-        super::super::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
     }
 
     #[test]
@@ -1048,6 +1048,6 @@ mod tests {
         assert!(report.ab.iter().all(|a| a.row != "no-offload"), "a row without baseline runs has no A/B");
         let md = markdown(&report);
         assert!(md.contains("| turbotun | pps per backend CPU-second | 1.20× | 1.20× (1.00–1.50, 3 rounds) |"), "{md}");
-        super::super::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
     }
 }

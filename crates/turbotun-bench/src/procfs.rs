@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn snmp_counters() {
-        let snmp = include_str!("../../tests/fixtures/proc_net_snmp.txt");
+        let snmp = include_str!("../tests/fixtures/proc_net_snmp.txt");
         assert_eq!(parse_snmp(snmp, "Udp", "RcvbufErrors"), Some(123295));
         assert_eq!(parse_snmp(snmp, "Udp", "InDatagrams"), Some(104675));
         assert_eq!(parse_snmp(snmp, "Tcp", "RetransSegs"), Some(0));

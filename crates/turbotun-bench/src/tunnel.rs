@@ -31,7 +31,7 @@ use super::report::{self, spread_of, ReportHeader, RunRecord, Summary};
 use super::runner::Ctx;
 use super::stats::{cell, fmt_count, med, med_count, ratio, Spread};
 use super::topo::{clear_stale_socket, INNER, PREFIX_LEN, TUNNEL_MTU, UNDERLAY, UNDERLAY_MTU};
-use super::{BenchArgs, Plan};
+use super::{Options, Plan};
 
 /// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
 /// that each is one packet at the tunnel's MTU of 1420: a 1400-byte payload would be fragmented in two.
@@ -432,7 +432,7 @@ fn select_kinds(filter: Option<&[String]>, baseline: bool) -> Result<Vec<&'stati
     Ok(out)
 }
 
-fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
+fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
     let labels: Vec<String> = match (&args.traffic, args.quick) {
         (Some(t), _) => t.iter().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
         (None, true) => QUICK_TRAFFIC.iter().map(|s| s.to_string()).collect(),
@@ -810,7 +810,7 @@ pub struct TunnelReport {
 
 /// Every selected kind that can run, over every traffic kind, interleaved; then the JSON, the chart and the
 /// Markdown. Returns how many runs failed and whether a peer build failed.
-pub fn run(ctx: &mut Ctx, args: &BenchArgs, peers: Option<&Path>) -> Result<(usize, bool)> {
+pub fn run(ctx: &mut Ctx, args: &Options, peers: Option<&Path>) -> Result<(usize, bool)> {
     let traffic = select_traffic(args)?;
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
@@ -981,10 +981,10 @@ pub fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::iperf::IperfResult;
-    use crate::bench::report::ProcSample;
-    use crate::bench::topo::flood_sources;
-    use crate::bench::wgflood::FloodReport;
+    use crate::iperf::IperfResult;
+    use crate::report::ProcSample;
+    use crate::topo::flood_sources;
+    use crate::wgflood::FloodReport;
     use std::net::{IpAddr, Ipv4Addr};
 
     fn rec(kind: &str, traffic: &str, rep: u32, gbps: f64, cpu: Option<f64>) -> RunRecord {
@@ -1127,7 +1127,7 @@ mod tests {
             md.contains("| turbotun-wg-flood64 (1 of 4 failed) | tcp | 64 addresses | 3.00 (2.00–4.00) | 4.00 | 0.75× | 600 (300–900) | 50.0 | 1.0k | malformed_datagram 2, unauthenticated 200 |"),
             "{md}"
         );
-        crate::bench::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
         let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.flood_rows, report.flood_rows);
     }
@@ -1159,7 +1159,7 @@ mod tests {
         assert!(md.contains("| boringtun (1 of 4 failed) | 2.20 |"), "{md}");
         assert!(md.contains("| lost % |") && md.contains("| wireguard-go | 0.500 | 1.00× | 12.0 |"), "{md}");
         assert!(md.contains("- turbotun-wg: no `wg` subcommand"), "{md}");
-        crate::bench::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
         let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.rows.len(), r.rows.len());
         assert_eq!(back.runs[1].endpoints, r.runs[1].endpoints);
@@ -1206,31 +1206,6 @@ mod tests {
             assert_eq!(socket_owner(other), None, "{other}");
         }
         assert_eq!(turbotun_wg::uapi::socket_path("tt1r1ta"), PathBuf::from("/var/run/wireguard/tt1r1ta.sock"));
-    }
-
-    #[test]
-    fn command_line() {
-        use clap::Parser;
-        #[derive(Debug, Parser)]
-        struct Cli {
-            #[command(flatten)]
-            bench: BenchArgs,
-        }
-        let c =
-            Cli::try_parse_from(["t", "--tunnel", "--tunnel-kinds", "veth,vxlan", "--traffic", "tcp", "--no-syscalls"])
-                .unwrap();
-        assert!(c.bench.tunnel && c.bench.no_syscalls);
-        assert_eq!(c.bench.tunnel_kinds.as_deref(), Some(&["veth".to_string(), "vxlan".to_string()][..]));
-        for bad in [
-            &["t", "--tunnel", "--loss"][..],
-            &["t", "--tunnel", "--echo"],
-            &["t", "--tunnel", "--modes", "veth"],
-            &["t", "--tunnel", "--ipv6"],
-            &["t", "--tunnel-kinds", "veth"],
-            &["t", "--no-syscalls"],
-        ] {
-            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} accepted");
-        }
     }
 
     #[test]

@@ -557,7 +557,7 @@ fn notes(o: &mut String, report: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::iperf::traffic_by_label;
+    use crate::iperf::traffic_by_label;
 
     fn rec(mode: &str, family: &str, traffic: &str, rep: u32, gbps: f64, kpps: f64) -> RunRecord {
         let udp = traffic.starts_with("udp");

@@ -186,9 +186,9 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
 mod tests {
     use super::*;
 
-    const TCP: &str = include_str!("../../tests/fixtures/iperf3_tcp.json");
-    const TCP4: &str = include_str!("../../tests/fixtures/iperf3_tcp_p4.json");
-    const UDP: &str = include_str!("../../tests/fixtures/iperf3_udp64.json");
+    const TCP: &str = include_str!("../tests/fixtures/iperf3_tcp.json");
+    const TCP4: &str = include_str!("../tests/fixtures/iperf3_tcp_p4.json");
+    const UDP: &str = include_str!("../tests/fixtures/iperf3_udp64.json");
 
     #[test]
     fn tcp_one_stream() {

@@ -23,7 +23,7 @@ use super::modes::{Mode, Unavailable};
 use super::report::{ReportHeader, RunRecord};
 use super::runner::{interrupted, is_not_ready, run_one, Ctx};
 use super::stats::fmt_num;
-use super::BenchArgs;
+use super::Options;
 
 /// Offered rates of the table, thousands of datagrams per second.
 pub const STEPS_KPPS: &[u64] = &[25, 50, 100, 150, 200, 300];
@@ -240,7 +240,7 @@ pub struct LossReport {
 
 /// Runs the table and the searches, writes the JSON and chart if asked for and the Markdown on stdout; returns
 /// how many trials failed.
-pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
+pub fn run(ctx: &mut Ctx, args: &Options, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
     let (steps, txqueuelens) = steps_and_queue_lengths(args)?;
     let max_rate = steps.iter().copied().max().unwrap_or(0);
     let max_trials = if args.quick { QUICK_SEARCH_TRIALS } else { SEARCH_TRIALS };
@@ -302,7 +302,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<U
 
 /// The offered rates of the table (pps) and the queue lengths to run it at (`None`: the kernel's), from the
 /// options.
-fn steps_and_queue_lengths(args: &BenchArgs) -> Result<(Vec<u64>, Vec<Option<u32>>)> {
+fn steps_and_queue_lengths(args: &Options) -> Result<(Vec<u64>, Vec<Option<u32>>)> {
     let steps: Vec<u64> = args
         .rates
         .clone()
@@ -585,7 +585,7 @@ fn write_chart(path: &std::path::Path, report: &LossReport) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::gen::{GenReport, LoadResult, SinkReport};
+    use crate::gen::{GenReport, LoadResult, SinkReport};
 
     /// Runs a search whose trials are `curve(rate)`, counting the calls and checking each is inside the range.
     fn search(max: u64, known: &[(u64, bool)], budget: usize, curve: impl Fn(u64) -> bool) -> (Search, Vec<u64>) {
@@ -781,7 +781,7 @@ mod tests {
         let second = md.find("| 150 | 300000 | 300000 |").expect(&md);
         assert!(first < second && !md.contains("| 99 |"), "{md}");
         assert!(md.contains("| turbotun-offload | default | ≥ 149 (the top rate passed) | 150 | – | 0 |"), "{md}");
-        crate::bench::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
         let back: LossReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
         assert_eq!(back.rows[0].received, report.rows[0].received);
