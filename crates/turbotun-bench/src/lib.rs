@@ -21,12 +21,14 @@ mod procfs;
 mod report;
 mod runner;
 mod stats;
-mod testpmd;
+pub mod testpmd;
 mod topo;
 mod tunnel;
 mod vguest;
 mod vhost;
 mod wgflood;
+
+pub use netcfg::Netns;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};

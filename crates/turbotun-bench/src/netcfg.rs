@@ -32,6 +32,11 @@ impl Netns {
         Ok(Netns { name, fd: file.into() })
     }
 
+    /// A namespace held elsewhere, by `fd` (an fd of `/proc/.../ns/net`).
+    pub fn from_fd(name: String, fd: OwnedFd) -> Netns {
+        Netns { name, fd }
+    }
+
     /// A path that names the namespace for `setns` and `IFLA_NET_NS_FD`: the magic link of our own fd, which
     /// opens the namespace itself.
     pub fn path(&self) -> PathBuf {
@@ -68,6 +73,7 @@ impl Netns {
         })?
     }
 
+    /// A netlink socket inside the namespace.
     pub fn netlink(&self) -> Result<Netlink> {
         Netlink::in_netns(&self.path()).with_context(|| format!("netlink socket in namespace {}", self.name))
     }
