@@ -17,7 +17,7 @@ use super::perfstat;
 use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop, LinesFrom};
 use super::procfs::{self, BoxCpu};
 use super::report::{ProcSample, RunRecord};
-use super::topo::{self, FloodTarget, Topology};
+use super::topo::{self, FloodTarget, RunSite, Topology};
 use super::wgflood::FloodReport;
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
@@ -47,6 +47,11 @@ impl Ctx {
     pub fn interrupted(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
+
+    /// Where the current run (`run_counter`) is built, `stop` interrupting its waits.
+    pub fn site<'a>(&'a self, stop: &'a AtomicBool) -> RunSite<'a> {
+        RunSite { prefix: &self.prefix, run: self.run_counter, ipv6: self.ipv6, log_dir: &self.log_dir, stop }
+    }
 }
 
 /// The record of one (mode, traffic, repetition), before anything is measured.
@@ -66,7 +71,7 @@ pub fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
 pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, ctx.txqueuelen, &ctx.log_dir, &stop)?;
+    let mut topo = Topology::build(mode, ctx.site(&stop), ctx.txqueuelen)?;
     let mut rec = run_record(mode, t, rep, ctx.ipv6);
     let mut server = Server::start(ctx, &topo, t)?;
 
@@ -267,16 +272,7 @@ pub struct EchoProgram {
 pub fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build_echo(
-        &echo.label,
-        &ctx.exe,
-        &echo.argv,
-        &ctx.prefix,
-        ctx.run_counter,
-        ctx.ipv6,
-        &ctx.log_dir,
-        &stop,
-    )?;
+    let mut topo = Topology::build_echo(&echo.label, &ctx.exe, &echo.argv, ctx.site(&stop))?;
     let mut rec = RunRecord {
         mode: echo.label.clone(),
         family: "echo".into(),

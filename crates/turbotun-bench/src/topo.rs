@@ -360,6 +360,17 @@ fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
     Ok(ns)
 }
 
+/// Where a run's topology is built: the names unique to the run (`{prefix}r{run}...`), the address family, the
+/// directory of its processes' logs, and the flag that interrupts a wait. What every builder takes alike.
+#[derive(Debug, Clone, Copy)]
+pub struct RunSite<'a> {
+    pub prefix: &'a str,
+    pub run: u32,
+    pub ipv6: bool,
+    pub log_dir: &'a Path,
+    pub stop: &'a AtomicBool,
+}
+
 impl Topology {
     /// Namespaces with nothing in them yet.
     fn empty(ns_a: Netns, ns_b: Option<Netns>) -> Topology {
@@ -379,15 +390,8 @@ impl Topology {
     /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
     /// the mode has one; `txqueuelen` sets both devices' queue length (for a TUN device the length of the ring
     /// the kernel fills and the forwarder drains), else they keep the kernel's default.
-    pub fn build(
-        mode: &Mode,
-        prefix: &str,
-        run: u32,
-        ipv6: bool,
-        txqueuelen: Option<u32>,
-        log_dir: &Path,
-        stop: &AtomicBool,
-    ) -> Result<Topology> {
+    pub fn build(mode: &Mode, site: RunSite<'_>, txqueuelen: Option<u32>) -> Result<Topology> {
+        let RunSite { prefix, run, ipv6, log_dir, stop } = site;
         let base = format!("{prefix}r{run}");
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
@@ -484,17 +488,8 @@ impl Topology {
     /// with `{dev}` in `argv` replaced by the device name, creates the device and prints `ready`; then the device
     /// gets A's address (10.0.1.1/24 or fd00:1::1/64), so that every other address of the prefix is routed
     /// into it. `server_addr` is one of those (10.0.1.2, fd00:1::2): where the load goes to be answered.
-    #[allow(clippy::too_many_arguments)]
-    pub fn build_echo(
-        label: &str,
-        program: &Path,
-        argv: &[&str],
-        prefix: &str,
-        run: u32,
-        ipv6: bool,
-        log_dir: &Path,
-        stop: &AtomicBool,
-    ) -> Result<Topology> {
+    pub fn build_echo(label: &str, program: &Path, argv: &[&str], site: RunSite<'_>) -> Result<Topology> {
+        let RunSite { prefix, run, ipv6, log_dir, stop } = site;
         let base = format!("{prefix}r{run}");
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         let dev = format!("{base}e");
