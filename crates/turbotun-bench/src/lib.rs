@@ -6,6 +6,9 @@
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
 
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
 mod ceiling;
 mod chart;
 mod echo;

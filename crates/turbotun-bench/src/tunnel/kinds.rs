@@ -102,7 +102,7 @@ pub(super) enum Spec {
 
 /// A tunnel kind: one row of each table.
 #[derive(Debug, Clone, Copy)]
-pub struct KindSpec {
+pub(super) struct KindSpec {
     pub label: &'static str,
     /// The chart's colour family.
     pub(super) family: &'static str,
@@ -114,7 +114,7 @@ pub struct KindSpec {
 
 impl KindSpec {
     /// No process: the kernel carries it.
-    pub fn is_kernel(&self) -> bool {
+    pub(super) fn is_kernel(&self) -> bool {
         matches!(self.spec, Spec::Veth | Spec::Vxlan)
     }
 
@@ -128,7 +128,7 @@ impl KindSpec {
 }
 
 /// Every kind, in report order.
-pub const KINDS: &[KindSpec] = &[
+pub(super) const KINDS: &[KindSpec] = &[
     KindSpec {
         label: "veth",
         family: "baseline",
@@ -237,7 +237,7 @@ pub const KINDS: &[KindSpec] = &[
 ];
 
 /// The kind every ratio is taken against.
-pub const REFERENCE: &str = "wireguard-go";
+pub(super) const REFERENCE: &str = "wireguard-go";
 
 /// The bench process that named a socket `tt<pid>r<run>t{a,b}.sock`, if the name is one of ours.
 pub(super) fn socket_owner(file_name: &str) -> Option<u32> {
@@ -478,7 +478,7 @@ pub(super) fn resolve(kinds: &[&KindSpec], r: &mut Resolver<'_>) -> Result<Resol
 
 /// `turbotun bench --tunnel --list`: the kinds and whether each can run (peers not built yet are built on first
 /// use), and the traffic kinds.
-pub fn print_list(exe: &Path, peers: Option<&Path>) {
+pub(crate) fn print_list(exe: &Path, peers: Option<&Path>) {
     let log_dir = std::env::temp_dir();
     let mut r = Resolver {
         exe,

@@ -31,13 +31,13 @@ mod tables;
 #[cfg(test)]
 mod tests;
 
-pub use kinds::print_list;
+pub(crate) use kinds::print_list;
 use kinds::{resolve, select_kinds, sweep_stale_sockets, Resolver};
 use tables::{flood_rows, markdown, rows, TunnelReport};
 
 /// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
 /// that each is one packet at the tunnel's MTU of 1420: a 1400-byte payload would be fragmented in two.
-pub const TUNNEL_TRAFFIC: &[Traffic] = &[
+pub(crate) const TUNNEL_TRAFFIC: &[Traffic] = &[
     iperf::TCP_ONE_STREAM,
     iperf::TCP_FOUR_STREAMS,
     Traffic {
@@ -52,7 +52,7 @@ pub const TUNNEL_TRAFFIC: &[Traffic] = &[
 ];
 
 /// The traffic of `--tunnel --quick`.
-pub const QUICK_TRAFFIC: &[&str] = &["tcp", "udp1372"];
+pub(crate) const QUICK_TRAFFIC: &[&str] = &["tcp", "udp1372"];
 
 fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
     let labels: Vec<String> = match (&args.traffic, args.quick) {
@@ -80,7 +80,7 @@ fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
 
 /// Every selected kind that can run, over every traffic kind, interleaved; then the JSON, the chart and the
 /// Markdown. Returns how many runs failed and whether a peer build failed.
-pub fn run(ctx: &mut Ctx, args: &Options, peers: Option<&Path>) -> Result<(usize, bool)> {
+pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers: Option<&Path>) -> Result<(usize, bool)> {
     let traffic = select_traffic(args)?;
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");

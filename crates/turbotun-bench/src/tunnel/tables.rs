@@ -14,7 +14,7 @@ use super::kinds::{unflooded, KINDS, REFERENCE};
 
 /// One endpoint of a row over the repetitions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct EndpointRow {
+pub(super) struct EndpointRow {
     /// `A` (the iperf3 client's namespace: the sending end) or `B` (the server's: the receiving end).
     pub side: String,
     pub program: String,
@@ -28,7 +28,7 @@ pub struct EndpointRow {
 
 /// One tunnel kind and traffic kind over the repetitions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TunnelRow {
+pub(super) struct TunnelRow {
     pub kind: String,
     pub traffic: String,
     /// No endpoint process: the kernel carries the traffic (veth, vxlan); CPU, RSS and system calls do not
@@ -50,7 +50,7 @@ pub(super) fn gbps(r: &RunRecord) -> Option<f64> {
 }
 
 /// The rows, traffic outer and kind inner (report order), with the ratios to wireguard-go.
-pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic]) -> Vec<TunnelRow> {
+pub(super) fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic]) -> Vec<TunnelRow> {
     let summaries = report::summarize(runs, kinds, traffic);
     let mut rows: Vec<TunnelRow> = summaries
         .into_iter()
@@ -105,7 +105,7 @@ pub fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Traffic])
 
 /// One `-flood` kind over the repetitions, beside the same endpoints without the flood.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FloodRow {
+pub(super) struct FloodRow {
     pub kind: String,
     pub traffic: String,
     /// The kind it is compared with: the same endpoints, no flood, in the same bench.
@@ -132,7 +132,7 @@ pub struct FloodRow {
 }
 
 /// The rows of the `-flood` kinds that ran, with their unflooded kinds' goodput.
-pub fn flood_rows(runs: &[RunRecord], rows: &[TunnelRow]) -> Vec<FloodRow> {
+pub(super) fn flood_rows(runs: &[RunRecord], rows: &[TunnelRow]) -> Vec<FloodRow> {
     let mut out = Vec::new();
     for row in rows {
         let Some(k) = KINDS.iter().find(|k| k.label == row.kind) else { continue };
@@ -219,7 +219,7 @@ pub(super) fn flood_markdown(o: &mut String, report: &TunnelReport) {
 
 /// The JSON document of `--tunnel`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TunnelReport {
+pub(super) struct TunnelReport {
     /// Which program, which build, on which machine, when.
     #[serde(flatten)]
     pub header: ReportHeader,
@@ -272,7 +272,7 @@ pub(super) fn row_cells(r: &TunnelRow, udp: bool) -> Vec<String> {
 
 /// The overview (Gbps of every kind and traffic), one table per traffic kind, what the columns mean and the
 /// kinds that were skipped.
-pub fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
+pub(super) fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,

@@ -34,7 +34,7 @@ mod tests;
 
 use runs::{run_one, run_tcp};
 use summary::summarize;
-pub use summary::{markdown, VhostReport, VhostRun};
+pub(crate) use summary::{markdown, VhostReport, VhostRun};
 
 /// The front end's forwarding lcore (CPU 0) and the backends' CPU (1): never the same core.
 pub(super) const FRONT_END_MAIN_LCORE: u32 = 1;
@@ -42,11 +42,11 @@ pub(super) const BACKEND_CPU: u32 = 1;
 /// The DPDK backend's command line stays on lcore 0, so that it forwards on lcore 1.
 pub(super) const DPDK_BACKEND_MAIN_LCORE: u32 = 0;
 /// The front end's frames, bytes on the wire without the FCS (testpmd's `set txpkts`).
-pub const FRAME_LEN: u32 = 64;
+pub(crate) const FRAME_LEN: u32 = 64;
 /// From the front end's `start` to the window: the rings fill and the backend reaches its steady state.
 pub(super) const WARMUP: Duration = Duration::from_secs(1);
 /// The goal of issue 31: turbotun's packets per backend CPU-second over DPDK's.
-pub const GOAL_PPS_PER_CPU: f64 = 1.5;
+pub(crate) const GOAL_PPS_PER_CPU: f64 = 1.5;
 
 /// Which backend serves the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub(super) enum Kind {
 
 /// One row of the report.
 #[derive(Debug)]
-pub struct RowSpec {
+pub(crate) struct RowSpec {
     pub label: &'static str,
     pub description: &'static str,
     kind: Kind,
@@ -85,7 +85,7 @@ pub struct RowSpec {
     baseline: bool,
 }
 
-pub const ROWS: &[RowSpec] = &[
+pub(crate) const ROWS: &[RowSpec] = &[
     RowSpec {
         label: "turbotun",
         description: "64 B frames, testpmd virtio-user txonly → `turbotun vhost-user` (pinned to CPU 1, sleeps when \
@@ -146,8 +146,8 @@ pub const ROWS: &[RowSpec] = &[
 /// The reference row of the ratio.
 pub(super) const REFERENCE: &str = "dpdk";
 /// Issue 31's goals for the TCP rows: tso over no-offload, and tso over the ceiling, in Gbps.
-pub const GOAL_TSO_NO_OFFLOAD: f64 = 5.0;
-pub const GOAL_TSO_CEILING: f64 = 0.8;
+pub(crate) const GOAL_TSO_NO_OFFLOAD: f64 = 5.0;
+pub(crate) const GOAL_TSO_CEILING: f64 = 0.8;
 
 /// Why a row cannot run here, or `None`.
 pub(super) fn unavailable(row: &RowSpec) -> Option<String> {
@@ -169,7 +169,7 @@ pub(super) fn unavailable(row: &RowSpec) -> Option<String> {
 }
 
 /// `turbotun bench --vhost-user --list`.
-pub fn print_list() {
+pub(crate) fn print_list() {
     println!("vhost-user rows (those @baseline only with --baseline):");
     for row in ROWS {
         let state = unavailable(row).map(|r| format!(" (not available: {r})")).unwrap_or_default();
@@ -180,7 +180,7 @@ pub fn print_list() {
 
 /// Every row that can run, `reps` times interleaved; then the JSON and the Markdown. Returns how many runs
 /// failed.
-pub fn run(ctx: &mut Ctx, args: &Options) -> Result<usize> {
+pub(crate) fn run(ctx: &mut Ctx, args: &Options) -> Result<usize> {
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
     let mut skipped = Vec::new();

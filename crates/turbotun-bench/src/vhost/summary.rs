@@ -14,7 +14,7 @@ use super::{Kind, RowSpec, REFERENCE, ROWS};
 
 /// One run of one row.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct VhostRun {
+pub(crate) struct VhostRun {
     pub row: String,
     pub rep: u32,
     /// Why the run produced no result.
@@ -58,7 +58,7 @@ pub struct VhostRun {
 
 /// One row over the repetitions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VhostRow {
+pub(crate) struct VhostRow {
     pub row: String,
     pub description: String,
     pub runs: usize,
@@ -79,7 +79,7 @@ pub struct VhostRow {
 
 /// The JSON document of `--vhost-user`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VhostReport {
+pub(crate) struct VhostReport {
     #[serde(flatten)]
     pub header: ReportHeader,
     pub duration_s: u64,
@@ -106,7 +106,7 @@ pub struct VhostReport {
 /// The A/B of one row: this build's figure over the --baseline build's, the row's own measure (pps per backend
 /// CPU-second for `turbotun`, Gbps at the socket for the TCP rows).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AbRatio {
+pub(crate) struct AbRatio {
     pub row: String,
     pub measure: String,
     /// Median over median.
@@ -205,7 +205,7 @@ impl VhostReport {
     }
 }
 
-pub fn markdown(report: &VhostReport) -> String {
+pub(crate) fn markdown(report: &VhostReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
