@@ -1,7 +1,7 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
 //! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback); with `--tunnel`, VPN-style tunnels
-//! between the namespaces (tunnel.rs); with `--vhost-user`, vhost-user-net backends between a guest's rings and a
-//! TAP (vhost.rs). See docs/BENCH.md.
+//! between the namespaces (tunnel/); with `--vhost-user`, vhost-user-net backends between a guest's rings and a
+//! TAP (vhost/). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).

@@ -133,7 +133,7 @@ pub(crate) enum Kind {
     /// A forwarder between two TAP devices, each a port of a bridge whose other port is a veth to one of the
     /// namespaces: the path of a VM's TAP device on a host bridge, with the forwarder as the VM.
     BridgedForwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
-    /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, bench/tunnel.rs).
+    /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, tunnel/).
     Tunnel(Link),
 }
 

@@ -1,5 +1,5 @@
 //! The topology of one run (two private namespaces, or one for loopback), the forwarder process, and their
-//! teardown; for the tunnel bench (`tunnel.rs`), the underlay between the namespaces and the tunnel over it:
+//! teardown; for the tunnel bench (`tunnel/`), the underlay between the namespaces and the tunnel over it:
 //! devices, endpoint processes and their WireGuard configuration.
 //!
 //! Everything created here is owned by a value whose `Drop` removes it: child processes are stopped, and

@@ -5,8 +5,9 @@
 //! the kernel's VXLAN, or a userspace endpoint process in each namespace (`turbotun tunnel`, `turbotun wg`,
 //! wireguard-go, boringtun, GotaTun). `veth` runs iperf3 over the underlay itself. The iperf3 server runs in B, the
 //! client in A, and the runs, their interleaving, the samples and the summaries are those of the forwarder bench
-//! (`mod.rs::measure`, `runner.rs`, `report.rs::summarize`); the set-up of each run is `topo.rs`'s, like every
-//! topology's; this file adds the kinds, and the tables of per-endpoint CPU, peak RSS and system calls per GB.
+//! (`lib.rs::measure`, `runner.rs`, `report.rs::summarize`); the set-up of each run is `topo.rs`'s, like every
+//! topology's; this folder adds the kinds (`kinds.rs`), and the tables of per-endpoint CPU, peak RSS and system
+//! calls per GB (`tables.rs`).
 //!
 //! WireGuard endpoints follow WireGuard's cross-platform userspace interface: each serves
 //! `/var/run/wireguard/NAME.sock`, which is not per namespace, so every endpoint's device name is unique to the
