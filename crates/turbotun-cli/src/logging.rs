@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 const DEFAULT_FILTER: &str = "warn";
 
 /// `LOG_LEVEL=verbose`: this program's crates at debug, the libraries under them at warn.
-const VERBOSE_FILTER: &str = "warn,turbotun=debug,turbotun_wg=debug,turbotun_cli=debug";
+const VERBOSE_FILTER: &str = "warn,turbotun=debug,turbotun_wg=debug,turbotun_bench=debug,turbotun_cli=debug";
 
 /// What the environment asks for: the filter, and a warning about a value that made no sense.
 fn filter_from(log_level: Option<&str>, rust_log: Option<&str>) -> (String, Option<String>) {

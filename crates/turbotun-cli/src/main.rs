@@ -4,7 +4,7 @@
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod args;
-mod bench;
+mod bench_cmd;
 mod counters;
 mod device_cmd;
 mod echo_cmd;
@@ -59,7 +59,7 @@ enum Command {
     Stats(stats_cmd::StatsArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
     /// no-drop rate; --echo: echo answers per second).
-    Bench(Box<bench::BenchArgs>),
+    Bench(Box<bench_cmd::BenchArgs>),
     /// Shell completions for bash, zsh or fish, on standard output.
     Completions(CompletionsArgs),
     /// Write the manual pages (turbotun.1, turbotun-COMMAND.1, turbotun-wg.1) into DIR.
@@ -112,7 +112,7 @@ fn main() -> std::process::ExitCode {
         Command::VhostUser(args) => vhost_user_cmd::run(&args),
         Command::Wg(args) => wg_cmd::run(&args, &["wg"]),
         Command::Stats(args) => stats_cmd::run(&args),
-        Command::Bench(args) => bench::run(&args),
+        Command::Bench(args) => bench_cmd::run(&args),
         Command::Completions(args) => {
             let shell = match args.shell {
                 Shell::Bash => clap_complete::Shell::Bash,

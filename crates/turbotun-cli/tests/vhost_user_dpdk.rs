@@ -5,19 +5,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use common::ns_path;
 use common::vhost_user::Backend;
 use turbotun::netlink::LinkStats;
 use turbotun::Counters;
+use turbotun_bench::testpmd::{self as driver, PortStats, TESTPMD};
 
-const TESTPMD: &str = "dpdk-testpmd";
 /// What an answer may take at most: far above what it takes (testpmd starts in about a second, the backend
 /// moves a frame in microseconds), so that only a path that is broken reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -203,7 +201,7 @@ impl Setup {
 
     /// testpmd using `pairs` queue pairs of the port (its receive and transmit queues).
     fn testpmd_with_queue_pairs(&self, pairs: usize) -> Testpmd {
-        Testpmd::start(&self.backend.ns, &self.backend.socket(), &self.prefix, pairs)
+        Testpmd::start(&self.backend.ns, &self.backend.socket(), &self.backend.dir(), &self.prefix, pairs)
     }
 
     /// Pings `count` addresses of the guest's subnet (testpmd's `icmpecho` answers for any), a flow each, so
@@ -247,126 +245,48 @@ impl Setup {
     }
 }
 
-/// testpmd's port counters (`show port stats all`, counted since the port started).
-#[derive(Debug, Clone, Copy, Default)]
-struct PortStats {
-    rx_packets: u64,
-    rx_bytes: u64,
-    tx_packets: u64,
-    tx_bytes: u64,
-}
-
-impl PortStats {
-    fn since(&self, earlier: &PortStats) -> PortStats {
-        PortStats {
-            rx_packets: self.rx_packets - earlier.rx_packets,
-            rx_bytes: self.rx_bytes - earlier.rx_bytes,
-            tx_packets: self.tx_packets - earlier.tx_packets,
-            tx_bytes: self.tx_bytes - earlier.tx_bytes,
-        }
-    }
-}
-
-/// What testpmd printed so far (standard output and error, as they came), and a signal for each new piece.
-type Transcript = Arc<(Mutex<String>, Condvar)>;
-
-/// A running `dpdk-testpmd -i`, driven a command at a time through its standard input. Killed on drop if it has
-/// not quit, and its runtime directory (`/var/run/dpdk/PREFIX`, which DPDK leaves even after `quit`) removed.
+/// testpmd (the bench's driver, [`turbotun_bench::testpmd`]) as these tests use it: each step must succeed.
 struct Testpmd {
-    child: Option<Child>,
-    stdin: Option<ChildStdin>,
-    /// Its standard output: prompts and answers.
-    transcript: Transcript,
-    /// Its standard error, kept apart: a message written there while the prompt is printed would cut the prompt
-    /// in two.
-    errors: Transcript,
-    /// Prompts seen so far: a command is done when the next prompt is printed.
-    prompts: usize,
-    runtime_dir: PathBuf,
+    testpmd: Option<driver::Testpmd>,
     prefix: String,
 }
 
-const PROMPT: &str = "testpmd> ";
-
 impl Testpmd {
-    fn start(ns: &OwnedFd, socket: &Path, prefix: &str, pairs: usize) -> Testpmd {
+    fn start(ns: &OwnedFd, socket: &Path, log_dir: &Path, prefix: &str, pairs: usize) -> Testpmd {
         let vdev = format!(
             "net_virtio_user0,path={},queues={pairs},packed_vq=0,mrg_rxbuf=1,in_order=0",
             socket.to_str().expect("a UTF-8 socket path")
         );
-        let runtime_dir = Path::new("/var/run/dpdk").join(prefix);
-        let _ = std::fs::remove_dir_all(&runtime_dir);
-        let mut command = Command::new("stdbuf");
-        // Line-buffered output, so that each answer arrives whole before its prompt. Lcore 0 forwards, lcore 1
-        // reads commands; no hugepages (memory a memfd the backend maps), no PCI scan, no telemetry socket, and
-        // a 32k-mbuf pool (the default one takes seconds to make). The offloads are asked for, as a VM's driver
-        // would: checksum and TSO both ways, which the backend then gives the TAP.
-        command
-            .args(["-oL", TESTPMD, "-l", "0,1", "--main-lcore", "1", "--no-huge", "-m", "512", "--no-pci"])
-            .arg(format!("--file-prefix={prefix}"))
-            .args(["--no-telemetry", "--vdev", &vdev, "--", "-i", "--total-num-mbufs=32768"])
-            .args(["--rx-offloads=0x1c", "--tx-offloads=0x2c"])
-            .args([format!("--rxq={pairs}"), format!("--txq={pairs}")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = turbotun::netns::with_netns(&ns_path(ns), || command.spawn())
-            .unwrap()
-            .unwrap_or_else(|e| panic!("starting {TESTPMD}: {e}"));
-        let (transcript, errors): (Transcript, Transcript) = (Arc::default(), Arc::default());
-        for (output, into) in [
-            (Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, &transcript),
-            (Box::new(child.stderr.take().unwrap()), &errors),
-        ] {
-            let into = into.clone();
-            std::thread::spawn(move || copy_into(output, &into));
-        }
-        let stdin = child.stdin.take();
-        let mut testpmd = Testpmd {
-            child: Some(child),
-            stdin,
-            transcript,
-            errors,
-            prompts: 0,
-            runtime_dir,
-            prefix: prefix.to_string(),
-        };
+        // Lcore 0 forwards, lcore 1 reads commands; no hugepages (memory a memfd the backend maps), no PCI scan,
+        // no telemetry socket, and a 32k-mbuf pool (the default one takes seconds to make). The offloads are
+        // asked for, as a VM's driver would: checksum and TSO both ways, which the backend then gives the TAP.
+        let mut eal = driver::eal_args(1, prefix);
+        eal.extend(["--vdev".to_string(), vdev]);
+        let (rxq, txq) = (format!("--rxq={pairs}"), format!("--txq={pairs}"));
+        let app = ["--total-num-mbufs=32768", "--rx-offloads=0x1c", "--tx-offloads=0x2c", &rxq, &txq];
+        let ns = turbotun_bench::Netns::from_fd(format!("the namespace of {prefix}"), ns.try_clone().unwrap());
+        let log = log_dir.join(format!("{prefix}-testpmd.log"));
+        let testpmd = driver::Testpmd::start("testpmd", &ns, &eal, &app, prefix, log, &Arc::default())
+            .unwrap_or_else(|e| panic!("{e:#}"));
         // The first prompt comes once the port has started: connected, features agreed, rings handed over.
-        testpmd.wait_prompt("its first prompt");
         let started = testpmd.output();
         assert!(started.contains("Port 0: "), "testpmd made no port on the backend's socket:\n{started}");
-        testpmd
+        Testpmd { testpmd: Some(testpmd), prefix: prefix.to_string() }
+    }
+
+    fn driver(&mut self) -> &mut driver::Testpmd {
+        self.testpmd.as_mut().expect("testpmd runs")
     }
 
     /// Sends `command` and waits for the next prompt; what testpmd answered.
     fn run(&mut self, command: &str) -> String {
-        let before = self.answers().len();
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(format!("{command}\n").as_bytes()).unwrap();
-        stdin.flush().unwrap();
-        self.wait_prompt(command);
-        let text = self.answers();
-        text[before..].to_string()
-    }
-
-    fn wait_prompt(&mut self, what: &str) {
-        let want = self.prompts + 1;
-        let (text, changed) = &*self.transcript;
-        let deadline = Instant::now() + PATIENCE;
-        let mut guard = text.lock().unwrap();
-        while guard.matches(PROMPT).count() < want {
-            let now = Instant::now();
-            let exited = self.child.as_mut().unwrap().try_wait().unwrap();
-            assert!(exited.is_none() && now < deadline, "testpmd, {what}: no prompt ({exited:?}):\n{guard}");
-            guard = changed.wait_timeout(guard, Duration::from_millis(100)).unwrap().0;
-        }
-        self.prompts = want;
+        self.driver().run(command).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Its standard output so far, and then its standard error.
     fn output(&self) -> String {
-        let errors = self.errors.0.lock().unwrap().clone();
-        let output = self.transcript.0.lock().unwrap().clone();
+        let testpmd = self.testpmd.as_ref().expect("testpmd runs");
+        let (output, errors) = (testpmd.output(), testpmd.errors());
         if errors.is_empty() {
             output
         } else {
@@ -374,78 +294,25 @@ impl Testpmd {
         }
     }
 
-    /// Its standard output so far: the prompts and answers.
-    fn answers(&self) -> String {
-        self.transcript.0.lock().unwrap().clone()
-    }
-
     fn port_stats(&mut self) -> PortStats {
-        let answer = self.run("show port stats all");
-        let number = |label: &str| -> u64 {
-            let after = answer.split(label).nth(1).unwrap_or_else(|| panic!("no {label} in:\n{answer}"));
-            after
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("{label} in {answer}"))
-        };
-        PortStats {
-            rx_packets: number("RX-packets:"),
-            rx_bytes: number("RX-bytes:"),
-            tx_packets: number("TX-packets:"),
-            tx_bytes: number("TX-bytes:"),
-        }
+        let ports = self.driver().port_stats().unwrap_or_else(|e| panic!("{e:#}"));
+        ports.first().copied().expect("port 0")
     }
 
-    /// Frames each receive and transmit queue of the port carried (`show port xstats 0`: `rx_qN_good_packets`,
-    /// `tx_qN_good_packets`), queue by queue.
+    /// Frames each receive and transmit queue of the port carried, queue by queue.
     fn queue_packets(&mut self, pairs: usize) -> (Vec<u64>, Vec<u64>) {
-        let answer = self.run("show port xstats 0");
-        let count = |name: String| -> u64 {
-            answer
-                .lines()
-                .find_map(|line| line.trim().strip_prefix(&format!("{name}:")))
-                .and_then(|n| n.trim().parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in:\n{answer}"))
-        };
-        (
-            (0..pairs).map(|q| count(format!("rx_q{q}_good_packets"))).collect(),
-            (0..pairs).map(|q| count(format!("tx_q{q}_good_packets"))).collect(),
-        )
+        self.driver().queue_packets(pairs).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// `quit`: testpmd closes its port (the backend sees the front end leave) and exits 0, having made no file
     /// in /dev/shm (its memory is a memfd).
     fn quit(mut self) {
-        let mut stdin = self.stdin.take().unwrap();
-        stdin.write_all(b"quit\n").unwrap();
-        drop(stdin);
-        let status = common::wait_exit(self.child.as_mut().unwrap(), PATIENCE, "testpmd after quit");
-        self.child = None;
-        assert!(status.success(), "testpmd exits 0 after quit: {status:?}\n{}", self.output());
+        let testpmd = self.testpmd.take().expect("testpmd runs");
+        let output = testpmd.output();
+        if let Err(e) = testpmd.quit() {
+            panic!("testpmd exits 0 after quit: {e:#}\n{output}");
+        }
         let shm = common::entries_with_prefix("/dev/shm", &self.prefix);
         assert!(shm.is_empty(), "testpmd left {shm:?} in /dev/shm");
-    }
-}
-
-impl Drop for Testpmd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.runtime_dir);
-    }
-}
-
-fn copy_into(mut output: Box<dyn Read + Send>, transcript: &Transcript) {
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = output.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        let (text, changed) = &**transcript;
-        text.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        changed.notify_all();
     }
 }

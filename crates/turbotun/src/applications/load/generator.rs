@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::{monotonic_ns, Header, BURST, HEADER_LEN, MAX_FLOWS, MAX_PAYLOAD, MAX_SEGMENTS};
 use crate::dataplane::udp::MAX_MMSG;
-use crate::stop::StopHandle;
 use crate::error::{ConfigError, Error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 /// Send failures by kind, in datagrams not sent. None is silent: each is counted and the generator goes on.

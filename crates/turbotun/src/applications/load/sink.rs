@@ -9,8 +9,8 @@ use rustix::net::sockopt;
 
 use super::{FlowCounts, FlowTracker, Header, MAX_FLOWS};
 use crate::dataplane::udp::{RecvSlots, MAX_MMSG};
-use crate::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 /// Receive buffer asked for by default: 64 MiB holds about 90 ms of 64-byte datagrams at 1 Mpps (each costs

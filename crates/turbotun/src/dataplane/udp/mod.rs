@@ -34,8 +34,8 @@ use std::time::Duration;
 use rustix::event::PollFlags;
 use rustix::net::sockopt;
 
-use crate::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 
 pub use crate::sys::udp::{LocalAddr, RecvMeta, MAX_MMSG};

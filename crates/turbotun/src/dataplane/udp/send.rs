@@ -12,8 +12,8 @@ use rustix::event::PollFlags;
 
 use super::{max_send_payload, Datagram, TunnelSocket, MAX_SEGMENTS};
 use crate::dataplane::stats::{Counters, DropReason};
-use crate::stop::StopHandle;
 use crate::error::{Error, Result};
+use crate::stop::StopHandle;
 use crate::sys;
 use crate::sys::udp::{LocalAddr, MAX_MMSG};
 

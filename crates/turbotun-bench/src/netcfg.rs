@@ -32,6 +32,11 @@ impl Netns {
         Ok(Netns { name, fd: file.into() })
     }
 
+    /// A namespace held elsewhere, by `fd` (an fd of `/proc/.../ns/net`).
+    pub fn from_fd(name: String, fd: OwnedFd) -> Netns {
+        Netns { name, fd }
+    }
+
     /// A path that names the namespace for `setns` and `IFLA_NET_NS_FD`: the magic link of our own fd, which
     /// opens the namespace itself.
     pub fn path(&self) -> PathBuf {
@@ -68,6 +73,7 @@ impl Netns {
         })?
     }
 
+    /// A netlink socket inside the namespace.
     pub fn netlink(&self) -> Result<Netlink> {
         Netlink::in_netns(&self.path()).with_context(|| format!("netlink socket in namespace {}", self.name))
     }
@@ -79,7 +85,7 @@ fn sysctl_path(key: &str) -> PathBuf {
 
 /// One end of the path: a device in a namespace, its addresses and the routes through it.
 #[derive(Debug)]
-pub struct Side<'a> {
+pub(crate) struct Side<'a> {
     pub ns: &'a Netns,
     pub dev: &'a str,
     /// The device's MTU (the bench's [`MTU`] but for a tunnel's devices).
@@ -91,10 +97,10 @@ pub struct Side<'a> {
     pub txqueuelen: Option<u32>,
 }
 
-pub const MTU: u32 = 1500;
+pub(crate) const MTU: u32 = 1500;
 
 /// A veth pair from `dev_a` in `a` to `dev_b` in `b`: created in `a`, then one end moved.
-pub fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()> {
+pub(crate) fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()> {
     let mut nl = a.netlink()?;
     nl.create_veth(dev_a, dev_b).with_context(|| format!("{}: veth {dev_a} to {dev_b}", a.name))?;
     nl.move_to_netns(dev_b, &b.path()).with_context(|| format!("move {dev_b} from {} to {}", a.name, b.name))
@@ -102,13 +108,20 @@ pub fn create_veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) -> Result<()>
 
 /// A point-to-point VXLAN device `name` in `ns` (VNI `vni`, the IANA port 4789), its outer packets from `local`
 /// to `remote` leaving through `underlay`; left down and without an address.
-pub fn create_vxlan(ns: &Netns, name: &str, vni: u32, local: IpAddr, remote: IpAddr, underlay: &str) -> Result<()> {
+pub(crate) fn create_vxlan(
+    ns: &Netns,
+    name: &str,
+    vni: u32,
+    local: IpAddr,
+    remote: IpAddr,
+    underlay: &str,
+) -> Result<()> {
     let vxlan = Vxlan { dev: Some(underlay.to_string()), ..Vxlan::new(name, vni, local, remote) };
     ns.netlink()?.create_vxlan(&vxlan).with_context(|| format!("{}: vxlan {name} to {remote}", ns.name))
 }
 
 /// A bridge `name` in `ns` with `ports` attached, everything up (the ports at the bench's MTU).
-pub fn bridge(ns: &Netns, name: &str, ports: &[&str]) -> Result<()> {
+pub(crate) fn bridge(ns: &Netns, name: &str, ports: &[&str]) -> Result<()> {
     let mut nl = ns.netlink()?;
     nl.create_bridge(name).with_context(|| format!("{}: bridge {name}", ns.name))?;
     for port in ports {
@@ -120,14 +133,14 @@ pub fn bridge(ns: &Netns, name: &str, ports: &[&str]) -> Result<()> {
 }
 
 /// Move a device between namespaces. Moving flushes its addresses and sets it down.
-pub fn move_to_netns(from: &Netns, dev: &str, to: &Netns) -> Result<()> {
+pub(crate) fn move_to_netns(from: &Netns, dev: &str, to: &Netns) -> Result<()> {
     from.netlink()?
         .move_to_netns(dev, &to.path())
         .with_context(|| format!("move {dev} from {} to {}", from.name, to.name))
 }
 
 /// MTU, addresses (IPv6 without DAD: the library adds them with IFA_F_NODAD), up, routes.
-pub fn configure(side: &Side<'_>) -> Result<()> {
+pub(crate) fn configure(side: &Side<'_>) -> Result<()> {
     let (ns, dev) = (&side.ns.name, side.dev);
     let mut nl = side.ns.netlink()?;
     nl.set_mtu(dev, side.mtu).with_context(|| format!("{ns}: mtu {} of {dev}", side.mtu))?;
@@ -147,7 +160,7 @@ pub fn configure(side: &Side<'_>) -> Result<()> {
 
 /// The device's TX dropped counter (for a TUN device: packets the kernel dropped because the reader of the fd
 /// was too slow — the ring's tail drop).
-pub fn tx_dropped(ns: &Netns, dev: &str) -> Result<u64> {
+pub(crate) fn tx_dropped(ns: &Netns, dev: &str) -> Result<u64> {
     Ok(ns.netlink()?.stats(dev).with_context(|| format!("{}: stats of {dev}", ns.name))?.tx_dropped)
 }
 

@@ -1,7 +1,7 @@
-//! DPDK's `dpdk-testpmd` as the bench drives it (`--vhost-user`): started inside a run's namespace in
-//! interactive mode and given one command at a time on its standard input, each answer read up to the next
-//! prompt. It plays the guest (a virtio-user port on a vhost-user socket) and DPDK's reference backend (a
-//! vhost-user port forwarding into a TAP).
+//! DPDK's `dpdk-testpmd` as the bench drives it (`--vhost-user`), and the CLI's DPDK tests with it: started
+//! inside a namespace in interactive mode and given one command at a time on its standard input, each answer
+//! read up to the next prompt. It plays the guest (a virtio-user port on a vhost-user socket) and DPDK's
+//! reference backend (a vhost-user port forwarding into a TAP).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,6 +16,7 @@ use super::modes::which;
 use super::netcfg::Netns;
 use super::process::{terminate, wait_timeout};
 
+/// The program (Debian's `dpdk-dev`).
 pub const TESTPMD: &str = "dpdk-testpmd";
 const PROMPT: &str = "testpmd> ";
 /// What one answer may take at most: testpmd starts in about a second (its 32k-mbuf pool), a command answers
@@ -46,12 +47,38 @@ pub fn eal_args(main_lcore: u32, file_prefix: &str) -> Vec<String> {
 /// A port's counters (`show port stats all`, counted since the port started).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortStats {
+    /// Frames received.
     pub rx_packets: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// Frames the port missed (no room in its ring).
     pub rx_missed: u64,
+    /// Frames received with errors.
     pub rx_errors: u64,
+    /// Frames dropped for want of an mbuf.
     pub rx_nombuf: u64,
+    /// Frames sent.
     pub tx_packets: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Frames that could not be sent.
     pub tx_errors: u64,
+}
+
+impl PortStats {
+    /// What was counted since `earlier` (a reading of the same port).
+    pub fn since(&self, earlier: &PortStats) -> PortStats {
+        PortStats {
+            rx_packets: self.rx_packets - earlier.rx_packets,
+            rx_bytes: self.rx_bytes - earlier.rx_bytes,
+            rx_missed: self.rx_missed - earlier.rx_missed,
+            rx_errors: self.rx_errors - earlier.rx_errors,
+            rx_nombuf: self.rx_nombuf - earlier.rx_nombuf,
+            tx_packets: self.tx_packets - earlier.tx_packets,
+            tx_bytes: self.tx_bytes - earlier.tx_bytes,
+            tx_errors: self.tx_errors - earlier.tx_errors,
+        }
+    }
 }
 
 /// Every port's counters in a `show port stats all` answer, port 0 first.
@@ -65,10 +92,12 @@ pub fn parse_port_stats(answer: &str) -> Result<Vec<PortStats>> {
         .map(|b| {
             Ok(PortStats {
                 rx_packets: number_after(b, "RX-packets:")?,
+                rx_bytes: number_after(b, "RX-bytes:")?,
                 rx_missed: number_after(b, "RX-missed:")?,
                 rx_errors: number_after(b, "RX-errors:")?,
                 rx_nombuf: number_after(b, "RX-nombuf:")?,
                 tx_packets: number_after(b, "TX-packets:")?,
+                tx_bytes: number_after(b, "TX-bytes:")?,
                 tx_errors: number_after(b, "TX-errors:")?,
             })
         })
@@ -121,6 +150,8 @@ pub struct Testpmd {
 impl Testpmd {
     /// Starts `stdbuf -oL dpdk-testpmd EAL.. -- -i APP..` inside `ns` and waits for its first prompt, which it
     /// prints once its ports have started (a virtio-user port: connected to its backend, features agreed).
+    /// `label` names it in errors, `file_prefix` is its EAL `--file-prefix` (its runtime files, removed before
+    /// and after), `log` receives what it printed when it is dropped, and `stop` set interrupts a wait.
     pub fn start(
         label: &str,
         ns: &Netns,
@@ -168,6 +199,7 @@ impl Testpmd {
         Ok(testpmd)
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -224,8 +256,25 @@ impl Testpmd {
     }
 
     /// Its standard error so far.
-    fn errors(&self) -> String {
+    pub fn errors(&self) -> String {
         self.errors.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Frames each receive and transmit queue of port 0 carried (`show port xstats 0`: `rx_qN_good_packets`,
+    /// `tx_qN_good_packets`), for its first `pairs` queues, queue by queue.
+    pub fn queue_packets(&mut self, pairs: usize) -> Result<(Vec<u64>, Vec<u64>)> {
+        let answer = self.run("show port xstats 0")?;
+        let count = |name: String| -> Result<u64> {
+            answer
+                .lines()
+                .find_map(|line| line.trim().strip_prefix(&format!("{name}:")))
+                .and_then(|n| n.trim().parse().ok())
+                .ok_or_else(|| anyhow!("no {name} in testpmd's answer: {answer:?}"))
+        };
+        Ok((
+            (0..pairs).map(|q| count(format!("rx_q{q}_good_packets"))).collect::<Result<_>>()?,
+            (0..pairs).map(|q| count(format!("tx_q{q}_good_packets"))).collect::<Result<_>>()?,
+        ))
     }
 
     /// `quit`: testpmd closes its ports (a vhost-user peer sees its front end leave) and exits; killed if it
@@ -301,17 +350,21 @@ mod tests {
             [
                 PortStats {
                     rx_packets: 3179936,
+                    rx_bytes: 203515904,
                     rx_missed: 7,
                     rx_errors: 1,
                     rx_nombuf: 2,
                     tx_packets: 0,
+                    tx_bytes: 0,
                     tx_errors: 0
                 },
-                PortStats { tx_packets: 3179936, tx_errors: 5, ..PortStats::default() },
+                PortStats { tx_packets: 3179936, tx_bytes: 203515904, tx_errors: 5, ..PortStats::default() },
             ]
         );
         assert!(parse_port_stats("testpmd> ").is_err());
         assert!(parse_port_stats("NIC statistics for port 0 RX-packets: lots").is_err());
+        let later = PortStats { rx_packets: 3179940, rx_bytes: 203516160, ..ports[0] };
+        assert_eq!(later.since(&ports[0]), PortStats { rx_packets: 4, rx_bytes: 256, ..PortStats::default() });
     }
 
     #[test]

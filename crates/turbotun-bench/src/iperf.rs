@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// One kind of traffic the bench offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Traffic {
+pub(crate) struct Traffic {
     pub label: &'static str,
     pub description: &'static str,
     pub udp: bool,
@@ -20,7 +20,7 @@ pub struct Traffic {
 }
 
 /// TCP, one stream: the forwarding and the tunnel benches' first traffic kind.
-pub const TCP_ONE_STREAM: Traffic = Traffic {
+pub(crate) const TCP_ONE_STREAM: Traffic = Traffic {
     label: "tcp",
     description: "TCP, one stream, -C cubic",
     udp: false,
@@ -31,7 +31,7 @@ pub const TCP_ONE_STREAM: Traffic = Traffic {
 };
 
 /// TCP, four streams.
-pub const TCP_FOUR_STREAMS: Traffic = Traffic {
+pub(crate) const TCP_FOUR_STREAMS: Traffic = Traffic {
     label: "tcp4",
     description: "TCP, four streams (-P 4), -C cubic",
     udp: false,
@@ -42,7 +42,7 @@ pub const TCP_FOUR_STREAMS: Traffic = Traffic {
 };
 
 /// Every traffic kind, in report order. Adding one is one entry.
-pub const TRAFFIC: &[Traffic] = &[
+pub(crate) const TRAFFIC: &[Traffic] = &[
     TCP_ONE_STREAM,
     TCP_FOUR_STREAMS,
     Traffic {
@@ -74,13 +74,13 @@ pub const TRAFFIC: &[Traffic] = &[
     },
 ];
 
-pub fn traffic_by_label(label: &str) -> Option<Traffic> {
+pub(crate) fn traffic_by_label(label: &str) -> Option<Traffic> {
     TRAFFIC.iter().copied().find(|t| t.label == label)
 }
 
 impl Traffic {
     /// iperf3 client arguments (after `iperf3`).
-    pub fn client_args(&self, server: &str, duration: u64, ipv6: bool) -> Vec<String> {
+    pub(crate) fn client_args(&self, server: &str, duration: u64, ipv6: bool) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "-c".into(),
             server.into(),
@@ -109,7 +109,7 @@ impl Traffic {
 
 /// What one iperf3 client run reports.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct IperfResult {
+pub(crate) struct IperfResult {
     /// Receiver-side goodput.
     pub gbps: f64,
     /// Sender-side goodput.
@@ -128,11 +128,11 @@ pub struct IperfResult {
 }
 
 impl IperfResult {
-    pub fn rx_kpps(&self) -> Option<f64> {
+    pub(crate) fn rx_kpps(&self) -> Option<f64> {
         Some(self.udp_received? as f64 / self.seconds.max(1e-9) / 1000.0)
     }
 
-    pub fn lost_kpps(&self) -> Option<f64> {
+    pub(crate) fn lost_kpps(&self) -> Option<f64> {
         Some(self.udp_lost? as f64 / self.seconds.max(1e-9) / 1000.0)
     }
 }
@@ -142,7 +142,7 @@ fn u(v: &Value) -> Option<u64> {
 }
 
 /// Parse the JSON an iperf3 3.x client prints with `-J`.
-pub fn parse_client_json(text: &str) -> Result<IperfResult> {
+pub(crate) fn parse_client_json(text: &str) -> Result<IperfResult> {
     let v: Value = serde_json::from_str(text.trim()).context("iperf3 output is not JSON")?;
     if let Some(err) = v.get("error").and_then(Value::as_str) {
         bail!("iperf3: {err}");
@@ -186,9 +186,9 @@ pub fn parse_client_json(text: &str) -> Result<IperfResult> {
 mod tests {
     use super::*;
 
-    const TCP: &str = include_str!("../../tests/fixtures/iperf3_tcp.json");
-    const TCP4: &str = include_str!("../../tests/fixtures/iperf3_tcp_p4.json");
-    const UDP: &str = include_str!("../../tests/fixtures/iperf3_udp64.json");
+    const TCP: &str = include_str!("../tests/fixtures/iperf3_tcp.json");
+    const TCP4: &str = include_str!("../tests/fixtures/iperf3_tcp_p4.json");
+    const UDP: &str = include_str!("../tests/fixtures/iperf3_udp64.json");
 
     #[test]
     fn tcp_one_stream() {

@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use super::netcfg::Netns;
 
 /// Interruptible sleep: returns an error as soon as `stop` is set.
-pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
+pub(crate) fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
     let end = Instant::now() + d;
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -28,7 +28,7 @@ pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> Result<()> {
 }
 
 /// SIGTERM a process by pid.
-pub fn send_sigterm(pid: u32) {
+pub(crate) fn send_sigterm(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         // It may have exited already: nothing to stop then.
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
@@ -36,7 +36,7 @@ pub fn send_sigterm(pid: u32) {
 }
 
 /// Wait for a child with a deadline; `None` if it is still running at the deadline.
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let end = Instant::now() + timeout;
     loop {
         match child.try_wait() {
@@ -48,7 +48,7 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
 }
 
 /// Stop a child: SIGTERM, then SIGKILL after `grace`.
-pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+pub(crate) fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
     if let Ok(Some(st)) = child.try_wait() {
         return Some(st);
     }
@@ -62,7 +62,7 @@ pub fn terminate(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
 
 /// Kills (SIGTERM, then SIGKILL) a child process when dropped.
 #[derive(Debug)]
-pub struct KillOnDrop(pub Child);
+pub(crate) struct KillOnDrop(pub Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -71,7 +71,7 @@ impl Drop for KillOnDrop {
 }
 
 /// Read a child's stdout to a string on a thread (so a chatty child never blocks on a full pipe).
-pub fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
+pub(crate) fn collect_stdout(child: &mut Child) -> JoinHandle<String> {
     collect(child.stdout.take())
 }
 
@@ -91,14 +91,19 @@ fn collect<R: Read + Send + 'static>(pipe: Option<R>) -> JoinHandle<String> {
 }
 
 /// Run `CMD..` inside `ns` to completion within `timeout`, returning its stdout.
-pub fn run_in_ns(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<(String, ExitStatus)> {
+pub(crate) fn run_in_ns(
+    ns: &Netns,
+    cmd: &[&str],
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> Result<(String, ExitStatus)> {
     let (out, _, status) = run_in_ns_with(ns, cmd, Stdio::null(), timeout, stop)?;
     Ok((out, status))
 }
 
 /// Run a tool (`wg set ...`) inside `ns` within `timeout`: its stdout, or an error with what it said on stderr
 /// when it failed.
-pub fn run_tool(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<String> {
+pub(crate) fn run_tool(ns: &Netns, cmd: &[&str], timeout: Duration, stop: &AtomicBool) -> Result<String> {
     let (out, err, status) = run_in_ns_with(ns, cmd, Stdio::piped(), timeout, stop)?;
     if !status.success() {
         bail!("`{}` failed ({status}): {}", cmd.join(" "), err.trim());
@@ -137,7 +142,7 @@ fn run_in_ns_with(
 /// A tool started inside a namespace whose standard output is read line by line as it comes, so that the caller
 /// can act on a line (the generator's `sent`) before the tool ends. Killed when dropped.
 #[derive(Debug)]
-pub struct LinesFrom {
+pub(crate) struct LinesFrom {
     pub child: KillOnDrop,
     lines: Receiver<String>,
     program: String,
@@ -145,7 +150,7 @@ pub struct LinesFrom {
 
 impl LinesFrom {
     /// Starts `CMD..` inside `ns`, stderr discarded.
-    pub fn spawn(ns: &Netns, cmd: &[&str]) -> Result<LinesFrom> {
+    pub(crate) fn spawn(ns: &Netns, cmd: &[&str]) -> Result<LinesFrom> {
         let mut child = ns.spawn(
             Command::new(cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()),
         )?;
@@ -164,7 +169,7 @@ impl LinesFrom {
     }
 
     /// The next line, within `timeout`; an error when interrupted, at the deadline, or when the output ended.
-    pub fn next_line(&self, timeout: Duration, stop: &AtomicBool) -> Result<String> {
+    pub(crate) fn next_line(&self, timeout: Duration, stop: &AtomicBool) -> Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -183,7 +188,7 @@ impl LinesFrom {
     }
 
     /// Waits for the tool to exit (within `timeout`).
-    pub fn wait(mut self, timeout: Duration) -> Result<ExitStatus> {
+    pub(crate) fn wait(mut self, timeout: Duration) -> Result<ExitStatus> {
         match wait_timeout(&mut self.child.0, timeout) {
             Some(status) => Ok(status),
             None => bail!("{} did not exit within {} s", self.program, timeout.as_secs()),

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// Median with min and max of a set of repetitions.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
-pub struct Spread {
+pub(crate) struct Spread {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -13,7 +13,7 @@ pub struct Spread {
 
 impl Spread {
     /// `None` for an empty set; NaNs are ignored.
-    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+    pub(crate) fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
         let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
         if v.is_empty() {
             return None;
@@ -26,7 +26,7 @@ impl Spread {
 }
 
 /// Format a number with a precision that suits its magnitude (3 significant digits, at least an integer).
-pub fn fmt_num(x: f64) -> String {
+pub(crate) fn fmt_num(x: f64) -> String {
     let a = x.abs();
     if a >= 100.0 || a == 0.0 {
         format!("{x:.0}")
@@ -40,7 +40,7 @@ pub fn fmt_num(x: f64) -> String {
 }
 
 /// `median (min–max)`, or just the median for one repetition.
-pub fn fmt_spread(s: &Spread) -> String {
+pub(crate) fn fmt_spread(s: &Spread) -> String {
     if s.n <= 1 || s.min == s.max {
         fmt_num(s.median)
     } else {
@@ -49,7 +49,7 @@ pub fn fmt_spread(s: &Spread) -> String {
 }
 
 /// Large counts as 1.2k / 3.4M.
-pub fn fmt_count(x: f64) -> String {
+pub(crate) fn fmt_count(x: f64) -> String {
     let a = x.abs();
     if a >= 1e6 {
         format!("{:.1}M", x / 1e6)
@@ -63,22 +63,22 @@ pub fn fmt_count(x: f64) -> String {
 }
 
 /// A table cell: the median and spread, or a dash for no data.
-pub fn cell(s: Option<Spread>) -> String {
+pub(crate) fn cell(s: Option<Spread>) -> String {
     s.map(|s| fmt_spread(&s)).unwrap_or_else(|| "–".into())
 }
 
 /// A table cell: the median alone, or a dash.
-pub fn med(s: Option<Spread>) -> String {
+pub(crate) fn med(s: Option<Spread>) -> String {
     s.map(|s| fmt_num(s.median)).unwrap_or_else(|| "–".into())
 }
 
 /// A table cell: the median as a count (`7.4k`), or a dash.
-pub fn med_count(s: Option<Spread>) -> String {
+pub(crate) fn med_count(s: Option<Spread>) -> String {
     s.map(|s| fmt_count(s.median)).unwrap_or_else(|| "–".into())
 }
 
 /// A table cell: a ratio (`1.46×`), or a dash.
-pub fn ratio(r: Option<f64>) -> String {
+pub(crate) fn ratio(r: Option<f64>) -> String {
     r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
 }
 

@@ -25,7 +25,7 @@ const POOL: usize = 256;
 
 /// What the flood generator prints.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FloodReport {
+pub(crate) struct FloodReport {
     /// Initiations the kernel took.
     pub sent: u64,
     /// Initiations whose send failed (ENOBUFS, ECONNREFUSED after an ICMP error, ...).
@@ -37,13 +37,13 @@ pub struct FloodReport {
 
 impl FloodReport {
     /// Initiations the kernel took per second.
-    pub fn pps(&self) -> f64 {
+    pub(crate) fn pps(&self) -> f64 {
         self.sent as f64 / self.seconds.max(1e-9)
     }
 }
 
 /// A WireGuard public key in the base64 `wg` shows.
-pub fn parse_public_key(text: &str) -> Result<[u8; 32]> {
+pub(crate) fn parse_public_key(text: &str) -> Result<[u8; 32]> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
         .with_context(|| format!("WireGuard public key {text:?} is not base64"))?;
@@ -54,7 +54,7 @@ pub fn parse_public_key(text: &str) -> Result<[u8; 32]> {
 }
 
 /// `count` initiations with random content and a valid mac1 for `server_public`, back to back.
-pub fn forged_initiations(server_public: &[u8; 32], count: usize) -> Vec<u8> {
+pub(crate) fn forged_initiations(server_public: &[u8; 32], count: usize) -> Vec<u8> {
     let mac1_key = message::mac1_key(server_public);
     let mut out = Vec::with_capacity(count * INITIATION_LEN);
     for _ in 0..count {
@@ -72,7 +72,7 @@ pub fn forged_initiations(server_public: &[u8; 32], count: usize) -> Vec<u8> {
 
 /// Floods `dest` from each of `sources` in turn (none: from the wildcard address) until `secs` have passed or
 /// `stop` is set, at `rate` initiations a second (0: as fast as the kernel takes them).
-pub fn flood(
+pub(crate) fn flood(
     dest: SocketAddr,
     server_public: &[u8; 32],
     sources: &[IpAddr],
@@ -122,7 +122,7 @@ pub fn flood(
 }
 
 /// The hidden `--wg-flood`: floods until `secs` have passed or SIGTERM/SIGINT, then prints the report.
-pub fn run(dest: SocketAddr, key: Option<&str>, sources: &[IpAddr], rate: u64, secs: u64) -> Result<()> {
+pub(crate) fn run(dest: SocketAddr, key: Option<&str>, sources: &[IpAddr], rate: u64, secs: u64) -> Result<()> {
     let Some(key) = key else { bail!("--wg-flood needs --wg-flood-key (the server's public key, base64)") };
     let public = parse_public_key(key)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -22,15 +22,15 @@ use turbotun::wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun::wire::{checksum, ipv4, tcp, IPPROTO_TCP};
 use turbotun::Queue;
 
-pub const TAP_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
-pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 2);
-pub const GUEST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x03, 0x02];
-pub const PORT: u16 = 5201;
+pub(crate) const TAP_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
+pub(crate) const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 2);
+pub(crate) const GUEST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x03, 0x02];
+pub(crate) const PORT: u16 = 5201;
 const GUEST_PORT: u16 = 40000;
 /// TCP payload per segment: 1500 − IPv4 − TCP, no options after the handshake.
-pub const MSS: usize = 1460;
+pub(crate) const MSS: usize = 1460;
 /// A TSO super-packet's payload: 44 segments, the most whole segments under IPv4's 64 KiB total length.
-pub const TSO_PAYLOAD: usize = 44 * MSS;
+pub(crate) const TSO_PAYLOAD: usize = 44 * MSS;
 const ETH: usize = 14;
 const HEADERS: usize = ETH + 20 + 20;
 /// How long a handshake may take, and how long without an acknowledgement before the sender goes back.
@@ -40,7 +40,7 @@ const RETRANSMIT: Duration = Duration::from_millis(200);
 const IDLE_WAIT: Duration = Duration::from_micros(20);
 
 /// Where the guest's frames go and where the kernel's come from.
-pub trait Link {
+pub(crate) trait Link {
     /// Puts one frame behind its virtio header on the way to the TAP; `false` when there is no room now.
     fn try_send(&mut self, hdr: &[u8; HDR_LEN], frame: &[u8]) -> Result<bool>;
     /// [`Link::try_send`] of a frame of `head` and the one payload the sender sends over and over: where guest
@@ -52,7 +52,7 @@ pub trait Link {
 }
 
 /// The guest's virtqueues, through a backend.
-pub struct VirtioLink(pub Guest);
+pub(crate) struct VirtioLink(pub Guest);
 
 impl Link for VirtioLink {
     fn try_send(&mut self, hdr: &[u8; HDR_LEN], frame: &[u8]) -> Result<bool> {
@@ -68,7 +68,7 @@ impl Link for VirtioLink {
 
 /// No backend: each frame put in guest memory behind its header and written into the TAP from there with one
 /// `write(2)`; the kernel's answers read from the same TAP.
-pub struct TapLink {
+pub(crate) struct TapLink {
     pub queue: Queue,
     pub file: File,
     pub mem: GuestMemory,
@@ -81,7 +81,7 @@ pub struct TapLink {
 const CEILING_SLOT: u64 = 0x1_0000;
 
 impl TapLink {
-    pub fn new(queue: Queue) -> Result<TapLink> {
+    pub(crate) fn new(queue: Queue) -> Result<TapLink> {
         use std::os::fd::AsFd;
         queue.set_nonblocking(true)?;
         let file = File::from(queue.as_fd().try_clone_to_owned()?);
@@ -130,7 +130,7 @@ impl TapLink {
 
 /// What the sender did.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
-pub struct SenderReport {
+pub(crate) struct SenderReport {
     /// Frames (super-packets with TSO) handed to the link, the handshake's among them, and the data's TCP
     /// payload bytes.
     pub frames: u64,
@@ -265,7 +265,7 @@ use tcp::flags::{ACK, PSH, RST, SYN};
 
 /// Connects to [`TAP_IP`]:[`PORT`] over `link` and sends `payload`-byte segments (TSO super-packets when
 /// `tso`) until `stop`; `sent` follows the payload bytes handed to the link.
-pub fn send_tcp(
+pub(crate) fn send_tcp(
     link: &mut dyn Link,
     tap_mac: [u8; 6],
     tso: bool,
@@ -367,7 +367,7 @@ pub fn send_tcp(
 
 /// The receiving socket: accepts one connection on `listener` and reads until `stop`, adding what it read to
 /// `received`.
-pub fn receive(listener: std::net::TcpListener, stop: Arc<AtomicBool>, received: Arc<AtomicU64>) -> Result<()> {
+pub(crate) fn receive(listener: std::net::TcpListener, stop: Arc<AtomicBool>, received: Arc<AtomicU64>) -> Result<()> {
     use std::io::Read;
     listener.set_nonblocking(true)?;
     let deadline = Instant::now() + HANDSHAKE + Duration::from_secs(5);

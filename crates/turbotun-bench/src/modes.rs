@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 /// What a turbotun mode needs from the tun driver beyond a plain TUN device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
+pub(crate) enum Need {
     /// `IFF_VNET_HDR`: the virtio header in front of every frame, and with it the offloads.
     VnetHdr,
     /// `IFF_MULTI_QUEUE`.
@@ -17,7 +17,7 @@ pub enum Need {
 
 /// One of turbotun's forwarder modes: `turbotun fwd DEV_A DEV_B ARGS..`.
 #[derive(Debug, Clone, Copy)]
-pub struct TurbotunMode {
+pub(crate) struct TurbotunMode {
     /// Label after `turbotun-`.
     pub label: &'static str,
     pub args: &'static [&'static str],
@@ -33,7 +33,7 @@ const fn fwd(label: &'static str, args: &'static [&'static str], needs: &'static
 
 /// turbotun's forwarder modes, in report order. Adding a mode is one line; that `turbotun fwd` accepts its
 /// arguments is a unit test, and what it needs from the kernel is checked with the library's probes.
-pub const TURBOTUN_MODES: &[TurbotunMode] = &[
+pub(crate) const TURBOTUN_MODES: &[TurbotunMode] = &[
     TurbotunMode { uring_by_default: true, ..fwd("plain", &["--mode", "plain"], &[]) },
     fwd("offload", &["--mode", "offload"], &[Need::VnetHdr]),
     // Offload with the split segments' checksums left partial for the kernel to complete: no payload byte read.
@@ -61,7 +61,7 @@ pub const TURBOTUN_MODES: &[TurbotunMode] = &[
 
 /// What this kernel offers turbotun's modes, from the library's probes.
 #[derive(Debug, Clone)]
-pub struct Support {
+pub(crate) struct Support {
     /// The tun driver's optional features, or why there is no usable tun driver.
     pub tun: Result<TunFeatures, String>,
     /// Whether io_uring forwarding works here, or why not.
@@ -69,14 +69,14 @@ pub struct Support {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TunFeatures {
+pub(crate) struct TunFeatures {
     pub vnet_hdr: bool,
     pub multi_queue: bool,
 }
 
 impl Support {
     /// `turbotun::Capabilities` and `turbotun::uring::supported`, both probed once per process.
-    pub fn probe() -> Support {
+    pub(crate) fn probe() -> Support {
         // The capability probe opens scratch devices: inside a private namespace when we may make one, so that
         // none shows up in the root namespace even for a moment.
         let caps = turbotun::netns::with_private_netns(turbotun::Capabilities::get)
@@ -108,20 +108,20 @@ impl Support {
 }
 
 /// Peers: (family, binary under bench/peers/bin, the package that builds it, modes).
-pub const PEERS: &[(&str, &str, &[&str])] = &[
+pub(crate) const PEERS: &[(&str, &str, &[&str])] = &[
     ("tunrs", "tunrs-fwd", &["plain", "offload", "offload2", "async-offload"]),
     ("wggo", "wggo-fwd", &["plain", "offload"]),
 ];
 
 /// The virtual-networking comparison (`--modes virt`): the kernel's paths for a VM or container side by side
 /// with turbotun's. Each moves the same traffic between the two namespaces.
-pub const VIRT_MODES: &[&str] = &["veth", "veth-bridge", "turbotun-tap-bridge", "turbotun-offload"];
+pub(crate) const VIRT_MODES: &[&str] = &["veth", "veth-bridge", "turbotun-tap-bridge", "turbotun-offload"];
 
 /// The modes `--quick` runs.
-pub const QUICK_MODES: &[&str] = &["veth", "turbotun-offload", "turbotun-plain", "tunrs-offload"];
+pub(crate) const QUICK_MODES: &[&str] = &["veth", "turbotun-offload", "turbotun-plain", "tunrs-offload"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// veth pair between the two namespaces.
     Veth,
     /// Each namespace's veth goes to a port of one Linux bridge in a third namespace.
@@ -133,12 +133,12 @@ pub enum Kind {
     /// A forwarder between two TAP devices, each a port of a bridge whose other port is a veth to one of the
     /// namespaces: the path of a VM's TAP device on a host bridge, with the forwarder as the VM.
     BridgedForwarder { program: PathBuf, prefix_args: Vec<String>, args: Vec<String> },
-    /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, bench/tunnel.rs).
+    /// A tunnel between the two namespaces over a veth underlay (`--tunnel`, tunnel/).
     Tunnel(Link),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mode {
+pub(crate) struct Mode {
     /// `veth`, `loopback`, `turbotun-offload`, `tunrs-plain`, ...
     pub label: String,
     /// `baseline`, `turbotun`, `tunrs`, `wggo`.
@@ -149,30 +149,30 @@ pub struct Mode {
 }
 
 impl Mode {
-    pub fn is_peer(&self) -> bool {
+    pub(crate) fn is_peer(&self) -> bool {
         PEERS.iter().any(|(f, _, _)| *f == self.family)
     }
 
-    pub fn is_forwarder(&self) -> bool {
+    pub(crate) fn is_forwarder(&self) -> bool {
         matches!(self.kind, Kind::Forwarder { .. } | Kind::BridgedForwarder { .. })
     }
 
     /// Label without the family prefix (`offload` for `turbotun-offload`), used for flamegraph file names.
-    pub fn short(&self) -> &str {
+    pub(crate) fn short(&self) -> &str {
         self.label.strip_prefix(&format!("{}-", self.family)).unwrap_or(&self.label)
     }
 }
 
 /// A mode the bench knows about but cannot run here, and why.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Unavailable {
+pub(crate) struct Unavailable {
     pub mode: String,
     pub reason: String,
 }
 
 /// The bench/peers directory: $TURBOTUN_PEERS_DIR, the source tree this binary was built from, or a
 /// `bench/peers` directory above the executable.
-pub fn peers_dir(exe: &Path) -> Option<PathBuf> {
+pub(crate) fn peers_dir(exe: &Path) -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("TURBOTUN_PEERS_DIR") {
         return Some(PathBuf::from(d));
     }
@@ -185,7 +185,7 @@ pub fn peers_dir(exe: &Path) -> Option<PathBuf> {
 
 /// Every mode in report order, plus the ones that cannot run here. Peers are listed if their binary exists or
 /// `build.sh` could build it (checked later by [`ensure_peers_built`]).
-pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mode>, Vec<Unavailable>) {
+pub(crate) fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mode>, Vec<Unavailable>) {
     let mut modes = vec![
         Mode { label: "veth".into(), family: "baseline", kind: Kind::Veth, note: None },
         Mode { label: "loopback".into(), family: "baseline", kind: Kind::Loopback, note: None },
@@ -270,12 +270,12 @@ pub fn all_modes(exe: &Path, support: &Support, peers: Option<&Path>) -> (Vec<Mo
 }
 
 /// The family of a turbotun mode run by the `--baseline` build: neither turbotun's own nor a peer's.
-pub const BASELINE_BUILD: &str = "turbotun@baseline";
+pub(crate) const BASELINE_BUILD: &str = "turbotun@baseline";
 
 /// Each selected turbotun forwarder mode followed by its A/B twin: the same arguments run by another build of
 /// turbotun (`--baseline`), labelled `MODE@baseline`, placed right after its mode so that every round runs the
 /// two builds one after the other.
-pub fn with_baseline_twins(selected: Vec<Mode>, baseline: &Path) -> Vec<Mode> {
+pub(crate) fn with_baseline_twins(selected: Vec<Mode>, baseline: &Path) -> Vec<Mode> {
     let mut out = Vec::with_capacity(selected.len() * 2);
     for m in selected {
         let twin_kind = match &m.kind {
@@ -307,7 +307,7 @@ pub fn with_baseline_twins(selected: Vec<Mode>, baseline: &Path) -> Vec<Mode> {
 
 /// Select modes by a comma list: exact labels, a label without the `turbotun-` prefix, or a family name
 /// (`turbotun`, `tunrs`, `wggo`, `peers`, `baseline`, `virt` for [`VIRT_MODES`]).
-pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]) -> Result<Vec<Mode>> {
+pub(crate) fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]) -> Result<Vec<Mode>> {
     let mut out: Vec<Mode> = Vec::new();
     for f in filter {
         let f = f.trim();
@@ -350,7 +350,7 @@ pub fn select_modes(all: &[Mode], unavailable: &[Unavailable], filter: &[String]
 /// FAMILY`, one family at a time so one missing toolchain does not stop the other. Returns the modes whose
 /// binary is there afterwards, and whether a build failed (so that its log is kept); marks the rest
 /// unavailable with what to install.
-pub fn ensure_peers_built(
+pub(crate) fn ensure_peers_built(
     modes: Vec<Mode>,
     peers: Option<&Path>,
     unavailable: &mut Vec<Unavailable>,
@@ -395,7 +395,7 @@ pub fn ensure_peers_built(
 
 /// Build (or refresh) one peer with `bench/peers/build.sh TARGET` in `dir`, its output in
 /// `log_dir/build-TARGET.log`; `bin` is the binary it makes under `dir/bin`. Returns why it failed, if it did.
-pub fn build_peer(dir: &Path, target: &str, bin: &str, log_dir: &Path) -> Result<Option<String>> {
+pub(crate) fn build_peer(dir: &Path, target: &str, bin: &str, log_dir: &Path) -> Result<Option<String>> {
     let script = dir.join("build.sh");
     if !script.is_file() {
         return Ok(Some(format!("{} does not exist", script.display())));
@@ -423,14 +423,14 @@ pub fn build_peer(dir: &Path, target: &str, bin: &str, log_dir: &Path) -> Result
 }
 
 /// First executable named `name` on $PATH.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// One end of a tunnel, as the bench starts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub name: &'static str,
     pub program: PathBuf,
     /// `{dev}`, `{local}` and `{remote}` stand for the device and the underlay's socket addresses.
@@ -442,7 +442,7 @@ pub struct Endpoint {
 
 /// What configuring WireGuard endpoints takes: the `wg` tool and a key pair for each side.
 #[derive(Debug, PartialEq, Eq)]
-pub struct WgSetup {
+pub(crate) struct WgSetup {
     pub tool: PathBuf,
     /// A's key, B's key.
     pub keys: [WgKey; 2],
@@ -450,14 +450,14 @@ pub struct WgSetup {
 
 /// A private key in a file (mode 0600, in a private directory) and its public key.
 #[derive(Debug, PartialEq, Eq)]
-pub struct WgKey {
+pub(crate) struct WgKey {
     pub private: PathBuf,
     pub public: String,
 }
 
 /// How a run's namespaces are joined (`modes::Kind::Tunnel`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Link {
+pub(crate) enum Link {
     Veth,
     Vxlan,
     /// A's endpoint, B's endpoint, and whether B's is flooded with handshake initiations during the window.
@@ -467,7 +467,7 @@ pub enum Link {
 /// A flood of WireGuard handshake initiations (random content, valid mac1) at B's endpoint over a run's window,
 /// sent from A's namespace by `turbotun bench --wg-flood` as fast as one thread can (the `-flood` kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Flood {
+pub(crate) struct Flood {
     /// How many addresses on A's underlay the initiations come from, in turn.
     pub sources: usize,
 }
@@ -475,24 +475,6 @@ pub struct Flood {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    /// `turbotun fwd` as the bench starts it.
-    #[derive(Debug, Parser)]
-    struct Fwd {
-        #[command(flatten)]
-        args: crate::fwd::FwdArgs,
-    }
-
-    #[test]
-    fn turbotun_fwd_accepts_every_mode() {
-        for m in TURBOTUN_MODES {
-            let argv = ["fwd", "tta", "ttb"].into_iter().chain(m.args.iter().copied());
-            if let Err(e) = Fwd::try_parse_from(argv) {
-                panic!("turbotun-{}: `turbotun fwd` refuses {:?}: {e}", m.label, m.args);
-            }
-        }
-    }
 
     fn support(vnet_hdr: bool, multi_queue: bool, uring: Result<(), String>) -> Support {
         Support { tun: Ok(TunFeatures { vnet_hdr, multi_queue }), uring }

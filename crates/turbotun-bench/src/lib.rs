@@ -1,10 +1,13 @@
 //! `turbotun bench`: forwarders between two network namespaces measured with iperf3, side by side with the
 //! peers (tun-rs, wireguard-go) and the kernel baselines (veth, loopback); with `--tunnel`, VPN-style tunnels
-//! between the namespaces (tunnel.rs); with `--vhost-user`, vhost-user-net backends between a guest's rings and a
-//! TAP (vhost.rs). See docs/BENCH.md.
+//! between the namespaces (tunnel/); with `--vhost-user`, vhost-user-net backends between a guest's rings and a
+//! TAP (vhost/). See docs/BENCH.md.
 //!
 //! Every (mode, traffic kind, repetition) gets a fresh pair of namespaces and a fresh forwarder; repetitions
 //! are interleaved round-robin (rep 1 of every traffic kind and mode, then rep 2, ...).
+
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
 
 mod ceiling;
 mod chart;
@@ -21,20 +24,22 @@ mod procfs;
 mod report;
 mod runner;
 mod stats;
-mod testpmd;
+pub mod testpmd;
 mod topo;
 mod tunnel;
 mod vguest;
 mod vhost;
 mod wgflood;
 
+pub use netcfg::Netns;
+
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use iperf::{Traffic, TRAFFIC};
@@ -42,132 +47,103 @@ use modes::{Mode, Unavailable};
 use report::{Report, ReportHeader, RunRecord};
 use runner::{interrupted, is_not_ready, run_one, run_record, Ctx};
 
-/// Arguments of `turbotun bench`.
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Short run (the main job): 3 s, 1 repetition, modes veth, turbotun-offload, turbotun-plain, tunrs-offload,
-    /// traffic tcp and udp64. --duration, --reps, --modes and --traffic still override. Never includes the
-    /// tunnel bench; with --tunnel: every tunnel kind, tcp and udp1372, 1 repetition of 3 s.
-    #[arg(long)]
+/// What `turbotun bench` measures and where it writes it: the command's options as plain values (the CLI reads
+/// them with clap; its `--help` says what each means).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--quick`: the short run (fewer modes, traffic kinds, seconds and repetitions).
     pub quick: bool,
-    /// Comma-separated modes: labels from --list, a turbotun mode without its prefix (`offload`), or a family
-    /// (`turbotun`, `tunrs`, `wggo`, `peers`, `baselines`). Default: every available mode.
-    #[arg(long, value_delimiter = ',')]
+    /// `--modes`: labels, short turbotun modes or families; `None`: every available mode.
     pub modes: Option<Vec<String>>,
-    /// Comma-separated traffic kinds (tcp, tcp4, udp64, udp1400, gso64; see --list). Default: all.
-    #[arg(long, value_delimiter = ',')]
+    /// `--traffic`: traffic kinds by label; `None`: all.
     pub traffic: Option<Vec<String>>,
-    /// Seconds per run (default 10, 3 with --quick; --loss and --echo: 5, 2 with --quick).
-    #[arg(long, value_name = "SECS")]
+    /// `--duration`: seconds per run (each bench has its own default).
     pub duration: Option<u64>,
-    /// Repetitions of every (mode, traffic) pair, interleaved round-robin (default 3, 1 with --quick).
-    #[arg(long, value_name = "N")]
+    /// `--reps`: repetitions of every (mode, traffic) pair.
     pub reps: Option<u32>,
-    /// Run the IPv6 variant (fd00:1::1/64, fd00:2::1/64, no DAD) instead of IPv4.
-    #[arg(long)]
+    /// `--ipv6`: the IPv6 variant.
     pub ipv6: bool,
-    /// Write every run and the summary as JSON.
-    #[arg(long, value_name = "FILE")]
+    /// `--json`: where to write every run and the summary as JSON.
     pub json: Option<PathBuf>,
-    /// Write a grouped bar chart (.svg or .png).
-    #[arg(long, value_name = "FILE")]
+    /// `--chart`: where to write a grouped bar chart (.svg or .png).
     pub chart: Option<PathBuf>,
-    /// Profile each forwarder mode in one extra run of the first traffic kind (perf record -e cpu-clock -g)
-    /// and write DIR/MODE.svg (turbotun modes) or DIR/PEER-MODE.svg (peers), with perf's recording beside each
-    /// (MODE.perf.data, for `perf report -i FILE --sort dso,sym`).
-    #[arg(long, value_name = "DIR")]
+    /// `--flamegraph`: the directory of each forwarder mode's flame graph.
     pub flamegraph: Option<PathBuf>,
-    /// List the modes (and whether they are available) and the traffic kinds, then exit.
-    #[arg(long)]
+    /// `--list`: list the modes and traffic kinds, then return.
     pub list: bool,
-    /// Loss instead of iperf3: paced 64-byte UDP through each forwarder at offered rates in steps, a
-    /// pktgen-style table of where datagrams were lost, then each forwarder's no-drop rate (RFC 2544 binary
-    /// search). Honours --quick, --modes, --duration (seconds per trial), --ipv6, --json, --chart.
-    #[arg(long, conflicts_with_all = ["echo", "traffic", "flamegraph", "reps"])]
+    /// `--loss`: the loss table and no-drop rates instead of iperf3.
     pub loss: bool,
-    /// Echo instead of forwarding: UDP load routed into an echo device, answers per second of a naive echo
-    /// and of `turbotun echo --mode plain|offload`. Honours --quick, --modes (naive, plain, offload),
-    /// --duration, --reps, --ipv6, --json, --chart.
-    #[arg(long, conflicts_with_all = ["traffic", "flamegraph"])]
+    /// `--echo`: echo answers per second instead of forwarding.
     pub echo: bool,
-    /// Tunnels instead of forwarders: VPN-style tunnels between two namespaces over a veth underlay (veth,
-    /// the kernel's VXLAN, turbotun tunnel, turbotun wg, wireguard-go, boringtun, GotaTun), iperf3 TCP and UDP
-    /// through each, with every endpoint's CPU, peak RSS and system calls per GB. Honours --quick, --duration,
-    /// --reps, --traffic (tcp, tcp4, udp1372), --json, --chart, --list.
-    #[arg(long, conflicts_with_all = ["loss", "echo", "modes", "flamegraph", "ipv6"])]
+    /// `--tunnel`: tunnels between two namespaces instead of forwarders.
     pub tunnel: bool,
-    /// With --tunnel: comma-separated tunnel kinds (veth, vxlan, turbotun-plain, turbotun-wg, wireguard-go,
-    /// boringtun, gotatun, turbotun-wg-vs-wireguard-go; and, only when named, the two-queue endpoints
-    /// turbotun-plain-q2 and turbotun-wg-q2, and the handshake-flood kinds turbotun-wg-flood1,
-    /// turbotun-wg-flood64, wireguard-go-flood1, each compared with its kind without the flood). Default: all but
-    /// those named-only kinds; those that cannot run here are listed as skipped.
-    #[arg(long, value_delimiter = ',', value_name = "KIND", requires = "tunnel")]
+    /// `--tunnel-kinds`: the tunnel kinds of `--tunnel`.
     pub tunnel_kinds: Option<Vec<String>>,
-    /// vhost-user-net backends instead of forwarders: a DPDK virtio-user front end (testpmd, txonly, 64-byte
-    /// frames) into `turbotun vhost-user` and into DPDK's own vhost backend, each writing into a TAP in a
-    /// private namespace; frames per second reaching the TAP, the backend's CPU, and packets per backend
-    /// CPU-second. Honours --quick (1 repetition of 1 s), --duration, --reps, --json, --list, --baseline
-    /// (`turbotun@baseline`, `tso@baseline`, `no-offload@baseline`).
-    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "modes", "traffic", "flamegraph", "ipv6", "chart"])]
+    /// `--vhost-user`: vhost-user-net backends instead of forwarders.
     pub vhost_user: bool,
-    /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
-    /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
-    #[arg(long, requires = "tunnel")]
+    /// `--no-syscalls`: with `--tunnel`, do not count the endpoints' system calls.
     pub no_syscalls: bool,
-    /// The A/B of a change: also run turbotun's modes with this other build of turbotun (e.g. the commit before
-    /// the change, built with `cargo build --release`), interleaved with this build's in the same rounds: each
-    /// selected forwarder mode as `MODE@baseline`, with --tunnel `turbotun-plain@baseline` and
-    /// `turbotun-wg@baseline`, with --vhost-user `turbotun@baseline`, `tso@baseline` and `no-offload@baseline`.
-    #[arg(long, value_name = "TURBOTUN", conflicts_with_all = ["echo"])]
+    /// `--baseline`: another build of turbotun, run as `MODE@baseline` beside this one.
     pub baseline: Option<PathBuf>,
-    /// With --loss: the loss table at each of these queue lengths of the devices (for a TUN device, its ring),
-    /// e.g. 500,1000,10000. Default: the kernel's (500 for TUN).
-    #[arg(long, value_delimiter = ',', value_name = "N", requires = "loss")]
+    /// `--txqueuelen`: with `--loss`, the devices' queue lengths of the table.
     pub txqueuelen: Option<Vec<u32>>,
-    /// With --loss: the offered rates of the table, thousands of datagrams per second (default
-    /// 25,50,100,150,200,300; 50,150,300 with --quick). The no-drop search runs up to the highest.
-    #[arg(long, value_delimiter = ',', value_name = "KPPS", requires = "loss")]
+    /// `--rates`: with `--loss`, the offered rates of the table (thousands of datagrams per second).
     pub rates: Option<Vec<u64>>,
-    /// Internal: run the UDP generator toward ADDR:PORT for --duration seconds, print a JSON line.
-    #[arg(long, hide = true, value_name = "ADDR:PORT")]
-    pub udp_gen: Option<std::net::SocketAddr>,
-    /// Internal: run the UDP sink on ADDR:PORT, print a JSON line.
-    #[arg(long, hide = true, value_name = "ADDR:PORT")]
-    pub udp_sink: Option<std::net::SocketAddr>,
-    /// Internal: datagram payload length for --udp-gen (at least 16; --udp-sink reads each datagram's own).
-    #[arg(long, hide = true, default_value_t = 64)]
-    pub udp_len: usize,
-    /// Internal: datagrams per GSO send for --udp-gen.
-    #[arg(long, hide = true, default_value_t = 64)]
-    pub udp_gso: u16,
-    /// Internal: datagrams per second for --udp-gen and --udp-roundtrip (0: unlimited).
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub udp_rate: u64,
-    /// Internal: the generator toward an echo at ADDR:PORT and a sink counting its answers, in one process;
-    /// prints both reports as one JSON line.
-    #[arg(long, hide = true, value_name = "ADDR:PORT")]
-    pub udp_roundtrip: Option<std::net::SocketAddr>,
-    /// Internal: the naive echo on TUN device DEV (created): one packet per read and per write, no virtio
-    /// header; prints `ready`, and its counters as one JSON line when stopped.
-    #[arg(long, hide = true, value_name = "DEV")]
-    pub naive_echo: Option<String>,
-    /// Internal: the ceiling forwarder between TUN devices DEV_A and DEV_B (created): virtio header and every
-    /// offload, one blocking read and one write per frame, header untouched (the `turbotun-ceiling` row).
-    #[arg(long, hide = true, num_args = 2, value_names = ["DEV_A", "DEV_B"])]
-    pub ceiling_fwd: Option<Vec<String>>,
-    /// Internal: flood ADDR:PORT with WireGuard handshake initiations (random content, valid mac1) for
-    /// --duration seconds or until SIGTERM, print a JSON line.
-    #[arg(long, hide = true, value_name = "ADDR:PORT")]
-    pub wg_flood: Option<std::net::SocketAddr>,
-    /// Internal: the flooded server's public key (base64), for --wg-flood.
-    #[arg(long, hide = true, value_name = "KEY", requires = "wg_flood")]
-    pub wg_flood_key: Option<String>,
-    /// Internal: comma-separated source addresses of --wg-flood, taken in turn (default: the wildcard).
-    #[arg(long, hide = true, value_delimiter = ',', value_name = "ADDR", requires = "wg_flood")]
-    pub wg_flood_from: Vec<std::net::IpAddr>,
-    /// Internal: initiations per second of --wg-flood (0: as fast as the kernel takes them).
-    #[arg(long, hide = true, default_value_t = 0, requires = "wg_flood")]
-    pub wg_flood_rate: u64,
+}
+
+/// One side of the bench's UDP traffic, as the hidden `--udp-gen`, `--udp-sink` and `--udp-roundtrip` give it.
+#[derive(Debug, Clone)]
+pub struct Udp {
+    /// Where the generator sends (the echo, for the round trip), or where the sink listens.
+    pub target: SocketAddr,
+    /// Datagram payload length of the generator (at least 16; the sink reads each datagram's own).
+    pub len: usize,
+    /// Datagrams per GSO send of the generator.
+    pub gso: u16,
+    /// Datagrams per second of the generator (0: unlimited).
+    pub rate: u64,
+    /// Seconds to run (default 10).
+    pub duration: Option<u64>,
+}
+
+/// The processes the bench starts of this same binary inside a run's namespaces (`turbotun bench` with a hidden
+/// flag): each does one job and prints its report.
+#[derive(Debug, Clone)]
+pub enum Helper {
+    /// `--naive-echo DEV`: the naive echo on TUN device DEV (created): one packet per read and per write, no
+    /// virtio header; prints `ready`, and its counters as one JSON line when stopped.
+    NaiveEcho {
+        /// The TUN device.
+        dev: String,
+    },
+    /// `--ceiling-fwd DEV_A DEV_B`: the ceiling forwarder between two TUN devices (created).
+    CeilingFwd {
+        /// One device.
+        dev_a: String,
+        /// The other.
+        dev_b: String,
+    },
+    /// `--wg-flood ADDR:PORT`: WireGuard handshake initiations (random content, valid mac1) at `dest` for
+    /// `duration` seconds (default 10) or until SIGTERM; prints a JSON line.
+    WgFlood {
+        /// The flooded endpoint.
+        dest: SocketAddr,
+        /// Its public key (base64).
+        key: Option<String>,
+        /// Source addresses, taken in turn (empty: the wildcard).
+        from: Vec<IpAddr>,
+        /// Initiations per second (0: as fast as the kernel takes them).
+        rate: u64,
+        /// Seconds to flood (default 10).
+        duration: Option<u64>,
+    },
+    /// `--udp-gen ADDR:PORT`: the UDP generator; prints a JSON line.
+    UdpGen(Udp),
+    /// `--udp-sink ADDR:PORT`: the UDP sink; prints a JSON line.
+    UdpSink(Udp),
+    /// `--udp-roundtrip ADDR:PORT`: the generator toward an echo and a sink counting its answers, in one
+    /// process; prints both reports as one JSON line.
+    UdpRoundtrip(Udp),
 }
 
 /// What to measure, from the arguments and the modes available.
@@ -180,7 +156,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> Result<Plan> {
+    fn new(args: &Options, all: &[Mode], unavailable: &[Unavailable]) -> Result<Plan> {
         let plan = Plan {
             modes: select_modes(args, all, unavailable)?,
             traffic: select_traffic(args)?,
@@ -199,7 +175,7 @@ impl Plan {
 }
 
 /// The modes named by --modes, those of --quick, or every available one.
-fn select_modes(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> Result<Vec<Mode>> {
+fn select_modes(args: &Options, all: &[Mode], unavailable: &[Unavailable]) -> Result<Vec<Mode>> {
     let mode_filter: Vec<String> = match (&args.modes, args.quick) {
         (Some(m), _) => m.clone(),
         (None, true) => modes::QUICK_MODES.iter().map(|s| s.to_string()).collect(),
@@ -212,7 +188,7 @@ fn select_modes(args: &BenchArgs, all: &[Mode], unavailable: &[Unavailable]) -> 
     })
 }
 
-fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
+fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
     match (&args.traffic, args.quick) {
         (Some(t), _) => t
             .iter()
@@ -230,25 +206,36 @@ fn select_traffic(args: &BenchArgs) -> Result<Vec<Traffic>> {
     }
 }
 
-pub fn run(args: &BenchArgs) -> Result<()> {
-    if let Some(dev) = &args.naive_echo {
-        return echo::naive_echo(dev);
+/// The command lines of this binary that the bench starts for turbotun's rows, each with its row's label:
+/// `fwd DEV_A DEV_B ARGS..` for every forwarder mode (`turbotun-offload`, ...) and each echo variant's (`naive`,
+/// `echo-plain`, ...), device names filled in. For the CLI's test that its parser takes every one.
+pub fn turbotun_command_lines() -> Vec<(String, Vec<String>)> {
+    let fwd = modes::TURBOTUN_MODES.iter().map(|m| {
+        let argv = ["fwd", "tta", "ttb"].into_iter().chain(m.args.iter().copied()).map(String::from).collect();
+        (format!("turbotun-{}", m.label), argv)
+    });
+    let echo = echo::VARIANTS.iter().map(|v| {
+        let argv = v.argv.iter().map(|a| if *a == "{dev}" { "tte0" } else { a }).map(|a| a.to_string()).collect();
+        (v.label.to_string(), argv)
+    });
+    fwd.chain(echo).collect()
+}
+
+/// Runs a helper process of the bench (see [`Helper`]).
+pub fn run_helper(helper: &Helper) -> Result<()> {
+    match helper {
+        Helper::NaiveEcho { dev } => echo::naive_echo(dev),
+        Helper::CeilingFwd { dev_a, dev_b } => ceiling::ceiling_fwd(dev_a, dev_b),
+        Helper::WgFlood { dest, key, from, rate, duration } => {
+            wgflood::run(*dest, key.as_deref(), from, *rate, duration.unwrap_or(10))
+        }
+        Helper::UdpGen(_) | Helper::UdpSink(_) | Helper::UdpRoundtrip(_) => run_generator_or_sink(helper),
     }
-    if let Some([a, b]) = args.ceiling_fwd.as_deref() {
-        return ceiling::ceiling_fwd(a, b);
-    }
-    if let Some(dest) = args.wg_flood {
-        return wgflood::run(
-            dest,
-            args.wg_flood_key.as_deref(),
-            &args.wg_flood_from,
-            args.wg_flood_rate,
-            args.duration.unwrap_or(10),
-        );
-    }
-    if args.udp_gen.is_some() || args.udp_sink.is_some() || args.udp_roundtrip.is_some() {
-        return run_generator_or_sink(args);
-    }
+}
+
+/// `turbotun bench`: the bench these options select; its report on standard output, progress and notes on
+/// standard error.
+pub fn run(args: &Options) -> Result<()> {
     let exe = std::env::current_exe().context("locate the turbotun executable")?;
     let peers_dir = modes::peers_dir(&exe);
     if args.vhost_user && args.list {
@@ -339,7 +326,7 @@ fn now_unix() -> u64 {
 }
 
 /// What every kind of bench run needs: a private log directory, the signal flag, names unique to this process.
-fn new_ctx(args: &BenchArgs, exe: PathBuf, duration: u64) -> Result<Ctx> {
+fn new_ctx(args: &Options, exe: PathBuf, duration: u64) -> Result<Ctx> {
     if duration == 0 {
         bail!("nothing to do: --duration must be at least 1");
     }
@@ -383,19 +370,23 @@ const SINK_IDLE: Duration = Duration::from_millis(500);
 
 /// The hidden `--udp-gen`, `--udp-sink` and `--udp-roundtrip`: one side of the generator's traffic (both for
 /// the echo), started by the bench inside a run's namespace; prints its report as one JSON line.
-fn run_generator_or_sink(args: &BenchArgs) -> Result<()> {
-    let secs = args.duration.unwrap_or(10);
-    let line = if let Some(dest) = args.udp_gen {
-        serde_json::to_string(&gen::generate(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64)?)?
-    } else if let Some(addr) = args.udp_sink {
-        let max = Duration::from_secs(secs + 10);
-        serde_json::to_string(&gen::sink(addr, SINK_IDLE, max)?)?
-    } else if let Some(dest) = args.udp_roundtrip {
-        let sent = || println!("{}", gen::SENT_LINE);
-        let r = gen::roundtrip(dest, args.udp_len, args.udp_gso, args.udp_rate, secs as f64, SINK_IDLE, sent)?;
-        serde_json::to_string(&r)?
-    } else {
-        bail!("neither --udp-gen, --udp-sink nor --udp-roundtrip given");
+fn run_generator_or_sink(helper: &Helper) -> Result<()> {
+    let line = match helper {
+        Helper::UdpGen(u) => {
+            let secs = u.duration.unwrap_or(10);
+            serde_json::to_string(&gen::generate(u.target, u.len, u.gso, u.rate, secs as f64)?)?
+        }
+        Helper::UdpSink(u) => {
+            let max = Duration::from_secs(u.duration.unwrap_or(10) + 10);
+            serde_json::to_string(&gen::sink(u.target, SINK_IDLE, max)?)?
+        }
+        Helper::UdpRoundtrip(u) => {
+            let secs = u.duration.unwrap_or(10);
+            let sent = || println!("{}", gen::SENT_LINE);
+            let r = gen::roundtrip(u.target, u.len, u.gso, u.rate, secs as f64, SINK_IDLE, sent)?;
+            serde_json::to_string(&r)?
+        }
+        _ => bail!("neither --udp-gen, --udp-sink nor --udp-roundtrip given"),
     };
     println!("{line}");
     Ok(())
@@ -621,7 +612,7 @@ fn print_markdown(text: &str) {
 }
 
 /// The JSON and the chart if asked for, then the Markdown report on stdout.
-fn write_outputs(args: &BenchArgs, report: &Report, plan: &Plan) -> Result<()> {
+fn write_outputs(args: &Options, report: &Report, plan: &Plan) -> Result<()> {
     write_json(args.json.as_deref(), report)?;
     if let Some(p) = &args.chart {
         let title = format!(
@@ -666,7 +657,7 @@ fn print_list(all: &[Mode], unavailable: &[Unavailable], peers: Option<&Path>) {
 }
 
 /// Root and the tools, with the package to install.
-fn preflight(args: &BenchArgs) -> Result<()> {
+fn preflight(args: &Options) -> Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     if procfs::parse_status_euid(&status) != Some(0) {
         bail!(

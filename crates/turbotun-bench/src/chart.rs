@@ -65,7 +65,7 @@ type Bar = Option<(f64, f64, f64)>;
 
 /// What the bars of a bar chart show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
+pub(crate) enum Metric {
     /// The headline: Gbps for TCP, received kpps for UDP.
     Headline,
     /// Receiver goodput in Gbps, for every traffic kind.
@@ -73,7 +73,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    fn of(self, s: &Summary, t: &Traffic) -> Option<crate::bench::stats::Spread> {
+    fn of(self, s: &Summary, t: &Traffic) -> Option<crate::stats::Spread> {
         match self {
             Metric::Headline => s.headline(t.udp),
             Metric::Gbps => s.gbps,
@@ -123,13 +123,13 @@ fn mode_colors(modes: &[(&str, &str)]) -> Vec<RGBColor> {
 }
 
 /// Write the chart of the headline metric to `path` (.svg or .png).
-pub fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
+pub(crate) fn write_chart(path: &Path, summary: &[Summary], traffic: &[Traffic], title: &str) -> Result<()> {
     write_bar_chart(path, summary, traffic, title, Metric::Headline)
 }
 
 /// Write a grouped bar chart of `metric` to `path` (.svg or .png): one panel per traffic kind, one bar per mode
 /// with a min–max whisker.
-pub fn write_bar_chart(
+pub(crate) fn write_bar_chart(
     path: &Path,
     summary: &[Summary],
     traffic: &[Traffic],
@@ -237,7 +237,7 @@ where
 
 /// One line of a [`LinePanel`]: a mode's points (x, y), coloured by its family.
 #[derive(Debug, Clone)]
-pub struct Line {
+pub(crate) struct Line {
     pub label: String,
     pub family: String,
     pub points: Vec<(f64, f64)>,
@@ -245,7 +245,7 @@ pub struct Line {
 
 /// One panel of a line chart, with the line y = x drawn dashed as the ideal (everything offered received).
 #[derive(Debug, Clone)]
-pub struct LinePanel {
+pub(crate) struct LinePanel {
     pub caption: String,
     pub x_desc: String,
     pub y_desc: String,
@@ -253,7 +253,7 @@ pub struct LinePanel {
 }
 
 /// Write a line chart to `path` (.svg or .png): the panels stacked, a legend in each.
-pub fn write_line_chart(path: &Path, panels: &[LinePanel], title: &str) -> Result<()> {
+pub(crate) fn write_line_chart(path: &Path, panels: &[LinePanel], title: &str) -> Result<()> {
     register_font()?;
     if panels.is_empty() || panels.iter().all(|p| p.lines.is_empty()) {
         bail!("nothing to chart");
@@ -322,7 +322,7 @@ where
 }
 
 /// Check the chart path (and the font it needs) before spending minutes measuring.
-pub fn check_path(path: &Path) -> Result<()> {
+pub(crate) fn check_path(path: &Path) -> Result<()> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     match ext.as_str() {
         "svg" | "png" => register_font().context("--chart"),
@@ -333,8 +333,8 @@ pub fn check_path(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::iperf::traffic_by_label;
-    use crate::bench::stats::Spread;
+    use crate::iperf::traffic_by_label;
+    use crate::stats::Spread;
 
     #[test]
     fn svg_has_bars_and_labels() {

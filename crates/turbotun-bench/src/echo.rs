@@ -25,10 +25,10 @@ use super::iperf::Traffic;
 use super::report::{ReportHeader, RunRecord, Summary};
 use super::runner::{interrupted, is_not_ready, run_echo, Ctx, EchoProgram};
 use super::stats::{cell, fmt_num, med, Spread};
-use super::BenchArgs;
+use super::Options;
 
 /// The traffic each echo is offered: the generator as fast as the kernel takes it, one flow.
-pub const ECHO_TRAFFIC: &[Traffic] = &[
+pub(crate) const ECHO_TRAFFIC: &[Traffic] = &[
     Traffic {
         label: "udp64",
         description: "UDP, 64-byte datagrams, one per send, unlimited rate",
@@ -69,7 +69,7 @@ pub const ECHO_TRAFFIC: &[Traffic] = &[
 
 /// One echo the bench compares.
 #[derive(Debug, Clone, Copy)]
-pub struct Variant {
+pub(crate) struct Variant {
     pub label: &'static str,
     /// The name `--modes` also accepts.
     pub short: &'static str,
@@ -80,7 +80,7 @@ pub struct Variant {
 }
 
 /// The echoes, in report order.
-pub const VARIANTS: &[Variant] = &[
+pub(crate) const VARIANTS: &[Variant] = &[
     Variant { label: "naive", short: "naive", argv: &["bench", "--naive-echo", "{dev}"], gso: false },
     Variant { label: "echo-plain", short: "plain", argv: &["echo", "{dev}", "--mode", "plain"], gso: false },
     Variant { label: "echo-offload", short: "offload", argv: &["echo", "{dev}", "--mode", "offload"], gso: true },
@@ -89,10 +89,10 @@ pub const VARIANTS: &[Variant] = &[
 /// The goal this bench reports on (never asserts): the offload echo's answers per second over the naive
 /// echo's at matched load, both offered the same traffic (the same datagrams, one per send, as fast as the
 /// generator's kernel takes them).
-pub const GOAL_RATIO: f64 = 5.0;
+pub(crate) const GOAL_RATIO: f64 = 5.0;
 
 /// The echoes named by `--modes` (labels or short names), or all.
-pub fn select_variants(filter: Option<&[String]>) -> Result<Vec<Variant>> {
+pub(crate) fn select_variants(filter: Option<&[String]>) -> Result<Vec<Variant>> {
     let Some(filter) = filter else { return Ok(VARIANTS.to_vec()) };
     let mut out: Vec<Variant> = Vec::new();
     for f in filter.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
@@ -115,7 +115,7 @@ pub fn select_variants(filter: Option<&[String]>) -> Result<Vec<Variant>> {
 
 /// One echo and traffic kind over the repetitions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct EchoRow {
+pub(crate) struct EchoRow {
     pub echo: String,
     pub traffic: String,
     pub datagram_bytes: u32,
@@ -152,7 +152,7 @@ pub struct EchoRow {
 
 /// The report's goal line for one datagram size: both echoes offered the same traffic (matched load).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Goal {
+pub(crate) struct Goal {
     pub datagram_bytes: u32,
     /// The traffic both were offered (one datagram per send).
     pub traffic: String,
@@ -170,7 +170,7 @@ pub struct Goal {
 /// The offload echo answering GSO trains against the naive echo answering single datagrams of the same size:
 /// different offered loads (the trains offer tens of times more), so not the goal; reported with both loads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainComparison {
+pub(crate) struct TrainComparison {
     pub datagram_bytes: u32,
     pub offload_traffic: String,
     pub offload_offered_kpps: f64,
@@ -186,7 +186,7 @@ fn spread(runs: &[&RunRecord], f: impl Fn(&RunRecord) -> Option<f64>) -> Option<
 }
 
 /// The table: one row per (echo, traffic) that ran, in report order, with the ratio to the naive echo.
-pub fn echo_rows(runs: &[RunRecord], echoes: &[&str], traffic: &[Traffic]) -> Vec<EchoRow> {
+pub(crate) fn echo_rows(runs: &[RunRecord], echoes: &[&str], traffic: &[Traffic]) -> Vec<EchoRow> {
     let mut rows = Vec::new();
     for e in echoes {
         for t in traffic {
@@ -237,7 +237,7 @@ pub fn echo_rows(runs: &[RunRecord], echoes: &[&str], traffic: &[Traffic]) -> Ve
 }
 
 /// Per traffic kind both were offered: the offload echo against the naive echo at matched load, the goal.
-pub fn goals(rows: &[EchoRow]) -> Vec<Goal> {
+pub(crate) fn goals(rows: &[EchoRow]) -> Vec<Goal> {
     let median = |s: Option<Spread>| s.map(|s| s.median);
     let mut out = Vec::new();
     for naive in rows.iter().filter(|r| r.echo == "naive" && r.segments == 1) {
@@ -263,7 +263,7 @@ pub fn goals(rows: &[EchoRow]) -> Vec<Goal> {
 
 /// Per GSO traffic kind of the offload echo: its answers against the naive echo's to single datagrams of the
 /// same size, each with what it was offered.
-pub fn train_comparisons(rows: &[EchoRow]) -> Vec<TrainComparison> {
+pub(crate) fn train_comparisons(rows: &[EchoRow]) -> Vec<TrainComparison> {
     let median = |s: Option<Spread>| s.map(|s| s.median);
     let mut out = Vec::new();
     for train in rows.iter().filter(|r| r.echo == "echo-offload" && r.segments > 1) {
@@ -287,7 +287,7 @@ pub fn train_comparisons(rows: &[EchoRow]) -> Vec<TrainComparison> {
 
 /// The JSON document of `--echo`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EchoReport {
+pub(crate) struct EchoReport {
     /// Which program, which build, on which machine, when.
     #[serde(flatten)]
     pub header: ReportHeader,
@@ -308,7 +308,7 @@ pub struct EchoReport {
 
 /// Every run, interleaved (repetition 1 of every echo and traffic kind, then repetition 2, ...); then the JSON,
 /// the chart and the Markdown. Returns how many runs failed.
-pub fn run(ctx: &mut Ctx, args: &BenchArgs) -> Result<usize> {
+pub(crate) fn run(ctx: &mut Ctx, args: &Options) -> Result<usize> {
     let variants = select_variants(args.modes.as_deref())?;
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
@@ -423,7 +423,7 @@ fn write_echo_chart(path: &std::path::Path, report: &EchoReport, traffic: &[Traf
 }
 
 /// The table, the goal line and what the columns mean.
-pub fn markdown(report: &EchoReport) -> String {
+pub(crate) fn markdown(report: &EchoReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -534,7 +534,7 @@ struct NaiveCounters {
 /// `Queue::recv` and per `Queue::send`, rewritten by the library's `Responder`: the program a TUN/TAP guide
 /// starts with, the baseline the bench compares the library's echo against. It prints `ready`, answers until
 /// SIGINT/SIGTERM, then prints its counters as one JSON line (the forwarder contract the bench reads).
-pub fn naive_echo(dev: &str) -> Result<()> {
+pub(crate) fn naive_echo(dev: &str) -> Result<()> {
     let device = DeviceBuilder::tun().name(dev).open().with_context(|| format!("opening {dev}"))?;
     let q = device.queues().first().context("the device has no queue")?;
     // Non-blocking so that a quiet device still lets it see the stop flag; under load every read finds a
@@ -587,7 +587,7 @@ pub fn naive_echo(dev: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::gen::{GenReport, LoadResult, SinkReport};
+    use crate::gen::{GenReport, LoadResult, SinkReport};
 
     fn rec(echo: &str, traffic: &str, rep: u32, sent: u64, answered: u64) -> RunRecord {
         let t = ECHO_TRAFFIC.iter().find(|t| t.label == traffic).unwrap();
@@ -604,7 +604,7 @@ mod tests {
             family: "echo".into(),
             traffic: traffic.into(),
             rep,
-            iperf: Some(crate::bench::gen::to_result(&gen, &sink)),
+            iperf: Some(crate::gen::to_result(&gen, &sink)),
             load: Some(LoadResult { gen, sink }),
             dev_tx_dropped: Some(sent - answered),
             fwd_counters: Some(serde_json::json!({"drops": 4})),
@@ -683,7 +683,7 @@ mod tests {
         );
         assert!(md.contains("both offered udp64 (echo-offload 200 kpps, naive 200 kpps offered): 1.47× (150 against 102 kpps answered) — NOT met"), "{md}");
         assert!(md.contains("Not the goal (different loads): echo-offload offered gso64 (2000 kpps of 64-byte datagrams) answered 1020 kpps, 10.00× what the naive echo answered offered udp64 (200 kpps offered, 102 kpps answered)."), "{md}");
-        crate::bench::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
         let back: EchoReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
         assert_eq!(back.goals, report.goals);
@@ -699,26 +699,5 @@ mod tests {
         assert!(select_variants(Some(&[" ".into()])).is_err());
         // The GSO trains go to the offload echo only.
         assert!(VARIANTS.iter().filter(|v| v.gso).all(|v| v.short == "offload"));
-    }
-
-    #[test]
-    fn every_echo_argv_parses() {
-        use clap::Parser;
-        #[derive(Debug, Parser)]
-        struct Cli {
-            #[command(subcommand)]
-            cmd: Sub,
-        }
-        #[derive(Debug, clap::Subcommand)]
-        enum Sub {
-            Echo(crate::echo_cmd::EchoArgs),
-            Bench(Box<BenchArgs>),
-        }
-        for v in VARIANTS {
-            let argv = std::iter::once("turbotun").chain(v.argv.iter().map(|a| if *a == "{dev}" { "tte0" } else { a }));
-            if let Err(e) = Cli::try_parse_from(argv) {
-                panic!("{}: {:?} does not parse: {e}", v.label, v.argv);
-            }
-        }
     }
 }

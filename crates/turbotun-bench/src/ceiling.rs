@@ -39,7 +39,7 @@ fn pump(from: &Queue, to: &Queue, count: &Count) -> turbotun::Result<()> {
 
 /// Runs the ceiling forwarder between `dev_a` and `dev_b` (created): prints `ready`, forwards until
 /// SIGINT/SIGTERM, then prints its counters as one JSON line and exits (the forwarder contract).
-pub fn ceiling_fwd(dev_a: &str, dev_b: &str) -> Result<()> {
+pub(crate) fn ceiling_fwd(dev_a: &str, dev_b: &str) -> Result<()> {
     let open = |name: &str| {
         DeviceBuilder::tun()
             .name(name)

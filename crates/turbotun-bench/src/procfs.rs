@@ -4,7 +4,7 @@
 use anyhow::{anyhow, Context, Result};
 
 /// Clock ticks per second, the unit of the times in `/proc/PID/stat` (`sysconf(_SC_CLK_TCK)`).
-pub fn clk_tck() -> Result<f64> {
+pub(crate) fn clk_tck() -> Result<f64> {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
         Ok(Some(ticks)) if ticks > 0 => Ok(ticks as f64),
         Ok(other) => Err(anyhow!("sysconf(_SC_CLK_TCK) returned {other:?}, not a tick rate")),
@@ -14,7 +14,7 @@ pub fn clk_tck() -> Result<f64> {
 
 /// utime and stime of a process (all its threads: the thread-group leader's `/proc/PID/stat` aggregates them),
 /// user space and kernel apart, in clock ticks.
-pub fn parse_pid_stat_user_sys_ticks(stat: &str) -> Result<(u64, u64)> {
+pub(crate) fn parse_pid_stat_user_sys_ticks(stat: &str) -> Result<(u64, u64)> {
     // The command name (field 2) is in parentheses and may contain spaces or ')': split after the last ')'.
     let close = stat.rfind(')').ok_or_else(|| anyhow!("no ')' in /proc/PID/stat"))?;
     let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
@@ -30,7 +30,7 @@ pub fn parse_pid_stat_user_sys_ticks(stat: &str) -> Result<(u64, u64)> {
 
 /// The CPU's nominal clock in MHz: the first `cpu MHz` of `/proc/cpuinfo` (on a VM, the clock the hypervisor
 /// reports for the virtual CPU), or the `@ N GHz` of its model name where that is given.
-pub fn parse_cpuinfo_mhz(cpuinfo: &str) -> Option<f64> {
+pub(crate) fn parse_cpuinfo_mhz(cpuinfo: &str) -> Option<f64> {
     let field = |key: &str| {
         cpuinfo.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
@@ -45,7 +45,7 @@ pub fn parse_cpuinfo_mhz(cpuinfo: &str) -> Option<f64> {
 }
 
 /// A `kB` value (e.g. `VmHWM`, `VmRSS`) from `/proc/PID/status`.
-pub fn parse_status_kb(status: &str, key: &str) -> Option<u64> {
+pub(crate) fn parse_status_kb(status: &str, key: &str) -> Option<u64> {
     status.lines().find_map(|line| {
         let (k, v) = line.split_once(':')?;
         if k.trim() != key {
@@ -56,7 +56,7 @@ pub fn parse_status_kb(status: &str, key: &str) -> Option<u64> {
 }
 
 /// Effective uid from `/proc/self/status`.
-pub fn parse_status_euid(status: &str) -> Option<u32> {
+pub(crate) fn parse_status_euid(status: &str) -> Option<u32> {
     status.lines().find_map(|line| {
         let rest = line.strip_prefix("Uid:")?;
         rest.split_whitespace().nth(1)?.parse().ok()
@@ -65,12 +65,12 @@ pub fn parse_status_euid(status: &str) -> Option<u32> {
 
 /// Aggregate CPU times from the first line of `/proc/stat`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BoxCpu {
+pub(crate) struct BoxCpu {
     pub busy: u64,
     pub total: u64,
 }
 
-pub fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
+pub(crate) fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
     let line = stat.lines().find(|l| l.starts_with("cpu ")).ok_or_else(|| anyhow!("no 'cpu ' line in /proc/stat"))?;
     let vals: Vec<u64> = line
         .split_whitespace()
@@ -86,7 +86,7 @@ pub fn parse_proc_stat(stat: &str) -> Result<BoxCpu> {
 
 impl BoxCpu {
     /// Whole-box busy percentage between two samples (100 = every core busy).
-    pub fn percent_since(&self, before: &BoxCpu) -> Option<f64> {
+    pub(crate) fn percent_since(&self, before: &BoxCpu) -> Option<f64> {
         let total = self.total.checked_sub(before.total)?;
         let busy = self.busy.checked_sub(before.busy)?;
         (total > 0).then(|| busy as f64 * 100.0 / total as f64)
@@ -95,7 +95,7 @@ impl BoxCpu {
 
 /// One counter from `/proc/net/snmp` (`proto` like "Udp", `name` like "RcvbufErrors"): header line and value
 /// line pairs.
-pub fn parse_snmp(snmp: &str, proto: &str, name: &str) -> Option<u64> {
+pub(crate) fn parse_snmp(snmp: &str, proto: &str, name: &str) -> Option<u64> {
     let prefix = format!("{proto}:");
     let mut lines = snmp.lines().filter(|l| l.starts_with(&prefix));
     while let (Some(header), Some(values)) = (lines.next(), lines.next()) {
@@ -108,7 +108,7 @@ pub fn parse_snmp(snmp: &str, proto: &str, name: &str) -> Option<u64> {
 }
 
 /// One counter from `/proc/net/snmp6` (`Udp6RcvbufErrors   12`).
-pub fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
+pub(crate) fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
     snmp6.lines().find_map(|l| {
         let mut it = l.split_whitespace();
         (it.next()? == name).then(|| it.next()?.parse().ok())?
@@ -117,23 +117,23 @@ pub fn parse_snmp6(snmp6: &str, name: &str) -> Option<u64> {
 
 /// Current CPU ticks of a live process.
 /// utime and stime of a live process, in clock ticks.
-pub fn pid_user_sys_ticks(pid: u32) -> Result<(u64, u64)> {
+pub(crate) fn pid_user_sys_ticks(pid: u32) -> Result<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
     parse_pid_stat_user_sys_ticks(&s)
 }
 
 /// Peak RSS (VmHWM) of a live process, in kB.
-pub fn pid_peak_rss_kb(pid: u32) -> Option<u64> {
+pub(crate) fn pid_peak_rss_kb(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_kb(&s, "VmHWM")
 }
 
 /// Reset the peak RSS counter of a process (`echo 5 > /proc/PID/clear_refs`), so that VmHWM covers one window.
-pub fn reset_peak_rss(pid: u32) -> bool {
+pub(crate) fn reset_peak_rss(pid: u32) -> bool {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
-pub fn box_cpu() -> Result<BoxCpu> {
+pub(crate) fn box_cpu() -> Result<BoxCpu> {
     parse_proc_stat(&std::fs::read_to_string("/proc/stat").context("read /proc/stat")?)
 }
 
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn snmp_counters() {
-        let snmp = include_str!("../../tests/fixtures/proc_net_snmp.txt");
+        let snmp = include_str!("../tests/fixtures/proc_net_snmp.txt");
         assert_eq!(parse_snmp(snmp, "Udp", "RcvbufErrors"), Some(123295));
         assert_eq!(parse_snmp(snmp, "Udp", "InDatagrams"), Some(104675));
         assert_eq!(parse_snmp(snmp, "Tcp", "RetransSegs"), Some(0));

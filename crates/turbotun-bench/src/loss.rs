@@ -23,22 +23,22 @@ use super::modes::{Mode, Unavailable};
 use super::report::{ReportHeader, RunRecord};
 use super::runner::{interrupted, is_not_ready, run_one, Ctx};
 use super::stats::fmt_num;
-use super::BenchArgs;
+use super::Options;
 
 /// Offered rates of the table, thousands of datagrams per second.
-pub const STEPS_KPPS: &[u64] = &[25, 50, 100, 150, 200, 300];
+pub(crate) const STEPS_KPPS: &[u64] = &[25, 50, 100, 150, 200, 300];
 /// ... with `--quick`.
-pub const QUICK_STEPS_KPPS: &[u64] = &[50, 150, 300];
+pub(crate) const QUICK_STEPS_KPPS: &[u64] = &[50, 150, 300];
 /// A trial passes when it loses at most this share of what the generator transmitted.
-pub const LOSS_THRESHOLD_PERCENT: f64 = 0.1;
+pub(crate) const LOSS_THRESHOLD_PERCENT: f64 = 0.1;
 /// Most trials of the no-drop search beyond the table's.
-pub const SEARCH_TRIALS: usize = 5;
+pub(crate) const SEARCH_TRIALS: usize = 5;
 /// ... with `--quick`.
-pub const QUICK_SEARCH_TRIALS: usize = 3;
+pub(crate) const QUICK_SEARCH_TRIALS: usize = 3;
 /// The search stops once the passing and the failing rate are this close (datagrams per second).
-pub const RESOLUTION_PPS: u64 = 1000;
+pub(crate) const RESOLUTION_PPS: u64 = 1000;
 /// UDP payload of every datagram.
-pub const PAYLOAD: u32 = 64;
+pub(crate) const PAYLOAD: u32 = 64;
 
 /// The traffic of one trial: 64-byte datagrams from turbotun's generator at `rate`, no GSO.
 fn paced(rate: u64) -> Traffic {
@@ -55,7 +55,7 @@ fn paced(rate: u64) -> Traffic {
 
 /// One trial, as a row of the table (and of the JSON).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LossRow {
+pub(crate) struct LossRow {
     pub mode: String,
     pub family: String,
     /// The devices' queue length; None: the kernel's default.
@@ -90,7 +90,7 @@ pub struct LossRow {
 
 impl LossRow {
     /// The row of one trial's record.
-    pub fn from_run(rec: &RunRecord, offered_pps: u64, txqueuelen: Option<u32>, phase: &str) -> LossRow {
+    pub(crate) fn from_run(rec: &RunRecord, offered_pps: u64, txqueuelen: Option<u32>, phase: &str) -> LossRow {
         let mut row = LossRow {
             mode: rec.mode.clone(),
             family: rec.family.clone(),
@@ -124,14 +124,14 @@ impl LossRow {
 
     /// Whether the trial lost at most `threshold` percent; a trial without a result or that transmitted
     /// nothing does not pass.
-    pub fn passes(&self, threshold: f64) -> bool {
+    pub(crate) fn passes(&self, threshold: f64) -> bool {
         self.lost_percent.is_some_and(|p| p <= threshold)
     }
 }
 
 /// What [`search_no_drop`] found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Search {
+pub(crate) struct Search {
     /// The highest rate that passed (in the search or the table); None if none did.
     pub no_drop_pps: Option<u64>,
     /// The lowest failing rate the search settled against; None when the top rate passed.
@@ -149,7 +149,7 @@ pub struct Search {
 /// `max_rate` first, and stops there if that passes. Then it halves the bracket until it is at most
 /// `resolution` wide or the budget is spent. The result is always a rate that passed, so a noisy trial can make
 /// it low, never claim a rate that was not seen to pass.
-pub fn search_no_drop<E>(
+pub(crate) fn search_no_drop<E>(
     max_rate: u64,
     known: &[(u64, bool)],
     max_trials: usize,
@@ -200,7 +200,7 @@ pub fn search_no_drop<E>(
 
 /// One forwarder's no-drop rate at one queue length.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct NoDrop {
+pub(crate) struct NoDrop {
     pub mode: String,
     pub family: String,
     pub txqueuelen: Option<u32>,
@@ -216,7 +216,7 @@ pub struct NoDrop {
 
 /// The JSON document of `--loss`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LossReport {
+pub(crate) struct LossReport {
     /// Which program, which build, on which machine, when.
     #[serde(flatten)]
     pub header: ReportHeader,
@@ -240,7 +240,7 @@ pub struct LossReport {
 
 /// Runs the table and the searches, writes the JSON and chart if asked for and the Markdown on stdout; returns
 /// how many trials failed.
-pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
+pub(crate) fn run(ctx: &mut Ctx, args: &Options, modes: &[Mode], not_available: Vec<Unavailable>) -> Result<usize> {
     let (steps, txqueuelens) = steps_and_queue_lengths(args)?;
     let max_rate = steps.iter().copied().max().unwrap_or(0);
     let max_trials = if args.quick { QUICK_SEARCH_TRIALS } else { SEARCH_TRIALS };
@@ -302,7 +302,7 @@ pub fn run(ctx: &mut Ctx, args: &BenchArgs, modes: &[Mode], not_available: Vec<U
 
 /// The offered rates of the table (pps) and the queue lengths to run it at (`None`: the kernel's), from the
 /// options.
-fn steps_and_queue_lengths(args: &BenchArgs) -> Result<(Vec<u64>, Vec<Option<u32>>)> {
+fn steps_and_queue_lengths(args: &Options) -> Result<(Vec<u64>, Vec<Option<u32>>)> {
     let steps: Vec<u64> = args
         .rates
         .clone()
@@ -400,7 +400,7 @@ impl Trials<'_> {
 
 /// What the generator sent per second in the passing trial of `mode` at queue length `txq` offered `offered`
 /// (the last such trial, a search's repeat of a table rate included).
-pub fn no_drop_sent(rows: &[LossRow], mode: &str, txq: Option<u32>, offered: Option<u64>) -> Option<f64> {
+pub(crate) fn no_drop_sent(rows: &[LossRow], mode: &str, txq: Option<u32>, offered: Option<u64>) -> Option<f64> {
     let offered = offered?;
     rows.iter()
         .rev()
@@ -433,7 +433,7 @@ fn txq_label(txq: Option<u32>) -> String {
 }
 
 /// The table rows of one forwarder at one queue length, by offered rate.
-pub fn table_rows<'a>(rows: &'a [LossRow], mode: &str, txq: Option<u32>) -> Vec<&'a LossRow> {
+pub(crate) fn table_rows<'a>(rows: &'a [LossRow], mode: &str, txq: Option<u32>) -> Vec<&'a LossRow> {
     let mut v: Vec<&LossRow> =
         rows.iter().filter(|r| r.mode == mode && r.txqueuelen == txq && r.phase == "table").collect();
     v.sort_by_key(|r| r.offered_pps);
@@ -441,7 +441,7 @@ pub fn table_rows<'a>(rows: &'a [LossRow], mode: &str, txq: Option<u32>) -> Vec<
 }
 
 /// One pktgen-style table per forwarder and queue length, then the no-drop rates.
-pub fn markdown(report: &LossReport) -> String {
+pub(crate) fn markdown(report: &LossReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -532,7 +532,7 @@ pub fn markdown(report: &LossReport) -> String {
 }
 
 /// The cells of one table row.
-pub fn row_cells(r: &LossRow) -> Vec<String> {
+pub(crate) fn row_cells(r: &LossRow) -> Vec<String> {
     let offered = rate_kpps(r.offered_pps);
     if let Some(err) = &r.error {
         let mut cells = vec![offered, format!("failed: {}", err.replace('|', "/"))];
@@ -585,7 +585,7 @@ fn write_chart(path: &std::path::Path, report: &LossReport) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::gen::{GenReport, LoadResult, SinkReport};
+    use crate::gen::{GenReport, LoadResult, SinkReport};
 
     /// Runs a search whose trials are `curve(rate)`, counting the calls and checking each is inside the range.
     fn search(max: u64, known: &[(u64, bool)], budget: usize, curve: impl Fn(u64) -> bool) -> (Search, Vec<u64>) {
@@ -781,7 +781,7 @@ mod tests {
         let second = md.find("| 150 | 300000 | 300000 |").expect(&md);
         assert!(first < second && !md.contains("| 99 |"), "{md}");
         assert!(md.contains("| turbotun-offload | default | ≥ 149 (the top rate passed) | 150 | – | 0 |"), "{md}");
-        crate::bench::report::assert_rows_match_headers(&md);
+        crate::report::assert_rows_match_headers(&md);
         let back: LossReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
         assert_eq!(back.rows.len(), report.rows.len());
         assert_eq!(back.rows[0].received, report.rows[0].received);

@@ -13,14 +13,14 @@ use super::process::{terminate, wait_timeout};
 
 /// A running `perf record`.
 #[derive(Debug)]
-pub struct Recording {
+pub(crate) struct Recording {
     child: Child,
     data: PathBuf,
     log: PathBuf,
 }
 
 /// Start sampling `pid` at 999 Hz for `seconds` (cpu-clock: this VM has no PMU for `cycles`).
-pub fn start(pid: u32, seconds: u64, data: &Path) -> Result<Recording> {
+pub(crate) fn start(pid: u32, seconds: u64, data: &Path) -> Result<Recording> {
     let log = data.with_extension("log");
     let logf = std::fs::File::create(&log).context("create perf log")?;
     let child = Command::new("perf")
@@ -43,7 +43,7 @@ impl Drop for Recording {
 
 impl Recording {
     /// Wait for perf to finish (it samples for the duration given to `start`), then render `svg`.
-    pub fn finish(mut self, timeout: Duration, svg: &Path, title: &str) -> Result<()> {
+    pub(crate) fn finish(mut self, timeout: Duration, svg: &Path, title: &str) -> Result<()> {
         let status = match wait_timeout(&mut self.child, timeout) {
             Some(s) => s,
             None => terminate(&mut self.child, Duration::from_secs(2)).context("perf record hung")?,
@@ -56,7 +56,7 @@ impl Recording {
 }
 
 /// `perf script -i DATA` | collapse-perf | flamegraph > SVG.
-pub fn render(data: &Path, svg: &Path, title: &str) -> Result<()> {
+pub(crate) fn render(data: &Path, svg: &Path, title: &str) -> Result<()> {
     let mut script = Command::new("perf")
         .args(["script", "-i"])
         .arg(data)

@@ -20,7 +20,7 @@ use turbotun::load::{Generator, SinkBuilder};
 
 /// The generator's report, as the hidden `--udp-gen` prints it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GenReport {
+pub(crate) struct GenReport {
     /// Datagrams handed to the kernel.
     pub sent: u64,
     /// Datagrams not sent (ENOBUFS, EAGAIN, ECONNREFUSED), each send that failed worth `segments`.
@@ -37,14 +37,14 @@ pub struct GenReport {
 
 impl GenReport {
     /// Datagrams the kernel took per second.
-    pub fn pps(&self) -> f64 {
+    pub(crate) fn pps(&self) -> f64 {
         self.sent as f64 / self.seconds.max(1e-9)
     }
 }
 
 /// The sink's report, as the hidden `--udp-sink` prints it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SinkReport {
+pub(crate) struct SinkReport {
     /// Datagrams received.
     pub packets: u64,
     pub bytes: u64,
@@ -68,7 +68,7 @@ pub struct SinkReport {
 
 impl SinkReport {
     /// Datagrams received per second, first to last.
-    pub fn pps(&self) -> f64 {
+    pub(crate) fn pps(&self) -> f64 {
         if self.seconds > 0.0 {
             self.packets as f64 / self.seconds
         } else {
@@ -79,7 +79,7 @@ impl SinkReport {
 
 /// Both sides of one run of turbotun's generator: what the bench keeps of a `gso64`, loss or echo run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LoadResult {
+pub(crate) struct LoadResult {
     pub gen: GenReport,
     pub sink: SinkReport,
 }
@@ -102,19 +102,19 @@ fn gen_report(r: &turbotun::load::GeneratorReport) -> GenReport {
 
 /// Send `len`-byte datagrams to `dest` for `secs`, `segments` per send (1 = no GSO), at `rate` datagrams per
 /// second (0: as fast as the kernel takes them).
-pub fn generate(dest: SocketAddr, len: usize, segments: u16, rate: u64, secs: f64) -> Result<GenReport> {
+pub(crate) fn generate(dest: SocketAddr, len: usize, segments: u16, rate: u64, secs: f64) -> Result<GenReport> {
     Ok(gen_report(&generator(dest, len, segments, rate, secs)?.run()?))
 }
 
 /// What `--udp-roundtrip` prints on a line of its own once the generator has sent its last datagram, before
 /// the sink's wait for the last answers: the bench ends its measurement window there.
-pub const SENT_LINE: &str = "sent";
+pub(crate) const SENT_LINE: &str = "sent";
 
 /// Load toward an echo at `dest` and count its answers: a sink on the wildcard address, and the generator
 /// sending from a handle on the sink's socket (connected to `dest`, so the answers, addresses and ports
 /// swapped, arrive at the sink and nothing else does). `sent` runs when the generator is done. The sink stops
 /// `idle` after the last answer, or `idle` after the generator if none came.
-pub fn roundtrip(
+pub(crate) fn roundtrip(
     dest: SocketAddr,
     len: usize,
     segments: u16,
@@ -135,7 +135,7 @@ pub fn roundtrip(
 }
 
 /// Receive on `addr` until `idle` passes without a datagram after the first one, or `max` in total.
-pub fn sink(addr: SocketAddr, idle: Duration, max: Duration) -> Result<SinkReport> {
+pub(crate) fn sink(addr: SocketAddr, idle: Duration, max: Duration) -> Result<SinkReport> {
     let r = SinkBuilder::new(addr).gro(true).idle_timeout(idle).duration(max).bind()?.run()?;
     Ok(sink_report(&r))
 }
@@ -155,7 +155,7 @@ fn sink_report(r: &turbotun::load::SinkReport) -> SinkReport {
 }
 
 /// Results of one generator run in iperf3's terms.
-pub fn to_result(g: &GenReport, s: &SinkReport) -> super::iperf::IperfResult {
+pub(crate) fn to_result(g: &GenReport, s: &SinkReport) -> super::iperf::IperfResult {
     let secs = g.seconds.max(1e-9);
     let lost = g.sent.saturating_sub(s.packets);
     super::iperf::IperfResult {

@@ -1,5 +1,5 @@
 //! The topology of one run (two private namespaces, or one for loopback), the forwarder process, and their
-//! teardown; for the tunnel bench (`tunnel.rs`), the underlay between the namespaces and the tunnel over it:
+//! teardown; for the tunnel bench (`tunnel/`), the underlay between the namespaces and the tunnel over it:
 //! devices, endpoint processes and their WireGuard configuration.
 //!
 //! Everything created here is owned by a value whose `Drop` removes it: child processes are stopped, and
@@ -21,22 +21,22 @@ use super::modes::{Endpoint, Kind, Link, Mode};
 use super::netcfg::{self, Netns};
 use super::process::{run_tool, send_sigterm, sleep_checked, terminate};
 
-pub const ADDR_A4: &str = "10.0.1.1";
-pub const ADDR_B4: &str = "10.0.2.1";
-pub const ADDR_A6: &str = "fd00:1::1";
-pub const ADDR_B6: &str = "fd00:2::1";
+pub(crate) const ADDR_A4: &str = "10.0.1.1";
+pub(crate) const ADDR_B4: &str = "10.0.2.1";
+pub(crate) const ADDR_A6: &str = "fd00:1::1";
+pub(crate) const ADDR_B6: &str = "fd00:2::1";
 /// Where the echo bench sends: an address of A's prefix that is not A's own, so routed into the echo's device.
-pub const ECHO_PEER4: &str = "10.0.1.2";
-pub const ECHO_PEER6: &str = "fd00:1::2";
-pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ECHO_PEER4: &str = "10.0.1.2";
+pub(crate) const ECHO_PEER6: &str = "fd00:1::2";
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The underlay's addresses: A's, B's.
-pub const UNDERLAY: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2)];
+pub(crate) const UNDERLAY: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 201, 0, 1), Ipv4Addr::new(10, 201, 0, 2)];
 /// The tunnel devices' addresses: A's, B's.
-pub const INNER: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 202, 0, 1), Ipv4Addr::new(10, 202, 0, 2)];
-pub const PREFIX_LEN: u8 = 24;
-pub const UNDERLAY_MTU: u32 = 1500;
-pub const TUNNEL_MTU: u32 = 1420;
+pub(crate) const INNER: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 202, 0, 1), Ipv4Addr::new(10, 202, 0, 2)];
+pub(crate) const PREFIX_LEN: u8 = 24;
+pub(crate) const UNDERLAY_MTU: u32 = 1500;
+pub(crate) const TUNNEL_MTU: u32 = 1420;
 /// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
 const PORT: u16 = 51820;
 const VXLAN_VNI: u32 = 42;
@@ -48,7 +48,7 @@ const WG_TIMEOUT: Duration = Duration::from_secs(10);
 /// A started forwarder process (or any process the bench starts under a contract like it: an echo, a tunnel's
 /// endpoint).
 #[derive(Debug)]
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     child: Child,
     lines: mpsc::Receiver<String>,
     stderr_log: PathBuf,
@@ -59,7 +59,7 @@ pub struct Forwarder {
 
 /// How a started process tells that it is ready.
 #[derive(Debug, Clone, Copy)]
-pub enum Ready<'a> {
+pub(crate) enum Ready<'a> {
     /// It prints `ready` on a line of stdout (the forwarder contract, docs/CONTRACTS.md).
     Line,
     /// Its configuration socket, a Unix stream socket at this path, accepts connections (WireGuard's
@@ -69,7 +69,7 @@ pub enum Ready<'a> {
 
 /// A process to start: `PROGRAM ARGV..` with `env` added to the bench's environment.
 #[derive(Debug, Clone, Copy)]
-pub struct Launch<'a> {
+pub(crate) struct Launch<'a> {
     pub label: &'a str,
     pub program: &'a Path,
     pub argv: &'a [String],
@@ -79,7 +79,7 @@ pub struct Launch<'a> {
 
 /// What a forwarder printed when it stopped.
 #[derive(Debug, Default)]
-pub struct FwdExit {
+pub(crate) struct FwdExit {
     pub counters: Option<serde_json::Value>,
     pub status: Option<String>,
     pub stderr_tail: String,
@@ -88,7 +88,7 @@ pub struct FwdExit {
 /// A forwarder that exited or stayed silent instead of printing `ready`: the mode is broken, not the run, so
 /// the bench skips its later runs (found in an error chain with `downcast_ref`).
 #[derive(Debug)]
-pub struct NotReady(pub String);
+pub(crate) struct NotReady(pub String);
 
 impl std::fmt::Display for NotReady {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,7 +109,7 @@ fn tail(path: &Path, n: usize) -> String {
 
 impl Forwarder {
     /// Start `PROGRAM [prefix] DEV_A DEV_B [args]` inside `ns` and wait for its `ready` line.
-    pub fn start(
+    pub(crate) fn start(
         mode: &Mode,
         ns: &Netns,
         dev_a: &str,
@@ -135,7 +135,7 @@ impl Forwarder {
     /// Start `PROGRAM ARGV..` inside `ns`, stderr to `stderr_log`, and wait for its `ready` line: any process
     /// under the forwarder contract (docs/CONTRACTS.md), which `turbotun echo` and the bench's naive echo
     /// follow too.
-    pub fn spawn(
+    pub(crate) fn spawn(
         label: &str,
         program: &Path,
         argv: &[String],
@@ -148,7 +148,7 @@ impl Forwarder {
 
     /// Start a process inside `ns`, stderr to `stderr_log`, and wait until it is ready the way `l.ready` says;
     /// its stdout lines are kept for the counters line it may print when stopped.
-    pub fn launch(l: &Launch<'_>, ns: &Netns, stderr_log: PathBuf, stop: &AtomicBool) -> Result<Forwarder> {
+    pub(crate) fn launch(l: &Launch<'_>, ns: &Netns, stderr_log: PathBuf, stop: &AtomicBool) -> Result<Forwarder> {
         let label = l.label;
         let errf = std::fs::File::create(&stderr_log).context("create forwarder log")?;
         let mut cmd = Command::new(l.program);
@@ -234,12 +234,12 @@ impl Forwarder {
         }
     }
 
-    pub fn is_running(&mut self) -> bool {
+    pub(crate) fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// SIGTERM, wait up to 3 s, collect its counters line.
-    pub fn stop(mut self) -> FwdExit {
+    pub(crate) fn stop(mut self) -> FwdExit {
         let status = terminate(&mut self.child, Duration::from_secs(3));
         let mut counters = None;
         // The reader thread ends at EOF; give it a moment to drain.
@@ -264,7 +264,7 @@ impl Drop for Forwarder {
 /// One run's namespaces and devices. Dropping it stops the forwarder and closes the namespaces, which the kernel
 /// then destroys with their devices.
 #[derive(Debug)]
-pub struct Topology {
+pub(crate) struct Topology {
     /// The client's namespace (the server's too for loopback).
     pub ns_a: Netns,
     /// The server's namespace; `None` for loopback.
@@ -287,7 +287,7 @@ pub struct Topology {
 
 /// The target and the sources of a run's handshake flood: B's WireGuard endpoint, from addresses on A's underlay.
 #[derive(Debug, Clone)]
-pub struct FloodTarget {
+pub(crate) struct FloodTarget {
     pub dest: SocketAddr,
     /// B's public key, as `wg` shows it.
     pub server_key: String,
@@ -296,7 +296,7 @@ pub struct FloodTarget {
 
 /// The addresses a flood from `n` sources comes from: A's own underlay address for one, else 10.201.0.100 on
 /// (at most 150, all in A's underlay prefix).
-pub fn flood_sources(n: usize) -> Result<Vec<IpAddr>> {
+pub(crate) fn flood_sources(n: usize) -> Result<Vec<IpAddr>> {
     match n {
         0 => bail!("a flood needs at least one source address"),
         1 => Ok(vec![UNDERLAY[0].into()]),
@@ -360,6 +360,17 @@ fn end_netns(name: String, ipv6: bool) -> Result<Netns> {
     Ok(ns)
 }
 
+/// Where a run's topology is built: the names unique to the run (`{prefix}r{run}...`), the address family, the
+/// directory of its processes' logs, and the flag that interrupts a wait. What every builder takes alike.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunSite<'a> {
+    pub prefix: &'a str,
+    pub run: u32,
+    pub ipv6: bool,
+    pub log_dir: &'a Path,
+    pub stop: &'a AtomicBool,
+}
+
 impl Topology {
     /// Namespaces with nothing in them yet.
     fn empty(ns_a: Netns, ns_b: Option<Netns>) -> Topology {
@@ -379,15 +390,8 @@ impl Topology {
     /// Build the topology of `mode` for run number `run` of this bench process, starting the forwarder if
     /// the mode has one; `txqueuelen` sets both devices' queue length (for a TUN device the length of the ring
     /// the kernel fills and the forwarder drains), else they keep the kernel's default.
-    pub fn build(
-        mode: &Mode,
-        prefix: &str,
-        run: u32,
-        ipv6: bool,
-        txqueuelen: Option<u32>,
-        log_dir: &Path,
-        stop: &AtomicBool,
-    ) -> Result<Topology> {
+    pub(crate) fn build(mode: &Mode, site: RunSite<'_>, txqueuelen: Option<u32>) -> Result<Topology> {
+        let RunSite { prefix, run, ipv6, log_dir, stop } = site;
         let base = format!("{prefix}r{run}");
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         if mode.kind == Kind::Loopback {
@@ -484,17 +488,8 @@ impl Topology {
     /// with `{dev}` in `argv` replaced by the device name, creates the device and prints `ready`; then the device
     /// gets A's address (10.0.1.1/24 or fd00:1::1/64), so that every other address of the prefix is routed
     /// into it. `server_addr` is one of those (10.0.1.2, fd00:1::2): where the load goes to be answered.
-    #[allow(clippy::too_many_arguments)]
-    pub fn build_echo(
-        label: &str,
-        program: &Path,
-        argv: &[&str],
-        prefix: &str,
-        run: u32,
-        ipv6: bool,
-        log_dir: &Path,
-        stop: &AtomicBool,
-    ) -> Result<Topology> {
+    pub(crate) fn build_echo(label: &str, program: &Path, argv: &[&str], site: RunSite<'_>) -> Result<Topology> {
+        let RunSite { prefix, run, ipv6, log_dir, stop } = site;
         let base = format!("{prefix}r{run}");
         let ns_a = end_netns(format!("{base}a"), ipv6)?;
         let dev = format!("{base}e");
@@ -526,7 +521,7 @@ impl Topology {
     /// Wait until the server's address answers from A: a TCP connection to a port nobody listens on (9, discard)
     /// is refused by the server's kernel, which proves the path both ways (ARP, a tunnel's handshake) without
     /// touching the server process.
-    pub fn wait_reachable(&self, timeout: Duration, stop: &AtomicBool) -> Result<()> {
+    pub(crate) fn wait_reachable(&self, timeout: Duration, stop: &AtomicBool) -> Result<()> {
         let target = SocketAddr::new(self.server_addr.parse().context("server address")?, 9);
         let end = Instant::now() + timeout;
         loop {
@@ -544,12 +539,12 @@ impl Topology {
     }
 
     /// The server's namespace: B, or A itself for loopback.
-    pub fn server(&self) -> &Netns {
+    pub(crate) fn server(&self) -> &Netns {
         self.ns_b.as_ref().unwrap_or(&self.ns_a)
     }
 
     /// Sum of the TX dropped counters of the run's devices (tun: the ring tail drop); None without devices.
-    pub fn tx_dropped(&self) -> Option<u64> {
+    pub(crate) fn tx_dropped(&self) -> Option<u64> {
         if self.devices.is_empty() {
             return None;
         }
@@ -561,7 +556,7 @@ impl Topology {
     }
 
     /// UDP receive-buffer errors in the server namespace.
-    pub fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
+    pub(crate) fn rcvbuf_errors(&self, ipv6: bool) -> Option<u64> {
         if ipv6 {
             super::procfs::parse_snmp6(&self.server().read_proc_net("snmp6").ok()?, "Udp6RcvbufErrors")
         } else {
@@ -571,7 +566,14 @@ impl Topology {
 
     /// Wait until a socket is bound to `port` in the server namespace: a listening TCP socket, or a bound UDP
     /// one.
-    pub fn wait_bound(&self, port: u16, udp: bool, ipv6: bool, timeout: Duration, stop: &AtomicBool) -> Result<()> {
+    pub(crate) fn wait_bound(
+        &self,
+        port: u16,
+        udp: bool,
+        ipv6: bool,
+        timeout: Duration,
+        stop: &AtomicBool,
+    ) -> Result<()> {
         let file = match (udp, ipv6) {
             (false, false) => "tcp",
             (false, true) => "tcp6",
@@ -741,7 +743,7 @@ fn start_endpoint(
 /// A socket at `path` that nobody serves is stale (a process of an earlier run killed hard): removed, by the
 /// library's one rule for such paths. One that is served belongs to a live device of that name: an error, never
 /// touched.
-pub fn clear_stale_socket(path: &Path) -> Result<()> {
+pub(crate) fn clear_stale_socket(path: &Path) -> Result<()> {
     turbotun::local_socket::clear_stale_socket(path, "remove it")
         .with_context(|| format!("making way for {}: a WireGuard device of that name may exist", path.display()))
 }

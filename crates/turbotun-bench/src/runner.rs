@@ -17,7 +17,7 @@ use super::perfstat;
 use super::process::{collect_stdout, run_in_ns, send_sigterm, sleep_checked, wait_timeout, KillOnDrop, LinesFrom};
 use super::procfs::{self, BoxCpu};
 use super::report::{ProcSample, RunRecord};
-use super::topo::{self, FloodTarget, Topology};
+use super::topo::{self, FloodTarget, RunSite, Topology};
 use super::wgflood::FloodReport;
 
 /// UDP port of the generator's sink (iperf3 uses 5201).
@@ -26,7 +26,7 @@ const IPERF_PORT: u16 = 5201;
 
 /// Everything a run needs besides the mode and traffic.
 #[derive(Debug)]
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub exe: PathBuf,
     /// Start of every namespace and device name of this bench process (`tt<pid>`).
     pub prefix: String,
@@ -44,13 +44,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn interrupted(&self) -> bool {
+    pub(crate) fn interrupted(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Where the current run (`run_counter`) is built, `stop` interrupting its waits.
+    pub(crate) fn site<'a>(&'a self, stop: &'a AtomicBool) -> RunSite<'a> {
+        RunSite { prefix: &self.prefix, run: self.run_counter, ipv6: self.ipv6, log_dir: &self.log_dir, stop }
     }
 }
 
 /// The record of one (mode, traffic, repetition), before anything is measured.
-pub fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
+pub(crate) fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
     RunRecord {
         mode: mode.label.clone(),
         family: mode.family.into(),
@@ -63,10 +68,16 @@ pub fn run_record(mode: &Mode, t: &Traffic, rep: u32, ipv6: bool) -> RunRecord {
 
 /// One run: topology, forwarder, server and client, samples before and after the window. With `flamegraph`,
 /// the forwarder is profiled during the window and the flamegraph written there.
-pub fn run_one(ctx: &mut Ctx, mode: &Mode, t: &Traffic, rep: u32, flamegraph: Option<&Path>) -> Result<RunRecord> {
+pub(crate) fn run_one(
+    ctx: &mut Ctx,
+    mode: &Mode,
+    t: &Traffic,
+    rep: u32,
+    flamegraph: Option<&Path>,
+) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build(mode, &ctx.prefix, ctx.run_counter, ctx.ipv6, ctx.txqueuelen, &ctx.log_dir, &stop)?;
+    let mut topo = Topology::build(mode, ctx.site(&stop), ctx.txqueuelen)?;
     let mut rec = run_record(mode, t, rep, ctx.ipv6);
     let mut server = Server::start(ctx, &topo, t)?;
 
@@ -257,26 +268,17 @@ fn sink_report(server: &mut Server) -> Result<gen::SinkReport> {
 /// An echo responder the echo bench measures: `PROGRAM ARGV..` under the forwarder contract, `{dev}` standing
 /// for the device.
 #[derive(Debug, Clone)]
-pub struct EchoProgram {
+pub(crate) struct EchoProgram {
     pub label: String,
     pub argv: Vec<&'static str>,
 }
 
 /// One run of the echo bench: a namespace with the echo's device, the generator and sink in one process there
 /// (`--udp-roundtrip`: the sink counts the answers), the echo's CPU and the device's TX drops over the window.
-pub fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Result<RunRecord> {
+pub(crate) fn run_echo(ctx: &mut Ctx, echo: &EchoProgram, t: &Traffic, rep: u32) -> Result<RunRecord> {
     ctx.run_counter += 1;
     let stop = Arc::clone(&ctx.stop);
-    let mut topo = Topology::build_echo(
-        &echo.label,
-        &ctx.exe,
-        &echo.argv,
-        &ctx.prefix,
-        ctx.run_counter,
-        ctx.ipv6,
-        &ctx.log_dir,
-        &stop,
-    )?;
+    let mut topo = Topology::build_echo(&echo.label, &ctx.exe, &echo.argv, ctx.site(&stop))?;
     let mut rec = RunRecord {
         mode: echo.label.clone(),
         family: "echo".into(),
@@ -478,12 +480,12 @@ fn difference(before: Option<u64>, after: Option<u64>) -> Option<u64> {
 }
 
 /// What an interrupted bench reports, whatever step the signal cut short.
-pub fn interrupted(e: anyhow::Error) -> anyhow::Error {
+pub(crate) fn interrupted(e: anyhow::Error) -> anyhow::Error {
     tracing::debug!("interrupted during: {e:#}");
     anyhow!("interrupted: namespaces and processes torn down")
 }
 
 /// A mode whose forwarder never said `ready` is broken, not the run: the bench skips its later runs.
-pub fn is_not_ready(e: &anyhow::Error) -> bool {
+pub(crate) fn is_not_ready(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<topo::NotReady>().is_some())
 }

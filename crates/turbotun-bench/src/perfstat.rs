@@ -18,14 +18,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::process::{terminate, wait_timeout};
 
 /// The tracepoint counted.
-pub const EVENT: &str = "raw_syscalls:sys_enter";
+pub(crate) const EVENT: &str = "raw_syscalls:sys_enter";
 /// How long perf may take to attach, or to answer a command.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether perf can count the tracepoint here, the way the runs count it: perf attached to this process
 /// (`-p`, the control FIFO in `dir`) must count the system calls it makes meanwhile. (A forked workload, as in
 /// `perf stat true`, is avoided: perf sometimes exits before reaping it.)
-pub fn probe(dir: &Path) -> Result<()> {
+pub(crate) fn probe(dir: &Path) -> Result<()> {
     if let Err(e) = Command::new("perf").arg("--version").stdin(Stdio::null()).output() {
         bail!("perf is not installed ({e}): apt-get install linux-perf");
     }
@@ -42,7 +42,7 @@ pub fn probe(dir: &Path) -> Result<()> {
 
 /// The count of [`EVENT`] in perf stat's `-x,` output (`12345,,raw_syscalls:sys_enter,...`); None when it was
 /// not counted.
-pub fn parse_csv(text: &str) -> Option<u64> {
+pub(crate) fn parse_csv(text: &str) -> Option<u64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let fields: Vec<&str> = l.split(',').collect();
         if fields.len() < 3 || fields[2].trim() != EVENT {
@@ -55,7 +55,7 @@ pub fn parse_csv(text: &str) -> Option<u64> {
 /// A `perf stat` attached to one process, counting its system calls between [`Counting::enable`] and
 /// [`Counting::interrupt`].
 #[derive(Debug)]
-pub struct Counting {
+pub(crate) struct Counting {
     child: Child,
     ctl: File,
     ack: File,
@@ -101,7 +101,7 @@ fn open_fifo(path: &Path) -> Result<File> {
 
 /// Attach perf to `pid`, its counters disabled; returns once perf answers. `dir` is private to the bench (the
 /// FIFOs, the output and perf's stderr go there, named after `tag`).
-pub fn start(pid: u32, dir: &Path, tag: &str) -> Result<Counting> {
+pub(crate) fn start(pid: u32, dir: &Path, tag: &str) -> Result<Counting> {
     let ctl = dir.join(format!("perf-{tag}.ctl"));
     let ack = dir.join(format!("perf-{tag}.ack"));
     let out = dir.join(format!("perf-{tag}.csv"));
@@ -158,14 +158,14 @@ impl Counting {
     }
 
     /// Start counting.
-    pub fn enable(&mut self) -> Result<()> {
+    pub(crate) fn enable(&mut self) -> Result<()> {
         self.command("enable")?;
         self.started = Some(Instant::now());
         Ok(())
     }
 
     /// Stop counting and tell perf to write the count and exit (SIGINT).
-    pub fn interrupt(&mut self) {
+    pub(crate) fn interrupt(&mut self) {
         if self.stopped.is_some() {
             return;
         }
@@ -181,7 +181,7 @@ impl Counting {
     }
 
     /// The count and the seconds counted (stopping perf first if that was not done yet).
-    pub fn finish(mut self) -> Result<(u64, f64)> {
+    pub(crate) fn finish(mut self) -> Result<(u64, f64)> {
         self.interrupt();
         let Some(started) = self.started else { bail!("counting was never enabled") };
         let seconds = self.stopped.map(|s| s.duration_since(started).as_secs_f64()).unwrap_or(0.0);

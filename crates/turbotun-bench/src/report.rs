@@ -10,7 +10,7 @@ use super::stats::{cell, med, med_count, ratio, Spread};
 
 /// One measured run: one mode, one traffic kind, one repetition.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     pub mode: String,
     pub family: String,
     pub traffic: String,
@@ -53,7 +53,7 @@ pub struct RunRecord {
 
 /// One process sampled over the measurement window: a tunnel's endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ProcSample {
+pub(crate) struct ProcSample {
     /// The namespace it runs in: `A` (the iperf3 client's) or `B` (the server's).
     pub side: String,
     /// What runs there (`wireguard-go`, `turbotun wg`, ...).
@@ -81,7 +81,7 @@ pub struct ProcSample {
 impl ProcSample {
     /// System calls per gigabyte (10^9 bytes) of goodput at `gbps`: the rate perf counted over the rate the
     /// traffic moved bytes.
-    pub fn syscalls_per_gb(&self, gbps: f64) -> Option<f64> {
+    pub(crate) fn syscalls_per_gb(&self, gbps: f64) -> Option<f64> {
         let rate = self.syscalls? as f64 / self.syscall_seconds.filter(|s| *s > 0.0)?;
         (gbps > 0.0).then(|| rate / (gbps / 8.0))
     }
@@ -89,17 +89,17 @@ impl ProcSample {
 
 impl RunRecord {
     /// The forwarder's own drop count (`drops` key of its counters line).
-    pub fn fwd_drops(&self) -> Option<u64> {
+    pub(crate) fn fwd_drops(&self) -> Option<u64> {
         self.fwd_counters.as_ref()?.get("drops")?.as_u64()
     }
 
     /// A count over the window as thousands per second.
-    pub fn per_ms(&self, count: Option<u64>) -> Option<f64> {
+    pub(crate) fn per_ms(&self, count: Option<u64>) -> Option<f64> {
         let secs = self.iperf.as_ref().map(|i| i.seconds).filter(|s| *s > 0.0).unwrap_or(self.window_seconds);
         (secs > 0.0).then_some(count? as f64 / secs / 1000.0)
     }
 
-    pub fn cpu_per_gbps(&self) -> Option<f64> {
+    pub(crate) fn cpu_per_gbps(&self) -> Option<f64> {
         let g = self.iperf.as_ref()?.gbps;
         (g > 0.0).then_some(self.fwd_cpu_percent? / g)
     }
@@ -107,7 +107,7 @@ impl RunRecord {
 
 /// Medians and ranges of one (mode, traffic) cell.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub mode: String,
     pub family: String,
     pub traffic: String,
@@ -157,7 +157,7 @@ pub struct Summary {
 
 impl Summary {
     /// Gbps for TCP, received kpps for UDP.
-    pub fn headline(&self, udp: bool) -> Option<Spread> {
+    pub(crate) fn headline(&self, udp: bool) -> Option<Spread> {
         if udp {
             self.rx_kpps
         } else {
@@ -169,7 +169,7 @@ impl Summary {
 /// What every bench report opens with: which program and build ran, on which kernel and how many CPUs, and
 /// when. Flattened into each report's JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReportHeader {
+pub(crate) struct ReportHeader {
     pub tool: String,
     pub version: String,
     /// `release` or `debug` (turbotun's forwarder is this same binary).
@@ -181,7 +181,7 @@ pub struct ReportHeader {
 
 impl ReportHeader {
     /// This program on this machine, started at `started_unix`.
-    pub fn here(tool: &str, started_unix: u64) -> Self {
+    pub(crate) fn here(tool: &str, started_unix: u64) -> Self {
         ReportHeader {
             tool: tool.into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -194,7 +194,7 @@ impl ReportHeader {
 
     /// A fixed header for the report tests.
     #[cfg(test)]
-    pub fn for_tests(tool: &str) -> Self {
+    pub(crate) fn for_tests(tool: &str) -> Self {
         ReportHeader {
             tool: tool.into(),
             version: "0".into(),
@@ -208,7 +208,7 @@ impl ReportHeader {
 
 /// Every row of every Markdown table in `md` has as many cells as its header (the report tests' check).
 #[cfg(test)]
-pub fn assert_rows_match_headers(md: &str) {
+pub(crate) fn assert_rows_match_headers(md: &str) {
     for block in md.split("\n\n") {
         let rows: Vec<&str> = block.lines().filter(|l| l.starts_with('|')).collect();
         if let Some(header) = rows.first() {
@@ -221,7 +221,7 @@ pub fn assert_rows_match_headers(md: &str) {
 
 /// The whole JSON document.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Which program, which build, on which machine, when.
     #[serde(flatten)]
     pub header: ReportHeader,
@@ -242,7 +242,7 @@ pub struct Report {
 /// nothing), so cycles are estimated: CPU time (utime, stime from `/proc/PID/stat`, 10 ms ticks) times the CPU's
 /// nominal clock from `/proc/cpuinfo`. That counts stalls and any clock below nominal as cycles.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Cycles {
+pub(crate) struct Cycles {
     /// The clock the estimate multiplies by, MHz.
     pub mhz: f64,
     /// What `perf stat -e cycles` said, i.e. why this is an estimate.
@@ -255,12 +255,12 @@ const MSS_V6: f64 = 1428.0;
 
 /// netmap's figure for forwarding one packet (Rizzo, "netmap: a novel framework for fast packet I/O", USENIX
 /// ATC 2012), quoted beside the estimates.
-pub const NETMAP_CYCLES_PER_PACKET: f64 = 90.0;
+pub(crate) const NETMAP_CYCLES_PER_PACKET: f64 = 90.0;
 
 /// Adds the cycle estimates to every summary: per packet over the forwarder's own `packets` counter, per
 /// segment over the traffic's MTU-sized packets that crossed, as counted (the CPU window is the traffic's, see
 /// runner.rs, so neither side is scaled); then each forwarder's cycles per segment against the ceiling's.
-pub fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, ipv6: bool, udp: &[&str]) {
+pub(crate) fn add_cycles(summary: &mut [Summary], runs: &[RunRecord], cycles: &Cycles, ipv6: bool, udp: &[&str]) {
     let hz = cycles.mhz * 1e6;
     for s in summary.iter_mut() {
         let ok: Vec<&RunRecord> = runs
@@ -306,7 +306,7 @@ pub(super) fn spread_of<F: Fn(&RunRecord) -> Option<f64>>(runs: &[&RunRecord], f
 }
 
 /// Summaries for every (mode, traffic) pair in the given order, with ratios.
-pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traffic]) -> Vec<Summary> {
+pub(crate) fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traffic]) -> Vec<Summary> {
     let mut out = Vec::new();
     for t in traffic {
         let first = out.len();
@@ -367,7 +367,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic: &[Traf
 
 /// The Markdown report: an overview (one row per mode, one column per traffic kind) and one detail table per
 /// traffic kind.
-pub fn markdown(report: &Report, traffic: &[Traffic]) -> String {
+pub(crate) fn markdown(report: &Report, traffic: &[Traffic]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -557,7 +557,7 @@ fn notes(o: &mut String, report: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::iperf::traffic_by_label;
+    use crate::iperf::traffic_by_label;
 
     fn rec(mode: &str, family: &str, traffic: &str, rep: u32, gbps: f64, kpps: f64) -> RunRecord {
         let udp = traffic.starts_with("udp");
