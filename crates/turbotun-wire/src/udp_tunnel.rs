@@ -16,7 +16,7 @@
 //! checksum, complete over the whole segment with `UDP_TUNNEL_CSUM` (0 sent as 0xffff), 0 without it.
 
 use crate::checksum;
-use crate::gro::{rules, segment, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
+use crate::gro::{flow, rules, segment, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
 use crate::gso::{Splitter, MAX_HEADER_LEN};
 use crate::ipv4;
 use crate::ipv6;
@@ -257,7 +257,7 @@ pub struct TunnelMerge {
 }
 
 /// The outer headers of one frame as the coalescer sees them (the inner packet is the GRO rules' business,
-/// [`segment::FlowRun`]).
+/// [`flow::FlowRun`]).
 #[derive(Debug, Clone, Copy)]
 struct Outer {
     l3: usize,
@@ -360,7 +360,7 @@ pub fn coalesce_tunnel(
     let Some(p) = parse_outer(first, framing, kind) else {
         return plain(out);
     };
-    let Some(mut run) = segment::FlowRun::start(&first[p.eth..], Framing::Ethernet, DEFAULT_UDP_MAX_SEGMENTS) else {
+    let Some(mut run) = flow::FlowRun::start(&first[p.eth..], Framing::Ethernet, DEFAULT_UDP_MAX_SEGMENTS) else {
         return plain(out);
     };
     if p.eth + run.hdr_len() > MAX_HEADER_LEN {
@@ -420,7 +420,7 @@ pub fn coalesce_tunnel(
 
 /// The merged packet's lengths, IPv4 header checksums, FIN and PSH of its last segment, and its partial
 /// checksums (pseudo-header sums).
-fn patch_merged(seg: &mut [u8], p: &Outer, run: &segment::FlowRun) {
+fn patch_merged(seg: &mut [u8], p: &Outer, run: &flow::FlowRun) {
     let total = seg.len();
     let set_ip = |seg: &mut [u8], l3: usize, v6: bool| {
         if v6 {

@@ -3,8 +3,9 @@
 //! then writes the headers of every merged packet.
 
 use super::candidate::{address_pair, parse_candidate_into, Cand, Parsed};
+use super::flow::Item;
 use super::rules::headers_match;
-use super::segment::{addr_sum, df_of, ipv4_header_sum_ok, l4_checksum_ok, IdMode, Item, SegmentFields};
+use super::segment::{addr_sum, df_of, ipv4_header_sum_ok, l4_checksum_ok, IdMode, SegmentFields};
 use super::{Checksums, GroConfig, GroStats, DEFAULT_UDP_MAX_SEGMENTS, MAX_PACKET_LEN};
 use crate::checksum;
 use crate::ipv4;

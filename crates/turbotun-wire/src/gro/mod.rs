@@ -49,6 +49,7 @@
 
 mod candidate;
 mod coalescer;
+pub(crate) mod flow;
 pub(crate) mod rules;
 pub(crate) mod segment;
 

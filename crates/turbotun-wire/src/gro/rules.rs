@@ -19,7 +19,7 @@ enum Role {
     /// Must equal the head's (the kernel's `flush`): a packet of the flow whose field differs closes the item.
     Same = 2,
     /// Changes from segment to segment: checked by the segment rules
-    /// ([`Item::accepts`](super::segment::Item::accepts), [`SegmentFields`](super::segment::SegmentFields)) and
+    /// ([`Item::accepts`](super::flow::Item::accepts), [`SegmentFields`](super::segment::SegmentFields)) and
     /// rewritten in the merged packet ([`Gro::finish_item`](super::Gro::finish_item)); or, for the TCP urgent
     /// pointer, not compared at all, as the kernel does not (it means nothing without URG, and a segment with URG
     /// never merges).
