@@ -13,8 +13,10 @@
 //!   Layer-2 headers and IPv6 extension headers name the flow byte for byte; TCP options must be equal byte for
 //!   byte.
 //! - **The rules of the fields that change per segment** (`segment`: lengths, the IPv4 ID, the sequence number,
-//!   the size, CWR, the UDP cap): `SegmentFields::read` reads them, `Item::accepts` judges them, `Item::merged`
-//!   counts a merge, for both paths; `FlowRun` applies them to one flow for the tunnel coalescer.
+//!   the size, CWR, the UDP cap): `SegmentFields::read` reads them, and the IPv4 ID rule (`ipv4_id_rule`).
+//! - **One flow** (`flow`, above the parser and the segment rules): `Item::accepts` judges a segment by those
+//!   rules, `Item::merged` counts a merge, for both paths; `FlowRun` applies them to one flow for the tunnel
+//!   coalescer.
 //! - **Which packets may wait for more** (the kernel's held packet): `SegmentFields::holdable`.
 //! - **Checksums** (`segment`): `l4_checksum_ok`, shared with the tunnel coalescer.
 //! - **How far a packet gets** (`candidate`: it stops before the transport layer, reaches it flagged, or is a
