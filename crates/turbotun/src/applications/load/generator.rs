@@ -61,7 +61,7 @@ pub struct GeneratorReport {
     pub calls: u64,
     /// From the first send to the end of the last.
     pub seconds: f64,
-    /// Sequence numbers used per flow (index = flow id): what a sink's [`FlowCounts::expected`] of that flow
+    /// Sequence numbers used per flow (index = flow id): what a sink's [`FlowCounts::expected`](super::FlowCounts::expected) of that flow
     /// is when nothing was lost at the tail.
     pub per_flow: Vec<u64>,
 }
@@ -152,7 +152,7 @@ impl Generator {
     }
 
     /// Sends from this socket (one flow) instead of opening one of its own; [`Self::run`] connects it to the
-    /// destination. With a second handle on a [`Sink`]'s socket ([`Sink::try_clone_socket`]) the answers of
+    /// destination. With a second handle on a [`Sink`](super::Sink)'s socket ([`Sink::try_clone_socket`](super::Sink::try_clone_socket)) the answers of
     /// an echo, which swaps addresses and ports, come back to that sink, and only they do: a connected
     /// socket receives from its peer alone.
     pub fn socket(mut self, socket: UdpSocket) -> Self {

@@ -193,7 +193,7 @@ impl Sink {
         self.gro
     }
 
-    /// A second handle on the sink's socket (`dup`), e.g. for [`Generator::socket`]: what the generator sends
+    /// A second handle on the sink's socket (`dup`), e.g. for [`Generator::socket`](super::Generator::socket): what the generator sends
     /// from it and an echo answers comes back here. Connecting it (as the generator does) restricts what the
     /// sink receives to that peer.
     pub fn try_clone_socket(&self) -> Result<UdpSocket> {

@@ -117,7 +117,7 @@ fn memo_slot(remote: &SocketAddr) -> usize {
 }
 
 impl TunnelSocket {
-    /// Records that `remote` reached us at `local` (the [`RecvMeta::local`] of a datagram from it), once what it
+    /// Records that `remote` reached us at `local` (the [`RecvMeta::local`](super::RecvMeta::local) of a datagram from it), once what it
     /// sent authenticated (the engine: a datagram the transform opened; a transform: a message its own worker
     /// authenticated, through [`ReplySources`]): replies to `remote` then leave from that address. `memo` is the
     /// calling worker's own, so that the same remote at the same address again costs no lock. Nothing is
