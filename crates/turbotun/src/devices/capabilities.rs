@@ -10,12 +10,12 @@ use std::sync::OnceLock;
 use turbotun_wire::virtio_net::{flags, gso, VirtioNetHdrRepr};
 use turbotun_wire::{checksum, ethernet, ipv4, tcp, udp, VIRTIO_NET_HDR_LEN};
 
-use crate::devices::device::open_tun;
 #[cfg(doc)]
 use crate::devices::device::UDP_TUNNEL_VNET_HDR_LEN;
 use crate::devices::mode::Mode;
 use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
+use crate::devices::tun_open::open_tun;
 use crate::devices::vnet_hdr::VNET_HDR_SIZES;
 use crate::error::{permission_or_io, Error, Result};
 use crate::sys::{self, iff};

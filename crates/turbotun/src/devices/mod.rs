@@ -10,4 +10,5 @@ pub(crate) mod mode;
 pub(crate) mod offloads;
 pub mod queue;
 pub mod steering;
+pub(crate) mod tun_open;
 pub(crate) mod vnet_hdr;
