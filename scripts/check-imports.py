@@ -36,6 +36,7 @@ CRATES = [
     "crates/turbotun/src",
     "crates/turbotun-wg/src",
     "crates/turbotun-cli/src",
+    "crates/turbotun-bench/src",
 ]
 PATH = re.compile(r"\bcrate::([A-Za-z_][A-Za-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)")
 
