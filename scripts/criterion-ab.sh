@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Interleaved criterion A/B of turbotun-wire (usage: scripts/criterion-ab.sh BEFORE_TREE AFTER_TREE [ROUNDS] [FILTER]):
 # the two trees' `benches/wire.rs` run in turn ROUNDS times; prints the medians (min-max) of each round's median
-# each round's median estimate.
 set -euo pipefail
 BEFORE=$1; AFTER=$2; ROUNDS=${3:-5}; FILTER=${4:-gro_coalesce}
 export PATH=$HOME/.cargo/bin:$PATH
