@@ -31,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "crates" / "turbotun" / "src"
 # The crates whose files may not import each other in a cycle; a new crate is one more line.
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 CRATES = [
     "crates/turbotun-wire/src",
     "crates/turbotun/src",
@@ -298,9 +300,18 @@ def main():
         print("}")
     else:
         print("folder imports (paths named in code):")
+        drawn = []
         for a in sorted(nodes):
             targets = ", ".join(f"{b} ({edges[(a, b)]})" for b in sorted(graph[a]))
-            print(f"  {a:14} -> {targets or '-'}")
+            drawn.append(f"{a:14} -> {targets or '-'}")
+            print(f"  {drawn[-1]}")
+        # docs/ARCHITECTURE.md shows this graph; it is generated here, so the copy there must be this one.
+        architecture = ARCHITECTURE.read_text()
+        if "\n".join(drawn) not in architecture:
+            problems.append(
+                f"{ARCHITECTURE.relative_to(ROOT)}: its folder graph is not the code's: paste the lines above "
+                "(without their indent) in place of the block that begins `applications   ->`"
+            )
     for crate_src in CRATES:
         cycles, files, count = file_cycles(crate_src)
         problems += cycles
