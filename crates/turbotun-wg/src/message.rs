@@ -126,18 +126,6 @@ impl MessageKind {
         };
         [byte, 0, 0, 0]
     }
-
-    /// The receiver index of a message of this kind: a response's (bytes 8..12), a cookie reply's or a data
-    /// message's (bytes 4..8); `None` for an initiation (which names no receiver) or a buffer too short.
-    pub fn receiver(self, message: &[u8]) -> Option<u32> {
-        let at = match self {
-            MessageKind::Initiation => return None,
-            MessageKind::Response => field::response::RECEIVER,
-            MessageKind::CookieReply => field::cookie_reply::RECEIVER,
-            MessageKind::Data => field::data::RECEIVER,
-        };
-        Some(u32::from_le_bytes(message.get(at)?.try_into().ok()?))
-    }
 }
 
 /// Where a handshake message's mac1 and mac2 are: the last 32 bytes of a message of `message_len` (at least 32).
@@ -187,11 +175,6 @@ macro_rules! exact_view {
             /// The view of `buffer`, or `None` unless it is a message of this type and length.
             pub fn new_checked(buffer: T) -> Option<Self> {
                 (MessageKind::of(buffer.as_ref()) == Some($kind)).then_some($name { buffer })
-            }
-
-            /// The whole message.
-            pub fn as_bytes(&self) -> &[u8] {
-                self.buffer.as_ref()
             }
         }
 
@@ -421,11 +404,9 @@ mod tests {
         response.ephemeral_mut().fill(9);
         assert_eq!((response.sender(), response.receiver(), response.ephemeral()), (0x0102_0304, 7, [9; 32]));
         assert_eq!(buf[..8], [2, 0, 0, 0, 4, 3, 2, 1]);
-        assert_eq!(MessageKind::Response.receiver(&buf), Some(7));
         assert!(Response::new_checked(&buf[..]).is_some());
         assert!(Response::new_checked(&buf[..RESPONSE_LEN - 1]).is_none(), "a length of its own");
         assert!(Initiation::new_checked(&buf[..]).is_none(), "another type");
-        assert_eq!(MessageKind::Initiation.receiver(&[1; INITIATION_LEN]), None);
 
         let mut data = [0u8; DATA_MIN_LEN];
         DataHeader::new_checked(&mut data[..]).expect("long enough").write(5, 1 << 40);

@@ -14,7 +14,7 @@ use turbotun::wire::{ipv4, ipv6};
 use turbotun::DropReason;
 
 use super::{sendable, usable, Runtime, WireGuard, LASTMINUTE_AGE, REKEY_AFTER_TIME};
-use crate::message::{MessageKind, DATA_HEADER_LEN};
+use crate::message::{DataHeader, DATA_HEADER_LEN};
 use crate::peer::{Peer, HELD_PER_PEER};
 use crate::session::{Keypair, OpenError, REKEY_AFTER_MESSAGES};
 
@@ -187,7 +187,7 @@ impl WireGuard {
 
     /// Opens a transport data message where it is.
     pub(super) fn open_data(&self, cache: &mut WorkerState, datagram: &mut [u8], from: SocketAddr) -> Opened {
-        let Some(index) = MessageKind::Data.receiver(datagram) else {
+        let Some(index) = DataHeader::new_checked(&*datagram).map(|header| header.receiver()) else {
             return Opened::Dropped(DropReason::MalformedDatagram);
         };
         let fresh = matches!(&cache.receiving,

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::cookie;
 use crate::cookie::MacState;
-use crate::message::{MessageKind, Response, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
+use crate::message::{CookieReply, MessageKind, Response, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
 use crate::noise;
 use crate::noise::{finish_initiation, open_initiation, Identity, PeerKeys};
 use crate::peer::{HandshakeSide, Peer};
@@ -207,7 +207,7 @@ impl WireGuard {
             Some(MessageKind::Initiation) => self.take_initiation(rt, identity, job, now, control),
             Some(MessageKind::Response) => self.take_response(identity, job, now, control),
             Some(MessageKind::CookieReply) => {
-                let index = MessageKind::CookieReply.receiver(message).ok_or(DropReason::MalformedDatagram)?;
+                let index = CookieReply::new_checked(message).ok_or(DropReason::MalformedDatagram)?.receiver();
                 let peer = self.peer_of_index(index).ok_or(DropReason::Unauthenticated)?;
                 let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
                 if peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {

@@ -9,7 +9,7 @@ use crate::blake2s;
 use crate::blake2s::hash;
 use crate::config::PeerConfig;
 use crate::cookie;
-use crate::message::{MessageKind, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
+use crate::message::{DataHeader, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
 use crate::noise;
 use turbotun::tunnel::SealOut;
 
@@ -227,7 +227,7 @@ fn test_unauthenticated_messages_never_move_an_endpoint() {
     let attacker: SocketAddr = ATTACKER.parse().unwrap();
     let mut wire = Vec::new();
     a.send(&packet(A_INNER, B_INNER, 10), &mut wire);
-    let victim_index = MessageKind::Data.receiver(&wire[0].data).expect("a data message");
+    let victim_index = DataHeader::new_checked(&wire[0].data[..]).expect("a data message").receiver();
     deliver(&a, &b, &mut wire);
     let mac1_key = hash(&[blake2s::LABEL_MAC1, &b.public()]);
     for under_load in [false, true] {
