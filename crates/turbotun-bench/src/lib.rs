@@ -30,6 +30,7 @@ mod tunnel;
 mod vguest;
 mod vhost;
 mod wgflood;
+mod wgscale;
 
 pub use netcfg::Netns;
 
@@ -81,6 +82,11 @@ pub struct Options {
     pub tunnel_kinds: Option<Vec<String>>,
     /// `--vhost-user`: vhost-user-net backends instead of forwarders.
     pub vhost_user: bool,
+    /// `--wg-scale`: a WireGuard endpoint holding many peers (configuration, memory, idle CPU) instead of
+    /// forwarders.
+    pub wg_scale: bool,
+    /// `--wg-peers`: with `--wg-scale`, the numbers of peers measured.
+    pub wg_peers: Option<Vec<usize>>,
     /// `--no-syscalls`: with `--tunnel`, do not count the endpoints' system calls.
     pub no_syscalls: bool,
     /// `--baseline`: another build of turbotun, run as `MODE@baseline` beside this one.
@@ -273,6 +279,14 @@ pub fn run(args: &Options) -> Result<()> {
                 return Err(e);
             }
         }
+        return Ok(());
+    }
+    if args.wg_scale {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 2 } else { 5 }))?;
+        let failures = wgscale::run(&mut ctx, args, peers_dir.as_deref()).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&ctx.log_dir);
+        })?;
+        finish(&ctx, failures, false);
         return Ok(());
     }
     if args.echo {
@@ -667,7 +681,8 @@ fn preflight(args: &Options) -> Result<()> {
     }
     // The loss and echo benches make their traffic with turbotun's own generator, the vhost-user bench with
     // testpmd (whose absence makes rows unavailable, said per row).
-    let mut tools = if args.loss || args.echo || args.vhost_user { vec![] } else { vec![("iperf3", "iperf3")] };
+    let mut tools =
+        if args.loss || args.echo || args.vhost_user || args.wg_scale { vec![] } else { vec![("iperf3", "iperf3")] };
     if args.flamegraph.is_some() {
         tools.push(("perf", "linux-perf (Debian) or linux-tools-generic (Ubuntu)"));
     }

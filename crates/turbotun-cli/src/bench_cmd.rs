@@ -74,6 +74,17 @@ pub struct BenchArgs {
     /// (`turbotun@baseline`, `tso@baseline`, `no-offload@baseline`).
     #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "modes", "traffic", "flamegraph", "ipv6", "chart"])]
     pub vhost_user: bool,
+    /// A WireGuard endpoint as a server of many peers instead of forwarders: `turbotun wg`, wireguard-go (up to its
+    /// 65,536 peers) and the --baseline build, each configured with the real `wg` in a private namespace: `wg
+    /// setconf` of N peers, `wg addconf` of 10,000 more to it and to an empty endpoint, `wg show dump`, memory per
+    /// peer, and CPU while idle for --duration seconds (default 5). Honours --quick (10,000 peers, 1
+    /// repetition), --reps, --json, --baseline.
+    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "vhost_user", "modes", "traffic", "flamegraph", "ipv6", "chart", "list"])]
+    pub wg_scale: bool,
+    /// With --wg-scale: comma-separated numbers of peers (default 10000,100000; up to 1048576, the most a
+    /// device holds).
+    #[arg(long, value_delimiter = ',', value_name = "N", requires = "wg_scale", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub wg_peers: Option<Vec<u64>>,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
     #[arg(long, requires = "tunnel")]
@@ -153,6 +164,8 @@ impl BenchArgs {
             tunnel: self.tunnel,
             tunnel_kinds: self.tunnel_kinds.clone(),
             vhost_user: self.vhost_user,
+            wg_scale: self.wg_scale,
+            wg_peers: self.wg_peers.as_ref().map(|p| p.iter().map(|&n| n as usize).collect()),
             no_syscalls: self.no_syscalls,
             baseline: self.baseline.clone(),
             txqueuelen: self.txqueuelen.clone(),

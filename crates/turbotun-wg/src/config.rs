@@ -12,6 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use subtle::{Choice, ConstantTimeEq};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
+/// The most peers a device holds, as in the kernel (`MAX_PEERS_PER_DEVICE`): a configuration request that
+/// would make more is refused with the kernel's errno, `ENOMEM`, and changes nothing.
+pub const MAX_PEERS: usize = 1 << 20;
+
 /// A Curve25519 public key, 32 bytes.
 pub type Key = [u8; 32];
 

@@ -15,7 +15,7 @@ use blake2::digest::{KeyInit, Mac};
 use blake2::Blake2s256;
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::ChaCha20Poly1305;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hmac::SimpleHmac;
 use rand_core::OsRng;
@@ -177,10 +177,14 @@ impl Identity {
 pub(crate) struct PeerKeys {
     /// Its public key.
     pub public: [u8; 32],
+    /// The identity these keys are of.
+    identity: Arc<Identity>,
     /// The preshared key (zeros when none is set, as the protocol mixes zeros then).
     psk: Secret,
-    /// X25519 of our static key and its: `None` when its key is of low order.
-    static_static: Option<Secret>,
+    /// X25519 of our static key and its (`None` when its key is of low order), computed at its first use: an
+    /// X25519 costs about as much as everything else configuring a peer does many times over, and a server's
+    /// peers mostly never handshake between two configurations. Computed once: whoever comes second waits.
+    static_static: OnceLock<Option<Secret>>,
     /// HASH(LABEL_MAC1 || its public key): the mac1 of what we send it.
     pub mac1_key: [u8; 32],
     /// HASH(LABEL_COOKIE || its public key): opens its cookie replies.
@@ -197,20 +201,32 @@ impl std::fmt::Debug for PeerKeys {
 
 impl PeerKeys {
     /// The keys for peer `public` of `identity`, with preshared key `psk`.
-    pub(crate) fn new(identity: &Identity, public: [u8; 32], psk: Option<&[u8; 32]>) -> Self {
+    pub(crate) fn new(identity: &Arc<Identity>, public: [u8; 32], psk: Option<&[u8; 32]>) -> Self {
         PeerKeys {
             public,
+            identity: identity.clone(),
             psk: Zeroizing::new(psk.copied().unwrap_or([0; 32])),
-            static_static: identity.static_static(&public),
+            static_static: OnceLock::new(),
             mac1_key: hash(&[LABEL_MAC1, &public]),
             cookie_key: hash(&[LABEL_COOKIE, &public]),
             initiator_hash: initial_hash(&public),
         }
     }
 
+    /// X25519 of our static key and the peer's, computed the first time it is asked for.
+    fn static_static(&self) -> Option<&Secret> {
+        self.static_static.get_or_init(|| self.identity.static_static(&self.public)).as_ref()
+    }
+
     /// Whether a handshake with this peer is possible (its key is not of low order).
     pub(crate) fn can_handshake(&self) -> bool {
-        self.static_static.is_some()
+        self.static_static().is_some()
+    }
+
+    /// Whether the static-static secret has been computed (for the tests of when it is).
+    #[cfg(test)]
+    pub(crate) fn computed(&self) -> bool {
+        self.static_static.get().is_some()
     }
 }
 
@@ -253,7 +269,7 @@ pub(crate) fn create_initiation(
     now: SystemTime,
     msg: &mut [u8; INITIATION_LEN],
 ) -> Option<InitiationState> {
-    let static_static = peer.static_static.as_ref()?;
+    let static_static = peer.static_static()?;
     let ephemeral = StaticSecret::random_from_rng(OsRng);
     let ephemeral_public = PublicKey::from(&ephemeral).to_bytes();
     let mut msg = Initiation::start(msg);
@@ -329,7 +345,7 @@ pub(crate) fn finish_initiation(opened: InitiationStatic, peer: &PeerKeys, msg: 
     if peer.public != opened.peer {
         return None;
     }
-    let static_static = peer.static_static.as_ref()?;
+    let static_static = peer.static_static()?;
     let (ck, key) = kdf2(&opened.chaining_key, &**static_static);
     let mut timestamp = [0u8; 12];
     if !open(&key, msg.sealed_timestamp(), &opened.hash, &mut timestamp) {
@@ -405,8 +421,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::message::MessageKind;
 
-    fn identity(seed: u8) -> Identity {
-        Identity::new(&[seed; 32])
+    fn identity(seed: u8) -> Arc<Identity> {
+        Arc::new(Identity::new(&[seed; 32]))
     }
 
     /// A full handshake between two identities, returning both sides' keys.
@@ -494,6 +510,22 @@ pub(crate) mod tests {
             init[crate::message::field::initiation::EPHEMERAL].copy_from_slice(&low);
             assert!(open_initiation(&b, &init).is_none());
         }
+    }
+
+    /// Configuring a peer costs no X25519: the static-static secret is computed by the first handshake that
+    /// needs it, and kept for the next.
+    #[test]
+    fn test_the_static_static_secret_is_computed_at_first_use_and_once() {
+        let (a, b) = (identity(1), identity(2));
+        let b_at_a = PeerKeys::new(&a, b.public, None);
+        assert!(!b_at_a.computed(), "configuring the peer made no X25519");
+        let mut init = [0u8; INITIATION_LEN];
+        create_initiation(&a, &b_at_a, 1, SystemTime::now(), &mut init).unwrap();
+        assert!(b_at_a.computed());
+        let first = **b_at_a.static_static().unwrap();
+        create_initiation(&a, &b_at_a, 2, SystemTime::now(), &mut init).unwrap();
+        assert_eq!(**b_at_a.static_static().unwrap(), first);
+        assert_eq!(first, *a.static_static(&b.public).unwrap());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The `get=1` half of WireGuard's userspace configuration protocol: the configuration in force and what the
 //! tunnel learned at run time (endpoints, the last handshake, byte counts), as `wg show` reads them.
 
+use std::fmt::Write as _;
+use std::io;
 use std::time::SystemTime;
 
 use zeroize::Zeroizing;
@@ -8,48 +10,85 @@ use zeroize::Zeroizing;
 use crate::config::{Key, SecretKey};
 use crate::wireguard::WireGuard;
 
-/// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it). It holds the private
-/// and preshared keys: room for all of it is taken at once, so that no copy is left behind by a reallocation,
-/// and it is zeroed when dropped.
-pub(crate) fn render_get(wg: &WireGuard) -> Zeroizing<String> {
-    use std::fmt::Write;
+/// How much of a reply is made before it is written: the buffer is made this big at once and never grows, so
+/// that no reallocation leaves a copy of a key behind.
+const PART_BYTES: usize = 64 << 10;
+
+/// The text of a `get=1` reply (without the `errno=0` line and the empty line that end it), given to `write` a
+/// part at a time as it is made, so that a reply of a million peers needs no room for all of it. It holds the
+/// private and preshared keys: the part's buffer is zeroed when dropped. Returns false (and stops) when `write`
+/// does.
+pub(crate) fn render_get(wg: &WireGuard, write: &mut dyn FnMut(&[u8]) -> io::Result<bool>) -> io::Result<bool> {
     let config = wg.config();
     let states = wg.peer_states();
-    let room = 256 + config.peers.iter().map(|p| 512 + 64 * p.allowed_ips.len()).sum::<usize>();
-    let mut out = Zeroizing::new(String::with_capacity(room));
+    let mut out = Reply { part: Zeroizing::new(String::with_capacity(PART_BYTES)), write };
     if let Some(key) = &config.private_key {
-        out.push_str("private_key=");
-        write_key_hex(&mut out, key.as_bytes());
-        out.push('\n');
+        out.room()?;
+        out.part.push_str("private_key=");
+        write_key_hex(&mut out.part, key.as_bytes());
+        out.part.push('\n');
     }
     let port = wg.bound_port();
     if port != 0 {
-        let _ = writeln!(out, "listen_port={port}");
+        let _ = writeln!(out.part, "listen_port={port}");
     }
     if config.fwmark != 0 {
-        let _ = writeln!(out, "fwmark={}", config.fwmark);
+        let _ = writeln!(out.part, "fwmark={}", config.fwmark);
     }
     for (peer, state) in config.peers.iter().zip(states) {
-        out.push_str("public_key=");
-        write_key_hex(&mut out, &peer.public_key);
-        out.push_str("\npreshared_key=");
-        write_key_hex(&mut out, peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes));
-        out.push_str("\nprotocol_version=1\n");
+        if !out.room()? {
+            return Ok(false);
+        }
+        let part = &mut out.part;
+        part.push_str("public_key=");
+        write_key_hex(part, &peer.public_key);
+        part.push_str("\npreshared_key=");
+        write_key_hex(part, peer.preshared_key.as_ref().map_or(&[0; 32], SecretKey::as_bytes));
+        part.push_str("\nprotocol_version=1\n");
         if let Some(endpoint) = state.endpoint {
-            let _ = writeln!(out, "endpoint={endpoint}");
+            let _ = writeln!(part, "endpoint={endpoint}");
         }
         let since_epoch = state.last_handshake.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
         let (sec, nsec) = since_epoch.map_or((0, 0), |d| (d.as_secs(), d.subsec_nanos()));
-        let _ = writeln!(out, "last_handshake_time_sec={sec}");
-        let _ = writeln!(out, "last_handshake_time_nsec={nsec}");
-        let _ = writeln!(out, "tx_bytes={}", state.tx_bytes);
-        let _ = writeln!(out, "rx_bytes={}", state.rx_bytes);
-        let _ = writeln!(out, "persistent_keepalive_interval={}", peer.persistent_keepalive);
+        let _ = writeln!(part, "last_handshake_time_sec={sec}");
+        let _ = writeln!(part, "last_handshake_time_nsec={nsec}");
+        let _ = writeln!(part, "tx_bytes={}", state.tx_bytes);
+        let _ = writeln!(part, "rx_bytes={}", state.rx_bytes);
+        let _ = writeln!(part, "persistent_keepalive_interval={}", peer.persistent_keepalive);
         for (addr, len) in &peer.allowed_ips {
-            let _ = writeln!(out, "allowed_ip={addr}/{len}");
+            if !out.room()? {
+                return Ok(false);
+            }
+            let _ = writeln!(out.part, "allowed_ip={addr}/{len}");
         }
     }
-    out
+    out.flush()
+}
+
+/// A reply being made: the part not yet written.
+struct Reply<'a> {
+    part: Zeroizing<String>,
+    write: &'a mut dyn FnMut(&[u8]) -> io::Result<bool>,
+}
+
+/// The most one step of a reply adds: a peer's lines before its prefixes, or one prefix's line.
+const STEP_BYTES: usize = 1024;
+
+impl Reply<'_> {
+    /// Writes the part if the next step might not fit in its buffer; false when the write failed.
+    fn room(&mut self) -> io::Result<bool> {
+        if self.part.len() + STEP_BYTES > PART_BYTES {
+            return self.flush();
+        }
+        Ok(true)
+    }
+
+    fn flush(&mut self) -> io::Result<bool> {
+        let written = (self.write)(self.part.as_bytes())?;
+        // Cleared in place: the keys it held are overwritten by the next part or zeroed when it drops.
+        self.part.clear();
+        Ok(written)
+    }
 }
 
 /// Writes `key` in lowercase hex into `out`, with no copy of its own.

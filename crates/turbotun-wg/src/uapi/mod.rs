@@ -7,10 +7,15 @@
 //!   changes nothing), then put in force.
 //!
 //! Clients are served at once, each on a thread of its own (up to `MAX_CLIENTS`; more wait to be accepted):
-//! one that is slow, silent or never finishes its request delays nobody else. A request must arrive whole within
-//! `REQUEST_DEADLINE` and be at most `MAX_REQUEST_BYTES` long (a longer one is refused with `EMSGSIZE` and
-//! nothing of it applied); a stop ends every client's wait at once. Requests that change the configuration are
-//! applied one at a time, and a `get=1` reads a configuration that no request is half-way through changing.
+//! one that is slow, silent or never finishes its request delays no `get=1` and no stop. A request is taken a
+//! line at a time as it arrives: a `set=1` changes a copy of the configuration line by line (so what it holds is
+//! bounded by the configuration it makes, not by its length), and the copy replaces the configuration only if
+//! every line was understood. No length limits a request: a line may be at most `MAX_LINE_BYTES` long, the
+//! device holds at most `set::MAX_PEERS` peers (`ENOMEM` beyond, as in the kernel), and a request must arrive
+//! within `REQUEST_DEADLINE` plus a second per `BYTES_PER_SECOND_GRANTED` it carries, so that a client that
+//! trickles bytes is cut off while a large configuration from `wg` is taken whole. Requests that change the
+//! configuration are applied one at a time; a `get=1` reads the configuration in force, which no request
+//! changes half-way, and its reply is written as it is made.
 
 pub(crate) mod get;
 pub(crate) mod set;
@@ -35,20 +40,26 @@ pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// Clients served at once; further connections wait in the socket's backlog until one of them ends.
 pub(crate) const MAX_CLIENTS: usize = 8;
 
-/// How long a request may take to arrive whole (from the connection, or from the reply to the one before), and
-/// its reply to be taken: a client that trickles bytes is cut off then.
+/// How long a request may take to arrive whole (from the connection, or from the reply to the one before)
+/// beyond the time its length grants (see [`BYTES_PER_SECOND_GRANTED`]), and each part of its reply to be
+/// taken: a client that trickles bytes is cut off then.
 pub(crate) const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
-/// The longest request taken (some 30,000 peers with one allowed prefix each); a longer one is refused with
-/// `EMSGSIZE`, so that a client cannot make the endpoint's memory grow without bound.
-pub(crate) const MAX_REQUEST_BYTES: usize = 8 << 20;
+/// A request's deadline grows by a second for every this many bytes it carried, so that a configuration of a
+/// million peers (some 200 MB from `wg`) is not cut off while a trickle gains nothing.
+pub(crate) const BYTES_PER_SECOND_GRANTED: u64 = 4 << 20;
+
+/// The longest request line taken: `wg` writes none longer than some 200 bytes. A longer one refuses the request
+/// with `EMSGSIZE` (the rest of the request is read and dropped), so that no line makes the endpoint's memory
+/// grow.
+pub(crate) const MAX_LINE_BYTES: usize = 4096;
 
 /// How long a new endpoint waits, at most, for the endpoint that serves its socket to end (`IN_USE_TRIES` looks,
 /// `IN_USE_WAIT` apart) before it refuses to start.
 const IN_USE_TRIES: u32 = 50;
 const IN_USE_WAIT: Duration = Duration::from_millis(20);
 
-/// How much a client's buffer grows by per read.
+/// How much is read from a client at once.
 const READ_CHUNK: usize = 16 << 10;
 
 /// What checks a new configuration (`old`, `new`) before it takes effect, and may refuse it with an errno (a
@@ -229,12 +240,10 @@ enum Waited {
 
 /// What came next from a client.
 enum Next {
-    /// A whole request: the first `end` bytes of the buffer (its lines and the empty line that ends it).
-    Request(usize),
-    /// A request longer than [`MAX_REQUEST_BYTES`].
-    TooBig,
-    /// A first line that is neither `get=1` nor `set=1`.
-    NotARequest,
+    /// A line: these bytes of the buffer, without their newline.
+    Line(std::ops::Range<usize>),
+    /// A line longer than [`MAX_LINE_BYTES`] (what came of it is dropped, and the rest of it when it comes).
+    TooLong,
     /// The client closed the connection, its time ran out, or the endpoint stops: an unfinished request is
     /// dropped unapplied.
     Gone,
@@ -244,12 +253,29 @@ enum Next {
 struct Client<'a> {
     stream: UnixStream,
     stop: &'a StopHandle,
-    /// What was received and not yet handled. Requests carry keys: the buffer is wiped when dropped and when it
-    /// grows (see [`Client::reserve`]).
+    /// What was received: bytes before `start` are handled. Requests carry keys: the buffer never grows past
+    /// [`MAX_LINE_BYTES`] and a read (so it is never reallocated with a copy left behind) and is wiped when
+    /// dropped.
     pending: Zeroizing<Vec<u8>>,
+    start: usize,
+    /// Bytes of a line too long still to drop, up to and with its newline.
+    skipping: bool,
+    /// Bytes taken since the request began.
+    received: u64,
 }
 
 impl Client<'_> {
+    fn new(stream: UnixStream, stop: &StopHandle) -> Client<'_> {
+        Client {
+            stream,
+            stop,
+            pending: Zeroizing::new(Vec::with_capacity(MAX_LINE_BYTES + READ_CHUNK)),
+            start: 0,
+            skipping: false,
+            received: 0,
+        }
+    }
+
     /// Waits until the stream is ready for `flags`, `deadline` passes or the endpoint stops.
     fn wait(&self, flags: PollFlags, deadline: Instant) -> io::Result<Waited> {
         loop {
@@ -272,28 +298,19 @@ impl Client<'_> {
         }
     }
 
-    /// Room for `more` bytes in the buffer without a reallocation that would leave a copy behind: a bigger
-    /// buffer takes the bytes over and the old one is wiped as it drops.
-    fn reserve(&mut self, more: usize) {
-        if self.pending.capacity() - self.pending.len() >= more {
-            return;
-        }
-        let capacity = (self.pending.len() + more).max(2 * self.pending.capacity());
-        let mut grown = Zeroizing::new(Vec::with_capacity(capacity));
-        grown.extend_from_slice(&self.pending);
-        self.pending = grown;
-    }
-
-    /// Reads what the client sent next into the buffer; false when nothing more will come (closed, time up,
-    /// stopped).
+    /// Reads what the client sent next after the unhandled bytes (moved to the front first, within the buffer's
+    /// room); false when nothing more will come (closed, time up, stopped).
     fn fill(&mut self, deadline: Instant) -> io::Result<bool> {
-        self.reserve(READ_CHUNK);
-        let len = self.pending.len();
+        self.pending.copy_within(self.start.., 0);
+        let len = self.pending.len() - self.start;
+        self.pending.truncate(len);
+        self.start = 0;
         self.pending.resize(len + READ_CHUNK, 0);
         loop {
             match self.stream.read(&mut self.pending[len..]) {
                 Ok(n) => {
                     self.pending.truncate(len + n);
+                    self.received += n as u64;
                     return Ok(n > 0);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -316,25 +333,45 @@ impl Client<'_> {
         }
     }
 
-    /// The next request, read until its empty line by `deadline`.
-    fn next_request(&mut self, deadline: Instant) -> io::Result<Next> {
-        // Bytes of the buffer known to hold no end of request, so that each byte is looked at once.
-        let mut scanned: usize = 0;
+    /// When the request begun at `began` must have arrived by, given what it carried so far.
+    fn deadline(&self, began: Instant) -> Instant {
+        began + REQUEST_DEADLINE + Duration::from_secs(self.received / BYTES_PER_SECOND_GRANTED)
+    }
+
+    /// The next line of the request begun at `began`. `first`: the request's first line, which must be one of
+    /// the two commands; anything else ends the connection as soon as it shows.
+    fn next_line(&mut self, began: Instant, first: bool) -> io::Result<Next> {
+        // Bytes after `start` known to hold no newline, so that each byte is looked at once.
+        let mut scanned = 0;
         loop {
-            // The first line must be one of the two commands (both six bytes with their newline).
-            let head = &self.pending[..self.pending.len().min(6)];
-            if !b"get=1\n".starts_with(head) && !b"set=1\n".starts_with(head) {
-                return Ok(Next::NotARequest);
+            let unhandled = &self.pending[self.start..];
+            let head = &unhandled[..unhandled.len().min(6)];
+            if first && !b"get=1\n".starts_with(head) && !b"set=1\n".starts_with(head) {
+                return Ok(Next::Gone);
             }
-            let from = scanned.saturating_sub(1);
-            if let Some(at) = self.pending[from..].windows(2).position(|w| w == b"\n\n") {
-                return Ok(Next::Request(from + at + 2));
+            if let Some(at) = unhandled[scanned..].iter().position(|&b| b == b'\n') {
+                let line = self.start..self.start + scanned + at;
+                self.start = line.end + 1;
+                if std::mem::take(&mut self.skipping) {
+                    // The end of a line too long, already answered for.
+                    scanned = 0;
+                    continue;
+                }
+                if line.len() > MAX_LINE_BYTES {
+                    return Ok(Next::TooLong);
+                }
+                return Ok(Next::Line(line));
             }
-            scanned = self.pending.len();
-            if self.pending.len() > MAX_REQUEST_BYTES {
-                return Ok(Next::TooBig);
+            if unhandled.len() > MAX_LINE_BYTES || (self.skipping && !unhandled.is_empty()) {
+                self.start = self.pending.len();
+                scanned = 0;
+                if !std::mem::replace(&mut self.skipping, true) {
+                    return Ok(Next::TooLong);
+                }
+            } else {
+                scanned = unhandled.len();
             }
-            if !self.fill(deadline)? {
+            if !self.fill(self.deadline(began))? {
                 return Ok(Next::Gone);
             }
         }
@@ -358,6 +395,12 @@ impl Client<'_> {
     }
 }
 
+/// What became of a request: the errno to answer with, or the client is gone.
+enum Handled {
+    Answer(i32),
+    Gone,
+}
+
 /// One client: requests until it closes the connection, sends what is not a request, runs out of time, or the
 /// endpoint stops.
 fn serve_client(
@@ -367,68 +410,114 @@ fn serve_client(
     stop: &StopHandle,
 ) -> io::Result<()> {
     stream.set_nonblocking(true)?;
-    let mut client = Client { stream, stop, pending: Zeroizing::new(Vec::new()) };
+    let mut client = Client::new(stream, stop);
     loop {
-        let end = match client.next_request(Instant::now() + REQUEST_DEADLINE)? {
-            Next::Request(end) => end,
-            Next::TooBig => {
-                tracing::warn!(
-                    "configuration refused, nothing changed: a request longer than {MAX_REQUEST_BYTES} bytes"
-                );
-                let deadline = Instant::now() + REQUEST_DEADLINE;
-                client.write_all(format!("errno=-{}\n\n", libc::EMSGSIZE).as_bytes(), deadline)?;
-                // The rest of it is read and dropped (the client may still be writing it and read the answer only
-                // then), until it closes the connection or its time is up.
-                loop {
-                    client.pending.clear();
-                    if !client.fill(deadline)? {
-                        return Ok(());
-                    }
-                }
-            }
+        let began = Instant::now();
+        client.received = 0;
+        let command = match client.next_line(began, true)? {
+            Next::Line(line) => line,
             // Not a request of this protocol: the connection is closed without an answer, as wireguard-go does.
-            Next::NotARequest | Next::Gone => return Ok(()),
+            Next::TooLong | Next::Gone => return Ok(()),
         };
-        // The request's lines: the command, then those before the empty line.
-        let request = &client.pending[..end - 2];
-        let mut lines = request.split(|&b| b == b'\n');
-        let get = lines.next() == Some(b"get=1");
-        let body: Vec<&[u8]> = lines.collect();
-        let deadline = Instant::now() + REQUEST_DEADLINE;
-        let reply: Zeroizing<Vec<u8>> = match (get, body.is_empty()) {
-            (true, true) => {
-                let held = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-                let reply = get::render_get(wg);
-                drop(held);
-                // The status goes out on its own, so that the reply holding the private key is never copied.
-                if !client.write_all(reply.as_bytes(), deadline)? {
-                    return Ok(());
-                }
-                Zeroizing::new(b"errno=0\n\n".to_vec())
-            }
-            (true, false) => Zeroizing::new(format!("errno=-{}\n\n", libc::EINVAL).into_bytes()),
-            (false, _) => {
-                let errno = match set::handle_set(wg, &body, config_lock) {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        tracing::warn!("configuration refused, nothing changed: {e}");
-                        e.errno
-                    }
-                };
-                Zeroizing::new(format!("errno={}\n\n", -errno).into_bytes())
-            }
+        let handled = if &client.pending[command] == b"get=1" {
+            handle_get(&mut client, wg, began)?
+        } else {
+            handle_set(&mut client, wg, config_lock, began)?
         };
-        client.pending.drain(..end);
-        if !client.write_all(&reply, deadline)? {
+        let Handled::Answer(errno) = handled else { return Ok(()) };
+        if !client.write_all(format!("errno={}\n\n", -errno).as_bytes(), Instant::now() + REQUEST_DEADLINE)? {
             return Ok(());
         }
         crate::config::scrub_stack();
     }
 }
 
+/// A `get=1` request (its first line read): the reply written as it is made, each part taken within
+/// [`REQUEST_DEADLINE`]. A `get=1` with lines is answered `EINVAL`.
+fn handle_get(client: &mut Client<'_>, wg: &WireGuard, began: Instant) -> io::Result<Handled> {
+    let mut lines = 0;
+    loop {
+        match client.next_line(began, false)? {
+            Next::Line(line) if line.is_empty() => break,
+            Next::Line(_) | Next::TooLong => lines += 1,
+            Next::Gone => return Ok(Handled::Gone),
+        }
+    }
+    if lines > 0 {
+        return Ok(Handled::Answer(libc::EINVAL));
+    }
+    let written = get::render_get(wg, &mut |part| client.write_all(part, Instant::now() + REQUEST_DEADLINE))?;
+    Ok(if written { Handled::Answer(0) } else { Handled::Gone })
+}
+
+/// A `set=1` request (its first line read): each line applied to a copy of the configuration as it arrives, the
+/// copy checked by `on_set` and put in force once the empty line came, or the request refused whole. One request
+/// at a time.
+fn handle_set(
+    client: &mut Client<'_>,
+    wg: &WireGuard,
+    config_lock: &Mutex<&mut OnSet<'_>>,
+    began: Instant,
+) -> io::Result<Handled> {
+    let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let old = wg.config();
+    let mut request = set::SetRequest::new(&old, set::MAX_PEERS, crate::wireguard::public_key);
+    // The first refusal: the rest of the request is read and dropped.
+    let mut refused: Option<set::SetError> = None;
+    loop {
+        let line = match client.next_line(began, false)? {
+            Next::Line(line) if line.is_empty() => break,
+            Next::Line(line) => line,
+            Next::TooLong => {
+                let reason = format!("a line longer than {MAX_LINE_BYTES} bytes");
+                refused.get_or_insert(set::SetError { errno: libc::EMSGSIZE, line: "(not shown)".into(), reason });
+                continue;
+            }
+            Next::Gone => return Ok(Handled::Gone),
+        };
+        if refused.is_some() {
+            continue;
+        }
+        let applied = match std::str::from_utf8(&client.pending[line]) {
+            Ok(text) => request.line(text),
+            Err(_) => Err(set::SetError {
+                errno: libc::EINVAL,
+                line: "(not shown)".into(),
+                reason: "the line is not UTF-8 text".into(),
+            }),
+        };
+        refused = applied.err();
+    }
+    let result = match refused {
+        Some(refusal) => Err(refusal),
+        None => request.finish(),
+    };
+    let errno = match result.and_then(|new| {
+        on_set(&old, &new).map(|()| new).map_err(|errno| {
+            let why = io::Error::from_raw_os_error(errno);
+            set::SetError {
+                errno,
+                line: String::new(),
+                reason: format!("the new configuration cannot be put in force: {why}"),
+            }
+        })
+    }) {
+        Ok(new) => {
+            wg.apply(new);
+            0
+        }
+        Err(e) => {
+            tracing::warn!("configuration refused, nothing changed: {e}");
+            e.errno
+        }
+    };
+    Ok(Handled::Answer(errno))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt::Write as _;
     use std::io::{BufRead, BufReader};
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
     use std::sync::{mpsc, Arc};
@@ -589,30 +678,61 @@ mod tests {
     }
 
     #[test]
-    fn test_a_request_over_the_size_limit_is_refused_and_nothing_of_it_applied() {
+    fn test_a_line_too_long_refuses_the_request_and_nothing_of_it_applied() {
         let served = Served::start(|_, _| Ok(()));
-        let line = "fwmark=7\n";
-        let mut request = String::from("set=1\nlisten_port=0\n");
-        while request.len() <= MAX_REQUEST_BYTES + READ_CHUNK {
-            request.push_str(line);
-        }
-        request.push('\n');
         let stream = served.connect();
         let mut writer = stream.try_clone().unwrap();
-        // Written on a thread: the server reads all of it (and answers) while the client writes.
-        let writing = std::thread::spawn(move || writer.write_all(request.as_bytes()));
-        let reply = read_reply(&mut BufReader::new(stream));
-        assert_eq!(reply, format!("errno=-{}\n", libc::EMSGSIZE));
-        writing.join().unwrap().unwrap();
+        let mut reader = BufReader::new(stream);
+        let long = format!("fwmark=1{}\n", "0".repeat(3 * READ_CHUNK));
+        writer.write_all(format!("set=1\nfwmark=7\n{long}listen_port=0\n\n").as_bytes()).unwrap();
+        assert_eq!(read_reply(&mut reader), format!("errno=-{}\n", libc::EMSGSIZE));
         assert_eq!(served.wg.config().fwmark, 0);
-        // A request just under the limit is taken.
-        let mut request = String::from("set=1\n");
-        while request.len() + line.len() < MAX_REQUEST_BYTES {
-            request.push_str(line);
-        }
-        request.push('\n');
-        assert_eq!(served.request(&request), "errno=0\n");
+        // The rest of the long line was dropped with it, and the connection serves the next request.
+        writer.write_all(b"set=1\nfwmark=7\n\n").unwrap();
+        assert_eq!(read_reply(&mut reader), "errno=0\n");
         assert_eq!(served.wg.config().fwmark, 7);
+        // A line too long that arrives whole, with its newline, in one read.
+        let long = format!("fwmark=1{}\n", "0".repeat(MAX_LINE_BYTES));
+        writer.write_all(format!("set=1\nfwmark=8\n{long}\n").as_bytes()).unwrap();
+        assert_eq!(read_reply(&mut reader), format!("errno=-{}\n", libc::EMSGSIZE));
+        assert_eq!(served.wg.config().fwmark, 7);
+        // A line of exactly the longest length is taken.
+        let padded = format!("fwmark={:0>width$}", 9, width = MAX_LINE_BYTES - "fwmark=".len());
+        assert_eq!(served.request(&format!("set=1\n{padded}\n\n")), "errno=0\n");
+        assert_eq!(served.wg.config().fwmark, 9);
+    }
+
+    /// What the 8 MiB limit refused before requests were taken a line at a time: 100,000 peers in one request
+    /// (some 14 MB). With a bad line at its very end nothing of it is applied; without, all of it.
+    #[test]
+    fn test_a_request_of_100000_peers_is_taken_whole_or_not_at_all() {
+        let served = Served::start(|_, _| Ok(()));
+        let mut request = String::from("set=1\nreplace_peers=true\n");
+        for i in 0..100_000u32 {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            key[31] = 1;
+            let [_, a, b, c] = i.to_be_bytes();
+            let _ = write!(
+                request,
+                "public_key={}\nendpoint=192.0.2.{}:{}\nreplace_allowed_ips=true\nallowed_ip=10.{a}.{b}.{c}/32\n",
+                key_to_hex(&key),
+                c,
+                1000 + (i % 50_000)
+            );
+        }
+        assert!(request.len() > 8 << 20, "{} bytes", request.len());
+        let bad = format!("{request}allowed_ip=10.0.0.0/33\n\n");
+        assert_eq!(served.request(&bad), format!("errno=-{}\n", libc::EINVAL));
+        assert!(served.wg.config().peers.is_empty(), "nothing of the refused request applied");
+        assert_eq!(served.request(&format!("{request}\n")), "errno=0\n");
+        let config = served.wg.config();
+        assert_eq!(config.peers.len(), 100_000);
+        assert_eq!(config.peers[99_999].allowed_ips, [("10.1.134.159".parse().unwrap(), 32)]);
+        // The reply to get=1 holds every peer (written in parts as it is made).
+        let reply = served.request("get=1\n\n");
+        assert_eq!(reply.matches("public_key=").count(), 100_000);
+        assert!(reply.ends_with("allowed_ip=10.1.134.159/32\nerrno=0\n"), "{}", &reply[reply.len() - 100..]);
     }
 
     #[test]

@@ -6,32 +6,12 @@
 //! (one table over all peers, so [`DeviceConfig`] never holds a prefix twice), a peer with the device's own
 //! public key is never added, and a new private key removes the peer that has its public key.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::sync::Mutex;
 
+pub(crate) use crate::config::MAX_PEERS;
 use crate::config::{key_from_hex, DeviceConfig, Key, PeerConfig, SecretKey};
-use crate::uapi::OnSet;
-use crate::wireguard::{public_key, WireGuard};
-
-/// One `set=1` request: parsed and applied to a copy, checked by `on_set`, then put in force, or refused whole;
-/// one request at a time.
-pub(super) fn handle_set(wg: &WireGuard, lines: &[&[u8]], config_lock: &Mutex<&mut OnSet<'_>>) -> Result<(), SetError> {
-    let lines = lines.iter().map(|line| std::str::from_utf8(line)).collect::<Result<Vec<&str>, _>>().map_err(|_| {
-        SetError { errno: libc::EINVAL, line: "(not shown)".into(), reason: "the request is not UTF-8 text".into() }
-    })?;
-    let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-    let old = wg.config();
-    let new = apply_set(&old, &lines, public_key)?;
-    on_set(&old, &new).map_err(|errno| SetError {
-        errno,
-        line: String::new(),
-        reason: format!("the new configuration cannot be put in force: {}", io::Error::from_raw_os_error(errno)),
-    })?;
-    wg.apply(new);
-    Ok(())
-}
 
 /// Why a `set=1` request was refused: the errno it is answered with, the line, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +112,7 @@ fn interface_index(name: &str) -> Result<u32, String> {
 enum Section {
     /// Device lines (before the first `public_key`).
     Device,
-    /// The peer at this index of the new configuration.
+    /// The peer at this position of the draft.
     Peer(usize),
     /// A peer whose lines are read and dropped: our own key, or `update_only` for a peer that does not exist.
     Ignored,
@@ -140,76 +120,180 @@ enum Section {
     New(Key),
 }
 
-/// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to a copy
-/// of `config`; `own_public` gives the public key of a private key. Returns the new configuration, or why the
-/// request is refused (the old one then stands).
+/// A configuration being changed by one request. Each line costs what it changes, however many peers there are:
+/// peers are found by key and prefixes by value in maps, and a removed peer leaves a hole that is closed once, at
+/// the end.
+struct Draft {
+    config: DeviceConfig,
+    /// The peers (`None`: removed by this request), in the order they were added.
+    peers: Vec<Option<PeerConfig>>,
+    /// Each present peer's position in `peers`.
+    by_key: HashMap<Key, usize>,
+    /// The position of the peer holding each prefix (one table over all peers).
+    owner: HashMap<(IpAddr, u8), usize>,
+    /// The most peers it may hold.
+    limit: usize,
+}
+
+impl Draft {
+    fn new(config: &DeviceConfig, limit: usize) -> Draft {
+        let mut config = config.clone();
+        let peers: Vec<Option<PeerConfig>> = std::mem::take(&mut config.peers).into_iter().map(Some).collect();
+        let by_key = peers.iter().flatten().enumerate().map(|(i, p)| (p.public_key, i)).collect();
+        let owner = peers
+            .iter()
+            .flatten()
+            .enumerate()
+            .flat_map(|(i, p)| p.allowed_ips.iter().map(move |&prefix| (prefix, i)))
+            .collect();
+        Draft { config, peers, by_key, owner, limit }
+    }
+
+    fn finish(mut self) -> DeviceConfig {
+        self.config.peers = self.peers.into_iter().flatten().collect();
+        self.config
+    }
+
+    fn peer(&mut self, i: usize) -> &mut PeerConfig {
+        self.peers[i].as_mut().expect("a section's peer is present")
+    }
+
+    /// Adds a peer; `None` if the device holds as many as it may.
+    fn add(&mut self, public: Key) -> Option<usize> {
+        if self.by_key.len() >= self.limit {
+            return None;
+        }
+        self.peers.push(Some(PeerConfig::new(public)));
+        self.by_key.insert(public, self.peers.len() - 1);
+        Some(self.peers.len() - 1)
+    }
+
+    /// Takes the peer at `i` out, with its prefixes.
+    fn remove(&mut self, i: usize) {
+        if let Some(peer) = self.peers[i].take() {
+            self.by_key.remove(&peer.public_key);
+            for prefix in &peer.allowed_ips {
+                self.owner.remove(prefix);
+            }
+        }
+    }
+
+    fn remove_all(&mut self) {
+        self.peers.clear();
+        self.by_key.clear();
+        self.owner.clear();
+    }
+
+    /// Gives `prefix` to the peer at `i`, taking it from whichever peer held it.
+    fn give_prefix(&mut self, i: usize, prefix: (IpAddr, u8)) {
+        match self.owner.insert(prefix, i) {
+            Some(j) if j == i => {}
+            Some(j) => {
+                self.peer(j).allowed_ips.retain(|p| *p != prefix);
+                self.peer(i).allowed_ips.push(prefix);
+            }
+            None => self.peer(i).allowed_ips.push(prefix),
+        }
+    }
+
+    /// Takes `prefix` from the peer at `i` if it holds it: a prefix another peer holds stays with it (the kernel
+    /// removes a prefix only from the peer named).
+    fn take_prefix(&mut self, i: usize, prefix: (IpAddr, u8)) {
+        if self.owner.get(&prefix) == Some(&i) {
+            self.owner.remove(&prefix);
+            self.peer(i).allowed_ips.retain(|p| *p != prefix);
+        }
+    }
+
+    fn clear_prefixes(&mut self, i: usize) {
+        for prefix in std::mem::take(&mut self.peer(i).allowed_ips) {
+            self.owner.remove(&prefix);
+        }
+    }
+}
+
+/// One `set=1` request being applied, a line at a time as it arrives, to a copy of the configuration that
+/// replaces the one in force only once the whole request was understood ([`SetRequest::finish`]).
 ///
 /// As in the kernel: a peer section with the public key of the private key in force at that line is ignored
 /// (a new private key first removes the peer with its public key), and an allowed prefix given to a peer is
-/// taken from whichever peer had it.
-pub(crate) fn apply_set(
-    config: &DeviceConfig,
-    lines: &[&str],
-    own_public: impl Fn(&Key) -> Key,
-) -> Result<DeviceConfig, SetError> {
-    let mut new = config.clone();
-    let mut section = Section::Device;
-    for &line in lines {
+/// taken from whichever peer had it. What the request holds is bounded by the configuration it makes, not by
+/// its length: a line changes the copy and is gone.
+pub(crate) struct SetRequest<F> {
+    new: Draft,
+    section: Section,
+    /// The public key of a private key.
+    own_public: F,
+}
+
+impl<F: Fn(&Key) -> Key> SetRequest<F> {
+    /// A request on `config`, for a device of at most `max_peers` peers.
+    pub(crate) fn new(config: &DeviceConfig, max_peers: usize, own_public: F) -> Self {
+        SetRequest { new: Draft::new(config, max_peers), section: Section::Device, own_public }
+    }
+
+    /// The request's next line; an error refuses the whole request.
+    pub(crate) fn line(&mut self, line: &str) -> Result<(), SetError> {
         let refuse = |errno: i32, reason: &str| SetError::new(errno, line, reason);
+        let limit = self.new.limit;
+        let full = || SetError::new(libc::ENOMEM, line, full_reason(limit));
+        let new = &mut self.new;
         let Some((key, value)) = line.split_once('=') else {
             return Err(refuse(libc::EPROTO, "not a key=value line"));
         };
         if key == "public_key" {
             let public = key_from_hex(value).ok_or_else(|| refuse(libc::EINVAL, "public_key: not 64 hex digits"))?;
-            if let Section::New(previous) = section {
+            if let Section::New(previous) = self.section {
                 // The section before was its public key alone (`wg set wg0 peer A peer B ...`): that creates it.
-                new.peers.push(PeerConfig::new(previous));
+                new.add(previous).ok_or_else(full)?;
             }
-            let own = new.private_key.as_ref().map(|k| own_public(k.as_bytes()));
-            section = if own == Some(public) {
+            let own = new.config.private_key.as_ref().map(|k| (self.own_public)(k.as_bytes()));
+            self.section = if own == Some(public) {
                 Section::Ignored
             } else {
-                match new.peers.iter().position(|p| p.public_key == public) {
-                    Some(i) => Section::Peer(i),
+                match new.by_key.get(&public) {
+                    Some(&i) => Section::Peer(i),
                     None => Section::New(public),
                 }
             };
-            continue;
+            return Ok(());
         }
         // A new peer's first line other than update_only creates it.
-        if let Section::New(public) = section {
+        if let Section::New(public) = self.section {
             if key != "update_only" {
-                new.peers.push(PeerConfig::new(public));
-                section = Section::Peer(new.peers.len() - 1);
+                self.section = Section::Peer(new.add(public).ok_or_else(full)?);
             }
         }
-        match section {
+        match self.section {
             Section::Device => match key {
                 "private_key" => {
                     let private = SecretKey::from_hex(value)
                         .ok_or_else(|| refuse(libc::EINVAL, "private_key: not 64 hex digits"))?;
-                    new.private_key = if private.is_zero() {
+                    new.config.private_key = if private.is_zero() {
                         None
                     } else {
                         let private = private.clamped();
-                        // The peer with our new public key goes (device lines come before any peer section,
-                        // so no section's index moves).
-                        let own = own_public(private.as_bytes());
-                        new.peers.retain(|p| p.public_key != own);
+                        // The peer with our new public key goes.
+                        let own = (self.own_public)(private.as_bytes());
+                        if let Some(&i) = new.by_key.get(&own) {
+                            new.remove(i);
+                        }
                         Some(private)
                     };
                 }
                 "listen_port" => {
-                    new.listen_port = value.parse().map_err(|_| refuse(libc::EINVAL, "listen_port: not a port"))?;
+                    new.config.listen_port =
+                        value.parse().map_err(|_| refuse(libc::EINVAL, "listen_port: not a port"))?;
                 }
                 "fwmark" => {
-                    new.fwmark = value.parse().map_err(|_| refuse(libc::EINVAL, "fwmark: not a 32-bit number"))?;
+                    new.config.fwmark =
+                        value.parse().map_err(|_| refuse(libc::EINVAL, "fwmark: not a 32-bit number"))?;
                 }
                 "replace_peers" => {
                     if value != "true" {
                         return Err(refuse(libc::EINVAL, "replace_peers takes only true"));
                     }
-                    new.peers.clear();
+                    new.remove_all();
                 }
                 _ => return Err(refuse(libc::EINVAL, "not a device key")),
             },
@@ -219,53 +303,73 @@ pub(crate) fn apply_set(
                 if value != "true" {
                     return Err(refuse(libc::EINVAL, "update_only takes only true"));
                 }
-                section = Section::Ignored;
+                self.section = Section::Ignored;
             }
             Section::Peer(i) => {
-                apply_peer_line(&mut new, i, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
+                apply_peer_line(new, i, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
                 if key == "remove" {
-                    section = Section::Ignored;
+                    self.section = Section::Ignored;
                 }
             }
         }
+        Ok(())
     }
-    if let Section::New(public) = section {
-        // A peer section of only its public key creates the peer.
-        new.peers.push(PeerConfig::new(public));
-    }
-    Ok(new)
-}
 
-/// One peer line on peer `i` of `config` (`remove` takes the peer out).
-fn apply_peer_line(config: &mut DeviceConfig, i: usize, key: &str, value: &str) -> Result<(), String> {
-    let peer = &mut config.peers[i];
-    match key {
-        "update_only" => {
-            if value != "true" {
-                return Err("update_only takes only true".into());
+    /// The configuration the whole request makes.
+    pub(crate) fn finish(mut self) -> Result<DeviceConfig, SetError> {
+        if let Section::New(public) = self.section {
+            // A peer section of only its public key creates the peer.
+            if self.new.add(public).is_none() {
+                return Err(SetError::new(libc::ENOMEM, "(the end of the request)", full_reason(self.new.limit)));
             }
         }
+        Ok(self.new.finish())
+    }
+}
+
+/// Why a peer cannot be added to a device holding `limit`.
+fn full_reason(limit: usize) -> String {
+    format!("the device holds {limit} peers, the most it may (the kernel's limit is {MAX_PEERS})")
+}
+
+/// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to a copy
+/// of `config` ([`SetRequest`] with all its lines at once).
+#[cfg(test)]
+pub(crate) fn apply_set(
+    config: &DeviceConfig,
+    lines: &[&str],
+    own_public: impl Fn(&Key) -> Key,
+) -> Result<DeviceConfig, SetError> {
+    let mut request = SetRequest::new(config, MAX_PEERS, own_public);
+    for line in lines {
+        request.line(line)?;
+    }
+    request.finish()
+}
+
+/// One peer line on the peer at `i` of the draft (`remove` takes the peer out).
+fn apply_peer_line(draft: &mut Draft, i: usize, key: &str, value: &str) -> Result<(), String> {
+    let only_true = |what: &str| if value == "true" { Ok(()) } else { Err(format!("{what} takes only true")) };
+    match key {
+        "update_only" => only_true(key)?,
         "remove" => {
-            if value != "true" {
-                return Err("remove takes only true".into());
-            }
-            config.peers.remove(i);
+            only_true(key)?;
+            draft.remove(i);
         }
         "preshared_key" => {
             let psk = SecretKey::from_hex(value).ok_or("preshared_key: not 64 hex digits")?;
-            peer.preshared_key = (!psk.is_zero()).then_some(psk);
+            draft.peer(i).preshared_key = (!psk.is_zero()).then_some(psk);
         }
         "endpoint" => {
-            peer.endpoint = Some(parse_endpoint(value)?);
+            draft.peer(i).endpoint = Some(parse_endpoint(value)?);
         }
         "persistent_keepalive_interval" => {
-            peer.persistent_keepalive = value.parse().map_err(|_| "persistent_keepalive_interval: not 0 to 65535")?;
+            draft.peer(i).persistent_keepalive =
+                value.parse().map_err(|_| "persistent_keepalive_interval: not 0 to 65535")?;
         }
         "replace_allowed_ips" => {
-            if value != "true" {
-                return Err("replace_allowed_ips takes only true".into());
-            }
-            peer.allowed_ips.clear();
+            only_true(key)?;
+            draft.clear_prefixes(i);
         }
         "allowed_ip" => {
             let (remove, text) = match value.strip_prefix('-') {
@@ -274,20 +378,9 @@ fn apply_peer_line(config: &mut DeviceConfig, i: usize, key: &str, value: &str) 
             };
             let prefix = parse_prefix(text).ok_or_else(|| format!("allowed_ip: {text:?} is not ADDR/PREFIX"))?;
             if remove {
-                // Only this peer's: a prefix another peer holds stays with it (the kernel removes a prefix
-                // only from the peer named).
-                peer.allowed_ips.retain(|p| *p != prefix);
+                draft.take_prefix(i, prefix);
             } else {
-                // One table over all peers: the prefix is this peer's now, whoever had it.
-                for (j, other) in config.peers.iter_mut().enumerate() {
-                    if j != i {
-                        other.allowed_ips.retain(|p| *p != prefix);
-                    }
-                }
-                let peer = &mut config.peers[i];
-                if !peer.allowed_ips.contains(&prefix) {
-                    peer.allowed_ips.push(prefix);
-                }
+                draft.give_prefix(i, prefix);
             }
         }
         "protocol_version" => {
@@ -517,6 +610,36 @@ mod tests {
         let c = set_lines(&c, &[peer(k(0xa)), "allowed_ip=10.8.0.0/16".into(), peer(k(0xa)), "remove=true".into()])
             .unwrap();
         assert!(c.peers.iter().all(|p| p.allowed_ips.is_empty()), "{c:?}");
+    }
+
+    /// The device's peer limit (the kernel's, `MAX_PEERS`, made 3 here): a request that would make one more peer
+    /// is refused with `ENOMEM` and changes nothing, whichever line would add it; peers removed first make room.
+    #[test]
+    fn test_no_request_makes_more_peers_than_the_limit() {
+        let limited = |config: &DeviceConfig, lines: &[String]| {
+            let mut request = SetRequest::new(config, 3, own);
+            for line in lines {
+                request.line(line)?;
+            }
+            request.finish()
+        };
+        let three = limited(&DeviceConfig::default(), &[peer(k(1)), peer(k(2)), peer(k(3))]).unwrap();
+        for fourth in [
+            vec![peer(k(4)), "allowed_ip=10.0.0.0/8".into()],
+            vec![peer(k(4))],
+            vec![peer(k(4)), peer(k(1)), "endpoint=192.0.2.1:1".into()],
+        ] {
+            let err = limited(&three, &fourth).unwrap_err();
+            assert_eq!(err.errno, libc::ENOMEM, "{fourth:?}: {err}");
+            assert!(err.reason.contains("3 peers"), "{err}");
+        }
+        // update_only for a peer that does not exist adds nothing, and so is no fourth peer.
+        assert!(limited(&three, &[peer(k(4)), "update_only=true".into()]).is_ok());
+        let room = [peer(k(2)), "remove=true".into(), peer(k(4)), "allowed_ip=10.4.0.0/16".into()];
+        let c = limited(&three, &room).unwrap();
+        assert_eq!(c.peers.iter().map(|p| p.public_key).collect::<Vec<_>>(), [k(1), k(3), k(4)]);
+        let replaced = ["replace_peers=true".into(), peer(k(7)), peer(k(8)), peer(k(9))];
+        assert_eq!(limited(&c, &replaced).unwrap().peers.len(), 3);
     }
 
     #[test]

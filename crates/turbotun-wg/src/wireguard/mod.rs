@@ -21,7 +21,7 @@
 //! our side gives out, `handshake` the handshake queue and worker, `timers` each peer's timers, `data`
 //! routing, sealing and opening, `transform` the engine's calls mapped onto them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -281,9 +281,11 @@ impl WireGuard {
         let mut expiring = Vec::new();
         for pc in &config.peers {
             // The same peer only if it was not removed and added again since (replace_peers, remove).
-            let old_config =
-                old.config.peers.iter().find(|o| o.public_key == pc.public_key && o.incarnation == pc.incarnation);
-            let kept = old_config.and(old.by_key.get(&pc.public_key)).map(|&i| old.peers[i].clone());
+            // (`old.config.peers` and `old.peers` are in the same order.)
+            let old_position =
+                old.by_key.get(&pc.public_key).copied().filter(|&i| old.config.peers[i].incarnation == pc.incarnation);
+            let old_config = old_position.map(|i| &old.config.peers[i]);
+            let kept = old_position.map(|i| old.peers[i].clone());
             let preshared_key = pc.preshared_key.as_ref().map(|k| *k.as_bytes());
             let peer = match kept {
                 Some(p) => {
@@ -321,8 +323,8 @@ impl WireGuard {
             };
             peers.push(peer);
         }
-        let gone: Vec<Arc<Peer>> =
-            old.peers.iter().filter(|o| !peers.iter().any(|p| Arc::ptr_eq(p, o))).cloned().collect();
+        let kept: HashSet<*const Peer> = peers.iter().map(Arc::as_ptr).collect();
+        let gone: Vec<Arc<Peer>> = old.peers.iter().filter(|o| !kept.contains(&Arc::as_ptr(o))).cloned().collect();
         let mut routes = IpNetworkTable::new();
         for (i, pc) in config.peers.iter().enumerate() {
             for &(addr, len) in &pc.allowed_ips {
@@ -352,8 +354,9 @@ impl WireGuard {
             for peer in &gone {
                 peer.forget_secrets();
             }
+            let gone: HashSet<*const Peer> = gone.iter().map(Arc::as_ptr).collect();
             let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
-            indices.retain(|_, p| !gone.iter().any(|g| Arc::ptr_eq(g, p)));
+            indices.retain(|_, p| !gone.contains(&Arc::as_ptr(p)));
         }
         if wake {
             self.handshakes.kick();

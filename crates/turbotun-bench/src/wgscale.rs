@@ -1,0 +1,397 @@
+//! `turbotun bench --wg-scale`: a WireGuard endpoint as a VPN provider's server uses it, holding many peers,
+//! configured and read back with the real `wg`, as an operator would.
+//!
+//! Each run starts one endpoint in a fresh network namespace (a device name unique to the run, its
+//! configuration socket waited for), then, timed with the wall clock around each `wg` command:
+//!
+//! 1. `wg addconf` of 10,000 peers to the empty endpoint (the reference for 4.);
+//! 2. `wg setconf` of N peers (replacing those), each with an endpoint, one /32 and one /128;
+//! 3. the endpoint's resident memory per configured peer (`VmRSS` after 2. minus before 1., over N);
+//! 4. `wg addconf` of 10,000 more peers to the endpoint holding N, and its ratio to 1.;
+//! 5. `wg show NAME dump` (every line counted: N + 10,000 peers and the device);
+//! 6. the endpoint's CPU time over `--duration` seconds with no traffic, as a share of one core.
+//!
+//! Keys are 32 pseudo-random bytes each (a public key needs no private key to be configured). wireguard-go holds
+//! at most 65,536 peers: its runs of more are listed as skipped, not run. The endpoints run one after the other
+//! in each repetition, in a different order each time.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine as _;
+use serde::Serialize;
+
+use crate::netcfg::Netns;
+use crate::process::{run_tool, sleep_checked};
+use crate::report::ReportHeader;
+use crate::runner::Ctx;
+use crate::topo::{clear_stale_socket, Forwarder, Launch, Ready};
+use crate::{modes, procfs, Options};
+
+/// Peers added by `wg addconf`, to the empty endpoint and to the one holding N.
+pub(crate) const ADDED: usize = 10_000;
+/// The scales of `--wg-scale` without `--wg-peers`, and with `--quick`.
+pub(crate) const DEFAULT_PEERS: &[usize] = &[10_000, 100_000];
+pub(crate) const QUICK_PEERS: &[usize] = &[10_000];
+/// The most peers wireguard-go holds (its `MaxPeers`).
+const WIREGUARD_GO_MAX_PEERS: usize = 1 << 16;
+/// The most any `wg` command may take.
+const WG_COMMAND_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// An endpoint program measured.
+struct Endpoint {
+    label: String,
+    program: PathBuf,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    max_peers: usize,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ScaleRun {
+    pub endpoint: String,
+    pub peers: usize,
+    pub rep: u32,
+    pub add_to_empty_s: f64,
+    pub setconf_s: f64,
+    pub rss_bytes_per_peer: f64,
+    pub add_to_full_s: f64,
+    pub show_dump_s: f64,
+    pub idle_cpu_percent: f64,
+}
+
+/// What was not run, and why.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ScaleSkip {
+    pub endpoint: String,
+    pub peers: Option<usize>,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize)]
+struct ScaleReport {
+    header: ReportHeader,
+    idle_window_s: u64,
+    reps: u32,
+    added: usize,
+    runs: Vec<ScaleRun>,
+    skipped: Vec<ScaleSkip>,
+}
+
+/// Every endpoint at every scale, `--reps` times; the JSON and the Markdown. Returns how many runs failed.
+pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Result<usize> {
+    let scales: Vec<usize> = match (&args.wg_peers, args.quick) {
+        (Some(p), _) => p.clone(),
+        (None, true) => QUICK_PEERS.to_vec(),
+        (None, false) => DEFAULT_PEERS.to_vec(),
+    };
+    if scales.is_empty() || scales.contains(&0) {
+        bail!("--wg-peers: each scale must be at least 1 peer");
+    }
+    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
+    anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
+    let Some(wg) = modes::which("wg") else {
+        bail!("`wg` not found: apt-get install wireguard-tools (it configures the endpoints)");
+    };
+    let (endpoints, mut skipped) = endpoints(ctx, args, peers_dir);
+    let mut runs = Vec::new();
+    let mut failures = 0;
+    for rep in 0..reps {
+        for &peers in &scales {
+            let count = endpoints.len();
+            for k in 0..count {
+                // A different endpoint first in each repetition: no endpoint always runs on a machine the one
+                // before it warmed.
+                let e = &endpoints[(k + rep as usize) % count];
+                if peers > e.max_peers {
+                    if rep == 0 {
+                        let reason = format!("holds at most {} peers", e.max_peers);
+                        skipped.push(ScaleSkip { endpoint: e.label.clone(), peers: Some(peers), reason });
+                    }
+                    continue;
+                }
+                if ctx.interrupted() {
+                    bail!("interrupted");
+                }
+                eprintln!("turbotun bench: --wg-scale {} with {peers} peers (repetition {})", e.label, rep + 1);
+                match run_one(ctx, e, &wg, peers, rep) {
+                    Ok(run) => runs.push(run),
+                    Err(err) => {
+                        failures += 1;
+                        eprintln!("turbotun bench: {} with {peers} peers failed: {err:#}", e.label);
+                    }
+                }
+            }
+        }
+    }
+    let report = ScaleReport {
+        header: ReportHeader::here("turbotun bench --wg-scale", crate::now_unix()),
+        idle_window_s: ctx.duration,
+        reps,
+        added: ADDED,
+        runs,
+        skipped,
+    };
+    crate::write_json(args.json.as_deref(), &report)?;
+    crate::print_markdown(&markdown(&report, &scales, &endpoints));
+    Ok(failures)
+}
+
+/// The endpoints that can run here: turbotun's, the `--baseline` build's, and wireguard-go if it builds.
+fn endpoints(ctx: &Ctx, args: &Options, peers_dir: Option<&Path>) -> (Vec<Endpoint>, Vec<ScaleSkip>) {
+    let turbotun = |label: &str, program: PathBuf| Endpoint {
+        label: label.into(),
+        program,
+        argv: ["wg", "-f", "{dev}"].map(String::from).to_vec(),
+        env: Vec::new(),
+        max_peers: turbotun_wg::config::MAX_PEERS,
+    };
+    let mut out = vec![turbotun("turbotun-wg", ctx.exe.clone())];
+    let mut skipped = Vec::new();
+    if let Some(baseline) = &args.baseline {
+        out.push(turbotun("turbotun-wg@baseline", baseline.clone()));
+    }
+    let go = match peers_dir {
+        None => Err("bench/peers not found (set TURBOTUN_PEERS_DIR)".to_string()),
+        Some(dir) => match modes::build_peer(dir, "wireguard-go", "wireguard-go", &ctx.log_dir) {
+            Ok(None) => Ok(dir.join("bin/wireguard-go")),
+            Ok(Some(note)) => Err(note),
+            Err(e) => Err(format!("{e:#}")),
+        },
+    };
+    match go {
+        Ok(program) => out.push(Endpoint {
+            label: "wireguard-go".into(),
+            program,
+            argv: ["-f", "{dev}"].map(String::from).to_vec(),
+            env: vec![("WG_PROCESS_FOREGROUND".into(), "1".into())],
+            max_peers: WIREGUARD_GO_MAX_PEERS,
+        }),
+        Err(reason) => {
+            eprintln!("turbotun bench: skipping wireguard-go: {reason}");
+            skipped.push(ScaleSkip { endpoint: "wireguard-go".into(), peers: None, reason });
+        }
+    }
+    (out, skipped)
+}
+
+/// One endpoint with `peers` peers, in a namespace of its own.
+fn run_one(ctx: &mut Ctx, e: &Endpoint, wg: &Path, peers: usize, rep: u32) -> Result<ScaleRun> {
+    ctx.run_counter += 1;
+    let dev = format!("{}s{}", ctx.prefix, ctx.run_counter);
+    let ns = Netns::new(dev.clone())?;
+    let socket = turbotun_wg::uapi::socket_path(&dev);
+    clear_stale_socket(&socket)?;
+    let _socket_gone = RemoveOnDrop(socket.clone());
+    let argv: Vec<String> = e.argv.iter().map(|a| if a == "{dev}" { dev.clone() } else { a.clone() }).collect();
+    let launch =
+        Launch { label: &e.label, program: &e.program, argv: &argv, env: &e.env, ready: Ready::Socket(&socket) };
+    let log = ctx.log_dir.join(format!("{}-{dev}.stderr", e.label));
+    let endpoint = Forwarder::launch(&launch, &ns, log, &ctx.stop)?;
+    let result = measure(ctx, &ns, &endpoint, wg, &dev, peers);
+    let exit = endpoint.stop();
+    let (add_to_empty_s, setconf_s, rss_bytes_per_peer, add_to_full_s, show_dump_s, idle_cpu_percent) =
+        result.with_context(|| format!("{} ({})", e.label, exit.stderr_tail))?;
+    Ok(ScaleRun {
+        endpoint: e.label.clone(),
+        peers,
+        rep,
+        add_to_empty_s,
+        setconf_s,
+        rss_bytes_per_peer,
+        add_to_full_s,
+        show_dump_s,
+        idle_cpu_percent,
+    })
+}
+
+type Figures = (f64, f64, f64, f64, f64, f64);
+
+/// The steps of one run (see the module's documentation).
+fn measure(ctx: &Ctx, ns: &Netns, endpoint: &Forwarder, wg: &Path, dev: &str, peers: usize) -> Result<Figures> {
+    let wg = wg.to_string_lossy();
+    let timed = |args: &[&str]| -> Result<(f64, String)> {
+        let cmd: Vec<&str> = [&*wg].into_iter().chain(args.iter().copied()).collect();
+        let start = Instant::now();
+        let out = run_tool(ns, &cmd, WG_COMMAND_TIMEOUT, &ctx.stop)?;
+        Ok((start.elapsed().as_secs_f64(), out))
+    };
+    let rss_before = rss_bytes(endpoint.pid)?;
+    // Peer numbers: the first 10,000 above every scale's, then 0..N, then N..N+10,000.
+    let first = ctx.log_dir.join(format!("{dev}-first.conf"));
+    write_config(&first, None, (1 << 22)..(1 << 22) + ADDED)?;
+    let (add_to_empty_s, _) = timed(&["addconf", dev, &first.to_string_lossy()])?;
+    let server = ctx.log_dir.join(format!("{dev}-server.conf"));
+    write_config(&server, Some(peers as u64), 0..peers)?;
+    let (setconf_s, _) = timed(&["setconf", dev, &server.to_string_lossy()])?;
+    let rss_bytes_per_peer = rss_bytes(endpoint.pid)?.saturating_sub(rss_before) as f64 / peers as f64;
+    let more = ctx.log_dir.join(format!("{dev}-more.conf"));
+    write_config(&more, None, peers..peers + ADDED)?;
+    let (add_to_full_s, _) = timed(&["addconf", dev, &more.to_string_lossy()])?;
+    let (show_dump_s, dump) = timed(&["show", dev, "dump"])?;
+    let lines = dump.lines().count();
+    if lines != peers + ADDED + 1 {
+        bail!("`wg show {dev} dump` listed {} peers, not {}", lines.saturating_sub(1), peers + ADDED);
+    }
+    for file in [&first, &server, &more] {
+        let _ = std::fs::remove_file(file);
+    }
+    let cpu_before = cpu_ticks(endpoint.pid)?;
+    let start = Instant::now();
+    sleep_checked(Duration::from_secs(ctx.duration), &ctx.stop)?;
+    let ticks = cpu_ticks(endpoint.pid)?.saturating_sub(cpu_before);
+    let idle_cpu_percent = 100.0 * ticks as f64 / ctx.clk_tck / start.elapsed().as_secs_f64();
+    Ok((add_to_empty_s, setconf_s, rss_bytes_per_peer, add_to_full_s, show_dump_s, idle_cpu_percent))
+}
+
+/// A configuration file of the peers numbered `numbers`, each with a key of its own, an endpoint, one /32 and
+/// one /128; with the device's private key (made from `seed`) when given, as `wg setconf` takes it whole.
+fn write_config(path: &Path, seed: Option<u64>, numbers: std::ops::Range<usize>) -> Result<()> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut text = String::with_capacity(numbers.len() * 200 + 100);
+    text.push_str("[Interface]\n");
+    if let Some(seed) = seed {
+        let _ = writeln!(text, "PrivateKey = {}", b64.encode(key_bytes(u64::MAX - seed)));
+    }
+    for i in numbers {
+        let (hi, mid, lo) = ((i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff);
+        let _ = write!(
+            text,
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{hi}.{mid}.{lo}/32, fd00::{:x}:{:x}/128\nEndpoint = 198.18.{mid}.{lo}:{}\n",
+            b64.encode(key_bytes(i as u64)),
+            i >> 16,
+            i & 0xffff,
+            1024 + i % 60_000,
+        );
+    }
+    let mut file = std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+    file.write_all(text.as_bytes()).with_context(|| format!("write {}", path.display()))
+}
+
+/// 32 bytes for key number `n`: distinct for every `n`, and spread (splitmix64), as real keys are.
+fn key_bytes(n: u64) -> [u8; 32] {
+    let mut state = n;
+    let mut key = [0u8; 32];
+    for chunk in key.chunks_mut(8) {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        chunk.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    key
+}
+
+fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("read the endpoint's status")?;
+    let kb = procfs::parse_status_kb(&status, "VmRSS").context("no VmRSS in the endpoint's status")?;
+    Ok(kb * 1024)
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("read the endpoint's stat")?;
+    let (user, system) = procfs::parse_pid_stat_user_sys_ticks(&stat)?;
+    Ok(user + system)
+}
+
+/// Removes the socket path when the run ends, however it ends (an endpoint killed leaves it behind).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = clear_stale_socket(&self.0);
+    }
+}
+
+/// The median and the range of `values`, as the tables show them.
+fn median_range(mut values: Vec<f64>, digits: usize) -> String {
+    if values.is_empty() {
+        return "–".into();
+    }
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    if values.len() == 1 {
+        return format!("{median:.digits$}");
+    }
+    format!("{median:.digits$} ({:.digits$}–{:.digits$})", values[0], values[values.len() - 1])
+}
+
+fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## turbotun bench --wg-scale — {} repetition(s); medians (min–max)\n\n\
+         Each run: `wg addconf` of {ADDED} peers to the empty endpoint, `wg setconf` of N peers (an endpoint, a /32 \
+         and a /128 each), `wg addconf` of {ADDED} more to the endpoint holding N, `wg show dump`, then {} s \
+         without traffic. Times are wall-clock seconds around each `wg` command.\n",
+        report.reps, report.idle_window_s
+    );
+    md.push_str(
+        "| endpoint | peers | setconf s | RSS B/peer | addconf 10k to empty s | addconf 10k to N s | ratio \
+         | show dump s | idle CPU % of a core |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for &peers in scales {
+        for e in endpoints {
+            let runs: Vec<&ScaleRun> =
+                report.runs.iter().filter(|r| r.endpoint == e.label && r.peers == peers).collect();
+            if runs.is_empty() {
+                continue;
+            }
+            let col = |f: fn(&ScaleRun) -> f64, digits| median_range(runs.iter().map(|r| f(r)).collect(), digits);
+            let _ = writeln!(
+                md,
+                "| {} | {peers} | {} | {} | {} | {} | {} | {} | {} |",
+                e.label,
+                col(|r| r.setconf_s, 2),
+                col(|r| r.rss_bytes_per_peer, 0),
+                col(|r| r.add_to_empty_s, 2),
+                col(|r| r.add_to_full_s, 2),
+                col(|r| r.add_to_full_s / r.add_to_empty_s, 2),
+                col(|r| r.show_dump_s, 2),
+                col(|r| r.idle_cpu_percent, 2),
+            );
+        }
+    }
+    for s in &report.skipped {
+        let scale = s.peers.map(|p| format!(" with {p} peers")).unwrap_or_default();
+        let _ = writeln!(md, "\nNot run: {}{scale}: {}.", s.endpoint, s.reason);
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generated configuration is what `wg setconf` reads: distinct keys of 32 bytes, one /32 and one /128
+    /// a peer, none shared.
+    #[test]
+    fn test_generated_peers_are_distinct_and_well_formed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.conf");
+        write_config(&path, Some(3), 65_530..65_540).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("[Interface]\nPrivateKey = "), "{text}");
+        let keys: std::collections::HashSet<&str> =
+            text.lines().filter_map(|l| l.strip_prefix("PublicKey = ")).collect();
+        assert_eq!(keys.len(), 10);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        assert!(keys.iter().all(|k| b64.decode(k).unwrap().len() == 32));
+        assert!(text.contains("AllowedIPs = 10.0.255.255/32, fd00::0:ffff/128\n"), "{text}");
+        assert!(text.contains("AllowedIPs = 10.1.0.0/32, fd00::1:0/128\n"), "{text}");
+        let prefixes: std::collections::HashSet<&str> =
+            text.lines().filter_map(|l| l.strip_prefix("AllowedIPs = ")).collect();
+        assert_eq!(prefixes.len(), 10);
+    }
+
+    #[test]
+    fn test_medians_and_ranges() {
+        assert_eq!(median_range(vec![3.0, 1.0, 2.0], 1), "2.0 (1.0–3.0)");
+        assert_eq!(median_range(vec![0.5], 2), "0.50");
+        assert_eq!(median_range(vec![], 2), "–");
+    }
+}
