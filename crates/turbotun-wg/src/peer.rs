@@ -91,6 +91,8 @@ struct EndpointState {
 
 /// One peer at run time.
 pub(crate) struct Peer {
+    /// Tells it from every other peer of the process (a peer removed and added again is another).
+    pub id: u64,
     /// Its public key.
     pub public_key: Key,
     /// Its keys for handshakes (`None` while the device has no private key).
@@ -129,6 +131,10 @@ pub(crate) struct Peer {
     /// Bytes of datagrams received from it / sent to it.
     pub rx_bytes: AtomicU64,
     pub tx_bytes: AtomicU64,
+    /// Whether it is among the peers whose timers run (the device's live set).
+    pub live: AtomicBool,
+    /// Set once it is removed from the configuration: a worker's cache that still holds it lets go.
+    pub removed: AtomicBool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -140,7 +146,9 @@ impl std::fmt::Debug for Peer {
 impl Peer {
     /// A peer with no session, at `endpoint`.
     pub(crate) fn new(public_key: Key, keys: Option<PeerKeys>, preshared_key: Option<Key>, keepalive: u16) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Peer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             public_key,
             keys: RwLock::new(keys.map(Arc::new)),
             preshared_key: Mutex::new(Zeroizing::new(preshared_key)),
@@ -162,6 +170,8 @@ impl Peer {
             last_handshake: Mutex::new(None),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
+            live: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
         }
     }
 
@@ -232,6 +242,13 @@ impl Peer {
             }
         }
         gone
+    }
+
+    /// It is removed from the configuration: marked so, and everything secret it holds erased
+    /// ([`Peer::forget_secrets`]).
+    pub(crate) fn remove(&self) {
+        self.removed.store(true, Ordering::Release);
+        self.forget_secrets();
     }
 
     /// Erases everything secret it holds, now that it is removed: its sessions, the handshake under way, its

@@ -19,8 +19,8 @@ const PART_BYTES: usize = 64 << 10;
 /// private and preshared keys: the part's buffer is zeroed when dropped. Returns false (and stops) when `write`
 /// does.
 pub(crate) fn render_get(wg: &WireGuard, write: &mut dyn FnMut(&[u8]) -> io::Result<bool>) -> io::Result<bool> {
-    let config = wg.config();
-    let states = wg.peer_states();
+    let config = wg.device_config();
+    let peers = wg.peers_with_state();
     let mut out = Reply { part: Zeroizing::new(String::with_capacity(PART_BYTES)), write };
     if let Some(key) = &config.private_key {
         out.room()?;
@@ -35,7 +35,7 @@ pub(crate) fn render_get(wg: &WireGuard, write: &mut dyn FnMut(&[u8]) -> io::Res
     if config.fwmark != 0 {
         let _ = writeln!(out.part, "fwmark={}", config.fwmark);
     }
-    for (peer, state) in config.peers.iter().zip(states) {
+    for (peer, state) in &peers {
         if !out.room()? {
             return Ok(false);
         }

@@ -62,8 +62,9 @@ const IN_USE_WAIT: Duration = Duration::from_millis(20);
 /// How much is read from a client at once.
 const READ_CHUNK: usize = 16 << 10;
 
-/// What checks a new configuration (`old`, `new`) before it takes effect, and may refuse it with an errno (a
-/// port that cannot be bound): it runs for one request at a time.
+/// What checks the device's new settings (`old`, `new`: its port, mark and key, without its peers) before a
+/// configuration takes effect, and may refuse them with an errno (a port that cannot be bound): it runs for one
+/// request at a time.
 pub(crate) type OnSet<'a> = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'a;
 
 /// The socket path of interface `name`.
@@ -460,8 +461,10 @@ fn handle_set(
     began: Instant,
 ) -> io::Result<Handled> {
     let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-    let old = wg.config();
-    let mut request = set::SetRequest::new(&old, set::MAX_PEERS, crate::wireguard::public_key);
+    // Read by the request as it goes; nothing else changes the configuration while the lock is held.
+    let view = wg.config_view();
+    let old = view.device.clone();
+    let mut request = set::SetRequest::new(&view, set::MAX_PEERS, crate::wireguard::public_key);
     // The first refusal: the rest of the request is read and dropped.
     let mut refused: Option<set::SetError> = None;
     loop {
@@ -492,8 +495,9 @@ fn handle_set(
         Some(refusal) => Err(refusal),
         None => request.finish(),
     };
-    let errno = match result.and_then(|new| {
-        on_set(&old, &new).map(|()| new).map_err(|errno| {
+    drop(view);
+    let errno = match result.and_then(|change| {
+        on_set(&old, &change.device).map(|()| change).map_err(|errno| {
             let why = io::Error::from_raw_os_error(errno);
             set::SetError {
                 errno,
@@ -502,8 +506,8 @@ fn handle_set(
             }
         })
     }) {
-        Ok(new) => {
-            wg.apply(new);
+        Ok(change) => {
+            wg.apply_change(change);
             0
         }
         Err(e) => {

@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 pub(crate) use crate::config::MAX_PEERS;
 use crate::config::{key_from_hex, DeviceConfig, Key, PeerConfig, SecretKey};
+use crate::wireguard::{ConfigChange, ConfigView};
 
 /// Why a `set=1` request was refused: the errno it is answered with, the line, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,124 +113,160 @@ fn interface_index(name: &str) -> Result<u32, String> {
 enum Section {
     /// Device lines (before the first `public_key`).
     Device,
-    /// The peer at this position of the draft.
-    Peer(usize),
+    /// The peer with this key, present in the draft.
+    Peer(Key),
     /// A peer whose lines are read and dropped: our own key, or `update_only` for a peer that does not exist.
     Ignored,
     /// A peer that does not exist yet: created by its first line other than `update_only`.
     New(Key),
 }
 
-/// A configuration being changed by one request. Each line costs what it changes, however many peers there are:
-/// peers are found by key and prefixes by value in maps, and a removed peer leaves a hole that is closed once, at
-/// the end.
-struct Draft {
+/// A configuration being changed by one request: what the request changed, over the configuration in force
+/// (`base`), which stays as it is until the whole request was understood. Each line costs what it changes,
+/// however many peers there are: peers are found by key and prefixes by value in maps.
+struct Draft<'a> {
+    base: &'a ConfigView<'a>,
+    /// The device's settings.
     config: DeviceConfig,
-    /// The peers (`None`: removed by this request), in the order they were added.
-    peers: Vec<Option<PeerConfig>>,
-    /// Each present peer's position in `peers`.
-    by_key: HashMap<Key, usize>,
-    /// The position of the peer holding each prefix (one table over all peers).
-    owner: HashMap<(IpAddr, u8), usize>,
-    /// The most peers it may hold.
+    /// `replace_peers` came: no peer of `base` is left.
+    replaced: bool,
+    /// Each peer the request touched, as it leaves it (`None`: removed), and the order they were touched in.
+    peers: HashMap<Key, Option<PeerConfig>>,
+    touched: Vec<Key>,
+    /// Each prefix whose holder the request changed (`None`: nobody holds it now).
+    owners: HashMap<(IpAddr, u8), Option<Key>>,
+    /// How many peers there are, and may be at most.
+    count: usize,
     limit: usize,
 }
 
-impl Draft {
-    fn new(config: &DeviceConfig, limit: usize) -> Draft {
-        let mut config = config.clone();
-        let peers: Vec<Option<PeerConfig>> = std::mem::take(&mut config.peers).into_iter().map(Some).collect();
-        let by_key = peers.iter().flatten().enumerate().map(|(i, p)| (p.public_key, i)).collect();
-        let owner = peers
-            .iter()
-            .flatten()
-            .enumerate()
-            .flat_map(|(i, p)| p.allowed_ips.iter().map(move |&prefix| (prefix, i)))
-            .collect();
-        Draft { config, peers, by_key, owner, limit }
+impl<'a> Draft<'a> {
+    fn new(base: &'a ConfigView<'a>, limit: usize) -> Draft<'a> {
+        Draft {
+            base,
+            config: base.device.clone(),
+            replaced: false,
+            peers: HashMap::new(),
+            touched: Vec::new(),
+            owners: HashMap::new(),
+            count: base.peers.len(),
+            limit,
+        }
     }
 
-    fn finish(mut self) -> DeviceConfig {
-        self.config.peers = self.peers.into_iter().flatten().collect();
-        self.config
+    fn finish(mut self) -> ConfigChange {
+        let peers = self.touched.iter().map(|key| (*key, self.peers.remove(key).flatten())).collect();
+        ConfigChange { device: self.config, replace_peers: self.replaced, peers }
     }
 
-    fn peer(&mut self, i: usize) -> &mut PeerConfig {
-        self.peers[i].as_mut().expect("a section's peer is present")
+    fn exists(&self, key: &Key) -> bool {
+        match self.peers.get(key) {
+            Some(peer) => peer.is_some(),
+            None => !self.replaced && self.base.peers.config(key).is_some(),
+        }
+    }
+
+    fn set(&mut self, key: Key, peer: Option<PeerConfig>) {
+        if self.peers.insert(key, peer).is_none() {
+            self.touched.push(key);
+        }
+    }
+
+    /// The peer with `key`, which exists: taken into the draft at its first change.
+    fn peer(&mut self, key: &Key) -> &mut PeerConfig {
+        if !self.peers.contains_key(key) {
+            let base = if self.replaced { None } else { self.base.peers.config(key).cloned() };
+            self.set(*key, base);
+        }
+        self.peers.get_mut(key).and_then(Option::as_mut).expect("a section's peer exists")
+    }
+
+    /// The key of the peer holding `prefix`.
+    fn owner(&self, prefix: (IpAddr, u8)) -> Option<Key> {
+        match self.owners.get(&prefix) {
+            Some(owner) => *owner,
+            None if self.replaced => None,
+            None => self.base.owner(prefix),
+        }
     }
 
     /// Adds a peer; `None` if the device holds as many as it may.
-    fn add(&mut self, public: Key) -> Option<usize> {
-        if self.by_key.len() >= self.limit {
+    fn add(&mut self, public: Key) -> Option<Key> {
+        if self.count >= self.limit {
             return None;
         }
-        self.peers.push(Some(PeerConfig::new(public)));
-        self.by_key.insert(public, self.peers.len() - 1);
-        Some(self.peers.len() - 1)
+        self.count += 1;
+        self.set(public, Some(PeerConfig::new(public)));
+        Some(public)
     }
 
-    /// Takes the peer at `i` out, with its prefixes.
-    fn remove(&mut self, i: usize) {
-        if let Some(peer) = self.peers[i].take() {
-            self.by_key.remove(&peer.public_key);
-            for prefix in &peer.allowed_ips {
-                self.owner.remove(prefix);
-            }
+    /// Takes the peer with `key` out, with its prefixes.
+    fn remove(&mut self, key: &Key) {
+        for prefix in std::mem::take(&mut self.peer(key).allowed_ips) {
+            self.owners.insert(prefix, None);
         }
+        self.set(*key, None);
+        self.count -= 1;
     }
 
     fn remove_all(&mut self) {
+        self.replaced = true;
         self.peers.clear();
-        self.by_key.clear();
-        self.owner.clear();
+        self.touched.clear();
+        self.owners.clear();
+        self.count = 0;
     }
 
-    /// Gives `prefix` to the peer at `i`, taking it from whichever peer held it.
-    fn give_prefix(&mut self, i: usize, prefix: (IpAddr, u8)) {
-        match self.owner.insert(prefix, i) {
-            Some(j) if j == i => {}
-            Some(j) => {
-                self.peer(j).allowed_ips.retain(|p| *p != prefix);
-                self.peer(i).allowed_ips.push(prefix);
-            }
-            None => self.peer(i).allowed_ips.push(prefix),
+    /// Gives `prefix` to the peer with `key`, taking it from whichever peer held it.
+    fn give_prefix(&mut self, key: &Key, prefix: (IpAddr, u8)) {
+        match self.owner(prefix) {
+            Some(holder) if holder == *key => return,
+            Some(holder) => self.peer(&holder).allowed_ips.retain(|p| *p != prefix),
+            None => {}
+        }
+        self.owners.insert(prefix, Some(*key));
+        self.peer(key).allowed_ips.push(prefix);
+    }
+
+    /// Takes `prefix` from the peer with `key` if it holds it: a prefix another peer holds stays with it (the
+    /// kernel removes a prefix only from the peer named).
+    fn take_prefix(&mut self, key: &Key, prefix: (IpAddr, u8)) {
+        if self.owner(prefix) == Some(*key) {
+            self.owners.insert(prefix, None);
+            self.peer(key).allowed_ips.retain(|p| *p != prefix);
         }
     }
 
-    /// Takes `prefix` from the peer at `i` if it holds it: a prefix another peer holds stays with it (the kernel
-    /// removes a prefix only from the peer named).
-    fn take_prefix(&mut self, i: usize, prefix: (IpAddr, u8)) {
-        if self.owner.get(&prefix) == Some(&i) {
-            self.owner.remove(&prefix);
-            self.peer(i).allowed_ips.retain(|p| *p != prefix);
-        }
-    }
-
-    fn clear_prefixes(&mut self, i: usize) {
-        for prefix in std::mem::take(&mut self.peer(i).allowed_ips) {
-            self.owner.remove(&prefix);
+    fn clear_prefixes(&mut self, key: &Key) {
+        for prefix in std::mem::take(&mut self.peer(key).allowed_ips) {
+            self.owners.insert(prefix, None);
         }
     }
 }
 
-/// One `set=1` request being applied, a line at a time as it arrives, to a copy of the configuration that
-/// replaces the one in force only once the whole request was understood ([`SetRequest::finish`]).
+/// One `set=1` request being applied, a line at a time as it arrives, to a draft over the configuration in
+/// force, which it changes only once the whole request was understood ([`SetRequest::finish`] gives the
+/// change, `WireGuard::apply_change` puts it in force).
 ///
 /// As in the kernel: a peer section with the public key of the private key in force at that line is ignored
 /// (a new private key first removes the peer with its public key), and an allowed prefix given to a peer is
-/// taken from whichever peer had it. What the request holds is bounded by the configuration it makes, not by
-/// its length: a line changes the copy and is gone.
-pub(crate) struct SetRequest<F> {
-    new: Draft,
+/// taken from whichever peer had it. What the request holds is bounded by what it changes, not by its length:
+/// a line changes the draft and is gone.
+pub(crate) struct SetRequest<'a, F> {
+    new: Draft<'a>,
     section: Section,
     /// The public key of a private key.
     own_public: F,
+    /// The public key of the private key in force at this line (computed once a key, not once a line: it
+    /// costs an X25519).
+    own: Option<Key>,
 }
 
-impl<F: Fn(&Key) -> Key> SetRequest<F> {
-    /// A request on `config`, for a device of at most `max_peers` peers.
-    pub(crate) fn new(config: &DeviceConfig, max_peers: usize, own_public: F) -> Self {
-        SetRequest { new: Draft::new(config, max_peers), section: Section::Device, own_public }
+impl<'a, F: Fn(&Key) -> Key> SetRequest<'a, F> {
+    /// A request on the configuration `base`, for a device of at most `max_peers` peers.
+    pub(crate) fn new(base: &'a ConfigView<'a>, max_peers: usize, own_public: F) -> Self {
+        let own = base.device.private_key.as_ref().map(|k| own_public(k.as_bytes()));
+        SetRequest { new: Draft::new(base, max_peers), section: Section::Device, own_public, own }
     }
 
     /// The request's next line; an error refuses the whole request.
@@ -247,14 +284,12 @@ impl<F: Fn(&Key) -> Key> SetRequest<F> {
                 // The section before was its public key alone (`wg set wg0 peer A peer B ...`): that creates it.
                 new.add(previous).ok_or_else(full)?;
             }
-            let own = new.config.private_key.as_ref().map(|k| (self.own_public)(k.as_bytes()));
-            self.section = if own == Some(public) {
+            self.section = if self.own == Some(public) {
                 Section::Ignored
+            } else if new.exists(&public) {
+                Section::Peer(public)
             } else {
-                match new.by_key.get(&public) {
-                    Some(&i) => Section::Peer(i),
-                    None => Section::New(public),
-                }
+                Section::New(public)
             };
             return Ok(());
         }
@@ -270,14 +305,16 @@ impl<F: Fn(&Key) -> Key> SetRequest<F> {
                     let private = SecretKey::from_hex(value)
                         .ok_or_else(|| refuse(libc::EINVAL, "private_key: not 64 hex digits"))?;
                     new.config.private_key = if private.is_zero() {
+                        self.own = None;
                         None
                     } else {
                         let private = private.clamped();
                         // The peer with our new public key goes.
                         let own = (self.own_public)(private.as_bytes());
-                        if let Some(&i) = new.by_key.get(&own) {
-                            new.remove(i);
+                        if new.exists(&own) {
+                            new.remove(&own);
                         }
+                        self.own = Some(own);
                         Some(private)
                     };
                 }
@@ -305,8 +342,8 @@ impl<F: Fn(&Key) -> Key> SetRequest<F> {
                 }
                 self.section = Section::Ignored;
             }
-            Section::Peer(i) => {
-                apply_peer_line(new, i, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
+            Section::Peer(peer) => {
+                apply_peer_line(new, &peer, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
                 if key == "remove" {
                     self.section = Section::Ignored;
                 }
@@ -315,8 +352,8 @@ impl<F: Fn(&Key) -> Key> SetRequest<F> {
         Ok(())
     }
 
-    /// The configuration the whole request makes.
-    pub(crate) fn finish(mut self) -> Result<DeviceConfig, SetError> {
+    /// The change the whole request makes.
+    pub(crate) fn finish(mut self) -> Result<ConfigChange, SetError> {
         if let Section::New(public) = self.section {
             // A peer section of only its public key creates the peer.
             if self.new.add(public).is_none() {
@@ -332,44 +369,52 @@ fn full_reason(limit: usize) -> String {
     format!("the device holds {limit} peers, the most it may (the kernel's limit is {MAX_PEERS})")
 }
 
-/// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to a copy
-/// of `config` ([`SetRequest`] with all its lines at once).
+/// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to
+/// `config`, through [`SetRequest`] and a device of at most `max_peers` peers put in that configuration first:
+/// the configuration the request makes, or why it is refused.
 #[cfg(test)]
 pub(crate) fn apply_set(
     config: &DeviceConfig,
     lines: &[&str],
+    max_peers: usize,
     own_public: impl Fn(&Key) -> Key,
 ) -> Result<DeviceConfig, SetError> {
-    let mut request = SetRequest::new(config, MAX_PEERS, own_public);
+    let wg = crate::wireguard::WireGuard::new();
+    wg.apply(config.clone());
+    let view = wg.config_view();
+    let mut request = SetRequest::new(&view, max_peers, own_public);
     for line in lines {
         request.line(line)?;
     }
-    request.finish()
+    let change = request.finish()?;
+    drop(view);
+    wg.apply_change(change);
+    Ok(wg.config())
 }
 
-/// One peer line on the peer at `i` of the draft (`remove` takes the peer out).
-fn apply_peer_line(draft: &mut Draft, i: usize, key: &str, value: &str) -> Result<(), String> {
+/// One peer line on the peer with key `peer` in the draft (`remove` takes the peer out).
+fn apply_peer_line(draft: &mut Draft<'_>, peer: &Key, key: &str, value: &str) -> Result<(), String> {
     let only_true = |what: &str| if value == "true" { Ok(()) } else { Err(format!("{what} takes only true")) };
     match key {
         "update_only" => only_true(key)?,
         "remove" => {
             only_true(key)?;
-            draft.remove(i);
+            draft.remove(peer);
         }
         "preshared_key" => {
             let psk = SecretKey::from_hex(value).ok_or("preshared_key: not 64 hex digits")?;
-            draft.peer(i).preshared_key = (!psk.is_zero()).then_some(psk);
+            draft.peer(peer).preshared_key = (!psk.is_zero()).then_some(psk);
         }
         "endpoint" => {
-            draft.peer(i).endpoint = Some(parse_endpoint(value)?);
+            draft.peer(peer).endpoint = Some(parse_endpoint(value)?);
         }
         "persistent_keepalive_interval" => {
-            draft.peer(i).persistent_keepalive =
+            draft.peer(peer).persistent_keepalive =
                 value.parse().map_err(|_| "persistent_keepalive_interval: not 0 to 65535")?;
         }
         "replace_allowed_ips" => {
             only_true(key)?;
-            draft.clear_prefixes(i);
+            draft.clear_prefixes(peer);
         }
         "allowed_ip" => {
             let (remove, text) = match value.strip_prefix('-') {
@@ -378,9 +423,9 @@ fn apply_peer_line(draft: &mut Draft, i: usize, key: &str, value: &str) -> Resul
             };
             let prefix = parse_prefix(text).ok_or_else(|| format!("allowed_ip: {text:?} is not ADDR/PREFIX"))?;
             if remove {
-                draft.take_prefix(i, prefix);
+                draft.take_prefix(peer, prefix);
             } else {
-                draft.give_prefix(i, prefix);
+                draft.give_prefix(peer, prefix);
             }
         }
         "protocol_version" => {
@@ -414,7 +459,7 @@ mod tests {
     }
 
     fn set(config: &DeviceConfig, lines: &[&str]) -> Result<DeviceConfig, SetError> {
-        apply_set(config, lines, own)
+        apply_set(config, lines, MAX_PEERS, own)
     }
 
     /// [`set`] with owned lines.
@@ -617,11 +662,8 @@ mod tests {
     #[test]
     fn test_no_request_makes_more_peers_than_the_limit() {
         let limited = |config: &DeviceConfig, lines: &[String]| {
-            let mut request = SetRequest::new(config, 3, own);
-            for line in lines {
-                request.line(line)?;
-            }
-            request.finish()
+            let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+            apply_set(config, &lines, 3, own)
         };
         let three = limited(&DeviceConfig::default(), &[peer(k(1)), peer(k(2)), peer(k(3))]).unwrap();
         for fourth in [

@@ -37,18 +37,18 @@ pub(super) struct WorkerState {
 }
 
 /// A destination and where it goes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) struct RouteCache {
     destination: IpAddr,
-    peer: usize,
+    pub(super) peer: Arc<Peer>,
     endpoint_gen: u64,
     endpoint: Option<SocketAddr>,
 }
 
 /// A peer and the session it sends with.
 pub(super) struct SendCache {
-    /// The peer's position in the runtime.
-    peer: usize,
+    /// The peer's [`Peer::id`].
+    peer: u64,
     /// The peer's `keypairs_gen` when the session was looked up.
     keypairs_gen: u64,
     /// Its current session, if it has one.
@@ -59,16 +59,16 @@ pub(super) struct SendCache {
 /// looked at again only when either changes).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct SeenSource {
-    peer: usize,
+    peer: u64,
     endpoint_gen: u64,
     from: SocketAddr,
 }
 
-/// An inner source address the peer at `peer` may use (cryptokey routing looked it up once).
+/// An inner source address the peer `peer` ([`Peer::id`]) may use (cryptokey routing looked it up once).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) struct AllowedSource {
     source: IpAddr,
-    peer: usize,
+    peer: u64,
 }
 
 /// A receiver index and its session.
@@ -76,7 +76,6 @@ pub(super) struct ReceiveCache {
     index: u32,
     keypairs_gen: u64,
     peer: Arc<Peer>,
-    position: usize,
     keypair: Arc<Keypair>,
 }
 
@@ -120,49 +119,41 @@ fn inner_packet(plain: &[u8]) -> Option<InnerPacket> {
     (header..=plain.len()).contains(&len).then_some(InnerPacket { len, source })
 }
 
-/// Where `packet` goes: the position of the peer whose AllowedIPs cover its destination, and that peer's
-/// endpoint; or the answer for a packet that goes nowhere. Remembers the destination for the next packet.
-pub(super) fn route(cache: &mut WorkerState, packet: &[u8]) -> Result<(usize, SocketAddr), Sealed> {
-    let Some(dst) = destination(packet) else {
-        return Err(Sealed::Dropped(DropReason::Malformed));
-    };
-    let rt = &*cache.rt;
-    let cached = cache
-        .route
-        .filter(|r| r.destination == dst && rt.peers[r.peer].endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen);
-    let route = match cached {
-        Some(route) => route,
-        None => {
-            let Some((_, &i)) = rt.routes.longest_match(dst) else {
-                return Err(Sealed::Unreachable(DropReason::NoPeer));
-            };
-            let endpoint_gen = rt.peers[i].endpoint_gen.load(Ordering::Acquire);
-            let route = RouteCache { destination: dst, peer: i, endpoint_gen, endpoint: rt.peers[i].endpoint() };
-            cache.route = Some(route);
-            route
-        }
-    };
-    route.endpoint.map(|endpoint| (route.peer, endpoint)).ok_or(Sealed::Unreachable(DropReason::NoPeer))
-}
-
-/// The session the peer at `position` of `rt` sends with, if it can still send at `now`; remembered in `sending`
-/// (a worker's [`WorkerState::sending`]) until the peer's sessions change.
-pub(super) fn sending_keypair<'a>(
-    rt: &Runtime,
-    sending: &'a mut Option<SendCache>,
-    position: usize,
-    now: u64,
-) -> Option<&'a Keypair> {
-    let peer = &rt.peers[position];
+/// The session `peer` sends with, if it can still send at `now`; remembered in `sending` (a worker's
+/// [`WorkerState::sending`]) until the peer's sessions change.
+pub(super) fn sending_keypair<'a>(peer: &Peer, sending: &'a mut Option<SendCache>, now: u64) -> Option<&'a Keypair> {
     let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
-    let fresh = sending.as_ref().is_some_and(|s| s.peer == position && s.keypairs_gen == keypairs_gen);
+    let fresh = sending.as_ref().is_some_and(|s| s.peer == peer.id && s.keypairs_gen == keypairs_gen);
     if !fresh {
-        *sending = Some(SendCache { peer: position, keypairs_gen, keypair: peer.keypairs().current });
+        *sending = Some(SendCache { peer: peer.id, keypairs_gen, keypair: peer.keypairs().current });
     }
     sending.as_ref()?.keypair.as_deref().filter(|k| sendable(k, now))
 }
 
 impl WireGuard {
+    /// Where `packet` goes: the peer whose AllowedIPs cover its destination (its [`Peer::id`], the peer itself
+    /// left in the cache's `route`), and that peer's endpoint; or the answer for a packet that goes nowhere.
+    /// Remembers the destination for the next packet.
+    pub(super) fn route(&self, cache: &mut WorkerState, packet: &[u8]) -> Result<(u64, SocketAddr), Sealed> {
+        let Some(dst) = destination(packet) else {
+            return Err(Sealed::Dropped(DropReason::Malformed));
+        };
+        let cached = cache
+            .route
+            .as_ref()
+            .is_some_and(|r| r.destination == dst && r.peer.endpoint_gen.load(Ordering::Acquire) == r.endpoint_gen);
+        if !cached {
+            cache.route = None;
+            let Some(peer) = self.route_table().longest_match(dst).map(|(_, peer)| peer.clone()) else {
+                return Err(Sealed::Unreachable(DropReason::NoPeer));
+            };
+            let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
+            cache.route = Some(RouteCache { destination: dst, endpoint_gen, endpoint: peer.endpoint(), peer });
+        }
+        let route = cache.route.as_ref().expect("filled above");
+        route.endpoint.map(|endpoint| (route.peer.id, endpoint)).ok_or(Sealed::Unreachable(DropReason::NoPeer))
+    }
+
     /// Runs `f` with this thread's cache, refreshed if the runtime changed since.
     pub(super) fn with_worker_state<R>(&self, f: impl FnOnce(&mut WorkerState) -> R) -> R {
         let generation = self.generation.load(Ordering::Acquire);
@@ -194,20 +185,14 @@ impl WireGuard {
             Some(r) if r.index == index && r.peer.keypairs_gen.load(Ordering::Acquire) == r.keypairs_gen);
         if !fresh {
             cache.receiving = None;
-            let Some(peer) = self.peer_of_index(index) else {
+            let Some(peer) = self.peer_of_index(index).filter(|p| !p.removed.load(Ordering::Acquire)) else {
                 return Opened::Dropped(DropReason::Unauthenticated);
             };
-            let Some(&position) = cache.rt.by_key.get(&peer.public_key) else {
-                return Opened::Dropped(DropReason::Unauthenticated);
-            };
-            if !Arc::ptr_eq(&cache.rt.peers[position], &peer) {
-                return Opened::Dropped(DropReason::Unauthenticated);
-            }
             let keypairs_gen = peer.keypairs_gen.load(Ordering::Acquire);
             let Some(keypair) = peer.keypairs().find(index).cloned() else {
                 return Opened::Dropped(DropReason::Unauthenticated);
             };
-            cache.receiving = Some(ReceiveCache { index, keypairs_gen, peer, position, keypair });
+            cache.receiving = Some(ReceiveCache { index, keypairs_gen, peer, keypair });
         }
         let r = cache.receiving.as_ref().expect("filled above");
         let now = self.now();
@@ -220,7 +205,7 @@ impl WireGuard {
             Err(OpenError::Unauthenticated) => return Opened::Dropped(DropReason::Unauthenticated),
             Err(OpenError::Replayed) => return Opened::Dropped(DropReason::Replayed),
         };
-        let (peer, position, keypair) = (&r.peer, r.position, &r.keypair);
+        let (peer, keypair) = (&r.peer, &r.keypair);
         peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
         if !keypair.confirmed() {
             // The initiator's first message with the session we answered for: it becomes the one we send with.
@@ -234,7 +219,8 @@ impl WireGuard {
             keypair.confirm();
             self.retire(&gone);
             *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
-            peer.wants_flush.store(true, Ordering::Release);
+            peer.wants_flush.store(true, Ordering::SeqCst);
+            self.mark_live(peer);
             self.handshakes.kick();
         }
         peer.received_authenticated(now, !plain.is_empty());
@@ -246,10 +232,10 @@ impl WireGuard {
         // Authenticated: the peer is now at `from` (roaming), unless a later message of the session came from
         // elsewhere (see `Peer::roam`). Looked at only when it may have moved.
         let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
-        if cache.seen != Some(SeenSource { peer: position, endpoint_gen, from }) {
+        if cache.seen != Some(SeenSource { peer: peer.id, endpoint_gen, from }) {
             // Left where a later message put it: looked at again with this source's next message.
             cache.seen = peer.roam(from, keypair.local_index, counter).then(|| SeenSource {
-                peer: position,
+                peer: peer.id,
                 endpoint_gen: peer.endpoint_gen.load(Ordering::Acquire),
                 from,
             });
@@ -262,12 +248,12 @@ impl WireGuard {
         };
         // Cryptokey routing: the inner source must be one the sending peer may use (a flow's source is looked up
         // once).
-        let allowed = cache.allowed == Some(AllowedSource { source: src, peer: position })
-            || cache.rt.routes.longest_match(src).is_some_and(|(_, &i)| i == position);
+        let allowed = cache.allowed == Some(AllowedSource { source: src, peer: peer.id })
+            || self.route_table().longest_match(src).is_some_and(|(_, holder)| Arc::ptr_eq(holder, peer));
         if !allowed {
             return Opened::Dropped(DropReason::NotAllowed);
         }
-        cache.allowed = Some(AllowedSource { source: src, peer: position });
+        cache.allowed = Some(AllowedSource { source: src, peer: peer.id });
         // The packet stays where it was opened, behind the message header (the engine's room for its own).
         Opened::InPlace { start: DATA_HEADER_LEN, len }
     }
@@ -275,7 +261,7 @@ impl WireGuard {
     /// Records that `bytes` of transport data up to message `last` left for `peer` with `keypair`, and asks for a
     /// new handshake when the session has sent enough (either side) or, for its initiator, is old: the kernel's
     /// `keep_key_fresh` on sending (only the age waits for the initiator, so that both sides do not rekey at once).
-    pub(super) fn sent(&self, peer: &Peer, keypair: &Keypair, bytes: u64, last: u64, now: u64) {
+    pub(super) fn sent(&self, peer: &Arc<Peer>, keypair: &Keypair, bytes: u64, last: u64, now: u64) {
         peer.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
         peer.sent_data(now);
         if last >= REKEY_AFTER_MESSAGES || (keypair.initiator && now >= keypair.born_ms + REKEY_AFTER_TIME) {
@@ -285,7 +271,7 @@ impl WireGuard {
 
     /// A packet no session can carry: held for the handshake the worker is asked for (the oldest held dropped
     /// beyond [`HELD_PER_PEER`]), or dropped when the peer cannot make one.
-    pub(super) fn hold(&self, peer: &Peer, packet: &[u8]) -> Sealed {
+    pub(super) fn hold(&self, peer: &Arc<Peer>, packet: &[u8]) -> Sealed {
         if !peer.keys().is_some_and(|k| k.can_handshake()) {
             return Sealed::Dropped(DropReason::NoSession);
         }
@@ -300,7 +286,7 @@ impl WireGuard {
         Sealed::Held
     }
 
-    /// Seals packets `run` of `batch`, all for the peer at `position` at `endpoint`, where they are: one counter
+    /// Seals packets `run` of `batch`, all for `peer` at `endpoint`, where they are: one counter
     /// step for the run, one update of the peer's counters and timers. Packets past the session's last message,
     /// or all of them without a session, are held for a handshake.
     pub(super) fn seal_run(
@@ -308,15 +294,13 @@ impl WireGuard {
         cache: &mut WorkerState,
         batch: &mut SealBatch<'_, '_>,
         run: Range<usize>,
-        (position, endpoint): (usize, SocketAddr),
+        (peer, endpoint): (&Arc<Peer>, SocketAddr),
         mtu: usize,
     ) {
         let now = self.now();
         let mut sealed = run.start;
-        let WorkerState { rt, sending, .. } = cache;
-        let peer = &rt.peers[position];
         // The key is held for the run: a session erased meanwhile seals nothing, its packets are held instead.
-        let sealing = sending_keypair(rt, sending, position, now).and_then(|k| Some((k, k.sealer()?)));
+        let sealing = sending_keypair(peer, &mut cache.sending, now).and_then(|k| Some((k, k.sealer()?)));
         if let Some((keypair, sealer)) = sealing {
             let counters = keypair.take_counters(run.len());
             let mut bytes = 0;

@@ -204,7 +204,7 @@ impl WireGuard {
                 self.send_cookie(identity, message, job.from, control);
                 Err(DropReason::RateLimited)
             }
-            Some(MessageKind::Initiation) => self.take_initiation(rt, identity, job, now, control),
+            Some(MessageKind::Initiation) => self.take_initiation(identity, job, now, control),
             Some(MessageKind::Response) => self.take_response(identity, job, now, control),
             Some(MessageKind::CookieReply) => {
                 let index = CookieReply::new_checked(message).ok_or(DropReason::MalformedDatagram)?.receiver();
@@ -237,7 +237,6 @@ impl WireGuard {
 
     fn take_initiation(
         &self,
-        rt: &Runtime,
         identity: &Identity,
         job: &Job,
         now: u64,
@@ -248,7 +247,7 @@ impl WireGuard {
             self.refused_log.debug(now, format_args!("handshake initiation from {from} did not authenticate"));
             return Err(DropReason::Unauthenticated);
         };
-        let Some(peer) = rt.by_key.get(&opened.peer).map(|&i| rt.peers[i].clone()) else {
+        let Some(peer) = self.peer_by_key(&opened.peer) else {
             self.refused_log.debug(now, format_args!("handshake initiation from {from} names no peer of ours"));
             return Err(DropReason::Unauthenticated);
         };
@@ -298,6 +297,8 @@ impl WireGuard {
         peer.tx_bytes.fetch_add(RESPONSE_LEN as u64, Ordering::Relaxed);
         peer.sent_authenticated(now);
         st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
+        drop(st);
+        self.mark_live(&peer);
         Ok(())
     }
 
@@ -343,6 +344,8 @@ impl WireGuard {
         self.handshake_complete(&peer, &mut st, now);
         // What waited goes now; with nothing waiting, a keepalive confirms the session to the responder.
         self.send_keepalive(&peer, &keys, &mut st, now, control);
+        drop(st);
+        self.mark_live(&peer);
         Ok(())
     }
 

@@ -22,7 +22,7 @@
 //! routing, sealing and opening, `transform` the engine's calls mapped onto them.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -33,7 +33,7 @@ use rand_core::{OsRng, RngCore};
 use turbotun::tunnel::Settled;
 use turbotun::udp::ReplySources;
 
-use crate::config::{DeviceConfig, Key};
+use crate::config::{DeviceConfig, Key, PeerConfig};
 use crate::cookie::CookieChecker;
 use crate::message::{DATA_HEADER_LEN, TAG_LEN};
 use crate::noise::{Identity, PeerKeys};
@@ -68,16 +68,57 @@ const TICK: Duration = Duration::from_millis(250);
 /// What a data message adds to its packet beyond the padding: header and tag.
 const DATA_OVERHEAD: usize = DATA_HEADER_LEN + TAG_LEN;
 
-/// Everything a packet's way through needs, replaced whole by a new configuration.
+/// What a packet's way through needs of the device itself, replaced whole when its key, port or mark changes.
 struct Runtime {
+    /// The device's settings (its `peers` always empty: they are the [`PeerTable`]'s).
     config: DeviceConfig,
     identity: Option<Arc<Identity>>,
-    peers: Vec<Arc<Peer>>,
-    /// Positions in `peers`.
-    by_key: HashMap<Key, usize>,
-    routes: IpNetworkTable<usize>,
     /// The port the device's sockets are bound to (reported by `get=1`).
     bound_port: u16,
+}
+
+/// The configured peers, found by public key: each one's configuration (what `set=1` changes and `get=1`
+/// reports) and its state at run time. Changed in place, by what a request changes.
+#[derive(Default)]
+pub(crate) struct PeerTable {
+    by_key: HashMap<Key, PeerEntry>,
+    /// The order the next peer added gets (`get=1` lists peers in the order they were added).
+    next_order: u64,
+}
+
+struct PeerEntry {
+    config: PeerConfig,
+    order: u64,
+    peer: Arc<Peer>,
+}
+
+impl PeerTable {
+    /// How many peers there are.
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// The configuration of the peer with `key`.
+    pub(crate) fn config(&self, key: &Key) -> Option<&PeerConfig> {
+        self.by_key.get(key).map(|e| &e.config)
+    }
+
+    /// The peers in the order they were added.
+    fn ordered(&self) -> Vec<&PeerEntry> {
+        let mut entries: Vec<&PeerEntry> = self.by_key.values().collect();
+        entries.sort_unstable_by_key(|e| e.order);
+        entries
+    }
+}
+
+/// What one configuration request changes: the device's settings (whole), whether every peer goes first, and
+/// each peer it touched, as it leaves it (`None`: removed), in the order first touched. A peer whose
+/// `incarnation` differs from the one configured is a new peer of the same key (removed and added again).
+#[derive(Debug, Default)]
+pub(crate) struct ConfigChange {
+    pub(crate) device: DeviceConfig,
+    pub(crate) replace_peers: bool,
+    pub(crate) peers: Vec<(Key, Option<PeerConfig>)>,
 }
 
 /// A WireGuard device's protocol side, shared by the tunnel's workers and the configuration socket.
@@ -85,8 +126,16 @@ pub struct WireGuard {
     /// Tells this instance's entries in the workers' caches from another's.
     id: u64,
     runtime: RwLock<Arc<Runtime>>,
-    /// Bumped whenever `runtime` is replaced.
+    /// The peers. Taken for writing only by a configuration change; the data path reads it only when its cache
+    /// misses.
+    peers: RwLock<PeerTable>,
+    /// Cryptokey routing: every peer's allowed prefixes, to the peer (one table over all peers).
+    routes: RwLock<IpNetworkTable<Arc<Peer>>>,
+    /// Bumped whenever `runtime`, `peers` or `routes` change: the workers' caches are then rebuilt.
     generation: AtomicU64,
+    /// The peers whose timers run (see `timers`): those with a session, a handshake, held packets, a request
+    /// of the data path or a persistent keepalive. An idle peer costs the timers nothing.
+    live: Mutex<Vec<Arc<Peer>>>,
     /// Every index our side gave out (handshakes under way and sessions), to its peer.
     indices: RwLock<HashMap<u32, Arc<Peer>>>,
     /// The device clock's start: timers count milliseconds from here (1 is the first).
@@ -117,8 +166,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for WireGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rt = self.runtime();
-        f.debug_struct("WireGuard").field("peers", &rt.peers.len()).field("port", &rt.bound_port).finish()
+        let peers = self.peers.read().unwrap_or_else(|e| e.into_inner()).len();
+        f.debug_struct("WireGuard").field("peers", &peers).field("port", &self.runtime().bound_port).finish()
     }
 }
 
@@ -146,6 +195,16 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
+/// What `get=1` reports of `peer` now.
+fn state_of(peer: &Peer) -> PeerState {
+    PeerState {
+        endpoint: peer.endpoint(),
+        last_handshake: *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()),
+        rx_bytes: peer.rx_bytes.load(Ordering::Relaxed),
+        tx_bytes: peer.tx_bytes.load(Ordering::Relaxed),
+    }
+}
+
 /// Whether `keypair` may still open at `now`.
 fn usable(keypair: &Keypair, now: u64) -> bool {
     now < keypair.born_ms + REJECT_AFTER_TIME && keypair.sent() < REJECT_AFTER_MESSAGES
@@ -159,18 +218,14 @@ fn sendable(keypair: &Keypair, now: u64) -> bool {
 impl WireGuard {
     /// A device with no key and no peer (it sends nothing until configured).
     pub fn new() -> Self {
-        let runtime = Runtime {
-            config: DeviceConfig::default(),
-            identity: None,
-            peers: Vec::new(),
-            by_key: HashMap::new(),
-            routes: IpNetworkTable::new(),
-            bound_port: 0,
-        };
+        let runtime = Runtime { config: DeviceConfig::default(), identity: None, bound_port: 0 };
         WireGuard {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             runtime: RwLock::new(Arc::new(runtime)),
+            peers: RwLock::default(),
+            routes: RwLock::new(IpNetworkTable::new()),
             generation: AtomicU64::new(0),
+            live: Mutex::default(),
             indices: RwLock::new(HashMap::new()),
             start: Instant::now(),
             mtu: AtomicUsize::new(0),
@@ -215,12 +270,47 @@ impl WireGuard {
         self.generation.fetch_add(1, Ordering::Release);
     }
 
-    /// The configuration in force (the private key taken from the identity: the runtime keeps no copy of it).
-    pub fn config(&self) -> DeviceConfig {
+    fn peer_table(&self) -> std::sync::RwLockReadGuard<'_, PeerTable> {
+        self.peers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn route_table(&self) -> std::sync::RwLockReadGuard<'_, IpNetworkTable<Arc<Peer>>> {
+        self.routes.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The peer with public key `key`, if one is configured.
+    pub(super) fn peer_by_key(&self, key: &Key) -> Option<Arc<Peer>> {
+        self.peer_table().by_key.get(key).map(|e| e.peer.clone())
+    }
+
+    /// The device's settings in force, without its peers (the private key taken from the identity: the runtime
+    /// keeps no copy of it).
+    pub(crate) fn device_config(&self) -> DeviceConfig {
         let rt = self.runtime();
         let mut config = rt.config.clone();
         config.private_key = rt.identity.as_ref().and_then(|identity| identity.private_key());
         config
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> DeviceConfig {
+        let table = self.peer_table();
+        let mut config = self.device_config();
+        config.peers = table.ordered().into_iter().map(|e| e.config.clone()).collect();
+        config
+    }
+
+    /// What a configuration request reads while it is applied line by line: the device's settings, the peers
+    /// and the owner of each prefix, as they stand (nothing changes them meanwhile but a configuration change,
+    /// which waits for the view to go).
+    pub(crate) fn config_view(&self) -> ConfigView<'_> {
+        ConfigView { device: self.device_config(), peers: self.peer_table(), routes: self.route_table() }
+    }
+
+    /// Each peer's configuration and what its session knows, in the order they were added, read at one
+    /// instant.
+    pub(crate) fn peers_with_state(&self) -> Vec<(PeerConfig, PeerState)> {
+        self.peer_table().ordered().into_iter().map(|e| (e.config.clone(), state_of(&e.peer))).collect()
     }
 
     /// The port the sockets are bound to.
@@ -231,7 +321,7 @@ impl WireGuard {
     /// Records the port the sockets were bound to.
     pub fn set_bound_port(&self, port: u16) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
-        let rt = Runtime { bound_port: port, ..Runtime::clone_shallow(&guard) };
+        let rt = Runtime { config: guard.config.clone(), identity: guard.identity.clone(), bound_port: port };
         self.replace(&mut guard, rt);
     }
 
@@ -242,16 +332,7 @@ impl WireGuard {
 
     /// What each configured peer's session knows, in configuration order.
     pub fn peer_states(&self) -> Vec<PeerState> {
-        self.runtime()
-            .peers
-            .iter()
-            .map(|p| PeerState {
-                endpoint: p.endpoint(),
-                last_handshake: *p.last_handshake.lock().unwrap_or_else(|e| e.into_inner()),
-                rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
-                tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
-            })
-            .collect()
+        self.peer_table().ordered().into_iter().map(|e| state_of(&e.peer)).collect()
     }
 
     /// Puts `config` in force. Peers whose public key stays keep their sessions, counters and the greatest
@@ -261,11 +342,25 @@ impl WireGuard {
     /// is used from the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel
     /// does.
     pub fn apply(&self, mut config: DeviceConfig) {
+        let peers = std::mem::take(&mut config.peers);
+        let mut change = ConfigChange { device: config, replace_peers: false, peers: Vec::new() };
+        {
+            let table = self.peer_table();
+            let staying: HashSet<Key> = peers.iter().map(|p| p.public_key).collect();
+            change.peers.extend(table.by_key.keys().filter(|k| !staying.contains(*k)).map(|k| (*k, None)));
+        }
+        change.peers.extend(peers.into_iter().map(|p| (p.public_key, Some(p))));
+        self.apply_change(change);
+    }
+
+    /// Puts a configuration change in force, at a cost in proportion to what it changes (all peers when it
+    /// replaces them or the private key changes), with [`WireGuard::apply`]'s meaning.
+    pub(crate) fn apply_change(&self, mut change: ConfigChange) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let old = guard.clone();
         // The private key lives in the identity alone (wiped in place when it changes): the runtime, which a
         // worker's cache may hold long after it is replaced, keeps none.
-        let private_key = config.take_private_key();
+        let private_key = change.device.take_private_key();
         let identity_changed = private_key != old.identity.as_ref().and_then(|identity| identity.private_key());
         let identity = if identity_changed {
             private_key.as_ref().map(|k| Arc::new(Identity::new(k.as_bytes())))
@@ -275,72 +370,103 @@ impl WireGuard {
         drop(private_key);
         let keys_for =
             |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
-        let mut peers = Vec::with_capacity(config.peers.len());
-        let mut wake = false;
-        let mut retired = Vec::new();
-        let mut expiring = Vec::new();
-        for pc in &config.peers {
-            // The same peer only if it was not removed and added again since (replace_peers, remove).
-            // (`old.config.peers` and `old.peers` are in the same order.)
-            let old_position =
-                old.by_key.get(&pc.public_key).copied().filter(|&i| old.config.peers[i].incarnation == pc.incarnation);
-            let old_config = old_position.map(|i| &old.config.peers[i]);
-            let kept = old_position.map(|i| old.peers[i].clone());
+        let mut table = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        let mut gone: Vec<Arc<Peer>> = Vec::new();
+        let mut woken: Vec<Arc<Peer>> = Vec::new();
+        if change.replace_peers {
+            gone.extend(table.by_key.drain().map(|(_, e)| e.peer));
+            *routes = IpNetworkTable::new();
+        }
+        // First every touched peer's prefixes that it does not keep leave the routes (a prefix moved between
+        // two touched peers is then given to its new holder below), and peers removed or made anew go.
+        for (key, new) in &change.peers {
+            let Some(entry) = table.by_key.get(key) else { continue };
+            let same = new.as_ref().filter(|n| n.incarnation == entry.config.incarnation);
+            let kept: HashSet<&(IpAddr, u8)> = same.map(|n| n.allowed_ips.iter().collect()).unwrap_or_default();
+            for prefix in entry.config.allowed_ips.iter().filter(|p| !kept.contains(p)) {
+                if let Ok(net) = IpNetwork::new_truncate(prefix.0, prefix.1) {
+                    if routes.exact_match(net).is_some_and(|p| Arc::ptr_eq(p, &entry.peer)) {
+                        routes.remove(net);
+                    }
+                }
+            }
+            if same.is_none() {
+                if let Some(entry) = table.by_key.remove(key) {
+                    gone.push(entry.peer);
+                }
+            }
+        }
+        for (key, new) in std::mem::take(&mut change.peers) {
+            let Some(pc) = new else { continue };
             let preshared_key = pc.preshared_key.as_ref().map(|k| *k.as_bytes());
-            let peer = match kept {
-                Some(p) => {
+            let peer = match table.by_key.get_mut(&key) {
+                Some(entry) => {
+                    let p = entry.peer.clone();
                     let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if identity_changed || !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref()) {
+                    if !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref()) {
                         **psk = preshared_key;
-                        p.set_keys(keys_for(pc.public_key, preshared_key));
+                        // (With a new private key every peer's keys are made anew below.)
+                        if !identity_changed {
+                            p.set_keys(keys_for(key, preshared_key));
+                        }
                     }
                     drop(psk);
-                    if identity_changed {
-                        expiring.push(p.clone());
-                    }
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
-                    if pc.endpoint.is_some() && old_config.map(|o| o.endpoint) != Some(pc.endpoint) {
+                    if pc.endpoint.is_some() && entry.config.endpoint != pc.endpoint {
                         p.set_endpoint(pc.endpoint);
                     }
                     if p.persistent_keepalive.swap(pc.persistent_keepalive, Ordering::Relaxed) == 0
                         && pc.persistent_keepalive > 0
                     {
-                        p.wants_keepalive.store(true, Ordering::Relaxed);
-                        wake = true;
+                        p.wants_keepalive.store(true, Ordering::SeqCst);
+                        woken.push(p.clone());
                     }
+                    entry.config = pc;
                     p
                 }
                 None => {
-                    let keys = keys_for(pc.public_key, preshared_key);
-                    let p = Peer::new(pc.public_key, keys, preshared_key, pc.persistent_keepalive);
+                    let keys = if identity_changed { None } else { keys_for(key, preshared_key) };
+                    let p = Arc::new(Peer::new(key, keys, preshared_key, pc.persistent_keepalive));
                     p.set_endpoint(pc.endpoint);
                     if pc.persistent_keepalive > 0 {
-                        p.wants_keepalive.store(true, Ordering::Relaxed);
-                        wake = true;
+                        p.wants_keepalive.store(true, Ordering::SeqCst);
+                        woken.push(p.clone());
                     }
-                    Arc::new(p)
+                    let order = table.next_order;
+                    table.next_order += 1;
+                    table.by_key.insert(key, PeerEntry { config: pc, order, peer: p.clone() });
+                    p
                 }
             };
-            peers.push(peer);
-        }
-        let kept: HashSet<*const Peer> = peers.iter().map(Arc::as_ptr).collect();
-        let gone: Vec<Arc<Peer>> = old.peers.iter().filter(|o| !kept.contains(&Arc::as_ptr(o))).cloned().collect();
-        let mut routes = IpNetworkTable::new();
-        for (i, pc) in config.peers.iter().enumerate() {
-            for &(addr, len) in &pc.allowed_ips {
+            let entry = &table.by_key[&key];
+            for &(addr, len) in &entry.config.allowed_ips {
                 if let Ok(net) = IpNetwork::new_truncate(addr, len) {
-                    routes.insert(net, i);
+                    routes.insert(net, peer.clone());
                 }
             }
         }
-        let by_key = peers.iter().enumerate().map(|(i, p)| (p.public_key, i)).collect();
-        let rt = Runtime { config, identity, peers, by_key, routes, bound_port: old.bound_port };
+        // A new private key: every peer's handshake keys are made anew (a peer added by this change too, which
+        // got none above), and those it had expire.
+        let mut expiring = Vec::new();
+        if identity_changed {
+            for entry in table.by_key.values() {
+                let psk = **entry.peer.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
+                entry.peer.set_keys(keys_for(entry.config.public_key, psk));
+                expiring.push(entry.peer.clone());
+            }
+        }
+        let rt = Runtime { config: change.device, identity, bound_port: old.bound_port };
         self.replace(&mut guard, rt);
+        drop(routes);
+        drop(table);
         drop(guard);
-        // What takes a peer's handshake state runs with the runtime's lock released: the handshake worker takes
+        // What takes a peer's handshake state runs with the locks above released: the handshake worker takes
         // that state first and the runtime after, so holding the runtime's write lock here would deadlock.
+        let mut retired = Vec::new();
         for peer in &expiring {
             retired.extend(peer.expire_for_new_identity());
+            self.mark_live(peer);
         }
         self.retire(&retired);
         if identity_changed {
@@ -352,34 +478,40 @@ impl WireGuard {
         // cache may hold the peer until its next packet).
         if !gone.is_empty() {
             for peer in &gone {
-                peer.forget_secrets();
+                peer.remove();
             }
             let gone: HashSet<*const Peer> = gone.iter().map(Arc::as_ptr).collect();
             let mut indices = self.indices.write().unwrap_or_else(|e| e.into_inner());
             indices.retain(|_, p| !gone.contains(&Arc::as_ptr(p)));
         }
-        if wake {
+        for peer in &woken {
+            self.mark_live(peer);
+        }
+        if !woken.is_empty() {
             self.handshakes.kick();
+        }
+    }
+
+    /// Puts `peer` among those whose timers run (once: a peer there already is not added again).
+    pub(super) fn mark_live(&self, peer: &Arc<Peer>) {
+        if !peer.live.swap(true, Ordering::SeqCst) {
+            self.live.lock().unwrap_or_else(|e| e.into_inner()).push(peer.clone());
         }
     }
 }
 
-impl Runtime {
-    fn clone_shallow(rt: &Runtime) -> Runtime {
-        Runtime {
-            config: rt.config.clone(),
-            identity: rt.identity.clone(),
-            peers: rt.peers.clone(),
-            by_key: rt.by_key.clone(),
-            routes: {
-                let mut t = IpNetworkTable::new();
-                for (net, &peer) in rt.routes.iter() {
-                    t.insert(net, peer);
-                }
-                t
-            },
-            bound_port: rt.bound_port,
-        }
+/// A configuration as a request being applied reads it (see [`WireGuard::config_view`]).
+pub(crate) struct ConfigView<'a> {
+    pub(crate) device: DeviceConfig,
+    pub(crate) peers: std::sync::RwLockReadGuard<'a, PeerTable>,
+    routes: std::sync::RwLockReadGuard<'a, IpNetworkTable<Arc<Peer>>>,
+}
+
+impl ConfigView<'_> {
+    /// The public key of the peer holding `prefix`.
+    pub(crate) fn owner(&self, prefix: (IpAddr, u8)) -> Option<Key> {
+        let net = IpNetwork::new_truncate(prefix.0, prefix.1).ok()?;
+        self.routes.exact_match(net).map(|p| p.public_key)
     }
 }
 

@@ -32,10 +32,35 @@ impl WireGuard {
     }
 
     /// Asks the handshake worker for a handshake with `peer`.
-    pub(super) fn request_handshake(&self, peer: &Peer) {
-        if !peer.wants_handshake.swap(true, Ordering::AcqRel) {
+    pub(super) fn request_handshake(&self, peer: &Arc<Peer>) {
+        if !peer.wants_handshake.swap(true, Ordering::SeqCst) {
+            self.mark_live(peer);
             self.handshakes.kick();
         }
+    }
+
+    /// Whether `peer` has nothing for its timers: no request from the data path or the configuration, no
+    /// persistent keepalive, no session, no handshake under way, nothing held, no timer armed. Such a peer is
+    /// taken out of the live set; whatever gives it something puts it back ([`WireGuard::mark_live`]).
+    pub(super) fn idle(&self, peer: &Peer) -> bool {
+        let requests = [&peer.wants_handshake, &peer.wants_keepalive, &peer.wants_flush];
+        if requests.iter().any(|r| r.load(Ordering::SeqCst))
+            || peer.evicted.load(Ordering::SeqCst) > 0
+            || peer.persistent_keepalive.load(Ordering::Relaxed) > 0
+        {
+            return false;
+        }
+        let keypairs = peer.keypairs();
+        if keypairs.current.is_some() || keypairs.previous.is_some() || keypairs.next.is_some() {
+            return false;
+        }
+        let st = peer.state();
+        st.pending.is_none()
+            && st.retransmit_at.is_none()
+            && st.zero_keys_at.is_none()
+            && st.held.is_empty()
+            && st.keepalive_timer.is_none()
+            && st.silence_timer.is_none()
     }
 
     /// Sends what is held for `peer` if a session can carry it (and a keepalive if nothing is), or starts a
@@ -81,16 +106,28 @@ impl WireGuard {
         }
     }
 
-    /// One peer's requests and timers.
+    /// One live peer's requests and timers; returns whether it stays live (false: it may be idle, see
+    /// [`WireGuard::idle`]).
     pub(super) fn service_peer(
         &self,
         peer: &Arc<Peer>,
         now: u64,
         control: &mut dyn FnMut(&[u8], SocketAddr),
         lost: &mut Drops,
-    ) {
+    ) -> bool {
+        self.run_timers(peer, now, control, lost);
+        !self.idle(peer)
+    }
+
+    fn run_timers(&self, peer: &Arc<Peer>, now: u64, control: &mut dyn FnMut(&[u8], SocketAddr), lost: &mut Drops) {
         lost.add(DropReason::NoSession, peer.evicted.swap(0, Ordering::Relaxed));
-        let Some(keys) = peer.keys() else { return };
+        let Some(keys) = peer.keys() else {
+            // No private key: nothing can be sent, and what was asked for waits for none.
+            for request in [&peer.wants_handshake, &peer.wants_keepalive, &peer.wants_flush] {
+                request.store(false, Ordering::SeqCst);
+            }
+            return;
+        };
         let mut st = peer.state();
         let flush = peer.wants_flush.swap(false, Ordering::AcqRel);
         if flush {

@@ -14,7 +14,7 @@ use super::{WireGuard, DATA_OVERHEAD, HANDSHAKES_PER_CALL, TICK};
 use crate::message::{MessageKind, DATA_HEADER_LEN, TAG_LEN};
 use crate::session::PADDING_MULTIPLE;
 
-use super::data::{route, sending_keypair, WorkerState};
+use super::data::{sending_keypair, WorkerState};
 
 impl Transform for WireGuard {
     fn overhead(&self) -> usize {
@@ -24,14 +24,14 @@ impl Transform for WireGuard {
     fn seal(&self, packet: &mut [u8], out: &mut [u8], _control: &mut dyn FnMut(&[u8], SocketAddr)) -> Sealed {
         let mtu = self.mtu.load(Ordering::Relaxed);
         self.with_worker_state(|cache| {
-            let (position, endpoint) = match route(cache, packet) {
-                Ok(route) => route,
+            let endpoint = match self.route(cache, packet) {
+                Ok((_, endpoint)) => endpoint,
                 Err(answer) => return answer,
             };
             let now = self.now();
-            let WorkerState { rt, sending, .. } = cache;
-            let peer = &rt.peers[position];
-            if let Some(keypair) = sending_keypair(rt, sending, position, now) {
+            let WorkerState { route, sending, .. } = cache;
+            let peer = &route.as_ref().expect("routed").peer;
+            if let Some(keypair) = sending_keypair(peer, sending, now) {
                 if let Some((len, counter)) = keypair.seal(packet, out, mtu) {
                     self.sent(peer, keypair, len as u64, counter, now);
                     return Sealed::Out { len, to: endpoint };
@@ -52,28 +52,30 @@ impl Transform for WireGuard {
         let n = batch.len();
         self.with_worker_state(|cache| {
             let mut start = 0;
-            let mut routed = (n > 0).then(|| route(cache, batch.packet(0)));
+            let mut routed = (n > 0).then(|| self.route(cache, batch.packet(0)));
             while let Some(first) = routed.take() {
-                let (position, endpoint) = match first {
+                let (peer_id, endpoint) = match first {
                     Ok(route) => route,
                     Err(answer) => {
                         batch.set(start, answer);
                         start += 1;
-                        routed = (start < n).then(|| route(cache, batch.packet(start)));
+                        routed = (start < n).then(|| self.route(cache, batch.packet(start)));
                         continue;
                     }
                 };
+                // The run's peer, held for the run: the route cache moves on with the packet after it.
+                let peer = cache.route.as_ref().expect("routed").peer.clone();
                 // The run: the packets after it that go to the same peer at the same endpoint.
                 let mut end = start + 1;
                 while end < n {
-                    let next = route(cache, batch.packet(end));
-                    if next != Ok((position, endpoint)) {
+                    let next = self.route(cache, batch.packet(end));
+                    if next != Ok((peer_id, endpoint)) {
                         routed = Some(next);
                         break;
                     }
                     end += 1;
                 }
-                self.seal_run(cache, batch, start..end, (position, endpoint), mtu);
+                self.seal_run(cache, batch, start..end, (&peer, endpoint), mtu);
                 start = end;
             }
         });
@@ -135,9 +137,22 @@ impl Transform for WireGuard {
         let now = self.now();
         self.checker.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
         let mut lost = Drops::default();
-        for peer in &rt.peers {
-            self.service_peer(peer, now, control, &mut lost);
+        // Only the live peers: the others have no timer that can fire (see `timers`).
+        let live = std::mem::take(&mut *self.live.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut still = Vec::with_capacity(live.len());
+        for peer in live {
+            if self.service_peer(&peer, now, control, &mut lost) {
+                still.push(peer);
+                continue;
+            }
+            // Idle: out of the set, unless something made it live again meanwhile (the data path sets its
+            // request and then looks at `live`; this clears `live` and then looks at the requests).
+            peer.live.store(false, Ordering::SeqCst);
+            if !self.idle(&peer) && !peer.live.swap(true, Ordering::SeqCst) {
+                still.push(peer);
+            }
         }
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).extend(still);
         // Key work (handshake messages, initiations, keepalives) leaves copies of secrets in the frames it used:
         // overwritten before the worker sleeps.
         crate::config::scrub_stack();

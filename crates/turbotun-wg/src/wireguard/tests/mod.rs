@@ -13,6 +13,8 @@ use crate::message::{DataHeader, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN}
 use crate::noise;
 use turbotun::tunnel::SealOut;
 
+mod live;
+
 const A: &str = "192.0.2.1:1000";
 const B: &str = "192.0.2.2:2000";
 const ATTACKER: &str = "198.51.100.66:666";
@@ -525,7 +527,7 @@ fn fresh_timestamp() {
 
 /// The peer at position 0 of `node` (the tests configure one).
 fn only_peer(node: &Node) -> Arc<Peer> {
-    node.wg.runtime().peers[0].clone()
+    node.wg.peer_table().ordered()[0].peer.clone()
 }
 
 /// A starts a handshake with B past the limits between two (REKEY_TIMEOUT on A, 20 ms on B); its initiation.
