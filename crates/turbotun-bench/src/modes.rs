@@ -438,6 +438,8 @@ pub(crate) struct Endpoint {
     pub env: Vec<(String, String)>,
     /// Configured with `wg set` through its configuration socket, with these keys; None: a `ready` line.
     pub wg: Option<Arc<WgSetup>>,
+    /// Other peers configured beside the other end, with `wg addconf` (see `wgscale::write_peers`).
+    pub crowd: usize,
 }
 
 /// What configuring WireGuard endpoints takes: the `wg` tool and a key pair for each side.

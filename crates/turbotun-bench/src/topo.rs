@@ -44,6 +44,8 @@ const VXLAN_VNI: u32 = 42;
 const REACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `wg set` may take.
 const WG_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long adding a `-crowd` kind's peers may take.
+const CROWD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A started forwarder process (or any process the bench starts under a contract like it: an echo, a tunnel's
 /// endpoint).
@@ -736,6 +738,19 @@ fn start_endpoint(
             &allowed,
         ];
         run_tool(side_ns(t, i), &cmd, WG_TIMEOUT, stop).with_context(|| format!("configure {} {dev}", e.name))?;
+        if e.crowd > 0 {
+            // The crowd's prefixes (100.64.0.0/10, fd00:c0::/64) cover neither end's inner address.
+            let prefixes = crate::wgscale::PeerPrefixes {
+                v4: std::net::Ipv4Addr::new(100, 64, 0, 0),
+                v6: std::net::Ipv6Addr::new(0xfd00, 0xc0, 0, 0, 0, 0, 0, 0),
+            };
+            let file = log_dir.join(format!("{dev}-crowd.conf"));
+            crate::wgscale::write_peers(&file, None, 0..e.crowd, prefixes)?;
+            let cmd = [&*tool, "addconf", dev, &*file.to_string_lossy()];
+            run_tool(side_ns(t, i), &cmd, CROWD_TIMEOUT, stop)
+                .with_context(|| format!("add {} peers to {} {dev}", e.crowd, e.name))?;
+            let _ = std::fs::remove_file(&file);
+        }
     }
     Ok(())
 }

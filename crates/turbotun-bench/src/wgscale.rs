@@ -59,7 +59,8 @@ pub(crate) struct ScaleRun {
     pub add_to_empty_s: f64,
     pub setconf_s: f64,
     pub rss_bytes_per_peer: f64,
-    pub add_to_full_s: f64,
+    /// `None`: N + 10,000 is more than the endpoint holds (N = 2^20, the kernel's limit).
+    pub add_to_full_s: Option<f64>,
     pub show_dump_s: f64,
     pub idle_cpu_percent: f64,
 }
@@ -192,7 +193,7 @@ fn run_one(ctx: &mut Ctx, e: &Endpoint, wg: &Path, peers: usize, rep: u32) -> Re
         Launch { label: &e.label, program: &e.program, argv: &argv, env: &e.env, ready: Ready::Socket(&socket) };
     let log = ctx.log_dir.join(format!("{}-{dev}.stderr", e.label));
     let endpoint = Forwarder::launch(&launch, &ns, log, &ctx.stop)?;
-    let result = measure(ctx, &ns, &endpoint, wg, &dev, peers);
+    let result = measure(ctx, &ns, &endpoint, wg, &dev, (peers, e.max_peers));
     let exit = endpoint.stop();
     let (add_to_empty_s, setconf_s, rss_bytes_per_peer, add_to_full_s, show_dump_s, idle_cpu_percent) =
         result.with_context(|| format!("{} ({})", e.label, exit.stderr_tail))?;
@@ -209,10 +210,17 @@ fn run_one(ctx: &mut Ctx, e: &Endpoint, wg: &Path, peers: usize, rep: u32) -> Re
     })
 }
 
-type Figures = (f64, f64, f64, f64, f64, f64);
+type Figures = (f64, f64, f64, Option<f64>, f64, f64);
 
 /// The steps of one run (see the module's documentation).
-fn measure(ctx: &Ctx, ns: &Netns, endpoint: &Forwarder, wg: &Path, dev: &str, peers: usize) -> Result<Figures> {
+fn measure(
+    ctx: &Ctx,
+    ns: &Netns,
+    endpoint: &Forwarder,
+    wg: &Path,
+    dev: &str,
+    (peers, max_peers): (usize, usize),
+) -> Result<Figures> {
     let wg = wg.to_string_lossy();
     let timed = |args: &[&str]| -> Result<(f64, String)> {
         let cmd: Vec<&str> = [&*wg].into_iter().chain(args.iter().copied()).collect();
@@ -230,12 +238,18 @@ fn measure(ctx: &Ctx, ns: &Netns, endpoint: &Forwarder, wg: &Path, dev: &str, pe
     let (setconf_s, _) = timed(&["setconf", dev, &server.to_string_lossy()])?;
     let rss_bytes_per_peer = rss_bytes(endpoint.pid)?.saturating_sub(rss_before) as f64 / peers as f64;
     let more = ctx.log_dir.join(format!("{dev}-more.conf"));
-    write_config(&more, None, peers..peers + ADDED)?;
-    let (add_to_full_s, _) = timed(&["addconf", dev, &more.to_string_lossy()])?;
+    let room = peers + ADDED <= max_peers;
+    let add_to_full_s = if room {
+        write_config(&more, None, peers..peers + ADDED)?;
+        Some(timed(&["addconf", dev, &more.to_string_lossy()])?.0)
+    } else {
+        None
+    };
     let (show_dump_s, dump) = timed(&["show", dev, "dump"])?;
-    let lines = dump.lines().count();
-    if lines != peers + ADDED + 1 {
-        bail!("`wg show {dev} dump` listed {} peers, not {}", lines.saturating_sub(1), peers + ADDED);
+    let listed = dump.lines().count().saturating_sub(1);
+    let expected = if room { peers + ADDED } else { peers };
+    if listed != expected {
+        bail!("`wg show {dev} dump` listed {listed} peers, not {expected}");
     }
     for file in [&first, &server, &more] {
         let _ = std::fs::remove_file(file);
@@ -248,9 +262,30 @@ fn measure(ctx: &Ctx, ns: &Netns, endpoint: &Forwarder, wg: &Path, dev: &str, pe
     Ok((add_to_empty_s, setconf_s, rss_bytes_per_peer, add_to_full_s, show_dump_s, idle_cpu_percent))
 }
 
-/// A configuration file of the peers numbered `numbers`, each with a key of its own, an endpoint, one /32 and
-/// one /128; with the device's private key (made from `seed`) when given, as `wg setconf` takes it whole.
+/// Where generated peers' prefixes are: peer `i` gets the /32 `v4 + i` and the /128 `v6 + i`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerPrefixes {
+    pub v4: std::net::Ipv4Addr,
+    pub v6: std::net::Ipv6Addr,
+}
+
+/// The prefixes of `--wg-scale`'s peers: 10.0.0.0/8 and fd00::/64 hold them all.
+const SCALE_PREFIXES: PeerPrefixes =
+    PeerPrefixes { v4: std::net::Ipv4Addr::new(10, 0, 0, 0), v6: std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0) };
+
 fn write_config(path: &Path, seed: Option<u64>, numbers: std::ops::Range<usize>) -> Result<()> {
+    write_peers(path, seed, numbers, SCALE_PREFIXES)
+}
+
+/// A configuration file of the peers numbered `numbers`, each with a key of its own, an endpoint, one /32 and
+/// one /128 (see [`PeerPrefixes`]); with the device's private key (made from `seed`) when given, as `wg setconf`
+/// takes it whole (without one, as `wg addconf` adds it).
+pub(crate) fn write_peers(
+    path: &Path,
+    seed: Option<u64>,
+    numbers: std::ops::Range<usize>,
+    prefixes: PeerPrefixes,
+) -> Result<()> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut text = String::with_capacity(numbers.len() * 200 + 100);
     text.push_str("[Interface]\n");
@@ -258,13 +293,13 @@ fn write_config(path: &Path, seed: Option<u64>, numbers: std::ops::Range<usize>)
         let _ = writeln!(text, "PrivateKey = {}", b64.encode(key_bytes(u64::MAX - seed)));
     }
     for i in numbers {
-        let (hi, mid, lo) = ((i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff);
+        let v4 = std::net::Ipv4Addr::from(u32::from(prefixes.v4).wrapping_add(i as u32));
+        let v6 = std::net::Ipv6Addr::from(u128::from(prefixes.v6).wrapping_add(i as u128));
+        let (mid, lo) = ((i >> 8) & 0xff, i & 0xff);
         let _ = write!(
             text,
-            "\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.{hi}.{mid}.{lo}/32, fd00::{:x}:{:x}/128\nEndpoint = 198.18.{mid}.{lo}:{}\n",
+            "\n[Peer]\nPublicKey = {}\nAllowedIPs = {v4}/32, {v6}/128\nEndpoint = 198.18.{mid}.{lo}:{}\n",
             b64.encode(key_bytes(i as u64)),
-            i >> 16,
-            i & 0xffff,
             1024 + i % 60_000,
         );
     }
@@ -341,20 +376,25 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
             if runs.is_empty() {
                 continue;
             }
-            let col = |f: fn(&ScaleRun) -> f64, digits| median_range(runs.iter().map(|r| f(r)).collect(), digits);
+            let col = |f: fn(&ScaleRun) -> Option<f64>, digits| {
+                median_range(runs.iter().filter_map(|r| f(r)).collect(), digits)
+            };
             let _ = writeln!(
                 md,
                 "| {} | {peers} | {} | {} | {} | {} | {} | {} | {} |",
                 e.label,
-                col(|r| r.setconf_s, 2),
-                col(|r| r.rss_bytes_per_peer, 0),
-                col(|r| r.add_to_empty_s, 2),
+                col(|r| Some(r.setconf_s), 2),
+                col(|r| Some(r.rss_bytes_per_peer), 0),
+                col(|r| Some(r.add_to_empty_s), 2),
                 col(|r| r.add_to_full_s, 2),
-                col(|r| r.add_to_full_s / r.add_to_empty_s, 2),
-                col(|r| r.show_dump_s, 2),
-                col(|r| r.idle_cpu_percent, 2),
+                col(|r| Some(r.add_to_full_s? / r.add_to_empty_s), 2),
+                col(|r| Some(r.show_dump_s), 2),
+                col(|r| Some(r.idle_cpu_percent), 2),
             );
         }
+    }
+    if report.runs.iter().any(|r| r.add_to_full_s.is_none()) {
+        let _ = writeln!(md, "\n–: N + {ADDED} peers is more than a device holds (1,048,576, the kernel's limit).");
     }
     for s in &report.skipped {
         let scale = s.peers.map(|p| format!(" with {p} peers")).unwrap_or_default();
@@ -381,7 +421,7 @@ mod tests {
         assert_eq!(keys.len(), 10);
         let b64 = base64::engine::general_purpose::STANDARD;
         assert!(keys.iter().all(|k| b64.decode(k).unwrap().len() == 32));
-        assert!(text.contains("AllowedIPs = 10.0.255.255/32, fd00::0:ffff/128\n"), "{text}");
+        assert!(text.contains("AllowedIPs = 10.0.255.255/32, fd00::ffff/128\n"), "{text}");
         assert!(text.contains("AllowedIPs = 10.1.0.0/32, fd00::1:0/128\n"), "{text}");
         let prefixes: std::collections::HashSet<&str> =
             text.lines().filter_map(|l| l.strip_prefix("AllowedIPs = ")).collect();

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
@@ -14,7 +15,7 @@ use zeroize::Zeroizing;
 
 use crate::config::Key;
 use crate::cookie::CookieJar;
-use crate::noise::{InitiationState, PeerKeys};
+use crate::noise::{Identity, InitiationState, PeerKeys};
 use crate::session::Keypair;
 
 /// Packets held for a peer while its handshake is under way (the kernel's MAX_STAGED_PACKETS); when more come,
@@ -89,14 +90,40 @@ struct EndpointState {
     moved_by: Option<(u32, u64)>,
 }
 
+/// A peer's handshake keys: none while the device has no private key; made from the device's identity (and
+/// the peer's preshared key) at their first use, since a device of a million peers would otherwise hold a
+/// million sets of keys that are never used.
+enum KeySlot {
+    NoIdentity,
+    Of(Arc<Identity>),
+    Made(Arc<PeerKeys>),
+}
+
+/// The handshake worker's state of a peer, made when first taken ([`Peer::state`]).
+pub(crate) struct StateGuard<'a>(MutexGuard<'a, Option<Box<HandshakeSide>>>);
+
+impl Deref for StateGuard<'_> {
+    type Target = HandshakeSide;
+
+    fn deref(&self) -> &HandshakeSide {
+        self.0.as_deref().expect("made when taken")
+    }
+}
+
+impl DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut HandshakeSide {
+        self.0.as_deref_mut().expect("made when taken")
+    }
+}
+
 /// One peer at run time.
 pub(crate) struct Peer {
     /// Tells it from every other peer of the process (a peer removed and added again is another).
     pub id: u64,
     /// Its public key.
     pub public_key: Key,
-    /// Its keys for handshakes (`None` while the device has no private key).
-    keys: RwLock<Option<Arc<PeerKeys>>>,
+    /// Its keys for handshakes, made at their first use.
+    keys: RwLock<KeySlot>,
     /// The preshared key its keys were made with (to tell whether a new configuration changes it).
     pub preshared_key: Mutex<Zeroizing<Option<Key>>>,
     /// Seconds between keepalives when no other packet went either way (0: none).
@@ -107,7 +134,8 @@ pub(crate) struct Peer {
     keypairs: RwLock<Keypairs>,
     /// Bumped with every change of the sessions, for the workers' copies.
     pub keypairs_gen: AtomicU64,
-    state: Mutex<HandshakeSide>,
+    /// Made at its first use: a server's peers mostly never handshake, and it is the larger part of a peer.
+    state: Mutex<Option<Box<HandshakeSide>>>,
     /// When an authenticated message (data, keepalive, handshake) / data was last sent to it, and received
     /// from it (device clock, ms; 0: never). Each is written at most once a millisecond, so that the sending
     /// and the receiving worker do not take a shared line from each other with every packet; the timers are
@@ -144,20 +172,25 @@ impl std::fmt::Debug for Peer {
 }
 
 impl Peer {
-    /// A peer with no session, at `endpoint`.
-    pub(crate) fn new(public_key: Key, keys: Option<PeerKeys>, preshared_key: Option<Key>, keepalive: u16) -> Self {
+    /// A peer with no session and no endpoint, whose handshake keys are made from `identity` at their first use.
+    pub(crate) fn new(
+        public_key: Key,
+        identity: Option<&Arc<Identity>>,
+        preshared_key: Option<Key>,
+        keepalive: u16,
+    ) -> Self {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Peer {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             public_key,
-            keys: RwLock::new(keys.map(Arc::new)),
+            keys: RwLock::new(identity.map_or(KeySlot::NoIdentity, |identity| KeySlot::Of(identity.clone()))),
             preshared_key: Mutex::new(Zeroizing::new(preshared_key)),
             persistent_keepalive: AtomicU16::new(keepalive),
             endpoint: Mutex::new(EndpointState::default()),
             endpoint_gen: AtomicU64::new(0),
             keypairs: RwLock::new(Keypairs::default()),
             keypairs_gen: AtomicU64::new(0),
-            state: Mutex::new(HandshakeSide::default()),
+            state: Mutex::new(None),
             sent_any_ms: AtomicU64::new(0),
             sent_data_ms: AtomicU64::new(0),
             received_any_ms: AtomicU64::new(0),
@@ -175,14 +208,36 @@ impl Peer {
         }
     }
 
-    /// Its handshake keys.
+    /// Its handshake keys (made now if they were not yet).
     pub(crate) fn keys(&self) -> Option<Arc<PeerKeys>> {
-        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+        match &*self.keys.read().unwrap_or_else(|e| e.into_inner()) {
+            KeySlot::NoIdentity => return None,
+            KeySlot::Made(keys) => return Some(keys.clone()),
+            KeySlot::Of(_) => {}
+        }
+        let mut slot = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        if let KeySlot::Of(identity) = &*slot {
+            let psk = self.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
+            *slot = KeySlot::Made(Arc::new(PeerKeys::new(identity, self.public_key, psk.as_ref())));
+        }
+        match &*slot {
+            KeySlot::Made(keys) => Some(keys.clone()),
+            _ => None,
+        }
     }
 
-    /// Replaces its handshake keys (a new preshared key).
-    pub(crate) fn set_keys(&self, keys: Option<PeerKeys>) {
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys.map(Arc::new);
+    /// Whether its handshake keys have been made (for the tests of when they are).
+    #[cfg(test)]
+    pub(crate) fn keys_made(&self) -> bool {
+        matches!(&*self.keys.read().unwrap_or_else(|e| e.into_inner()), KeySlot::Made(_))
+    }
+
+    /// Its handshake keys are to be made anew, from `identity` and the preshared key in force (a new private or
+    /// preshared key); `None`: it has none (no private key, or the peer is removed). A handshake opened with the
+    /// keys before is refused, as their `Arc` is not the new one.
+    pub(crate) fn set_identity(&self, identity: Option<&Arc<Identity>>) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) =
+            identity.map_or(KeySlot::NoIdentity, |identity| KeySlot::Of(identity.clone()));
     }
 
     /// Where its datagrams go.
@@ -255,8 +310,10 @@ impl Peer {
     /// handshake keys. Returns the indices that no session or handshake holds any more.
     pub(crate) fn forget_secrets(&self) -> Vec<u32> {
         let mut gone = self.change_keypairs(|k| *k = Keypairs::default());
-        gone.extend(self.state().pending.take().map(|p| p.local_index));
-        self.set_keys(None);
+        if let Some(mut st) = self.state_if_made() {
+            gone.extend(st.pending.take().map(|p| p.local_index));
+        }
+        self.set_identity(None);
         gone
     }
 
@@ -265,10 +322,10 @@ impl Peer {
     /// go at once; `current` and `next` stop sealing. The greatest timestamp taken from the peer stays, so that
     /// an initiation seen before is still a replay. Returns the index no handshake holds any more.
     pub(crate) fn expire_for_new_identity(&self) -> Option<u32> {
-        let mut st = self.state();
-        let pending = st.pending.take().map(|p| p.local_index);
-        st.last_initiation_sent = None;
-        drop(st);
+        let pending = self.state_if_made().and_then(|mut st| {
+            st.last_initiation_sent = None;
+            st.pending.take().map(|p| p.local_index)
+        });
         self.change_keypairs(|k| {
             for keypair in [&k.current, &k.next].into_iter().flatten() {
                 keypair.expire_sending();
@@ -277,9 +334,17 @@ impl Peer {
         pending.filter(|&i| self.keypairs().find(i).is_none())
     }
 
-    /// The handshake worker's state.
-    pub(crate) fn state(&self) -> MutexGuard<'_, HandshakeSide> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The handshake worker's state (made now if it was not yet).
+    pub(crate) fn state(&self) -> StateGuard<'_> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.get_or_insert_with(Box::default);
+        StateGuard(state)
+    }
+
+    /// The handshake worker's state, if it was ever made (a peer that never had any has nothing to look at).
+    pub(crate) fn state_if_made(&self) -> Option<StateGuard<'_>> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.is_some().then_some(StateGuard(state))
     }
 
     /// Records that an authenticated message went to it at `now`.

@@ -110,6 +110,9 @@ pub(super) struct KindSpec {
     pub(super) spec: Spec,
     /// B's endpoint flooded with handshake initiations during the window (the `-flood` kinds).
     pub(super) flood: Option<Flood>,
+    /// Peers configured on each endpoint beside the other end, each with a /32 and a /128 nothing is sent to
+    /// (the `-crowd` kinds: a server's routing table around the one flow measured).
+    pub(super) crowd: usize,
 }
 
 impl KindSpec {
@@ -127,6 +130,9 @@ impl KindSpec {
     }
 }
 
+/// The other peers each endpoint of a `-crowd` kind holds.
+pub(super) const CROWD: usize = 100_000;
+
 /// Every kind, in report order.
 pub(super) const KINDS: &[KindSpec] = &[
     KindSpec {
@@ -135,6 +141,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "iperf3 over the underlay itself",
         spec: Spec::Veth,
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "vxlan",
@@ -142,6 +149,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "the kernel's VXLAN over the underlay (VNI 42, UDP 4789)",
         spec: Spec::Vxlan,
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-plain",
@@ -149,6 +157,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun tunnel` at both ends (packets in UDP, not encrypted)",
         spec: Spec::Pair(Program::TurbotunTunnel, Program::TurbotunTunnel),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg",
@@ -156,6 +165,16 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg` at both ends (WireGuard)",
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
         flood: None,
+        crowd: 0,
+    },
+    KindSpec {
+        label: "turbotun-wg-crowd",
+        family: "turbotun",
+        description: "`turbotun wg` at both ends, each also holding 100,000 other peers and their 200,000 prefixes \
+                      (only when named)",
+        spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
+        flood: None,
+        crowd: CROWD,
     },
     KindSpec {
         label: "turbotun-plain-q2",
@@ -163,6 +182,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun tunnel --queues 2` at both ends (only when named)",
         spec: Spec::Pair(Program::TurbotunTunnelTwoQueues, Program::TurbotunTunnelTwoQueues),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg-q2",
@@ -170,6 +190,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg --queues 2` at both ends (only when named)",
         spec: Spec::Pair(Program::TurbotunWgTwoQueues, Program::TurbotunWgTwoQueues),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-plain@baseline",
@@ -177,6 +198,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun tunnel` of the --baseline build at both ends (A/B)",
         spec: Spec::Pair(Program::BaselineTunnel, Program::BaselineTunnel),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg@baseline",
@@ -184,6 +206,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg` of the --baseline build at both ends (A/B)",
         spec: Spec::Pair(Program::BaselineWg, Program::BaselineWg),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "wireguard-go",
@@ -191,6 +214,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "wireguard-go at both ends",
         spec: Spec::Pair(Program::WireguardGo, Program::WireguardGo),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "boringtun",
@@ -198,6 +222,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "boringtun-cli at both ends",
         spec: Spec::Pair(Program::Boringtun, Program::Boringtun),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "gotatun",
@@ -205,6 +230,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "GotaTun (Mullvad's fork of boringtun) at both ends",
         spec: Spec::Pair(Program::Gotatun, Program::Gotatun),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg-vs-wireguard-go",
@@ -212,6 +238,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg` in A, wireguard-go in B (interoperation)",
         spec: Spec::Pair(Program::TurbotunWg, Program::WireguardGo),
         flood: None,
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg-flood1",
@@ -219,6 +246,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg` at both ends, B flooded with valid-mac1 handshake initiations from one address",
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
         flood: Some(Flood { sources: 1 }),
+        crowd: 0,
     },
     KindSpec {
         label: "turbotun-wg-flood64",
@@ -226,6 +254,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "`turbotun wg` at both ends, B flooded with valid-mac1 handshake initiations from 64 addresses",
         spec: Spec::Pair(Program::TurbotunWg, Program::TurbotunWg),
         flood: Some(Flood { sources: 64 }),
+        crowd: 0,
     },
     KindSpec {
         label: "wireguard-go-flood1",
@@ -233,6 +262,7 @@ pub(super) const KINDS: &[KindSpec] = &[
         description: "wireguard-go at both ends, B flooded with valid-mac1 handshake initiations from one address",
         spec: Spec::Pair(Program::WireguardGo, Program::WireguardGo),
         flood: Some(Flood { sources: 1 }),
+        crowd: 0,
     },
 ];
 
@@ -348,9 +378,10 @@ pub(super) fn is_baseline(k: &KindSpec) -> bool {
     k.label.ends_with("@baseline")
 }
 
-/// Whether a kind runs only when `--tunnel-kinds` names it: the handshake floods and the two-queue endpoints.
+/// Whether a kind runs only when `--tunnel-kinds` names it: the handshake floods, the crowds and the two-queue
+/// endpoints.
 pub(super) fn only_when_named(k: &KindSpec) -> bool {
-    k.flood.is_some() || k.label.ends_with("-q2")
+    k.flood.is_some() || k.crowd > 0 || k.label.ends_with("-q2")
 }
 
 /// The kind a `-flood` kind is compared with: the same endpoints without the flood.
@@ -466,6 +497,7 @@ pub(super) fn resolve(kinds: &[&KindSpec], r: &mut Resolver<'_>) -> Result<Resol
                         argv: argv.to_vec(),
                         env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                         wg: if p.is_wg() { wg.clone() } else { None },
+                        crowd: k.crowd,
                     })
                 };
                 Link::Pair(Box::new([end(a, r)?, end(b, r)?]), k.flood)

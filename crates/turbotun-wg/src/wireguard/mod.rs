@@ -36,7 +36,7 @@ use turbotun::udp::ReplySources;
 use crate::config::{DeviceConfig, Key, PeerConfig};
 use crate::cookie::CookieChecker;
 use crate::message::{DATA_HEADER_LEN, TAG_LEN};
-use crate::noise::{Identity, PeerKeys};
+use crate::noise::Identity;
 use crate::peer::Peer;
 use crate::session::{Keypair, REJECT_AFTER_MESSAGES};
 
@@ -368,8 +368,6 @@ impl WireGuard {
             old.identity.clone()
         };
         drop(private_key);
-        let keys_for =
-            |public: Key, psk: Option<Key>| identity.as_ref().map(|id| PeerKeys::new(id, public, psk.as_ref()));
         let mut table = self.peers.write().unwrap_or_else(|e| e.into_inner());
         let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
         let mut gone: Vec<Arc<Peer>> = Vec::new();
@@ -404,14 +402,16 @@ impl WireGuard {
                 Some(entry) => {
                     let p = entry.peer.clone();
                     let mut psk = p.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                    if !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref()) {
+                    let psk_changed = !crate::config::same_secret(psk.as_ref(), preshared_key.as_ref());
+                    if psk_changed {
                         **psk = preshared_key;
-                        // (With a new private key every peer's keys are made anew below.)
-                        if !identity_changed {
-                            p.set_keys(keys_for(key, preshared_key));
-                        }
                     }
+                    // Released first: making the keys takes the preshared key's lock after the keys' own.
                     drop(psk);
+                    // (With a new private key every peer's keys are made anew below.)
+                    if psk_changed && !identity_changed {
+                        p.set_identity(identity.as_ref());
+                    }
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
                     if pc.endpoint.is_some() && entry.config.endpoint != pc.endpoint {
                         p.set_endpoint(pc.endpoint);
@@ -426,8 +426,7 @@ impl WireGuard {
                     p
                 }
                 None => {
-                    let keys = if identity_changed { None } else { keys_for(key, preshared_key) };
-                    let p = Arc::new(Peer::new(key, keys, preshared_key, pc.persistent_keepalive));
+                    let p = Arc::new(Peer::new(key, identity.as_ref(), preshared_key, pc.persistent_keepalive));
                     p.set_endpoint(pc.endpoint);
                     if pc.persistent_keepalive > 0 {
                         p.wants_keepalive.store(true, Ordering::SeqCst);
@@ -446,13 +445,11 @@ impl WireGuard {
                 }
             }
         }
-        // A new private key: every peer's handshake keys are made anew (a peer added by this change too, which
-        // got none above), and those it had expire.
+        // A new private key: every peer's handshake keys are made anew, and those it had expire.
         let mut expiring = Vec::new();
         if identity_changed {
             for entry in table.by_key.values() {
-                let psk = **entry.peer.preshared_key.lock().unwrap_or_else(|e| e.into_inner());
-                entry.peer.set_keys(keys_for(entry.config.public_key, psk));
+                entry.peer.set_identity(identity.as_ref());
                 expiring.push(entry.peer.clone());
             }
         }
@@ -466,7 +463,9 @@ impl WireGuard {
         let mut retired = Vec::new();
         for peer in &expiring {
             retired.extend(peer.expire_for_new_identity());
-            self.mark_live(peer);
+            if !self.idle(peer) {
+                self.mark_live(peer);
+            }
         }
         self.retire(&retired);
         if identity_changed {

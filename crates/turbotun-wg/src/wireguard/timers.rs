@@ -54,7 +54,8 @@ impl WireGuard {
         if keypairs.current.is_some() || keypairs.previous.is_some() || keypairs.next.is_some() {
             return false;
         }
-        let st = peer.state();
+        // A peer never given a handshake state has none to look at (and is not given one here).
+        let Some(st) = peer.state_if_made() else { return true };
         st.pending.is_none()
             && st.retransmit_at.is_none()
             && st.zero_keys_at.is_none()
@@ -120,6 +121,9 @@ impl WireGuard {
     }
 
     fn run_timers(&self, peer: &Arc<Peer>, now: u64, control: &mut dyn FnMut(&[u8], SocketAddr), lost: &mut Drops) {
+        if self.idle(peer) {
+            return; // nothing to time, and nothing made for it here (keys, state)
+        }
         lost.add(DropReason::NoSession, peer.evicted.swap(0, Ordering::Relaxed));
         let Some(keys) = peer.keys() else {
             // No private key: nothing can be sent, and what was asked for waits for none.
