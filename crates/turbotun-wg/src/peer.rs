@@ -117,33 +117,55 @@ impl DerefMut for StateGuard<'_> {
 }
 
 /// One peer at run time.
+///
+/// Laid out in this order (`repr(C)`) for the two data workers that share it, the one sealing for the peer and
+/// the one opening what it sends: what they read with every packet (`id`, the generations), what the sealing
+/// one writes (`sent_*`, `tx_bytes`) and what the opening one writes (`received_*`, `rx_bytes`) each lie more
+/// than a cache line (64 bytes) of fields the data path leaves alone from the others and from the reference
+/// count before the peer, so that no worker's write takes a line another reads with every packet.
+#[repr(C)]
 pub(crate) struct Peer {
-    /// Tells it from every other peer of the process (a peer removed and added again is another).
-    pub id: u64,
+    // Cold: 112 bytes after the reference count.
     /// Its public key.
     pub public_key: Key,
     /// Its keys for handshakes, made at their first use.
     keys: RwLock<KeySlot>,
     /// The preshared key its keys were made with (to tell whether a new configuration changes it).
     pub preshared_key: Mutex<Zeroizing<Option<Key>>>,
-    /// Seconds between keepalives when no other packet went either way (0: none).
-    pub persistent_keepalive: AtomicU16,
-    endpoint: Mutex<EndpointState>,
+    // Read with every packet.
+    /// Tells it from every other peer of the process (a peer removed and added again is another).
+    pub id: u64,
     /// Bumped with every change of the endpoint, so that workers keep a copy and look at the lock only then.
     pub endpoint_gen: AtomicU64,
-    keypairs: RwLock<Keypairs>,
     /// Bumped with every change of the sessions, for the workers' copies.
     pub keypairs_gen: AtomicU64,
-    /// Made at its first use: a server's peers mostly never handshake, and it is the larger part of a peer.
-    state: Mutex<Option<Box<HandshakeSide>>>,
+    // Cold: 64 bytes.
+    endpoint: Mutex<EndpointState>,
+    // Written by the worker sealing for it.
+    /// Bytes of datagrams sent to it.
+    pub tx_bytes: AtomicU64,
     /// When an authenticated message (data, keepalive, handshake) / data was last sent to it, and received
     /// from it (device clock, ms; 0: never). Each is written at most once a millisecond, so that the sending
     /// and the receiving worker do not take a shared line from each other with every packet; the timers are
     /// judged from them by the handshake worker.
     pub sent_any_ms: AtomicU64,
     pub sent_data_ms: AtomicU64,
+    // Cold: 88 bytes.
+    keypairs: RwLock<Keypairs>,
+    /// Made at its first use: a server's peers mostly never handshake, and it is the larger part of a peer.
+    state: Mutex<Option<Box<HandshakeSide>>>,
+    /// When the last handshake completed.
+    pub last_handshake: Mutex<Option<SystemTime>>,
+    // Written by the worker opening what it sends.
+    /// Bytes of datagrams received from it.
+    pub rx_bytes: AtomicU64,
     pub received_any_ms: AtomicU64,
     pub received_data_ms: AtomicU64,
+    // Written rarely.
+    /// Held packets dropped to make room, not yet reported.
+    pub evicted: AtomicU64,
+    /// Seconds between keepalives when no other packet went either way (0: none).
+    pub persistent_keepalive: AtomicU16,
     /// Whether a handshake was asked for because the session we initiated nears its end while we receive.
     pub sent_lastminute_handshake: AtomicBool,
     /// A handshake asked for by the data path (no session, or the session is old).
@@ -152,13 +174,6 @@ pub(crate) struct Peer {
     pub wants_keepalive: AtomicBool,
     /// Held packets to send now that a session can carry them.
     pub wants_flush: AtomicBool,
-    /// Held packets dropped to make room, not yet reported.
-    pub evicted: AtomicU64,
-    /// When the last handshake completed.
-    pub last_handshake: Mutex<Option<SystemTime>>,
-    /// Bytes of datagrams received from it / sent to it.
-    pub rx_bytes: AtomicU64,
-    pub tx_bytes: AtomicU64,
     /// Whether it is among the peers whose timers run (the device's live set).
     pub live: AtomicBool,
     /// Set once it is removed from the configuration: a worker's cache that still holds it lets go.
@@ -371,5 +386,25 @@ impl Peer {
 fn store_if_changed(at: &AtomicU64, value: u64) {
     if at.load(Ordering::Relaxed) != value {
         at.store(value, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The layout the data path counts on (see [`Peer`]): more than a cache line between the reference count
+    /// and each group of hot fields, and between the groups.
+    #[test]
+    fn test_the_hot_fields_of_each_worker_lie_a_cache_line_apart() {
+        const LINE: usize = 64;
+        let read = offset_of!(Peer, id)..offset_of!(Peer, keypairs_gen) + 8;
+        let sealing = offset_of!(Peer, tx_bytes)..offset_of!(Peer, sent_data_ms) + 8;
+        let opening = offset_of!(Peer, rx_bytes)..offset_of!(Peer, received_data_ms) + 8;
+        // The reference count is written just before the peer (ArcInner: strong, weak, then the peer).
+        assert!(read.start >= LINE, "{read:?}");
+        assert!(sealing.start >= read.end + LINE, "{read:?} {sealing:?}");
+        assert!(opening.start >= sealing.end + LINE, "{sealing:?} {opening:?}");
     }
 }
