@@ -195,7 +195,74 @@ pub fn to_json(report: &Report) -> Value {
             .collect::<Vec<_>>();
         line.insert("queues".into(), Value::Array(queues));
     }
+    if !report.peers.is_empty() {
+        let peers = report
+            .peers
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "public_key": p.public_key,
+                    "endpoint": p.endpoint,
+                    "allowed_ips": p.allowed_ips,
+                    "latest_handshake": p.latest_handshake,
+                    "rx_bytes": p.rx_bytes,
+                    "tx_bytes": p.tx_bytes,
+                    "drops": p.drops,
+                })
+            })
+            .collect();
+        line.insert("peers".into(), Value::Array(peers));
+    }
     Value::Object(line)
+}
+
+/// The order of `turbotun stats --peers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PeerOrder {
+    /// The most bytes both ways first.
+    Traffic,
+    /// The latest handshake first, those without one last.
+    Handshake,
+}
+
+/// A WireGuard endpoint's peers as `wg show` lists them, with each one's drops: a line each, in `order`, times
+/// of the last handshake as an age at `now` (UNIX seconds).
+pub fn peer_table(report: &Report, order: PeerOrder, now: u64) -> String {
+    let mut peers: Vec<&turbotun::stats_socket::PeerCounters> = report.peers.iter().collect();
+    match order {
+        PeerOrder::Traffic => peers.sort_by_key(|p| std::cmp::Reverse(p.rx_bytes + p.tx_bytes)),
+        PeerOrder::Handshake => peers.sort_by_key(|p| std::cmp::Reverse(p.latest_handshake)),
+    }
+    let mut s = format!(
+        "{:<44}  {:<24}  {:>16}  {:>10}  {:>10}  {:>7}\n",
+        "peer", "endpoint", "latest handshake", "received", "sent", "drops"
+    );
+    for p in peers {
+        let handshake = match p.latest_handshake {
+            Some(at) => format!("{} ago", age(now.saturating_sub(at))),
+            None => "never".into(),
+        };
+        s += &format!(
+            "{:<44}  {:<24}  {:>16}  {:>10}  {:>10}  {:>7}\n",
+            p.public_key,
+            p.endpoint.as_deref().unwrap_or("(none)"),
+            handshake,
+            bytes(p.rx_bytes),
+            bytes(p.tx_bytes),
+            p.drops
+        );
+    }
+    s
+}
+
+/// `42 s`, `3 min 5 s`, `2 h 1 min`, `3 d 4 h`.
+fn age(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds} s"),
+        60..3600 => format!("{} min {} s", seconds / 60, seconds % 60),
+        3600..86_400 => format!("{} h {} min", seconds / 3600, seconds % 3600 / 60),
+        _ => format!("{} d {} h", seconds / 86_400, seconds % 86_400 / 3600),
+    }
 }
 
 /// `1.46 M packets, 2.16 GB in 3.0 s (5.8 Gbit/s), 1 drop: device_down`, then a line per direction, then one
@@ -411,7 +478,75 @@ pub fn prometheus(reports: &[Report]) -> String {
             }
         }
     }
+    peer_metrics(&mut s, reports);
     s
+}
+
+/// Each WireGuard peer's series, named and labelled as WireGuard's usual Prometheus exporter
+/// (`wireguard_exporter`) names them, so that the dashboards made for it work: `device` (the interface) and
+/// `public_key` (the peer's, in base64) on every series, `endpoint` on `wireguard_peer_info`, and one
+/// `wireguard_peer_allowed_ips_info` per allowed prefix; and the drops per peer, which only turbotun counts.
+fn peer_metrics(s: &mut String, reports: &[Report]) {
+    use std::fmt::Write as _;
+    let with_peers: Vec<&Report> = reports.iter().filter(|r| !r.peers.is_empty()).collect();
+    if with_peers.is_empty() {
+        return;
+    }
+    let peer =
+        |r: &Report, key: &str| format!("device=\"{}\",public_key=\"{}\"", label_value(&r.name), label_value(key));
+    type Value = fn(&turbotun::stats_socket::PeerCounters) -> String;
+    let series: [(&str, &str, &str, Value); 5] = [
+        (
+            "wireguard_peer_info",
+            "gauge",
+            "Metadata about a peer: its endpoint and allowed prefixes (always 1).",
+            |_| "1".into(),
+        ),
+        (
+            "wireguard_peer_last_handshake_seconds",
+            "gauge",
+            "UNIX timestamp of the last handshake with a peer (0: none yet).",
+            |p| p.latest_handshake.unwrap_or(0).to_string(),
+        ),
+        ("wireguard_peer_receive_bytes_total", "counter", "Bytes received from a peer.", |p| p.rx_bytes.to_string()),
+        ("wireguard_peer_transmit_bytes_total", "counter", "Bytes transmitted to a peer.", |p| p.tx_bytes.to_string()),
+        (
+            "turbotun_wireguard_peer_dropped_packets_total",
+            "counter",
+            "Packets to or from a peer dropped (held packets no handshake came for, datagrams that did not open).",
+            |p| p.drops.to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for r in &with_peers {
+            for p in &r.peers {
+                let value = value(p);
+                let mut labels = peer(r, &p.public_key);
+                if name == "wireguard_peer_info" {
+                    let endpoint = p.endpoint.as_deref().unwrap_or("");
+                    let _ = write!(
+                        labels,
+                        ",endpoint=\"{}\",allowed_ips=\"{}\"",
+                        label_value(endpoint),
+                        label_value(&p.allowed_ips.join(","))
+                    );
+                }
+                let _ = writeln!(s, "{name}{{{labels}}} {value}");
+            }
+        }
+    }
+    let name = "wireguard_peer_allowed_ips_info";
+    let _ = writeln!(s, "# HELP {name} Each allowed prefix of a peer (always 1).");
+    let _ = writeln!(s, "# TYPE {name} gauge");
+    for r in &with_peers {
+        for p in &r.peers {
+            for prefix in &p.allowed_ips {
+                let _ = writeln!(s, "{name}{{{},allowed_ips=\"{}\"}} 1", peer(r, &p.public_key), label_value(prefix));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,15 @@ pub struct StatsArgs {
     #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
     /// Print Prometheus's text format (for node_exporter's textfile collector or a scrape through a wrapper).
+    /// A WireGuard endpoint's peers come as WireGuard's usual exporter names them (wireguard_peer_*).
     #[arg(long)]
     pub prometheus: bool,
+    /// List a WireGuard endpoint's peers as `wg show` does, with each one's drops.
+    #[arg(long, conflicts_with_all = ["prometheus", "json"])]
+    pub peers: bool,
+    /// With --peers: busiest first (traffic) or latest handshake first (handshake).
+    #[arg(long, value_enum, default_value = "traffic", requires = "peers")]
+    pub sort: crate::counters::PeerOrder,
 }
 
 pub fn run(args: &StatsArgs) -> Result<()> {
@@ -51,6 +58,16 @@ pub fn run(args: &StatsArgs) -> Result<()> {
     } else if args.json {
         for report in &reports {
             println!("{}", crate::counters::to_json(report));
+        }
+    } else if args.peers {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        for report in &reports {
+            println!("{}", heading(report));
+            if report.kind != "wireguard" {
+                println!("(not a WireGuard endpoint: no peers)");
+                continue;
+            }
+            print!("{}", crate::counters::peer_table(report, args.sort, now));
         }
     } else {
         for report in &reports {

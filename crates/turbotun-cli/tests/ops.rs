@@ -349,6 +349,70 @@ fn wg_drops_that_ip_link_cannot_see_show_in_stats() {
     assert!(!stats_socket(&name).exists() && !uapi_socket(&name).exists(), "sockets removed");
 }
 
+/// A WireGuard endpoint's peers in `turbotun stats`: in the Prometheus text as WireGuard's usual exporter names
+/// them (device and public key on every series, the endpoint and the allowed prefixes on the info series), in
+/// `--json`, and listed by `--peers` busiest first, as `wg show` lists them.
+#[test]
+fn wg_peers_show_in_stats_as_the_exporters_name_them() {
+    use base64::Engine as _;
+    if !privileged("wg_peers_show_in_stats_as_the_exporters_name_them") {
+        return;
+    }
+    let daemon = Daemon::start(None);
+    let name = &daemon.name;
+    let (busy, idle) = ([0x21u8; 32], [0x42u8; 32]);
+    let hex = |key: &[u8; 32]| key.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let b64 = |key: &[u8; 32]| base64::engine::general_purpose::STANDARD.encode(key);
+    let set = format!(
+        "private_key={}\npublic_key={}\nendpoint=127.0.0.1:9\nallowed_ip=10.79.0.2/32\nallowed_ip=fd79::2/128\n\
+         public_key={}\nallowed_ip=10.79.0.3/32",
+        hex(&[0x17; 32]),
+        hex(&busy),
+        hex(&idle)
+    );
+    assert_eq!(uapi_set(name, &set), "errno=0\n\n");
+    let mut nl = Netlink::in_netns(&ns_path(&daemon.ns)).unwrap();
+    nl.add_address(name, "10.79.0.1".parse().unwrap(), 24).unwrap();
+    nl.set_up(name, true).unwrap();
+    // A ping to the busy peer: held for the handshake, whose initiation goes to its endpoint (148 bytes).
+    let _ =
+        with_netns(&ns_path(&daemon.ns), || Command::new("ping").args(["-c", "1", "-W", "1", "10.79.0.2"]).output());
+    let samples = || {
+        parse_prometheus(&String::from_utf8(turbotun_in(&daemon.ns, &["stats", name, "--prometheus"]).stdout).unwrap())
+    };
+    let peer = |key: &[u8; 32]| format!("device=\"{name}\",public_key=\"{}\"", b64(key));
+    let sent = |key: &[u8; 32]| samples()[&format!("wireguard_peer_transmit_bytes_total{{{}}}", peer(key))];
+    wait_for("the initiation counted", || sent(&busy) >= 148.0);
+    let all = samples();
+    assert_eq!(sent(&idle), 0.0);
+    for (series, value) in [
+        (
+            format!(
+                "wireguard_peer_info{{{},endpoint=\"127.0.0.1:9\",allowed_ips=\"10.79.0.2/32,fd79::2/128\"}}",
+                peer(&busy)
+            ),
+            1.0,
+        ),
+        (format!("wireguard_peer_info{{{},endpoint=\"\",allowed_ips=\"10.79.0.3/32\"}}", peer(&idle)), 1.0),
+        (format!("wireguard_peer_allowed_ips_info{{{},allowed_ips=\"fd79::2/128\"}}", peer(&busy)), 1.0),
+        (format!("wireguard_peer_last_handshake_seconds{{{}}}", peer(&busy)), 0.0),
+        (format!("wireguard_peer_receive_bytes_total{{{}}}", peer(&busy)), 0.0),
+        (format!("turbotun_wireguard_peer_dropped_packets_total{{{}}}", peer(&idle)), 0.0),
+    ] {
+        assert_eq!(all.get(&series), Some(&value), "{series} in {all:?}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&turbotun_in(&daemon.ns, &["stats", name, "--json"]).stdout).unwrap();
+    assert_eq!(json["peers"][0]["public_key"], b64(&busy), "{json}");
+    assert_eq!(json["peers"][1]["allowed_ips"], serde_json::json!(["10.79.0.3/32"]), "{json}");
+    let listed = text(&turbotun_in(&daemon.ns, &["stats", name, "--peers"]));
+    let rows: Vec<&str> = listed.lines().filter(|l| l.contains('=')).collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert!(rows[0].starts_with(&b64(&busy)) && rows[0].contains("127.0.0.1:9"), "busiest first: {listed}");
+    assert!(rows[1].starts_with(&b64(&idle)) && rows[1].contains("never"), "{listed}");
+    daemon.delete();
+}
+
 /// Every command's `--help` ends with EXAMPLES and EXIT STATUS; the manual pages render with `man -l` and say
 /// the same; the completions are what each shell loads.
 #[test]

@@ -141,7 +141,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
         Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
         None => None,
     };
-    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, &options.stats, &name));
+    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, &options.stats, &wg, &name));
     announce_up(options, &name, &wg, &uapi);
 
     let configuration = serve_configuration(uapi, wg.clone(), queues.len(), reserve, stop.clone())?;
@@ -223,13 +223,16 @@ fn drop_privileges(
 }
 
 /// Serves the counters on `socket` (a warning if it cannot).
-fn serve_stats(socket: StatsSocket, stats: &TunnelStatsHandle, name: &str) -> Option<StatsServer> {
-    let (stats, device, start) = (stats.clone(), name.to_string(), Instant::now());
+fn serve_stats(socket: StatsSocket, stats: &TunnelStatsHandle, wg: &Arc<WireGuard>, name: &str) -> Option<StatsServer> {
+    let (stats, wg, device, start) = (stats.clone(), wg.clone(), name.to_string(), Instant::now());
     let report = move || {
         let seconds = start.elapsed().as_secs_f64();
         let snapshot = stats.snapshot();
-        Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
-            .with_tunnel_queues(&stats.queue_snapshots())
+        let mut report =
+            Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
+                .with_tunnel_queues(&stats.queue_snapshots());
+        report.peers = wg.peer_counters();
+        report
     };
     match socket.serve(report) {
         Ok(server) => Some(server),

@@ -164,6 +164,8 @@ pub(crate) struct Peer {
     // Written rarely.
     /// Held packets dropped to make room, not yet reported.
     pub evicted: AtomicU64,
+    /// Packets to it or from it dropped, whatever the reason (its own counter in the counters report).
+    pub drops: AtomicU64,
     /// Seconds between keepalives when no other packet went either way (0: none).
     pub persistent_keepalive: AtomicU16,
     /// Whether a handshake was asked for because the session we initiated nears its end while we receive.
@@ -215,6 +217,7 @@ impl Peer {
             wants_keepalive: AtomicBool::new(false),
             wants_flush: AtomicBool::new(false),
             evicted: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
             last_handshake: Mutex::new(None),
             rx_bytes: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
@@ -360,6 +363,13 @@ impl Peer {
     pub(crate) fn state_if_made(&self) -> Option<StateGuard<'_>> {
         let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.is_some().then_some(StateGuard(state))
+    }
+
+    /// Records `n` packets to it or from it dropped.
+    pub(crate) fn dropped(&self, n: u64) {
+        if n > 0 {
+            self.drops.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Records that an authenticated message went to it at `now`.

@@ -197,13 +197,19 @@ impl WireGuard {
         let r = cache.receiving.as_ref().expect("filled above");
         let now = self.now();
         if !usable(&r.keypair, now) {
+            r.peer.dropped(1);
             return Opened::Dropped(DropReason::NoSession);
         }
         let datagram_len = datagram.len() as u64;
         let (plain, counter) = match r.keypair.open(datagram) {
             Ok(opened) => opened,
-            Err(OpenError::Unauthenticated) => return Opened::Dropped(DropReason::Unauthenticated),
-            Err(OpenError::Replayed) => return Opened::Dropped(DropReason::Replayed),
+            Err(failed) => {
+                r.peer.dropped(1);
+                return Opened::Dropped(match failed {
+                    OpenError::Unauthenticated => DropReason::Unauthenticated,
+                    OpenError::Replayed => DropReason::Replayed,
+                });
+            }
         };
         let (peer, keypair) = (&r.peer, &r.keypair);
         peer.rx_bytes.fetch_add(datagram_len, Ordering::Relaxed);
@@ -251,6 +257,7 @@ impl WireGuard {
         let allowed = cache.allowed == Some(AllowedSource { source: src, peer: peer.id })
             || self.route_table().longest_match(src).is_some_and(|(_, holder)| Arc::ptr_eq(holder, peer));
         if !allowed {
+            peer.dropped(1);
             return Opened::Dropped(DropReason::NotAllowed);
         }
         cache.allowed = Some(AllowedSource { source: src, peer: peer.id });
@@ -273,12 +280,14 @@ impl WireGuard {
     /// beyond [`HELD_PER_PEER`]), or dropped when the peer cannot make one.
     pub(super) fn hold(&self, peer: &Arc<Peer>, packet: &[u8]) -> Sealed {
         if !peer.keys().is_some_and(|k| k.can_handshake()) {
+            peer.dropped(1);
             return Sealed::Dropped(DropReason::NoSession);
         }
         let mut st = peer.state();
         if st.held.len() >= HELD_PER_PEER {
             st.held.pop_front();
             peer.evicted.fetch_add(1, Ordering::Relaxed);
+            peer.dropped(1);
         }
         st.held.push_back(packet.to_vec());
         drop(st);

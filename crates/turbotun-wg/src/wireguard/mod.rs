@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ip_network::IpNetwork;
 use ip_network_table::IpNetworkTable;
 use rand_core::{OsRng, RngCore};
+use turbotun::stats_socket::PeerCounters;
 use turbotun::tunnel::Settled;
 use turbotun::udp::ReplySources;
 
@@ -328,6 +329,28 @@ impl WireGuard {
     /// Records the device's MTU: padding never makes a packet longer than it.
     pub fn set_mtu(&self, mtu: usize) {
         self.mtu.store(mtu, Ordering::Relaxed);
+    }
+
+    /// Each peer's counters as the counters socket serves them (public keys in base64, as `wg` prints them), in
+    /// the order the peers were added.
+    pub fn peer_counters(&self) -> Vec<PeerCounters> {
+        use base64::Engine as _;
+        let base64 = base64::engine::general_purpose::STANDARD;
+        let table = self.peer_table();
+        let entries = table.ordered();
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let state = state_of(&entry.peer);
+            let mut counters = PeerCounters::new(base64.encode(entry.config.public_key));
+            counters.endpoint = state.endpoint.map(|e| e.to_string());
+            counters.allowed_ips = entry.config.allowed_ips.iter().map(|(addr, len)| format!("{addr}/{len}")).collect();
+            counters.latest_handshake =
+                state.last_handshake.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs());
+            (counters.rx_bytes, counters.tx_bytes) = (state.rx_bytes, state.tx_bytes);
+            counters.drops = entry.peer.drops.load(Ordering::Relaxed);
+            out.push(counters);
+        }
+        out
     }
 
     /// What each configured peer's session knows, in configuration order.

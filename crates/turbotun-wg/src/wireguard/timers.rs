@@ -164,6 +164,7 @@ impl WireGuard {
                 st.retransmit_at = None;
                 st.keepalive_timer = None;
                 lost.add(DropReason::NoSession, st.held.len() as u64);
+                peer.dropped(st.held.len() as u64);
                 st.held.clear();
                 st.zero_keys_at.get_or_insert(now + 3 * REJECT_AFTER_TIME);
             } else {

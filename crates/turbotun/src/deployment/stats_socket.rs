@@ -51,8 +51,9 @@ pub const STATS_SUFFIX: &str = ".stats";
 /// How long a client may take to take a report, and [`read`] to get one.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The largest report [`read`] accepts (a report is about 1 KiB per direction).
-const MAX_REPORT: u64 = 1 << 20;
+/// The largest report [`read`] accepts: about 1 KiB per direction, and up to some 250 bytes per WireGuard peer
+/// (of at most 2^20) with a few prefixes each.
+const MAX_REPORT: u64 = (1 << 20) + 512 * (1 << 20);
 
 /// The counters socket of the engine named `name` (a device name) in [`STATS_DIR`].
 pub fn socket_path(name: &str) -> PathBuf {
@@ -82,6 +83,75 @@ pub struct Report {
     /// An engine of several queues: each queue's own counters, by queue number, each by direction as in
     /// [`Self::directions`] (part of the totals there, not added to them). Empty with one queue.
     pub queues: Vec<Vec<(String, Counters)>>,
+    /// A WireGuard endpoint's peers, each with its own counters, in the order they were added.
+    pub peers: Vec<PeerCounters>,
+}
+
+/// One WireGuard peer's counters, what `wg show` shows of it and the drops it alone caused.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PeerCounters {
+    /// Its public key, in the base64 `wg` prints.
+    pub public_key: String,
+    /// Where its datagrams go now.
+    pub endpoint: Option<String>,
+    /// Its allowed prefixes (`ADDR/LEN`).
+    pub allowed_ips: Vec<String>,
+    /// When the last handshake with it completed, in UNIX seconds (`None`: never).
+    pub latest_handshake: Option<u64>,
+    /// Bytes of datagrams received from it.
+    pub rx_bytes: u64,
+    /// Bytes of datagrams sent to it.
+    pub tx_bytes: u64,
+    /// Packets to it or from it dropped: held packets no handshake came for, and what it sent that did not
+    /// open (a replay, an expired session, a source it may not use).
+    pub drops: u64,
+}
+
+impl PeerCounters {
+    /// A peer's counters, all zero.
+    pub fn new(public_key: impl Into<String>) -> PeerCounters {
+        PeerCounters { public_key: public_key.into(), ..PeerCounters::default() }
+    }
+
+    /// Its line of the report: `KEY rx_bytes=N tx_bytes=N drops=N [latest_handshake=S] [endpoint=E]
+    /// [allowed_ips=A,B]`.
+    fn to_line(&self) -> String {
+        let mut line =
+            format!("{} rx_bytes={} tx_bytes={} drops={}", self.public_key, self.rx_bytes, self.tx_bytes, self.drops);
+        if let Some(seconds) = self.latest_handshake {
+            line.push_str(&format!(" latest_handshake={seconds}"));
+        }
+        if let Some(endpoint) = &self.endpoint {
+            line.push_str(&format!(" endpoint={}", one_line(endpoint).replace(' ', "_")));
+        }
+        if !self.allowed_ips.is_empty() {
+            line.push_str(&format!(" allowed_ips={}", self.allowed_ips.join(",")));
+        }
+        line
+    }
+
+    /// Reads what [`Self::to_line`] wrote (words it does not know are skipped: a newer server may say more).
+    fn parse_line(value: &str) -> std::result::Result<PeerCounters, String> {
+        let mut words = value.split(' ');
+        let key = words.next().filter(|k| !k.is_empty()).ok_or_else(|| format!("peer={value:?}: no key"))?;
+        let mut peer = PeerCounters::new(key);
+        for word in words {
+            let (field, v) =
+                word.split_once('=').ok_or_else(|| format!("peer={value:?}: {word:?} is not key=value"))?;
+            let count = || v.parse::<u64>().map_err(|_| format!("peer={value:?}: {v:?} is not a count"));
+            match field {
+                "rx_bytes" => peer.rx_bytes = count()?,
+                "tx_bytes" => peer.tx_bytes = count()?,
+                "drops" => peer.drops = count()?,
+                "latest_handshake" => peer.latest_handshake = Some(count()?),
+                "endpoint" => peer.endpoint = Some(v.to_string()),
+                "allowed_ips" => peer.allowed_ips = v.split(',').map(str::to_string).collect(),
+                _ => {}
+            }
+        }
+        Ok(peer)
+    }
 }
 
 impl Report {
@@ -97,6 +167,7 @@ impl Report {
             seconds: 0.0,
             directions: Vec::new(),
             queues: Vec::new(),
+            peers: Vec::new(),
         }
     }
 
@@ -243,6 +314,9 @@ impl Report {
                 s.push('\n');
             }
         }
+        for peer in &self.peers {
+            let _ = writeln!(s, "peer={}", peer.to_line());
+        }
         s.push('\n');
         s
     }
@@ -317,6 +391,7 @@ impl Report {
                 }
                 "direction" => report.directions.push((value.to_string(), Counters::default())),
                 "queue" => report.parse_queue_line(value)?,
+                "peer" => report.peers.push(PeerCounters::parse_line(value)?),
                 "drop" => {
                     let (reason, n) = value.split_once(' ').ok_or_else(|| format!("drop={value:?}: REASON COUNT"))?;
                     let n = n.parse::<u64>().map_err(|_| format!("drop={value:?}: {n:?} is not a count"))?;
@@ -607,6 +682,34 @@ mod tests {
             let text = format!("kind=x\nengine=tunnel\n{bad}\n");
             assert!(Report::parse(&text).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn test_a_wireguard_endpoints_peers_round_trip() {
+        let mut report = Report::of_tunnel(
+            "wireguard",
+            Engine::KeyedTunnel,
+            "wg0",
+            "wireguard",
+            &crate::dataplane::tunnel::TunnelStats::default(),
+            1.0,
+        );
+        let mut busy = PeerCounters::new("uBo0UWM53IC0Fn0JXqf2fvVHb3FNqpCs2qJX9rXzRXc=");
+        (busy.rx_bytes, busy.tx_bytes, busy.drops, busy.latest_handshake) = (1_000, 2_000, 3, Some(1_764_000_000));
+        busy.endpoint = Some("[2001:db8::1]:51820".into());
+        busy.allowed_ips = vec!["10.0.0.2/32".into(), "fd00::2/128".into()];
+        report.peers = vec![busy, PeerCounters::new("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")];
+        let text = report.to_text();
+        assert!(
+            text.contains("\npeer=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= rx_bytes=0 tx_bytes=0 drops=0\n"),
+            "{text}"
+        );
+        assert_eq!(Report::parse(&text).unwrap(), report);
+        for bad in ["peer=\n", "peer=K rx_bytes=x\n", "peer=K drops\n"] {
+            assert!(Report::parse(&format!("kind=x\nengine=tunnel\n{bad}\n")).is_err(), "{bad:?}");
+        }
+        let newer = "kind=x\nengine=tunnel\npeer=K rx_bytes=1 colour=blue\n\n";
+        assert_eq!(Report::parse(newer).unwrap().peers[0].rx_bytes, 1);
     }
 
     #[test]
