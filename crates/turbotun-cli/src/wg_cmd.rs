@@ -137,7 +137,8 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
         _ => "stopped",
     };
     if background {
-        tracing::info!("{name}: {why}");
+        // In the log at the default level too (as the closing summary is): why the endpoint is gone.
+        sink.line(&format!("{name}: {why}"));
     } else {
         eprintln!("turbotun wg: {name}: {why}");
     }

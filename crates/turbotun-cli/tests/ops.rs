@@ -159,6 +159,10 @@ fn wg_logs_after_daemonizing_as_log_level_says() {
         let log = daemon.log();
         assert_eq!(log.contains("configuration refused"), refused_shown, "{level:?}: {log}");
         assert_eq!(log.contains("up, UDP port"), info_shown, "{level:?}: {log}");
+        // The configuration change, as wireguard-go's verbose log says it: the interface, the peer's key cut to
+        // its ends (`peer(ABCD…WXYZ)`), what changed.
+        let created = format!("{}: peer({}…{}) - Created", daemon.name, &peer.trim()[..4], &peer.trim()[39..43]);
+        assert_eq!(log.contains(&created), info_shown, "{level:?}: {created:?} in {log}");
         daemon.delete();
         let log = daemon.log();
         assert!(!log.contains('\x1b'), "{level:?}: colour codes in a file: {log:?}");
@@ -167,6 +171,8 @@ fn wg_logs_after_daemonizing_as_log_level_says() {
         }
         if level != Some("silent") {
             assert!(log.contains("packets,") && log.contains(" in "), "{level:?}: the summary is in the log: {log}");
+            let why = format!("{}: the device was deleted", daemon.name);
+            assert!(log.contains(&why), "{level:?}: why it stopped is in the log: {log}");
         } else {
             assert!(!log.contains("packets,"), "silent: {log}");
         }

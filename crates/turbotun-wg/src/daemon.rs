@@ -129,6 +129,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let Endpoint { name, queues, uapi, wg, sockets } = open_endpoint(options)?;
+    wg.set_name(&name);
     let stats_socket = bind_stats_socket(options, &name);
     // Sockets for the ports `wg` may ask for after the drop, given the owner that keeps a port group closed
     // while this process may (see `bind_sockets_with`); one socket is bound alone and needs none.

@@ -233,6 +233,10 @@ impl WireGuard {
         checker.reply(&identity.cookie_key, message, from, Instant::now(), &mut reply);
         drop(checker);
         control(&reply, from);
+        // Whoever sends handshake messages under load chooses how many of these there are: limited.
+        let name = self.name.read().unwrap_or_else(|e| e.into_inner()).clone();
+        self.refused_log
+            .debug(self.now(), format_args!("{name}: Sending cookie reply for denied handshake message from {from}"));
     }
 
     fn take_initiation(
@@ -288,12 +292,18 @@ impl WireGuard {
             k.next = Some(keypair);
             k.previous = None;
         });
+        for index in &gone {
+            self.peer_event(&peer.public_key, format_args!("Keypair {index} destroyed"));
+        }
         self.retire(&gone);
         peer.set_endpoint(Some(from));
         self.authenticated(job);
         peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
         peer.received_authenticated(now, false);
+        self.peer_event(&peer.public_key, format_args!("Received handshake initiation"));
+        self.peer_event(&peer.public_key, format_args!("Keypair {local_index} created (waiting to be confirmed)"));
         control(&response, from);
+        self.peer_event(&peer.public_key, format_args!("Sending handshake response"));
         peer.tx_bytes.fetch_add(RESPONSE_LEN as u64, Ordering::Relaxed);
         peer.sent_authenticated(now);
         st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
@@ -327,6 +337,8 @@ impl WireGuard {
             return Err(DropReason::Unauthenticated);
         };
         st.pending = None;
+        self.peer_event(&peer.public_key, format_args!("Received handshake response"));
+        self.peer_event(&peer.public_key, format_args!("Keypair {index} created"));
         let keypair = Arc::new(Keypair::new(&session, index, response.sender(), true, now));
         keypair.confirm();
         let gone = peer.change_keypairs(|k| {
@@ -336,6 +348,9 @@ impl WireGuard {
             }
             k.current = Some(keypair);
         });
+        for index in &gone {
+            self.peer_event(&peer.public_key, format_args!("Keypair {index} destroyed"));
+        }
         self.retire(&gone);
         peer.set_endpoint(Some(from));
         self.authenticated(job);
@@ -394,6 +409,7 @@ impl WireGuard {
         }
         st.cookies.stamp(&keys.mac1_key, &mut message, Instant::now());
         control(&message, endpoint);
+        self.peer_event(&peer.public_key, format_args!("Sending handshake initiation"));
         peer.tx_bytes.fetch_add(INITIATION_LEN as u64, Ordering::Relaxed);
         peer.sent_authenticated(now);
         st.last_initiation_sent = Some(now);

@@ -158,6 +158,8 @@ pub struct WireGuard {
     /// The debug lines about handshake messages refused, limited as the kernel limits its own: whoever sends
     /// them chooses how many there are.
     refused_log: LogLimit,
+    /// The interface's name, which every log line about a peer starts with (empty until the daemon names it).
+    name: RwLock<String>,
     /// Moves the clock forward in tests of the timers.
     #[cfg(test)]
     skipped_ms: AtomicU64,
@@ -194,6 +196,14 @@ pub struct PeerState {
     pub rx_bytes: u64,
     /// Bytes of datagrams sent to it.
     pub tx_bytes: u64,
+}
+
+/// A peer as wireguard-go's log names it: `peer(ABCD…WXYZ)`, the ends of its public key in the base64 `wg show`
+/// prints.
+pub(crate) fn peer_tag(key: &Key) -> String {
+    use base64::Engine as _;
+    let text = base64::engine::general_purpose::STANDARD.encode(key);
+    format!("peer({}…{})", &text[..4], &text[text.len() - 5..text.len() - 1])
 }
 
 /// What `get=1` reports of `peer` now.
@@ -238,6 +248,7 @@ impl WireGuard {
             reply_sources: RwLock::default(),
             jitter: AtomicU64::new(OsRng.next_u64() | 1),
             refused_log: LogLimit::default(),
+            name: RwLock::default(),
             #[cfg(test)]
             skipped_ms: AtomicU64::new(0),
         }
@@ -326,6 +337,27 @@ impl WireGuard {
         self.replace(&mut guard, rt);
     }
 
+    /// Names the interface in the log lines about its peers (as wireguard-go's log names it).
+    pub fn set_name(&self, name: &str) {
+        *self.name.write().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+    }
+
+    /// A debug line about `peer`, as wireguard-go's verbose log writes it: `NAME: peer(ABCD…WXYZ) - what`.
+    pub(super) fn peer_event(&self, peer: &Key, what: std::fmt::Arguments<'_>) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let name = self.name.read().unwrap_or_else(|e| e.into_inner());
+            tracing::debug!("{name}: {} - {what}", peer_tag(peer));
+        }
+    }
+
+    /// A debug line about the device itself: `NAME: what`.
+    fn device_event(&self, what: std::fmt::Arguments<'_>) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let name = self.name.read().unwrap_or_else(|e| e.into_inner());
+            tracing::debug!("{name}: {what}");
+        }
+    }
+
     /// Records the device's MTU: padding never makes a packet longer than it.
     pub fn set_mtu(&self, mtu: usize) {
         self.mtu.store(mtu, Ordering::Relaxed);
@@ -396,6 +428,9 @@ impl WireGuard {
         let mut gone: Vec<Arc<Peer>> = Vec::new();
         let mut woken: Vec<Arc<Peer>> = Vec::new();
         if change.replace_peers {
+            if !table.by_key.is_empty() {
+                self.device_event(format_args!("Removing all {} peers", table.by_key.len()));
+            }
             gone.extend(table.by_key.drain().map(|(_, e)| e.peer));
             *routes = IpNetworkTable::new();
         }
@@ -406,6 +441,9 @@ impl WireGuard {
             let same = new.as_ref().filter(|n| n.incarnation == entry.config.incarnation);
             let kept: HashSet<&(IpAddr, u8)> = same.map(|n| n.allowed_ips.iter().collect()).unwrap_or_default();
             for prefix in entry.config.allowed_ips.iter().filter(|p| !kept.contains(p)) {
+                if same.is_some() {
+                    self.peer_event(key, format_args!("Removing allowed IP {}/{}", prefix.0, prefix.1));
+                }
                 if let Ok(net) = IpNetwork::new_truncate(prefix.0, prefix.1) {
                     if routes.exact_match(net).is_some_and(|p| Arc::ptr_eq(p, &entry.peer)) {
                         routes.remove(net);
@@ -414,6 +452,7 @@ impl WireGuard {
             }
             if same.is_none() {
                 if let Some(entry) = table.by_key.remove(key) {
+                    self.peer_event(key, format_args!("Removed"));
                     gone.push(entry.peer);
                 }
             }
@@ -436,8 +475,20 @@ impl WireGuard {
                         p.set_identity(identity.as_ref());
                     }
                     // A configured endpoint that changed is taken; one that did not leaves a roamed one be.
-                    if pc.endpoint.is_some() && entry.config.endpoint != pc.endpoint {
+                    if let Some(endpoint) = pc.endpoint.filter(|_| entry.config.endpoint != pc.endpoint) {
+                        self.peer_event(&key, format_args!("Updating endpoint to {endpoint}"));
                         p.set_endpoint(pc.endpoint);
+                    }
+                    if psk_changed {
+                        self.peer_event(&key, format_args!("Updating preshared key"));
+                    }
+                    if entry.config.persistent_keepalive != pc.persistent_keepalive {
+                        let interval = pc.persistent_keepalive;
+                        self.peer_event(&key, format_args!("Updating persistent keepalive interval to {interval} s"));
+                    }
+                    let had: HashSet<&(IpAddr, u8)> = entry.config.allowed_ips.iter().collect();
+                    for prefix in pc.allowed_ips.iter().filter(|p| !had.contains(p)) {
+                        self.peer_event(&key, format_args!("Adding allowed IP {}/{}", prefix.0, prefix.1));
                     }
                     if p.persistent_keepalive.swap(pc.persistent_keepalive, Ordering::Relaxed) == 0
                         && pc.persistent_keepalive > 0
@@ -451,6 +502,14 @@ impl WireGuard {
                 None => {
                     let p = Arc::new(Peer::new(key, identity.as_ref(), preshared_key, pc.persistent_keepalive));
                     p.set_endpoint(pc.endpoint);
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        let endpoint = pc.endpoint.map_or("none".to_string(), |e| e.to_string());
+                        let prefixes: Vec<String> = pc.allowed_ips.iter().map(|(a, l)| format!("{a}/{l}")).collect();
+                        self.peer_event(
+                            &key,
+                            format_args!("Created (endpoint {endpoint}, allowed IPs {})", prefixes.join(", ")),
+                        );
+                    }
                     if pc.persistent_keepalive > 0 {
                         p.wants_keepalive.store(true, Ordering::SeqCst);
                         woken.push(p.clone());
@@ -471,6 +530,7 @@ impl WireGuard {
         // A new private key: every peer's handshake keys are made anew, and those it had expire.
         let mut expiring = Vec::new();
         if identity_changed {
+            self.device_event(format_args!("Private key changed: every peer's handshake keys made anew"));
             for entry in table.by_key.values() {
                 entry.peer.set_identity(identity.as_ref());
                 expiring.push(entry.peer.clone());

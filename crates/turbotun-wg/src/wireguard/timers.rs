@@ -12,7 +12,6 @@ use super::{
     sendable, WireGuard, DATA_OVERHEAD, KEEPALIVE_TIMEOUT, LASTMINUTE_AGE, MAX_TIMER_HANDSHAKES, REJECT_AFTER_TIME,
     REKEY_TIMEOUT,
 };
-use crate::config::key_to_hex;
 use crate::noise::PeerKeys;
 use crate::peer::{HandshakeSide, Keypairs, Peer, Timer};
 use crate::session::PADDING_MULTIPLE;
@@ -94,6 +93,7 @@ impl WireGuard {
         };
         if st.held.is_empty() {
             if send(&[]) {
+                self.peer_event(&peer.public_key, format_args!("Sending keepalive packet"));
                 peer.sent_authenticated(now);
             }
             return;
@@ -156,10 +156,10 @@ impl WireGuard {
             // The kernel's rule: retried while the count of retries is at most MAX_TIMER_HANDSHAKES, so the
             // initiation goes MAX_TIMER_HANDSHAKES + 2 times before this gives up.
             if st.attempts > MAX_TIMER_HANDSHAKES {
-                tracing::debug!(
-                    "handshake for peer {} did not complete after {} attempts, giving up",
-                    key_to_hex(&peer.public_key),
-                    st.attempts + 1
+                let attempts = st.attempts + 1;
+                self.peer_event(
+                    &peer.public_key,
+                    format_args!("Handshake did not complete after {attempts} attempts, giving up"),
                 );
                 st.retransmit_at = None;
                 st.keepalive_timer = None;
@@ -201,9 +201,12 @@ impl WireGuard {
             st.silence_timer = Some(timer);
             if timer.fired_at.is_none() && now >= timer.start + KEEPALIVE_TIMEOUT + REKEY_TIMEOUT {
                 st.silence_timer = Some(Timer { fired_at: Some(sent_data), ..timer });
-                tracing::debug!(
-                    "nothing heard from peer {} after sending, a new handshake",
-                    key_to_hex(&peer.public_key)
+                self.peer_event(
+                    &peer.public_key,
+                    format_args!(
+                        "Retrying handshake: nothing heard back for {} s after sending",
+                        (KEEPALIVE_TIMEOUT + REKEY_TIMEOUT) / 1000
+                    ),
                 );
                 self.send_initiation(peer, &keys, &mut st, false, now, control);
             }
@@ -212,7 +215,14 @@ impl WireGuard {
         }
         if st.zero_keys_at.is_some_and(|t| now >= t) {
             st.zero_keys_at = None;
+            self.peer_event(
+                &peer.public_key,
+                format_args!("Zeroing keys: no handshake for {} s", 3 * REJECT_AFTER_TIME / 1000),
+            );
             let mut gone = peer.change_keypairs(|k| *k = Keypairs::default());
+            for index in &gone {
+                self.peer_event(&peer.public_key, format_args!("Keypair {index} destroyed"));
+            }
             gone.extend(st.pending.take().map(|p| p.local_index));
             self.retire(&gone);
         }

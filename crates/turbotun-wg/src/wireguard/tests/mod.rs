@@ -14,6 +14,7 @@ use crate::noise;
 use turbotun::tunnel::SealOut;
 
 mod live;
+mod log;
 
 const A: &str = "192.0.2.1:1000";
 const B: &str = "192.0.2.2:2000";
