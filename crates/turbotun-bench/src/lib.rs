@@ -18,6 +18,7 @@ mod iperf;
 mod loss;
 mod modes;
 mod netcfg;
+mod peerconf;
 mod perfstat;
 mod process;
 mod procfs;

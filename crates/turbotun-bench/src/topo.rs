@@ -740,12 +740,12 @@ fn start_endpoint(
         run_tool(side_ns(t, i), &cmd, WG_TIMEOUT, stop).with_context(|| format!("configure {} {dev}", e.name))?;
         if e.crowd > 0 {
             // The crowd's prefixes (100.64.0.0/10, fd00:c0::/64) cover neither end's inner address.
-            let prefixes = crate::wgscale::PeerPrefixes {
+            let prefixes = crate::peerconf::PeerPrefixes {
                 v4: std::net::Ipv4Addr::new(100, 64, 0, 0),
                 v6: std::net::Ipv6Addr::new(0xfd00, 0xc0, 0, 0, 0, 0, 0, 0),
             };
             let file = log_dir.join(format!("{dev}-crowd.conf"));
-            crate::wgscale::write_peers(&file, None, 0..e.crowd, prefixes)?;
+            crate::peerconf::write_peers(&file, None, 0..e.crowd, prefixes)?;
             let cmd = [&*tool, "addconf", dev, &*file.to_string_lossy()];
             run_tool(side_ns(t, i), &cmd, CROWD_TIMEOUT, stop)
                 .with_context(|| format!("add {} peers to {} {dev}", e.crowd, e.name))?;

@@ -183,6 +183,10 @@ pub fn page(path: &str) -> Option<Page> {
                 ("sudo turbotun stats", "The counters of every running fwd, tunnel and wg."),
                 ("sudo turbotun stats wg0 --json", "One engine's counters as JSON."),
                 (
+                    "sudo turbotun stats wg0 --peers --sort handshake",
+                    "A WireGuard endpoint's peers as `wg show` lists them, with each one's drops, latest handshake first.",
+                ),
+                (
                     "sudo turbotun stats --prometheus > /var/lib/prometheus/node-exporter/turbotun.prom",
                     "For node_exporter's textfile collector.",
                 ),
@@ -201,6 +205,10 @@ pub fn page(path: &str) -> Option<Page> {
                 (
                     "turbotun bench --vhost-user --quick",
                     "turbotun vhost-user against DPDK's vhost backend, and TCP with the guest's TSO (needs dpdk-testpmd).",
+                ),
+                (
+                    "turbotun bench --wg-scale --wg-peers 10000,1000000",
+                    "A WireGuard server of many peers: wg setconf, addconf, show dump, memory and idle CPU.",
                 ),
             ],
             DONE,
