@@ -9,7 +9,8 @@
 //! 3. the endpoint's resident memory per configured peer (`VmRSS` after 2. minus before 1., over N);
 //! 4. `wg addconf` of 10,000 more peers to the endpoint holding N, and its ratio to 1.;
 //! 5. `wg show NAME dump` (every line counted: N + 10,000 peers and the device);
-//! 6. the endpoint's CPU time over `--duration` seconds with no traffic, as a share of one core.
+//! 6. the endpoint's CPU time over `--duration` seconds with no traffic, as a share of one core;
+//! 7. for turbotun's endpoints, `turbotun stats NAME --prometheus` (every peer's series from the counters socket).
 //!
 //! Keys are 32 pseudo-random bytes each (a public key needs no private key to be configured). wireguard-go holds
 //! at most 65,536 peers: its runs of more are listed as skipped, not run. The endpoints run one after the other
@@ -47,6 +48,8 @@ struct Endpoint {
     argv: Vec<String>,
     env: Vec<(String, String)>,
     max_peers: usize,
+    /// Serves turbotun's counters socket (read with `turbotun stats --prometheus`).
+    stats: bool,
 }
 
 /// One run's figures.
@@ -61,6 +64,8 @@ pub(crate) struct ScaleRun {
     /// `None`: N + 10,000 is more than the endpoint holds (N = 2^20, the kernel's limit).
     pub add_to_full_s: Option<f64>,
     pub show_dump_s: f64,
+    /// `turbotun stats NAME --prometheus` (every peer's series), for turbotun's endpoints.
+    pub scrape_s: Option<f64>,
     pub idle_cpu_percent: f64,
 }
 
@@ -149,6 +154,7 @@ fn endpoints(ctx: &Ctx, args: &Options, peers_dir: Option<&Path>) -> (Vec<Endpoi
         argv: ["wg", "-f", "{dev}"].map(String::from).to_vec(),
         env: Vec::new(),
         max_peers: turbotun_wg::config::MAX_PEERS,
+        stats: true,
     };
     let mut out = vec![turbotun("turbotun-wg", ctx.exe.clone())];
     let mut skipped = Vec::new();
@@ -170,6 +176,7 @@ fn endpoints(ctx: &Ctx, args: &Options, peers_dir: Option<&Path>) -> (Vec<Endpoi
             argv: ["-f", "{dev}"].map(String::from).to_vec(),
             env: vec![("WG_PROCESS_FOREGROUND".into(), "1".into())],
             max_peers: WIREGUARD_GO_MAX_PEERS,
+            stats: false,
         }),
         Err(reason) => {
             eprintln!("turbotun bench: skipping wireguard-go: {reason}");
@@ -193,6 +200,10 @@ fn run_one(ctx: &mut Ctx, e: &Endpoint, wg: &Path, peers: usize, rep: u32) -> Re
     let log = ctx.log_dir.join(format!("{}-{dev}.stderr", e.label));
     let endpoint = Forwarder::launch(&launch, &ns, log, &ctx.stop)?;
     let result = measure(ctx, &ns, &endpoint, wg, &dev, (peers, e.max_peers));
+    let scrape_s = match (&result, e.stats) {
+        (Ok(_), true) => Some(scrape(ctx, &ns, &dev)?),
+        _ => None,
+    };
     let exit = endpoint.stop();
     let (add_to_empty_s, setconf_s, rss_bytes_per_peer, add_to_full_s, show_dump_s, idle_cpu_percent) =
         result.with_context(|| format!("{} ({})", e.label, exit.stderr_tail))?;
@@ -205,8 +216,21 @@ fn run_one(ctx: &mut Ctx, e: &Endpoint, wg: &Path, peers: usize, rep: u32) -> Re
         rss_bytes_per_peer,
         add_to_full_s,
         show_dump_s,
+        scrape_s,
         idle_cpu_percent,
     })
+}
+
+/// Seconds `turbotun stats DEV --prometheus` takes (every peer's series, read from the counters socket).
+fn scrape(ctx: &Ctx, ns: &Netns, dev: &str) -> Result<f64> {
+    let exe = ctx.exe.to_string_lossy();
+    let start = Instant::now();
+    let text = run_tool(ns, &[&*exe, "stats", dev, "--prometheus"], WG_COMMAND_TIMEOUT, &ctx.stop)?;
+    let seconds = start.elapsed().as_secs_f64();
+    if !text.contains("turbotun_info{") {
+        bail!("`turbotun stats {dev} --prometheus` printed no engine");
+    }
+    Ok(seconds)
 }
 
 type Figures = (f64, f64, f64, Option<f64>, f64, f64);
@@ -315,7 +339,7 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
     );
     md.push_str(
         "| endpoint | peers | setconf s | RSS B/peer | addconf 10k to empty s | addconf 10k to N s | ratio \
-         | show dump s | idle CPU % of a core |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | show dump s | stats scrape s | idle CPU % of a core |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for &peers in scales {
         for e in endpoints {
@@ -329,7 +353,7 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
             };
             let _ = writeln!(
                 md,
-                "| {} | {peers} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {peers} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 e.label,
                 col(|r| Some(r.setconf_s), 2),
                 col(|r| Some(r.rss_bytes_per_peer), 0),
@@ -337,6 +361,7 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
                 col(|r| r.add_to_full_s, 2),
                 col(|r| Some(r.add_to_full_s? / r.add_to_empty_s), 2),
                 col(|r| Some(r.show_dump_s), 2),
+                col(|r| r.scrape_s, 2),
                 col(|r| Some(r.idle_cpu_percent), 2),
             );
         }

@@ -29,6 +29,11 @@ pub struct WgArgs {
     /// the sender's address and port), so one peer's receiving stays on one queue.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub queues: usize,
+    /// The counters socket (`turbotun stats`) lists each peer's counters while the device holds at most N peers
+    /// (0: never): above it the per-peer series are left out and the report says why, since with a million
+    /// peers their Prometheus text is about a gigabyte.
+    #[arg(long, default_value_t = turbotun_wg::daemon::DEFAULT_PEER_METRICS_LIMIT, value_name = "N")]
+    pub peer_metrics_limit: usize,
     #[command(flatten)]
     pub counters: CountersArgs,
     /// The interface to create (a template such as wg%d takes the first free number); its configuration socket
@@ -63,6 +68,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
             again.extend(["--user".to_string(), user.clone()]);
         }
         again.extend(["--queues".to_string(), args.queues.to_string()]);
+        again.extend(["--peer-metrics-limit".to_string(), args.peer_metrics_limit.to_string()]);
         if args.counters.json {
             again.push("--json".to_string());
         }
@@ -110,6 +116,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
         user,
         stats,
         stats_socket: args.counters.socket_path(&args.name),
+        peer_metrics_limit: args.peer_metrics_limit,
         on_up: Some(Box::new(on_up)),
     };
     let result = daemon::run(&options);

@@ -74,13 +74,18 @@ struct Daemon {
 
 impl Daemon {
     fn start(log_level: Option<&str>) -> Daemon {
+        Daemon::start_with(log_level, &[])
+    }
+
+    /// [`Daemon::start`] with `args` after `wg`.
+    fn start_with(log_level: Option<&str>, args: &[&str]) -> Daemon {
         let ns = new_netns();
         let name = unique("tw");
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("wg.log");
         let file = std::fs::File::create(&log).unwrap();
         let mut command = Command::new(TURBOTUN);
-        command.args(["wg", &name]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(file);
+        command.arg("wg").args(args).arg(&name).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(file);
         command.env_remove("LOG_LEVEL").env_remove("RUST_LOG");
         if let Some(level) = log_level {
             command.env("LOG_LEVEL", level);
@@ -417,6 +422,15 @@ fn wg_peers_show_in_stats_as_the_exporters_name_them() {
     assert!(rows[0].starts_with(&b64(&busy)) && rows[0].contains("127.0.0.1:9"), "busiest first: {listed}");
     assert!(rows[1].starts_with(&b64(&idle)) && rows[1].contains("never"), "{listed}");
     daemon.delete();
+    // Above --peer-metrics-limit the per-peer counters are left out, and the report says why.
+    let limited = Daemon::start_with(None, &["--peer-metrics-limit", "1"]);
+    assert_eq!(uapi_set(&limited.name, &set), "errno=0\n\n");
+    let json: serde_json::Value =
+        serde_json::from_slice(&turbotun_in(&limited.ns, &["stats", &limited.name, "--json"]).stdout).unwrap();
+    assert!(json.get("peers").is_none(), "{json}");
+    let why = json["peer_metrics"].as_str().unwrap_or_default();
+    assert!(why.starts_with("off (2 peers, more than --peer-metrics-limit 1)"), "{json}");
+    limited.delete();
 }
 
 /// Every command's `--help` ends with EXAMPLES and EXIT STATUS; the manual pages render with `man -l` and say

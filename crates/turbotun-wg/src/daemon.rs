@@ -58,6 +58,9 @@ pub enum Ended {
     SocketRemoved,
 }
 
+/// How many peers a device may hold for the counters report to list each one's counters, unless told otherwise.
+pub const DEFAULT_PEER_METRICS_LIMIT: usize = 100_000;
+
 /// What [`run`] is given.
 pub struct Options {
     /// The interface name, or a template such as `wg%d` that the kernel completes.
@@ -73,6 +76,10 @@ pub struct Options {
     /// Where to serve the counters while it runs (`turbotun::stats_socket`); `None`: nowhere. A socket that
     /// cannot be made is a warning, not a failure.
     pub stats_socket: Option<PathBuf>,
+    /// The counters report lists each peer's counters while the device holds at most this many peers
+    /// ([`DEFAULT_PEER_METRICS_LIMIT`]; 0: never): a report of every peer of a million is some 150 MB, and its
+    /// Prometheus text about a gigabyte.
+    pub peer_metrics_limit: usize,
     /// Called once the endpoint is up, its privileges dropped (a thread started before would stop that).
     pub on_up: Option<Box<dyn Fn() + Send + Sync>>,
 }
@@ -85,6 +92,7 @@ impl Default for Options {
             user: None,
             stats: TunnelStatsHandle::default(),
             stats_socket: None,
+            peer_metrics_limit: DEFAULT_PEER_METRICS_LIMIT,
             on_up: None,
         }
     }
@@ -142,7 +150,7 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
         Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
         None => None,
     };
-    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, &options.stats, &wg, &name));
+    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, options, &wg, &name));
     announce_up(options, &name, &wg, &uapi);
 
     let configuration = serve_configuration(uapi, wg.clone(), queues.len(), reserve, stop.clone())?;
@@ -224,15 +232,22 @@ fn drop_privileges(
 }
 
 /// Serves the counters on `socket` (a warning if it cannot).
-fn serve_stats(socket: StatsSocket, stats: &TunnelStatsHandle, wg: &Arc<WireGuard>, name: &str) -> Option<StatsServer> {
-    let (stats, wg, device, start) = (stats.clone(), wg.clone(), name.to_string(), Instant::now());
+fn serve_stats(socket: StatsSocket, options: &Options, wg: &Arc<WireGuard>, name: &str) -> Option<StatsServer> {
+    let (stats, wg, device, start) = (options.stats.clone(), wg.clone(), name.to_string(), Instant::now());
+    let limit = options.peer_metrics_limit;
     let report = move || {
         let seconds = start.elapsed().as_secs_f64();
         let snapshot = stats.snapshot();
         let mut report =
             Report::of_tunnel("wireguard", turbotun::Engine::KeyedTunnel, &device, "wireguard", &snapshot, seconds)
                 .with_tunnel_queues(&stats.queue_snapshots());
-        report.peers = wg.peer_counters();
+        let peers = wg.peer_count();
+        if peers <= limit {
+            report.peers = wg.peer_counters();
+        } else {
+            let why = format!("off ({peers} peers, more than --peer-metrics-limit {limit})");
+            report.settings.push(("peer_metrics".into(), why));
+        }
         report
     };
     match socket.serve(report) {

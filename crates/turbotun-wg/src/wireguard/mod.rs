@@ -385,6 +385,11 @@ impl WireGuard {
         out
     }
 
+    /// How many peers are configured.
+    pub fn peer_count(&self) -> usize {
+        self.peer_table().len()
+    }
+
     /// What each configured peer's session knows, in configuration order.
     pub fn peer_states(&self) -> Vec<PeerState> {
         self.peer_table().ordered().into_iter().map(|e| state_of(&e.peer)).collect()
