@@ -124,8 +124,17 @@ pub(crate) fn pid_user_sys_ticks(pid: u32) -> Result<(u64, u64)> {
 
 /// Peak RSS (VmHWM) of a live process, in kB.
 pub(crate) fn pid_peak_rss_kb(pid: u32) -> Option<u64> {
+    pid_status_kb(pid, "VmHWM")
+}
+
+/// Current RSS (VmRSS) of a live process, in kB.
+pub(crate) fn pid_rss_kb(pid: u32) -> Option<u64> {
+    pid_status_kb(pid, "VmRSS")
+}
+
+fn pid_status_kb(pid: u32, key: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_status_kb(&s, "VmHWM")
+    parse_status_kb(&s, key)
 }
 
 /// Reset the peak RSS counter of a process (`echo 5 > /proc/PID/clear_refs`), so that VmHWM covers one window.

@@ -28,6 +28,7 @@ use crate::peerconf::{write_peers, PeerPrefixes};
 use crate::process::{run_tool, sleep_checked};
 use crate::report::ReportHeader;
 use crate::runner::Ctx;
+use crate::stats::{cell, Spread};
 use crate::topo::{clear_stale_socket, Forwarder, Launch, Ready};
 use crate::{modes, procfs, Options};
 
@@ -294,14 +295,11 @@ fn write_config(path: &Path, seed: Option<u64>, numbers: std::ops::Range<usize>)
 }
 
 fn rss_bytes(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("read the endpoint's status")?;
-    let kb = procfs::parse_status_kb(&status, "VmRSS").context("no VmRSS in the endpoint's status")?;
-    Ok(kb * 1024)
+    Ok(procfs::pid_rss_kb(pid).context("no VmRSS for the endpoint")? * 1024)
 }
 
 fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("read the endpoint's stat")?;
-    let (user, system) = procfs::parse_pid_stat_user_sys_ticks(&stat)?;
+    let (user, system) = procfs::pid_user_sys_ticks(pid)?;
     Ok(user + system)
 }
 
@@ -312,19 +310,6 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = clear_stale_socket(&self.0);
     }
-}
-
-/// The median and the range of `values`, as the tables show them.
-fn median_range(mut values: Vec<f64>, digits: usize) -> String {
-    if values.is_empty() {
-        return "–".into();
-    }
-    values.sort_by(f64::total_cmp);
-    let median = values[values.len() / 2];
-    if values.len() == 1 {
-        return format!("{median:.digits$}");
-    }
-    format!("{median:.digits$} ({:.digits$}–{:.digits$})", values[0], values[values.len() - 1])
 }
 
 fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> String {
@@ -348,21 +333,19 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
             if runs.is_empty() {
                 continue;
             }
-            let col = |f: fn(&ScaleRun) -> Option<f64>, digits| {
-                median_range(runs.iter().filter_map(|r| f(r)).collect(), digits)
-            };
+            let col = |f: fn(&ScaleRun) -> Option<f64>| cell(Spread::of(runs.iter().filter_map(|r| f(r))));
             let _ = writeln!(
                 md,
                 "| {} | {peers} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 e.label,
-                col(|r| Some(r.setconf_s), 2),
-                col(|r| Some(r.rss_bytes_per_peer), 0),
-                col(|r| Some(r.add_to_empty_s), 2),
-                col(|r| r.add_to_full_s, 2),
-                col(|r| Some(r.add_to_full_s? / r.add_to_empty_s), 2),
-                col(|r| Some(r.show_dump_s), 2),
-                col(|r| r.scrape_s, 2),
-                col(|r| Some(r.idle_cpu_percent), 2),
+                col(|r| Some(r.setconf_s)),
+                col(|r| Some(r.rss_bytes_per_peer)),
+                col(|r| Some(r.add_to_empty_s)),
+                col(|r| r.add_to_full_s),
+                col(|r| Some(r.add_to_full_s? / r.add_to_empty_s)),
+                col(|r| Some(r.show_dump_s)),
+                col(|r| r.scrape_s),
+                col(|r| Some(r.idle_cpu_percent)),
             );
         }
     }
@@ -374,16 +357,4 @@ fn markdown(report: &ScaleReport, scales: &[usize], endpoints: &[Endpoint]) -> S
         let _ = writeln!(md, "\nNot run: {}{scale}: {}.", s.endpoint, s.reason);
     }
     md
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_medians_and_ranges() {
-        assert_eq!(median_range(vec![3.0, 1.0, 2.0], 1), "2.0 (1.0–3.0)");
-        assert_eq!(median_range(vec![0.5], 2), "0.50");
-        assert_eq!(median_range(vec![], 2), "–");
-    }
 }

@@ -124,16 +124,17 @@ impl LogLimit {
             false
         }
     }
-
-    /// `line` at debug level, if the limit lets it through at `now`.
-    fn debug(&self, now: u64, line: std::fmt::Arguments<'_>) {
-        if tracing::enabled!(tracing::Level::DEBUG) && self.allow(now) {
-            tracing::debug!("{line}");
-        }
-    }
 }
 
 impl WireGuard {
+    /// A debug line about a handshake message refused or answered for whoever sent it (the device's own line,
+    /// see `device_event`), if the limit on such lines lets it through at `now`.
+    fn refused_event(&self, now: u64, what: std::fmt::Arguments<'_>) {
+        if tracing::enabled!(tracing::Level::DEBUG) && self.refused_log.allow(now) {
+            self.device_event(what);
+        }
+    }
+
     /// Whether handshake messages need a cookie now: the queue holds an eighth of what it may, or did within the
     /// last second (the kernel's rule).
     pub(super) fn under_load(&self, now: u64) -> bool {
@@ -213,7 +214,7 @@ impl WireGuard {
                 if peer.state().cookies.consume(&keys.cookie_key, message, Instant::now()) {
                     Ok(())
                 } else {
-                    self.refused_log.debug(now, format_args!("cookie reply from {} did not authenticate", job.from));
+                    self.refused_event(now, format_args!("cookie reply from {} did not authenticate", job.from));
                     Err(DropReason::Unauthenticated)
                 }
             }
@@ -234,9 +235,7 @@ impl WireGuard {
         drop(checker);
         control(&reply, from);
         // Whoever sends handshake messages under load chooses how many of these there are: limited.
-        let name = self.name.read().unwrap_or_else(|e| e.into_inner()).clone();
-        self.refused_log
-            .debug(self.now(), format_args!("{name}: Sending cookie reply for denied handshake message from {from}"));
+        self.refused_event(self.now(), format_args!("Sending cookie reply for denied handshake message from {from}"));
     }
 
     fn take_initiation(
@@ -248,16 +247,16 @@ impl WireGuard {
     ) -> Result<(), DropReason> {
         let (message, from) = (&job.message[..job.len], job.from);
         let Some(opened) = open_initiation(identity, message) else {
-            self.refused_log.debug(now, format_args!("handshake initiation from {from} did not authenticate"));
+            self.refused_event(now, format_args!("handshake initiation from {from} did not authenticate"));
             return Err(DropReason::Unauthenticated);
         };
         let Some(peer) = self.peer_by_key(&opened.peer) else {
-            self.refused_log.debug(now, format_args!("handshake initiation from {from} names no peer of ours"));
+            self.refused_event(now, format_args!("handshake initiation from {from} names no peer of ours"));
             return Err(DropReason::Unauthenticated);
         };
         let keys = peer.keys().ok_or(DropReason::Unauthenticated)?;
         let Some(consumed) = finish_initiation(opened, &keys, message) else {
-            self.refused_log.debug(now, format_args!("handshake initiation from {from} did not authenticate"));
+            self.refused_event(now, format_args!("handshake initiation from {from} did not authenticate"));
             return Err(DropReason::Unauthenticated);
         };
         let mut st = peer.state();
@@ -268,8 +267,10 @@ impl WireGuard {
         }
         let flood = st.last_initiation_taken.is_some_and(|t| now < t + 1000 / INITIATIONS_PER_SECOND);
         if consumed.timestamp <= st.greatest_timestamp || flood {
-            self.refused_log
-                .debug(now, format_args!("handshake initiation from {from}: a replay or too soon after the last"));
+            self.refused_event(
+                now,
+                format_args!("handshake initiation from {from}: a replay or too soon after the last"),
+            );
             return Err(DropReason::Replayed);
         }
         st.greatest_timestamp = consumed.timestamp;
@@ -330,7 +331,7 @@ impl WireGuard {
             _ => None,
         };
         let Some(session) = session else {
-            self.refused_log.debug(
+            self.refused_event(
                 now,
                 format_args!("handshake response from {from} answers nothing under way or did not authenticate"),
             );

@@ -345,13 +345,12 @@ impl WireGuard {
     /// A debug line about `peer`, as wireguard-go's verbose log writes it: `NAME: peer(ABCD…WXYZ) - what`.
     pub(super) fn peer_event(&self, peer: &Key, what: std::fmt::Arguments<'_>) {
         if tracing::enabled!(tracing::Level::DEBUG) {
-            let name = self.name.read().unwrap_or_else(|e| e.into_inner());
-            tracing::debug!("{name}: {} - {what}", peer_tag(peer));
+            self.device_event(format_args!("{} - {what}", peer_tag(peer)));
         }
     }
 
     /// A debug line about the device itself: `NAME: what`.
-    fn device_event(&self, what: std::fmt::Arguments<'_>) {
+    pub(super) fn device_event(&self, what: std::fmt::Arguments<'_>) {
         if tracing::enabled!(tracing::Level::DEBUG) {
             let name = self.name.read().unwrap_or_else(|e| e.into_inner());
             tracing::debug!("{name}: {what}");
@@ -491,9 +490,11 @@ impl WireGuard {
                         let interval = pc.persistent_keepalive;
                         self.peer_event(&key, format_args!("Updating persistent keepalive interval to {interval} s"));
                     }
-                    let had: HashSet<&(IpAddr, u8)> = entry.config.allowed_ips.iter().collect();
-                    for prefix in pc.allowed_ips.iter().filter(|p| !had.contains(p)) {
-                        self.peer_event(&key, format_args!("Adding allowed IP {}/{}", prefix.0, prefix.1));
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        let had: HashSet<&(IpAddr, u8)> = entry.config.allowed_ips.iter().collect();
+                        for prefix in pc.allowed_ips.iter().filter(|p| !had.contains(p)) {
+                            self.peer_event(&key, format_args!("Adding allowed IP {}/{}", prefix.0, prefix.1));
+                        }
                     }
                     if p.persistent_keepalive.swap(pc.persistent_keepalive, Ordering::Relaxed) == 0
                         && pc.persistent_keepalive > 0

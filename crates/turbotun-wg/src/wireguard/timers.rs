@@ -116,14 +116,15 @@ impl WireGuard {
         control: &mut dyn FnMut(&[u8], SocketAddr),
         lost: &mut Drops,
     ) -> bool {
+        // Nothing to time (it became idle since it was put in the set): nothing is made for it here either.
+        if self.idle(peer) {
+            return false;
+        }
         self.run_timers(peer, now, control, lost);
         !self.idle(peer)
     }
 
     fn run_timers(&self, peer: &Arc<Peer>, now: u64, control: &mut dyn FnMut(&[u8], SocketAddr), lost: &mut Drops) {
-        if self.idle(peer) {
-            return; // nothing to time, and nothing made for it here (keys, state)
-        }
         lost.add(DropReason::NoSession, peer.evicted.swap(0, Ordering::Relaxed));
         let Some(keys) = peer.keys() else {
             // No private key: nothing can be sent, and what was asked for waits for none.
