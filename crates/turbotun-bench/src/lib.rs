@@ -25,6 +25,7 @@ mod procfs;
 mod report;
 mod runner;
 mod stats;
+mod stormgen;
 pub mod testpmd;
 mod topo;
 mod tunnel;
@@ -32,6 +33,7 @@ mod vguest;
 mod vhost;
 mod wgflood;
 mod wgscale;
+mod wgstorm;
 
 pub use netcfg::Netns;
 
@@ -86,7 +88,10 @@ pub struct Options {
     /// `--wg-scale`: a WireGuard endpoint holding many peers (configuration, memory, idle CPU) instead of
     /// forwarders.
     pub wg_scale: bool,
-    /// `--wg-peers`: with `--wg-scale`, the numbers of peers measured.
+    /// `--wg-storm`: a WireGuard endpoint answering a handshake storm (handshakes per CPU-second, a flow through
+    /// it) instead of forwarders.
+    pub wg_storm: bool,
+    /// `--wg-peers`: with `--wg-scale` or `--wg-storm`, the numbers of peers measured.
     pub wg_peers: Option<Vec<usize>>,
     /// `--no-syscalls`: with `--tunnel`, do not count the endpoints' system calls.
     pub no_syscalls: bool,
@@ -143,6 +148,18 @@ pub enum Helper {
         rate: u64,
         /// Seconds to flood (default 10).
         duration: Option<u64>,
+    },
+    /// `--wg-storm-play ADDR:PORT`: the handshake storm of `--wg-storm` (peers whose keys the bench knows, all
+    /// initiating within a second) at `dest`; prints JSON lines (see `stormgen.rs`).
+    WgStorm {
+        /// The stormed endpoint.
+        dest: SocketAddr,
+        /// Its public key (base64).
+        key: String,
+        /// Peers that initiate.
+        peers: usize,
+        /// Seconds after which peers not answered count as not completed (default 300).
+        deadline: Option<u64>,
     },
     /// `--udp-gen ADDR:PORT`: the UDP generator; prints a JSON line.
     UdpGen(Udp),
@@ -236,6 +253,7 @@ pub fn run_helper(helper: &Helper) -> Result<()> {
         Helper::WgFlood { dest, key, from, rate, duration } => {
             wgflood::run(*dest, key.as_deref(), from, *rate, duration.unwrap_or(10))
         }
+        Helper::WgStorm { dest, key, peers, deadline } => stormgen::run(*dest, key, *peers, deadline.unwrap_or(300)),
         Helper::UdpGen(_) | Helper::UdpSink(_) | Helper::UdpRoundtrip(_) => run_generator_or_sink(helper),
     }
 }
@@ -285,6 +303,14 @@ pub fn run(args: &Options) -> Result<()> {
     if args.wg_scale {
         let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(if args.quick { 2 } else { 5 }))?;
         let failures = wgscale::run(&mut ctx, args, peers_dir.as_deref()).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&ctx.log_dir);
+        })?;
+        finish(&ctx, failures, false);
+        return Ok(());
+    }
+    if args.wg_storm {
+        let mut ctx = new_ctx(args, exe, args.duration.unwrap_or(5))?;
+        let failures = wgstorm::run(&mut ctx, args, peers_dir.as_deref()).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&ctx.log_dir);
         })?;
         finish(&ctx, failures, false);

@@ -38,7 +38,7 @@ pub(crate) const PREFIX_LEN: u8 = 24;
 pub(crate) const UNDERLAY_MTU: u32 = 1500;
 pub(crate) const TUNNEL_MTU: u32 = 1420;
 /// The UDP port of every endpoint (each in its own namespace) and WireGuard's listen port.
-const PORT: u16 = 51820;
+pub(crate) const PORT: u16 = 51820;
 const VXLAN_VNI: u32 = 42;
 /// How long a tunnel may take, once configured, to carry a first packet both ways.
 const REACH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -745,7 +745,7 @@ fn start_endpoint(
                 v6: std::net::Ipv6Addr::new(0xfd00, 0xc0, 0, 0, 0, 0, 0, 0),
             };
             let file = log_dir.join(format!("{dev}-crowd.conf"));
-            crate::peerconf::write_peers(&file, None, 0..e.crowd, prefixes)?;
+            crate::peerconf::write_peers(&file, None, 0..e.crowd, prefixes, &crate::peerconf::random_public, true)?;
             let cmd = [&*tool, "addconf", dev, &*file.to_string_lossy()];
             run_tool(side_ns(t, i), &cmd, CROWD_TIMEOUT, stop)
                 .with_context(|| format!("add {} peers to {} {dev}", e.crowd, e.name))?;

@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::netcfg::Netns;
-use crate::peerconf::{write_peers, PeerPrefixes};
+use crate::peerconf::{random_public, write_peers, PeerPrefixes};
 use crate::process::{run_tool, sleep_checked};
 use crate::report::ReportHeader;
 use crate::runner::Ctx;
@@ -291,7 +291,7 @@ const SCALE_PREFIXES: PeerPrefixes =
     PeerPrefixes { v4: std::net::Ipv4Addr::new(10, 0, 0, 0), v6: std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0) };
 
 fn write_config(path: &Path, seed: Option<u64>, numbers: std::ops::Range<usize>) -> Result<()> {
-    write_peers(path, seed, numbers, SCALE_PREFIXES)
+    write_peers(path, seed, numbers, SCALE_PREFIXES, &random_public, true)
 }
 
 fn rss_bytes(pid: u32) -> Result<u64> {

@@ -8,6 +8,7 @@ use clap::Args;
 
 /// Arguments of `turbotun bench`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("wg_either").args(["wg_scale", "wg_storm"]).multiple(false)))]
 pub struct BenchArgs {
     /// Short run (the main job): 3 s, 1 repetition, modes veth, turbotun-offload, turbotun-plain, tunrs-offload,
     /// traffic tcp and udp64. --duration, --reps, --modes and --traffic still override. Never includes the
@@ -81,9 +82,17 @@ pub struct BenchArgs {
     /// repetition), --reps, --json, --baseline.
     #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "vhost_user", "modes", "traffic", "flamegraph", "ipv6", "chart", "list"])]
     pub wg_scale: bool,
-    /// With --wg-scale: comma-separated numbers of peers (default 10000,100000; up to 1048576, the most a
-    /// device holds).
-    #[arg(long, value_delimiter = ',', value_name = "N", requires = "wg_scale", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    /// A WireGuard endpoint answering a handshake storm instead of forwarders: N peers (their keys known to the
+    /// bench) all initiate within one second with `turbotun wg` and with wireguard-go, each in the --tunnel
+    /// bench's pair, first alone and then while a TCP stream runs through the tunnel. Reports handshakes per
+    /// CPU-second of the endpoint against this CPU's X25519 rate, cookie replies, retransmissions, and the
+    /// stream's slowest half second during the storm. Honours --quick (1,000 peers, 1 repetition), --wg-peers
+    /// (default 10000), --reps, --json, --baseline.
+    #[arg(long, conflicts_with_all = ["loss", "echo", "tunnel", "vhost_user", "wg_scale", "modes", "traffic", "flamegraph", "ipv6", "chart", "list"])]
+    pub wg_storm: bool,
+    /// With --wg-scale or --wg-storm: comma-separated numbers of peers (--wg-scale: default 10000,100000;
+    /// --wg-storm: default 10000; up to 1048576, the most a device holds).
+    #[arg(long, value_delimiter = ',', value_name = "N", requires = "wg_either", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub wg_peers: Option<Vec<u64>>,
     /// With --tunnel: do not count the endpoints' system calls. Counting enables a syscall tracepoint, which
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
@@ -134,6 +143,15 @@ pub struct BenchArgs {
     /// --duration seconds or until SIGTERM, print a JSON line.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
     pub wg_flood: Option<std::net::SocketAddr>,
+    /// Internal: play --wg-storm's handshake storm at this WireGuard endpoint (inside the storm's namespace).
+    #[arg(long, hide = true, value_name = "ADDR:PORT", requires = "wg_storm_key")]
+    pub wg_storm_play: Option<std::net::SocketAddr>,
+    /// Internal: the stormed server's public key (base64), for --wg-storm-play.
+    #[arg(long, hide = true, value_name = "KEY", requires = "wg_storm_play")]
+    pub wg_storm_key: Option<String>,
+    /// Internal: how many peers --wg-storm-play plays.
+    #[arg(long, hide = true, default_value_t = 1000, requires = "wg_storm_play")]
+    pub wg_storm_peers: usize,
     /// Internal: the flooded server's public key (base64), for --wg-flood.
     #[arg(long, hide = true, value_name = "KEY", requires = "wg_flood")]
     pub wg_flood_key: Option<String>,
@@ -165,6 +183,7 @@ impl BenchArgs {
             tunnel_kinds: self.tunnel_kinds.clone(),
             vhost_user: self.vhost_user,
             wg_scale: self.wg_scale,
+            wg_storm: self.wg_storm,
             wg_peers: self.wg_peers.as_ref().map(|p| p.iter().map(|&n| n as usize).collect()),
             no_syscalls: self.no_syscalls,
             baseline: self.baseline.clone(),
@@ -181,6 +200,14 @@ impl BenchArgs {
         }
         if let Some([a, b]) = self.ceiling_fwd.as_deref() {
             return Some(Helper::CeilingFwd { dev_a: a.clone(), dev_b: b.clone() });
+        }
+        if let Some(dest) = self.wg_storm_play {
+            return Some(Helper::WgStorm {
+                dest,
+                key: self.wg_storm_key.clone().unwrap_or_default(),
+                peers: self.wg_storm_peers,
+                deadline: self.duration,
+            });
         }
         if let Some(dest) = self.wg_flood {
             return Some(Helper::WgFlood {

@@ -2,7 +2,8 @@
 //! wireguard-go (built into bench/peers/bin on first use) for one short repetition of TCP and UDP, and the test
 //! checks that the table and the JSON carry numbers for those rows, and that nothing is left behind: no
 //! namespace, device, WireGuard configuration socket, key directory or process. A second run takes the
-//! handshake-flood kinds beside `turbotun-wg` (the flood table and its JSON, nothing left behind, nothing timed). Needs root, iperf3, wg
+//! handshake-flood kinds beside `turbotun-wg` (the flood table and its JSON, nothing left behind, nothing timed), a
+//! third `--wg-storm` (every handshake of a small storm completes with turbotun-wg and wireguard-go). Needs root, iperf3, wg
 //! (wireguard-tools), go and perf: skipped without them, except under CI=true where it fails.
 
 mod common;
@@ -209,5 +210,44 @@ fn bench_tunnel_wireguard_handshake_flood() {
     assert_eq!(shape, [("turbotun-wg-flood1", 1, "turbotun-wg"), ("turbotun-wg-flood64", 64, "turbotun-wg")]);
     for r in rows {
         assert!(number(&r["unflooded_gbps"]["median"]) > 0.0, "{r}");
+    }
+}
+
+/// `turbotun bench --wg-storm` with a small storm: 150 peers whose keys only the bench's generator holds complete
+/// every handshake with `turbotun wg` and with wireguard-go (which checks the generator's Noise, written apart from
+/// turbotun-wg's), in each of the three storms; the flow was sampled; the table has both rows; nothing is left
+/// behind. Nothing is timed.
+#[test]
+fn bench_wg_storm_every_handshake_completes() {
+    if !runnable("bench_wg_storm_every_handshake_completes") {
+        return;
+    }
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("storm.json");
+    let key_dirs_before = common::entries_with_prefix(&std::env::temp_dir().to_string_lossy(), "turbotun-bench-wg-");
+    become_subreaper();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_turbotun"));
+    bench.args(["bench", "--wg-storm", "--wg-peers", "150", "--reps", "1", "--json"]).arg(&json);
+    let common::Finished { status, pid, stdout, stderr } = common::run_within(&mut bench, Duration::from_secs(300));
+    if let Some(logs) = stderr.split("logs kept in ").nth(1) {
+        let _ = std::fs::remove_dir_all(logs.trim());
+    }
+    assert!(status.success(), "bench failed ({status}):\n{stderr}\n{stdout}");
+    nothing_left_behind(pid, &key_dirs_before);
+    for endpoint in ["turbotun-wg", "wireguard-go"] {
+        assert!(stdout.contains(&format!("| {endpoint} | 150 | 150 | ")), "no complete {endpoint} row:\n{stdout}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for r in runs {
+        for storm in ["storm", "known", "storm_with_flow"] {
+            let s = &r[storm];
+            assert_eq!((number(&s["completed"]), number(&s["invalid"])), (150.0, 0.0), "{storm}: {r}");
+            assert!(number(&s["initiations"]) >= 150.0, "{storm}: {r}");
+        }
+        assert!(number(&r["handshakes_per_cpu_s"]) > 0.0 && number(&r["x25519_per_s"]) > 0.0, "{r}");
+        assert!(!r["flow_before_gbps"].as_array().unwrap().is_empty(), "the flow ran before the storm: {r}");
     }
 }

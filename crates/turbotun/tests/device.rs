@@ -417,6 +417,23 @@ fn netlink_configuration() {
             parse_ipv4_udp(p).is_some_and(|(_, d, _, _, _)| d == Ipv4Addr::new(10, 77, 1, 1))
         });
         assert!(nl.stats(&name).unwrap().tx_packets >= 1);
+        // A route through a gateway on the device's prefix: 10.78.0.0/16 leaves through the device too.
+        let gateway = Ipv4Addr::from(u32::from(LOCAL) + 1);
+        nl.add_route_via("10.78.0.0".parse().unwrap(), 16, gateway.into()).unwrap();
+        UdpSocket::bind((LOCAL, 0)).unwrap().send_to(b"g", ("10.78.2.2", 53)).unwrap();
+        recv_matching(&_dev.queues()[0], &mut buf, T, |p| {
+            parse_ipv4_udp(p).is_some_and(|(_, d, _, _, _)| d == Ipv4Addr::new(10, 78, 2, 2))
+        });
+        // A local route makes a whole prefix this host's: any of its addresses can be bound, none added.
+        let anyip = Ipv4Addr::new(10, 79, 3, 4);
+        assert!(UdpSocket::bind((anyip, 0)).is_err(), "10.79.3.4 is nobody's address yet");
+        nl.add_local_route("10.79.0.0".parse().unwrap(), 16).unwrap();
+        let bound = UdpSocket::bind((anyip, 0)).unwrap();
+        UdpSocket::bind((LOCAL, 0)).unwrap().send_to(b"l", bound.local_addr().unwrap()).unwrap();
+        bound.set_read_timeout(Some(T)).unwrap();
+        assert_eq!(bound.recv(&mut buf).unwrap(), 1, "delivered here, not sent out");
+        let err = nl.add_local_route("10.79.0.0".parse().unwrap(), 16).unwrap_err();
+        assert!(err.to_string().contains("local route 10.79.0.0/16"), "{err}");
         nl.del_address(&name, LOCAL.into(), 24).unwrap();
         assert!(!nl.addresses(&name).unwrap().contains(&(LOCAL.into(), 24)));
         nl.set_up(&name, false).unwrap();

@@ -456,10 +456,10 @@ pub(super) fn make_key(tool: &Path, dir: &Path, name: &str) -> Result<WgKey> {
 }
 
 /// The selected kinds that can run, as modes of the shared engine, and the ones that cannot, with why.
-pub(super) struct Resolved {
-    pub(super) modes: Vec<Mode>,
-    pub(super) skipped: Vec<Unavailable>,
-    pub(super) build_failed: bool,
+pub(crate) struct Resolved {
+    pub(crate) modes: Vec<Mode>,
+    pub(crate) skipped: Vec<Unavailable>,
+    pub(crate) build_failed: bool,
     /// The private directory of the WireGuard keys, removed when dropped.
     pub(super) _keys: Option<tempfile::TempDir>,
 }

@@ -33,6 +33,7 @@ mod tables;
 mod tests;
 
 pub(crate) use kinds::print_list;
+pub(crate) use kinds::Resolved;
 use kinds::{resolve, select_kinds, sweep_stale_sockets, Resolver};
 use tables::{flood_rows, markdown, rows, TunnelReport};
 
@@ -77,6 +78,25 @@ fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
         bail!("--traffic selects nothing");
     }
     Ok(out)
+}
+
+/// The kinds `labels` (and their `@baseline` twins with `--baseline`) as `--tunnel` runs them, for a bench that
+/// builds on its WireGuard pairs (`--wg-storm`); the keys' private directory lives as long as the value.
+pub(crate) fn resolve_kinds(ctx: &Ctx, args: &Options, peers: Option<&Path>, labels: &[&str]) -> Result<Resolved> {
+    let names: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+    let kinds = select_kinds(Some(&names), args.baseline.is_some())?;
+    sweep_stale_sockets();
+    let mut resolver = Resolver {
+        exe: &ctx.exe,
+        peers,
+        log_dir: &ctx.log_dir,
+        build: true,
+        wg: modes::which("wg"),
+        baseline: args.baseline.clone(),
+        found: Vec::new(),
+        build_failed: false,
+    };
+    resolve(&kinds, &mut resolver)
 }
 
 /// Every selected kind that can run, over every traffic kind, interleaved; then the JSON, the chart and the

@@ -456,21 +456,30 @@ impl Netlink {
 
     /// Adds a device route (`dest/prefix_len dev DEV`, scope link) to the main table.
     pub fn add_route(&mut self, dest: IpAddr, prefix_len: u8, dev: &str) -> Result<()> {
-        let index = self.link_index(dev)?;
-        let mut msg = RouteMessage::default();
-        msg.header.address_family = family(dest);
-        msg.header.destination_prefix_length = prefix_len;
-        msg.header.table = RouteHeader::RT_TABLE_MAIN;
-        msg.header.protocol = RouteProtocol::Boot;
-        msg.header.scope = RouteScope::Link;
-        msg.header.kind = RouteType::Unicast;
-        msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dest)));
-        msg.attributes.push(RouteAttribute::Oif(index));
-        self.ack(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            &format!("adding route {dest}/{prefix_len} dev {dev}"),
-        )
+        let mut msg = route_message(dest, prefix_len, RouteHeader::RT_TABLE_MAIN, RouteScope::Link, RouteType::Unicast);
+        msg.attributes.push(RouteAttribute::Oif(self.link_index(dev)?));
+        self.add_route_message(msg, &format!("adding route {dest}/{prefix_len} dev {dev}"))
+    }
+
+    /// Adds a route through a gateway (`dest/prefix_len via GATEWAY`) to the main table: many addresses reached
+    /// through one neighbour, without a neighbour entry each.
+    pub fn add_route_via(&mut self, dest: IpAddr, prefix_len: u8, gateway: IpAddr) -> Result<()> {
+        let mut msg =
+            route_message(dest, prefix_len, RouteHeader::RT_TABLE_MAIN, RouteScope::Universe, RouteType::Unicast);
+        msg.attributes.push(RouteAttribute::Gateway(RouteAddress::from(gateway)));
+        self.add_route_message(msg, &format!("adding route {dest}/{prefix_len} via {gateway}"))
+    }
+
+    /// Makes every address of `dest/prefix_len` local (`ip route add local dest/prefix_len dev lo`): a socket may
+    /// bind to or send from any of them, and what is sent to them is delivered here, without adding each address.
+    pub fn add_local_route(&mut self, dest: IpAddr, prefix_len: u8) -> Result<()> {
+        let mut msg = route_message(dest, prefix_len, RT_TABLE_LOCAL, RouteScope::Host, RouteType::Local);
+        msg.attributes.push(RouteAttribute::Oif(self.link_index("lo")?));
+        self.add_route_message(msg, &format!("adding local route {dest}/{prefix_len} dev lo"))
+    }
+
+    fn add_route_message(&mut self, msg: RouteMessage, context: &str) -> Result<()> {
+        self.ack(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL, context)
     }
 
     fn link_message(&mut self, name: &str) -> Result<LinkMessage> {
@@ -654,6 +663,22 @@ impl Vxlan {
     pub fn new(name: impl Into<String>, vni: u32, local: IpAddr, remote: IpAddr) -> Self {
         Vxlan { name: name.into(), vni, local, remote, dev: None, port: 4789, udp_csum: true, zero_csum6_rx: false }
     }
+}
+
+/// The kernel's table of local and broadcast routes (`RT_TABLE_LOCAL`; the crate names only the main table).
+const RT_TABLE_LOCAL: u8 = 255;
+
+/// A route to `dest/prefix_len` in `table`, as `ip route` adds it (protocol boot), without its output.
+fn route_message(dest: IpAddr, prefix_len: u8, table: u8, scope: RouteScope, kind: RouteType) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = family(dest);
+    msg.header.destination_prefix_length = prefix_len;
+    msg.header.table = table;
+    msg.header.protocol = RouteProtocol::Boot;
+    msg.header.scope = scope;
+    msg.header.kind = kind;
+    msg.attributes.push(RouteAttribute::Destination(RouteAddress::from(dest)));
+    msg
 }
 
 /// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
