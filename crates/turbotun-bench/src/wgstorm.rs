@@ -59,8 +59,10 @@ pub(crate) struct StormRun {
     pub endpoint: String,
     pub peers: usize,
     pub rep: u32,
-    /// X25519 operations per second on one core (x25519-dalek), measured just before the storm alone.
+    /// X25519 operations per second on one core (x25519-dalek): the mean of the rates measured just before and
+    /// just after the first storm, and of those around the known peers' storm.
     pub x25519_per_s: f64,
+    pub known_x25519_per_s: f64,
     /// The storm alone.
     pub storm: StormReport,
     /// B's endpoint's CPU seconds from the first initiation to the last answer.
@@ -184,15 +186,26 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, peers: usize, rep: u32) -> Result<StormRu
     let sources = IpAddr::V4(stormgen::FIRST_SOURCE);
     server_ns.netlink()?.add_route_via(sources, stormgen::SOURCE_PREFIX_LEN, UNDERLAY[0].into())?;
     topo.ns_a.netlink()?.add_local_route(sources, stormgen::SOURCE_PREFIX_LEN)?;
-    let target = Storm { ctx, topo: &topo, key: &wg.keys[1].public, peers, pid: topo.endpoints[1].pid };
+    let target = Storm {
+        ctx,
+        topo: &topo,
+        key: &wg.keys[1].public,
+        peers,
+        pid: topo.endpoints[1].pid,
+        played: Default::default(),
+    };
 
-    // The rate the storm is judged by, measured next to it: the machine's speed moves from minute to minute.
-    let x25519_per_s = x25519_rate(Duration::from_millis(500));
+    // The rate each storm is judged by, measured on either side of it: this machine's speed moves from minute to
+    // minute.
+    let rate = || x25519_rate(Duration::from_millis(500));
+    let before = rate();
     let alone = target.play()?;
+    let between = rate();
     let cpu_s = alone.cpu_s;
     let handshakes_per_cpu_s = alone.report.completed as f64 / cpu_s.max(1e-9);
     let known = target.play()?;
     let known_handshakes_per_cpu_s = known.report.completed as f64 / known.cpu_s.max(1e-9);
+    let after = rate();
 
     // The flow runs FLOW_LEAD before the storm, and as long after its start as the storm alone took, twice over.
     let flow_s = (FLOW_LEAD.as_secs_f64() + 2.0 * alone.report.storm_s + 3.0).ceil().max(8.0) as u64;
@@ -227,7 +240,8 @@ fn run_one(ctx: &mut Ctx, mode: &Mode, peers: usize, rep: u32) -> Result<StormRu
         endpoint: mode.label.clone(),
         peers,
         rep,
-        x25519_per_s,
+        x25519_per_s: (before + between) / 2.0,
+        known_x25519_per_s: (between + after) / 2.0,
         storm: alone.report,
         cpu_s,
         handshakes_per_cpu_s,
@@ -247,6 +261,8 @@ struct Storm<'a> {
     key: &'a str,
     peers: usize,
     pid: u32,
+    /// Storms played so far in this run (each generator's log is its own).
+    played: std::cell::Cell<u32>,
 }
 
 /// One storm played: the generator's report, B's CPU seconds over it, and when it began and ended.
@@ -265,7 +281,8 @@ impl Storm<'_> {
         cmd.args(["bench", "--wg-storm-play", &dest.to_string(), "--wg-storm-key", self.key])
             .args(["--wg-storm-peers", &self.peers.to_string()])
             .args(["--duration", &STORM_DEADLINE_S.to_string()]);
-        let log = self.ctx.log_dir.join(format!("storm-{}.log", self.ctx.run_counter));
+        self.played.set(self.played.get() + 1);
+        let log = self.ctx.log_dir.join(format!("storm-{}-{}.log", self.ctx.run_counter, self.played.get()));
         let log = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut child = self
             .topo
@@ -343,8 +360,8 @@ fn markdown(report: &StormBenchReport, scales: &[usize], labels: &[&str]) -> Str
     let _ = writeln!(
         md,
         "## turbotun bench --wg-storm — {} repetition(s); medians (min–max)\n\n\
-         X25519 on one core (x25519-dalek, measured before each run's storm): {} operations/s, so {} handshakes \
-         per CPU-second at {} operations each; each run is judged by its own measurement.\nEach run: N peers initiate within 1 s with B's endpoint, as the kernel's initiator does (a cookie \
+         X25519 on one core (x25519-dalek, measured on either side of each storm): {} operations/s, so {} \
+         handshakes per CPU-second at {} operations each; each storm is judged by the mean of its two measurements.\nEach run: N peers initiate within 1 s with B's endpoint, as the kernel's initiator does (a cookie \
          kept for the retransmission after 5 s); then again while a TCP stream runs through the tunnel, sampled \
          every {FLOW_INTERVAL_S} s.\n",
         report.reps,
@@ -373,7 +390,7 @@ fn markdown(report: &StormBenchReport, scales: &[usize], labels: &[&str]) -> Str
                 col(&|r| Some(r.handshakes_per_cpu_s)),
                 col(&|r| Some(r.handshakes_per_cpu_s / (r.x25519_per_s / per_handshake))),
                 col(&|r| Some(r.known_handshakes_per_cpu_s)),
-                col(&|r| Some(r.known_handshakes_per_cpu_s / (r.x25519_per_s / per_handshake))),
+                col(&|r| Some(r.known_handshakes_per_cpu_s / (r.known_x25519_per_s / per_handshake))),
                 col(&|r| Some(r.storm.cookie_replies as f64)),
                 col(&|r| Some(r.storm.retransmissions as f64)),
                 col(&|r| median(&r.flow_before_gbps)),

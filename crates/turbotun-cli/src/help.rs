@@ -210,6 +210,10 @@ pub fn page(path: &str) -> Option<Page> {
                     "turbotun bench --wg-scale --wg-peers 10000,1000000",
                     "A WireGuard server of many peers: wg setconf, addconf, show dump, memory and idle CPU.",
                 ),
+                (
+                    "turbotun bench --wg-storm --wg-peers 10000",
+                    "A handshake storm: 10,000 peers at once, handshakes per CPU-second, a flow through it.",
+                ),
             ],
             DONE,
             &[],
