@@ -291,9 +291,27 @@ impl Storm<'_> {
             .context("start the storm generator")?;
         let stdout = child.stdout.take().context("the generator's stdout")?;
         let _child = KillOnDrop(child);
-        let mut lines = BufReader::new(stdout).lines();
-        let mut next = || -> Result<String> {
-            lines.next().context("the storm generator ended early (see its log)")?.context("read the generator")
+        // Its lines through a thread, so that waiting for the next one still sees the bench interrupted (the
+        // generator is then killed with `_child`).
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let next = || -> Result<String> {
+            loop {
+                if self.ctx.interrupted() {
+                    bail!("interrupted");
+                }
+                match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(line) => return line.context("read the generator"),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(_) => bail!("the storm generator ended early (see its log)"),
+                }
+            }
         };
         expect_event(&next()?, "start")?;
         let (started, cpu_before) = (Instant::now(), self.cpu_s()?);
