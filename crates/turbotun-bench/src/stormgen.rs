@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -47,7 +47,7 @@ const REKEY_JITTER_MS: u64 = 334;
 /// How long a cookie stays usable (the secret's two minutes, less the kernel's latency allowance).
 const COOKIE_LIFE: Duration = Duration::from_secs(115);
 /// The shortest and the longest wait for answers between sends (the first initiations leave in batches of a
-/// millisecond's worth; the progress line is due every second).
+/// millisecond's worth at least; the progress line is due every second).
 const MIN_WAIT: Duration = Duration::from_millis(1);
 const MAX_WAIT: Duration = Duration::from_millis(50);
 
@@ -299,8 +299,7 @@ pub(crate) fn storm(
     // Cookie replies come back as fast as the first initiations leave: room for all of them.
     nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(16 << 20))
         .context("SO_RCVBUFFORCE on the storm's socket")?;
-    let mut waiting = MAX_WAIT;
-    socket.set_read_timeout(Some(waiting)).context("read timeout")?;
+    socket.set_nonblocking(true).context("a non-blocking storm socket")?;
     let mut report = StormReport { peers, prepare_s, ..Default::default() };
     let start = Instant::now();
     println!("{{\"event\":\"start\"}}");
@@ -349,17 +348,8 @@ pub(crate) fn storm(
             report.retransmissions += 1;
             retries.push_back((now + retransmit_after(), i, p.attempts));
         }
-        // Answers until the next send is due, waiting for them in the kernel: a generator that woke often would
-        // take the CPU from the endpoint it measures.
-        let next_first =
-            (first_unsent < peers).then(|| start + spread.mul_f64((first_unsent + 1) as f64 / peers as f64));
-        let next_due = [next_first, retries.front().map(|r| r.0)].into_iter().flatten().min();
-        let wait =
-            next_due.map_or(MAX_WAIT, |due| due.saturating_duration_since(Instant::now())).clamp(MIN_WAIT, MAX_WAIT);
-        if wait != waiting {
-            socket.set_read_timeout(Some(wait)).context("read timeout")?;
-            waiting = wait;
-        }
+        // Every answer waiting, before any more is sent: an answer read late is one its initiator may have
+        // replaced (a cookie bound to an initiation since retransmitted opens no more).
         while let Ok(len) = socket.recv(&mut buf) {
             // Our sender index, where each answer carries it: after the responder's own index in a response.
             let at = if buf[0] == 2 { 8 } else { 4 };
@@ -379,9 +369,17 @@ pub(crate) fn storm(
                 }
                 _ => {}
             }
-            if next_due.is_some_and(|due| Instant::now() >= due) {
-                break;
-            }
+        }
+        // Then wait in the kernel for an answer or the next send: a generator that woke often would take the CPU
+        // from the endpoint it measures.
+        let next_first =
+            (first_unsent < peers).then(|| start + spread.mul_f64((first_unsent + 1) as f64 / peers as f64));
+        let next_due = [next_first, retries.front().map(|r| r.0)].into_iter().flatten().min();
+        let wait = next_due.map_or(MAX_WAIT, |due| due.saturating_duration_since(Instant::now())).min(MAX_WAIT);
+        if wait >= MIN_WAIT {
+            use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+            let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+            let _ = poll(&mut fds, PollTimeout::from(wait.as_millis() as u16));
         }
     }
     report.storm_s = start.elapsed().as_secs_f64();
