@@ -38,7 +38,7 @@ pub(crate) const ADDED: usize = 10_000;
 pub(crate) const DEFAULT_PEERS: &[usize] = &[10_000, 100_000];
 pub(crate) const QUICK_PEERS: &[usize] = &[10_000];
 /// The most peers wireguard-go holds (its `MaxPeers`).
-const WIREGUARD_GO_MAX_PEERS: usize = 1 << 16;
+pub(crate) const WIREGUARD_GO_MAX_PEERS: usize = 1 << 16;
 /// The most any `wg` command may take.
 const WG_COMMAND_TIMEOUT: Duration = Duration::from_secs(900);
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::modes::{Kind, Link, Mode};
+use crate::modes::{Kind, Link, Mode, Unavailable};
 use crate::peerconf::{write_peers, PeerPrefixes};
 use crate::process::{run_tool, sleep_checked, KillOnDrop};
 use crate::report::ReportHeader;
@@ -87,7 +87,7 @@ struct StormBenchReport {
     reps: u32,
     x25519_per_handshake: f64,
     runs: Vec<StormRun>,
-    skipped: Vec<crate::modes::Unavailable>,
+    skipped: Vec<Unavailable>,
 }
 
 /// Every endpoint at every scale, `--reps` times; the JSON and the Markdown. Returns how many runs failed.
@@ -111,11 +111,24 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Re
     }
     let mut runs = Vec::new();
     let mut failures = 0;
+    let mut skipped = resolved.skipped.clone();
     for rep in 0..reps {
         for &peers in &scales {
             let count = resolved.modes.len();
             for k in 0..count {
                 let mode = &resolved.modes[(k + rep as usize) % count];
+                let most = if mode.label.starts_with("wireguard-go") {
+                    crate::wgscale::WIREGUARD_GO_MAX_PEERS
+                } else {
+                    turbotun_wg::config::MAX_PEERS
+                };
+                if peers + 1 > most {
+                    if rep == 0 {
+                        let reason = format!("holds at most {most} peers, the storm's and the flow's");
+                        skipped.push(Unavailable { mode: format!("{} with {peers} peers", mode.label), reason });
+                    }
+                    continue;
+                }
                 if ctx.interrupted() {
                     bail!("interrupted");
                 }
@@ -135,7 +148,7 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Re
         reps,
         x25519_per_handshake: X25519_PER_HANDSHAKE,
         runs,
-        skipped: resolved.skipped.clone(),
+        skipped,
     };
     crate::write_json(args.json.as_deref(), &report)?;
     let labels: Vec<&str> = resolved.modes.iter().map(|m| m.label.as_str()).collect();
