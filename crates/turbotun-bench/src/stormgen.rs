@@ -131,6 +131,8 @@ pub(crate) struct Server {
     public: [u8; 32],
     mac1_key: [u8; 32],
     cookie_key: [u8; 32],
+    /// HASH(CONSTRUCTION): the chaining key every initiation starts from.
+    first_chaining: [u8; 32],
     /// HASH(HASH(CONSTRUCTION) || IDENTIFIER || server's public key): the first hash of every initiation.
     first_hash: [u8; 32],
 }
@@ -142,6 +144,7 @@ impl Server {
             public,
             mac1_key: hash(&[LABEL_MAC1, &public]),
             cookie_key: hash(&[LABEL_COOKIE, &public]),
+            first_chaining: c0,
             first_hash: hash(&[&hash(&[&c0, IDENTIFIER]), &public]),
         }
     }
@@ -197,7 +200,7 @@ impl StormPeer {
         m[0] = 1;
         m[4..8].copy_from_slice(&index.to_le_bytes());
         m[8..40].copy_from_slice(&ephemeral_public);
-        let [c] = kdf::<1>(&hash(&[CONSTRUCTION]), &ephemeral_public);
+        let [c] = kdf::<1>(&server.first_chaining, &ephemeral_public);
         let h = hash(&[&server.first_hash, &ephemeral_public]);
         let es = self.ephemeral.diffie_hellman(&PublicKey::from(server.public)).to_bytes();
         let [c, k] = kdf::<2>(&c, &es);

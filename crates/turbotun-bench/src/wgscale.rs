@@ -90,16 +90,7 @@ struct ScaleReport {
 
 /// Every endpoint at every scale, `--reps` times; the JSON and the Markdown. Returns how many runs failed.
 pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Result<usize> {
-    let scales: Vec<usize> = match (&args.wg_peers, args.quick) {
-        (Some(p), _) => p.clone(),
-        (None, true) => QUICK_PEERS.to_vec(),
-        (None, false) => DEFAULT_PEERS.to_vec(),
-    };
-    if scales.is_empty() || scales.contains(&0) {
-        bail!("--wg-peers: each scale must be at least 1 peer");
-    }
-    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
-    anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
+    let (scales, reps) = scales_and_reps(args, DEFAULT_PEERS, QUICK_PEERS)?;
     let Some(wg) = modes::which("wg") else {
         bail!("`wg` not found: apt-get install wireguard-tools (it configures the endpoints)");
     };
@@ -145,6 +136,22 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Re
     crate::write_json(args.json.as_deref(), &report)?;
     crate::print_markdown(&markdown(&report, &scales, &endpoints));
     Ok(failures)
+}
+
+/// The scales (`--wg-peers`, else `defaults`, or `quick` with `--quick`) and the repetitions of a WireGuard
+/// bench of many peers (`--wg-scale`, `--wg-storm`).
+pub(crate) fn scales_and_reps(args: &Options, defaults: &[usize], quick: &[usize]) -> Result<(Vec<usize>, u32)> {
+    let scales: Vec<usize> = match (&args.wg_peers, args.quick) {
+        (Some(p), _) => p.clone(),
+        (None, true) => quick.to_vec(),
+        (None, false) => defaults.to_vec(),
+    };
+    if scales.is_empty() || scales.contains(&0) {
+        bail!("--wg-peers: each scale must be at least 1 peer");
+    }
+    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
+    anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
+    Ok((scales, reps))
 }
 
 /// The endpoints that can run here: turbotun's, the `--baseline` build's, and wireguard-go if it builds.

@@ -92,16 +92,7 @@ struct StormBenchReport {
 
 /// Every endpoint at every scale, `--reps` times; the JSON and the Markdown. Returns how many runs failed.
 pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Result<usize> {
-    let scales: Vec<usize> = match (&args.wg_peers, args.quick) {
-        (Some(p), _) => p.clone(),
-        (None, true) => QUICK_PEERS.to_vec(),
-        (None, false) => DEFAULT_PEERS.to_vec(),
-    };
-    if scales.is_empty() || scales.contains(&0) {
-        bail!("--wg-peers: each scale must be at least 1 peer");
-    }
-    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
-    anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
+    let (scales, reps) = crate::wgscale::scales_and_reps(args, DEFAULT_PEERS, QUICK_PEERS)?;
     let resolved = tunnel::resolve_kinds(ctx, args, peers_dir, KINDS)?;
     for s in &resolved.skipped {
         eprintln!("turbotun bench: skipping {}: {}", s.mode, s.reason);

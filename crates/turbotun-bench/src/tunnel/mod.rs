@@ -34,7 +34,7 @@ mod tests;
 
 pub(crate) use kinds::print_list;
 pub(crate) use kinds::Resolved;
-use kinds::{resolve, select_kinds, sweep_stale_sockets, Resolver};
+use kinds::{resolve, select_kinds, sweep_stale_sockets, KindSpec, Resolver};
 use tables::{flood_rows, markdown, rows, TunnelReport};
 
 /// The traffic through each tunnel. The UDP datagrams are 1400-byte IP datagrams (1372 bytes of payload), so
@@ -84,7 +84,11 @@ fn select_traffic(args: &Options) -> Result<Vec<Traffic>> {
 /// builds on its WireGuard pairs (`--wg-storm`); the keys' private directory lives as long as the value.
 pub(crate) fn resolve_kinds(ctx: &Ctx, args: &Options, peers: Option<&Path>, labels: &[&str]) -> Result<Resolved> {
     let names: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
-    let kinds = select_kinds(Some(&names), args.baseline.is_some())?;
+    resolve_selected(ctx, args, peers, &select_kinds(Some(&names), args.baseline.is_some())?)
+}
+
+/// `kinds` made into modes (peers built on first use, keys made), once stale configuration sockets are gone.
+fn resolve_selected(ctx: &Ctx, args: &Options, peers: Option<&Path>, kinds: &[&KindSpec]) -> Result<Resolved> {
     sweep_stale_sockets();
     let mut resolver = Resolver {
         exe: &ctx.exe,
@@ -96,7 +100,7 @@ pub(crate) fn resolve_kinds(ctx: &Ctx, args: &Options, peers: Option<&Path>, lab
         found: Vec::new(),
         build_failed: false,
     };
-    resolve(&kinds, &mut resolver)
+    resolve(kinds, &mut resolver)
 }
 
 /// Every selected kind that can run, over every traffic kind, interleaved; then the JSON, the chart and the
@@ -106,19 +110,7 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers: Option<&Path>) -> Result
     let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 });
     anyhow::ensure!(reps > 0, "nothing to do: --reps must be at least 1");
     let kinds = select_kinds(args.tunnel_kinds.as_deref(), args.baseline.is_some())?;
-    sweep_stale_sockets();
-    let exe = ctx.exe.clone();
-    let mut resolver = Resolver {
-        exe: &exe,
-        peers,
-        log_dir: &ctx.log_dir,
-        build: true,
-        wg: modes::which("wg"),
-        baseline: args.baseline.clone(),
-        found: Vec::new(),
-        build_failed: false,
-    };
-    let resolved = resolve(&kinds, &mut resolver)?;
+    let resolved = resolve_selected(ctx, args, peers, &kinds)?;
     for s in &resolved.skipped {
         eprintln!("turbotun bench: skipping {}: {}", s.mode, s.reason);
     }
