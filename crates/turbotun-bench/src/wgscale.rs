@@ -161,7 +161,7 @@ fn endpoints(ctx: &Ctx, args: &Options, peers_dir: Option<&Path>) -> (Vec<Endpoi
         program,
         argv: ["wg", "-f", "{dev}"].map(String::from).to_vec(),
         env: Vec::new(),
-        max_peers: turbotun_wg::config::MAX_PEERS,
+        max_peers: turbotun_wg::MAX_PEERS,
         stats: true,
     };
     let mut out = vec![turbotun("turbotun-wg", ctx.exe.clone())];

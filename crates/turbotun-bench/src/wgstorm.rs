@@ -111,7 +111,7 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers_dir: Option<&Path>) -> Re
                 let most = if mode.label.starts_with("wireguard-go") {
                     crate::wgscale::WIREGUARD_GO_MAX_PEERS
                 } else {
-                    turbotun_wg::config::MAX_PEERS
+                    turbotun_wg::MAX_PEERS
                 };
                 if peers + 1 > most {
                     if rep == 0 {

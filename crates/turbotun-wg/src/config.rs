@@ -185,6 +185,25 @@ pub(crate) fn key_from_hex(text: &str) -> Option<Key> {
     Some(key)
 }
 
+/// A key as `wg` prints and reads it (44 characters of base64), e.g. a public key from `wg pubkey` or a
+/// private key from a file `wg genkey` wrote (surrounding white space is ignored).
+pub fn key_from_base64(text: &str) -> Option<Key> {
+    use base64::Engine as _;
+    let mut key = [0u8; 32];
+    let text = text.trim();
+    // Exactly 32 bytes: a longer text would not fit, a shorter one leaves the length below.
+    match base64::engine::general_purpose::STANDARD.decode_slice(text, &mut key) {
+        Ok(32) if text.len() == 44 => Some(key),
+        _ => None,
+    }
+}
+
+/// A key in the base64 `wg` prints.
+pub fn key_to_base64(key: &Key) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(key)
+}
+
 /// 64 hex digits into `key`.
 fn decode_hex(text: &str, key: &mut [u8; 32]) -> Option<()> {
     if text.len() != 64 || !text.is_ascii() {
@@ -198,6 +217,15 @@ fn decode_hex(text: &str, key: &mut [u8; 32]) -> Option<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_key_goes_to_base64_and_back_and_nothing_else_is_a_key() {
+        let key = [0xa5u8; 32];
+        assert_eq!(super::key_from_base64(&format!(" {}\n", super::key_to_base64(&key))), Some(key));
+        assert_eq!(super::key_from_base64(&super::key_to_base64(&[1; 32])[..43]), None);
+        assert_eq!(super::key_from_base64("not a key"), None);
+        assert_eq!(super::key_from_base64(&format!("{}AAAA", super::key_to_base64(&key))), None);
+    }
+
     use super::*;
 
     fn k(b: u8) -> Key {

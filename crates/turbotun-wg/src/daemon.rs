@@ -6,22 +6,20 @@
 //! Without `-f` the command starts itself again in the background and returns once the device and the socket
 //! are up (what `wg-quick up` waits for): the background process reports "ready" (or its error) over a pipe.
 
-use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use turbotun::privilege::{drop_to, Identity};
 use turbotun::socket_keeper::start_socket_keeper;
 use turbotun::stats_socket::{Report, StatsServer, StatsSocket};
-use turbotun::tunnel::{bind_sockets_with, TunnelBuilder, TunnelStats, TunnelStatsHandle};
-use turbotun::udp::{SocketOptions, SocketReserve, TunnelSocket};
-use turbotun::{DeviceBuilder, Offloads, Queue, StopHandle};
+use turbotun::tunnel::{TunnelStats, TunnelStatsHandle};
+use turbotun::udp::SocketReserve;
+use turbotun::{DeviceBuilder, Offloads, StopHandle};
 
-use crate::config::DeviceConfig;
+use crate::endpoint::{self, bind_port, Endpoint, EndpointError};
 use crate::uapi::{UapiError, UapiSocket};
 use crate::wireguard::WireGuard;
 
@@ -41,6 +39,9 @@ pub enum DaemonError {
     /// The configuration socket could not be made.
     #[error(transparent)]
     Uapi(#[from] UapiError),
+    /// The endpoint could not be built.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
     /// Starting the background process failed, or it reported an error.
     #[error("{0}")]
     Background(String),
@@ -124,9 +125,8 @@ pub struct Ran {
 /// prints `ready NAME` on standard output once up and then points standard output at `/dev/null`, for the
 /// process that started it in the background; standard error, the log, stays where that process put it.
 ///
-/// Two halves run side by side once the endpoint is up: the configuration server (`serve_configuration`, on a
-/// thread of its own) and the engine loop (`run_engine`, on this thread), which the server hands new sockets
-/// when a `set` moves the port.
+/// It is an [`Endpoint`] built on the device it creates, with the configuration socket served on a thread of its
+/// own as one more user of the endpoint's [`Control`](crate::Control).
 pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     turbotun::validate_ifname(&options.name)?;
     // Keys will be in this process's memory: no core dump and no ptrace or /proc/PID/mem access by processes of
@@ -136,46 +136,6 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
     })?;
     let stop = StopHandle::new();
     stop.stop_on_signals(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
-    let Endpoint { name, queues, uapi, wg, sockets } = open_endpoint(options)?;
-    wg.set_name(&name);
-    let stats_socket = bind_stats_socket(options, &name);
-    // Sockets for the ports `wg` may ask for after the drop, given the owner that keeps a port group closed
-    // while this process may (see `bind_sockets_with`); one socket is bound alone and needs none.
-    let reserve = match (&options.user, queues.len() > 1) {
-        (Some(_), true) => Some(Arc::new(SocketReserve::new(RESERVED_PORT_CHANGES * queues.len())?)),
-        _ => None,
-    };
-    // Kept alive until this process ends, however it ends: see `turbotun::socket_keeper`.
-    let _keeper = match &options.user {
-        Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
-        None => None,
-    };
-    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, options, &wg, &name));
-    announce_up(options, &name, &wg, &uapi);
-
-    let configuration = serve_configuration(uapi, wg.clone(), queues.len(), reserve, stop.clone())?;
-    let socket_file = crate::uapi::socket_path(&name);
-    let ended = run_engine(&wg, &queues, sockets, &configuration, &options.stats, &stop, &socket_file);
-    configuration.finish();
-    ended.map(|ended| Ran { name, ended, stats: options.stats.snapshot() })
-}
-
-/// What [`open_endpoint`] opens.
-struct Endpoint {
-    /// The device's name (the kernel's completion of a template such as `wg%d`).
-    name: String,
-    /// The device's queues.
-    queues: Vec<Arc<Queue>>,
-    /// The configuration socket, bound.
-    uapi: UapiSocket,
-    /// The protocol, with no configuration yet.
-    wg: Arc<WireGuard>,
-    /// The UDP sockets, one per queue, on a port picked by the kernel.
-    sockets: Vec<TunnelSocket>,
-}
-
-/// Creates the TUN device, binds the configuration socket and the UDP sockets.
-fn open_endpoint(options: &Options) -> Result<Endpoint, DaemonError> {
     let device = DeviceBuilder::tun()
         .name(&options.name)
         .vnet_hdr(turbotun::wire::VIRTIO_NET_HDR_LEN)
@@ -185,19 +145,44 @@ fn open_endpoint(options: &Options) -> Result<Endpoint, DaemonError> {
     // The name the kernel gave it (a template such as wg%d is completed): the socket and messages use it.
     let name = device.name().to_string();
     device.queues()[0].set_mtu(DEFAULT_MTU)?;
-    let wg_mtu = DEFAULT_MTU as usize;
-    let queues: Vec<Arc<Queue>> = device.into_queues().into_iter().map(Arc::new).collect();
-    if queues.len() > 1 {
-        // Loading the steering program needs a privilege that `--user` gives up: done here, before the drop, so
-        // that each tunnel built later on these queues (a new port) finds the device steered.
-        queues[0].steer_by_flow()?;
-    }
     let uapi = UapiSocket::bind(&name)?;
-    let wg = Arc::new(WireGuard::new());
-    wg.set_mtu(wg_mtu);
-    let sockets = bind_port(0, queues.len(), 0, None)?;
-    wg.set_bound_port(sockets[0].local_addr()?.port());
-    Ok(Endpoint { name, queues, uapi, wg, sockets })
+    // Sockets for the ports `wg` may ask for after the drop, given the owner that keeps a port group closed
+    // while this process may (see `turbotun::tunnel::bind_sockets_with`); one socket is bound alone and needs
+    // none.
+    let reserve = match (&options.user, options.queues > 1) {
+        (Some(_), true) => Some(Arc::new(SocketReserve::new(RESERVED_PORT_CHANGES * options.queues)?)),
+        _ => None,
+    };
+    // The first sockets are bound alone; the reserve is for the ports asked for later.
+    let first = bind_port(0, options.queues, 0, None)?;
+    let endpoint = Endpoint::builder()
+        .device(device)
+        .sockets(first)
+        .socket_factory(move |port, count, mark| bind_port(port, count, mark, reserve.as_deref()))
+        .stats(options.stats.clone())
+        .stop_on(stop.clone())
+        .build()?;
+    let control = endpoint.control();
+    let stats_socket = bind_stats_socket(options, &name);
+    // Kept alive until this process ends, however it ends: see `turbotun::socket_keeper`.
+    let _keeper = match &options.user {
+        Some(identity) => Some(drop_privileges(identity, &uapi, stats_socket.as_ref())?),
+        None => None,
+    };
+    let _stats_server = stats_socket.and_then(|socket| serve_stats(socket, options, control.wg(), &name));
+    announce_up(options, &name, control.wg(), &uapi);
+
+    let configuration = serve_configuration(uapi, &control, stop.clone())?;
+    let socket_file = crate::uapi::socket_path(&name);
+    let ran = endpoint.run();
+    configuration.finish();
+    let ran = ran?;
+    let ended = match ran.ended {
+        endpoint::Ended::DeviceDeleted => Ended::DeviceDeleted,
+        _ if !socket_file.exists() => Ended::SocketRemoved,
+        _ => Ended::Signal,
+    };
+    Ok(Ran { name, ended, stats: ran.stats })
 }
 
 /// The counters' socket, if one was asked for and could be bound (a warning otherwise). Bound while the process
@@ -275,23 +260,14 @@ fn announce_up(options: &Options, name: &str, wg: &WireGuard, uapi: &UapiSocket)
     }
 }
 
-/// The configuration socket served on a thread of its own, and what it hands the engine loop.
+/// The configuration socket served on a thread of its own.
 struct ConfigurationServer {
     thread: std::thread::JoinHandle<()>,
     /// Stops the server (the endpoint's own stop is not it: the server also outlives an engine that ended).
     stop: StopHandle,
-    /// The sockets of a new port, bound by a `set` that moved it: the engine loop runs a new engine on them.
-    rebinds: mpsc::Receiver<Vec<TunnelSocket>>,
-    /// The sockets of the engine running now, whose mark a `set` of a new firewall mark changes.
-    in_use: Arc<Mutex<Vec<Arc<TunnelSocket>>>>,
 }
 
 impl ConfigurationServer {
-    /// The sockets of the engine that runs from now on.
-    fn use_sockets(&self, sockets: Vec<Arc<TunnelSocket>>) {
-        *self.in_use.lock().unwrap_or_else(|e| e.into_inner()) = sockets;
-    }
-
     /// Stops the server and waits for its thread.
     fn finish(self) {
         self.stop.stop();
@@ -299,44 +275,20 @@ impl ConfigurationServer {
     }
 }
 
-/// Serves `uapi` on a thread of its own until [`ConfigurationServer::finish`]: a set that moves the port binds
-/// `queue_count` new sockets, which [`run_engine`] hands to a new engine; one that changes the mark sets it on
-/// the sockets in use. If the socket file is removed, the server ends and fires `stop`.
+/// Serves `uapi` on a thread of its own until [`ConfigurationServer::finish`], each `set=1` a change through
+/// `control` (a port that moves binds new sockets, which the endpoint runs a new engine on). If the socket file
+/// is removed, the server ends and fires `stop`.
 fn serve_configuration(
     uapi: UapiSocket,
-    wg: Arc<WireGuard>,
-    queue_count: usize,
-    reserve: Option<Arc<SocketReserve>>,
+    control: &crate::Control,
     stop: StopHandle,
 ) -> Result<ConfigurationServer, DaemonError> {
-    let in_use: Arc<Mutex<Vec<Arc<TunnelSocket>>>> = Arc::new(Mutex::new(Vec::new()));
-    let (rebind_tx, rebinds) = mpsc::channel::<Vec<TunnelSocket>>();
     let server_stop = StopHandle::new();
-    let (current, uapi_stop) = (in_use.clone(), server_stop.clone());
+    let (configurator, uapi_stop) = (control.configurator.clone(), server_stop.clone());
     let thread = std::thread::Builder::new()
         .name("wg-uapi".into())
         .spawn(move || {
-            let mut on_set = |old: &DeviceConfig, new: &DeviceConfig| {
-                // A port asked for is bound anew unless the sockets hold it already (a port picked at start and
-                // then asked for by number, as `wg syncconf` does): they hold it alone, so binding it again would
-                // fail with EADDRINUSE.
-                if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
-                    let sockets =
-                        bind_port(new.listen_port, queue_count, new.fwmark, reserve.as_deref()).map_err(|e| {
-                            tracing::warn!("listen-port {}: {e}", new.listen_port);
-                            errno_of(&e)
-                        })?;
-                    let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
-                    wg.set_bound_port(port);
-                    let _ = rebind_tx.send(sockets);
-                } else if new.fwmark != old.fwmark {
-                    for socket in current.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                        socket.set_mark(new.fwmark).map_err(|e| errno_of(&e))?;
-                    }
-                }
-                Ok(())
-            };
-            let served = uapi.serve(&wg, &mut on_set, &uapi_stop);
+            let served = uapi.serve(&configurator, &uapi_stop);
             let gone = !uapi.still_there();
             drop(uapi);
             if let Err(e) = served {
@@ -347,119 +299,11 @@ fn serve_configuration(
             }
         })
         .map_err(|e| turbotun::Error::Io { context: "spawning the configuration thread".into(), source: e })?;
-    Ok(ConfigurationServer { thread, stop: server_stop, rebinds, in_use })
-}
-
-/// Runs the tunnel engine until the endpoint ends: on `sockets`, then on each set of sockets the configuration
-/// server binds for a new port. Between packets it follows the device's MTU (which wg-quick sets after the
-/// endpoint started) and watches for the end: `stop` (a signal, or the server finding its socket file gone), the
-/// engine ending (the device deleted, or an error), or `socket_file` removed.
-fn run_engine(
-    wg: &Arc<WireGuard>,
-    queues: &[Arc<Queue>],
-    mut sockets: Vec<TunnelSocket>,
-    configuration: &ConfigurationServer,
-    stats: &TunnelStatsHandle,
-    stop: &StopHandle,
-    socket_file: &Path,
-) -> Result<Ended, DaemonError> {
-    loop {
-        let engine_stop = StopHandle::new();
-        let tunnel = TunnelBuilder::new(wg.clone())
-            .sockets(sockets)
-            .stop_on(engine_stop.clone())
-            .count_into(stats.clone())
-            .build(queues.to_vec())?;
-        configuration.use_sockets(tunnel.sockets());
-        let engine = std::thread::Builder::new()
-            .name("wg-engine".into())
-            .spawn(move || tunnel.run())
-            .map_err(|e| turbotun::Error::Io { context: "spawning the engine".into(), source: e })?;
-        let next = watch_engine(&engine, wg, &queues[0], configuration, stop, socket_file);
-        engine_stop.stop();
-        let result = engine.join().unwrap_or_else(|panic| {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into());
-            Err(turbotun::Error::WorkerPanicked { worker: "the engine".into(), message })
-        });
-        match next {
-            Some(new) => sockets = new,
-            None => {
-                return match result {
-                    Err(e) if e.is_device_gone() => Ok(Ended::DeviceDeleted),
-                    Err(e) => Err(DaemonError::from(e)),
-                    Ok(_) if !socket_file.exists() => Ok(Ended::SocketRemoved),
-                    Ok(_) => Ok(Ended::Signal),
-                };
-            }
-        }
-    }
-}
-
-/// Waits while `engine` runs: returns the sockets of a new port when the configuration server bound some, or
-/// `None` when the endpoint ends (see [`run_engine`]). Once a second it sets the device's MTU (`queue`'s) as the
-/// protocol's, so that padding stays within it.
-fn watch_engine(
-    engine: &std::thread::JoinHandle<turbotun::Result<TunnelStats>>,
-    wg: &WireGuard,
-    queue: &Queue,
-    configuration: &ConfigurationServer,
-    stop: &StopHandle,
-    socket_file: &Path,
-) -> Option<Vec<TunnelSocket>> {
-    let mut last_look = Instant::now();
-    loop {
-        if stop.is_stopped() {
-            return None;
-        }
-        if engine.is_finished() {
-            return None;
-        }
-        match configuration.rebinds.recv_timeout(Duration::from_millis(100)) {
-            Ok(new) => return Some(new),
-            Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {}
-        }
-        if last_look.elapsed() >= Duration::from_secs(1) {
-            last_look = Instant::now();
-            // Padding stays within the MTU, which wg-quick sets after the endpoint started.
-            if let Ok(mtu) = queue.mtu() {
-                wg.set_mtu(mtu as usize);
-            }
-            if !socket_file.exists() {
-                return None;
-            }
-        }
-    }
+    Ok(ConfigurationServer { thread, stop: server_stop })
 }
 
 /// Port changes a multi-queue endpoint run with `--user` can make: the sockets for them are made before the drop.
 const RESERVED_PORT_CHANGES: usize = 8;
-
-/// `count` sockets on `port` (0: any) for IPv6 and IPv4 alike, with `mark`; a group's from `reserve` if given.
-fn bind_port(
-    port: u16,
-    count: usize,
-    mark: u32,
-    reserve: Option<&SocketReserve>,
-) -> turbotun::Result<Vec<TunnelSocket>> {
-    let options = SocketOptions { dual_stack: true, mark, ..SocketOptions::default() };
-    match bind_sockets_with(SocketAddr::from(([0u16; 8], port)), count, &options, reserve) {
-        Ok(sockets) => Ok(sockets),
-        // A kernel without IPv6: IPv4 alone.
-        Err(turbotun::Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
-            bind_sockets_with(SocketAddr::from(([0, 0, 0, 0], port)), count, &options, reserve)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The errno a refused configuration is answered with.
-fn errno_of(e: &turbotun::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}
 
 /// Standard output to `/dev/null`: the pipe to the starting process, which has read `ready` and returned.
 fn detach_stdout() {

@@ -264,13 +264,16 @@ impl Peer {
     }
 
     /// Moves it to `to` (configured, or where an authenticated handshake message came from).
-    pub(crate) fn set_endpoint(&self, to: Option<SocketAddr>) {
+    /// Returns whether it moved.
+    pub(crate) fn set_endpoint(&self, to: Option<SocketAddr>) -> bool {
         let mut endpoint = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
         endpoint.moved_by = None;
-        if endpoint.addr != to {
+        let moved = endpoint.addr != to;
+        if moved {
             endpoint.addr = to;
             self.endpoint_gen.fetch_add(1, Ordering::Release);
         }
+        moved
     }
 
     /// Moves it to `from`, the source of transport data message `counter` of the session we gave `local_index`,

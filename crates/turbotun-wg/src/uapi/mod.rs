@@ -24,14 +24,14 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use turbotun::StopHandle;
 use zeroize::Zeroizing;
 
-use crate::config::DeviceConfig;
+use crate::control::{Configurator, Filled};
 use crate::wireguard::WireGuard;
 
 /// Where `wg` looks for the sockets of userspace implementations.
@@ -61,11 +61,6 @@ const IN_USE_WAIT: Duration = Duration::from_millis(20);
 
 /// How much is read from a client at once.
 const READ_CHUNK: usize = 16 << 10;
-
-/// What checks the device's new settings (`old`, `new`: its port, mark and key, without its peers) before a
-/// configuration takes effect, and may refuse them with an errno (a port that cannot be bound): it runs for one
-/// request at a time.
-pub(crate) type OnSet<'a> = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'a;
 
 /// The socket path of interface `name`.
 pub fn socket_path(name: &str) -> PathBuf {
@@ -159,13 +154,10 @@ impl UapiSocket {
         std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode)
     }
 
-    /// Serves clients until `stop` fires, then waits for the clients' threads (which end at once). `on_set(old,
-    /// new)` runs before a valid `set=1` takes effect and may refuse it with an errno; the configuration then
-    /// stays as it was.
-    pub(crate) fn serve(&self, wg: &WireGuard, on_set: &mut OnSet<'_>, stop: &StopHandle) -> io::Result<()> {
+    /// Serves clients until `stop` fires or the socket file is removed, then waits for the clients' threads (which end at once). A `set=1`
+    /// goes through `configurator`, as every change does: applied whole or refused whole.
+    pub(crate) fn serve(&self, configurator: &Configurator, stop: &StopHandle) -> io::Result<()> {
         let wake = stop.wake_fd().map_err(io::Error::from)?;
-        // Held while a request changes the configuration, and while a `get=1` reads it.
-        let config_lock = Mutex::new(on_set);
         std::thread::scope(|scope| {
             let mut clients: Vec<std::thread::ScopedJoinHandle<'_, ()>> = Vec::new();
             while !stop.is_stopped() {
@@ -174,10 +166,9 @@ impl UapiSocket {
                 let accepted = if room { self.listener.accept() } else { Err(io::ErrorKind::WouldBlock.into()) };
                 match accepted {
                     Ok((stream, _)) => {
-                        let config_lock = &config_lock;
                         let spawned =
                             std::thread::Builder::new().name("wg-uapi-client".into()).spawn_scoped(scope, move || {
-                                if let Err(e) = serve_client(stream, wg, config_lock, stop) {
+                                if let Err(e) = serve_client(stream, configurator, stop) {
                                     tracing::debug!("configuration client: {e}");
                                 }
                                 // Requests carry keys, and the thread's stack may be kept for the next thread.
@@ -196,6 +187,10 @@ impl UapiSocket {
                         match poll(fds, Some(&timespec(wait))) {
                             Ok(_) | Err(rustix::io::Errno::INTR) => {}
                             Err(e) => return Err(e.into()),
+                        }
+                        // Removing the socket file stops the endpoint (its caller looks at `still_there`).
+                        if !self.still_there() {
+                            return Ok(());
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -404,12 +399,7 @@ enum Handled {
 
 /// One client: requests until it closes the connection, sends what is not a request, runs out of time, or the
 /// endpoint stops.
-fn serve_client(
-    stream: UnixStream,
-    wg: &WireGuard,
-    config_lock: &Mutex<&mut OnSet<'_>>,
-    stop: &StopHandle,
-) -> io::Result<()> {
+fn serve_client(stream: UnixStream, configurator: &Configurator, stop: &StopHandle) -> io::Result<()> {
     stream.set_nonblocking(true)?;
     let mut client = Client::new(stream, stop);
     loop {
@@ -421,9 +411,9 @@ fn serve_client(
             Next::TooLong | Next::Gone => return Ok(()),
         };
         let handled = if &client.pending[command] == b"get=1" {
-            handle_get(&mut client, wg, began)?
+            handle_get(&mut client, &configurator.wg, began)?
         } else {
-            handle_set(&mut client, wg, config_lock, began)?
+            handle_set(&mut client, configurator, began)?
         };
         let Handled::Answer(errno) = handled else { return Ok(()) };
         if !client.write_all(format!("errno={}\n\n", -errno).as_bytes(), Instant::now() + REQUEST_DEADLINE)? {
@@ -451,71 +441,56 @@ fn handle_get(client: &mut Client<'_>, wg: &WireGuard, began: Instant) -> io::Re
     Ok(if written { Handled::Answer(0) } else { Handled::Gone })
 }
 
-/// A `set=1` request (its first line read): each line applied to a copy of the configuration as it arrives, the
-/// copy checked by `on_set` and put in force once the empty line came, or the request refused whole. One request
-/// at a time.
-fn handle_set(
-    client: &mut Client<'_>,
-    wg: &WireGuard,
-    config_lock: &Mutex<&mut OnSet<'_>>,
-    began: Instant,
-) -> io::Result<Handled> {
-    let mut on_set = config_lock.lock().unwrap_or_else(|e| e.into_inner());
-    // Read by the request as it goes; nothing else changes the configuration while the lock is held.
-    let view = wg.config_view();
-    let old = view.device.clone();
-    let mut request = set::SetRequest::new(&view, set::MAX_PEERS, crate::wireguard::public_key);
-    // The first refusal: the rest of the request is read and dropped.
-    let mut refused: Option<set::SetError> = None;
-    loop {
-        let line = match client.next_line(began, false)? {
-            Next::Line(line) if line.is_empty() => break,
-            Next::Line(line) => line,
-            Next::TooLong => {
-                let reason = format!("a line longer than {MAX_LINE_BYTES} bytes");
-                refused.get_or_insert(set::SetError { errno: libc::EMSGSIZE, line: "(not shown)".into(), reason });
+/// A `set=1` request (its first line read): each line applied to a draft of the configuration as it arrives,
+/// through the device's [`Configurator`] (one change at a time), put in force once the empty line came, or the
+/// request refused whole.
+fn handle_set(client: &mut Client<'_>, configurator: &Configurator, began: Instant) -> io::Result<Handled> {
+    let mut failed: Option<io::Error> = None;
+    let changed = configurator.change(|request| {
+        // The first refusal: the rest of the request is read and dropped.
+        let mut refused: Option<set::ConfigError> = None;
+        loop {
+            let line = match client.next_line(began, false) {
+                Ok(Next::Line(line)) if line.is_empty() => break,
+                Ok(Next::Line(line)) => line,
+                Ok(Next::TooLong) => {
+                    let reason = format!("a line longer than {MAX_LINE_BYTES} bytes");
+                    let line = "(not shown)".into();
+                    refused.get_or_insert(set::ConfigError { errno: libc::EMSGSIZE, line, reason });
+                    continue;
+                }
+                Ok(Next::Gone) => return Filled::Abandon,
+                Err(e) => {
+                    failed = Some(e);
+                    return Filled::Abandon;
+                }
+            };
+            if refused.is_some() {
                 continue;
             }
-            Next::Gone => return Ok(Handled::Gone),
-        };
-        if refused.is_some() {
-            continue;
+            let applied = match std::str::from_utf8(&client.pending[line]) {
+                Ok(text) => request.line(text),
+                Err(_) => Err(set::ConfigError {
+                    errno: libc::EINVAL,
+                    line: "(not shown)".into(),
+                    reason: "the line is not UTF-8 text".into(),
+                }),
+            };
+            refused = applied.err();
         }
-        let applied = match std::str::from_utf8(&client.pending[line]) {
-            Ok(text) => request.line(text),
-            Err(_) => Err(set::SetError {
-                errno: libc::EINVAL,
-                line: "(not shown)".into(),
-                reason: "the line is not UTF-8 text".into(),
-            }),
-        };
-        refused = applied.err();
+        match refused {
+            Some(refusal) => Filled::Refuse(refusal),
+            None => Filled::Apply,
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
     }
-    let result = match refused {
-        Some(refusal) => Err(refusal),
-        None => request.finish(),
-    };
-    drop(view);
-    let errno = match result.and_then(|change| {
-        on_set(&old, &change.device).map(|()| change).map_err(|errno| {
-            let why = io::Error::from_raw_os_error(errno);
-            set::SetError {
-                errno,
-                line: String::new(),
-                reason: format!("the new configuration cannot be put in force: {why}"),
-            }
-        })
-    }) {
-        Ok(change) => {
-            wg.apply_change(change);
-            0
-        }
-        Err(e) => {
-            tracing::warn!("configuration refused, nothing changed: {e}");
-            e.errno
-        }
-    };
-    Ok(Handled::Answer(errno))
+    Ok(match changed {
+        None => Handled::Gone,
+        Some(Ok(())) => Handled::Answer(0),
+        Some(Err(e)) => Handled::Answer(e.errno),
+    })
 }
 
 #[cfg(test)]
@@ -526,7 +501,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
     use std::sync::{mpsc, Arc};
 
-    use crate::config::key_to_hex;
+    use crate::config::{key_to_hex, DeviceConfig};
 
     /// A socket served on a thread of its own at a path of its own; stopped, and the path removed, on drop.
     struct Served {
@@ -549,9 +524,9 @@ mod tests {
             let socket = UapiSocket::bind_at(&path).unwrap();
             let (stop, wg) = (StopHandle::new(), Arc::new(WireGuard::new()));
             let (tx, ended) = mpsc::channel();
-            let (stop2, wg2, mut on_set) = (stop.clone(), wg.clone(), on_set);
+            let (stop2, configurator) = (stop.clone(), Configurator::new(wg.clone(), Box::new(on_set)));
             std::thread::spawn(move || {
-                let served = socket.serve(&wg2, &mut on_set, &stop2);
+                let served = socket.serve(&configurator, &stop2);
                 drop(socket);
                 let _ = tx.send(served);
             });

@@ -12,34 +12,36 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
 pub(crate) use crate::config::MAX_PEERS;
 use crate::config::{key_from_hex, DeviceConfig, Key, PeerConfig, SecretKey};
+use crate::update::{Op, Prefix};
 use crate::wireguard::{ConfigChange, ConfigView};
 
-/// Why a `set=1` request was refused: the errno it is answered with, the line, and why.
+/// Why a configuration change (a `set=1` request or an [`Update`](crate::Update)) was refused, whole: the errno
+/// the request is answered with, the line or operation refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SetError {
+pub struct ConfigError {
     /// The errno (positive; the reply carries it negated, as wireguard-go and the kernel do).
     pub errno: i32,
-    /// The line that was refused, as it may be shown: the value of a line that can carry a key is left out
-    /// (see [`printable_line`]).
+    /// The line (or operation, as its line) that was refused, as it may be shown: the value of a line that can
+    /// carry a key is left out; empty when the whole change was refused by the endpoint for no one setting.
     pub line: String,
     /// Why, in words.
     pub reason: String,
 }
 
-impl SetError {
+impl ConfigError {
     /// Refuses `line` (kept only as [`printable_line`] shows it).
     pub(super) fn new(errno: i32, line: &str, reason: impl Into<String>) -> Self {
-        SetError { errno, line: printable_line(line), reason: reason.into() }
+        ConfigError { errno, line: printable_line(line), reason: reason.into() }
     }
 }
 
-impl fmt::Display for SetError {
+impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: {}", self.line, self.reason)
     }
 }
 
-impl std::error::Error for SetError {}
+impl std::error::Error for ConfigError {}
 
 /// The protocol's keys whose values are never secret: a refused line with one of them is shown whole.
 const PLAIN_KEYS: &[&str] = &[
@@ -270,16 +272,26 @@ impl<'a, F: Fn(&Key) -> Key> SetRequest<'a, F> {
     }
 
     /// The request's next line; an error refuses the whole request.
-    pub(crate) fn line(&mut self, line: &str) -> Result<(), SetError> {
-        let refuse = |errno: i32, reason: &str| SetError::new(errno, line, reason);
+    pub(crate) fn line(&mut self, line: &str) -> Result<(), ConfigError> {
+        let op = parse_line(line).map_err(|(errno, reason)| ConfigError::new(errno, line, reason))?;
+        self.op(op).map_err(|(errno, reason)| ConfigError::new(errno, line, reason))
+    }
+
+    /// Applies the operations of a typed update, in order.
+    pub(crate) fn update(&mut self, update: crate::update::Update) -> Result<(), ConfigError> {
+        for op in update.into_ops() {
+            let shown = op.to_string();
+            self.op(op).map_err(|(errno, reason)| ConfigError { errno, line: shown, reason })?;
+        }
+        Ok(())
+    }
+
+    /// The request's next operation; an error (its errno and why) refuses the whole request.
+    fn op(&mut self, op: Op) -> Result<(), (i32, String)> {
         let limit = self.new.limit;
-        let full = || SetError::new(libc::ENOMEM, line, full_reason(limit));
+        let full = || (libc::ENOMEM, full_reason(limit));
         let new = &mut self.new;
-        let Some((key, value)) = line.split_once('=') else {
-            return Err(refuse(libc::EPROTO, "not a key=value line"));
-        };
-        if key == "public_key" {
-            let public = key_from_hex(value).ok_or_else(|| refuse(libc::EINVAL, "public_key: not 64 hex digits"))?;
+        if let Op::Peer(public) = op {
             if let Section::New(previous) = self.section {
                 // The section before was its public key alone (`wg set wg0 peer A peer B ...`): that creates it.
                 new.add(previous).ok_or_else(full)?;
@@ -295,56 +307,42 @@ impl<'a, F: Fn(&Key) -> Key> SetRequest<'a, F> {
         }
         // A new peer's first line other than update_only creates it.
         if let Section::New(public) = self.section {
-            if key != "update_only" {
+            if op != Op::UpdateOnly {
                 self.section = Section::Peer(new.add(public).ok_or_else(full)?);
             }
         }
         match self.section {
-            Section::Device => match key {
-                "private_key" => {
-                    let private = SecretKey::from_hex(value)
-                        .ok_or_else(|| refuse(libc::EINVAL, "private_key: not 64 hex digits"))?;
-                    new.config.private_key = if private.is_zero() {
-                        self.own = None;
-                        None
-                    } else {
-                        let private = private.clamped();
-                        // The peer with our new public key goes.
-                        let own = (self.own_public)(private.as_bytes());
-                        if new.exists(&own) {
-                            new.remove(&own);
+            Section::Device => match op {
+                Op::PrivateKey(private) => {
+                    new.config.private_key = match private.filter(|k| !k.is_zero()) {
+                        None => {
+                            self.own = None;
+                            None
                         }
-                        self.own = Some(own);
-                        Some(private)
+                        Some(private) => {
+                            let private = private.clamped();
+                            // The peer with our new public key goes.
+                            let own = (self.own_public)(private.as_bytes());
+                            if new.exists(&own) {
+                                new.remove(&own);
+                            }
+                            self.own = Some(own);
+                            Some(private)
+                        }
                     };
                 }
-                "listen_port" => {
-                    new.config.listen_port =
-                        value.parse().map_err(|_| refuse(libc::EINVAL, "listen_port: not a port"))?;
-                }
-                "fwmark" => {
-                    new.config.fwmark =
-                        value.parse().map_err(|_| refuse(libc::EINVAL, "fwmark: not a 32-bit number"))?;
-                }
-                "replace_peers" => {
-                    if value != "true" {
-                        return Err(refuse(libc::EINVAL, "replace_peers takes only true"));
-                    }
-                    new.remove_all();
-                }
-                _ => return Err(refuse(libc::EINVAL, "not a device key")),
+                Op::ListenPort(port) => new.config.listen_port = port,
+                Op::Fwmark(mark) => new.config.fwmark = mark,
+                Op::ReplacePeers => new.remove_all(),
+                _ => return Err((libc::EINVAL, "not a device key".into())),
             },
             Section::Ignored => {}
-            Section::New(_) => {
-                // update_only, the only line that leaves a new peer uncreated.
-                if value != "true" {
-                    return Err(refuse(libc::EINVAL, "update_only takes only true"));
-                }
-                self.section = Section::Ignored;
-            }
+            // update_only, the only line that leaves a new peer uncreated.
+            Section::New(_) => self.section = Section::Ignored,
             Section::Peer(peer) => {
-                apply_peer_line(new, &peer, key, value).map_err(|reason| refuse(libc::EINVAL, &reason))?;
-                if key == "remove" {
+                let remove = op == Op::Remove;
+                apply_peer_op(new, &peer, op).map_err(|reason| (libc::EINVAL, reason))?;
+                if remove {
                     self.section = Section::Ignored;
                 }
             }
@@ -353,11 +351,11 @@ impl<'a, F: Fn(&Key) -> Key> SetRequest<'a, F> {
     }
 
     /// The change the whole request makes.
-    pub(crate) fn finish(mut self) -> Result<ConfigChange, SetError> {
+    pub(crate) fn finish(mut self) -> Result<ConfigChange, ConfigError> {
         if let Section::New(public) = self.section {
             // A peer section of only its public key creates the peer.
             if self.new.add(public).is_none() {
-                return Err(SetError::new(libc::ENOMEM, "(the end of the request)", full_reason(self.new.limit)));
+                return Err(ConfigError::new(libc::ENOMEM, "(the end of the request)", full_reason(self.new.limit)));
             }
         }
         Ok(self.new.finish())
@@ -369,6 +367,48 @@ fn full_reason(limit: usize) -> String {
     format!("the device holds {limit} peers, the most it may (the kernel's limit is {MAX_PEERS})")
 }
 
+/// A request line as the operation it asks for; why not (its errno and the reason) if it asks for none.
+fn parse_line(line: &str) -> Result<Op, (i32, String)> {
+    let Some((key, value)) = line.split_once('=') else {
+        return Err((libc::EPROTO, "not a key=value line".into()));
+    };
+    let bad = |reason: &str| (libc::EINVAL, reason.to_string());
+    let only_true = |op: Op| if value == "true" { Ok(op) } else { Err(bad(&format!("{key} takes only true"))) };
+    let secret = |what: &str| SecretKey::from_hex(value).ok_or_else(|| bad(&format!("{what}: not 64 hex digits")));
+    Ok(match key {
+        "public_key" => Op::Peer(key_from_hex(value).ok_or_else(|| bad("public_key: not 64 hex digits"))?),
+        "private_key" => Op::PrivateKey(Some(secret("private_key")?)),
+        "listen_port" => Op::ListenPort(value.parse().map_err(|_| bad("listen_port: not a port"))?),
+        "fwmark" => Op::Fwmark(value.parse().map_err(|_| bad("fwmark: not a 32-bit number"))?),
+        "replace_peers" => only_true(Op::ReplacePeers)?,
+        "update_only" => only_true(Op::UpdateOnly)?,
+        "remove" => only_true(Op::Remove)?,
+        "preshared_key" => Op::PresharedKey(Some(secret("preshared_key")?).filter(|k| !k.is_zero())),
+        "endpoint" => Op::Endpoint(parse_endpoint(value).map_err(|reason| bad(&reason))?),
+        "persistent_keepalive_interval" => {
+            Op::PersistentKeepalive(value.parse().map_err(|_| bad("persistent_keepalive_interval: not 0 to 65535"))?)
+        }
+        "replace_allowed_ips" => only_true(Op::ReplaceAllowedIps)?,
+        "allowed_ip" => {
+            let (remove, text) = match value.strip_prefix('-') {
+                Some(rest) => (true, rest),
+                None => (false, value),
+            };
+            let (addr, len) =
+                parse_prefix(text).ok_or_else(|| bad(&format!("allowed_ip: {text:?} is not ADDR/PREFIX")))?;
+            let prefix = Prefix::new(addr, len);
+            if remove {
+                Op::RemoveAllowedIp(prefix)
+            } else {
+                Op::AllowedIp(prefix)
+            }
+        }
+        "protocol_version" if value == "1" => Op::ProtocolVersion,
+        "protocol_version" => return Err(bad("protocol_version: only 1 exists")),
+        _ => return Err(bad("not a device or peer key")),
+    })
+}
+
 /// Applies the lines of one `set=1` request (without the `set=1` line and the empty line that ends it) to
 /// `config`, through [`SetRequest`] and a device of at most `max_peers` peers put in that configuration first:
 /// the configuration the request makes, or why it is refused.
@@ -378,7 +418,7 @@ pub(crate) fn apply_set(
     lines: &[&str],
     max_peers: usize,
     own_public: impl Fn(&Key) -> Key,
-) -> Result<DeviceConfig, SetError> {
+) -> Result<DeviceConfig, ConfigError> {
     let wg = crate::wireguard::WireGuard::new();
     wg.apply(config.clone());
     let view = wg.config_view();
@@ -392,50 +432,27 @@ pub(crate) fn apply_set(
     Ok(wg.config())
 }
 
-/// One peer line on the peer with key `peer` in the draft (`remove` takes the peer out).
-fn apply_peer_line(draft: &mut Draft<'_>, peer: &Key, key: &str, value: &str) -> Result<(), String> {
-    let only_true = |what: &str| if value == "true" { Ok(()) } else { Err(format!("{what} takes only true")) };
-    match key {
-        "update_only" => only_true(key)?,
-        "remove" => {
-            only_true(key)?;
-            draft.remove(peer);
-        }
-        "preshared_key" => {
-            let psk = SecretKey::from_hex(value).ok_or("preshared_key: not 64 hex digits")?;
-            draft.peer(peer).preshared_key = (!psk.is_zero()).then_some(psk);
-        }
-        "endpoint" => {
-            draft.peer(peer).endpoint = Some(parse_endpoint(value)?);
-        }
-        "persistent_keepalive_interval" => {
-            draft.peer(peer).persistent_keepalive =
-                value.parse().map_err(|_| "persistent_keepalive_interval: not 0 to 65535")?;
-        }
-        "replace_allowed_ips" => {
-            only_true(key)?;
-            draft.clear_prefixes(peer);
-        }
-        "allowed_ip" => {
-            let (remove, text) = match value.strip_prefix('-') {
-                Some(rest) => (true, rest),
-                None => (false, value),
-            };
-            let prefix = parse_prefix(text).ok_or_else(|| format!("allowed_ip: {text:?} is not ADDR/PREFIX"))?;
-            if remove {
-                draft.take_prefix(peer, prefix);
-            } else {
-                draft.give_prefix(peer, prefix);
-            }
-        }
-        "protocol_version" => {
-            if value != "1" {
-                return Err("protocol_version: only 1 exists".into());
-            }
-        }
+/// One peer operation on the peer with key `peer` in the draft (`remove` takes the peer out).
+fn apply_peer_op(draft: &mut Draft<'_>, peer: &Key, op: Op) -> Result<(), String> {
+    match op {
+        Op::UpdateOnly | Op::ProtocolVersion => {}
+        Op::Remove => draft.remove(peer),
+        Op::PresharedKey(psk) => draft.peer(peer).preshared_key = psk.filter(|k| !k.is_zero()),
+        Op::Endpoint(endpoint) => draft.peer(peer).endpoint = Some(endpoint),
+        Op::PersistentKeepalive(seconds) => draft.peer(peer).persistent_keepalive = seconds,
+        Op::ReplaceAllowedIps => draft.clear_prefixes(peer),
+        Op::AllowedIp(prefix) => draft.give_prefix(peer, prefix_of(prefix)?),
+        Op::RemoveAllowedIp(prefix) => draft.take_prefix(peer, prefix_of(prefix)?),
         _ => return Err("not a peer key".into()),
     }
     Ok(())
+}
+
+/// A typed prefix as the draft holds it: host bits cleared; refused if its length is past its address's.
+fn prefix_of(prefix: Prefix) -> Result<(IpAddr, u8), String> {
+    let net = ip_network::IpNetwork::new_truncate(prefix.addr, prefix.len)
+        .map_err(|_| format!("allowed_ip: {prefix} is not ADDR/PREFIX"))?;
+    Ok((net.network_address(), net.netmask()))
 }
 
 #[cfg(test)]
@@ -458,12 +475,12 @@ mod tests {
         p
     }
 
-    fn set(config: &DeviceConfig, lines: &[&str]) -> Result<DeviceConfig, SetError> {
+    fn set(config: &DeviceConfig, lines: &[&str]) -> Result<DeviceConfig, ConfigError> {
         apply_set(config, lines, MAX_PEERS, own)
     }
 
     /// [`set`] with owned lines.
-    fn set_lines(config: &DeviceConfig, lines: &[String]) -> Result<DeviceConfig, SetError> {
+    fn set_lines(config: &DeviceConfig, lines: &[String]) -> Result<DeviceConfig, ConfigError> {
         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
         set(config, &lines)
     }

@@ -14,6 +14,7 @@ use turbotun::wire::{ipv4, ipv6};
 use turbotun::DropReason;
 
 use super::{sendable, usable, Runtime, WireGuard, LASTMINUTE_AGE, REKEY_AFTER_TIME};
+use crate::events::Event;
 use crate::message::{DataHeader, DATA_HEADER_LEN};
 use crate::peer::{Peer, HELD_PER_PEER};
 use crate::session::{Keypair, OpenError, REKEY_AFTER_MESSAGES};
@@ -225,6 +226,7 @@ impl WireGuard {
             keypair.confirm();
             self.retire(&gone);
             *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+            self.events.emit(Event::HandshakeCompleted { peer: peer.public_key });
             peer.wants_flush.store(true, Ordering::SeqCst);
             self.mark_live(peer);
             self.handshakes.kick();
@@ -240,11 +242,12 @@ impl WireGuard {
         let endpoint_gen = peer.endpoint_gen.load(Ordering::Acquire);
         if cache.seen != Some(SeenSource { peer: peer.id, endpoint_gen, from }) {
             // Left where a later message put it: looked at again with this source's next message.
-            cache.seen = peer.roam(from, keypair.local_index, counter).then(|| SeenSource {
-                peer: peer.id,
-                endpoint_gen: peer.endpoint_gen.load(Ordering::Acquire),
-                from,
-            });
+            let at_from = peer.roam(from, keypair.local_index, counter);
+            let now_gen = peer.endpoint_gen.load(Ordering::Acquire);
+            if at_from && now_gen != endpoint_gen {
+                self.events.emit(Event::EndpointChanged { peer: peer.public_key, endpoint: from });
+            }
+            cache.seen = at_from.then_some(SeenSource { peer: peer.id, endpoint_gen: now_gen, from });
         }
         if plain.is_empty() {
             return Opened::Control; // a keepalive

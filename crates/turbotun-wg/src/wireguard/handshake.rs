@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -19,6 +19,7 @@ use super::{
 };
 use crate::cookie;
 use crate::cookie::MacState;
+use crate::events::Event;
 use crate::message::{CookieReply, MessageKind, Response, COOKIE_REPLY_LEN, INITIATION_LEN, RESPONSE_LEN};
 use crate::noise;
 use crate::noise::{finish_initiation, open_initiation, Identity, PeerKeys};
@@ -41,20 +42,29 @@ pub(super) struct HandshakeQueue {
     jobs: Mutex<VecDeque<Job>>,
     pub(super) len: AtomicUsize,
     pub(super) wake: OwnedFd,
+    /// Whether `wake` was written since it was last drained (read without a system call).
+    pub(super) kicked: AtomicBool,
 }
 
 impl HandshakeQueue {
     pub(super) fn new() -> Self {
         use rustix::event::{eventfd, EventfdFlags};
         let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).expect("eventfd: a Linux kernel has it");
-        HandshakeQueue { jobs: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0), wake }
+        HandshakeQueue {
+            jobs: Mutex::new(VecDeque::new()),
+            len: AtomicUsize::new(0),
+            wake,
+            kicked: AtomicBool::new(false),
+        }
     }
 
     pub(super) fn kick(&self) {
+        self.kicked.store(true, Ordering::SeqCst);
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 
     pub(super) fn drain_wake(&self) {
+        self.kicked.store(false, Ordering::SeqCst);
         let mut buf = [0u8; 8];
         let _ = rustix::io::read(&self.wake, &mut buf);
     }
@@ -297,7 +307,7 @@ impl WireGuard {
             self.peer_event(&peer.public_key, format_args!("Keypair {index} destroyed"));
         }
         self.retire(&gone);
-        peer.set_endpoint(Some(from));
+        self.moved_to(&peer, from);
         self.authenticated(job);
         peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
         peer.received_authenticated(now, false);
@@ -353,7 +363,7 @@ impl WireGuard {
             self.peer_event(&peer.public_key, format_args!("Keypair {index} destroyed"));
         }
         self.retire(&gone);
-        peer.set_endpoint(Some(from));
+        self.moved_to(&peer, from);
         self.authenticated(job);
         peer.rx_bytes.fetch_add(message.len() as u64, Ordering::Relaxed);
         peer.received_authenticated(now, false);
@@ -376,6 +386,14 @@ impl WireGuard {
         st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
         peer.sent_lastminute_handshake.store(false, Ordering::Relaxed);
         *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+        self.events.emit(Event::HandshakeCompleted { peer: peer.public_key });
+    }
+
+    /// Moves `peer`'s endpoint to `from`, where an authenticated handshake message came from.
+    fn moved_to(&self, peer: &Peer, from: SocketAddr) {
+        if peer.set_endpoint(Some(from)) {
+            self.events.emit(Event::EndpointChanged { peer: peer.public_key, endpoint: from });
+        }
     }
 
     /// Sends an initiation to `peer` unless one went within REKEY_TIMEOUT; `retry` keeps the attempt count.

@@ -36,12 +36,11 @@ use turbotun::udp::ReplySources;
 
 use crate::config::{DeviceConfig, Key, PeerConfig};
 use crate::cookie::CookieChecker;
+use crate::events::EventBus;
 use crate::message::{DATA_HEADER_LEN, TAG_LEN};
 use crate::noise::Identity;
 use crate::peer::Peer;
 use crate::session::{Keypair, REJECT_AFTER_MESSAGES};
-
-pub use crate::peer::HELD_PER_PEER;
 
 /// The protocol's timers, in milliseconds (the kernel's `messages.h`).
 const REKEY_AFTER_TIME: u64 = 120_000;
@@ -64,7 +63,7 @@ const UNDER_LOAD_FOR: u64 = 1_000;
 const HANDSHAKES_PER_CALL: usize = 256;
 
 /// How often the protocol's timers run.
-const TICK: Duration = Duration::from_millis(250);
+pub(crate) const TICK: Duration = Duration::from_millis(250);
 
 /// What a data message adds to its packet beyond the padding: header and tag.
 const DATA_OVERHEAD: usize = DATA_HEADER_LEN + TAG_LEN;
@@ -123,7 +122,7 @@ pub(crate) struct ConfigChange {
 }
 
 /// A WireGuard device's protocol side, shared by the tunnel's workers and the configuration socket.
-pub struct WireGuard {
+pub(crate) struct WireGuard {
     /// Tells this instance's entries in the workers' caches from another's.
     id: u64,
     runtime: RwLock<Arc<Runtime>>,
@@ -160,6 +159,8 @@ pub struct WireGuard {
     refused_log: LogLimit,
     /// The interface's name, which every log line about a peer starts with (empty until the daemon names it).
     name: RwLock<String>,
+    /// Where handshakes completed, endpoints moved and keys expired are reported.
+    pub(crate) events: EventBus,
     /// Moves the clock forward in tests of the timers.
     #[cfg(test)]
     skipped_ms: AtomicU64,
@@ -196,6 +197,8 @@ pub struct PeerState {
     pub rx_bytes: u64,
     /// Bytes of datagrams sent to it.
     pub tx_bytes: u64,
+    /// Packets to or from it that were dropped (for any reason counted against a peer).
+    pub drops: u64,
 }
 
 /// A peer as wireguard-go's log names it: `peer(ABCD…WXYZ)`, the ends of its public key in the base64 `wg show`
@@ -213,6 +216,7 @@ fn state_of(peer: &Peer) -> PeerState {
         last_handshake: *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()),
         rx_bytes: peer.rx_bytes.load(Ordering::Relaxed),
         tx_bytes: peer.tx_bytes.load(Ordering::Relaxed),
+        drops: peer.drops.load(Ordering::Relaxed),
     }
 }
 
@@ -228,7 +232,7 @@ fn sendable(keypair: &Keypair, now: u64) -> bool {
 
 impl WireGuard {
     /// A device with no key and no peer (it sends nothing until configured).
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let runtime = Runtime { config: DeviceConfig::default(), identity: None, bound_port: 0 };
         WireGuard {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -249,6 +253,7 @@ impl WireGuard {
             jitter: AtomicU64::new(OsRng.next_u64() | 1),
             refused_log: LogLimit::default(),
             name: RwLock::default(),
+            events: EventBus::default(),
             #[cfg(test)]
             skipped_ms: AtomicU64::new(0),
         }
@@ -305,7 +310,7 @@ impl WireGuard {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> DeviceConfig {
+    pub(crate) fn config(&self) -> DeviceConfig {
         let table = self.peer_table();
         let mut config = self.device_config();
         config.peers = table.ordered().into_iter().map(|e| e.config.clone()).collect();
@@ -325,20 +330,25 @@ impl WireGuard {
         self.peer_table().ordered().into_iter().map(|e| (e.config.clone(), state_of(&e.peer))).collect()
     }
 
+    /// The configuration and state of the peer with public key `key`.
+    pub(crate) fn peer_with_state(&self, key: &Key) -> Option<(PeerConfig, PeerState)> {
+        self.peer_table().by_key.get(key).map(|e| (e.config.clone(), state_of(&e.peer)))
+    }
+
     /// The port the sockets are bound to.
-    pub fn bound_port(&self) -> u16 {
+    pub(crate) fn bound_port(&self) -> u16 {
         self.runtime().bound_port
     }
 
     /// Records the port the sockets were bound to.
-    pub fn set_bound_port(&self, port: u16) {
+    pub(crate) fn set_bound_port(&self, port: u16) {
         let mut guard = self.runtime.write().unwrap_or_else(|e| e.into_inner());
         let rt = Runtime { config: guard.config.clone(), identity: guard.identity.clone(), bound_port: port };
         self.replace(&mut guard, rt);
     }
 
     /// Names the interface in the log lines about its peers (as wireguard-go's log names it).
-    pub fn set_name(&self, name: &str) {
+    pub(crate) fn set_name(&self, name: &str) {
         *self.name.write().unwrap_or_else(|e| e.into_inner()) = name.to_string();
     }
 
@@ -358,13 +368,13 @@ impl WireGuard {
     }
 
     /// Records the device's MTU: padding never makes a packet longer than it.
-    pub fn set_mtu(&self, mtu: usize) {
+    pub(crate) fn set_mtu(&self, mtu: usize) {
         self.mtu.store(mtu, Ordering::Relaxed);
     }
 
     /// Each peer's counters as the counters socket serves them (public keys in base64, as `wg` prints them), in
     /// the order the peers were added.
-    pub fn peer_counters(&self) -> Vec<PeerCounters> {
+    pub(crate) fn peer_counters(&self) -> Vec<PeerCounters> {
         use base64::Engine as _;
         let base64 = base64::engine::general_purpose::STANDARD;
         let table = self.peer_table();
@@ -377,20 +387,20 @@ impl WireGuard {
             counters.allowed_ips = entry.config.allowed_ips.iter().map(|(addr, len)| format!("{addr}/{len}")).collect();
             counters.latest_handshake =
                 state.last_handshake.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs());
-            (counters.rx_bytes, counters.tx_bytes) = (state.rx_bytes, state.tx_bytes);
-            counters.drops = entry.peer.drops.load(Ordering::Relaxed);
+            (counters.rx_bytes, counters.tx_bytes, counters.drops) = (state.rx_bytes, state.tx_bytes, state.drops);
             out.push(counters);
         }
         out
     }
 
     /// How many peers are configured.
-    pub fn peer_count(&self) -> usize {
+    pub(crate) fn peer_count(&self) -> usize {
         self.peer_table().len()
     }
 
     /// What each configured peer's session knows, in configuration order.
-    pub fn peer_states(&self) -> Vec<PeerState> {
+    #[cfg(test)]
+    pub(crate) fn peer_states(&self) -> Vec<PeerState> {
         self.peer_table().ordered().into_iter().map(|e| state_of(&e.peer)).collect()
     }
 
@@ -400,7 +410,8 @@ impl WireGuard {
     /// peer still sends with them is opened) until a handshake with the new key completes. A new preshared key
     /// is used from the next handshake; a persistent keepalive newly set sends a keepalive at once, as the kernel
     /// does.
-    pub fn apply(&self, mut config: DeviceConfig) {
+    #[cfg(test)]
+    pub(crate) fn apply(&self, mut config: DeviceConfig) {
         let peers = std::mem::take(&mut config.peers);
         let mut change = ConfigChange { device: config, replace_peers: false, peers: Vec::new() };
         {

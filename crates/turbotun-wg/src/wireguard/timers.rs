@@ -12,6 +12,7 @@ use super::{
     sendable, WireGuard, DATA_OVERHEAD, KEEPALIVE_TIMEOUT, LASTMINUTE_AGE, MAX_TIMER_HANDSHAKES, REJECT_AFTER_TIME,
     REKEY_TIMEOUT,
 };
+use crate::events::Event;
 use crate::noise::PeerKeys;
 use crate::peer::{HandshakeSide, Keypairs, Peer, Timer};
 use crate::session::PADDING_MULTIPLE;
@@ -226,6 +227,7 @@ impl WireGuard {
             }
             gone.extend(st.pending.take().map(|p| p.local_index));
             self.retire(&gone);
+            self.events.emit(Event::KeysExpired { peer: peer.public_key });
         }
         let interval = u64::from(peer.persistent_keepalive.load(Ordering::Relaxed)) * 1000;
         let last = peer.sent_any_ms.load(Ordering::Relaxed).max(peer.received_any_ms.load(Ordering::Relaxed));

@@ -120,6 +120,30 @@ impl Transform for WireGuard {
 
     fn tick(&self, control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
         self.nice_worker();
+        let settled = self.handshake_work(control);
+        self.add_settled(&settled);
+        self.timer_work(control)
+    }
+
+    fn settled(&self, stopping: bool) -> Settled {
+        let mut settled = std::mem::take(&mut *self.settled.lock().unwrap_or_else(|e| e.into_inner()));
+        if stopping {
+            while self.handshakes.pop().is_some() {
+                settled.drops.add(DropReason::Stopped, 1);
+            }
+        }
+        settled
+    }
+
+    fn authenticates(&self) -> bool {
+        true
+    }
+}
+
+impl WireGuard {
+    /// The handshake worker's part of a tick: the queued handshake messages (at most [`HANDSHAKES_PER_CALL`]),
+    /// answered through `control`; what became of them.
+    pub(crate) fn handshake_work(&self, control: &mut dyn FnMut(&[u8], SocketAddr)) -> Settled {
         self.handshakes.drain_wake();
         let rt = self.runtime();
         let mut settled = Settled::default();
@@ -130,10 +154,14 @@ impl Transform for WireGuard {
                 Err(reason) => settled.drops.add(reason, 1),
             }
         }
-        self.add_settled(&settled);
         if self.handshakes.len.load(Ordering::Relaxed) > 0 {
             self.handshakes.kick(); // more to do: back at once, after the timers
         }
+        settled
+    }
+
+    /// The timers' part of a tick: each live peer's timers; the packets they gave up on.
+    pub(crate) fn timer_work(&self, control: &mut dyn FnMut(&[u8], SocketAddr)) -> Drops {
         let now = self.now();
         self.checker.lock().unwrap_or_else(|e| e.into_inner()).expire(Instant::now());
         let mut lost = Drops::default();
@@ -159,17 +187,14 @@ impl Transform for WireGuard {
         lost
     }
 
-    fn settled(&self, stopping: bool) -> Settled {
-        let mut settled = std::mem::take(&mut *self.settled.lock().unwrap_or_else(|e| e.into_inner()));
-        if stopping {
-            while self.handshakes.pop().is_some() {
-                settled.drops.add(DropReason::Stopped, 1);
-            }
-        }
-        settled
+    /// Whether work waits that the next tick should do at once (handshake messages queued, held packets to
+    /// send): what [`Transform::work_fd`] says by being readable.
+    pub(crate) fn work_waiting(&self) -> bool {
+        self.handshakes.kicked.load(Ordering::SeqCst)
     }
 
-    fn authenticates(&self) -> bool {
-        true
+    /// Whether any peer has a timer that may fire.
+    pub(crate) fn any_live(&self) -> bool {
+        !self.live.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
     }
 }

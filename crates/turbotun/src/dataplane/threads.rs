@@ -34,9 +34,14 @@ pub(crate) fn run_workers(workers: Vec<Worker>, stop: &StopHandle, blocking_read
         let done = done_tx.clone();
         let Worker { label, work } = worker;
         let name = format!("{}-{i}", label.split_whitespace().next().unwrap_or("worker"));
+        // The workers log where the thread that runs the engine logs: a program embedding it may have given that
+        // thread a subscriber of its own (`tracing::dispatcher::with_default`) rather than the process's.
+        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            let result = std::panic::catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
-                Err(Error::WorkerPanicked { worker: label.clone(), message: panic_message(&panic) })
+            let result = tracing::dispatcher::with_default(&dispatch, || {
+                std::panic::catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+                    Err(Error::WorkerPanicked { worker: label.clone(), message: panic_message(&panic) })
+                })
             });
             let _ = done.send((label, result));
         });
@@ -113,4 +118,47 @@ pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What a subscriber wrote, kept for the test to read.
+    #[derive(Clone, Default)]
+    struct Caught(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Caught {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_worker_logs_where_the_thread_that_runs_the_engine_logs() {
+        let caught = Caught::default();
+        let writer = caught.clone();
+        let subscriber = tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let stop = StopHandle::new();
+        let worker_stop = stop.clone();
+        let work = Box::new(move || {
+            tracing::warn!("a line from the worker's thread");
+            worker_stop.stop();
+            Ok(())
+        });
+        // The host's subscriber is this thread's only, not the process's default.
+        tracing::subscriber::with_default(subscriber, || {
+            run_workers(vec![Worker { label: "logging worker".into(), work }], &stop, false).unwrap();
+        });
+        let text = String::from_utf8(caught.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("a line from the worker's thread"), "{text:?}");
+    }
 }
