@@ -82,6 +82,9 @@ install:
 	$(BIN_DIR)/turbotun completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun
 	$(BIN_DIR)/turbotun completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun
 	$(BIN_DIR)/turbotun completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun.fish
+	$(BIN_DIR)/turbotun completions bash --program turbotun-wg > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun-wg
+	$(BIN_DIR)/turbotun completions zsh --program turbotun-wg > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun-wg
+	$(BIN_DIR)/turbotun completions fish --program turbotun-wg > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun-wg.fish
 
 # Opt-in: every wg-quick@NAME.service runs turbotun-wg where the kernel has no WireGuard (a systemd drop-in).
 install-wg-quick:
@@ -94,4 +97,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun.fish \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions/turbotun-wg \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_turbotun-wg \
+		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/turbotun-wg.fish \
 		$(SYSTEMD_DIR)/wg-quick@.service.d/turbotun.conf

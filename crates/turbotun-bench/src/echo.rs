@@ -82,8 +82,13 @@ pub(crate) struct Variant {
 /// The echoes, in report order.
 pub(crate) const VARIANTS: &[Variant] = &[
     Variant { label: "naive", short: "naive", argv: &["bench", "--naive-echo", "{dev}"], gso: false },
-    Variant { label: "echo-plain", short: "plain", argv: &["echo", "{dev}", "--mode", "plain"], gso: false },
-    Variant { label: "echo-offload", short: "offload", argv: &["echo", "{dev}", "--mode", "offload"], gso: true },
+    Variant { label: "echo-plain", short: "plain", argv: &["echo", "{dev}", "--json", "--mode", "plain"], gso: false },
+    Variant {
+        label: "echo-offload",
+        short: "offload",
+        argv: &["echo", "{dev}", "--json", "--mode", "offload"],
+        gso: true,
+    },
 ];
 
 /// The goal this bench reports on (never asserts): the offload echo's answers per second over the naive

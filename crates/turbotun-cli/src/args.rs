@@ -45,6 +45,37 @@ pub fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// A `--remote ADDR:PORT` argument: where datagrams go, so as [`socket_addr`] but neither port 0 nor an
+/// unspecified address (0.0.0.0, ::), which no datagram can be sent to.
+pub fn remote_addr(text: &str) -> Result<SocketAddr, String> {
+    let addr = socket_addr(text)?;
+    if addr.port() == 0 {
+        return Err(format!("{text:?}: port 0 is no port to send to (give the port the other end listens on)"));
+    }
+    if addr.ip().is_unspecified() {
+        return Err(format!("{text:?}: {} is no address to send to (give the other end's address)", addr.ip()));
+    }
+    Ok(addr)
+}
+
+/// A `--queues N` argument, the same for every command: 1 to the kernel's limit of queues per device.
+pub fn queue_count(text: &str) -> Result<usize, String> {
+    let max = turbotun::device::MAX_QUEUES;
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("give 1 to {max} (the kernel's limit of queues a device)")),
+    }
+}
+
+/// A vhost-user `--queues N` argument: 1 to the queue pairs a backend offers, in [`queue_count`]'s words.
+pub fn queue_pairs(text: &str) -> Result<u16, String> {
+    let max = turbotun::vhost_user::MAX_QUEUE_PAIRS;
+    match text.trim().parse::<u16>() {
+        Ok(n) if (1..=max).contains(&usize::from(n)) => Ok(n),
+        _ => Err(format!("give 1 to {max} (the queue pairs a vhost-user backend offers)")),
+    }
+}
+
 /// A `--user USER[:GROUP]` argument (and the old `--group GROUP` beside it).
 pub fn user_spec(user: &str, group: Option<&str>) -> UserSpec {
     match (user.split_once(':'), group) {
@@ -57,6 +88,21 @@ pub fn user_spec(user: &str, group: Option<&str>) -> UserSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_queue_count_is_1_to_the_kernels_limit() {
+        assert_eq!(queue_count("2"), Ok(2));
+        assert!(queue_count("0").unwrap_err().contains("give 1 to 256"));
+        assert!(queue_count("257").is_err() && queue_count("two").is_err());
+    }
+
+    #[test]
+    fn test_a_remote_address_needs_a_port_and_an_address() {
+        assert_eq!(remote_addr("192.168.77.2:4789"), Ok("192.168.77.2:4789".parse().unwrap()));
+        assert!(remote_addr("192.168.77.2:0").unwrap_err().contains("port 0 is no port"));
+        assert!(remote_addr("0.0.0.0:4789").unwrap_err().contains("no address to send to"));
+        assert!(remote_addr("[::]:4789").unwrap_err().contains("no address to send to"));
+    }
 
     #[test]
     fn test_socket_addr() {

@@ -26,7 +26,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
     /// Repetitions of every (mode, traffic) pair, interleaved round-robin (default 3, 1 with --quick).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: Option<u32>,
     /// Run the IPv6 variant (fd00:1::1/64, fd00:2::1/64, no DAD) instead of IPv4.
     #[arg(long)]

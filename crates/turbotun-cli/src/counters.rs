@@ -26,9 +26,19 @@ pub struct CountersArgs {
     #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
     pub stats_interval: Option<Duration>,
     /// Serve the counters on this Unix socket while running, for `turbotun stats` (default:
-    /// /run/turbotun/NAME.stats, readable by root only; `none`: no socket).
-    #[arg(long, value_name = "PATH")]
+    /// /run/turbotun/NAME.stats, readable by root only; `none`: no socket). Its name ends in .stats.
+    #[arg(long, value_name = "PATH", value_parser = stats_socket_arg)]
     pub stats_socket: Option<String>,
+}
+
+/// A `--stats-socket` argument: `none`, or a path whose name ends in `.stats` (what `turbotun stats` takes for a
+/// counters socket).
+fn stats_socket_arg(text: &str) -> Result<String, String> {
+    if text == "none" {
+        return Ok(text.to_string());
+    }
+    stats_socket::check_name(std::path::Path::new(text)).map_err(|e| e.to_string())?;
+    Ok(text.to_string())
 }
 
 impl CountersArgs {
@@ -81,10 +91,12 @@ pub enum Sink {
 impl Sink {
     pub fn line(self, text: &str) {
         // A reader that went away (a closed pipe) is no reason to stop the engine.
-        let _ = match self {
-            Sink::Stdout => writeln!(std::io::stdout().lock(), "{text}"),
-            Sink::Stderr => writeln!(std::io::stderr().lock(), "{text}"),
-        };
+        match self {
+            Sink::Stdout => crate::out!("{text}"),
+            Sink::Stderr => {
+                let _ = writeln!(std::io::stderr().lock(), "{text}");
+            }
+        }
     }
 }
 
@@ -187,6 +199,10 @@ pub fn to_json(report: &Report) -> Value {
     for (direction, counters) in &report.directions {
         line.insert(direction.clone(), direction_json(counters));
     }
+    if !report.kernel_tx_dropped.is_empty() {
+        let by_device = report.kernel_tx_dropped.iter().map(|(d, n)| (d.clone(), Value::from(*n))).collect();
+        line.insert("kernel_tx_dropped".into(), Value::Object(by_device));
+    }
     if !report.queues.is_empty() {
         let queues = report
             .queues
@@ -277,6 +293,7 @@ pub fn summary(report: &Report) -> String {
         bit_rate(total.bytes, report.seconds),
         drops(&total)
     );
+    s += &crate::kernel_drops::text(&report.kernel_tx_dropped);
     if report.directions.len() > 1 {
         for (direction, c) in &report.directions {
             s += &format!("\n  {direction:<12} {} packets, {}, {}", count(c.packets), bytes(c.bytes), drops(c));
@@ -295,20 +312,31 @@ pub fn summary(report: &Report) -> String {
 pub fn interval_line(earlier: &Report, now: &Report) -> String {
     let delta = now.total().since(&earlier.total());
     let seconds = (now.seconds - earlier.seconds).max(1e-9);
+    let kernel = crate::kernel_drops::since(&now.kernel_tx_dropped, &earlier.kernel_tx_dropped);
     format!(
-        "{:>7.2}-{:<7.2} s  {:>8} packets  {:>9}  {:>12}  {:>8} packets/s  {}",
+        "{:>7.2}-{:<7.2} s  {:>8} packets  {:>9}  {:>12}  {:>8} packets/s  {}{}",
         earlier.seconds,
         now.seconds,
         count(delta.packets),
         bytes(delta.bytes),
         bit_rate(delta.bytes, seconds),
         count((delta.packets as f64 / seconds).round() as u64),
-        drops(&delta)
+        drops(&delta),
+        crate::kernel_drops::text(&kernel)
     )
 }
 
-/// `no drops`, `1 drop: device_down`, `7 drops: 5 device_down, 2 no_peer`.
+/// `no drops`, `1 drop: device_down`, `7 drops: 5 device_down, 2 no_peer`; then, for a tunnel whose protocol
+/// held packets for a handshake, `, 5 held for a handshake` (each leaves later, or is counted as a drop).
 fn drops(c: &Counters) -> String {
+    match c.held {
+        0 => drop_list(c),
+        held => format!("{}, {held} held for a handshake", drop_list(c)),
+    }
+}
+
+/// `no drops`, `1 drop: device_down`, `7 drops: 5 device_down, 2 no_peer`.
+fn drop_list(c: &Counters) -> String {
     let total = c.drops.total();
     let counted: Vec<(turbotun::DropReason, u64)> =
         turbotun::DropReason::ALL.iter().map(|&r| (r, c.drops.get(r))).filter(|&(_, n)| n > 0).collect();
@@ -408,6 +436,9 @@ fn label_name(text: &str) -> String {
     name
 }
 
+/// Settings whose values change while an engine runs: never labels of `turbotun_info`.
+const VARYING_SETTINGS: &[&str] = &["connections", "peer_metrics"];
+
 /// The reports in Prometheus's text format: `turbotun_info` and `turbotun_uptime_seconds` per engine, each counter
 /// per direction (`direction` label) and the drops per direction and reason (`reason` label); every series
 /// labelled with the engine's `name` and `kind`.
@@ -424,12 +455,32 @@ pub fn prometheus(reports: &[Report]) -> String {
         let mut labels = base(r);
         for (key, value) in &r.settings {
             let key = label_name(key);
-            if key != "name" && key != "kind" {
+            // A label that changes while the engine runs would start a new series each time: what counts goes
+            // in a counter of its own (below), a note such as why per-peer series are off is no setting.
+            if key != "name" && key != "kind" && !VARYING_SETTINGS.contains(&key.as_str()) {
                 let _ = write!(labels, ",{key}=\"{}\"", label_value(value));
             }
         }
         let _ = write!(labels, ",devices=\"{}\",pid=\"{}\"", label_value(&r.devices.join(",")), r.pid);
         let _ = writeln!(s, "turbotun_info{{{labels}}} 1");
+    }
+    header(
+        &mut s,
+        "turbotun_kernel_tx_dropped_total",
+        "counter",
+        "Packets the kernel dropped at a device's transmit ring since the engine started (ip -s link's TX dropped).",
+    );
+    for r in reports {
+        for (device, n) in &r.kernel_tx_dropped {
+            let _ =
+                writeln!(s, "turbotun_kernel_tx_dropped_total{{{},device=\"{}\"}} {n}", base(r), label_value(device));
+        }
+    }
+    header(&mut s, "turbotun_connections_total", "counter", "Front ends a vhost-user backend has served.");
+    for r in reports {
+        if let Some((_, n)) = r.settings.iter().find(|(k, _)| k == "connections") {
+            let _ = writeln!(s, "turbotun_connections_total{{{}}} {}", base(r), n.parse::<u64>().unwrap_or(0));
+        }
     }
     header(&mut s, "turbotun_uptime_seconds", "gauge", "Seconds since the engine started.");
     for r in reports {

@@ -60,12 +60,12 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
         io_uring: caps.io_uring(),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::out!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
     let yes = |b: bool| if b { "yes" } else { "no" };
-    println!("tun driver (TUNGETFEATURES {}): {}", report.tungetfeatures, report.iff_flags.join(" "));
-    println!("  vnet header       {} (sizes {})", yes(report.vnet_hdr), join_sizes(&report.vnet_hdr_sizes));
+    crate::out!("tun driver (TUNGETFEATURES {}): {}", report.tungetfeatures, report.iff_flags.join(" "));
+    crate::out!("  vnet header       {} (sizes {})", yes(report.vnet_hdr), join_sizes(&report.vnet_hdr_sizes));
     if caps.offloads().is_some() {
         for (bits, label) in [
             (Offloads::CSUM, "csum"),
@@ -73,31 +73,34 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
             (Offloads::TSO6, "tso6"),
             (Offloads::TSO_ECN, "tso_ecn"),
             (Offloads::USO4 | Offloads::USO6, "uso4+uso6"),
+            (Offloads::UFO, "ufo"),
         ] {
-            println!("  offload {label:<10}{}", yes(offloads.contains(bits)));
+            crate::out!("  offload {label:<10}{}", yes(offloads.contains(bits)));
         }
         let tunnel = match (caps.udp_tunnel_gso(), caps.udp_tunnel_gso_csum()) {
             (true, true) => "yes (with outer checksum; 24-byte header)",
             (true, false) => "yes (without outer checksum; 24-byte header)",
             _ => "no (Linux 6.17+)",
         };
-        println!("  udp tunnel gso    {tunnel}");
+        crate::out!("  udp tunnel gso    {tunnel}");
     } else {
-        println!("  offloads          not probed (needs CAP_NET_ADMIN to create a scratch device)");
+        crate::out!("  offloads          not probed (needs CAP_NET_ADMIN to create a scratch device)");
     }
-    println!("  multiqueue        {}", yes(report.multi_queue));
-    println!("  napi              {}", yes(report.napi));
-    println!("  napi_frags        {}", yes(report.napi_frags));
+    crate::out!("  multiqueue        {}", yes(report.multi_queue));
+    crate::out!("  napi              {}", yes(report.napi));
+    crate::out!("  napi_frags        {}", yes(report.napi_frags));
     if report.backpressure {
-        println!("  backpressure      yes (IFF_BACKPRESSURE: a full transmit ring stops the queue, nothing dropped)");
+        crate::out!(
+            "  backpressure      yes (IFF_BACKPRESSURE: a full transmit ring stops the queue, nothing dropped)"
+        );
     } else {
-        println!("  backpressure      no (no IFF_BACKPRESSURE: a full transmit ring tail-drops; see txqueuelen)");
+        crate::out!("  backpressure      no (no IFF_BACKPRESSURE: a full transmit ring tail-drops; see txqueuelen)");
     }
     match caps.steering_ebpf_missing() {
-        None => println!("  steering eBPF     yes"),
-        Some(why) => println!("  steering eBPF     no ({why})"),
+        None => crate::out!("  steering eBPF     yes"),
+        Some(why) => crate::out!("  steering eBPF     no ({why})"),
     }
-    println!("  io_uring          {}", yes(report.io_uring));
+    crate::out!("  io_uring          {}", yes(report.io_uring));
     Ok(())
 }
 
@@ -192,14 +195,14 @@ pub fn info(args: &InfoArgs) -> Result<()> {
     };
     if args.json {
         let json: Vec<DeviceJson> = reports.iter().map(DeviceJson::from).collect();
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        crate::out!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     if reports.is_empty() {
-        println!("no TUN/TAP devices in this network namespace");
+        crate::out!("no TUN/TAP devices in this network namespace");
     }
     for r in &reports {
-        print!("{}", render_report(r));
+        crate::out_raw!("{}", render_report(r));
     }
     Ok(())
 }
@@ -283,7 +286,7 @@ pub struct CreateArgs {
     pub tap: bool,
     /// Queues the device takes: 1 makes a single-queue device; more make it multiqueue (IFF_MULTI_QUEUE), so
     /// that up to 256 queues can be attached, each by whoever opens it (the kernel keeps no count until then).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::args::queue_count)]
     pub queues: usize,
     /// Old spelling of --queues 2 (or more).
     #[arg(long, hide = true)]
@@ -455,20 +458,17 @@ pub fn create(args: &CreateArgs) -> Result<()> {
     // Everything that can be refused without the kernel is checked before the device exists.
     turbotun::validate_ifname(&args.name)?;
     if args.l2.mac.is_some() && !args.tap {
-        anyhow::bail!(
-            "--mac needs --tap: a TUN device carries IP packets without an Ethernet header, so it has no MAC address"
-        );
+        return Err(crate::process::usage(
+            "--mac needs --tap: a TUN device carries IP packets without an Ethernet header, so it has no MAC address",
+        ));
     }
-    check_l2(&args.l2)?;
-    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
-        anyhow::bail!("--queues {}: give 1 to {}", args.queues, turbotun::device::MAX_QUEUES);
-    }
+    check_l2(&args.l2).map_err(crate::process::usage_of)?;
     let offloads = args
         .offloads
         .as_deref()
         .map(|list| {
             // As a turbotun::Error the unknown word reads "invalid configuration: unknown offload ...".
-            Offloads::parse(list).map_err(turbotun::Error::from).with_context(|| format!("--offloads {list}"))
+            Offloads::parse(list).map_err(|e| crate::process::usage(format!("--offloads {list}: {e}")))
         })
         .transpose()?;
     let owner = args.owner.as_deref().map(|user| UserSpec::new(user).uid().context("--owner")).transpose()?;
@@ -512,7 +512,7 @@ pub fn create(args: &CreateArgs) -> Result<()> {
         done.push(format!("offloads {}", device.offloads()));
     }
     let extra = if done.is_empty() { String::new() } else { format!(": {}", done.join(", ")) };
-    println!("created persistent {} device {}{extra}", device.mode(), device.name());
+    crate::out!("created persistent {} device {}{extra}", device.mode(), device.name());
     if owner.is_none() && group.is_none() {
         eprintln!("turbotun create: warning: {}", open_to_anyone(device.name()));
     }
@@ -551,6 +551,13 @@ pub struct SetArgs {
 }
 
 pub fn set(args: &SetArgs) -> Result<()> {
+    let l2 = &args.l2;
+    if l2.mac.is_none() && l2.master.is_none() && !args.nomaster && args.carrier.is_none() && !l2.has_filters() {
+        return Err(crate::process::usage(
+            "nothing to set: give --master, --nomaster, --mac, --carrier, --tx-filter or --ebpf-filter",
+        ));
+    }
+    check_l2(l2).map_err(crate::process::usage_of)?;
     turbotun::validate_ifname(&args.name)?;
     let mut netlink = Netlink::new()?;
     let report = inspect::inspect(&mut netlink, &args.name)?;
@@ -562,7 +569,6 @@ pub fn set(args: &SetArgs) -> Result<()> {
             args.name
         );
     }
-    check_l2(&args.l2)?;
     if args.carrier.is_some() && report.queues == 0 {
         anyhow::bail!(
             "{}: no queue is attached, and the tun driver keeps the carrier off until one is (it turns it on when \
@@ -592,10 +598,7 @@ pub fn set(args: &SetArgs) -> Result<()> {
         netlink.set_carrier(&args.name, carrier == "on")?;
         done.push(format!("carrier {carrier}"));
     }
-    if done.is_empty() {
-        anyhow::bail!("nothing to set: give --master, --nomaster, --mac, --carrier, --tx-filter or --ebpf-filter");
-    }
-    println!("{}: {}", args.name, done.join(", "));
+    crate::out!("{}: {}", args.name, done.join(", "));
     Ok(())
 }
 
@@ -629,6 +632,6 @@ pub fn delete(args: &DeleteArgs) -> Result<()> {
     let device = builder.open()?;
     device.set_persist(false)?;
     drop(device);
-    println!("deleted {}", args.name);
+    crate::out!("deleted {}", args.name);
     Ok(())
 }

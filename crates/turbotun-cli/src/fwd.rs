@@ -81,7 +81,7 @@ pub struct FwdArgs {
     pub threads: usize,
     /// Queues per device (IFF_MULTI_QUEUE) with a flow-hash steering eBPF program; one worker per queue and
     /// direction.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::args::queue_count)]
     pub queues: usize,
     /// TAP (Ethernet) devices instead of TUN.
     #[arg(long)]
@@ -134,7 +134,7 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     };
     let (forwarder, devices) = match &args.from_socket {
         Some(path) => {
-            builder.validate(1)?;
+            builder.validate(1).map_err(crate::process::usage_of)?;
             let Some((a, b)) = receive_two_devices(&builder, path, &stop)? else {
                 eprintln!("turbotun fwd: stopped before both devices came");
                 return Ok(());
@@ -160,9 +160,14 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     }
     let (stats, mode, io) = (forwarder.stats(), forwarder.mode(), forwarder.io());
     let start = Instant::now();
-    let source = move || Report::of_forwarder(&devices, mode, io, &stats.snapshot(), start.elapsed().as_secs_f64());
+    let kernel = crate::kernel_drops::KernelDrops::start("turbotun fwd", &devices);
+    let source = move || {
+        let mut report = Report::of_forwarder(&devices, mode, io, &stats.snapshot(), start.elapsed().as_secs_f64());
+        report.kernel_tx_dropped = kernel.as_ref().map(|k| k.since_start()).unwrap_or_default();
+        report
+    };
     let _server = crate::counters::serve("turbotun fwd", socket, source.clone());
-    println!("ready");
+    crate::out!("ready");
     let sampler = match args.counters.stats_interval {
         Some(every) => Some(Sampler::start(every, args.counters.json, Sink::Stdout, source.clone())?),
         None => None,
@@ -171,19 +176,19 @@ pub fn run(args: &FwdArgs) -> Result<()> {
     if let Some(sampler) = sampler {
         sampler.finish();
     }
-    println!("{}", crate::counters::closing(&source(), args.counters.json));
+    crate::out!("{}", crate::counters::closing(&source(), args.counters.json));
     result.map(drop).map_err(anyhow::Error::from)
 }
 
 fn open_and_build(builder: ForwarderBuilder, args: &FwdArgs) -> Result<(Forwarder, [String; 2])> {
     let (Some(dev_a), Some(dev_b)) = (&args.dev_a, &args.dev_b) else {
-        bail!("give two devices, or --from-socket PATH");
+        return Err(crate::process::usage("give two devices, or --from-socket PATH"));
     };
     if dev_a == dev_b {
-        bail!("the two devices must differ (both are {dev_a})");
+        return Err(crate::process::usage(format!("the two devices must differ (both are {dev_a})")));
     }
     // Options are checked before any device is created.
-    builder.validate(args.queues)?;
+    builder.validate(args.queues).map_err(crate::process::usage_of)?;
     let mode = if args.tap { Mode::Tap } else { Mode::Tun };
     let open = |name: &str| {
         let device = args.queueing.apply(builder.device(mode)).name(name).queues(args.queues);
@@ -261,7 +266,9 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
     let mode = args.mode.forward_mode();
     let io = match (args.io, args.async_io) {
         (Some(FwdIo::Tokio) | None, true) => Some(IoKind::Tokio),
-        (Some(_), true) => bail!("--io and --async don't fit together: --async is --io tokio"),
+        (Some(_), true) => {
+            return Err(crate::process::usage("--io and --async don't fit together: --async is --io tokio"))
+        }
         (io, false) => io.map(|io| match io {
             FwdIo::Block => IoKind::Block,
             FwdIo::Poll => IoKind::Poll,

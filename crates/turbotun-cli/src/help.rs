@@ -15,13 +15,13 @@ pub struct Page {
     /// An exit status and what it means.
     pub exit: &'static [(&'static str, &'static str)],
     /// Environment variables it reads.
-    pub environment: &'static [(&'static str, &'static str)],
+    pub environment: Vec<(&'static str, &'static str)>,
 }
 
 const USAGE: (&str, &str) = ("2", "bad arguments (the usage error is printed)");
 const DONE: &[(&str, &str)] = &[
     ("0", "done"),
-    ("1", "an error, said on standard error as `turbotun: what failed: why` (nothing is left half made)"),
+    ("1", "an error, said on standard error as `turbotun COMMAND: what failed: why` (nothing is left half made)"),
     USAGE,
 ];
 const RUNNING: &[(&str, &str)] = &[
@@ -34,9 +34,10 @@ const WG_EXIT: &[(&str, &str)] = &[
     ("1", "it could not start (the error on standard error, once), or failed while running (in the log)"),
     USAGE,
 ];
+/// What every command's log reads (`logging.rs`).
 const LOG_ENV: &[(&str, &str)] = &[
-    ("LOG_LEVEL", "verbose (or debug): everything down to debug messages; error: errors only; silent: nothing. Unset: warnings and errors (a refused configuration is a warning). As wireguard-go reads it."),
-    ("RUST_LOG", "tracing directives (debug, turbotun_wg=trace,warn); when set, it takes precedence over LOG_LEVEL."),
+    ("LOG_LEVEL", "verbose (or debug): everything down to debug messages; error: errors only; silent: nothing. Unset: warnings and errors."),
+    ("RUST_LOG", "tracing directives (debug, turbotun=trace,warn); when set, it takes precedence over LOG_LEVEL."),
 ];
 const WG_ENV: &[(&str, &str)] = &[
     ("LOG_LEVEL", "verbose (or debug): everything down to debug messages; error: errors only; silent: nothing. Unset: warnings and errors (a refused configuration is a warning). As wireguard-go reads it."),
@@ -46,7 +47,9 @@ const WG_ENV: &[(&str, &str)] = &[
 
 /// The page of a command, by its path (`turbotun`, `turbotun fwd`, `turbotun load gen`, `turbotun-wg`).
 pub fn page(path: &str) -> Option<Page> {
-    let page = |examples, exit, environment| Some(Page { examples, exit, environment });
+    let page = |examples, exit, environment: &'static [(&'static str, &'static str)]| {
+        Some(Page { examples, exit, environment: environment.to_vec() })
+    };
     match path {
         "turbotun" => page(
             &[
@@ -155,12 +158,20 @@ pub fn page(path: &str) -> Option<Page> {
         "turbotun vhost-user" => page(
             &[
                 (
-                    "sudo turbotun vhost-user --socket /run/vm0.sock --tap vm0 --user qemu",
+                    "sudo turbotun vhost-user --socket /run/vm0.sock --device vm0 --user qemu",
                     "Serve vm0 to a VM monitor running as qemu (QEMU: -netdev vhost-user with -chardev socket,path=/run/vm0.sock).",
                 ),
                 (
-                    "sudo turbotun vhost-user --socket /run/vm0.sock --tap vm0 --queues 4",
+                    "sudo turbotun vhost-user --socket /run/vm0.sock --device vm0 --queues 4",
                     "Four queue pairs, a thread and a TAP queue each (QEMU: queues=4 on the netdev, mq=on on the device).",
+                ),
+                (
+                    "qemu-system-x86_64 -accel kvm -m 1G -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem -chardev socket,id=vu0,path=/run/vm0.sock -netdev vhost-user,id=net0,chardev=vu0 -device virtio-net-pci,netdev=net0 ...",
+                    "QEMU as its front end: the guest's memory must be shared (memory-backend-memfd,share=on). Under TCG (-accel tcg, QEMU 7.2) add vectors=0 to the device: MSI-X on a vhost-user device crashes there.",
+                ),
+                (
+                    "cloud-hypervisor --memory size=1G,shared=on --net vhost_user=true,socket=/run/vm0.sock,num_queues=2 ...",
+                    "Cloud Hypervisor as its front end (num_queues counts queues, two per pair: 2N for --queues N).",
                 ),
                 ("sudo turbotun stats vm0", "Its counters while it runs, guest to TAP and TAP to guest, drops by reason included."),
             ],
@@ -232,13 +243,13 @@ pub fn page(path: &str) -> Option<Page> {
     .map(|page| Page { environment: with_log(page.environment), ..page })
 }
 
-/// A command's environment: its own variables, else the log's.
-fn with_log(environment: &'static [(&'static str, &'static str)]) -> &'static [(&'static str, &'static str)] {
-    if environment.is_empty() {
-        LOG_ENV
-    } else {
-        environment
-    }
+/// A command's environment: the log's variables, which every command reads, then its own (a page that names
+/// the log's itself, as `turbotun wg` does with WireGuard's meaning, keeps its own words).
+fn with_log(own: Vec<(&'static str, &'static str)>) -> Vec<(&'static str, &'static str)> {
+    let mut all: Vec<(&'static str, &'static str)> =
+        LOG_ENV.iter().filter(|(name, _)| !own.iter().any(|(n, _)| n == name)).copied().collect();
+    all.extend(own);
+    all
 }
 
 /// The `--help` text after the options.
@@ -253,7 +264,7 @@ fn after_help(page: &Page) -> String {
     }
     if !page.environment.is_empty() {
         s.push_str("\nENVIRONMENT:\n");
-        for (name, what) in page.environment {
+        for (name, what) in &page.environment {
             let _ = writeln!(s, "  {name}\n      {what}");
         }
     }
@@ -269,12 +280,52 @@ fn decorate_at(path: String, mut cmd: Command) -> Command {
     if let Some(page) = page(&path) {
         cmd = cmd.after_long_help(after_help(&page));
     }
+    cmd = short_and_long(cmd);
     let names: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
     for name in names {
         let sub_path = format!("{path} {name}");
         cmd = cmd.mut_subcommand(&name, |sub| decorate_at(sub_path, sub));
     }
     cmd
+}
+
+/// `-h` one line per option and `--help` the whole text (clap's convention): each option's help, and the
+/// command's description, becomes its first sentence for `-h`, the whole staying for `--help` and the manual page.
+fn short_and_long(mut cmd: Command) -> Command {
+    if let (Some(about), None) = (cmd.get_about().map(|a| a.to_string()), cmd.get_long_about()) {
+        let short = first_sentence(&about);
+        if short != about {
+            cmd = cmd.about(short).long_about(about);
+        }
+    }
+    let ids: Vec<clap::Id> = cmd.get_arguments().map(|a| a.get_id().clone()).collect();
+    for id in ids {
+        cmd = cmd.mut_arg(id, |arg| match (arg.get_help().map(|h| h.to_string()), arg.get_long_help()) {
+            (Some(help), None) if first_sentence(&help) != help => {
+                let short = first_sentence(&help);
+                arg.help(short).long_help(help)
+            }
+            _ => arg,
+        });
+    }
+    cmd
+}
+
+/// The first sentence of `text` (up to the first period that ends a sentence), without its period.
+fn first_sentence(text: &str) -> String {
+    let text = text.trim();
+    let mut from = 0;
+    while let Some(at) = text[from..].find(['.', ':']).map(|i| from + i) {
+        let next = text[at + 1..].chars().next();
+        let before = &text[..at];
+        // "e.g." and "i.e." end no sentence, nor does a period inside a word or number (`wg0.conf`, `1.5`).
+        let abbreviation = ["e.g", "i.e", "etc", "vs"].iter().any(|a| before.ends_with(a));
+        if text.as_bytes()[at] == b'.' && next.map_or(true, char::is_whitespace) && !abbreviation {
+            return text[..at].to_string();
+        }
+        from = at + 1;
+    }
+    text.to_string()
 }
 
 /// Text for a roff line: backslashes and hyphens escaped, a leading dot or quote made literal.
@@ -312,7 +363,7 @@ fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> 
         }
         if !page.environment.is_empty() {
             writeln!(out, ".SH ENVIRONMENT")?;
-            for (name, what) in page.environment {
+            for (name, what) in &page.environment {
                 writeln!(out, ".TP\n\\fB{}\\fR\n{}", roff(name), roff(what))?;
             }
         }
@@ -335,7 +386,8 @@ fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> 
 pub fn write_man_pages(dir: &Path, turbotun: Command, turbotun_wg: Command) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
-    let mut turbotun = turbotun;
+    // `help` is a subcommand of the command line, not a page: no `turbotun-help(1)` is listed.
+    let mut turbotun = without_help_subcommand(turbotun);
     turbotun.build();
     let mut pages: Vec<(String, String, Command)> = Vec::new();
     collect(&turbotun, "turbotun", "turbotun", &mut pages);
@@ -364,6 +416,16 @@ pub fn write_man_pages(dir: &Path, turbotun: Command, turbotun_wg: Command) -> s
 
 /// Every visible command under `cmd` with its page's file name and help path; `turbotun wg` is left to the
 /// `turbotun-wg` page.
+/// `cmd` and its subcommands without clap's `help` subcommand.
+fn without_help_subcommand(cmd: Command) -> Command {
+    let names: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
+    let mut cmd = cmd.disable_help_subcommand(true);
+    for name in names {
+        cmd = cmd.mut_subcommand(&name, without_help_subcommand);
+    }
+    cmd
+}
+
 fn collect(cmd: &Command, file: &str, path: &str, out: &mut Vec<(String, String, Command)>) {
     out.push((file.to_string(), path.to_string(), cmd.clone()));
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
@@ -378,6 +440,29 @@ fn collect(cmd: &Command, file: &str, path: &str, out: &mut Vec<(String, String,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_the_first_sentence_ends_at_a_period_that_ends_one() {
+        assert_eq!(first_sentence("Workers per direction. More text."), "Workers per direction");
+        assert_eq!(
+            first_sentence("Give ADDR:PORT, e.g. 10.0.0.1:5000 or wg0.conf. Then more."),
+            "Give ADDR:PORT, e.g. 10.0.0.1:5000 or wg0.conf"
+        );
+        assert_eq!(first_sentence("One sentence only."), "One sentence only");
+        assert_eq!(first_sentence("No period"), "No period");
+    }
+
+    #[test]
+    fn test_every_page_lists_the_log_variables_once() {
+        for path in ["turbotun fwd", "turbotun features", "turbotun", "turbotun wg"] {
+            let env = page(path).unwrap().environment;
+            for name in ["LOG_LEVEL", "RUST_LOG"] {
+                assert_eq!(env.iter().filter(|(n, _)| *n == name).count(), 1, "{path}: {name}");
+            }
+        }
+        assert!(page("turbotun fwd").unwrap().environment.iter().any(|(n, _)| *n == "TURBOTUN_NO_URING"));
+        assert!(!page("turbotun features").unwrap().environment.iter().any(|(_, t)| t.contains("wireguard")));
+    }
 
     #[test]
     fn test_roff_escapes() {

@@ -29,7 +29,7 @@ pub enum LoadCommand {
 #[derive(Debug, Args)]
 pub struct GenArgs {
     /// Where to send (ADDR:PORT or HOST:PORT), as `tunnel --remote`.
-    #[arg(long = "remote", alias = "dest", value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
+    #[arg(long = "remote", alias = "dest", value_name = "ADDR:PORT", value_parser = crate::args::remote_addr)]
     pub dest: SocketAddr,
     /// Offered rate in datagrams per second (0: as fast as the kernel takes them).
     #[arg(long, value_name = "PPS", default_value_t = 0)]
@@ -90,9 +90,9 @@ fn gen(a: &GenArgs) -> Result<()> {
     generator.validate()?;
     let report = generator.stop_handle(stop_on_signals()?).run()?;
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::out!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", gen_summary(a.dest, &report));
+        crate::out_raw!("{}", gen_summary(a.dest, &report));
     }
     Ok(())
 }
@@ -114,9 +114,9 @@ fn sink(a: &SinkArgs) -> Result<()> {
     }
     let report = sink.run()?;
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::out!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", sink_summary(&report));
+        crate::out_raw!("{}", sink_summary(&report));
     }
     Ok(())
 }

@@ -10,8 +10,9 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use tracing_subscriber::EnvFilter;
 
-/// The filter when neither variable says otherwise.
-const DEFAULT_FILTER: &str = "warn";
+/// The filter when neither variable says otherwise: warnings, and a vhost-user backend's front ends coming and
+/// going (what an operator of VMs watches for, as DPDK's backend prints it).
+const DEFAULT_FILTER: &str = "warn,turbotun::dataplane::vhost_user=info";
 
 /// `LOG_LEVEL=verbose`: this program's crates at debug, the libraries under them at warn.
 const VERBOSE_FILTER: &str = "warn,turbotun=debug,turbotun_wg=debug,turbotun_bench=debug,turbotun_cli=debug";
@@ -120,18 +121,18 @@ mod tests {
 
     #[test]
     fn test_log_level_and_rust_log() {
-        assert_eq!(filter_from(None, None), ("warn".to_string(), None));
+        assert_eq!(filter_from(None, None), (super::DEFAULT_FILTER.to_string(), None));
         assert_eq!(filter_from(Some("verbose"), None).0, super::VERBOSE_FILTER);
         assert_eq!(filter_from(Some("debug"), None).0, super::VERBOSE_FILTER);
         assert_eq!(filter_from(Some("error"), None).0, "error");
         assert_eq!(filter_from(Some("silent"), None).0, "off");
         let (filter, warning) = filter_from(Some("loud"), None);
-        assert_eq!(filter, "warn");
+        assert_eq!(filter, super::DEFAULT_FILTER);
         assert!(warning.unwrap().contains("not verbose, error or silent"));
         // RUST_LOG wins over LOG_LEVEL; a bad one is said and ignored.
         assert_eq!(filter_from(Some("silent"), Some("turbotun_wg=trace")).0, "turbotun_wg=trace");
         let (filter, warning) = filter_from(None, Some("turbotun=notalevel"));
-        assert_eq!(filter, "warn");
+        assert_eq!(filter, super::DEFAULT_FILTER);
         assert!(warning.unwrap().contains("RUST_LOG"));
     }
 }

@@ -1,5 +1,7 @@
 //! `turbotun`: inspect, create and benchmark Linux TUN/TAP devices.
 #![forbid(unsafe_code)]
+// Lines go out through `out!`, which a closed pipe does not make panic.
+#![deny(clippy::print_stdout)]
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
@@ -10,6 +12,7 @@ mod device_cmd;
 mod echo_cmd;
 mod fwd;
 mod help;
+mod kernel_drops;
 mod load_cmd;
 mod logging;
 mod open;
@@ -54,7 +57,7 @@ enum Command {
     /// A WireGuard endpoint: creates NAME, serves /var/run/wireguard/NAME.sock for `wg`, runs in the
     /// background unless -f (what wg-quick runs as WG_QUICK_USERSPACE_IMPLEMENTATION).
     Wg(wg_cmd::WgArgs),
-    /// The counters of a running fwd, tunnel or wg (all of them without NAME), read from its counters socket:
+    /// The counters of a running fwd, tunnel, wg or vhost-user (all of them without NAME), read from its counters socket:
     /// readable, --json or --prometheus.
     Stats(stats_cmd::StatsArgs),
     /// Benchmark forwarders between two network namespaces with iperf3 (--loss: where UDP is lost and the
@@ -72,6 +75,9 @@ struct CompletionsArgs {
     /// The shell.
     #[arg(value_enum)]
     shell: Shell,
+    /// The program to complete: turbotun, or turbotun-wg (the endpoint under its own name, for wg-quick).
+    #[arg(long, default_value = "turbotun", value_parser = ["turbotun", "turbotun-wg"])]
+    program: String,
 }
 
 /// `turbotun completions SHELL`.
@@ -97,7 +103,11 @@ fn main() -> std::process::ExitCode {
     if let Some(done) = process::start("turbotun") {
         return done;
     }
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    // Every error names the command it came from: `turbotun fwd: ...`.
+    let subcommand = std::env::args().nth(1).filter(|a| command().find_subcommand(a).is_some());
+    let program = subcommand.map_or("turbotun".to_string(), |sub| format!("turbotun {sub}"));
+    let matches = command().try_get_matches().unwrap_or_else(|e| process::parse_error(&program, e));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| process::parse_error(&program, e));
     let result = match cli.command {
         Command::Features(args) => device_cmd::features(&args),
         Command::Info(args) => device_cmd::info(&args),
@@ -119,16 +129,20 @@ fn main() -> std::process::ExitCode {
                 Shell::Zsh => clap_complete::Shell::Zsh,
                 Shell::Fish => clap_complete::Shell::Fish,
             };
-            clap_complete::generate(shell, &mut command(), "turbotun", &mut std::io::stdout());
+            let mut program = match args.program.as_str() {
+                "turbotun-wg" => wg_cmd::standalone_command(),
+                _ => command(),
+            };
+            clap_complete::generate(shell, &mut program, args.program.as_str(), &mut std::io::stdout());
             Ok(())
         }
         Command::Man(args) => help::write_man_pages(&args.dir, command(), wg_cmd::standalone_command())
             .map(|pages| {
                 for page in pages {
-                    println!("{}", page.display());
+                    crate::out!("{}", page.display());
                 }
             })
             .map_err(|e| anyhow::anyhow!("writing the manual pages into {}: {e}", args.dir.display())),
     };
-    process::finish("turbotun", result)
+    process::finish(&program, result)
 }

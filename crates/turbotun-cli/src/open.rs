@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use turbotun::forward::ForwarderBuilder;
 use turbotun::privilege::UserSpec;
@@ -26,7 +26,7 @@ pub struct OpenArgs {
     pub mode: FwdMode,
     /// Queues to open (IFF_MULTI_QUEUE); with more than one, the flow-hash steering program is attached here,
     /// since the receiver may lack the privilege to load it.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::args::queue_count)]
     pub queues: usize,
     /// The Unix socket `turbotun fwd --from-socket PATH` listens on.
     #[arg(long, value_name = "PATH")]
@@ -42,9 +42,6 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn run(args: &OpenArgs) -> Result<()> {
     turbotun::validate_ifname(&args.name)?;
-    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
-        bail!("--queues must be between 1 and {}", turbotun::device::MAX_QUEUES);
-    }
     let to_user = match &args.to_user {
         Some(user) => Some(UserSpec::new(user.as_str()).uid().context("--to-user")?),
         None => None,
@@ -86,7 +83,7 @@ pub fn run(args: &OpenArgs) -> Result<()> {
     let queues: Vec<&Queue> = dev.queues().iter().collect();
     turbotun::handover::send_queues_and_wait(&stream, &queues, REPLY_TIMEOUT)
         .with_context(|| format!("handing {} to {}, listened on by {listener}", dev.name(), args.send_to.display()))?;
-    println!(
+    crate::out!(
         "handed {} ({} queue(s), {}, offloads {}) to {}, listened on by {listener}",
         dev.name(),
         dev.queues().len(),

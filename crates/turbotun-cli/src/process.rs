@@ -3,6 +3,33 @@
 
 use std::process::ExitCode;
 
+/// `println!` for the commands: a line on standard output. A reader that went away (`| head -3`, `| true`) is no
+/// error of the command: the line is dropped and the command goes on, with its own exit status (`println!`
+/// would panic). Every line the commands print goes through here (`clippy::print_stdout` holds them to it).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::process::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for the commands, as [`out!`] is `println!`.
+#[macro_export]
+macro_rules! out_raw {
+    ($($arg:tt)*) => {
+        $crate::process::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// Writes `text` on standard output, dropping it if nobody reads there any more (see [`out!`]).
+pub fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_fmt(text).and_then(|()| stdout.flush()).is_err() {
+        // A closed pipe (EPIPE: SIGPIPE is ignored, as Rust programs start) or a full disk: nothing to tell.
+    }
+}
+
 /// Sets the process up; `Some(status)` when it was started as a socket keeper and has done that job (see
 /// `turbotun::socket_keeper::keep_socket`).
 pub fn start(program: &str) -> Option<ExitCode> {
@@ -34,17 +61,58 @@ impl std::fmt::Display for AlreadyReported {
 
 impl std::error::Error for AlreadyReported {}
 
-/// The exit status of a command's result: 0, or 1 with the error on one line of standard error (`PROGRAM:
-/// error: cause`), once. Usage errors exit with 2 before this (clap).
+/// Bad arguments found after clap parsed them (a range or a combination only the command can judge, found
+/// before anything was opened): exit status 2 and the usage error's wording, as clap's own.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// `message` as a usage error (see [`Usage`]).
+pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
+    Usage(message.to_string()).into()
+}
+
+/// An error of checking the arguments, with its causes, as a usage error (see [`Usage`]).
+pub fn usage_of(error: impl Into<anyhow::Error>) -> anyhow::Error {
+    Usage(error_text(&error.into())).into()
+}
+
+/// What the usage errors end with, as clap's do.
+const USAGE_HINT: &str = "For more information, try '--help'.";
+
+/// The exit status of a command's result, its error said once on standard error with one prefix, `PROGRAM`
+/// (`turbotun fwd`): 0; 1 with `PROGRAM: what failed: why`; 2 for bad arguments (a [`Usage`] error) with
+/// `PROGRAM: error: what` and the hint clap gives, as clap's own usage errors (see [`parse_error`]).
 pub fn finish(program: &str, result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if err.downcast_ref::<AlreadyReported>().is_some() => ExitCode::FAILURE,
+        Err(err) if err.downcast_ref::<Usage>().is_some() => {
+            eprintln!("{program}: error: {}\n\n{USAGE_HINT}", error_text(&err));
+            ExitCode::from(2)
+        }
         Err(err) => {
             eprintln!("{program}: {}", error_text(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Ends the process on a command line clap refused, with `PROGRAM: ` before clap's text (its `error: ...`, the
+/// usage and the hint) and clap's status (2); `--help` and `--version` print as clap prints them.
+pub fn parse_error(program: &str, error: clap::Error) -> ! {
+    if !error.use_stderr() {
+        error.exit();
+    }
+    eprint!("{program}: {}", error.render());
+    std::process::exit(error.exit_code());
 }
 
 /// The error and its causes on one line, each separated by ": ", leaving out a cause whose text is already in

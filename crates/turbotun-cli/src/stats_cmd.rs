@@ -1,4 +1,5 @@
-//! `turbotun stats [NAME]`: the counters of a running `fwd`, `tunnel` or `wg`, read from its counters socket.
+//! `turbotun stats [NAME]`: the counters of a running `fwd`, `tunnel`, `wg` or `vhost-user`, read from its counters
+//! socket.
 
 use std::path::{Path, PathBuf};
 
@@ -40,39 +41,46 @@ pub fn run(args: &StatsArgs) -> Result<()> {
         None => {
             let found = stats_socket::list(Path::new(STATS_DIR));
             let mut reports = Vec::new();
+            let mut unread = Vec::new();
             for (name, path) in found {
                 match stats_socket::read(&path) {
                     Ok(report) => reports.push(report),
-                    // A stale socket (its process killed) or one this user may not read: said, not fatal.
-                    Err(e) => eprintln!("turbotun stats: {name}: {e}"),
+                    Err(e) => unread.push(format!("{name}: {e}")),
                 }
             }
-            if reports.is_empty() && !args.prometheus {
-                bail!("no turbotun fwd, tunnel or wg serves counters in {STATS_DIR} now");
+            match (reports.is_empty(), unread.is_empty()) {
+                // Nothing read: one error, naming what could not be read if anything was found.
+                (true, true) if !args.prometheus => {
+                    bail!("no turbotun {} serves counters in {STATS_DIR} now", stats_socket::SERVERS)
+                }
+                (true, false) => bail!("{}", unread.join("; ")),
+                // A stale socket (its process killed) or one this user may not read beside those read: said,
+                // not fatal.
+                _ => unread.iter().for_each(|e| eprintln!("turbotun stats: {e}")),
             }
             reports
         }
     };
     if args.prometheus {
-        print!("{}", crate::counters::prometheus(&reports));
+        crate::out_raw!("{}", crate::counters::prometheus(&reports));
     } else if args.json {
         for report in &reports {
-            println!("{}", crate::counters::to_json(report));
+            crate::out!("{}", crate::counters::to_json(report));
         }
     } else if args.peers {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for report in &reports {
-            println!("{}", heading(report));
+            crate::out!("{}", heading(report));
             if report.kind != "wireguard" {
-                println!("(not a WireGuard endpoint: no peers)");
+                crate::out!("(not a WireGuard endpoint: no peers)");
                 continue;
             }
-            print!("{}", crate::counters::peer_table(report, args.sort, now));
+            crate::out_raw!("{}", crate::counters::peer_table(report, args.sort, now));
         }
     } else {
         for report in &reports {
-            println!("{}", heading(report));
-            println!("{}", crate::counters::summary(report));
+            crate::out!("{}", heading(report));
+            crate::out!("{}", crate::counters::summary(report));
         }
     }
     Ok(())

@@ -23,13 +23,13 @@ pub struct TunnelArgs {
     #[arg(long, value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
     pub local: SocketAddr,
     /// The other end's UDP address (ADDR:PORT, or HOST:PORT): packets go there, and are taken only from there.
-    #[arg(long, value_name = "ADDR:PORT", value_parser = crate::args::socket_addr)]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = crate::args::remote_addr)]
     pub remote: SocketAddr,
     /// A TAP device (Ethernet frames in the datagrams) instead of TUN.
     #[arg(long)]
     pub tap: bool,
     /// Queues of the device (IFF_MULTI_QUEUE, flow-hash steering), one worker pair and one socket each.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::args::queue_count)]
     pub queues: usize,
     /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the device and
     /// sockets are open.
@@ -52,7 +52,10 @@ pub fn run(args: &TunnelArgs) -> Result<()> {
     let identity =
         args.user.as_deref().map(|user| crate::args::user_spec(user, None).resolve().context("--user")).transpose()?;
     if args.local.is_ipv6() != args.remote.is_ipv6() {
-        anyhow::bail!("--local {} and --remote {} are of different address families", args.local, args.remote);
+        let (local, remote) = (args.local, args.remote);
+        return Err(crate::process::usage(format!(
+            "--local {local} and --remote {remote} are of different address families"
+        )));
     }
     let builder = if args.tap { DeviceBuilder::tap() } else { DeviceBuilder::tun() };
     let device = builder
@@ -84,14 +87,17 @@ pub fn run(args: &TunnelArgs) -> Result<()> {
     }
     let stats = tunnel.stats();
     let start = Instant::now();
+    let kernel = crate::kernel_drops::KernelDrops::start("turbotun tunnel", std::slice::from_ref(&name));
     let source = move || {
         let seconds = start.elapsed().as_secs_f64();
-        Report::of_tunnel("tunnel", Engine::Tunnel, &name, "plain", &stats.snapshot(), seconds)
-            .with_tunnel_queues(&stats.queue_snapshots())
+        let mut report = Report::of_tunnel("tunnel", Engine::Tunnel, &name, "plain", &stats.snapshot(), seconds)
+            .with_tunnel_queues(&stats.queue_snapshots());
+        report.kernel_tx_dropped = kernel.as_ref().map(|k| k.since_start()).unwrap_or_default();
+        report
     };
     let _server = crate::counters::serve("turbotun tunnel", socket, source.clone());
     eprintln!("turbotun tunnel: {} <-> udp {} -> {}", args.name, tunnel.local_addr()?, args.remote);
-    println!("ready");
+    crate::out!("ready");
     let sampler = match args.counters.stats_interval {
         Some(every) => Some(Sampler::start(every, args.counters.json, Sink::Stdout, source.clone())?),
         None => None,
@@ -100,6 +106,6 @@ pub fn run(args: &TunnelArgs) -> Result<()> {
     if let Some(sampler) = sampler {
         sampler.finish();
     }
-    println!("{}", crate::counters::closing(&source(), args.counters.json));
+    crate::out!("{}", crate::counters::closing(&source(), args.counters.json));
     result.map(drop).map_err(anyhow::Error::from)
 }

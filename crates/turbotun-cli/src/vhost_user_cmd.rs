@@ -19,13 +19,13 @@ pub struct VhostUserArgs {
     /// --net vhost_user=true,socket=PATH). A stale socket there is replaced; it is removed on exit.
     #[arg(long, value_name = "PATH")]
     pub socket: PathBuf,
-    /// The TAP device (created if missing, with the virtio header). Give it addresses or put it on a bridge with
-    /// `ip`.
-    #[arg(long, value_name = "NAME")]
+    /// The TAP device to serve (created if missing, with the virtio header). Give it addresses or put it on a
+    /// bridge with `ip`. (`--tap` is a switch in every other command: a TAP instead of a TUN device.)
+    #[arg(long = "device", value_name = "NAME")]
     pub tap: String,
     /// Queue pairs offered to the guest (1 to 16), each served by its own thread on its own queue of a multiqueue
     /// TAP (QEMU: -netdev vhost-user,queues=N and -device virtio-net-pci,mq=on).
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = crate::args::queue_pairs)]
     pub queues: u16,
     /// Become this user (name or uid; USER:GROUP for another group than the user's own) once the TAP and the
     /// socket are open; the socket is then owned by that user, so that a VM monitor running as them can
@@ -68,13 +68,16 @@ pub fn run(args: &VhostUserArgs) -> Result<()> {
     let start = Instant::now();
     let socket_path = args.socket.clone();
     let name = tap.clone();
+    let kernel = crate::kernel_drops::KernelDrops::start("turbotun vhost-user", std::slice::from_ref(&name));
     let source = move || {
-        Report::of_vhost_user(&name, &socket_path, &stats.snapshot(), start.elapsed().as_secs_f64())
-            .with_vhost_user_pairs(&stats.pair_snapshots())
+        let mut report = Report::of_vhost_user(&name, &socket_path, &stats.snapshot(), start.elapsed().as_secs_f64())
+            .with_vhost_user_pairs(&stats.pair_snapshots());
+        report.kernel_tx_dropped = kernel.as_ref().map(|k| k.since_start()).unwrap_or_default();
+        report
     };
     let _server = crate::counters::serve("turbotun vhost-user", stats_socket, source.clone());
     eprintln!("turbotun vhost-user: {tap} served on {}", args.socket.display());
-    println!("ready");
+    crate::out!("ready");
     let sampler = match args.counters.stats_interval {
         Some(every) => Some(Sampler::start(every, args.counters.json, Sink::Stdout, source.clone())?),
         None => None,
@@ -90,6 +93,6 @@ pub fn run(args: &VhostUserArgs) -> Result<()> {
             args.socket.display()
         );
     }
-    println!("{}", crate::counters::closing(&source(), args.counters.json));
+    crate::out!("{}", crate::counters::closing(&source(), args.counters.json));
     result.map_err(anyhow::Error::from)
 }

@@ -27,7 +27,7 @@ pub struct WgArgs {
     /// one listen port: a flow-hash steering program keeps each flow on one queue, in order. Sending spreads
     /// over the queues by flow; what one peer sends arrives on one socket (the kernel picks a port's socket by
     /// the sender's address and port), so one peer's receiving stays on one queue.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = crate::args::queue_count)]
     pub queues: usize,
     /// The counters socket (`turbotun stats`) lists each peer's counters while the device holds at most N peers
     /// (0: never): above it the per-peer series are left out and the report says why, since with a million
@@ -66,9 +66,6 @@ fn foreground_args(mut given: Vec<String>, again: &[&str]) -> Vec<String> {
 /// `turbotun-wg`), to start it again in the background.
 pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
     turbotun::validate_ifname(&args.name)?;
-    if args.queues == 0 || args.queues > turbotun::device::MAX_QUEUES {
-        anyhow::bail!("--queues {}: give 1 to {}", args.queues, turbotun::device::MAX_QUEUES);
-    }
     // The user is looked up before anything is opened, so that a typo leaves nothing behind.
     let user = args.user.as_deref().map(|u| crate::args::user_spec(u, None).resolve().context("--user")).transpose()?;
     let background = std::env::var_os(daemon::READY_ENV).is_some();
@@ -127,7 +124,7 @@ pub fn run(args: &WgArgs, again: &[&str]) -> Result<()> {
                 tracing::error!("{}: {text}", args.name);
             } else {
                 // The starting process prints it, once.
-                println!("{}{text}", daemon::START_ERROR_PREFIX);
+                crate::out!("{}{text}", daemon::START_ERROR_PREFIX);
             }
             return Err(crate::process::AlreadyReported.into());
         }

@@ -1,6 +1,8 @@
 //! `turbotun-wg [-f] NAME`: `turbotun wg` under a name of its own, for `WG_QUICK_USERSPACE_IMPLEMENTATION`,
 //! which wg-quick runs with the interface name as its only argument.
 #![forbid(unsafe_code)]
+// Lines go out through `out!`, which a closed pipe does not make panic.
+#![deny(clippy::print_stdout)]
 
 use clap::FromArgMatches;
 
@@ -11,7 +13,10 @@ mod args;
 mod counters;
 #[allow(dead_code)]
 mod help;
+#[allow(dead_code)]
+mod kernel_drops;
 mod logging;
+#[allow(dead_code)]
 mod process;
 mod wg_cmd;
 
@@ -19,7 +24,8 @@ fn main() -> std::process::ExitCode {
     if let Some(done) = process::start("turbotun-wg") {
         return done;
     }
-    let matches = wg_cmd::standalone_command().get_matches();
-    let args = wg_cmd::WgArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches =
+        wg_cmd::standalone_command().try_get_matches().unwrap_or_else(|e| process::parse_error("turbotun-wg", e));
+    let args = wg_cmd::WgArgs::from_arg_matches(&matches).unwrap_or_else(|e| process::parse_error("turbotun-wg", e));
     process::finish("turbotun-wg", wg_cmd::run(&args, &[]))
 }

@@ -120,12 +120,12 @@ fn bad_input_gets_a_clear_error() {
             (&["create", "bad name"][..], "invalid interface name \"bad name\": contains whitespace"),
             (&["create", "waytoolongname123"][..], "longer than 15 bytes"),
             (&["delete", "ttmissing0"][..], "no device named \"ttmissing0\""),
-            (&["info", "lo"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
-            (&["fwd", "lo", "ttok0"][..], "lo is not a TUN/TAP device (it is a loopback device)"),
-            (&["fwd", "tta0", "ttb0", "--queues", "1000"], "the kernel allows at most 256 (MAX_TAP_QUEUES)"),
+            (&["info", "lo"][..], "lo is a loopback device, not a TUN/TAP device"),
+            (&["fwd", "lo", "ttok0"][..], "lo is a loopback device, not a TUN/TAP device"),
+            (&["fwd", "tta0", "ttb0", "--queues", "1000"], "invalid value '1000' for '--queues <N>': give 1 to 256"),
             (&["create", "ttown0", "--owner", "4294967295"], "TUNSETOWNER refused 4294967295: not a valid uid"),
-            (&["wg", "-f", "ttwgq0", "--queues", "0"], "--queues 0: give 1 to 256"),
-            (&["wg", "ttwgq0", "--queues", "257"], "--queues 257: give 1 to 256"),
+            (&["wg", "-f", "ttwgq0", "--queues", "0"], "invalid value '0' for '--queues <N>': give 1 to 256"),
+            (&["wg", "ttwgq0", "--queues", "257"], "invalid value '257' for '--queues <N>': give 1 to 256"),
         ] {
             let out = turbotun(args);
             assert!(!out.status.success(), "{args:?}");
@@ -276,7 +276,7 @@ fn create_and_set_layer2_controls() {
         for (args, why) in [
             (&["set", "ttl2", "--tx-filter", "52:54:00:12:34"][..], "is not a MAC address"),
             (&["set", "ttl2", "--ebpf-filter", "protocols=ipx"][..], "is not ipv4, ipv6, arp or 0xHHHH"),
-            (&["set", "ttl2", "--master", "lo"][..], "lo is not a bridge"),
+            (&["set", "ttl2", "--master", "lo"][..], "lo is a loopback device, not a bridge"),
             (&["set", "ttl2", "--mac", "01:00:5e:00:00:01"][..], "must be unicast"),
             (&["set", "ttl2"][..], "nothing to set"),
             (&["create", "ttl3", "--tx-filter", "52:54:00:12:34:56"][..], "TAP devices only"),

@@ -40,7 +40,7 @@ impl Echo {
         let dev = format!("ttecho{}", N.fetch_add(1, Ordering::Relaxed));
         let ns = with_private_netns(|| std::fs::File::open("/proc/thread-self/ns/net").expect("own netns").into())
             .expect("private netns");
-        let mut args = vec!["echo", &dev, "--mode", mode, "--addr", "10.9.0.1/24", "--addr", "fd00:9::1/64"];
+        let mut args = vec!["echo", &dev, "--json", "--mode", mode, "--addr", "10.9.0.1/24", "--addr", "fd00:9::1/64"];
         args.extend(["--txqueuelen", ECHO_TXQUEUELEN]);
         if tap {
             args.push("--tap");

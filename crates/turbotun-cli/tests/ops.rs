@@ -11,9 +11,9 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{new_netns, ns_path, privileged, start_ready, tcp_between_while, Topology};
 use turbotun::netlink::Netlink;
@@ -36,22 +36,7 @@ fn uapi_socket(name: &str) -> PathBuf {
     PathBuf::from(format!("/var/run/wireguard/{name}.sock"))
 }
 
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-/// `turbotun ARGS` in namespace `ns`.
-fn turbotun_in(ns: &std::os::fd::OwnedFd, args: &[&str]) -> Output {
-    with_netns(&ns_path(ns), || Command::new(TURBOTUN).args(args).output()).unwrap().unwrap()
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(20), "waited 20 s for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{eventually as wait_for, output_text as text, turbotun_in};
 
 /// One `set=1` request on a configuration socket; the `errno=` answer.
 fn uapi_set(name: &str, lines: &str) -> String {

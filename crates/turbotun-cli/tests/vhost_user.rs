@@ -26,7 +26,7 @@ fn vhost_user_serves_front_ends_in_turn_and_leaves_nothing() {
     let running = common::start_ready(
         &ns,
         Command::new(TURBOTUN)
-            .args(["vhost-user", "--json", "--stats-socket", "none", "--user", "nobody", "--tap", &tap])
+            .args(["vhost-user", "--json", "--stats-socket", "none", "--user", "nobody", "--device", &tap])
             .arg("--socket")
             .arg(&socket)
             .stderr(Stdio::inherit()),
@@ -56,12 +56,12 @@ fn vhost_user_serves_front_ends_in_turn_and_leaves_nothing() {
 #[test]
 fn vhost_user_refuses_what_cannot_work() {
     let out = Command::new(TURBOTUN)
-        .args(["vhost-user", "--socket", "/tmp/turbotun-never.sock", "--tap", "vubad0", "--queues", "17"])
+        .args(["vhost-user", "--socket", "/tmp/turbotun-never.sock", "--device", "vubad0", "--queues", "17"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--queues") && err.contains("17") && err.contains("1..=16"), "{err}");
+    assert!(err.contains("--queues") && err.contains("17") && err.contains("give 1 to 16"), "{err}");
     assert!(!std::path::Path::new("/tmp/turbotun-never.sock").exists());
     if !privileged("vhost_user_refuses_what_cannot_work") {
         return;
@@ -71,7 +71,7 @@ fn vhost_user_refuses_what_cannot_work() {
     let file = std::env::temp_dir().join(format!("turbotun-cli-test-{}.notasocket", std::process::id()));
     std::fs::write(&file, "keep").unwrap();
     let out = turbotun::netns::with_netns(&ns_path(&ns), || {
-        Command::new(TURBOTUN).args(["vhost-user", "--tap", "vubad1", "--socket"]).arg(&file).output()
+        Command::new(TURBOTUN).args(["vhost-user", "--device", "vubad1", "--socket"]).arg(&file).output()
     })
     .unwrap()
     .unwrap();

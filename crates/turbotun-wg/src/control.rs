@@ -14,9 +14,9 @@ use crate::update::Update;
 use crate::wireguard::{PeerState, WireGuard};
 
 /// What checks the device's new settings (`old`, `new`: its port, mark and key, without its peers) before a
-/// change takes effect, and may refuse them with an errno (a port that cannot be bound). It runs for one change
-/// at a time.
-pub(crate) type OnSet = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send;
+/// change takes effect, and may refuse them with an errno and why (a port that cannot be bound). It runs for one
+/// change at a time.
+pub(crate) type OnSet = dyn FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), (i32, String)> + Send;
 
 /// A change request as it is filled: by the operations of an [`Update`], or by the lines of a `set=1` request.
 pub(crate) type Request<'a> = SetRequest<'a, fn(&Key) -> Key>;
@@ -60,7 +60,7 @@ impl Configurator {
         drop(view);
         let result = change.and_then(|change| match on_set(&old, &change.device) {
             Ok(()) => Ok(change),
-            Err(errno) => {
+            Err((errno, why)) => {
                 let new = &change.device;
                 // The setting refused: what the endpoint checks is the port and the mark.
                 let line = match (new.listen_port != old.listen_port, new.fwmark != old.fwmark) {
@@ -68,7 +68,6 @@ impl Configurator {
                     (false, true) => format!("fwmark={}", new.fwmark),
                     (false, false) => String::new(),
                 };
-                let why = std::io::Error::from_raw_os_error(errno);
                 Err(ConfigError { errno, line, reason: format!("the new settings cannot be put in force: {why}") })
             }
         });
@@ -256,7 +255,7 @@ mod tests {
         let wg = Arc::new(WireGuard::new());
         let refuse_ports =
             Box::new(|old: &DeviceConfig, new: &DeviceConfig| match new.listen_port != old.listen_port {
-                true => Err(libc::EADDRINUSE),
+                true => Err((libc::EADDRINUSE, "in use".to_string())),
                 false => Ok(()),
             });
         let control = Control::new(Arc::new(Configurator::new(wg, refuse_ports)));

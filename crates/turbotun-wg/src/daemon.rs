@@ -207,7 +207,7 @@ fn drop_privileges(
     identity: &Identity,
     uapi: &UapiSocket,
     stats_socket: Option<&StatsSocket>,
-) -> Result<std::process::Child, DaemonError> {
+) -> Result<turbotun::socket_keeper::SocketKeeper, DaemonError> {
     let mut owned = vec![(uapi.path().to_path_buf(), uapi.inode())];
     owned.extend(stats_socket.map(|s| (s.path().to_path_buf(), s.inode())));
     let keeper = start_socket_keeper(&owned)?;

@@ -246,23 +246,32 @@ fn port_keeper(
         // asked for by number, as `wg syncconf` does): they hold it alone, so binding it again would fail.
         if new.listen_port != old.listen_port && new.listen_port != wg.bound_port() {
             let Some(factory) = &factory else {
-                tracing::warn!("listen-port {}: the host's sockets are fixed", new.listen_port);
-                return Err(libc::EOPNOTSUPP);
+                return Err((
+                    libc::EOPNOTSUPP,
+                    "the host's sockets are fixed (the endpoint has no socket factory)".into(),
+                ));
             };
-            let sockets = factory(new.listen_port, count, new.fwmark).map_err(|e| {
-                tracing::warn!("listen-port {}: {e}", new.listen_port);
-                errno_of(&e)
-            })?;
-            let port = sockets[0].local_addr().map_err(|e| errno_of(&e))?.port();
+            let sockets = factory(new.listen_port, count, new.fwmark).map_err(|e| refusal(&e, new.listen_port))?;
+            let port = sockets[0].local_addr().map_err(|e| refusal(&e, new.listen_port))?.port();
             wg.set_bound_port(port);
             let _ = rebinds.send(sockets);
         } else if new.fwmark != old.fwmark {
             for socket in in_use.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                socket.set_mark(new.fwmark).map_err(|e| errno_of(&e))?;
+                socket.set_mark(new.fwmark).map_err(|e| (errno_of(&e), e.to_string()))?;
             }
         }
         Ok(())
     })
+}
+
+/// Why binding `port` failed, in words that name the fix: a port below 1024 refused (EACCES) needs
+/// CAP_NET_BIND_SERVICE, which an endpoint that dropped its privileges no longer has.
+fn refusal(e: &turbotun::Error, port: u16) -> (i32, String) {
+    let errno = errno_of(e);
+    match errno == libc::EACCES && port < 1024 {
+        true => (errno, format!("{e}: a port below 1024 needs CAP_NET_BIND_SERVICE, which this process does not have (it runs with --user, or unprivileged); give a port from 1024")),
+        false => (errno, e.to_string()),
+    }
 }
 
 /// A WireGuard endpoint ready to run: see the module documentation.

@@ -76,6 +76,11 @@ impl Events {
         self.receiver.try_recv().ok()
     }
 
+    /// The events waiting now, without waiting for more.
+    pub fn try_iter(&self) -> impl Iterator<Item = Event> + '_ {
+        self.receiver.try_iter()
+    }
+
     /// Events lost because [`EVENT_QUEUE`] were waiting unread.
     pub fn missed(&self) -> u64 {
         self.missed.load(Ordering::Relaxed)

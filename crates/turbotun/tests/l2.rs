@@ -266,7 +266,7 @@ fn bridge_carries_traffic_between_tap_and_veth() {
         assert_eq!(nl.link(&veth).unwrap().master, Some(br_index));
         assert_eq!(nl.link(&br).unwrap().master, None);
         let err = nl.set_master(&tap, Some(&peer)).unwrap_err();
-        assert!(err.to_string().contains("is not a bridge"), "{err}");
+        assert!(err.to_string().contains("not a bridge: give a bridge's name"), "{err}");
 
         let b = new_netns();
         nl.move_to_netns(&peer, &ns_path(&b)).unwrap();

@@ -112,7 +112,7 @@ impl RunPlace {
             "--json".into(),
             "--socket".into(),
             self.socket_str.clone(),
-            "--tap".into(),
+            "--device".into(),
             self.tap.clone(),
         ];
         let log = ctx.log_dir.join(format!("{}-turbotun-vhost-user.stderr", self.base));

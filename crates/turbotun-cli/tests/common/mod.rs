@@ -210,6 +210,25 @@ impl Topology {
     }
 }
 
+/// A command's standard output and error, as one text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// `turbotun ARGS` in namespace `ns`, run to its end.
+pub fn turbotun_in(ns: &OwnedFd, args: &[&str]) -> std::process::Output {
+    with_netns(&ns_path(ns), || Command::new(env!("CARGO_BIN_EXE_turbotun")).args(args).output()).unwrap().unwrap()
+}
+
+/// Waits until `done` (20 s at most: then the test fails, naming `what`).
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "waited 20 s for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;

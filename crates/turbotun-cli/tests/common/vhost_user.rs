@@ -43,7 +43,7 @@ impl Backend {
         let backend = start_ready(
             &ns,
             Command::new(TURBOTUN)
-                .args(["vhost-user", "--json", "--tap", &tap, "--queues", &pairs.to_string()])
+                .args(["vhost-user", "--json", "--device", &tap, "--queues", &pairs.to_string()])
                 .arg("--socket")
                 .arg(scratch.socket())
                 .arg("--stats-socket")

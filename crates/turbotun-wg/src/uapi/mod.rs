@@ -513,7 +513,9 @@ mod tests {
     }
 
     impl Served {
-        fn start(on_set: impl FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), i32> + Send + 'static) -> Served {
+        fn start(
+            on_set: impl FnMut(&DeviceConfig, &DeviceConfig) -> Result<(), (i32, String)> + Send + 'static,
+        ) -> Served {
             static NEXT: AtomicU32 = AtomicU32::new(0);
             let dir = std::env::temp_dir().join(format!(
                 "turbotun-uapi-{}-{}",

@@ -226,7 +226,6 @@ impl WireGuard {
             keypair.confirm();
             self.retire(&gone);
             *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
-            self.events.emit(Event::HandshakeCompleted { peer: peer.public_key });
             peer.wants_flush.store(true, Ordering::SeqCst);
             self.mark_live(peer);
             self.handshakes.kick();

@@ -386,6 +386,8 @@ impl WireGuard {
         st.zero_keys_at = Some(now + 3 * REJECT_AFTER_TIME);
         peer.sent_lastminute_handshake.store(false, Ordering::Relaxed);
         *peer.last_handshake.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+        // The one place a handshake completes, both sides: the initiator's here at the response, the responder's
+        // on the timer thread once the data path saw the initiator's first message (`wants_flush`).
         self.events.emit(Event::HandshakeCompleted { peer: peer.public_key });
     }
 

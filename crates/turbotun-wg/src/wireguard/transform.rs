@@ -125,6 +125,20 @@ impl Transform for WireGuard {
         self.timer_work(control)
     }
 
+    /// Every peer's held packets, and those evicted since the last tick, given up: the stop's `stopped`, the
+    /// evicted ones `no_session` as the timers count them. Only live peers hold packets (see `timers`).
+    fn give_up(&self) -> Drops {
+        let mut lost = Drops::default();
+        for peer in self.live.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let held = peer.state_if_made().map_or(0, |mut st| std::mem::take(&mut st.held).len() as u64);
+            let evicted = peer.evicted.swap(0, Ordering::Relaxed);
+            lost.add(DropReason::Stopped, held);
+            lost.add(DropReason::NoSession, evicted);
+            peer.dropped(held);
+        }
+        lost
+    }
+
     fn settled(&self, stopping: bool) -> Settled {
         let mut settled = std::mem::take(&mut *self.settled.lock().unwrap_or_else(|e| e.into_inner()));
         if stopping {

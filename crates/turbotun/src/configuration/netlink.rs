@@ -275,8 +275,9 @@ impl Netlink {
                 if link.kind.as_deref() != Some("bridge") {
                     return Err(Error::Config(ConfigError::Link {
                         why: format!(
-                        "{bridge} is not a bridge (link kind {}): create one with `ip link add {bridge} type bridge`",
-                        link.kind.as_deref().unwrap_or("none")
+                        "{bridge} is a {} device, not a bridge: give a bridge's name (`ip -d link show type bridge` \
+                         lists them; `ip link add br0 type bridge` makes one)",
+                        link.kind.as_deref().unwrap_or(if bridge == "lo" { "loopback" } else { "plain" })
                     ),
                     }));
                 }

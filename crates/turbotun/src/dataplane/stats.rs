@@ -365,6 +365,17 @@ impl ProcessUsage {
 /// that other threads read, so adding per packet would cost more than the packet.
 pub(crate) const FLUSH_EVERY: u64 = 64;
 
+/// Milliseconds after which a busy worker's counters reach the shared ones however few packets it moved: a
+/// worker that reads one packet a second (a ping through a blocking read) shows it within this, not after 64.
+pub(crate) const FLUSH_AFTER_MS: u64 = 100;
+
+/// A coarse monotonic clock in milliseconds (the kernel's tick, a few ms; no system call through the vDSO):
+/// cheap enough to read once a batch.
+fn coarse_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    (t.tv_sec as u64).saturating_mul(1000) + (t.tv_nsec as u64) / 1_000_000
+}
+
 /// Adds a worker's cumulative counters to the shared ones, as differences since the last time.
 #[derive(Debug)]
 pub(crate) struct Flusher<'a> {
@@ -372,11 +383,13 @@ pub(crate) struct Flusher<'a> {
     /// A second set the same differences go to (a tunnel queue's own counters beside the tunnel's).
     also: Option<&'a SharedCounters>,
     last: Counters,
+    /// When it last flushed ([`coarse_ms`]).
+    last_ms: u64,
 }
 
 impl<'a> Flusher<'a> {
     pub(crate) fn new(shared: &'a SharedCounters) -> Self {
-        Flusher { shared, also: None, last: Counters::default() }
+        Flusher { shared, also: None, last: Counters::default(), last_ms: coarse_ms() }
     }
 
     /// Adds the same differences to `also` too.
@@ -393,12 +406,18 @@ impl<'a> Flusher<'a> {
             also.add(&delta);
         }
         self.last = now;
+        self.last_ms = coarse_ms();
         delta
     }
 
-    /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush.
+    /// Whether `now` holds counts the shared counters do not have yet.
+    pub(crate) fn has_unshared(&self, now: &Counters) -> bool {
+        now != &self.last
+    }
+
+    /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush, or [`FLUSH_AFTER_MS`] passed.
     pub(crate) fn maybe_flush(&mut self, now: Counters) {
-        if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY {
+        if now.reads.saturating_sub(self.last.reads) >= FLUSH_EVERY || coarse_ms() >= self.last_ms + FLUSH_AFTER_MS {
             self.flush(now);
         }
     }
@@ -422,6 +441,21 @@ pub(crate) fn final_batch_counts(rx: Counters, tx: Counters, pending: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_worker_that_reads_little_still_shows_it_within_the_flush_time() {
+        let shared = SharedCounters::default();
+        let mut flusher = Flusher::new(&shared);
+        let one = Counters { reads: 1, packets: 1, ..Counters::default() };
+        // Just flushed: one packet waits for more.
+        flusher.last_ms = coarse_ms() + 60_000;
+        flusher.maybe_flush(one);
+        assert_eq!(shared.snapshot().packets, 0);
+        // FLUSH_AFTER_MS later: it goes, although far fewer than FLUSH_EVERY were read.
+        flusher.last_ms = coarse_ms().saturating_sub(FLUSH_AFTER_MS);
+        flusher.maybe_flush(one);
+        assert_eq!(shared.snapshot().packets, 1);
+    }
 
     #[test]
     fn test_add_since_and_snapshot_agree() {

@@ -23,10 +23,10 @@ pub const KEEPER_ENV: &str = "TURBOTUN_SOCKET_KEEPER";
 /// privileges cannot remove its sockets (`(path, inode)`) from a root-owned directory; the keeper does when the
 /// pipe closes. The keeper gets no environment but [`KEEPER_ENV`], so that nothing meant for this process (a
 /// request to report readiness, a log setting) reaches it.
-pub fn start_socket_keeper(sockets: &[(PathBuf, u64)]) -> Result<Child> {
+pub fn start_socket_keeper(sockets: &[(PathBuf, u64)]) -> Result<SocketKeeper> {
     let program = std::env::current_exe().map_err(|e| Error::io("finding this program for the socket keeper", e))?;
     let spec: Vec<String> = sockets.iter().map(|(path, inode)| format!("{inode}:{}", path.display())).collect();
-    Command::new(program)
+    let child = Command::new(program)
         .env_clear()
         .env(KEEPER_ENV, spec.join("\n"))
         .stdin(Stdio::piped())
@@ -35,7 +35,31 @@ pub fn start_socket_keeper(sockets: &[(PathBuf, u64)]) -> Result<Child> {
         // Its own group: a terminal's Ctrl-C reaches the process, which then ends, and the keeper after it.
         .process_group(0)
         .spawn()
-        .map_err(|e| Error::io("starting the socket keeper", e))
+        .map_err(|e| Error::io("starting the socket keeper", e))?;
+    Ok(SocketKeeper(Some(child)))
+}
+
+/// The running socket keeper ([`start_socket_keeper`]). Dropped, it closes the pipe and waits (a second at most)
+/// for the keeper to remove the sockets, so that a process ending normally has its sockets gone when it exits;
+/// one that is killed leaves the keeper to do it just after.
+#[derive(Debug)]
+pub struct SocketKeeper(Option<Child>);
+
+/// How long a process waits at its end for its keeper.
+const KEEPER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Drop for SocketKeeper {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        drop(child.stdin.take());
+        let deadline = std::time::Instant::now() + KEEPER_WAIT;
+        while std::time::Instant::now() < deadline {
+            match child.try_wait() {
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(2)),
+                _ => return,
+            }
+        }
+    }
 }
 
 /// The socket keeper (see [`KEEPER_ENV`]): gives up every capability, waits until its standard input closes

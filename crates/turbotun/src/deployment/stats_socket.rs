@@ -85,6 +85,10 @@ pub struct Report {
     pub queues: Vec<Vec<(String, Counters)>>,
     /// A WireGuard endpoint's peers, each with its own counters, in the order they were added.
     pub peers: Vec<PeerCounters>,
+    /// The kernel's own drops at each device's transmit ring since the engine started (`ip -s link`'s `TX
+    /// dropped`: packets the kernel had for the device while its reader, this engine, was too slow, tail-dropped
+    /// before any read), by device. Not among the engine's drops: it never read them.
+    pub kernel_tx_dropped: Vec<(String, u64)>,
 }
 
 /// One WireGuard peer's counters, what `wg show` shows of it and the drops it alone caused.
@@ -168,6 +172,7 @@ impl Report {
             directions: Vec::new(),
             queues: Vec::new(),
             peers: Vec::new(),
+            kernel_tx_dropped: Vec::new(),
         }
     }
 
@@ -317,6 +322,9 @@ impl Report {
         for peer in &self.peers {
             let _ = writeln!(s, "peer={}", peer.to_line());
         }
+        for (device, n) in &self.kernel_tx_dropped {
+            let _ = writeln!(s, "kernel_tx_dropped={} {n}", one_line(device).replace(' ', "_"));
+        }
         s.push('\n');
         s
     }
@@ -392,6 +400,13 @@ impl Report {
                 "direction" => report.directions.push((value.to_string(), Counters::default())),
                 "queue" => report.parse_queue_line(value)?,
                 "peer" => report.peers.push(PeerCounters::parse_line(value)?),
+                "kernel_tx_dropped" => {
+                    let (device, n) =
+                        value.split_once(' ').ok_or_else(|| format!("kernel_tx_dropped={value:?}: DEVICE COUNT"))?;
+                    let n =
+                        n.parse::<u64>().map_err(|_| format!("kernel_tx_dropped={value:?}: {n:?} is not a count"))?;
+                    report.kernel_tx_dropped.push((device.to_string(), n));
+                }
                 "drop" => {
                     let (reason, n) = value.split_once(' ').ok_or_else(|| format!("drop={value:?}: REASON COUNT"))?;
                     let n = n.parse::<u64>().map_err(|_| format!("drop={value:?}: {n:?} is not a count"))?;
@@ -440,6 +455,7 @@ impl StatsSocket {
     /// their own there; a stale socket is replaced.
     pub fn bind(path: &Path) -> Result<StatsSocket> {
         let io_error = |what: &str, e: io::Error| Error::io(format!("{what} {}", path.display()), e);
+        check_name(path)?;
         if let Some(dir) = path.parent() {
             check_dir(dir)?;
         }
@@ -586,10 +602,13 @@ fn serve(listener: &UnixListener, source: &dyn Fn() -> Report, stop: &StopHandle
 /// Reads the report served at `path`; the error says what to do about a missing, stale or forbidden socket.
 pub fn read(path: &Path) -> Result<Report> {
     let shown = path.display();
+    // Never connect to a socket that is not one of these (a vhost-user socket would count a front end, and
+    // hang or answer nonsense): their names say what they are.
+    check_name(path)?;
     let mut stream = UnixStream::connect(path).map_err(|e| {
         let why = match e.kind() {
             io::ErrorKind::NotFound => {
-                format!("no counters socket at {shown}: no turbotun fwd, tunnel or wg serves that name now")
+                format!("no counters socket at {shown}: no turbotun {SERVERS} serves that name now")
             }
             io::ErrorKind::ConnectionRefused => {
                 format!("{shown} is left from a process that ended: nothing serves it (the next start replaces it)")
@@ -607,6 +626,22 @@ pub fn read(path: &Path) -> Result<Report> {
     Report::parse(&text).map_err(|reason| {
         Error::Config(ConfigError::StatsReport { socket: shown.to_string(), reason: reason.to_string() })
     })
+}
+
+/// The commands that serve counters, as messages name them.
+pub const SERVERS: &str = "fwd, tunnel, wg or vhost-user";
+
+/// Refuses a path whose file name does not end in [`STATS_SUFFIX`]: every counters socket's does (the default
+/// ones and any `--stats-socket` path, checked when bound), so that nothing else is taken for one.
+pub fn check_name(path: &Path) -> Result<()> {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.len() > STATS_SUFFIX.len() && n.ends_with(STATS_SUFFIX));
+    if named {
+        return Ok(());
+    }
+    Err(Error::Config(ConfigError::NotAStatsSocket { path: path.display().to_string() }))
 }
 
 /// The counters sockets in `dir` (normally [`STATS_DIR`]), by name, sorted.
@@ -642,8 +677,10 @@ mod tests {
 
     #[test]
     fn test_report_round_trips_and_lists_the_reasons_that_apply() {
-        let report = sample();
+        let mut report = sample();
+        report.kernel_tx_dropped = vec![("tta".into(), 0), ("ttb".into(), 7)];
         let text = report.to_text();
+        assert!(text.contains("kernel_tx_dropped=ttb 7\n"), "{text}");
         assert!(text.ends_with("\n\n") && text.contains("drop=device_down 2\n"), "{text}");
         assert_eq!(Report::parse(&text).unwrap(), report);
         let reasons = report.reasons();

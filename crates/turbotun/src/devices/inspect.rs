@@ -144,6 +144,40 @@ pub fn queue_holders(name: &str) -> Vec<u32> {
     out
 }
 
+/// The processes holding a UDP socket bound to `port` (IPv4 or IPv6), one entry per process: `pid 123
+/// (wireguard-go wg0)`. From `/proc/net/udp{,6}` (the socket's inode) and `/proc/*/fd`; what this process may not
+/// read is left out.
+pub fn udp_port_holders(port: u16) -> Vec<String> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let text = fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port =
+                fields.get(1).and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) {
+                inodes.extend(fields.get(9).map(|inode| format!("socket:[{inode}]")));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let mut pids = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
+    for proc_entry in procs.flatten() {
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(fds) = fs::read_dir(proc_entry.path().join("fd")) else { continue };
+        let holds = fds
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str())));
+        if holds {
+            pids.push(pid);
+        }
+    }
+    pids.into_iter().map(|pid| format!("pid {pid} ({})", process_command(pid))).collect()
+}
+
 /// The processes holding a queue of `name`, one entry per process: `pid 123 (turbotun fwd tta ttb)`.
 pub fn queue_holder_processes(name: &str) -> Vec<String> {
     let mut pids = queue_holders(name);

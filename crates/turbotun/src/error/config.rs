@@ -192,6 +192,14 @@ pub enum ConfigError {
         why: String,
     },
 
+    /// A path given as a counters socket whose name is not one's (they end in `.stats`): never connected to.
+    #[error(
+        "{path}: not a counters socket (their names end in .stats; turbotun fwd, tunnel, wg or vhost-user serve them)"
+    )]
+    NotAStatsSocket {
+        /// The path, as shown.
+        path: String,
+    },
     /// A counters socket whose answer does not parse.
     #[error("{socket} answered a bad report: {reason}")]
     StatsReport {

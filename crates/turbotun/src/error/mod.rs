@@ -58,7 +58,7 @@ pub enum Error {
     },
 
     /// A device of that name exists and is not a TUN/TAP device.
-    #[error("{name} is not a TUN/TAP device (it is a {kind} device): choose another name")]
+    #[error("{name} is a {kind} device, not a TUN/TAP device: turbotun manages TUN/TAP devices only (`ip link` manages this one; to create a TUN/TAP device, choose another name)")]
     NotTunTap {
         /// The device's name.
         name: String,
@@ -279,8 +279,9 @@ pub enum Error {
         need: usize,
     },
 
-    /// A forwarding worker stopped with an error.
-    #[error("{worker}: {error}")]
+    /// A forwarding worker stopped with an error. A device deleted under it is said as that alone: which worker
+    /// saw it first says nothing to the user.
+    #[error("{}", if error.is_device_gone() { error.to_string() } else { format!("{worker}: {error}") })]
     Worker {
         /// Which worker (its queues and direction).
         worker: String,

@@ -303,3 +303,31 @@ fn test_the_zero_key_timer_leaves_no_copy_of_the_keys_in_memory() {
         assert_eq!(copies_in_own_memory(key), 0, "a transport key outlived the zero-key timer");
     }
 }
+
+/// Item: the events a subscriber sees, in order, on the test clock: each side's handshake when its session starts
+/// to send (the responder's once the initiator's first message on it came), the responder learning the
+/// initiator's endpoint, and the zero-key timer's expiry on both sides; no event for what configuration did.
+#[test]
+fn test_subscribers_see_handshakes_a_learned_endpoint_and_the_keys_expire() {
+    use crate::events::Event;
+    let (a, b) = (Node::new(1, A), Node::new(2, B));
+    let (events_a, events_b) = (a.wg.events.subscribe(), b.wg.events.subscribe());
+    first_handshake(&a, &b);
+    let mut wire = Vec::new();
+    let seen_a: Vec<Event> = events_a.try_iter().collect();
+    let seen_b: Vec<Event> = events_b.try_iter().collect();
+    assert_eq!(seen_a, vec![Event::HandshakeCompleted { peer: b.public() }], "a configured b's endpoint itself");
+    assert_eq!(
+        seen_b,
+        vec![
+            Event::EndpointChanged { peer: a.public(), endpoint: a.addr },
+            Event::HandshakeCompleted { peer: a.public() }
+        ]
+    );
+    for node in [&a, &b] {
+        node.skip(3 * REJECT_AFTER_TIME + 1000);
+        node.tick(&mut wire);
+    }
+    assert_eq!(events_a.try_iter().collect::<Vec<_>>(), vec![Event::KeysExpired { peer: b.public() }]);
+    assert_eq!(events_b.try_iter().collect::<Vec<_>>(), vec![Event::KeysExpired { peer: a.public() }]);
+}

@@ -39,12 +39,8 @@ fn test_the_verbose_log_names_each_event_its_interface_and_peer_and_no_data_pack
         let (a, b) = (Node::new(1, A), Node::new(2, B));
         a.wg.set_name("wga");
         b.wg.set_name("wgb");
-        a.configure(&b, "10.9.0.2/32", Some(b.addr), 0);
-        b.configure(&a, "10.9.0.1/32", None, 0);
+        first_handshake(&a, &b);
         let mut wire = Vec::new();
-        a.send(&packet(A_INNER, B_INNER, 64), &mut wire);
-        a.tick(&mut wire);
-        deliver(&a, &b, &mut wire);
         let (at_a, at_b) = (peer_tag(&b.public()), peer_tag(&a.public()));
         let log = lines.text();
         for line in [

@@ -196,14 +196,20 @@ fn deliver(a: &Node, b: &Node, wire: &mut Vec<Wire>) -> (Vec<Vec<u8>>, Vec<Vec<u
 /// Two devices configured for each other (A knows B's endpoint, B learns A's) with a session up.
 fn pair() -> (Node, Node) {
     let (a, b) = (Node::new(1, A), Node::new(2, B));
-    a.configure(&b, "10.9.0.2/32", Some(b.addr), 0);
-    b.configure(&a, "10.9.0.1/32", None, 0);
+    first_handshake(&a, &b);
+    (a, b)
+}
+
+/// Configures `a` and `b` for each other (A knows B's endpoint, B learns A's) and has A's first packet start
+/// their first handshake and arrive with it.
+fn first_handshake(a: &Node, b: &Node) {
+    a.configure(b, "10.9.0.2/32", Some(b.addr), 0);
+    b.configure(a, "10.9.0.1/32", None, 0);
     let mut wire = Vec::new();
     assert_eq!(a.send(&packet(A_INNER, B_INNER, 64), &mut wire), Sealed::Held);
     a.tick(&mut wire);
-    let (_, at_b) = deliver(&a, &b, &mut wire);
+    let (_, at_b) = deliver(a, b, &mut wire);
     assert_eq!(at_b, vec![packet(A_INNER, B_INNER, 64)], "the held packet arrives once the handshake completes");
-    (a, b)
 }
 
 #[test]

@@ -21,7 +21,7 @@ pub(super) fn jobs(fwd: &Forwarder) -> Vec<Job> {
     for (q, (a, b)) in fwd.a.iter().zip(&fwd.b).enumerate() {
         for (src, dst, a_to_b) in [(a, b, true), (b, a, false)] {
             for t in 0..fwd.config.threads {
-                let label = format!("{}->{} q{q} t{t}", src.name(), dst.name());
+                let label = format!("{}->{} queue {q} thread {t}", src.name(), dst.name());
                 jobs.push(Job { src: src.clone(), dst: dst.clone(), a_to_b, label });
             }
         }

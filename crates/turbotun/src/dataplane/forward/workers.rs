@@ -125,10 +125,16 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
                 flusher.flush(batch_counts(rx.stats(), tx.stats()));
                 continue;
             }
+            // A batch that ended short found the queue dry: the next read may sleep (a blocking read sleeps
+            // until a packet comes), so what this one moved is counted now, not after the next packet.
+            let drained = got.pending == 0 && got.packets < batch.capacity();
             let mut received = batch.range(0..got.packets);
             each_packet(ctx, &mut received);
             tx.send_many(&mut received, got.checksums)?;
-            flusher.maybe_flush(batch_counts(rx.stats(), tx.stats()));
+            match drained {
+                true => drop(flusher.flush(batch_counts(rx.stats(), tx.stats()))),
+                false => flusher.maybe_flush(batch_counts(rx.stats(), tx.stats())),
+            }
         }
         Ok(())
     })();
@@ -166,7 +172,19 @@ fn forward_raw(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let mut flusher = Flusher::new(ctx.shared());
     let result = (|| {
         while !ctx.stop.is_stopped() {
-            let n = match src.recv_raw(&mut buf) {
+            // With counts not yet shared, the read first looks without sleeping: a queue found dry has them
+            // shared before a blocking read sleeps until the next packet (however long that is).
+            let read = match flusher.has_unshared(&c) {
+                true => match src.try_recv_raw(&mut buf) {
+                    Err(e) if e.is_would_block() || e.is_nowait_unsupported() => {
+                        flusher.flush(c);
+                        src.recv_raw(&mut buf)
+                    }
+                    read => read,
+                },
+                false => src.recv_raw(&mut buf),
+            };
+            let n = match read {
                 Ok(n) => n,
                 Err(e) if e.is_would_block() => {
                     flusher.flush(c);

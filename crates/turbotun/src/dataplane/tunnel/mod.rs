@@ -119,6 +119,13 @@ pub trait Transform: Send + Sync + 'static {
         Drops::default()
     }
 
+    /// Called once when the tunnel stops, after the last [`Self::tick`]: the packets the transform still keeps
+    /// (held for a handshake that did not complete in time) are given up and returned by reason (`stopped`), so
+    /// that every packet read from the device is counted once, in the device's direction.
+    fn give_up(&self) -> Drops {
+        Drops::default()
+    }
+
     /// What became of the datagrams [`Self::open`] answered [`Opened::Queued`] for, since the last call: how many
     /// the transform's own worker handled as its own (counted as `control`) and refused, by reason. With
     /// `stopping`, those still waiting are counted too (as `stopped`), so that every datagram read is counted
@@ -565,11 +572,11 @@ impl<T: Transform> Tunnel<T> {
             };
             let to = ctx.clone();
             workers.push(Worker {
-                label: format!("tunnel {}->udp q{i}", queue.name()),
+                label: format!("tunnel {}->udp queue {i}", queue.name()),
                 work: Box::new(move || workers::to_network(&to)),
             });
             workers.push(Worker {
-                label: format!("tunnel udp->{} q{i}", queue.name()),
+                label: format!("tunnel udp->{} queue {i}", queue.name()),
                 work: Box::new(move || workers::from_network(&ctx)),
             });
         }

@@ -418,6 +418,7 @@ pub(super) fn timers<T: Transform>(ctx: &Ctx<T>, interval: Duration) -> Result<(
         settle(false, &mut settled);
         settled_flusher.flush(settled);
     }
+    control.drops.add_all(&ctx.transform.give_up());
     flusher.flush(control);
     settle(true, &mut settled);
     settled_flusher.flush(settled);

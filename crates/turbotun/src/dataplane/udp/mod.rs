@@ -192,7 +192,17 @@ impl TunnelSocket {
         if options.zero_checksum && !addr.is_ipv6() {
             sys::udp::set_no_check(fd.as_fd(), true).map_err(|e| Error::io("setsockopt(SO_NO_CHECK)", e))?;
         }
-        rustix::net::bind(&fd, &addr).map_err(|e| Error::io(format!("binding UDP {addr}"), e.into()))?;
+        rustix::net::bind(&fd, &addr).map_err(|e| {
+            // A port in use names who holds it, as a busy device does.
+            let holders = match e {
+                rustix::io::Errno::ADDRINUSE => crate::devices::inspect::udp_port_holders(addr.port()),
+                _ => Vec::new(),
+            };
+            match holders.is_empty() {
+                true => Error::io(format!("binding UDP {addr}"), e.into()),
+                false => Error::io(format!("binding UDP {addr} (held by {})", holders.join(", ")), e.into()),
+            }
+        })?;
         if sharing == PortSharing::FirstOfGroup {
             // Bound alone, so the port was free; from now on the rest of the group (and only sockets of the same
             // owning user, the kernel's rule for a group) may join.

@@ -38,7 +38,7 @@ const RX: usize = 0;
 const TX: usize = 1;
 
 /// Most queue pairs a backend serves: one worker thread and one TAP queue each.
-pub(crate) const MAX_QUEUE_PAIRS: usize = 16;
+pub const MAX_QUEUE_PAIRS: usize = 16;
 
 /// Largest ring the backend accepts (QEMU's and DPDK's default is 256, QEMU's maximum 1024).
 pub(crate) const MAX_QUEUE_SIZE: usize = 1024;

@@ -74,7 +74,9 @@ use crate::devices::offloads::Offloads;
 use crate::devices::queue::Queue;
 use crate::error::{ConfigError, Error, Result};
 use crate::stop::StopHandle;
-use backend::{GuestMem, NetBackend, TapQueue, MAX_QUEUE_PAIRS, TAP_VNET_HDR};
+/// The queue pairs a backend offers a guest, at most.
+pub use backend::MAX_QUEUE_PAIRS;
+use backend::{GuestMem, NetBackend, TapQueue, TAP_VNET_HDR};
 
 /// The virtio header size the TAP must be opened with: `virtio_net_hdr_v1` (12 bytes), which has the
 /// `num_buffers` field the guest's mergeable receive buffers need.
@@ -283,12 +285,27 @@ impl VhostUserServer {
         // relay (see relay.rs: an order of messages QEMU uses that the handler would refuse).
         let (front, _) =
             self.listener.accept().map_err(|e| Error::io(format!("accepting on {}", self.path.display()), e))?;
+        // Said at the default level, as DPDK's backend says it: who connected, and (below) what it moved.
+        let front_end = match crate::sys::peer_credentials(std::os::fd::AsFd::as_fd(&front)) {
+            Ok((pid, uid, _)) if pid > 0 => {
+                let pid = pid.unsigned_abs();
+                format!("front end pid {pid} (uid {uid}, {})", crate::devices::inspect::process_command(pid))
+            }
+            Ok((_, uid, _)) => format!("a front end (uid {uid})"),
+            Err(_) => "a front end".to_string(),
+        };
         let (relay_end, handler_listener) =
             relay::handler_listener().map_err(|e| Error::io("making the vhost-user relay", e))?;
         daemon.start(&mut Listener::from(handler_listener)).map_err(|e| daemon_error("accepting a front end", e))?;
         let relay = relay::Relay::start(front, relay_end).map_err(|e| Error::io("starting the vhost-user relay", e))?;
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(socket = %self.path.display(), tap = self.tap_name(), "front end connected");
+        let pairs = self.taps.len();
+        let before = self.stats.snapshot();
+        tracing::info!(
+            "{}: {front_end} connected on {}, {pairs} queue pair(s) offered",
+            self.tap_name(),
+            self.path.display()
+        );
 
         // A stop ends the connection from outside: the protocol thread is blocked reading the socket.
         let ended = StopHandle::new();
@@ -318,7 +335,16 @@ impl VhostUserServer {
             Ok(())
             | Err(DaemonError::HandleRequest(ProtocolError::Disconnected))
             | Err(DaemonError::HandleRequest(ProtocolError::PartialMessage)) => {
-                tracing::info!(socket = %self.path.display(), "front end disconnected")
+                let after = self.stats.snapshot();
+                let (to_tap, to_guest) =
+                    (after.to_tap.packets - before.to_tap.packets, after.to_guest.packets - before.to_guest.packets);
+                let drops = after.to_tap.drops.total() + after.to_guest.drops.total()
+                    - before.to_tap.drops.total()
+                    - before.to_guest.drops.total();
+                tracing::info!(
+                    "{}: {front_end} disconnected: {to_tap} frames to the TAP, {to_guest} to the guest, {drops} dropped",
+                    self.tap_name()
+                )
             }
             Err(_) if stop.is_stopped() => {}
             Err(e) => tracing::warn!(socket = %self.path.display(), "front end dropped: {e}"),

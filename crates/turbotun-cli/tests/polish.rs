@@ -1,0 +1,239 @@
+//! The command as a new user meets it, each defect found by trying it run as the user ran it: a closed pipe
+//! under a running forwarder, counters that move while a blocking forwarder carries a trickle, packets a
+//! WireGuard endpoint held when it stopped, `stats` given a socket that is not a counters socket, a remote with
+//! port 0, and one rule (exit 2, one wording, one prefix) for bad arguments across the commands.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::OwnedFd;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{new_netns, ns_path, privileged, Topology};
+use turbotun::netlink::Netlink;
+use turbotun::netns::with_netns;
+
+const TURBOTUN: &str = env!("CARGO_BIN_EXE_turbotun");
+
+fn unique(prefix: &str) -> String {
+    common::wg::unique(prefix)
+}
+
+use common::{eventually as wait_for, output_text as text, turbotun_in};
+
+/// `turbotun fwd A B ARGS` in `ns` with its standard output a pipe whose reader goes away after `read_lines`
+/// lines; SIGTERM once it ran on for a second after that: its exit status and standard error.
+fn fwd_with_stdout_closed_after(ns: &OwnedFd, read_lines: usize, extra: &[&str]) -> (std::process::ExitStatus, String) {
+    let (a, b) = (unique("tpa"), unique("tpb"));
+    let mut args = vec!["fwd", &a, &b, "--stats-socket", "none"];
+    args.extend_from_slice(extra);
+    let mut child = with_netns(&ns_path(ns), || {
+        Command::new(TURBOTUN).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
+    })
+    .unwrap()
+    .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    for _ in 0..read_lines {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+    }
+    drop(stdout);
+    let mut netlink = Netlink::in_netns(&ns_path(ns)).unwrap();
+    wait_for("the forwarder's devices", || netlink.link_index(&b).is_ok());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(child.try_wait().unwrap().is_none(), "the forwarder goes on with nobody reading its output");
+    common::wg::nix_kill(child.id(), "TERM");
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (child.wait().unwrap(), stderr)
+}
+
+#[test]
+fn a_forwarder_whose_output_nobody_reads_goes_on_and_exits_0() {
+    if !privileged("a_forwarder_whose_output_nobody_reads_goes_on_and_exits_0") {
+        return;
+    }
+    let ns = new_netns();
+    // `turbotun fwd a b | true`: the pipe closes before "ready".
+    let (status, stderr) = fwd_with_stdout_closed_after(&ns, 0, &[]);
+    assert!(status.success() && !stderr.contains("panicked"), "{status}: {stderr}");
+    // `turbotun fwd a b --stats-interval 0.2 | head -3`: closed while interval lines go out.
+    let (status, stderr) = fwd_with_stdout_closed_after(&ns, 3, &["--stats-interval", "0.2"]);
+    assert!(status.success() && !stderr.contains("panicked"), "{status}: {stderr}");
+}
+
+/// The packets a running forwarder's counters socket reports, through `turbotun stats --json`.
+fn packets_served(topo: &Topology) -> u64 {
+    let out =
+        with_netns(&ns_path(&topo.ns_fwd), || Command::new(TURBOTUN).args(["stats", &topo.dev_a, "--json"]).output())
+            .unwrap()
+            .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["packets"].as_u64().unwrap_or_else(|| panic!("no packets in {report}"))
+}
+
+#[test]
+fn a_blocking_forwarder_counts_a_trickle_while_it_flows() {
+    if !privileged("a_blocking_forwarder_counts_a_trickle_while_it_flows") {
+        return;
+    }
+    for mode in ["offload", "plain", "passthrough"] {
+        let topo = Topology::start(mode, false, &["--io", "block"]);
+        // The few packets that showed the path up (a TCP connect) are shared at once: each forwarder worker
+        // then sleeps in a blocking read with nothing more to come.
+        let start = Instant::now();
+        let mut served = packets_served(&topo);
+        while served == 0 && start.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(20));
+            served = packets_served(&topo);
+        }
+        assert!(served > 0, "{mode}: the counters still show no packet 0.5 s after the last one moved");
+        // One ping more (two packets) shows within the same half second.
+        let pinged = topo.in_a(|| Command::new("ping").args(["-c", "1", "-W", "2", common::B4]).status().unwrap());
+        assert!(pinged.success());
+        let before = served;
+        let start = Instant::now();
+        while served < before + 2 && start.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(20));
+            served = packets_served(&topo);
+        }
+        assert!(served >= before + 2, "{mode}: a ping's two packets not counted within 0.5 s ({before} -> {served})");
+        let closing = topo.stop();
+        assert!(closing["packets"].as_u64().unwrap() >= served);
+    }
+}
+
+#[test]
+fn a_remote_of_port_0_or_no_address_is_a_usage_error() {
+    for remote in ["192.168.77.2:0", "0.0.0.0:4789"] {
+        let out = Command::new(TURBOTUN)
+            .args(["tunnel", "tt0", "--local", "0.0.0.0:0", "--remote", remote])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{remote}: {}", text(&out));
+        assert!(text(&out).starts_with("turbotun tunnel: error: invalid value"), "{}", text(&out));
+    }
+}
+
+#[test]
+fn stats_refuses_what_is_not_a_counters_socket_without_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vhost.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let out = Command::new(TURBOTUN).args(["stats", path.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("not a counters socket") && said.contains("fwd, tunnel, wg or vhost-user"), "{said}");
+    assert!(listener.accept().is_err(), "stats connected to a socket that is not a counters socket");
+    // Nor may an engine serve its counters on such a name.
+    let out = Command::new(TURBOTUN).args(["fwd", "a", "b", "--stats-socket", "/tmp/x.sock"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// Bad arguments, each to one command: exit 2, `turbotun CMD: error: ...` naming the flag, and clap's hint.
+#[test]
+fn every_bad_argument_exits_2_with_the_commands_prefix() {
+    if !privileged("every_bad_argument_exits_2_with_the_commands_prefix") {
+        return;
+    }
+    let ns = new_netns();
+    let cases: &[(&[&str], &str)] = &[
+        (&["create", "tq0", "--queues", "0"], "--queues"),
+        (&["fwd", "tqa", "tqb", "--queues", "0"], "--queues"),
+        (&["vhost-user", "--socket", "/tmp/tq.sock", "--device", "tq1", "--queues", "0"], "--queues"),
+        (&["fwd", "tqa", "tqb", "--batch", "100"], "batch"),
+        (&["fwd", "tqa", "tqb", "--mode", "plain", "--io", "uring", "--depth", "3"], "depth"),
+        (&["fwd", "tqa", "tqb", "--threads", "0"], "thread"),
+        (&["fwd", "tqa", "tqb", "--udp-tunnel"], "udp"),
+        (&["fwd", "tqa", "tqb", "--checksums", "partial", "--mode", "plain"], "checksums"),
+        (&["fwd", "tqa", "tqa"], "differ"),
+        (&["set", "lo"], "nothing to set"),
+        (&["create", "tq2", "--tap", "--mac", "zz:00"], "zz:00"),
+        (&["create", "tq3", "--mac", "02:00:00:00:00:01"], "--mac needs --tap"),
+    ];
+    for (args, names) in cases {
+        let out = turbotun_in(&ns, args);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        let prefix = format!("turbotun {}: error: ", args[0]);
+        assert!(said.starts_with(&prefix), "{args:?}: not {prefix:?}: {said}");
+        assert!(said.contains(names), "{args:?} does not name {names}: {said}");
+        assert!(said.contains("For more information, try '--help'."), "{args:?}: {said}");
+    }
+    let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
+    assert_eq!(links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["lo"], "nothing made");
+}
+
+#[test]
+fn packets_held_for_a_handshake_that_never_comes_are_counted_when_it_stops() {
+    if !privileged("packets_held_for_a_handshake_that_never_comes_are_counted_when_it_stops") {
+        return;
+    }
+    use common::wg::*;
+    let u = underlay(1);
+    let dir = private_dir();
+    let key = keys(dir.path(), "a.key");
+    let name = unique("tph");
+    let endpoint = Endpoint::start(&u.nss[1], Impl::Turbotun, &name);
+    // A peer at an address nobody answers from.
+    let silent = keys(dir.path(), "b.key").public;
+    let line = format!(
+        "set {name} private-key {} peer {silent} endpoint 10.201.0.99:51820 allowed-ips 10.202.0.2/32",
+        key.private_file.display()
+    );
+    wg_line(&u.nss[1], &line);
+    bring_up(&u.nss[1], &name, "10.202.0.1");
+    let pinged = with_netns(&ns_path(&u.nss[1]), || {
+        Command::new("ping").args(["-c", "5", "-i", "0.2", "-W", "1", "10.202.0.2"]).output()
+    })
+    .unwrap()
+    .unwrap();
+    assert!(!pinged.status.success(), "nobody answers");
+    let c = counters(&endpoint.stop());
+    let to_network = &c["to_network"];
+    let held = to_network["held"].as_u64().unwrap_or_else(|| panic!("{c}"));
+    assert_eq!(held, 5, "{c}");
+    assert_eq!(to_network["drops"]["stopped"].as_u64(), Some(5), "the held ones given up at the stop: {c}");
+}
+
+#[test]
+fn the_kernels_drops_at_the_devices_ring_show_beside_the_forwarders_own() {
+    if !privileged("the_kernels_drops_at_the_devices_ring_show_beside_the_forwarders_own") {
+        return;
+    }
+    let ns = new_netns();
+    let (a, b) = (unique("tka"), unique("tkb"));
+    // A ring of one packet: a burst overflows it before the forwarder reads.
+    let args = ["fwd", &a, &b, "--json", "--stats-socket", "none", "--txqueuelen", "1"];
+    let mut child = with_netns(&ns_path(&ns), || Command::new(TURBOTUN).args(args).stdout(Stdio::piped()).spawn())
+        .unwrap()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let mut netlink = Netlink::in_netns(&ns_path(&ns)).unwrap();
+    netlink.add_address(&a, "10.77.0.1".parse().unwrap(), 24).unwrap();
+    netlink.set_up(&a, true).unwrap();
+    netlink.set_up(&b, true).unwrap();
+    with_netns(&ns_path(&ns), || {
+        let socket = std::net::UdpSocket::bind("10.77.0.1:0").unwrap();
+        for _ in 0..20_000 {
+            let _ = socket.send_to(&[0u8; 1000], "10.77.0.2:9");
+        }
+    })
+    .unwrap();
+    let dropped = netlink.stats(&a).unwrap().tx_dropped;
+    assert!(dropped > 0, "the burst overflowed no ring (the test needs one)");
+    // Read every 0.1 s: the devices go with the forwarder, so its closing report gives the last reading.
+    std::thread::sleep(Duration::from_millis(400));
+    common::wg::nix_kill(child.id(), "TERM");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let closing: serde_json::Value = serde_json::from_str(rest.trim().lines().last().unwrap()).unwrap();
+    assert_eq!(closing["kernel_tx_dropped"][&a].as_u64(), Some(dropped), "{closing}");
+}
