@@ -21,8 +21,8 @@ pub struct CountersArgs {
     #[arg(long)]
     pub json: bool,
     /// Print a line every SECS seconds while running: packets, bytes, rates and drops of that interval, as
-    /// iperf3 prints them (with --json: the counters so far, seconds since start, resident memory, open fds and
-    /// threads).
+    /// iperf3 prints them, in SI units (1 MB = 10^6 bytes, rates in bit/s; iperf3's MBytes are 2^20 bytes) (with
+    /// --json: the counters so far, seconds since start, resident memory, open fds and threads).
     #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
     pub stats_interval: Option<Duration>,
     /// Serve the counters on this Unix socket while running, for `turbotun stats` (default:
@@ -58,7 +58,8 @@ impl CountersArgs {
         match StatsSocket::bind(&path) {
             Ok(socket) => Some(socket),
             Err(e) => {
-                eprintln!("{program}: counters not served: {e}");
+                // Another engine of that name (in another network namespace: the path is not per namespace).
+                eprintln!("{program}: counters not served: {e} (--stats-socket PATH.stats serves them elsewhere)");
                 None
             }
         }
@@ -689,5 +690,19 @@ mod tests {
         assert!(text.contains("reason=\"device_down\"} 0\n") && !text.contains("no_peer"), "{text}");
         assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
         assert_eq!(label_name("9x-y"), "_9x_y");
+    }
+
+    #[test]
+    fn test_what_changes_while_an_engine_runs_is_a_counter_not_a_label() {
+        let mut r = report(1.0, 5, 500, 0);
+        r.settings.push(("socket".into(), "/run/vm0.sock".into()));
+        r.settings.push(("connections".into(), "3".into()));
+        r.kernel_tx_dropped = vec![("tta".into(), 7)];
+        let text = prometheus(&[r.clone()]);
+        let info = text.lines().find(|l| l.starts_with("turbotun_info{")).unwrap();
+        assert!(info.contains("socket=\"/run/vm0.sock\"") && !info.contains("connections"), "{info}");
+        assert!(text.contains("turbotun_connections_total{name=\"tta\",kind=\"forwarder\"} 3\n"), "{text}");
+        assert!(text.contains("turbotun_kernel_tx_dropped_total{name=\"tta\",kind=\"forwarder\",device=\"tta\"} 7\n"));
+        assert!(summary(&r).contains("; the kernel dropped 7 at tta's transmit ring"), "{}", summary(&r));
     }
 }

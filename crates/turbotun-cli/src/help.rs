@@ -311,9 +311,14 @@ fn short_and_long(mut cmd: Command) -> Command {
     cmd
 }
 
-/// The first sentence of `text` (up to the first period that ends a sentence), without its period.
+/// The gist of `text` for `-h`, one line: its first sentence (up to the first period that ends one), cut before a
+/// parenthesis or a semicolon that adds detail.
 fn first_sentence(text: &str) -> String {
     let text = text.trim();
+    let text = match [" (", "; "].iter().filter_map(|cut| text.find(cut)).min() {
+        Some(at) => &text[..at],
+        None => text,
+    };
     let mut from = 0;
     while let Some(at) = text[from..].find(['.', ':']).map(|i| from + i) {
         let next = text[at + 1..].chars().next();
@@ -326,6 +331,38 @@ fn first_sentence(text: &str) -> String {
         from = at + 1;
     }
     text.to_string()
+}
+
+/// The SYNOPSIS: the command, then every option with the value it takes (`[--queues N]`, which clap_mangen's
+/// own synopsis leaves out), then the positional arguments and the subcommands.
+fn render_synopsis(cmd: &Command, path: &str, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut words = vec![format!("\\fB{}\\fR", roff(path))];
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        let value = arg.get_value_names().and_then(|v| v.first()).map(|v| v.to_string());
+        let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values());
+        let flag = match (arg.get_long(), arg.get_short()) {
+            (Some(long), _) => format!("\\fB\\-\\-{}\\fR", roff(long)),
+            (None, Some(short)) => format!("\\fB\\-{short}\\fR"),
+            (None, None) => {
+                let name = value.unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
+                words.push(if arg.is_required_set() {
+                    format!("\\fI{}\\fR", roff(&name))
+                } else {
+                    format!("[\\fI{}\\fR]", roff(&name))
+                });
+                continue;
+            }
+        };
+        let value = value.unwrap_or_else(|| arg.get_id().to_string().to_uppercase());
+        words.push(match takes_value {
+            true => format!("[{flag} \\fI{}\\fR]", roff(&value)),
+            false => format!("[{flag}]"),
+        });
+    }
+    if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+        words.push("\\fICOMMAND\\fR".into());
+    }
+    writeln!(out, ".SH SYNOPSIS\n{}", words.join(" "))
 }
 
 /// Text for a roff line: backslashes and hyphens escaped, a leading dot or quote made literal.
@@ -344,7 +381,7 @@ fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> 
         clap_mangen::Man::new(cmd.clone()).manual("turbotun").source(format!("turbotun {}", env!("CARGO_PKG_VERSION")));
     man.render_title(out)?;
     man.render_name_section(out)?;
-    man.render_synopsis_section(out)?;
+    render_synopsis(cmd, path, out)?;
     man.render_description_section(out)?;
     if cmd.get_arguments().any(|a| !a.is_hide_set()) {
         man.render_options_section(out)?;
@@ -449,6 +486,7 @@ mod tests {
             "Give ADDR:PORT, e.g. 10.0.0.1:5000 or wg0.conf"
         );
         assert_eq!(first_sentence("One sentence only."), "One sentence only");
+        assert_eq!(first_sentence("Become this user (name or uid; more). And more."), "Become this user");
         assert_eq!(first_sentence("No period"), "No period");
     }
 

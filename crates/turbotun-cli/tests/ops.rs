@@ -461,11 +461,16 @@ fn help_man_pages_and_completions() {
         ("turbotun-wg.1", "WG_QUICK_USERSPACE_IMPLEMENTATION"),
     ] {
         let rendered = man_l(&dir.path().join(page));
+        assert!(!rendered.contains("turbotun-help"), "{page} lists a page that does not exist: {rendered}");
         for section in ["NAME", "SYNOPSIS", "EXAMPLES", "EXIT STATUS"] {
             assert!(rendered.contains(&format!("\n{section}\n")), "{page}: no {section}: {rendered}");
         }
         assert!(rendered.contains(says), "{page}: {rendered}");
     }
+
+    // The synopsis gives each option with its value.
+    let fwd = man_l(&dir.path().join("turbotun-fwd.1"));
+    assert!(fwd.contains("[--queues N]") && fwd.contains("[--user USER[:GROUP]]"), "{fwd}");
 
     let completions = |shell: &str| {
         let out = Command::new(TURBOTUN).args(["completions", shell]).output().unwrap();
@@ -479,6 +484,9 @@ fn help_man_pages_and_completions() {
     let loaded = text(&loaded.unwrap());
     assert!(loaded.contains("-F _turbotun turbotun"), "{loaded}");
     assert!(completions("zsh").starts_with("#compdef turbotun"));
+    let wg = Command::new(TURBOTUN).args(["completions", "bash", "--program", "turbotun-wg"]).output().unwrap();
+    let wg = String::from_utf8(wg.stdout).unwrap();
+    assert!(wg.contains("turbotun-wg") && wg.contains("--peer-metrics-limit"), "{wg}");
     let fish = completions("fish");
     assert!(fish.contains("complete -c turbotun") && fish.contains("stats"), "{fish}");
     let bad = Command::new(TURBOTUN).args(["completions", "tcsh"]).output().unwrap();

@@ -237,3 +237,39 @@ fn the_kernels_drops_at_the_devices_ring_show_beside_the_forwarders_own() {
     let closing: serde_json::Value = serde_json::from_str(rest.trim().lines().last().unwrap()).unwrap();
     assert_eq!(closing["kernel_tx_dropped"][&a].as_u64(), Some(dropped), "{closing}");
 }
+
+#[test]
+fn a_udp_port_in_use_names_its_holder() {
+    if !privileged("a_udp_port_in_use_names_its_holder") {
+        return;
+    }
+    let ns = new_netns();
+    // This test holds the port, in the namespace where the tunnel is started.
+    let held = with_netns(&ns_path(&ns), || {
+        let mut netlink = Netlink::new().unwrap();
+        netlink.set_up("lo", true).unwrap();
+        std::net::UdpSocket::bind("127.0.0.1:5999").unwrap()
+    })
+    .unwrap();
+    let out = turbotun_in(&ns, &["tunnel", &unique("tth"), "--local", "127.0.0.1:5999", "--remote", "127.0.0.1:6000"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("held by pid {}", std::process::id())), "{said}");
+    drop(held);
+    let links = Netlink::in_netns(&ns_path(&ns)).unwrap().links().unwrap();
+    assert_eq!(links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["lo"], "nothing left behind");
+}
+
+#[test]
+fn help_fits_the_terminal_and_says_what_each_command_reads() {
+    let short = Command::new(TURBOTUN).args(["fwd", "-h"]).env("COLUMNS", "80").output().unwrap();
+    let short = String::from_utf8(short.stdout).unwrap();
+    assert!(short.lines().all(|l| l.chars().count() <= 80), "{short}");
+    assert!(short.contains("--user <USER[:GROUP]>") && !short.contains("supplementary groups"), "-h is short: {short}");
+    let long = Command::new(TURBOTUN).args(["fwd", "--help"]).env("COLUMNS", "80").output().unwrap();
+    let long = String::from_utf8(long.stdout).unwrap();
+    assert!(long.contains("supplementary groups") && long.contains("LOG_LEVEL") && long.contains("TURBOTUN_NO_URING"));
+    let features = Command::new(TURBOTUN).args(["features", "--help"]).output().unwrap();
+    let features = String::from_utf8(features.stdout).unwrap();
+    assert!(features.contains("LOG_LEVEL") && !features.to_lowercase().contains("wireguard"), "{features}");
+}
