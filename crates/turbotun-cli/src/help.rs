@@ -16,7 +16,15 @@ pub struct Page {
     pub exit: &'static [(&'static str, &'static str)],
     /// Environment variables it reads.
     pub environment: Vec<(&'static str, &'static str)>,
+    /// Paragraphs a reader of this command needs beyond its options (its log, its counters).
+    pub notes: &'static [&'static str],
 }
+
+/// The log and counters of a WireGuard endpoint, as README.md's "Logs" and "Counters" say them.
+const WG_NOTES: &[&str] = &[
+    "LOGS: on standard error, as wireguard-go's. LOG_LEVEL=verbose logs what wireguard-go's verbose log does, in its form (`wg0: peer(uBo0…zRXc) - Sending handshake initiation`, keypairs, keepalives, each configuration change), never a line per data packet; lines any sender can cause at most 10 every 5 s; no key is ever logged. Unset: warnings and errors, so that a configuration the endpoint refused is seen. In the background the log goes where standard error went (a terminal, a file, the journal: journalctl -u wg-quick@wg0); to a pipe only when LOG_LEVEL or RUST_LOG is set. Interval lines and the closing summary go to the log there too.",
+    "COUNTERS: served on /run/turbotun/NAME.stats (root only) while it runs: `turbotun stats NAME` (--json, --prometheus, --peers), every drop by reason; --stats-interval SECS prints a line per interval; --stats-socket PATH.stats serves them elsewhere, none serves none. Each peer's counters are listed while the device holds at most --peer-metrics-limit peers (100,000).",
+];
 
 const USAGE: (&str, &str) = ("2", "bad arguments (the usage error is printed)");
 const DONE: &[(&str, &str)] = &[
@@ -48,7 +56,7 @@ const WG_ENV: &[(&str, &str)] = &[
 /// The page of a command, by its path (`turbotun`, `turbotun fwd`, `turbotun load gen`, `turbotun-wg`).
 pub fn page(path: &str) -> Option<Page> {
     let page = |examples, exit, environment: &'static [(&'static str, &'static str)]| {
-        Some(Page { examples, exit, environment: environment.to_vec() })
+        Some(Page { examples, exit, environment: environment.to_vec(), notes: &[] })
     };
     match path {
         "turbotun" => page(
@@ -240,7 +248,10 @@ pub fn page(path: &str) -> Option<Page> {
         ),
         _ => None,
     }
-    .map(|page| Page { environment: with_log(page.environment), ..page })
+    .map(|page| {
+        let notes = if path == "turbotun wg" || path == "turbotun-wg" { WG_NOTES } else { page.notes };
+        Page { environment: with_log(page.environment), notes, ..page }
+    })
 }
 
 /// A command's environment: the log's variables, which every command reads, then its own (a page that names
@@ -267,6 +278,9 @@ fn after_help(page: &Page) -> String {
         for (name, what) in &page.environment {
             let _ = writeln!(s, "  {name}\n      {what}");
         }
+    }
+    for note in page.notes {
+        let _ = writeln!(s, "\n{note}");
     }
     s.trim_end().to_string()
 }
@@ -397,6 +411,12 @@ fn render(cmd: &Command, path: &str, see_also: &[String], out: &mut Vec<u8>) -> 
         writeln!(out, ".SH \"EXIT STATUS\"")?;
         for (code, what) in page.exit {
             writeln!(out, ".TP\n\\fB{code}\\fR\n{}", roff(what))?;
+        }
+        if !page.notes.is_empty() {
+            writeln!(out, ".SH NOTES")?;
+            for note in page.notes {
+                writeln!(out, ".PP\n{}", roff(note))?;
+            }
         }
         if !page.environment.is_empty() {
             writeln!(out, ".SH ENVIRONMENT")?;

@@ -7,6 +7,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod args;
 mod bench_cmd;
+mod completions;
 mod counters;
 mod device_cmd;
 mod echo_cmd;
@@ -133,7 +134,7 @@ fn main() -> std::process::ExitCode {
                 "turbotun-wg" => wg_cmd::standalone_command(),
                 _ => command(),
             };
-            clap_complete::generate(shell, &mut program, args.program.as_str(), &mut std::io::stdout());
+            crate::out_raw!("{}", String::from_utf8_lossy(&completions::script(shell, &args.program, &mut program)));
             Ok(())
         }
         Command::Man(args) => help::write_man_pages(&args.dir, command(), wg_cmd::standalone_command())

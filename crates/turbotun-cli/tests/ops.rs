@@ -449,6 +449,7 @@ fn help_man_pages_and_completions() {
     let wg_help = text(&Command::new(TURBOTUN_WG).arg("--help").output().unwrap());
     assert!(wg_help.contains("EXAMPLES:") && wg_help.contains("LOG_LEVEL"), "{wg_help}");
     assert!(wg_help.contains("WG_QUICK_USERSPACE_IMPLEMENTATION"), "{wg_help}");
+    assert!(wg_help.contains("LOGS: on standard error") && wg_help.contains("COUNTERS: served on"), "{wg_help}");
 
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(TURBOTUN).arg("man").arg(dir.path()).output().unwrap();
@@ -482,7 +483,7 @@ fn help_man_pages_and_completions() {
     let loaded =
         Command::new("bash").arg("-c").arg(format!("source {} && complete -p turbotun", bash.display())).output();
     let loaded = text(&loaded.unwrap());
-    assert!(loaded.contains("-F _turbotun turbotun"), "{loaded}");
+    assert!(loaded.contains("-F _turbotun_names turbotun"), "the wrapper that adds device names: {loaded}");
     assert!(completions("zsh").starts_with("#compdef turbotun"));
     let wg = Command::new(TURBOTUN).args(["completions", "bash", "--program", "turbotun-wg"]).output().unwrap();
     let wg = String::from_utf8(wg.stdout).unwrap();

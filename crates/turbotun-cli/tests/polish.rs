@@ -273,3 +273,31 @@ fn help_fits_the_terminal_and_says_what_each_command_reads() {
     let features = String::from_utf8(features.stdout).unwrap();
     assert!(features.contains("LOG_LEVEL") && !features.to_lowercase().contains("wireguard"), "{features}");
 }
+
+#[test]
+fn bash_completes_the_devices_and_engines_by_name() {
+    if !privileged("bash_completes_the_devices_and_engines_by_name") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("turbotun.bash");
+    let out = Command::new(TURBOTUN).args(["completions", "bash"]).output().unwrap();
+    std::fs::write(&script, out.stdout).unwrap();
+    let ns = new_netns();
+    let name = unique("tcp");
+    let _device = with_netns(&ns_path(&ns), || turbotun::DeviceBuilder::tun().name(&name).open()).unwrap().unwrap();
+    let offered = |words: &str| {
+        let line = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _turbotun_names turbotun \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        );
+        let out = with_netns(&ns_path(&ns), || Command::new("bash").arg("-c").arg(&line).output()).unwrap().unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let info = offered("turbotun info ''");
+    assert_eq!(info.trim(), name, "the TUN/TAP devices of this namespace, not lo: {info:?}");
+    assert!(offered("turbotun delete ''").contains(&name));
+    assert!(offered("turbotun fw").contains("fwd"), "other words as clap completes them");
+}
