@@ -3,7 +3,6 @@
 //! counters never see it; `ip -s link` shows it as `TX dropped`. Reported beside the engine's own drops, labelled
 //! as the kernel's, since that is where a user looking for a loss finds it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +17,6 @@ const READ_EVERY: Duration = Duration::from_millis(100);
 pub struct KernelDrops {
     /// Each device's count at the start, and as last read.
     counts: Mutex<Vec<(String, u64, u64)>>,
-    stopped: AtomicBool,
 }
 
 impl KernelDrops {
@@ -38,14 +36,11 @@ impl KernelDrops {
                 (d.clone(), at_start, at_start)
             })
             .collect();
-        let drops = Arc::new(KernelDrops { counts: Mutex::new(counts), stopped: AtomicBool::new(false) });
+        let drops = Arc::new(KernelDrops { counts: Mutex::new(counts) });
         // The thread holds only a weak reference: it ends once the engine's reports are gone.
         let weak = Arc::downgrade(&drops);
         let spawned = std::thread::Builder::new().name("kernel-drops".into()).spawn(move || {
             while let Some(drops) = weak.upgrade() {
-                if drops.stopped.load(Ordering::Relaxed) {
-                    break;
-                }
                 drops.read(&mut netlink);
                 drop(drops);
                 std::thread::sleep(READ_EVERY);
@@ -72,12 +67,6 @@ impl KernelDrops {
     pub fn since_start(&self) -> Vec<(String, u64)> {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         counts.iter().map(|(device, start, last)| (device.clone(), last.saturating_sub(*start))).collect()
-    }
-}
-
-impl Drop for KernelDrops {
-    fn drop(&mut self) {
-        self.stopped.store(true, Ordering::Relaxed);
     }
 }
 

@@ -131,16 +131,32 @@ fn tun_in(ns: &OwnedFd, name: &str, addr: &str) -> turbotun::Device {
     device
 }
 
+/// The embedding's side A (keys `ka`, device name `na`) and wireguard-go as B in `nss[2]` at 10.202.0.2 (port
+/// 51821), A its peer with 10.202.0.1/32 and no endpoint (B learns it), over an underlay of `sides` namespaces.
+struct Rig {
+    nss: Vec<OwnedFd>,
+    dir: tempfile::TempDir,
+    ka: Keys,
+    kb: Keys,
+    na: String,
+    _b: Endpoint,
+}
+
+fn rig(sides: usize) -> Rig {
+    let nss = underlay(sides).nss;
+    let dir = private_dir();
+    let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
+    let (na, nb) = (unique("wea"), unique("web"));
+    let b = wireguard_go_side(&nss[2], &nb, &kb, 51821, "10.202.0.2", (&ka.public, None, "10.202.0.1/32"));
+    Rig { nss, dir, ka, kb, na, _b: b }
+}
+
 #[test]
 fn an_endpoint_on_a_tun_fd_handed_to_an_unprivileged_process_talks_to_wireguard_go() {
     if !privileged("an_endpoint_on_a_tun_fd_handed_to_an_unprivileged_process_talks_to_wireguard_go") {
         return;
     }
-    let nss = underlay(2).nss;
-    let dir = private_dir();
-    let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
-    let (na, nb) = (unique("wea"), unique("web"));
-    let _b = wireguard_go_side(&nss[2], &nb, &kb, 51821, "10.202.0.2", (&ka.public, None, "10.202.0.1/32"));
+    let Rig { nss, dir, ka, kb, na, _b } = rig(2);
     let socket = dir.path().join("handover.sock");
     let socket_text = socket.to_str().unwrap().to_string();
     let key_file = ka.private_file.to_str().unwrap();
@@ -165,11 +181,8 @@ fn an_endpoint_on_a_host_socket_is_configured_while_traffic_flows() {
     if !privileged("an_endpoint_on_a_host_socket_is_configured_while_traffic_flows") {
         return;
     }
-    let nss = underlay(3).nss;
-    let dir = private_dir();
-    let (ka, kb, kc) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"), keys(dir.path(), "c.key"));
-    let (na, nb, nc) = (unique("wea"), unique("web"), unique("wec"));
-    let _b = wireguard_go_side(&nss[2], &nb, &kb, 51821, "10.202.0.2", (&ka.public, None, "10.202.0.1/32"));
+    let Rig { nss, dir, ka, kb, na, _b } = rig(3);
+    let (kc, nc) = (keys(dir.path(), "c.key"), unique("wec"));
     // C knows where A is; A is told C's key but not where it is: it learns that from C's first message.
     let _c = wireguard_go_side(
         &nss[3],
@@ -215,11 +228,7 @@ fn the_no_io_protocol_driven_by_tokio_talks_to_wireguard_go() {
     if !privileged("the_no_io_protocol_driven_by_tokio_talks_to_wireguard_go") {
         return;
     }
-    let nss = underlay(2).nss;
-    let dir = private_dir();
-    let (ka, kb) = (keys(dir.path(), "a.key"), keys(dir.path(), "b.key"));
-    let (na, nb) = (unique("wea"), unique("web"));
-    let _b = wireguard_go_side(&nss[2], &nb, &kb, 51821, "10.202.0.2", (&ka.public, None, "10.202.0.1/32"));
+    let Rig { nss, dir: _dir, ka, kb, na, _b } = rig(2);
     let key_file = ka.private_file.to_str().unwrap();
     let args = [&na, "10.202.0.1/24", key_file, "51820", &kb.public, "10.201.0.12:51821", "10.202.0.2/32"];
     let mut a = Program::start(&nss[1], "no_io_tokio", &args);

@@ -414,9 +414,10 @@ impl<'a> Flusher<'a> {
         delta
     }
 
-    /// Whether `now` holds counts the shared counters do not have yet.
+    /// Whether `now` holds counts the shared counters do not have yet: a frame was read since the last flush
+    /// (every other count moves only with a read). One comparison, as it is asked once a packet.
     pub(crate) fn has_unshared(&self, now: &Counters) -> bool {
-        now != &self.last
+        now.reads != self.last.reads
     }
 
     /// Flushes once [`FLUSH_EVERY`] frames were read since the last flush, or [`FLUSH_AFTER_MS`] passed.

@@ -131,9 +131,11 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
             let mut received = batch.range(0..got.packets);
             each_packet(ctx, &mut received);
             tx.send_many(&mut received, got.checksums)?;
-            match drained {
-                true => drop(flusher.flush(batch_counts(rx.stats(), tx.stats()))),
-                false => flusher.maybe_flush(batch_counts(rx.stats(), tx.stats())),
+            let now = batch_counts(rx.stats(), tx.stats());
+            if drained {
+                flusher.flush(now);
+            } else {
+                flusher.maybe_flush(now);
             }
         }
         Ok(())
