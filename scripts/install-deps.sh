@@ -27,6 +27,9 @@ have qemu-system-x86_64 || need+=(qemu-system-x86)
 [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || need+=(busybox-static)
 have cpio     || need+=(cpio)
 have xz       || need+=(xz-utils)
+# The completion tests run each shell's script (bash is there already).
+have zsh      || need+=(zsh)
+have fish     || need+=(fish)
 # `make lint` checks the library's imports with scripts/check-imports.py.
 have python3  || need+=(python3)
 # The manual pages are checked as `man -l` renders them.

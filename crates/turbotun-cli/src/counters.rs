@@ -26,7 +26,8 @@ pub struct CountersArgs {
     #[arg(long, value_name = "SECS", value_parser = crate::args::seconds)]
     pub stats_interval: Option<Duration>,
     /// Serve the counters on this Unix socket while running, for `turbotun stats` (default:
-    /// /run/turbotun/NAME.stats, readable by root only; `none`: no socket). Its name ends in .stats.
+    /// /run/turbotun/NAME.stats, or NAME@NETNS.stats in another network namespace, readable by root only; `none`:
+    /// no socket). Its name ends in .stats.
     #[arg(long, value_name = "PATH", value_parser = stats_socket_arg)]
     pub stats_socket: Option<String>,
 }
@@ -58,7 +59,7 @@ impl CountersArgs {
         match StatsSocket::bind(&path) {
             Ok(socket) => Some(socket),
             Err(e) => {
-                // Another engine of that name (in another network namespace: the path is not per namespace).
+                // Another engine of that name in this namespace, or a directory this user may not write.
                 eprintln!("{program}: counters not served: {e} (--stats-socket PATH.stats serves them elsewhere)");
                 None
             }
@@ -181,6 +182,9 @@ pub fn to_json(report: &Report) -> Value {
     let mut line = Map::new();
     line.insert("kind".into(), report.kind.clone().into());
     line.insert("name".into(), report.name.clone().into());
+    if let Some(netns) = &report.netns {
+        line.insert("netns".into(), netns.clone().into());
+    }
     line.insert("devices".into(), report.devices.clone().into());
     for (key, value) in &report.settings {
         line.insert(key.clone(), value.clone().into());
@@ -442,11 +446,20 @@ const VARYING_SETTINGS: &[&str] = &["connections", "peer_metrics"];
 
 /// The reports in Prometheus's text format: `turbotun_info` and `turbotun_uptime_seconds` per engine, each counter
 /// per direction (`direction` label) and the drops per direction and reason (`reason` label); every series
-/// labelled with the engine's `name` and `kind`.
+/// labelled with the engine's `name` and `kind`, and its `netns` outside the initial namespace.
 pub fn prometheus(reports: &[Report]) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let base = |r: &Report| format!("name=\"{}\",kind=\"{}\"", label_value(&r.name), label_value(&r.kind));
+    // The namespace tells apart engines of one device name in two namespaces (absent in the initial one).
+    let base = |r: &Report| match &r.netns {
+        None => format!("name=\"{}\",kind=\"{}\"", label_value(&r.name), label_value(&r.kind)),
+        Some(netns) => format!(
+            "name=\"{}\",netns=\"{}\",kind=\"{}\"",
+            label_value(&r.name),
+            label_value(netns),
+            label_value(&r.kind)
+        ),
+    };
     let header = |s: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(s, "# HELP {name} {help}");
         let _ = writeln!(s, "# TYPE {name} {kind}");
@@ -458,7 +471,7 @@ pub fn prometheus(reports: &[Report]) -> String {
             let key = label_name(key);
             // A label that changes while the engine runs would start a new series each time: what counts goes
             // in a counter of its own (below), a note such as why per-peer series are off is no setting.
-            if key != "name" && key != "kind" && !VARYING_SETTINGS.contains(&key.as_str()) {
+            if !["name", "kind", "netns"].contains(&key.as_str()) && !VARYING_SETTINGS.contains(&key.as_str()) {
                 let _ = write!(labels, ",{key}=\"{}\"", label_value(value));
             }
         }

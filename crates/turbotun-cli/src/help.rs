@@ -23,7 +23,7 @@ pub struct Page {
 /// The log and counters of a WireGuard endpoint, as README.md's "Logs" and "Counters" say them.
 const WG_NOTES: &[&str] = &[
     "LOGS: on standard error, as wireguard-go's. LOG_LEVEL=verbose logs what wireguard-go's verbose log does, in its form (`wg0: peer(uBo0…zRXc) - Sending handshake initiation`, keypairs, keepalives, each configuration change), never a line per data packet; lines any sender can cause at most 10 every 5 s; no key is ever logged. Unset: warnings and errors, so that a configuration the endpoint refused is seen. In the background the log goes where standard error went (a terminal, a file, the journal: journalctl -u wg-quick@wg0); to a pipe only when LOG_LEVEL or RUST_LOG is set. Interval lines and the closing summary go to the log there too.",
-    "COUNTERS: served on /run/turbotun/NAME.stats (root only) while it runs: `turbotun stats NAME` (--json, --prometheus, --peers), every drop by reason; --stats-interval SECS prints a line per interval; --stats-socket PATH.stats serves them elsewhere, none serves none. Each peer's counters are listed while the device holds at most --peer-metrics-limit peers (100,000).",
+    "COUNTERS: served on /run/turbotun/NAME.stats (root only; NAME@NETNS.stats in another network namespace) while it runs: `turbotun stats NAME` (--json, --prometheus, --peers), every drop by reason; --stats-interval SECS prints a line per interval; --stats-socket PATH.stats serves them elsewhere, none serves none. Each peer's counters are listed while the device holds at most --peer-metrics-limit peers (100,000).",
 ];
 
 const USAGE: (&str, &str) = ("2", "bad arguments (the usage error is printed)");

@@ -9,8 +9,9 @@ use turbotun::stats_socket::{self, Report, STATS_DIR};
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
-    /// The engine: its device name (a forwarder's first device), or the path of its counters socket. Without
-    /// it, every engine serving counters in /run/turbotun.
+    /// The engine: its device name (a forwarder's first device), or the path of its counters socket. An engine
+    /// in another network namespace is NAME@NETNS (its `ip netns` name, or net-INODE); NAME alone finds it when
+    /// it is the only one of that name. Without it, every engine serving counters in /run/turbotun.
     pub name: Option<String>,
     /// Print JSON (one object per engine, one per line) instead of text.
     #[arg(long, conflicts_with = "prometheus")]
@@ -29,7 +30,7 @@ pub struct StatsArgs {
 
 pub fn run(args: &StatsArgs) -> Result<()> {
     let reports = match &args.name {
-        Some(name) => vec![stats_socket::read(&socket_of(name)).map_err(|e| {
+        Some(name) => vec![stats_socket::read(&socket_of(name)?).map_err(|e| {
             let serving: Vec<String> =
                 stats_socket::list(Path::new(STATS_DIR)).into_iter().map(|(name, _)| name).collect();
             if serving.is_empty() {
@@ -86,19 +87,22 @@ pub fn run(args: &StatsArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tta: forwarder tta <-> ttb (mode offload, io block), pid 4242`.
+/// `tta: forwarder tta <-> ttb (mode offload, io block), pid 4242` (then ` in netns blue` outside the initial
+/// namespace).
 fn heading(report: &Report) -> String {
     let settings: Vec<String> = report.settings.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let devices = report.devices.join(" <-> ");
     let settings = if settings.is_empty() { String::new() } else { format!(" ({})", settings.join(", ")) };
-    format!("{}: {} {devices}{settings}, pid {}", report.name, report.kind, report.pid)
+    let netns = report.netns.as_ref().map_or(String::new(), |netns| format!(" in netns {netns}"));
+    format!("{}: {} {devices}{settings}, pid {}{netns}", report.name, report.kind, report.pid)
 }
 
-/// A name as given, or the path of its socket (anything with a `/` is a path).
-fn socket_of(name: &str) -> PathBuf {
+/// A name as given ([`stats_socket::locate`]: this namespace's engine first), or the path of its socket
+/// (anything with a `/` is a path).
+fn socket_of(name: &str) -> Result<PathBuf> {
     if name.contains('/') {
-        PathBuf::from(name)
+        Ok(PathBuf::from(name))
     } else {
-        stats_socket::socket_path(name)
+        Ok(stats_socket::locate(name)?)
     }
 }

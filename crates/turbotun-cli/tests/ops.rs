@@ -28,8 +28,15 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id() % 100_000, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-fn stats_socket(name: &str) -> PathBuf {
-    PathBuf::from(format!("/run/turbotun/{name}.stats"))
+/// The counters socket of the engine `name` running in `ns` (its path names the namespace).
+fn stats_socket(ns: &std::os::fd::OwnedFd, name: &str) -> PathBuf {
+    with_netns(&ns_path(ns), || turbotun::stats_socket::socket_path(name)).unwrap()
+}
+
+/// How a private namespace is named in counters (`net-INODE`).
+fn netns_name(ns: &std::os::fd::OwnedFd) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!("net-{}", std::fs::metadata(ns_path(ns)).unwrap().ino())
 }
 
 fn uapi_socket(name: &str) -> PathBuf {
@@ -90,7 +97,7 @@ impl Daemon {
             let _ = nl.delete_link(&self.name);
         }
         wait_for("the endpoint to remove its sockets", || {
-            !uapi_socket(&self.name).exists() && !stats_socket(&self.name).exists()
+            !uapi_socket(&self.name).exists() && !stats_socket(&self.ns, &self.name).exists()
         });
     }
 }
@@ -218,7 +225,7 @@ fn fwd_counters_are_served_while_traffic_flows() {
     }
     let topo = Topology::start("offload", false, &[]);
     let name = topo.dev_a.clone();
-    let socket = stats_socket(&name);
+    let socket = stats_socket(&topo.ns_fwd, &name);
     assert!(socket.exists(), "{} serves its counters", name);
     let packets = || {
         let out = Command::new(TURBOTUN).args(["stats", &name, "--json"]).output().unwrap();
@@ -242,7 +249,8 @@ fn fwd_counters_are_served_while_traffic_flows() {
     let out = Command::new(TURBOTUN).args(["stats", "--prometheus"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let samples = parse_prometheus(&String::from_utf8(out.stdout).unwrap());
-    let labels = format!("name=\"{name}\",kind=\"forwarder\",direction=\"a_to_b\"");
+    let netns = netns_name(&topo.ns_fwd);
+    let labels = format!("name=\"{name}\",netns=\"{netns}\",kind=\"forwarder\",direction=\"a_to_b\"");
     assert!(samples[&format!("turbotun_bytes_total{{{labels}}}")] >= (1 << 20) as f64, "{samples:?}");
     // Listed whether or not one was counted (a packet sent while a device was still down at set-up may be).
     assert!(samples.contains_key(&format!("turbotun_dropped_packets_total{{{labels},reason=\"device_down\"}}")));
@@ -266,10 +274,10 @@ fn tunnel_prints_rates_per_interval_and_a_summary() {
     Netlink::in_netns(&ns_path(&ns)).unwrap().set_up("lo", true).unwrap();
     let name = unique("tp");
     // A socket left behind by a process that was killed: bound and never removed.
-    drop(UnixListener::bind(stats_socket(&name)).unwrap());
+    drop(UnixListener::bind(stats_socket(&ns, &name)).unwrap());
     let args = ["tunnel", &name, "--local", "localhost:0", "--remote", "localhost:9", "--stats-interval", "0.2"];
     let running = start_ready(&ns, Command::new(TURBOTUN).args(args).stderr(Stdio::piped()));
-    wait_for("the stale socket replaced", || UnixStream::connect(stats_socket(&name)).is_ok());
+    wait_for("the stale socket replaced", || UnixStream::connect(stats_socket(&ns, &name)).is_ok());
     std::thread::sleep(Duration::from_millis(700));
     let out = running.stop();
     let lines: Vec<&str> = out.lines().collect();
@@ -280,7 +288,7 @@ fn tunnel_prints_rates_per_interval_and_a_summary() {
     let summary = lines[lines.len() - 3];
     assert!(summary.contains(" packets, ") && summary.contains(" s (") && summary.ends_with("no drops"), "{out}");
     assert!(lines[lines.len() - 2].trim_start().starts_with("to_network"), "{out}");
-    assert!(!stats_socket(&name).exists(), "removed at the end");
+    assert!(!stats_socket(&ns, &name).exists(), "removed at the end");
 
     let args =
         ["tunnel", &name, "--local", "127.0.0.1:0", "--remote", "127.0.0.1:9", "--json", "--stats-interval", "0.2"];
@@ -337,12 +345,13 @@ fn wg_drops_that_ip_link_cannot_see_show_in_stats() {
     let readable = text(&turbotun_in(&ns, &["stats", &name]));
     assert!(readable.contains("no_peer") && readable.contains("wireguard"), "{readable}");
     let samples = parse_prometheus(&String::from_utf8(turbotun_in(&ns, &["stats", "--prometheus"]).stdout).unwrap());
-    let key = format!("turbotun_dropped_packets_total{{name=\"{name}\",kind=\"wireguard\",direction=\"to_network\",reason=\"no_peer\"}}");
+    let netns = netns_name(&ns);
+    let key = format!("turbotun_dropped_packets_total{{name=\"{name}\",netns=\"{netns}\",kind=\"wireguard\",direction=\"to_network\",reason=\"no_peer\"}}");
     assert!(samples[&key] >= 3.0, "{samples:?}");
     let out = running.stop();
     assert!(out.lines().any(|l| l.contains("packets/s")), "interval lines: {out}");
     assert!(out.lines().any(|l| l.contains(" drops: no_peer") || l.contains(" drop: no_peer")), "{out}");
-    assert!(!stats_socket(&name).exists() && !uapi_socket(&name).exists(), "sockets removed");
+    assert!(!stats_socket(&ns, &name).exists() && !uapi_socket(&name).exists(), "sockets removed");
 }
 
 /// A WireGuard endpoint's peers in `turbotun stats`: in the Prometheus text as WireGuard's usual exporter names
@@ -731,5 +740,5 @@ fn an_unprivileged_tunnel_serves_and_removes_its_counters_socket() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["pid"].as_u64(), Some(u64::from(running.0.as_ref().unwrap().id())), "{report}");
     running.stop();
-    wait_for("the keeper to remove the counters socket", || !stats_socket(&name).exists());
+    wait_for("the keeper to remove the counters socket", || !stats_socket(&ns, &name).exists());
 }

@@ -274,30 +274,137 @@ fn help_fits_the_terminal_and_says_what_each_command_reads() {
     assert!(features.contains("LOG_LEVEL") && !features.to_lowercase().contains("wireguard"), "{features}");
 }
 
+/// Each shell's script, run by that shell in a namespace holding one TUN device: `info`, `delete` (and the like)
+/// are offered that device alone, not `lo`; other words come from clap's own completion.
 #[test]
-fn bash_completes_the_devices_and_engines_by_name() {
-    if !privileged("bash_completes_the_devices_and_engines_by_name") {
+fn the_shells_complete_the_devices_by_name() {
+    let tools = [("bash", "bash"), ("zsh", "zsh"), ("fish", "fish")];
+    if !common::can_run("the_shells_complete_the_devices_by_name", &tools) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("turbotun.bash");
-    let out = Command::new(TURBOTUN).args(["completions", "bash"]).output().unwrap();
-    std::fs::write(&script, out.stdout).unwrap();
+    let script = |shell: &str| {
+        let path = dir.path().join(format!("turbotun.{shell}"));
+        let out = Command::new(TURBOTUN).args(["completions", shell]).output().unwrap();
+        std::fs::write(&path, out.stdout).unwrap();
+        path.display().to_string()
+    };
+    let (bash, zsh, fish) = (script("bash"), script("zsh"), script("fish"));
     let ns = new_netns();
     let name = unique("tcp");
     let _device = with_netns(&ns_path(&ns), || turbotun::DeviceBuilder::tun().name(&name).open()).unwrap().unwrap();
-    let offered = |words: &str| {
-        let line = format!(
-            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
-             _turbotun_names turbotun \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
-             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-            script.display()
-        );
-        let out = with_netns(&ns_path(&ns), || Command::new("bash").arg("-c").arg(&line).output()).unwrap().unwrap();
+    let run = |shell: &str, line: &str| {
+        let out = with_netns(&ns_path(&ns), || Command::new(shell).arg("-c").arg(line).output()).unwrap().unwrap();
+        assert!(out.status.success(), "{shell} -c {line}: {}", text(&out));
         String::from_utf8(out.stdout).unwrap()
     };
-    let info = offered("turbotun info ''");
-    assert_eq!(info.trim(), name, "the TUN/TAP devices of this namespace, not lo: {info:?}");
-    assert!(offered("turbotun delete ''").contains(&name));
-    assert!(offered("turbotun fw").contains("fwd"), "other words as clap completes them");
+    let by_bash = |words: &str| {
+        run(
+            "bash",
+            &format!(
+                "source {bash}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+                 _turbotun_names turbotun \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+                 printf '%s\\n' \"${{COMPREPLY[@]}}\""
+            ),
+        )
+    };
+    // Zsh's completion builtins stand in for themselves: compadd prints what it is given, clap's function says
+    // that it ran.
+    let by_zsh = |words: &str| {
+        run(
+            "zsh",
+            &format!(
+                "compdef() {{ : }}; source {zsh}; compadd() {{ print -l -- ${{(P)2}} }}; \
+                 _turbotun_clap() {{ print clap }}; words=({words}); CURRENT=${{#words}}; PREFIX=${{words[-1]}}; \
+                 _turbotun"
+            ),
+        )
+    };
+    let by_fish = |line: &str| run("fish", &format!("source {fish}; complete -C '{line}'"));
+    for (shell, offered) in [
+        ("bash", by_bash("turbotun info ''")),
+        ("zsh", by_zsh("turbotun info ''")),
+        ("fish", by_fish("turbotun info ")),
+    ] {
+        let names: Vec<&str> = offered.lines().map(|l| l.split('\t').next().unwrap_or("")).collect();
+        assert_eq!(names, [name.as_str()], "{shell}: this namespace's TUN/TAP device, not lo: {offered:?}");
+    }
+    assert!(by_bash("turbotun delete ''").contains(&name) && by_zsh("turbotun delete ''").contains(&name));
+    assert!(by_fish("turbotun set ").contains(&name));
+    assert!(by_bash("turbotun fw").contains("fwd"), "other words as clap completes them");
+    assert_eq!(by_zsh("turbotun fw").trim(), "clap", "other words as clap completes them");
+    assert!(by_fish("turbotun fw").contains("fwd"), "other words as clap completes them");
+}
+
+/// A namespace made with `ip netns add`, deleted on drop (even on a panic).
+struct NamedNetns(String);
+
+impl NamedNetns {
+    fn add(name: &str) -> NamedNetns {
+        let out = Command::new("ip").args(["netns", "add", name]).output().unwrap();
+        assert!(out.status.success(), "ip netns add {name}: {}", text(&out));
+        NamedNetns(name.to_string())
+    }
+
+    fn fd(&self) -> OwnedFd {
+        std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap().into()
+    }
+}
+
+impl Drop for NamedNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "delete", &self.0]).output();
+    }
+}
+
+/// Two engines of one device name in two namespaces both serve counters: each socket's name carries its
+/// namespace (`ip netns` name, else `net-INODE`); `stats NAME` finds its own namespace's, from outside it names
+/// both and asks for one; `NAME@NETNS` reads the one meant; Prometheus tells the two apart by `netns`.
+#[test]
+fn one_device_name_in_two_namespaces_serves_two_counters_sockets() {
+    if !privileged("one_device_name_in_two_namespaces_serves_two_counters_sockets") {
+        return;
+    }
+    let named = NamedNetns::add(&unique("ttns"));
+    let (named_ns, private_ns) = (named.fd(), new_netns());
+    let private_tag = format!("net-{}", {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(ns_path(&private_ns)).unwrap().ino()
+    });
+    let name = unique("tn");
+    let args = ["tunnel", &name, "--local", "127.0.0.1:0", "--remote", "127.0.0.1:9"];
+    let start = |ns: &OwnedFd| {
+        Netlink::in_netns(&ns_path(ns)).unwrap().set_up("lo", true).unwrap();
+        common::start_ready(ns, Command::new(TURBOTUN).args(args).stderr(Stdio::piped()))
+    };
+    let (in_named, in_private) = (start(&named_ns), start(&private_ns));
+    let pid_of = |running: &common::Running| u64::from(running.0.as_ref().unwrap().id());
+    let json = |out: std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Inside each namespace, its own engine.
+    let report = json(turbotun_in(&named_ns, &["stats", &name, "--json"]));
+    assert_eq!((report["pid"].as_u64(), report["netns"].as_str()), (Some(pid_of(&in_named)), Some(named.0.as_str())));
+    let report = json(turbotun_in(&private_ns, &["stats", &name, "--json"]));
+    assert_eq!((report["pid"].as_u64(), report["netns"].as_str()), (Some(pid_of(&in_private)), Some(&*private_tag)));
+    // Outside both: the name alone is ambiguous, and the error lists both; the full name reads the one meant.
+    let out = Command::new(TURBOTUN).args(["stats", &name]).output().unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains(&format!("{name}@{}", named.0)) && said.contains(&format!("{name}@{private_tag}")), "{said}");
+    let report =
+        json(Command::new(TURBOTUN).args(["stats", &format!("{name}@{}", named.0), "--json"]).output().unwrap());
+    assert_eq!(report["pid"].as_u64(), Some(pid_of(&in_named)));
+    let out = Command::new(TURBOTUN).args(["stats", "--prometheus"]).output().unwrap();
+    let prometheus = text(&out);
+    for tag in [named.0.as_str(), private_tag.as_str()] {
+        let series = format!("turbotun_uptime_seconds{{name=\"{name}\",netns=\"{tag}\",kind=\"tunnel\"}}");
+        assert!(prometheus.contains(&series), "{series} in {prometheus}");
+    }
+    // With one of them gone, the name alone finds the other.
+    in_named.stop();
+    let report = json(Command::new(TURBOTUN).args(["stats", &name, "--json"]).output().unwrap());
+    assert_eq!(report["pid"].as_u64(), Some(pid_of(&in_private)));
+    in_private.stop();
 }

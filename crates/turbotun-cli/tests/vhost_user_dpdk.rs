@@ -62,7 +62,18 @@ fn dpdk_icmpecho_answers_pings_through_the_backend() {
     assert_eq!(tap.rx_packets, to_tap.packets, "every frame written reached the TAP: {tap:?}");
     assert_eq!(tap.tx_packets, to_guest.packets, "every frame the kernel sent reached the guest: {tap:?}");
     assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
+    let pid = testpmd.pid();
     testpmd.quit();
+    // What the operator reads at the default level, as DPDK's own backend says it: who connected, the features
+    // agreed, and what the connection moved once it is gone.
+    let backend = &setup.backend;
+    let said = |line: &str| backend.log().lines().any(|l| l.contains(line));
+    assert!(said(&format!("front end pid {pid} (uid 0, ")), "the front end by pid: {}", backend.log());
+    assert!(said("connected on ") && said("1 queue pair(s) offered"), "{}", backend.log());
+    assert!(said("the guest took virtio features ") && said("mrg_rxbuf"), "{}", backend.log());
+    let moved =
+        format!("disconnected: {} frames to the TAP, {} to the guest, 0 dropped", to_tap.packets, to_guest.packets);
+    common::eventually("the disconnection said", || said(&moved));
     setup.stop_backend();
 }
 
@@ -306,6 +317,10 @@ impl Testpmd {
 
     /// `quit`: testpmd closes its port (the backend sees the front end leave) and exits 0, having made no file
     /// in /dev/shm (its memory is a memfd).
+    fn pid(&self) -> u32 {
+        self.testpmd.as_ref().expect("testpmd runs").pid()
+    }
+
     fn quit(mut self) {
         let testpmd = self.testpmd.take().expect("testpmd runs");
         let output = testpmd.output();

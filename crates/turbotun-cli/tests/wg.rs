@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::UdpSocket;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -507,6 +507,11 @@ fn turbotun_wg_runs_unprivileged_and_still_removes_its_socket() {
     let mut child = a.child.take().unwrap();
     nix_kill(child.id(), "TERM");
     assert!(child.wait().unwrap().success());
+    // The refusal named the line and the capability it lacks.
+    let mut log = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    let refusal = log.lines().find(|l| l.contains("listen_port=80")).unwrap_or_else(|| panic!("no refusal: {log}"));
+    assert!(refusal.contains("CAP_NET_BIND_SERVICE") && refusal.contains("--user"), "{refusal}");
     wait_for(|| !socket_of(&name).exists(), "the keeper to remove the socket");
     drop(b);
 }

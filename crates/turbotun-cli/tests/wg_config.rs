@@ -122,7 +122,7 @@ fn turbotun_with_env(ns: &OwnedFd, name: &str, env: &[(&str, &str)]) -> Endpoint
     command.args(["wg", "-f", name]).envs(env.iter().copied());
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = with_netns(&ns_path(ns), || command.spawn()).unwrap().expect("starting turbotun wg");
-    let endpoint = Endpoint { name: name.to_string(), child: Some(child) };
+    let endpoint = Endpoint::of(ns, name, child);
     wait_for(|| UnixStream::connect(socket_of(name)).is_ok(), "the configuration socket");
     endpoint
 }
@@ -358,7 +358,7 @@ fn the_endpoint_is_not_dumpable() {
     let mut command = without_ptrace(TURBOTUN);
     command.args(["wg", "-f", &name]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
     let child = with_netns(&ns_path(&ns), || command.spawn()).unwrap().expect("starting turbotun wg");
-    let endpoint = Endpoint { name: name.clone(), child: Some(child) };
+    let endpoint = Endpoint::of(&ns, &name, child);
     wait_for(|| UnixStream::connect(socket_of(&name)).is_ok(), "the configuration socket");
     // The check itself: an ordinary process started the same way can be read.
     let mut control = common::Running(Some(without_ptrace("sleep").arg("60").spawn().unwrap()));

@@ -191,7 +191,12 @@ pub fn run(options: &Options) -> Result<Ran, DaemonError> {
 fn bind_stats_socket(options: &Options, name: &str) -> Option<StatsSocket> {
     let stats_path = options.stats_socket.as_ref().map(|path| match options.name == name {
         true => path.clone(),
-        false => path.with_file_name(format!("{name}.stats")),
+        // The template's place in the file name taken by the real name (`wg%d@blue.stats` -> `wg0@blue.stats`).
+        false => {
+            let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            let rest = file.strip_prefix(options.name.as_str()).unwrap_or(".stats");
+            path.with_file_name(format!("{name}{rest}"))
+        }
     });
     stats_path.as_deref().and_then(|path| match StatsSocket::bind(path) {
         Ok(socket) => Some(socket),

@@ -12,7 +12,7 @@
 //! - `load` (feature `load`): a paced UDP generator and a sink that counts loss, reordering and duplicates per
 //!   flow.
 //! - [`Capabilities`] says what this kernel supports, probed once.
-//! - [`stats_socket`]: a running engine's counters served on a local socket (`/run/turbotun/NAME.stats`).
+//! - [`stats_socket`]: a running engine's counters served on a local socket (`/run/turbotun/NAME.stats`, `NAME@NETNS.stats` outside the initial network namespace).
 //! - `tokio` (feature `tokio`): `tokio::AsyncQueue`, the same queues and batch core awaited.
 //! - `smoltcp` (feature `smoltcp`): `smoltcp::QueueDevice`, smoltcp's device over a queue with offloads underneath.
 //! - `uring` (feature `uring`): io_uring forwarding.

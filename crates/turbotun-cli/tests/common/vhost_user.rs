@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,7 @@ impl Backend {
                 .arg(scratch.socket())
                 .arg("--stats-socket")
                 .arg(scratch.stats())
-                .stderr(Stdio::inherit()),
+                .stderr(std::fs::File::create(scratch.log()).unwrap()),
         );
         let setup = Backend { backend: Some(backend), scratch, ns, tap, tag };
         // Only the frames a test makes cross the TAP: no IPv6 (router solicitations, DAD) from the kernel.
@@ -67,6 +67,11 @@ impl Backend {
     /// The vhost-user socket front ends connect to.
     pub fn socket(&self) -> PathBuf {
         self.scratch.socket()
+    }
+
+    /// What the backend logged so far (its standard error).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.scratch.log()).unwrap_or_default()
     }
 
     /// The scratch directory, removed with the backend: for a test's own files.
@@ -134,10 +139,11 @@ impl Backend {
     /// [`Backend::stop`] for a backend that served `connections` front ends.
     pub fn stop_after(&mut self, front_end: &str, connections: u32) -> serde_json::Value {
         let out = self.backend.take().unwrap().stop();
+        let log = self.log();
         let counters: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("closing counters {out:?}: {e}"));
+            .unwrap_or_else(|e| panic!("closing counters {out:?}: {e}; its log:\n{log}"));
         assert_eq!(counters["connections"], connections.to_string().as_str(), "{front_end}'s connections: {counters}");
-        assert_eq!(counters["drops"], 0, "{counters}");
+        assert_eq!(counters["drops"], 0, "{counters}; its log:\n{log}");
         assert!(!self.scratch.socket().exists(), "the backend removes its socket");
         counters
     }
@@ -159,6 +165,9 @@ impl Scratch {
     }
     fn stats(&self) -> PathBuf {
         self.0.join("counters.stats")
+    }
+    fn log(&self) -> PathBuf {
+        self.0.join("backend.log")
     }
 }
 

@@ -76,6 +76,8 @@ pub enum Impl {
 pub struct Endpoint {
     pub name: String,
     pub child: Option<Child>,
+    /// Where turbotun's counters socket is (its name carries the namespace).
+    stats_socket: PathBuf,
 }
 
 impl Endpoint {
@@ -111,9 +113,15 @@ impl Endpoint {
         };
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = with_netns(&ns_path(ns), || command.spawn()).unwrap().expect("starting the endpoint");
-        let endpoint = Endpoint { name: name.to_string(), child: Some(child) };
+        let endpoint = Endpoint::of(ns, name, child);
         wait_for(|| UnixStream::connect(socket_of(name)).is_ok(), "the configuration socket");
         endpoint
+    }
+
+    /// The endpoint `name` that `child`, started in `ns`, runs.
+    pub fn of(ns: &OwnedFd, name: &str, child: Child) -> Endpoint {
+        let stats_socket = with_netns(&ns_path(ns), || turbotun::stats_socket::socket_path(name)).unwrap();
+        Endpoint { name: name.to_string(), child: Some(child), stats_socket }
     }
 
     /// Stops it with SIGTERM and returns what it printed on standard output (turbotun: the counters line);
@@ -144,7 +152,7 @@ impl Drop for Endpoint {
         }
         let _ = std::fs::remove_file(socket_of(&self.name));
         // Its counters socket too: a killed endpoint cannot remove it (the next start would replace it).
-        let _ = std::fs::remove_file(format!("/run/turbotun/{}.stats", self.name));
+        let _ = std::fs::remove_file(&self.stats_socket);
     }
 }
 

@@ -66,6 +66,41 @@ where
     )
 }
 
+/// The initial network namespace's inode number, fixed by the kernel (`NET_NS_INIT_INO`).
+const INITIAL_NETNS_INODE: u64 = 0xEFFF_FFF9;
+
+/// The calling thread's network namespace in words, when it is not the initial one: its `ip netns` name (a file
+/// in `/run/netns` that is this namespace), else `net-INODE` (`ip netns identify`'s fallback is nothing; the inode
+/// is what `ls -l /proc/PID/ns/net` shows). `None` in the initial namespace, and when that cannot be told (an
+/// older kernel, and no access to PID 1's namespace file: taken to be the initial one).
+pub fn current_name() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?;
+    let same = |m: &std::fs::Metadata| m.dev() == own.dev() && m.ino() == own.ino();
+    // Since Linux 6.18 the initial namespace has a fixed inode (uapi `nsfs.h`); before, it is PID 1's, whose
+    // namespace file needs ptrace access (refused even to root in some sandboxes).
+    let initial = match std::fs::metadata("/proc/1/ns/net") {
+        _ if own.ino() == INITIAL_NETNS_INODE => true,
+        Ok(pid1) => same(&pid1),
+        Err(_) => !kernel_at_least(6, 18),
+    };
+    if initial {
+        return None;
+    }
+    let named = std::fs::read_dir("/run/netns").into_iter().flatten().flatten().find_map(|entry| {
+        let meta = std::fs::metadata(entry.path()).ok()?;
+        same(&meta).then(|| entry.file_name().to_string_lossy().into_owned())
+    });
+    Some(named.unwrap_or_else(|| format!("net-{}", own.ino())))
+}
+
+/// Whether the running kernel's release is `major.minor` or later.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit()).map(|n| n.parse::<u32>().unwrap_or(0));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// Opens a namespace file (`/run/netns/NAME`, `/proc/PID/ns/net`) for `setns` or `IFLA_NET_NS_FD`.
 pub(crate) fn open_netns(path: &Path) -> Result<std::os::fd::OwnedFd> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())

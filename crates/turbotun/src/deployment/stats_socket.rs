@@ -55,9 +55,40 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// (of at most 2^20) with a few prefixes each.
 const MAX_REPORT: u64 = (1 << 20) + 512 * (1 << 20);
 
-/// The counters socket of the engine named `name` (a device name) in [`STATS_DIR`].
+/// The counters socket of the engine named `name` (a device name) in [`STATS_DIR`], for an engine in the calling
+/// thread's network namespace: `NAME.stats` in the initial namespace, `NAME@NETNS.stats` in any other
+/// ([`crate::netns::current_name`]), so that engines of one device name in two namespaces both serve counters.
 pub fn socket_path(name: &str) -> PathBuf {
-    Path::new(STATS_DIR).join(format!("{name}{STATS_SUFFIX}"))
+    match crate::configuration::netns::current_name() {
+        None => Path::new(STATS_DIR).join(format!("{name}{STATS_SUFFIX}")),
+        Some(netns) => Path::new(STATS_DIR).join(format!("{name}@{netns}{STATS_SUFFIX}")),
+    }
+}
+
+/// The counters socket a reader means by `name`: the engine of that name in the reader's own namespace
+/// ([`socket_path`]); else the socket listed by exactly that name (`tta@blue`); else the one engine of that name
+/// in another namespace. Two or more of that name elsewhere and none here: an error listing them. Nothing of that
+/// name: [`socket_path`], whose read then says nothing serves there.
+pub fn locate(name: &str) -> Result<PathBuf> {
+    let own = socket_path(name);
+    if own.exists() {
+        return Ok(own);
+    }
+    let serving = list(Path::new(STATS_DIR));
+    if let Some((_, path)) = serving.iter().find(|(listed, _)| listed == name) {
+        return Ok(path.clone());
+    }
+    let prefix = format!("{name}@");
+    let mut elsewhere: Vec<(String, PathBuf)> =
+        serving.into_iter().filter(|(listed, _)| listed.starts_with(&prefix)).collect();
+    match elsewhere.len() {
+        0 => Ok(own),
+        1 => Ok(elsewhere.remove(0).1),
+        _ => Err(Error::Config(ConfigError::AmbiguousStatsName {
+            name: name.to_string(),
+            candidates: elsewhere.into_iter().map(|(listed, _)| listed).collect(),
+        })),
+    }
 }
 
 /// One engine's counters at one moment, as the socket serves them.
@@ -70,6 +101,9 @@ pub struct Report {
     pub engine: Engine,
     /// The name the socket is found by.
     pub name: String,
+    /// The serving engine's network namespace when it is not the initial one
+    /// ([`crate::netns::current_name`]): its `ip netns` name or `net-INODE`.
+    pub netns: Option<String>,
     /// The devices it moves packets for.
     pub devices: Vec<String>,
     /// How it runs, as `(key, value)` pairs (`mode offload`, `io block`).
@@ -165,6 +199,7 @@ impl Report {
             kind: kind.into(),
             engine,
             name: name.into(),
+            netns: None,
             devices: Vec::new(),
             settings: Vec::new(),
             pid: std::process::id(),
@@ -283,6 +318,9 @@ impl Report {
         let _ = writeln!(s, "kind={}", one_line(&self.kind));
         let _ = writeln!(s, "engine={}", self.engine.as_str());
         let _ = writeln!(s, "name={}", one_line(&self.name));
+        if let Some(netns) = &self.netns {
+            let _ = writeln!(s, "netns={}", one_line(netns));
+        }
         for device in &self.devices {
             let _ = writeln!(s, "device={}", one_line(device));
         }
@@ -384,6 +422,7 @@ impl Report {
                     has_engine = true;
                 }
                 "name" => report.name = value.to_string(),
+                "netns" => report.netns = Some(value.to_string()),
                 "device" => report.devices.push(value.to_string()),
                 "setting" => {
                     let (k, v) = value.split_once(' ').unwrap_or((value, ""));
@@ -447,6 +486,8 @@ pub struct StatsSocket {
     listener: UnixListener,
     path: PathBuf,
     inode: u64,
+    // The binding thread's network namespace, which every report served here names.
+    netns: Option<String>,
 }
 
 impl StatsSocket {
@@ -466,7 +507,8 @@ impl StatsSocket {
         rustix::process::umask(old);
         let listener = bound.map_err(|e| io_error("binding", e))?;
         let inode = std::fs::symlink_metadata(path).map_err(|e| io_error("reading", e))?.ino();
-        let socket = StatsSocket { listener, path: path.to_path_buf(), inode };
+        let netns = crate::configuration::netns::current_name();
+        let socket = StatsSocket { listener, path: path.to_path_buf(), inode, netns };
         socket.listener.set_nonblocking(true).map_err(|e| io_error("configuring", e))?;
         Ok(socket)
     }
@@ -486,6 +528,8 @@ impl StatsSocket {
         let listener = self.listener.try_clone().map_err(|e| Error::io("sharing the counters socket", e))?;
         let stop = StopHandle::new();
         let serving = stop.clone();
+        let netns = self.netns.clone();
+        let source = move || Report { netns: netns.clone(), ..source() };
         let thread = std::thread::Builder::new()
             .name("stats-socket".into())
             .spawn(move || serve(&listener, &source, &serving))

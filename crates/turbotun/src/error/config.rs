@@ -200,6 +200,17 @@ pub enum ConfigError {
         /// The path, as shown.
         path: String,
     },
+    /// A name several engines in other network namespaces serve counters by, none in this one.
+    #[error(
+        "{name}: served in several network namespaces ({}): name one, or run `turbotun stats` in its namespace",
+        candidates.join(", ")
+    )]
+    AmbiguousStatsName {
+        /// The name given.
+        name: String,
+        /// The sockets' names (`NAME@NETNS`).
+        candidates: Vec<String>,
+    },
     /// A counters socket whose answer does not parse.
     #[error("{socket} answered a bad report: {reason}")]
     StatsReport {

@@ -95,6 +95,37 @@ pub(crate) fn offered_features(uso: bool, queue_pairs: usize) -> u64 {
     bits.into_iter().fold(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), |w, n| w | bit(n))
 }
 
+/// The names of the virtio features in `features` this backend offers (`VIRTIO_NET_F_`, `VIRTIO_F_` and
+/// `VIRTIO_RING_F_` taken off, lower case), as its connection line says them.
+fn feature_names(features: u64) -> String {
+    const NAMES: &[(u32, &str)] = &[
+        (f::CSUM, "csum"),
+        (f::GUEST_CSUM, "guest_csum"),
+        (f::MQ, "mq"),
+        (f::MRG_RXBUF, "mrg_rxbuf"),
+        (f::GUEST_TSO4, "guest_tso4"),
+        (f::GUEST_TSO6, "guest_tso6"),
+        (f::GUEST_ECN, "guest_ecn"),
+        (f::GUEST_UFO, "guest_ufo"),
+        (f::GUEST_USO4, "guest_uso4"),
+        (f::GUEST_USO6, "guest_uso6"),
+        (f::HOST_TSO4, "host_tso4"),
+        (f::HOST_TSO6, "host_tso6"),
+        (f::HOST_ECN, "host_ecn"),
+        (f::HOST_UFO, "host_ufo"),
+        (f::HOST_USO, "host_uso"),
+        (VERSION_1, "version_1"),
+        (EVENT_IDX, "event_idx"),
+        (INDIRECT_DESC, "indirect_desc"),
+    ];
+    let names: Vec<&str> = NAMES.iter().filter(|(n, _)| features & bit(*n) != 0).map(|(_, name)| *name).collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(",")
+    }
+}
+
 /// What the guest acknowledged, as the data path needs it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Negotiated {
@@ -486,7 +517,13 @@ impl NetBackend {
         let tap = &self.pairs[0].tap.queue;
         let offloads = Offloads::for_guest_features(u128::from(features));
         match tap.set_offloads(offloads) {
-            Ok(()) => tracing::info!(tap = tap.name(), %offloads, "offloads for the guest's features"),
+            // Said at the default level when a guest negotiates, as DPDK's backend says its features.
+            Ok(()) if features != 0 => tracing::info!(
+                "{}: the guest took virtio features {} (0x{features:x}); TAP offloads {offloads}",
+                tap.name(),
+                feature_names(features)
+            ),
+            Ok(()) => tracing::debug!(tap = tap.name(), "offloads reset"),
             Err(e) => {
                 tracing::warn!(tap = tap.name(), "{e}; the guest gets whole frames");
                 let _ = tap.set_offloads(Offloads::NONE);
