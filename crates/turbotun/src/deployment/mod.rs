@@ -5,4 +5,5 @@
 pub mod handover;
 pub mod privilege;
 pub mod socket_keeper;
+mod stats_report;
 pub mod stats_socket;

@@ -52,6 +52,7 @@
 
 mod backend;
 mod chain;
+mod features;
 #[cfg(feature = "vhost-user-frontend")]
 pub mod frontend;
 mod relay;
@@ -219,7 +220,7 @@ impl VhostUserServer {
             listener,
             path: path.to_path_buf(),
             inode,
-            features: backend::offered_features(uso, queues.len()),
+            features: features::offered_features(uso, queues.len()),
             stats: Arc::new(VhostUserStats::with_queue_pairs(queues.len())),
             taps: queues.into_iter().map(|queue| Arc::new(TapQueue::new(queue))).collect(),
         })
