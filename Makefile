@@ -17,11 +17,12 @@ SYSTEMD_DIR = $(DESTDIR)$(PREFIX)/lib/systemd/system
 deps:
 	@scripts/install-deps.sh
 
-# The WireGuard programs the interoperation tests run against (wireguard-go, boringtun, GotaTun), built from their
+# The peers the tests run against: the WireGuard programs (wireguard-go, boringtun, GotaTun) and the forwarders
+# of tun-rs and of wireguard-go's tun package (the bench's ×tun-rs rows, run by the smoke test), built from their
 # published sources at the versions bench/peers/build.sh pins; skipped when already built. Built here, before the
 # tests, so that no test waits for a build while the others run.
 peers:
-	bench/peers/build.sh wireguard-go boringtun gotatun
+	bench/peers/build.sh tunrs wggo wireguard-go boringtun gotatun
 
 # The small Linux guest (Debian's kernel, a busybox initramfs) that the QEMU vhost-user test boots, made into
 # target/guest by scripts/guest-image.sh; nothing to do when it is there. Made here for the same reason as `peers`.
@@ -49,6 +50,9 @@ SKIPPED_LOG := $(CURDIR)/target/skipped-tests.log
 unit: peers guest
 	@mkdir -p $(dir $(SKIPPED_LOG)) && rm -f $(SKIPPED_LOG)
 	TURBOTUN_SKIPPED_LOG=$(SKIPPED_LOG) $(CARGO) test --workspace --all-features
+	# The wire crate's benches once each, as tests: their checks that both sides of a comparison (turbotun's and
+	# tun-rs's GSO/GRO) produce the same bytes run here, not only under `cargo bench`.
+	$(CARGO) test -p turbotun-wire --benches
 	# The attacks on the WireGuard server again, with wireguard-go (the oracle) as the server: the tests themselves
 	# are checked against the implementation they are meant to agree with.
 	WG_TRUST_SERVER=wireguard-go TURBOTUN_SKIPPED_LOG=$(SKIPPED_LOG) $(CARGO) test -p turbotun-cli --all-features \

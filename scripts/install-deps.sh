@@ -30,6 +30,9 @@ have xz       || need+=(xz-utils)
 # The completion tests run each shell's script (bash is there already).
 have zsh      || need+=(zsh)
 have fish     || need+=(fish)
+# The QEMU guest's kernel modules may come zstd-compressed (.ko.zst).
+have zstd     || need+=(zstd)
+have curl     || need+=(curl ca-certificates)
 # `make lint` checks the library's imports with scripts/check-imports.py.
 have python3  || need+=(python3)
 # The manual pages are checked as `man -l` renders them.
@@ -56,5 +59,24 @@ if ! have cargo; then
     fi
     exit 1
 fi
-have go || echo "install-deps: go not found: wireguard-go, the peer of the interoperation tests and the bench, cannot be built (apt-get install golang)" >&2
+# Go builds wireguard-go (the peer of the interoperation tests and the bench) and the wireguard-go forwarder.
+# Debian's golang-go is older than their go.mod's `go 1.26.0`: the toolchain comes from the Go module proxy as
+# the `go` command itself fetches toolchains (golang.org/toolchain), unpacked into /usr/local/go.
+GO_TOOLCHAIN=go1.26.8
+if ! have go && [[ ! -x /usr/local/go/bin/go ]]; then
+    [[ $(id -u) -eq 0 ]] || { echo "install-deps: go missing; run as root to install $GO_TOOLCHAIN" >&2; exit 1; }
+    case $(uname -m) in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; *) arch=$(uname -m) ;; esac
+    module="v0.0.1-$GO_TOOLCHAIN.linux-$arch"
+    echo "install-deps: installing $GO_TOOLCHAIN from the Go module proxy into /usr/local/go" >&2
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    curl -fsSL -o "$scratch/go.zip" "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/$module.zip"
+    python3 -m zipfile -e "$scratch/go.zip" "$scratch/tree"
+    # A module zip keeps no file modes: the commands are made executable as cmd/go does.
+    root="$scratch/tree/golang.org/toolchain@$module"
+    chmod +x "$root"/bin/* "$root"/pkg/tool/*/*
+    rm -rf /usr/local/go
+    mv "$root" /usr/local/go
+    /usr/local/go/bin/go version >&2
+fi
 exit 0

@@ -94,6 +94,24 @@ fn bench_quick_turbotun_forwarder() {
     }
 }
 
+/// The peers' forwarders (tun-rs's and wireguard-go's tun package, built by `make peers`) run as a bench row
+/// each, so that the ×tun-rs figures cannot break unnoticed.
+#[test]
+fn bench_quick_peer_forwarders() {
+    if !common::privileged("bench_quick_peer_forwarders") {
+        return;
+    }
+    let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers/bin");
+    let missing: Vec<&str> = ["tunrs-fwd", "wggo-fwd"].into_iter().filter(|b| !bin.join(b).is_file()).collect();
+    if !missing.is_empty() {
+        common::cannot_run("bench_quick_peer_forwarders", &format!("{missing:?} not built: `make peers` builds them"));
+        return;
+    }
+    let r = run_bench("peers", &["--modes", "tunrs-offload,wggo-offload", "--traffic", "tcp,udp64"]);
+    assert!(r.stdout.contains("| tunrs-offload |") && r.stdout.contains("| wggo-offload |"), "{}", r.stdout);
+    assert_traffic(&r.json, 4);
+}
+
 /// The ceiling row and offload through io_uring run like any forwarder; every TCP row gets its ratio to the
 /// ceiling, and the estimated cycles table has a row per forwarder with the clock and why it is an estimate.
 #[test]

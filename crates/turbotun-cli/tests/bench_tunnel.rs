@@ -192,15 +192,13 @@ fn bench_tunnel_wireguard_handshake_flood() {
     assert_eq!(runs.len(), 3, "3 kinds × 1 traffic kind × 1 repetition");
     let unflooded = runs.iter().find(|r| r["mode"] == "turbotun-wg").unwrap();
     assert!(unflooded["error"].is_null() && unflooded.get("flood").is_none(), "{unflooded}");
-    // A flooded run either measured, with the flood's report and B's drops by reason, or failed saying why (a
-    // flood may starve a debug build's data path): nothing is timed here.
+    // Each flooded run measured: traffic crossed while the flood ran, which B answered with cookies or dropped
+    // under load, each drop by its reason. Nothing is timed here.
     for r in runs.iter().filter(|r| r["mode"] != "turbotun-wg") {
-        if r["error"].is_null() {
-            assert!(number(&r["flood"]["sent"]) > 0.0, "{r}");
-            assert!(r["endpoints"][1]["counters"]["drops_by_reason"].is_object(), "{r}");
-        } else {
-            assert!(!r["error"].as_str().unwrap().is_empty(), "{r}");
-        }
+        assert!(r["error"].is_null(), "a flooded run that measured nothing: {r}");
+        assert!(number(&r["flood"]["sent"]) > 0.0, "{r}");
+        let drops = &r["endpoints"][1]["counters"]["drops_by_reason"];
+        assert!(drops.is_object(), "{r}");
     }
     let rows = v["flood_rows"].as_array().unwrap();
     let shape: Vec<(&str, u64, &str)> = rows

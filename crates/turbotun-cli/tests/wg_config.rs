@@ -337,36 +337,42 @@ fn the_endpoint_is_not_dumpable() {
     if !privileged("the_endpoint_is_not_dumpable") {
         return;
     }
-    // Two processes of the same user and the same capabilities (all but CAP_SYS_PTRACE), so that only the
-    // target's dumpable flag decides whether one may open the other's memory (/proc/PID/mem, which needs what a
-    // ptrace attach needs).
-    let without_ptrace = |program: &str| {
-        let mut c = Command::new("setpriv");
-        c.args(["--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", program]);
-        c
-    };
-    let memory_opens = |pid: u32| {
-        let input = format!("if=/proc/{pid}/mem");
-        let out = without_ptrace("dd")
-            .args([input.as_str(), "of=/dev/null", "count=0", "status=none"])
-            .output()
-            .expect("setpriv (util-linux) and dd");
-        out.status.success()
-    };
+    // A shell without CAP_SYS_PTRACE starts two children of the same user and capabilities, a control and the
+    // endpoint, and then opens each one's memory itself (/proc/PID/mem needs what a ptrace attach needs). Being
+    // their parent satisfies Yama's ptrace_scope=1 (Ubuntu's default), so only the target's dumpable flag
+    // decides, whatever the distribution.
+    const OPENER: &str = r#"
+        sleep 60 & control=$!
+        "$@" & target=$!
+        echo "$target"
+        read -r go
+        for pid in $control $target; do
+            if exec 3< "/proc/$pid/mem"; then echo open; exec 3<&-; else echo closed; fi
+        done 2>/dev/null
+        kill $control
+        wait $target
+    "#;
     let ns = new_netns();
     let name = unique("wgd");
-    let mut command = without_ptrace(TURBOTUN);
-    command.args(["wg", "-f", &name]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
-    let child = with_netns(&ns_path(&ns), || command.spawn()).unwrap().expect("starting turbotun wg");
-    let endpoint = Endpoint::of(&ns, &name, child);
+    let mut command = Command::new("setpriv");
+    command
+        .args(["--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", "bash", "-c", OPENER, "bash"])
+        .args([TURBOTUN, "wg", "-f", &name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut shell = with_netns(&ns_path(&ns), || command.spawn()).unwrap().expect("setpriv (util-linux) and bash");
+    let mut lines = BufReader::new(shell.stdout.take().unwrap()).lines();
+    let pid: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let _shell = common::Running(Some(shell));
     wait_for(|| UnixStream::connect(socket_of(&name)).is_ok(), "the configuration socket");
+    _shell.0.as_ref().unwrap().stdin.as_ref().unwrap().write_all(b"go\n").unwrap();
+    let (control, endpoint) = (lines.next().unwrap().unwrap(), lines.next().unwrap().unwrap());
     // The check itself: an ordinary process started the same way can be read.
-    let mut control = common::Running(Some(without_ptrace("sleep").arg("60").spawn().unwrap()));
-    let control_pid = control.0.as_ref().unwrap().id();
-    assert!(memory_opens(control_pid), "a dumpable process's memory does not open: the check proves nothing");
-    assert!(!memory_opens(endpoint.pid()), "the endpoint's memory opens through /proc (PR_SET_DUMPABLE is not 0)");
-    let _ = control.0.as_mut().unwrap().kill();
-    endpoint.stop();
+    assert_eq!(control, "open", "a dumpable process's memory does not open: the check proves nothing");
+    assert_eq!(endpoint, "closed", "the endpoint's memory opens through /proc (PR_SET_DUMPABLE is not 0)");
+    common::wg::nix_kill(pid, "TERM");
+    wait_for(|| !socket_of(&name).exists(), "the endpoint to end and remove its socket");
 }
 
 /// Sets a sysctl of the whole machine (`fs.suid_dumpable` has no per-namespace copy) and puts it back when

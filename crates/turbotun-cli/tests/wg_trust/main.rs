@@ -403,11 +403,10 @@ fn retired_keys_leave_no_copy_in_the_endpoints_memory() {
     server.stop();
 }
 
-/// A value of `/proc/net/snmp` (`table` `field`, e.g. `Udp` `InErrors`) in `ns`.
 /// The persistent-keepalive scenario with `server` in the server's place: the relay drops everything from the
 /// start, the server with persistent keepalive 5 s tries its handshake for longer than REKEY_ATTEMPT_TIME
-/// (90 s), then the relay lets everything through. Whether the server completes a handshake within 30 s, with no
-/// data sent by either side to prompt it.
+/// (90 s: seen as its 20th initiation), then the relay lets everything through. Whether the server sends a new
+/// initiation and completes a handshake within 30 s, with no data sent by either side to prompt it.
 fn keepalive_after_a_long_outage(server: Impl) -> Result<(), String> {
     let t = via_relay(2, false, server, true, 5, true);
     let initiations_from_server =
@@ -419,8 +418,20 @@ fn keepalive_after_a_long_outage(server: Impl) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    // REKEY_ATTEMPT_TIME from the first attempt, and a little more.
-    std::thread::sleep(Duration::from_secs(95));
+    // A series of attempts gives up after the first initiation and 18 retries (REKEY_ATTEMPT_TIME, 90 s, over
+    // REKEY_TIMEOUT, 5 s); the 20th initiation is one beyond it. There is no silence after the 19th: with
+    // persistent keepalive the kernel, wireguard-go and turbotun each start a new series when the keepalive falls
+    // due (every initiation sent re-arms it), which is what this scenario relies on. Observed, not slept.
+    while initiations_from_server(0) < 20 {
+        if start.elapsed() > Duration::from_secs(130) {
+            return Err(format!(
+                "{server:?} sent {} initiations in 130 s of outage with persistent keepalive 5 s: it gave up after \
+                 REKEY_ATTEMPT_TIME and never started again",
+                initiations_from_server(0)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let handshake = || {
         wg(t.server_ns(), &["show", &t.server.name, "latest-handshakes"])
             .split('\t')
@@ -433,7 +444,7 @@ fn keepalive_after_a_long_outage(server: Impl) -> Result<(), String> {
     let mark = t.relay.mark();
     let released = Instant::now();
     t.relay.block(false);
-    while handshake() == 0 {
+    while handshake() == 0 || initiations_from_server(mark) == 0 {
         if released.elapsed() > Duration::from_secs(30) {
             return Err(format!(
                 "{server:?} with persistent keepalive 5 s completed no handshake in the 30 s after the peer came \
@@ -566,11 +577,9 @@ fn low_order_peer_keys_get_no_handshake_and_their_packets_are_dropped() {
     }
     let Some(c) = stop_server(server) else { return };
     let sent = per_peer * LOW_ORDER_POINTS.len() as u64;
-    assert!(
-        c["drops"].as_u64().unwrap() >= sent,
-        "{sent} packets to low-order peers, dropped: {}",
-        c["drops_by_reason"]
-    );
+    // Each one dropped for the reason that it has no session and can get none, and nothing else dropped.
+    let (drops, reasons) = (c["drops"].as_u64().unwrap(), &c["drops_by_reason"]);
+    assert_eq!((drops, reasons["no_session"].as_u64()), (sent, Some(sent)), "{sent} to low-order peers: {reasons}");
 }
 
 #[test]
