@@ -16,7 +16,8 @@ wanted=(virtio_pci virtio_net)
 for tool in apt-get apt-cache dpkg-deb cpio gzip; do
     command -v "$tool" >/dev/null || { echo "guest-image: $tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
 done
-[[ -x $busybox ]] && "$busybox" --list | grep -qx nc ||
+# All of the list is read: `grep -q` would stop at the match, and busybox's SIGPIPE then fails the pipeline.
+[[ -x $busybox ]] && "$busybox" --list | grep -x nc >/dev/null ||
     { echo "guest-image: $busybox (busybox-static) is missing (scripts/install-deps.sh)" >&2; exit 1; }
 
 kernel_package=$(apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n 1)

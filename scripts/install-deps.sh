@@ -24,7 +24,7 @@ have dpdk-testpmd || need+=(dpdk-dev)
 # The QEMU vhost-user test boots a guest under QEMU (TCG is enough); scripts/guest-image.sh makes its initramfs
 # from busybox-static with cpio, the kernel's modules possibly xz-compressed.
 have qemu-system-x86_64 || need+=(qemu-system-x86)
-[[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx nc || need+=(busybox-static)
+[[ -x /bin/busybox ]] && /bin/busybox --list | grep -x nc >/dev/null || need+=(busybox-static)
 have cpio     || need+=(cpio)
 have xz       || need+=(xz-utils)
 # The completion tests run each shell's script (bash is there already).

@@ -132,6 +132,10 @@ pub(crate) struct EchoRow {
     pub offered_kpps: Option<Spread>,
     /// Answers the sink received per second of the generator's run, thousands: the headline.
     pub replies_kpps: Option<Spread>,
+    /// Answers as a share of the datagrams the generator sent, %: what compares two echoes offered the same
+    /// traffic when the generator did not reach the same rate for both.
+    #[serde(default)]
+    pub answered_percent: Option<Spread>,
     /// The sink's own rate, first to last answer, thousands per second.
     pub sink_kpps: Option<Spread>,
     /// Answers' UDP payload, Gbit/s.
@@ -167,7 +171,18 @@ pub(crate) struct Goal {
     /// Answers received per second, thousands (medians).
     pub naive_kpps: f64,
     pub offload_kpps: f64,
+    /// Answers as a share of what each was sent, % (medians).
+    #[serde(default)]
+    pub naive_answered_percent: f64,
+    #[serde(default)]
+    pub offload_answered_percent: f64,
+    /// The goal's ratio, at matched load: answers per second over the naive echo's, each scaled to the same
+    /// offered rate (the ratio of the answered shares). Equal to [`Self::replies_ratio`] when the generator
+    /// reached the same rate for both.
     pub ratio: f64,
+    /// Answers per second over the naive echo's, as measured (the offered rates may differ).
+    #[serde(default)]
+    pub replies_ratio: f64,
     pub goal_ratio: f64,
     pub met: bool,
 }
@@ -211,6 +226,10 @@ pub(crate) fn echo_rows(runs: &[RunRecord], echoes: &[&str], traffic: &[Traffic]
                 failed: all.len() - ok.len(),
                 offered_kpps: spread(&ok, |r| Some(load(r).gen.pps() / 1000.0)),
                 replies_kpps: spread(&ok, |r| Some(load(r).sink.packets as f64 / secs(r) / 1000.0)),
+                answered_percent: spread(&ok, |r| {
+                    let sent = load(r).gen.sent;
+                    (sent > 0).then(|| load(r).sink.packets as f64 * 100.0 / sent as f64)
+                }),
                 sink_kpps: spread(&ok, |r| Some(load(r).sink.pps() / 1000.0)),
                 gbps: spread(&ok, |r| Some(load(r).sink.bytes as f64 * 8.0 / secs(r) / 1e9)),
                 lost_percent: spread(&ok, |r| r.iperf.as_ref()?.udp_lost_percent),
@@ -251,6 +270,12 @@ pub(crate) fn goals(rows: &[EchoRow]) -> Vec<Goal> {
             continue;
         };
         let Some(k) = median(offload.replies_kpps) else { continue };
+        let (Some(naive_share), Some(offload_share)) =
+            (median(naive.answered_percent).filter(|s| *s > 0.0), median(offload.answered_percent))
+        else {
+            continue;
+        };
+        let ratio = offload_share / naive_share;
         out.push(Goal {
             datagram_bytes: naive.datagram_bytes,
             traffic: naive.traffic.clone(),
@@ -258,9 +283,12 @@ pub(crate) fn goals(rows: &[EchoRow]) -> Vec<Goal> {
             offload_offered_kpps: median(offload.offered_kpps).unwrap_or(0.0),
             naive_kpps: base,
             offload_kpps: k,
-            ratio: k / base,
+            naive_answered_percent: naive_share,
+            offload_answered_percent: offload_share,
+            ratio,
+            replies_ratio: k / base,
             goal_ratio: GOAL_RATIO,
-            met: k / base >= GOAL_RATIO,
+            met: ratio >= GOAL_RATIO,
         });
     }
     out
@@ -442,18 +470,19 @@ pub(crate) fn markdown(report: &EchoReport) -> String {
     );
     let _ = writeln!(
         o,
-        "| echo | traffic | offered kpps | replies kpps | ×naive, same traffic | Gbps | lost % | dev TX drop kpps | echo drop kpps | socket drop kpps | echo CPU % |"
+        "| echo | traffic | offered kpps | replies kpps | answered % | ×naive, same traffic | Gbps | lost % | dev TX drop kpps | echo drop kpps | socket drop kpps | echo CPU % |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &report.rows {
         let failed = if r.failed > 0 { format!(" ({} of {} failed)", r.failed, r.runs) } else { String::new() };
         let _ = writeln!(
             o,
-            "| {}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}{failed} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.echo,
             r.traffic,
             med(r.offered_kpps),
             cell(r.replies_kpps),
+            cell(r.answered_percent),
             match (r.ratio_naive, r.ratio_naive_other_load) {
                 (Some(x), _) => format!("{x:.2}×"),
                 (None, Some(x)) => format!("– ({x:.2}× at another load)"),
@@ -472,14 +501,18 @@ pub(crate) fn markdown(report: &EchoReport) -> String {
         let _ = writeln!(
             o,
             "Goal (reported, not asserted): echo-offload ≥ {}× the naive echo's replies per second at matched \
-             load, {}-byte datagrams, both offered {} (echo-offload {} kpps, naive {} kpps offered): {:.2}× ({} \
-             against {} kpps answered) — {}.",
+             load, {}-byte datagrams, both offered {} (echo-offload {} kpps, naive {} kpps offered): {:.2}× in \
+             the share answered ({:.1} % against {:.1} %; {:.2}× in replies per second, {} against {} kpps, at \
+             those offered rates) — {}.",
             g.goal_ratio,
             g.datagram_bytes,
             g.traffic,
             fmt_num(g.offload_offered_kpps),
             fmt_num(g.naive_offered_kpps),
             g.ratio,
+            g.offload_answered_percent,
+            g.naive_answered_percent,
+            g.replies_ratio,
             fmt_num(g.offload_kpps),
             fmt_num(g.naive_kpps),
             if g.met { "met" } else { "NOT met" }
@@ -505,7 +538,8 @@ pub(crate) fn markdown(report: &EchoReport) -> String {
         "\nMedians (min–max) over interleaved repetitions. The generator sends as fast as its kernel takes \
          datagrams toward an address routed into the echo's device; the sink shares its socket, so it receives \
          exactly the answers. offered kpps = the generator's achieved rate; replies kpps = answers received per \
-         second of the generator's run (a GSO train counts as its datagrams); ×naive, same traffic = replies over \
+         second of the generator's run (a GSO train counts as its datagrams); answered % = replies over the \
+         datagrams sent, which judges the goal (the generator may reach another rate for each echo); ×naive, same traffic = replies over \
          the naive echo's offered the same traffic (matched load; the naive echo is never offered GSO trains, so a \
          train's ratio to its single datagrams compares different loads and is shown apart); Gbps = the answers' \
          UDP payload; lost % = sent but not answered back. \
@@ -655,6 +689,20 @@ mod tests {
         assert_eq!(g.len(), 1);
         assert_eq!((g[0].datagram_bytes, g[0].traffic.as_str(), g[0].met), (64, "udp64", false));
         assert!((g[0].ratio - 150.0 / 102.0).abs() < 1e-9, "{g:?}");
+        assert!((g[0].replies_ratio - 150.0 / 102.0).abs() < 1e-9, "{g:?}");
+        assert!(
+            (g[0].naive_answered_percent - 51.0).abs() < 1e-9 && (g[0].offload_answered_percent - 75.0).abs() < 1e-9
+        );
+        // Offered at different rates (the generator reached 400k for one, 200k for the other), the goal compares
+        // the shares answered: 75 % against 51 %, not the replies' 2.94×.
+        let mut faster = sample();
+        for r in faster.iter_mut().filter(|r| r.mode == "echo-offload" && r.traffic == "udp64") {
+            let load = r.load.as_mut().unwrap();
+            (load.gen.sent, load.sink.packets) = (800_000, 600_000);
+        }
+        let unequal = goals(&echo_rows(&faster, &["naive", "echo-offload"], ECHO_TRAFFIC));
+        assert!((unequal[0].replies_ratio - 300.0 / 102.0).abs() < 1e-9, "{unequal:?}");
+        assert!((unequal[0].ratio - 75.0 / 51.0).abs() < 1e-9, "{unequal:?}");
         assert_eq!((g[0].naive_offered_kpps, g[0].offload_offered_kpps), (200.0, 200.0));
         let t = train_comparisons(&rows);
         assert_eq!(t.len(), 1);
@@ -679,14 +727,14 @@ mod tests {
             runs,
         };
         let md = markdown(&report);
-        assert!(md.contains("| naive | udp64 | 200 | 102 (101–103) | 1.00× |"), "{md}");
+        assert!(md.contains("| naive | udp64 | 200 | 102 (101–103) | 51.0 (50.5–51.5) | 1.00× |"), "{md}");
         assert!(
             md.contains(
-                "| echo-offload (1 of 4 failed) | gso64 | 2000 | 1020 (1010–1030) | – (10.00× at another load) |"
+                "| echo-offload (1 of 4 failed) | gso64 | 2000 | 1020 (1010–1030) | 51.0 (50.5–51.5) | – (10.00× at another load) |"
             ),
             "{md}"
         );
-        assert!(md.contains("both offered udp64 (echo-offload 200 kpps, naive 200 kpps offered): 1.47× (150 against 102 kpps answered) — NOT met"), "{md}");
+        assert!(md.contains("both offered udp64 (echo-offload 200 kpps, naive 200 kpps offered): 1.47× in the share answered (75.0 % against 51.0 %; 1.47× in replies per second, 150 against 102 kpps, at those offered rates) — NOT met"), "{md}");
         assert!(md.contains("Not the goal (different loads): echo-offload offered gso64 (2000 kpps of 64-byte datagrams) answered 1020 kpps, 10.00× what the naive echo answered offered udp64 (200 kpps offered, 102 kpps answered)."), "{md}");
         crate::report::assert_rows_match_headers(&md);
         let back: EchoReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();

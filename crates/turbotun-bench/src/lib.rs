@@ -95,6 +95,9 @@ pub struct Options {
     pub wg_peers: Option<Vec<usize>>,
     /// `--no-syscalls`: with `--tunnel`, do not count the endpoints' system calls.
     pub no_syscalls: bool,
+    /// `--flood-rate`: with `--tunnel`, the handshake initiations a second, thousands, of every `-flood` kind's
+    /// flood (0: as fast as one core sends them), so that the endpoints compared are flooded alike.
+    pub flood_rate_kpps: u64,
     /// `--baseline`: another build of turbotun, run as `MODE@baseline` beside this one.
     pub baseline: Option<PathBuf>,
     /// `--txqueuelen`: with `--loss`, the devices' queue lengths of the table.
@@ -389,6 +392,7 @@ fn new_ctx(args: &Options, exe: PathBuf, duration: u64) -> Result<Ctx> {
         clk_tck: procfs::clk_tck()?,
         txqueuelen: None,
         count_syscalls: false,
+        flood_rate_pps: args.flood_rate_kpps * 1000,
     })
 }
 

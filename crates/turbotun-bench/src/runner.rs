@@ -41,6 +41,8 @@ pub(crate) struct Ctx {
     pub txqueuelen: Option<u32>,
     /// Count the system calls of a tunnel's endpoint processes over the window (`perf stat`, see perfstat.rs).
     pub count_syscalls: bool,
+    /// Initiations a second of a `-flood` kind's flood (0: unpaced).
+    pub flood_rate_pps: u64,
 }
 
 impl Ctx {
@@ -167,7 +169,7 @@ impl Flooder {
         let from: Vec<String> = f.sources.iter().map(|a| a.to_string()).collect();
         let mut cmd = Command::new(&ctx.exe);
         cmd.args(["bench", "--wg-flood", &f.dest.to_string(), "--wg-flood-key", &f.server_key])
-            .args(["--wg-flood-from", &from.join(",")])
+            .args(["--wg-flood-from", &from.join(","), "--wg-flood-rate", &ctx.flood_rate_pps.to_string()])
             // Ended by SIGTERM once the window is over; the duration only bounds a flooder left behind.
             .args(["--duration", &(ctx.duration + 30).to_string()]);
         let mut child =

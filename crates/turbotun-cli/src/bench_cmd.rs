@@ -98,6 +98,11 @@ pub struct BenchArgs {
     /// slows every system call on the machine a little, and endpoints that make millions per GB visibly.
     #[arg(long, requires = "tunnel")]
     pub no_syscalls: bool,
+    /// With --tunnel: the rate of every handshake flood (the -flood kinds), thousands of initiations per second,
+    /// the same for every endpoint flooded so that their rows compare like with like; 0 sends as fast as one
+    /// core can (the load then differs with what the endpoint leaves of the machine).
+    #[arg(long, value_name = "KPPS", default_value_t = 100, requires = "tunnel")]
+    pub flood_rate: u64,
     /// The A/B of a change: also run turbotun's modes with this other build of turbotun (e.g. the commit before
     /// the change, built with `cargo build --release`), interleaved with this build's in the same rounds: each
     /// selected forwarder mode as `MODE@baseline`, with --tunnel `turbotun-plain@baseline` and
@@ -186,6 +191,7 @@ impl BenchArgs {
             wg_storm: self.wg_storm,
             wg_peers: self.wg_peers.as_ref().map(|p| p.iter().map(|&n| n as usize).collect()),
             no_syscalls: self.no_syscalls,
+            flood_rate_kpps: self.flood_rate,
             baseline: self.baseline.clone(),
             txqueuelen: self.txqueuelen.clone(),
             rates: self.rates.clone(),

@@ -1,5 +1,5 @@
-//! `turbotun vhost-user` as a process: it serves one front end after another on its socket, drops to another
-//! user, and on SIGTERM prints its counters and leaves nothing behind (socket, TAP). The data path itself is
+//! `turbotun vhost-user` as a process: it serves one front end at a time on its socket (a second waits for the
+//! first to go), runs as another user with no capability, and on SIGTERM prints its counters and leaves nothing behind (socket, TAP). The data path itself is
 //! tested by the library's `vhost_user` tests, which play the guest.
 
 mod common;
@@ -33,17 +33,31 @@ fn vhost_user_serves_front_ends_in_turn_and_leaves_nothing() {
     );
     let nobody = nix_uid("nobody");
     assert_eq!(std::fs::metadata(&socket).unwrap().uid(), nobody, "the socket is handed to --user");
+    // The process itself runs as that user, every uid of it, with no capability left.
+    let pid = running.0.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {status}"));
+        line[name.len()..].split_whitespace().map(str::to_string).collect::<Vec<_>>()
+    };
+    assert_eq!(field("Uid:"), vec![nobody.to_string(); 4], "real, effective, saved and filesystem uid");
+    assert_eq!(field("CapEff:"), ["0000000000000000"], "no capability left");
     let mut nl = Netlink::in_netns(&ns_path(&ns)).unwrap();
     assert!(nl.link(&tap).is_ok(), "the TAP is made");
 
-    // Two front ends in turn, each asking for the features (what every front end asks first) and hanging up:
-    // the second is answered only once the first is gone.
-    for round in 0..2 {
-        let features = get_features(&socket);
-        for bit in [15, 32] {
-            assert!(features & (1 << bit) != 0, "round {round}: MRG_RXBUF and VERSION_1 offered: {features:#x}");
-        }
-    }
+    // Two front ends at once: the second is connected (the listen backlog) but not answered while the first is
+    // served; once the first hangs up, the second gets its answer.
+    let first = UnixStream::connect(&socket).unwrap();
+    assert_offered(get_features(&first), "the first front end");
+    let second = UnixStream::connect(&socket).unwrap();
+    second.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    send_get_features(&second);
+    let mut byte = [0u8; 1];
+    let early = std::io::Read::read(&mut &second, &mut byte);
+    assert!(early.is_err(), "the second front end was answered while the first was served: {early:?}");
+    drop(first);
+    assert_offered(read_features(&second), "the second front end, once the first is gone");
+    drop(second);
     let counters: serde_json::Value = serde_json::from_str(running.stop().lines().last().unwrap()).unwrap();
     assert_eq!(counters["kind"], "vhost-user", "{counters}");
     assert_eq!(counters["devices"][0], tap.as_str());
@@ -83,22 +97,34 @@ fn vhost_user_refuses_what_cannot_work() {
     assert!(nl.link("vubad1").is_err(), "nothing left behind");
 }
 
-/// `VHOST_USER_GET_FEATURES` on a fresh connection: the virtio feature bits the backend offers.
-fn get_features(socket: &std::path::Path) -> u64 {
-    use std::io::{Read, Write};
-    let mut front_end = UnixStream::connect(socket).unwrap();
-    front_end.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    // The header: request 1 (GET_FEATURES), flags 1 (protocol version 1), no payload.
-    let mut request = Vec::new();
-    for word in [1u32, 1, 0] {
-        request.extend_from_slice(&word.to_le_bytes());
-    }
+/// Sends `VHOST_USER_GET_FEATURES`: request 1, flags 1 (protocol version 1), no payload.
+fn send_get_features(mut front_end: &UnixStream) {
+    use std::io::Write;
+    let request: Vec<u8> = [1u32, 1, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
     front_end.write_all(&request).unwrap();
+}
+
+/// Reads the reply to `GET_FEATURES`: the virtio feature bits the backend offers.
+fn read_features(mut front_end: &UnixStream) -> u64 {
+    use std::io::Read;
+    front_end.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut reply = [0u8; 20];
     front_end.read_exact(&mut reply).unwrap();
     let word = |i: usize| u32::from_le_bytes(reply[i..i + 4].try_into().unwrap());
     assert_eq!((word(0), word(4) & 0x4, word(8)), (1, 0x4, 8), "a reply to GET_FEATURES with 8 bytes");
     u64::from_le_bytes(reply[12..20].try_into().unwrap())
+}
+
+/// `GET_FEATURES` asked and answered on `front_end`.
+fn get_features(front_end: &UnixStream) -> u64 {
+    send_get_features(front_end);
+    read_features(front_end)
+}
+
+fn assert_offered(features: u64, who: &str) {
+    for bit in [15, 32] {
+        assert!(features & (1 << bit) != 0, "{who}: MRG_RXBUF and VERSION_1 offered: {features:#x}");
+    }
 }
 
 fn nix_uid(user: &str) -> u32 {

@@ -112,16 +112,29 @@ fn replies_follow_the_contacted_address_ipv6() {
     });
 }
 
-/// A socket bound to one address has no choice to make: it reads no local addresses and remembers none.
+/// A socket bound to one address has no choice to make: it reads no local addresses and remembers none, even
+/// when told one: its replies leave from its own address.
 #[test]
 fn a_socket_on_one_address_remembers_nothing() {
     in_netns("a_socket_on_one_address_remembers_nothing", || {
+        // 127.0.0.2 is local too (all of 127/8 is), so a reply could leave from it.
         Netlink::new().unwrap().set_up("lo", true).unwrap();
         let socket = TunnelSocket::bind("127.0.0.1:0".parse().unwrap(), &SocketOptions::default()).unwrap();
+        let at = socket.local_addr().unwrap();
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        peer.send_to(b"x", socket.local_addr().unwrap()).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        peer.send_to(b"x", at).unwrap();
         let mut slots = RecvSlots::new(1, 2048);
-        let (_, local, _) = recv_one(&socket, &mut slots);
-        assert_eq!(local, None);
+        let (from, local, _) = recv_one(&socket, &mut slots);
+        assert_eq!(local, None, "no local address read");
+        let elsewhere = turbotun::udp::LocalAddr { ip: "127.0.0.2".parse().unwrap(), ifindex: 0 };
+        let mut memo = SourceMemo::default();
+        socket.remember_source(from, Some(elsewhere), &mut memo);
+        assert_eq!(format!("{memo:?}"), format!("{:?}", SourceMemo::default()), "nothing recorded");
+        let mut counters = Counters::default();
+        socket.send_one(b"reply", from, &mut counters).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, replied_from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], replied_from), (&b"reply"[..], at), "the reply leaves from the bound address");
     });
 }

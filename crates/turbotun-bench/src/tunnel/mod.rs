@@ -149,6 +149,7 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, peers: Option<&Path>) -> Result
         syscalls_counted: ctx.count_syscalls,
         syscalls,
         flood_rows: flood_rows(&runs, &rows),
+        flood_rate_pps: ctx.flood_rate_pps,
         rows,
         runs,
     };

@@ -208,12 +208,17 @@ pub(super) fn flood_markdown(o: &mut String, report: &TunnelReport) {
         o,
         "\nThe flood: WireGuard handshake initiations with random content and a valid mac1 (which takes nothing but \
          B's public key), sent from A's namespace by `turbotun bench --wg-flood`, one thread, `sendmmsg` batches of \
-         64, as fast as it can, from A's underlay address or from that many addresses taken in turn, over the whole \
-         window. Gbps: medians (min–max) over interleaved repetitions; ×no flood: the median under the flood over \
+         64, {}, from A's underlay address or from that many addresses taken in turn, over the whole \
+         window (flood kpps sent: what it achieved). Gbps: medians (min–max) over interleaved repetitions; ×no flood: the median under the flood over \
          the median of the same endpoints without it in this bench, both over the runs that finished (a run fails when \
          the flood starves iperf3 until it cannot finish). B's drops: what B's endpoint counted as \
          dropped, by reason, median per run (its counters line when stopped); B's socket dropped: the datagrams \
-         the kernel found no room for in B's sockets."
+         the kernel found no room for in B's sockets.",
+        match report.flood_rate_pps {
+            0 => "as fast as it can (--flood-rate 0: the load differs with what each endpoint leaves of the machine)"
+                .to_string(),
+            pps => format!("paced to {} kpps for every endpoint alike (--flood-rate)", pps / 1000),
+        }
     );
 }
 
@@ -239,6 +244,9 @@ pub(super) struct TunnelReport {
     /// The `-flood` kinds beside their unflooded kinds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flood_rows: Vec<FloodRow>,
+    /// The rate every flood was paced to, initiations a second (0: as fast as one core sent them).
+    #[serde(default)]
+    pub flood_rate_pps: u64,
     /// Every run, with both endpoints' samples and counters lines.
     pub runs: Vec<RunRecord>,
 }

@@ -107,6 +107,7 @@ fn report() -> TunnelReport {
         syscalls: "perf".into(),
         rows: rows(&runs, &kinds, TUNNEL_TRAFFIC),
         flood_rows: Vec::new(),
+        flood_rate_pps: 100_000,
         runs,
     }
 }
@@ -149,9 +150,10 @@ fn flood_rows_beside_their_unflooded_kinds() {
         md.contains("| turbotun-wg-flood64 (1 of 4 failed) | tcp | 64 addresses | 3.00 (2.00–4.00) | 4.00 | 0.75× | 600 (300–900) | 50.0 | 1.0k | malformed_datagram 2, unauthenticated 200 |"),
         "{md}"
     );
+    assert!(md.contains("paced to 100 kpps for every endpoint alike"), "{md}");
     crate::report::assert_rows_match_headers(&md);
     let back: TunnelReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
-    assert_eq!(back.flood_rows, report.flood_rows);
+    assert_eq!((back.flood_rows, back.flood_rate_pps), (report.flood_rows.clone(), 100_000));
 }
 
 #[test]
