@@ -122,6 +122,11 @@ pub(crate) fn pid_user_sys_ticks(pid: u32) -> Result<(u64, u64)> {
     parse_pid_stat_user_sys_ticks(&s)
 }
 
+/// Anonymous resident memory (RssAnon) of a live process, in kB.
+pub(crate) fn pid_rss_anon_kb(pid: u32) -> Option<u64> {
+    pid_status_kb(pid, "RssAnon")
+}
+
 /// Peak RSS (VmHWM) of a live process, in kB.
 pub(crate) fn pid_peak_rss_kb(pid: u32) -> Option<u64> {
     pid_status_kb(pid, "VmHWM")

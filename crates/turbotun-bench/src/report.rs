@@ -28,6 +28,10 @@ pub(crate) struct RunRecord {
     pub fwd_sys_seconds: Option<f64>,
     /// Forwarder peak RSS (VmHWM, reset before the window when the kernel allows), kB.
     pub fwd_peak_rss_kb: Option<u64>,
+    /// The forwarder's anonymous memory at the window's end (RssAnon: its buffers, heap and stacks), kB; the rest
+    /// of its RSS is file pages, the code of the binary and libc, shared with every process that maps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fwd_rss_anon_kb: Option<u64>,
     /// Whole-box CPU busy over the window, % of all cores.
     pub box_cpu_percent: Option<f64>,
     /// Length of the sampled window, seconds.
@@ -66,6 +70,9 @@ pub(crate) struct ProcSample {
     pub sys_seconds: Option<f64>,
     /// Peak RSS (VmHWM, reset before the window when the kernel allows), kB.
     pub peak_rss_kb: Option<u64>,
+    /// Anonymous memory at the window's end (RssAnon), kB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_anon_kb: Option<u64>,
     /// System calls it entered over the window (`perf stat -e raw_syscalls:sys_enter -p PID`), and the seconds
     /// perf counted; None when they were not counted.
     pub syscalls: Option<u64>,
@@ -121,6 +128,9 @@ pub(crate) struct Summary {
     pub fwd_cpu_percent: Option<Spread>,
     pub cpu_per_gbps: Option<Spread>,
     pub rss_mb: Option<Spread>,
+    /// The anonymous part at the window's end, MB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_anon_mb: Option<Spread>,
     pub box_cpu_percent: Option<Spread>,
     /// Drops per run (counts) and the same per second of the window (kpps).
     pub dev_tx_dropped: Option<Spread>,
@@ -328,6 +338,7 @@ pub(crate) fn summarize(runs: &[RunRecord], modes: &[(String, String)], traffic:
                 fwd_cpu_percent: spread_of(&ok, |r| r.fwd_cpu_percent),
                 cpu_per_gbps: spread_of(&ok, |r| r.cpu_per_gbps()),
                 rss_mb: spread_of(&ok, |r| r.fwd_peak_rss_kb.map(|k| k as f64 / 1024.0)),
+                rss_anon_mb: spread_of(&ok, |r| r.fwd_rss_anon_kb.map(|k| k as f64 / 1024.0)),
                 box_cpu_percent: spread_of(&ok, |r| r.box_cpu_percent),
                 dev_tx_dropped: spread_of(&ok, |r| r.dev_tx_dropped.map(|x| x as f64)),
                 fwd_drops: spread_of(&ok, |r| r.fwd_drops().map(|x| x as f64)),
@@ -504,9 +515,17 @@ fn udp_cells(s: &Summary) -> Vec<String> {
         med(s.fwd_drop_kpps),
         med(s.udp_rcvbuf_err_kpps),
         cell(s.fwd_cpu_percent),
-        med(s.rss_mb),
+        rss_cell(s),
         med(s.box_cpu_percent),
     ]
+}
+
+/// Peak RSS, with its anonymous part where it was read: `8.06 (0.94 anon)`.
+fn rss_cell(s: &Summary) -> String {
+    match s.rss_anon_mb {
+        Some(anon) => format!("{} ({} anon)", med(s.rss_mb), med(Some(anon))),
+        None => med(s.rss_mb),
+    }
 }
 
 fn tcp_cells(s: &Summary) -> Vec<String> {
@@ -518,7 +537,7 @@ fn tcp_cells(s: &Summary) -> Vec<String> {
         med_count(s.retransmits),
         cell(s.fwd_cpu_percent),
         med(s.cpu_per_gbps),
-        med(s.rss_mb),
+        rss_cell(s),
         med(s.box_cpu_percent),
         s.congestion_control.clone().unwrap_or_else(|| "–".into()),
     ]
@@ -542,7 +561,10 @@ fn notes(o: &mut String, report: &Report) {
          datagrams were lost, in thousands per second: dev TX drop = TX dropped of the two devices (the tun ring \
          tail drop; for veth its queue), fwd drop = the forwarder's own counter, rcvbuf err = UDP receive-buffer \
          errors in the server namespace (TX dropped counts what the kernel dropped: with gso64 one super-packet \
-         of 64 datagrams counts once). Flamegraphs, when asked for, come from an extra run per mode so that \
+         of 64 datagrams counts once). RSS MB = the forwarder's peak RSS over the window (VmHWM), with its \
+         anonymous part at the window's end (RssAnon: buffers, heap, stacks, what each queue pair adds); the rest \
+         is file pages, the code of the binary and libc, shared with every process that maps them (the kernel maps \
+         cached pages around each one touched). Flamegraphs, when asked for, come from an extra run per mode so that \
          perf does not disturb the measured ones.",
         if best.is_empty() { String::new() } else { format!(" ({})", best.join(", ")) }
     );
@@ -580,6 +602,7 @@ mod tests {
             }),
             fwd_cpu_percent: (family != "baseline").then_some(100.0),
             fwd_peak_rss_kb: (family != "baseline").then_some(2048),
+            fwd_rss_anon_kb: (family != "baseline").then_some(512),
             fwd_counters: (family != "baseline").then(|| serde_json::json!({"packets": 5, "drops": 3})),
             ..Default::default()
         }
@@ -651,6 +674,8 @@ mod tests {
         assert!(md.contains("| turbotun-offload | 12.0 (11.0–13.0) | 102 (101–103) |"), "{md}");
         assert!(md.contains("| tunrs-offload (1 of 4 failed) | 7.00 (6.00–8.00) |"), "{md}");
         assert!(md.contains("### udp64"), "{md}");
+        // Peak RSS with its anonymous part.
+        assert!(md.contains("| 2.00 (0.500 anon) |"), "{md}");
         assert!(md.contains("- turbotun-uring: no --io"), "{md}");
         assert_rows_match_headers(&md);
         // JSON round trip

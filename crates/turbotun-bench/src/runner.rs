@@ -380,6 +380,7 @@ impl ProcBefore {
             s.sys_seconds = Some(sys as f64 / clk_tck);
         }
         s.peak_rss_kb = procfs::pid_peak_rss_kb(self.pid);
+        s.rss_anon_kb = procfs::pid_rss_anon_kb(self.pid);
         if !self.rss_reset {
             tracing::debug!("could not reset VmHWM of {}: peak RSS covers its lifetime", self.pid);
         }
@@ -449,6 +450,7 @@ impl Before {
             rec.fwd_user_seconds = s.user_seconds;
             rec.fwd_sys_seconds = s.sys_seconds;
             rec.fwd_peak_rss_kb = s.peak_rss_kb;
+            rec.fwd_rss_anon_kb = s.rss_anon_kb;
         }
         for (i, e) in self.endpoints.into_iter().enumerate() {
             let side = if i == 0 { "A" } else { "B" };
