@@ -256,6 +256,7 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options) -> Result<usize> {
         ratio_turbotun_dpdk_pps_per_cpu_second: None,
         goal_ratio: GOAL_PPS_PER_CPU,
         ratio_tso_no_offload_gbps: None,
+        ratio_no_offload_tso_cpu_per_gb: None,
         goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
         ratio_tso_ceiling_gbps: None,
         goal_tso_ceiling: GOAL_TSO_CEILING,

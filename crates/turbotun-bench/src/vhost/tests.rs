@@ -27,6 +27,7 @@ fn report_of(runs: Vec<VhostRun>, reps: u32) -> VhostReport {
         ratio_turbotun_dpdk_pps_per_cpu_second: None,
         goal_ratio: GOAL_PPS_PER_CPU,
         ratio_tso_no_offload_gbps: None,
+        ratio_no_offload_tso_cpu_per_gb: None,
         goal_tso_no_offload: GOAL_TSO_NO_OFFLOAD,
         ratio_tso_ceiling_gbps: None,
         goal_tso_ceiling: GOAL_TSO_CEILING,
@@ -61,8 +62,11 @@ fn rows_and_the_ratio_to_dpdk() {
     assert!(md.contains("1.10× (goal ≥ 1.5×: not met)"), "{md}");
     assert_eq!((report.ratio_tso_no_offload_gbps, report.ratio_tso_ceiling_gbps), (Some(5.0), Some(0.5)));
     assert!(md.contains("| ceiling | 20.0 | no backend |"), "{md}");
+    // Per GB at the socket: tso 0.5 CPU-s/s over 1.25 GB/s = 0.4, no-offload 1.0 over 0.25 = 4: 10× less per byte.
+    assert_eq!(report.ratio_no_offload_tso_cpu_per_gb, Some(10.0));
+    assert!(md.contains("| tso | 10.0 | 0.500 | 0.400 |"), "{md}");
     assert!(
-        md.contains("tso/no-offload Gbps: 5.00× (goal ≥ 5×: met); tso/ceiling Gbps: 0.50× (goal ≥ 0.8×: not met)"),
+        md.contains("(no-offload's over tso's): 10.00× (goal ≥ 5×: met); tso/ceiling Gbps: 0.50× (goal ≥ 0.8×: not met). tso/no-offload in Gbps: 5.00×"),
         "{md}"
     );
     crate::report::assert_rows_match_headers(&md);
