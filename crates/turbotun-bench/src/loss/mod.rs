@@ -17,13 +17,18 @@ use std::fmt::Write as _;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::chart;
-use super::iperf::Traffic;
-use super::modes::{Mode, Unavailable};
-use super::report::{ReportHeader, RunRecord};
-use super::runner::{interrupted, is_not_ready, run_one, Ctx};
-use super::stats::fmt_num;
-use super::Options;
+use crate::chart;
+use crate::iperf::Traffic;
+use crate::modes::{Mode, Unavailable};
+use crate::report::{ReportHeader, RunRecord};
+use crate::runner::{interrupted, is_not_ready, run_one, Ctx};
+use crate::stats::fmt_num;
+use crate::Options;
+
+mod search;
+#[cfg(test)]
+use search::search_no_drop;
+pub(crate) use search::{Search, Searcher};
 
 /// Offered rates of the table, thousands of datagrams per second.
 pub(crate) const STEPS_KPPS: &[u64] = &[25, 50, 100, 150, 200, 300];
@@ -35,6 +40,10 @@ pub(crate) const LOSS_THRESHOLD_PERCENT: f64 = 0.1;
 pub(crate) const SEARCH_TRIALS: usize = 5;
 /// ... with `--quick`.
 pub(crate) const QUICK_SEARCH_TRIALS: usize = 3;
+/// Times each forwarder's no-drop rate is searched for (each search from the table's trials alone, its steps
+/// interleaved with the other forwarders'): the rate reported is the median of the searches, with their spread.
+pub(crate) const SEARCH_REPEATS: usize = 3;
+pub(crate) const QUICK_SEARCH_REPEATS: usize = 1;
 /// The search stops once the passing and the failing rate are this close (datagrams per second).
 pub(crate) const RESOLUTION_PPS: u64 = 1000;
 /// UDP payload of every datagram.
@@ -129,75 +138,6 @@ impl LossRow {
     }
 }
 
-/// What [`search_no_drop`] found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Search {
-    /// The highest rate that passed (in the search or the table); None if none did.
-    pub no_drop_pps: Option<u64>,
-    /// The lowest failing rate the search settled against; None when the top rate passed.
-    pub lowest_fail_pps: Option<u64>,
-    /// Trials run by the search.
-    pub trials: usize,
-    /// Whether the trial budget ran out before the resolution was reached.
-    pub budget_exhausted: bool,
-}
-
-/// RFC 2544's binary search for the highest rate that passes, up to `max_rate`, with at most `max_trials`
-/// calls of `pass` (a fixed-length trial at that rate). `known` holds trials already run (the table's rows:
-/// rate, passed). The search brackets the answer with the lowest known failing rate and the highest known
-/// passing rate below it (a pass above a failure is taken for noise); without a known failure it tries
-/// `max_rate` first, and stops there if that passes. Then it halves the bracket until it is at most
-/// `resolution` wide or the budget is spent. The result is always a rate that passed, so a noisy trial can make
-/// it low, never claim a rate that was not seen to pass.
-pub(crate) fn search_no_drop<E>(
-    max_rate: u64,
-    known: &[(u64, bool)],
-    max_trials: usize,
-    resolution: u64,
-    mut pass: impl FnMut(u64) -> std::result::Result<bool, E>,
-) -> std::result::Result<Search, E> {
-    let mut s = Search::default();
-    let known: Vec<(u64, bool)> = known.iter().copied().filter(|(r, _)| *r <= max_rate).collect();
-    let mut hi = match known.iter().filter(|(_, p)| !p).map(|(r, _)| *r).min() {
-        Some(fail) => fail,
-        None if known.iter().any(|&(r, p)| p && r == max_rate) => {
-            s.no_drop_pps = Some(max_rate);
-            return Ok(s);
-        }
-        None if max_trials == 0 => {
-            s.no_drop_pps = known.iter().filter(|(_, p)| *p).map(|(r, _)| *r).max();
-            s.budget_exhausted = true;
-            return Ok(s);
-        }
-        None => {
-            s.trials += 1;
-            if pass(max_rate)? {
-                s.no_drop_pps = Some(max_rate);
-                return Ok(s);
-            }
-            max_rate
-        }
-    };
-    s.no_drop_pps = known.iter().filter(|&&(r, p)| p && r < hi).map(|(r, _)| *r).max();
-    let mut lo = s.no_drop_pps.unwrap_or(0);
-    while hi - lo > resolution.max(1) {
-        if s.trials >= max_trials {
-            s.budget_exhausted = true;
-            break;
-        }
-        let mid = lo + (hi - lo) / 2;
-        s.trials += 1;
-        if pass(mid)? {
-            s.no_drop_pps = Some(mid);
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    s.lowest_fail_pps = Some(hi);
-    Ok(s)
-}
-
 /// One forwarder's no-drop rate at one queue length.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct NoDrop {
@@ -211,7 +151,40 @@ pub(crate) struct NoDrop {
     /// The no-drop rate: what the generator actually sent in the trial that passed at `search.no_drop_pps`
     /// (datagrams its kernel took per second), never more than was offered. A trial passes on the loss among
     /// what was sent, so a generator that fell short of the offered rate shows here, not as a higher rate.
+    /// With several searches: the median search's (`search` is that one), the others in `repeats`.
     pub no_drop_sent_pps: Option<f64>,
+    /// Every search of this forwarder at this queue length, in the order run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<SearchRepeat>,
+    /// The no-drop rates sent over the searches that found one: median, min, max.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_drop_sent_spread: Option<crate::stats::Spread>,
+}
+
+/// One search of a forwarder's no-drop rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SearchRepeat {
+    #[serde(flatten)]
+    pub search: Search,
+    pub no_drop_sent_pps: Option<f64>,
+}
+
+impl NoDrop {
+    /// The searches of `mode` at `txq`: the median one's rate and its offered rate, and the spread.
+    fn of_repeats(mode: &str, family: &str, txq: Option<u32>, repeats: Vec<SearchRepeat>) -> NoDrop {
+        let mut by_rate: Vec<&SearchRepeat> = repeats.iter().collect();
+        by_rate.sort_by(|a, b| a.no_drop_sent_pps.unwrap_or(-1.0).total_cmp(&b.no_drop_sent_pps.unwrap_or(-1.0)));
+        let median = by_rate.get(by_rate.len() / 2).copied().copied().unwrap_or_default();
+        NoDrop {
+            mode: mode.into(),
+            family: family.into(),
+            txqueuelen: txq,
+            search: median.search,
+            no_drop_sent_pps: median.no_drop_sent_pps,
+            no_drop_sent_spread: crate::stats::Spread::of(repeats.iter().filter_map(|r| r.no_drop_sent_pps)),
+            repeats,
+        }
+    }
 }
 
 /// The JSON document of `--loss`.
@@ -244,11 +217,12 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, modes: &[Mode], not_available: 
     let (steps, txqueuelens) = steps_and_queue_lengths(args)?;
     let max_rate = steps.iter().copied().max().unwrap_or(0);
     let max_trials = if args.quick { QUICK_SEARCH_TRIALS } else { SEARCH_TRIALS };
+    let repeats = if args.quick { QUICK_SEARCH_REPEATS } else { SEARCH_REPEATS };
     let started_unix = super::now_unix();
-    let per_txq = (steps.len() + max_trials) * modes.len();
+    let per_txq = (steps.len() + max_trials * repeats) * modes.len();
     eprintln!(
-        "turbotun bench --loss: {} mode(s) × {} rate(s) + at most {max_trials} search trial(s), at {} queue \
-         length(s), {} s per trial (~{} min at most)",
+        "turbotun bench --loss: {} mode(s) × {} rate(s) + {repeats} search(es) of at most {max_trials} trial(s), \
+         interleaved, at {} queue length(s), {} s per trial (~{} min at most)",
         modes.len(),
         steps.len(),
         txqueuelens.len(),
@@ -266,9 +240,14 @@ pub(crate) fn run(ctx: &mut Ctx, args: &Options, modes: &[Mode], not_available: 
                     t.trial(m, rate, "table")?;
                 }
             }
-            for m in modes {
-                no_drop.push(t.no_drop(m, txq, max_rate, max_trials)?);
+            let mut searches: Vec<Vec<SearchRepeat>> = vec![Vec::new(); modes.len()];
+            for repeat in 1..=repeats {
+                let found = t.searches(modes, txq, &format!("search{repeat}"), max_rate, max_trials)?;
+                searches.iter_mut().zip(found).for_each(|(all, one)| all.push(one));
             }
+            no_drop.extend(
+                modes.iter().zip(searches).map(|(m, found)| NoDrop::of_repeats(&m.label, m.family, txq, found)),
+            );
         }
         Ok(())
     })();
@@ -331,22 +310,46 @@ struct Trials<'a> {
 }
 
 impl Trials<'_> {
-    /// `m`'s no-drop rate at queue length `txq`: a binary search between the table's rates (what they already
-    /// showed counts), at most `max_trials` more trials.
-    fn no_drop(&mut self, m: &Mode, txq: Option<u32>, max_rate: u64, max_trials: usize) -> Result<NoDrop> {
-        let known: Vec<(u64, bool)> = self
-            .rows
+    /// One search of every forwarder's no-drop rate at queue length `txq`, their steps interleaved (a trial of
+    /// each in turn, so that what the machine does meanwhile falls on all alike): each a binary search between
+    /// the table's rates (what they showed counts, not earlier searches), at most `max_trials` trials.
+    fn searches(
+        &mut self,
+        modes: &[Mode],
+        txq: Option<u32>,
+        phase: &str,
+        max_rate: u64,
+        max_trials: usize,
+    ) -> Result<Vec<SearchRepeat>> {
+        let mut searchers: Vec<Searcher> = modes
             .iter()
-            .filter(|r| r.mode == m.label && r.txqueuelen == txq)
-            .map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT)))
+            .map(|m| {
+                let known: Vec<(u64, bool)> = table_rows(&self.rows, &m.label, txq)
+                    .iter()
+                    .map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT)))
+                    .collect();
+                Searcher::new(max_rate, &known, max_trials, RESOLUTION_PPS)
+            })
             .collect();
-        let search = search_no_drop(max_rate, &known, max_trials, RESOLUTION_PPS, |rate| {
-            Ok::<_, anyhow::Error>(self.trial(m, rate, "search")?.passes(LOSS_THRESHOLD_PERCENT))
-        })?;
-        // The bar counted the whole budget; give back what the search did not use.
-        self.pb.inc((max_trials - search.trials.min(max_trials)) as u64);
-        let no_drop_sent_pps = no_drop_sent(&self.rows, &m.label, txq, search.no_drop_pps);
-        Ok(NoDrop { mode: m.label.clone(), family: m.family.into(), txqueuelen: txq, search, no_drop_sent_pps })
+        while searchers.iter().any(|s| s.next_rate().is_some()) {
+            for (m, searcher) in modes.iter().zip(searchers.iter_mut()) {
+                if let Some(rate) = searcher.next_rate() {
+                    let passed = self.trial(m, rate, phase)?.passes(LOSS_THRESHOLD_PERCENT);
+                    searcher.record(passed);
+                }
+            }
+        }
+        Ok(modes
+            .iter()
+            .zip(searchers)
+            .map(|(m, searcher)| {
+                let search = searcher.result();
+                // The bar counted the whole budget; give back what the search did not use.
+                self.pb.inc((max_trials - search.trials.min(max_trials)) as u64);
+                let no_drop_sent_pps = no_drop_sent(&self.rows, &m.label, txq, search.no_drop_pps, phase);
+                SearchRepeat { search, no_drop_sent_pps }
+            })
+            .collect())
     }
 
     /// One trial of `m` at `rate` (a failed one is a row with its error); an error only when interrupted.
@@ -398,12 +401,20 @@ impl Trials<'_> {
     }
 }
 
-/// What the generator sent per second in the passing trial of `mode` at queue length `txq` offered `offered`
-/// (the last such trial, a search's repeat of a table rate included).
-pub(crate) fn no_drop_sent(rows: &[LossRow], mode: &str, txq: Option<u32>, offered: Option<u64>) -> Option<f64> {
+/// What the generator sent per second in the passing trial of `mode` at queue length `txq` offered `offered`,
+/// among the table's trials and the search `phase`'s (the last such trial, a search's repeat of a table rate
+/// included).
+pub(crate) fn no_drop_sent(
+    rows: &[LossRow],
+    mode: &str,
+    txq: Option<u32>,
+    offered: Option<u64>,
+    phase: &str,
+) -> Option<f64> {
     let offered = offered?;
     rows.iter()
         .rev()
+        .filter(|r| r.phase == "table" || r.phase == phase)
         .find(|r| r.mode == mode && r.txqueuelen == txq && r.offered_pps == offered && r.passes(LOSS_THRESHOLD_PERCENT))
         .and_then(|r| r.gen_pps)
 }
@@ -474,7 +485,8 @@ pub(crate) fn markdown(report: &LossReport) -> String {
     let _ = writeln!(
         o,
         "### No-drop rate (loss ≤ {} %: binary search of {} s trials between the table's rates, at most {} more, \
-         resolution {} kpps)\n",
+         resolution {} kpps; every search's steps interleaved across the forwarders, each forwarder searched \
+         as often as the table's searches column says, the median search shown with the others' spread)\n",
         report.loss_threshold_percent,
         report.trial_seconds,
         report.max_search_trials,
@@ -487,15 +499,34 @@ pub(crate) fn markdown(report: &LossReport) -> String {
     let _ = writeln!(o, "|---|---|---|---|---|---|");
     let top = report.steps_pps.iter().copied().max().unwrap_or(0);
     for n in &report.no_drop {
+        // The median search's rate, and the range over the searches when there were several.
+        let spread = match n.no_drop_sent_spread {
+            Some(s) if n.repeats.len() > 1 => {
+                format!(
+                    " ({}–{}, {} of {} found one)",
+                    opt_kpps(Some(s.min)),
+                    opt_kpps(Some(s.max)),
+                    s.n,
+                    n.repeats.len()
+                )
+            }
+            _ => String::new(),
+        };
         let no_drop = match (n.no_drop_sent_pps, n.search.no_drop_pps) {
             (Some(sent), Some(offered)) if offered >= top => {
-                format!("≥ {} (the top rate passed)", opt_kpps(Some(sent)))
+                format!("≥ {}{spread} (the top rate passed)", opt_kpps(Some(sent)))
             }
-            (Some(sent), Some(_)) => opt_kpps(Some(sent)),
+            (Some(sent), Some(_)) => format!("{}{spread}", opt_kpps(Some(sent))),
             (None, Some(_)) => "– (no trial record)".into(),
             (_, None) => "none passed".into(),
         };
-        let trials = format!("{}{}", n.search.trials, if n.search.budget_exhausted { " (budget spent)" } else { "" });
+        let searches: Vec<Search> =
+            if n.repeats.is_empty() { vec![n.search] } else { n.repeats.iter().map(|r| r.search).collect() };
+        let trials = format!(
+            "{}{}",
+            searches.iter().map(|s| s.trials.to_string()).collect::<Vec<_>>().join(" + "),
+            if searches.iter().any(|s| s.budget_exhausted) { " (budget spent)" } else { "" }
+        );
         let _ = writeln!(
             o,
             "| {} | {} | {no_drop} | {} | {} | {trials} |",
@@ -587,94 +618,6 @@ mod tests {
     use super::*;
     use crate::gen::{GenReport, LoadResult, SinkReport};
 
-    /// Runs a search whose trials are `curve(rate)`, counting the calls and checking each is inside the range.
-    fn search(max: u64, known: &[(u64, bool)], budget: usize, curve: impl Fn(u64) -> bool) -> (Search, Vec<u64>) {
-        let mut calls = Vec::new();
-        let s = search_no_drop(max, known, budget, RESOLUTION_PPS, |rate| {
-            assert!(rate <= max, "trial above the range: {rate}");
-            calls.push(rate);
-            Ok::<_, ()>(curve(rate))
-        })
-        .unwrap();
-        assert_eq!(s.trials, calls.len(), "{s:?}");
-        assert!(s.trials <= budget, "{s:?} over the budget of {budget}");
-        (s, calls)
-    }
-
-    fn table(steps: &[u64], curve: impl Fn(u64) -> bool) -> Vec<(u64, bool)> {
-        steps.iter().map(|&k| (k * 1000, curve(k * 1000))).collect()
-    }
-
-    #[test]
-    fn monotone_curve_converges_to_the_knee() {
-        let knee = 123_456;
-        let curve = |r: u64| r <= knee;
-        let known = table(STEPS_KPPS, curve);
-        let (s, calls) = search(300_000, &known, 20, curve);
-        let found = s.no_drop_pps.unwrap();
-        assert!(found <= knee && knee - found <= RESOLUTION_PPS, "{s:?}");
-        assert!(s.lowest_fail_pps.unwrap() > knee && s.lowest_fail_pps.unwrap() - found <= RESOLUTION_PPS);
-        assert!(!s.budget_exhausted);
-        // Bracketed by the table (100k passes, 150k fails): every trial inside, none repeated from the table.
-        assert!(calls.iter().all(|&c| c > 100_000 && c < 150_000), "{calls:?}");
-        assert!(calls.len() <= 6, "50k bracket to 1k takes 6 halvings: {calls:?}");
-        // Without a table it starts at the top rate.
-        let (s2, calls) = search(300_000, &[], 20, curve);
-        assert_eq!(calls[0], 300_000);
-        assert!(knee - s2.no_drop_pps.unwrap() <= RESOLUTION_PPS, "{s2:?}");
-    }
-
-    #[test]
-    fn bounded_trial_count() {
-        let curve = |r: u64| r <= 123_456;
-        for budget in 0..4 {
-            let (s, _) = search(300_000, &table(STEPS_KPPS, curve), budget, curve);
-            assert_eq!(s.trials, budget, "{s:?}");
-            assert!(s.budget_exhausted, "{s:?}");
-            // Whatever the budget, the answer passed and sits in the bracket.
-            let found = s.no_drop_pps.unwrap();
-            assert!((100_000..=123_456).contains(&found), "{s:?}");
-        }
-    }
-
-    #[test]
-    fn noisy_curve_answers_a_rate_that_passed() {
-        // Mostly passes below 150k, but a pseudo-random 30 % of trials flip.
-        let noisy = |r: u64| {
-            let h = r.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % 100;
-            (r <= 150_000) != (h < 30)
-        };
-        let known = table(STEPS_KPPS, noisy);
-        let mut passed: Vec<u64> = known.iter().filter(|k| k.1).map(|k| k.0).collect();
-        let (s, calls) = search(300_000, &known, SEARCH_TRIALS, noisy);
-        passed.extend(calls.iter().copied().filter(|&c| noisy(c)));
-        if let Some(found) = s.no_drop_pps {
-            assert!(passed.contains(&found), "{found} never passed: {s:?}");
-            assert!(s.lowest_fail_pps.is_none_or(|f| found < f), "{s:?}");
-        }
-        if let Some(f) = s.lowest_fail_pps {
-            assert!(!noisy(f), "the bracket's top was seen to fail: {s:?}");
-        }
-    }
-
-    #[test]
-    fn all_fail_and_all_pass() {
-        let (s, calls) = search(300_000, &table(STEPS_KPPS, |_| false), SEARCH_TRIALS, |_| false);
-        assert_eq!(s.no_drop_pps, None, "{s:?}");
-        assert!(calls.iter().all(|&c| c < 25_000), "below the lowest failing step: {calls:?}");
-        assert!(s.lowest_fail_pps.unwrap() < 25_000);
-        let (s, calls) = search(300_000, &[], 3, |_| false);
-        assert_eq!((s.no_drop_pps, s.trials, s.budget_exhausted), (None, 3, true));
-        assert_eq!(calls, [300_000, 150_000, 75_000]);
-        // Every step passed, the top one too: nothing to search.
-        let (s, calls) = search(300_000, &table(STEPS_KPPS, |_| true), SEARCH_TRIALS, |_| true);
-        assert_eq!((s.no_drop_pps, s.lowest_fail_pps, s.trials), (Some(300_000), None, 0));
-        assert!(calls.is_empty());
-        // Nothing known: one trial at the top.
-        let (s, calls) = search(300_000, &[], SEARCH_TRIALS, |_| true);
-        assert_eq!((s.no_drop_pps, calls.as_slice()), (Some(300_000), &[300_000][..]));
-    }
-
     fn record(sent: u64, received: u64, socket_drops: u64) -> RunRecord {
         RunRecord {
             mode: "turbotun-offload".into(),
@@ -724,6 +667,46 @@ mod tests {
 
     /// A generator that fell short of the offered rate: the no-drop rate is what it sent, not what was asked.
     #[test]
+    fn the_median_search_and_the_spread() {
+        let repeat = |offered: u64, sent: Option<f64>| SearchRepeat {
+            search: Search {
+                no_drop_pps: Some(offered),
+                lowest_fail_pps: Some(offered + 1000),
+                trials: 5,
+                budget_exhausted: true,
+            },
+            no_drop_sent_pps: sent,
+        };
+        let n = NoDrop::of_repeats(
+            "turbotun-offload",
+            "turbotun",
+            None,
+            vec![repeat(180_000, Some(179_000.0)), repeat(120_000, Some(119_500.0)), repeat(150_000, Some(150_000.0))],
+        );
+        assert_eq!((n.no_drop_sent_pps, n.search.no_drop_pps), (Some(150_000.0), Some(150_000)));
+        let s = n.no_drop_sent_spread.unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (150_000.0, 119_500.0, 179_000.0, 3));
+        let report = LossReport {
+            header: ReportHeader::for_tests("t"),
+            payload_bytes: 64,
+            trial_seconds: 2,
+            ipv6: false,
+            steps_pps: vec![50_000, 300_000],
+            txqueuelens: vec![None],
+            loss_threshold_percent: 0.1,
+            max_search_trials: 5,
+            resolution_pps: 1000,
+            modes: vec!["turbotun-offload".into()],
+            not_available: vec![],
+            rows: vec![],
+            no_drop: vec![n],
+            runs: vec![],
+        };
+        let md = markdown(&report);
+        assert!(md.contains("| turbotun-offload | default | 150 (120–179, 3 of 3 found one) | 150 | 151 | 5 + 5 + 5 (budget spent) |"), "{md}");
+    }
+
+    #[test]
     fn no_drop_is_the_rate_sent() {
         // Offered 500 kpps for 2 s, the generator sent 330 kpps, nothing lost: a pass at 500 offered.
         let short = record(660_000, 660_000, 0);
@@ -733,10 +716,14 @@ mod tests {
         let known: Vec<(u64, bool)> = rows.iter().map(|r| (r.offered_pps, r.passes(LOSS_THRESHOLD_PERCENT))).collect();
         let search = search_no_drop(600_000, &known, 0, RESOLUTION_PPS, |_| Ok::<_, ()>(false)).unwrap();
         assert_eq!(search.no_drop_pps, Some(500_000), "the search works on offered rates");
-        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, search.no_drop_pps), Some(330_000.0));
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, search.no_drop_pps, "search1"), Some(330_000.0));
         // Another queue length or a failing trial at that rate is not taken for it.
-        assert_eq!(no_drop_sent(&rows, "turbotun-offload", Some(1000), search.no_drop_pps), None);
-        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, Some(600_000)), None);
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", Some(1000), search.no_drop_pps, "search1"), None);
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, Some(600_000), "search1"), None);
+        // Another search's passing trial is not this search's.
+        rows.push(LossRow::from_run(&record(880_000, 880_000, 0), 550_000, None, "search2"));
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, Some(550_000), "search2"), Some(440_000.0));
+        assert_eq!(no_drop_sent(&rows, "turbotun-offload", None, Some(550_000), "search1"), None);
     }
 
     #[test]
@@ -771,6 +758,8 @@ mod tests {
                     budget_exhausted: false,
                 },
                 no_drop_sent_pps: Some(149_000.0),
+                repeats: vec![],
+                no_drop_sent_spread: None,
             }],
             runs: vec![],
         };
