@@ -259,7 +259,10 @@ fn bench_echo_quick_offload() {
     assert_eq!(trains, ["gso64", "gso1400"], "{}", r.json["trains"]);
     for g in goals {
         let k = |key: &str| g[key].as_f64().unwrap();
-        assert!((k("ratio") - k("offload_kpps") / k("naive_kpps")).abs() < 1e-9, "{g}");
+        // Judged on the shares answered (the generator may reach another rate for each echo), the replies'
+        // ratio beside it.
+        assert!((k("ratio") - k("offload_answered_percent") / k("naive_answered_percent")).abs() < 1e-9, "{g}");
+        assert!((k("replies_ratio") - k("offload_kpps") / k("naive_kpps")).abs() < 1e-9, "{g}");
         assert!(k("naive_offered_kpps") > 0.0 && k("offload_offered_kpps") > 0.0, "{g}");
     }
 }
