@@ -519,7 +519,8 @@ fn a_front_end_reconnects() {
 
 /// A frame waiting for more receive buffers holds those it took; when the front end stops the ring
 /// (`GET_VRING_BASE`, as QEMU does before a migration or a guest reset), they are handed back: the base it is
-/// told does not count them as consumed, so the guest loses none.
+/// told does not count them as consumed, so the guest loses none. Started again at that base with more buffers
+/// offered, the frame lands whole from the first of the two it had taken, nothing dropped.
 #[test]
 fn a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took() {
     run("a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took", |s| {
@@ -539,7 +540,18 @@ fn a_stopped_ring_gets_back_the_buffers_a_waiting_frame_took() {
         s.counters_when("the frame read", |c| c.to_guest.reads == 1);
         let used = guest.rx_used_index().unwrap();
         assert_eq!(used, 0, "nothing used: the frame does not fit yet");
-        assert_eq!(guest.frontend().get_vring_base(0).unwrap(), 0, "the two buffers taken are not reported consumed");
+        let base = guest.frontend().get_vring_base(0).unwrap();
+        assert_eq!(base, 0, "the two buffers taken are not reported consumed");
+        // The front end starts the ring again where it was told and offers eight more buffers: the waiting frame
+        // now fits and lands in the guest's buffers from the first, the two given back among them, none lost.
+        guest.restart_queue(0, u16::try_from(base).unwrap()).unwrap();
+        guest.post_rx(2, 8).unwrap();
+        let data = payload(14_000, 5);
+        let got = guest.recv_matching(Duration::from_secs(5), |frame| frame.ends_with(&data)).unwrap();
+        let first_two: Vec<u32> = (0..2).map(|i| guest.rx_used_entry(i).unwrap().0).collect();
+        assert_eq!(first_two, [0, 1], "the buffers it had taken carry its first bytes: {got:?}");
+        let c = s.counters_when("the frame delivered", |c| c.to_guest.packets == 1);
+        assert_eq!(c.to_guest.drops.total(), 0, "nothing dropped across the stop: {c:?}");
     });
 }
 

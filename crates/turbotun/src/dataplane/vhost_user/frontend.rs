@@ -258,6 +258,22 @@ impl Guest {
             for addr in [ring.avail, ring.used] {
                 self.mem.write_slice(&[0u8; 4096], GuestAddress(addr)).map_err(memory_error)?;
             }
+            self.start_queue(index, ring, host, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Starts queue `index` (0: receive, 1: transmit) again at `base` after the front end stopped it
+    /// (`GET_VRING_BASE`, which told it the base), as QEMU does after a migration: the rings keep what is in
+    /// them.
+    pub fn restart_queue(&mut self, index: usize, base: u16) -> Result<()> {
+        let host = GuestMemoryBackend::get_host_address(&self.mem, GuestAddress(0)).map_err(memory_error)? as u64;
+        let ring = if index == 0 { self.rx } else { self.tx };
+        self.start_queue(index, ring, host, base)
+    }
+
+    fn start_queue(&mut self, index: usize, ring: Ring, host: u64, base: u16) -> Result<()> {
+        {
             self.fe.set_vring_num(index, ring.size)?;
             let config = VringConfigData {
                 queue_max_size: ring.size,
@@ -269,7 +285,7 @@ impl Guest {
                 log_addr: None,
             };
             self.fe.set_vring_addr(index, &config)?;
-            self.fe.set_vring_base(index, 0)?;
+            self.fe.set_vring_base(index, base)?;
             self.fe.set_vring_call(index, &self.calls[index])?;
             let kick = if index == 0 { &self.rx_kick } else { &self.tx_kick };
             self.fe.set_vring_kick(index, kick)?;
@@ -301,6 +317,13 @@ impl Guest {
     /// The receive ring's used index as the backend last wrote it.
     pub fn rx_used_index(&self) -> Result<u16> {
         self.mem.read_obj::<u16>(GuestAddress(self.rx.used + 2)).map(u16::from_le).map_err(memory_error)
+    }
+
+    /// Entry `i` of the receive ring's used ring, as the backend wrote it: (descriptor id, bytes written).
+    pub fn rx_used_entry(&self, i: u16) -> Result<(u32, u32)> {
+        let at = self.rx.used + 4 + 8 * u64::from(i % self.rx.size);
+        let read = |at: u64| self.mem.read_obj::<u32>(GuestAddress(at)).map(u32::from_le).map_err(memory_error);
+        Ok((read(at)?, read(at + 4)?))
     }
 
     fn write_desc(&self, ring: Ring, index: u16, addr: u64, len: u32, flags: u16, next: u16) -> Result<()> {
