@@ -91,7 +91,8 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap()
     }
 
-    /// `wg-quick down` does this: the endpoint notices, ends and removes its sockets.
+    /// `wg-quick down` does this: the endpoint notices, ends and removes its sockets. Returns once its process is
+    /// gone too, so that its log is complete (the closing summary is written after the sockets go).
     fn delete(&self) {
         if let Ok(mut nl) = Netlink::in_netns(&ns_path(&self.ns)) {
             let _ = nl.delete_link(&self.name);
@@ -99,6 +100,7 @@ impl Daemon {
         wait_for("the endpoint to remove its sockets", || {
             !uapi_socket(&self.name).exists() && !stats_socket(&self.ns, &self.name).exists()
         });
+        wait_for("the endpoint's process to end", || common::processes_with(&self.name).is_empty());
     }
 }
 
