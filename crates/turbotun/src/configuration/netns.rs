@@ -79,11 +79,11 @@ pub fn current_name() -> Option<String> {
     let same = |m: &std::fs::Metadata| m.dev() == own.dev() && m.ino() == own.ino();
     // Since Linux 6.18 the initial namespace has a fixed inode (uapi `nsfs.h`); before, it is PID 1's, whose
     // namespace file needs ptrace access (refused even to root in some sandboxes).
-    let initial = match std::fs::metadata("/proc/1/ns/net") {
-        _ if own.ino() == INITIAL_NETNS_INODE => true,
-        Ok(pid1) => same(&pid1),
-        Err(_) => !kernel_at_least(6, 18),
-    };
+    let initial = own.ino() == INITIAL_NETNS_INODE
+        || match std::fs::metadata("/proc/1/ns/net") {
+            Ok(pid1) => same(&pid1),
+            Err(_) => !kernel_at_least(6, 18),
+        };
     if initial {
         return None;
     }
