@@ -116,6 +116,12 @@ pub struct FwdArgs {
     /// operation, but the arena (about 8.5 MiB per direction) is pinned and resident.
     #[arg(long)]
     pub register_buffers: bool,
+    /// With --mode offload and blocking or poll I/O: a batch that finds the queue dry waits up to this many
+    /// microseconds for more packets before it is coalesced and written, as the kernel does with a device's
+    /// gro_flush_timeout. A burst written one packet at a time after an idle pause then leaves coalesced, at up
+    /// to this much added latency per packet. Default: no hold (the kernel's default too).
+    #[arg(long, value_name = "USECS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub gro_hold: Option<u64>,
     #[command(flatten)]
     pub counters: CountersArgs,
     #[command(flatten)]
@@ -284,6 +290,9 @@ fn forwarder_builder(args: &FwdArgs) -> Result<ForwarderBuilder> {
         .register_buffers(args.register_buffers);
     if let Some(depth) = args.depth {
         builder = builder.depth(depth);
+    }
+    if let Some(usecs) = args.gro_hold {
+        builder = builder.gro_hold(Duration::from_micros(usecs));
     }
     Ok(match io {
         Some(io) => builder.io(io),

@@ -149,6 +149,8 @@ fn every_bad_argument_exits_2_with_the_commands_prefix() {
         (&["fwd", "tqa", "tqb", "--threads", "0"], "thread"),
         (&["fwd", "tqa", "tqb", "--udp-tunnel"], "udp"),
         (&["fwd", "tqa", "tqb", "--checksums", "partial", "--mode", "plain"], "checksums"),
+        (&["fwd", "tqa", "tqb", "--gro-hold", "200", "--io", "uring"], "GRO hold"),
+        (&["fwd", "tqa", "tqb", "--gro-hold", "20000"], "--gro-hold"),
         (&["fwd", "tqa", "tqa"], "differ"),
         (&["set", "lo"], "nothing to set"),
         (&["create", "tq2", "--tap", "--mac", "zz:00"], "zz:00"),

@@ -107,7 +107,12 @@ fn qemu_guest_with_two_queue_pairs_answers_flows_on_both() {
         pairs.iter().all(|(_, to_guest)| to_guest.packets > 0),
         "both pairs carried frames to the guest: {pairs:?}"
     );
+    // The guest answers on the queue of the vCPU that took the request (its driver maps transmit queue k to vCPU
+    // k, as it does receive queue k's interrupt): both pairs carry answers to the TAP, and all of them arrive.
+    assert!(pairs.iter().all(|(to_tap, _)| to_tap.packets > 0), "both pairs carried the guest's answers: {pairs:?}");
     let (to_tap, to_guest) = backend.counters();
+    assert!(to_tap.packets >= 2 * sources.len() as u64, "at least the 32 echo replies: {to_tap:?}");
+    assert_eq!(backend.tap_stats().rx_packets, to_tap.packets, "every answer reached the TAP");
     assert_eq!((to_tap.drops.total(), to_guest.drops.total()), (0, 0), "no drops: {to_tap:?} {to_guest:?}");
     backend.stop("QEMU");
 }

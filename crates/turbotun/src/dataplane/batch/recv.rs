@@ -102,6 +102,8 @@ pub(crate) struct RecvHalf {
     partial: bool,
     /// Ends a wait for packets at once when it fires (see [`RecvBatch::stop_on`]).
     stop: Option<StopHandle>,
+    /// How long a batch that found the queue dry waits for more (see [`RecvBatch::gro_hold`]).
+    hold: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for RecvHalf {
@@ -125,7 +127,14 @@ impl RecvHalf {
             last_whole: false,
             partial: false,
             stop: None,
+            hold: None,
         }
+    }
+
+    /// See [`RecvBatch::gro_hold`].
+    pub(crate) fn gro_hold(mut self, hold: Option<std::time::Duration>) -> Self {
+        self.hold = hold.filter(|h| !h.is_zero());
+        self
     }
 
     /// See [`RecvBatch::partial_checksums`].
@@ -191,6 +200,8 @@ impl RecvHalf {
     ) -> Result<Received> {
         let mut total = Received { packets: 0, pending: 0, checksums: Checksums::Valid };
         let n = batch.capacity();
+        // When the hold (if any) ends: counted from the batch's first packet, so a batch waits `hold` at most.
+        let mut held_until: Option<std::time::Instant> = None;
         while total.packets < n {
             let nowait = total.packets > 0;
             if nowait && !self.nowait {
@@ -215,7 +226,19 @@ impl RecvHalf {
                         break;
                     }
                 }
-                Err(e) if e.is_would_block() && total.packets > 0 => break,
+                Err(e) if e.is_would_block() && total.packets > 0 => {
+                    let Some(hold) = self.hold else { break };
+                    let until = *held_until.get_or_insert_with(|| std::time::Instant::now() + hold);
+                    let left = until.saturating_duration_since(std::time::Instant::now());
+                    // A wait that ends empty, stopped or interrupted hands over what the batch holds.
+                    let more = !left.is_zero()
+                        && queue
+                            .wait_or_stop(rustix::event::PollFlags::IN, self.stop.as_ref(), Some(left))
+                            .is_ok_and(|m| m);
+                    if !more {
+                        break;
+                    }
+                }
                 Err(e) if e.is_nowait_unsupported() && total.packets > 0 => {
                     self.nowait = false;
                     break;
@@ -623,6 +646,18 @@ impl<Q: Borrow<Queue>> RecvBatch<Q> {
     /// header this changes nothing.
     pub fn keep_udp_super_packets(mut self, on: bool) -> Self {
         self.half = self.half.keep_udp_super_packets(on);
+        self
+    }
+
+    /// Waits up to `hold` for more packets when a batch finds the queue dry before it is full, as the kernel's
+    /// NAPI does with a device's `gro_flush_timeout`: a sender that writes a burst one packet at a time after
+    /// an idle pause (the kernel's GRO selftest does) has it read in one batch and coalesced, instead of its
+    /// first packet leaving alone. The hold is counted from the batch's first would-block read and ends at
+    /// once when a packet fills the batch, a super-packet ends it, or `stop` fires; so it adds at most `hold` to
+    /// a packet's time in the forwarder, and nothing while the reads keep finding full batches. `None` or zero
+    /// (the default, like the kernel's) holds nothing.
+    pub fn gro_hold(mut self, hold: Option<std::time::Duration>) -> Self {
+        self.half = self.half.gro_hold(hold);
         self
     }
 

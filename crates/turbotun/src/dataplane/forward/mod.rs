@@ -133,6 +133,7 @@ pub struct ForwarderBuilder {
     udp_tunnel: bool,
     partial_checksums: bool,
     register_buffers: bool,
+    gro_hold: Option<std::time::Duration>,
     stop: Option<StopHandle>,
     per_packet: Option<PerPacket>,
 }
@@ -156,6 +157,9 @@ const VNET_HDR: usize = turbotun_wire::VIRTIO_NET_HDR_LEN;
 pub const MAX_BATCH: usize = crate::dataplane::batch::BATCH_SIZE;
 /// Most io_uring buffers per direction.
 pub const MAX_DEPTH: usize = 1024;
+/// The longest [`ForwarderBuilder::gro_hold`]: ten times the 1 ms `gro_flush_timeout` the kernel's GRO selftest
+/// sets; a longer hold would only be added latency.
+pub const MAX_GRO_HOLD: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl ForwarderBuilder {
     /// Frames in flight per direction with io_uring by default: in `turbotun bench` (plain, TCP) 64 used the
@@ -183,6 +187,7 @@ impl ForwarderBuilder {
             udp_tunnel: false,
             partial_checksums: false,
             register_buffers: false,
+            gro_hold: None,
             stop: None,
             per_packet: None,
         }
@@ -261,6 +266,15 @@ impl ForwarderBuilder {
         self
     }
 
+    /// Offload mode, blocking or poll I/O: a batch that finds the queue dry waits up to `hold` for more packets
+    /// before it is coalesced and written, as the kernel's NAPI does with a device's `gro_flush_timeout` (see
+    /// [`crate::batch::RecvBatch::gro_hold`]). Off by default, as in the kernel: a burst written one packet at a
+    /// time after an idle pause may then have its first packet leave alone. At most [`MAX_GRO_HOLD`].
+    pub fn gro_hold(mut self, hold: std::time::Duration) -> Self {
+        self.gro_hold = Some(hold);
+        self
+    }
+
     /// The virtio header size this configuration forwards with (0 for plain).
     fn vnet_hdr_len(&self) -> usize {
         match (self.mode.uses_vnet_hdr(), self.udp_tunnel) {
@@ -315,6 +329,18 @@ impl ForwarderBuilder {
             return bad(
                 "registered buffers go with offload mode through io_uring: only that path reads into registered slots",
             );
+        }
+        if let Some(hold) = self.gro_hold {
+            if self.mode != ForwardMode::Offload || matches!(self.io, Some(IoKind::Tokio | IoKind::Uring)) {
+                return bad("a GRO hold goes with offload mode and blocking or poll I/O: only those reads wait for a burst's rest");
+            }
+            if hold.is_zero() || hold > MAX_GRO_HOLD {
+                return Err(Error::OutOfRange {
+                    what: "gro_hold (microseconds)",
+                    value: hold.as_micros() as u64,
+                    allowed: format!("1 to {}", MAX_GRO_HOLD.as_micros()),
+                });
+            }
         }
         if self.batch == 0 || self.batch > MAX_BATCH {
             return Err(Error::OutOfRange {

@@ -27,6 +27,7 @@ pub(super) struct WorkerCtx {
     pub partial_checksums: bool,
     #[cfg_attr(not(feature = "uring"), allow(dead_code))]
     pub register_buffers: bool,
+    pub gro_hold: Option<std::time::Duration>,
     pub stop: StopHandle,
     pub stats: StatsHandle,
     pub a_to_b: bool,
@@ -49,6 +50,7 @@ impl WorkerCtx {
             when_full: fwd.config.when_full,
             partial_checksums: fwd.config.partial_checksums,
             register_buffers: fwd.config.register_buffers,
+            gro_hold: fwd.config.gro_hold,
             stop: fwd.stop.clone(),
             stats: fwd.stats.clone(),
             a_to_b,
@@ -114,7 +116,8 @@ fn forward_offload(src: &Queue, dst: &Queue, ctx: &WorkerCtx) -> Result<()> {
     let (mut arena, stride) = arena(ctx.batch);
     let mut bufs: Vec<&mut [u8]> = arena.chunks_mut(stride).collect();
     let mut lens = vec![0usize; ctx.batch];
-    let mut rx = RecvBatch::new(src).partial_checksums(ctx.partial_checksums).stop_on(ctx.stop.clone());
+    let mut rx =
+        RecvBatch::new(src).partial_checksums(ctx.partial_checksums).gro_hold(ctx.gro_hold).stop_on(ctx.stop.clone());
     let mut tx = SendBatch::new(dst).when_full(ctx.when_full).stop_on(ctx.stop.clone());
     let mut flusher = Flusher::new(ctx.shared());
     let mut batch = Batch::new(&mut bufs, &mut lens, packet_offset(src, dst));

@@ -12,6 +12,7 @@
 //! [`RX_BUF`]-byte receive buffer per receive descriptor.
 
 use std::fs::File;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -211,9 +212,19 @@ impl Guest {
 
     /// [`Guest::connect`] with rings of the given sizes.
     pub fn connect_with(socket: &Path, features: u64, layout: Layout) -> Result<Guest> {
+        Guest::set_up(Frontend::connect(socket, 2)?, features, layout, [true, true])
+    }
+
+    /// [`Guest::connect_with`] on a connection whose first messages the caller sent itself (anything before
+    /// `SET_OWNER`, such as QEMU's `SET_VRING_ENABLE` ahead of `SET_FEATURES`). Only the rings `enable` names are
+    /// enabled here: a ring left out stays as those earlier messages left it.
+    pub fn on_connection(stream: UnixStream, features: u64, layout: Layout, enable: [bool; 2]) -> Result<Guest> {
+        Guest::set_up(Frontend::from_stream(stream, 2), features, layout, enable)
+    }
+
+    fn set_up(mut fe: Frontend, features: u64, layout: Layout, enable: [bool; 2]) -> Result<Guest> {
         layout.check()?;
         let (mem, memfd) = guest_memory(layout.mem_size())?;
-        let mut fe = Frontend::connect(socket, 2)?;
         fe.set_owner()?;
         let offered = fe.get_features()?;
         if features & !offered != 0 {
@@ -248,17 +259,17 @@ impl Guest {
             event_idx: features & (1 << EVENT_IDX) != 0,
             _memfd: memfd,
         };
-        guest.start_queues(host)?;
+        guest.start_queues(host, enable)?;
         Ok(guest)
     }
 
-    fn start_queues(&mut self, host: u64) -> Result<()> {
+    fn start_queues(&mut self, host: u64, enable: [bool; 2]) -> Result<()> {
         for (index, ring) in [(0, self.rx), (1, self.tx)] {
             // The rings start empty: every index and flag zero.
             for addr in [ring.avail, ring.used] {
                 self.mem.write_slice(&[0u8; 4096], GuestAddress(addr)).map_err(memory_error)?;
             }
-            self.start_queue(index, ring, host, 0)?;
+            self.start_queue(index, ring, host, 0, enable[index])?;
         }
         Ok(())
     }
@@ -269,10 +280,10 @@ impl Guest {
     pub fn restart_queue(&mut self, index: usize, base: u16) -> Result<()> {
         let host = GuestMemoryBackend::get_host_address(&self.mem, GuestAddress(0)).map_err(memory_error)? as u64;
         let ring = if index == 0 { self.rx } else { self.tx };
-        self.start_queue(index, ring, host, base)
+        self.start_queue(index, ring, host, base, true)
     }
 
-    fn start_queue(&mut self, index: usize, ring: Ring, host: u64, base: u16) -> Result<()> {
+    fn start_queue(&mut self, index: usize, ring: Ring, host: u64, base: u16, enable: bool) -> Result<()> {
         {
             self.fe.set_vring_num(index, ring.size)?;
             let config = VringConfigData {
@@ -289,7 +300,9 @@ impl Guest {
             self.fe.set_vring_call(index, &self.calls[index])?;
             let kick = if index == 0 { &self.rx_kick } else { &self.tx_kick };
             self.fe.set_vring_kick(index, kick)?;
-            self.fe.set_vring_enable(index, true)?;
+            if enable {
+                self.fe.set_vring_enable(index, true)?;
+            }
         }
         Ok(())
     }
