@@ -43,6 +43,14 @@ pub(super) struct TunnelRow {
     pub ratio_wggo_gbps: Option<f64>,
     /// Median CPU %/Gbps over wireguard-go's (below 1: cheaper per Gbps).
     pub ratio_wggo_cpu_per_gbps: Option<f64>,
+    /// The whole box's CPU (every core, softirq and iperf3 included) over Gbps, % of one core, per run, median:
+    /// what the endpoints' own CPU misses (softirq work run in ksoftirqd or charged to iperf3), and the only CPU
+    /// figure of the kernel's tunnels.
+    #[serde(default)]
+    pub box_cpu_per_gbps: Option<Spread>,
+    /// Median box CPU %/Gbps over wireguard-go's.
+    #[serde(default)]
+    pub ratio_wggo_box_cpu_per_gbps: Option<f64>,
 }
 
 pub(super) fn gbps(r: &RunRecord) -> Option<f64> {
@@ -77,6 +85,8 @@ pub(super) fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Tr
                 let cpu: Option<f64> = r.endpoints.iter().map(|e| e.cpu_percent).sum();
                 (!r.endpoints.is_empty()).then_some(cpu? / gbps(r)?)
             });
+            let cores = crate::cpus() as f64;
+            let box_cpu_per_gbps = spread_of(&ok, |r| Some(r.box_cpu_percent? * cores / gbps(r)?));
             TunnelRow {
                 kind: s.mode.clone(),
                 traffic: s.traffic.clone(),
@@ -86,19 +96,23 @@ pub(super) fn rows(runs: &[RunRecord], kinds: &[(String, String)], traffic: &[Tr
                 cpu_per_gbps,
                 ratio_wggo_gbps: None,
                 ratio_wggo_cpu_per_gbps: None,
+                box_cpu_per_gbps,
+                ratio_wggo_box_cpu_per_gbps: None,
             }
         })
         .collect();
-    let reference: Vec<(String, Option<f64>, Option<f64>)> = rows
+    let median = |s: Option<Spread>| s.map(|s| s.median);
+    let reference: Vec<(String, [Option<f64>; 3])> = rows
         .iter()
         .filter(|r| r.kind == REFERENCE)
-        .map(|r| (r.traffic.clone(), r.summary.gbps.map(|s| s.median), r.cpu_per_gbps.map(|s| s.median)))
+        .map(|r| (r.traffic.clone(), [median(r.summary.gbps), median(r.cpu_per_gbps), median(r.box_cpu_per_gbps)]))
         .collect();
     let ratio = |x: Option<f64>, base: Option<f64>| Some(x? / base.filter(|b| *b > 0.0)?);
     for row in &mut rows {
-        let Some((_, g, c)) = reference.iter().find(|(t, _, _)| *t == row.traffic) else { continue };
-        row.ratio_wggo_gbps = ratio(row.summary.gbps.map(|s| s.median), *g);
-        row.ratio_wggo_cpu_per_gbps = ratio(row.cpu_per_gbps.map(|s| s.median), *c);
+        let Some((_, [g, c, b])) = reference.iter().find(|(t, _)| *t == row.traffic) else { continue };
+        row.ratio_wggo_gbps = ratio(median(row.summary.gbps), *g);
+        row.ratio_wggo_cpu_per_gbps = ratio(median(row.cpu_per_gbps), *c);
+        row.ratio_wggo_box_cpu_per_gbps = ratio(median(row.box_cpu_per_gbps), *b);
     }
     rows
 }
@@ -275,6 +289,8 @@ pub(super) fn row_cells(r: &TunnelRow, udp: bool) -> Vec<String> {
         cells.push(med_count(end("B").and_then(|e| e.syscalls_per_gb)));
     }
     cells.push(med(s.box_cpu_percent));
+    cells.push(med(r.box_cpu_per_gbps));
+    cells.push(ratio(r.ratio_wggo_box_cpu_per_gbps));
     cells
 }
 
@@ -314,10 +330,10 @@ pub(super) fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
         let _ = writeln!(
             o,
             "| tunnel | Gbps | ×wg-go | {} | CPU % A | CPU % B | CPU %/Gbps | ×wg-go | RSS MB A | RSS MB B | \
-             syscalls/GB A | syscalls/GB B | box CPU % |",
+             syscalls/GB A | syscalls/GB B | box CPU % | box CPU %/Gbps | ×wg-go |",
             if t.udp { "lost %" } else { "retr" }
         );
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for r in report.rows.iter().filter(|r| r.traffic == t.label) {
             let _ = writeln!(o, "| {} |", row_cells(r, t.udp).join(" | "));
         }
@@ -331,7 +347,10 @@ pub(super) fn markdown(report: &TunnelReport, traffic: &[Traffic]) -> String {
          calls, not attributable to a process). CPU %/Gbps = both endpoints' CPU over Gbps, per run. ×wg-go = \
          the median over {REFERENCE}'s in this run (Gbps: above 1 is faster; CPU %/Gbps: below 1 is cheaper). \
          RSS MB = peak RSS (VmHWM) of the endpoint over the window. syscalls/GB = system calls the endpoint \
-         entered per 10^9 bytes of goodput: {}. box CPU % = all cores busy over the window.",
+         entered per 10^9 bytes of goodput: {}. box CPU % = all cores busy over the window (100 = every \
+         core). box CPU %/Gbps = the whole box's CPU (every core, so softirq work in ksoftirqd or charged to iperf3, \
+         and iperf3 itself, which every kind shares) in % of one core, over Gbps, per run: the endpoints' CPU misses \
+         the kernel's work on their behalf, for turbotun and the peers alike but not necessarily equally.",
         report.syscalls
     );
     if !report.flood_rows.is_empty() {

@@ -88,6 +88,11 @@ fn rows_endpoints_and_ratios() {
     assert!((bt.ratio_wggo_cpu_per_gbps.unwrap() - (165.0 / 2.2) / 125.0).abs() < 1e-9);
     assert_eq!(veth.ratio_wggo_cpu_per_gbps, None);
     assert!((veth.ratio_wggo_gbps.unwrap() - 22.0 / 1.2).abs() < 1e-9);
+    // The box at 90 % of every core: per Gbps in % of one core, the kernel's tunnels included.
+    let cores = crate::cpus() as f64;
+    assert!((wg.box_cpu_per_gbps.unwrap().median - 90.0 * cores / 1.2).abs() < 1e-9);
+    assert!((veth.box_cpu_per_gbps.unwrap().median - 90.0 * cores / 22.0).abs() < 1e-9);
+    assert!((veth.ratio_wggo_box_cpu_per_gbps.unwrap() - 1.2 / 22.0).abs() < 1e-9);
     let udp = &rows[3];
     assert_eq!(udp.summary.lost_percent.unwrap().median, 12.0);
 }

@@ -83,9 +83,9 @@ pub(crate) struct RecvHalf {
     pending: Option<Pending>,
     stats: Counters,
     /// Whether reads after the first of a batch can be made non-sleeping with `RWF_NOWAIT` (probed on use).
-    /// Every batch reads until the queue is empty or the buffers are full (nothing is held back to wait for
-    /// packets not yet queued: the one that wakes an idle reader leaves alone if the next comes later; see
-    /// docs/CONTRACTS.md, "The I/O paths"). Skipping the further reads after
+    /// Every batch reads until the queue is empty or the buffers are full (without a [`Self::hold`] nothing is
+    /// held back to wait for packets not yet queued: the one that wakes an idle reader leaves alone if the next
+    /// comes later; see docs/CONTRACTS.md, "The I/O paths"). Skipping the further reads after
     /// one found nothing (for the next 1, 2, 4 ... 16 batches) saved a system call per batch of a packet
     /// trickle but read the first segments of every burst after an idle gap alone, unmerged, and cost more
     /// than it saved (BENCHMARKS.md, "Reading after an idle gap").
