@@ -30,6 +30,8 @@ have xz       || need+=(xz-utils)
 # The completion tests run each shell's script (bash is there already).
 have zsh      || need+=(zsh)
 have fish     || need+=(fish)
+# bench/aead measures Intel's IPsec-MB ChaCha20-Poly1305 (AVX-512, IFMA) beside ring's: its header and library.
+[[ -e /usr/include/intel-ipsec-mb.h ]] || need+=(libipsec-mb-dev)
 # The QEMU guest's kernel modules may come zstd-compressed (.ko.zst).
 have zstd     || need+=(zstd)
 have curl     || need+=(curl ca-certificates)
