@@ -30,7 +30,8 @@ have xz       || need+=(xz-utils)
 # The completion tests run each shell's script (bash is there already).
 have zsh      || need+=(zsh)
 have fish     || need+=(fish)
-# bench/aead measures Intel's IPsec-MB ChaCha20-Poly1305 (AVX-512, IFMA) beside ring's: its header and library.
+# The WireGuard endpoint's fastest ChaCha20-Poly1305 (`turbotun::aead`: AVX-512, IFMA) is Intel's IPsec-MB, compiled
+# against its header when the library is built (without it the build has ring's alone); bench/aead measures it too.
 [[ -e /usr/include/intel-ipsec-mb.h ]] || need+=(libipsec-mb-dev)
 # The QEMU guest's kernel modules may come zstd-compressed (.ko.zst).
 have zstd     || need+=(zstd)

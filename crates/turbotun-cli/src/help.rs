@@ -50,6 +50,7 @@ const LOG_ENV: &[(&str, &str)] = &[
 const WG_ENV: &[(&str, &str)] = &[
     ("LOG_LEVEL", "verbose (or debug): everything down to debug messages; error: errors only; silent: nothing. Unset: warnings and errors (a refused configuration is a warning). As wireguard-go reads it."),
     ("RUST_LOG", "tracing directives (debug, turbotun_wg=trace,warn); when set, it takes precedence over LOG_LEVEL."),
+    ("TURBOTUN_AEAD", "ring: seal and open transport data with ring's ChaCha20-Poly1305 even where Intel's IPsec-MB runs its AVX-512 code (the choice without it, the faster; LOG_LEVEL=verbose names the one chosen)."),
     ("WG_QUICK_USERSPACE_IMPLEMENTATION", "read by wg-quick, not by turbotun: set it to turbotun-wg to have wg-quick up run this endpoint. wg-quick uses it only when `ip link add NAME type wireguard` fails, i.e. when the kernel has no WireGuard module."),
 ];
 

@@ -162,7 +162,7 @@ pub(crate) fn scrub_stack() {
 }
 
 /// [`scrub_stack`] for the data path, after each batch: deep enough for the frames of sealing and opening, where
-/// ring's ChaCha20-Poly1305 leaves its key (its state on the stack, not wiped).
+/// the ChaCha20-Poly1305 code may leave its key (ring's keeps its state on the stack, not wiped).
 pub(crate) fn scrub_data_path_stack() {
     scrub::<{ 16 * 1024 }>();
 }

@@ -92,7 +92,7 @@ pub use dataplane::uring;
 #[doc(inline)]
 pub use dataplane::vhost_user;
 #[doc(inline)]
-pub use dataplane::{batch, forward, ring, stats, tunnel, udp, wake};
+pub use dataplane::{aead, batch, forward, ring, stats, tunnel, udp, wake};
 #[doc(inline)]
 pub use deployment::{handover, privilege, socket_keeper, stats_socket};
 #[doc(inline)]

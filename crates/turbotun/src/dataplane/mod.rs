@@ -1,7 +1,8 @@
 //! The dataplane: moving packets between queues, sockets and the application. The batch halves (split and
-//! coalesce), the forwarding engine and its io_uring paths over a slot ring, the tunnel engine over the UDP
+//! coalesce), the AEAD a tunnel's transport data is sealed with, the forwarding engine and its io_uring paths over a slot ring, the tunnel engine over the UDP
 //! layer, the one write policy, the counters, waking workers asleep in a read, and the async and smoltcp front ends.
 
+pub mod aead;
 pub mod batch;
 pub mod forward;
 pub mod ring;

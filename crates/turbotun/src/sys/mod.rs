@@ -11,6 +11,8 @@ pub(crate) mod bpf;
 pub(crate) mod ethtool;
 #[cfg(feature = "vhost-user")]
 pub(crate) mod guest;
+#[cfg(ipsec_mb)]
+pub(crate) mod ipsec_mb;
 pub(crate) mod udp;
 #[cfg(feature = "uring")]
 pub(crate) mod uring;
