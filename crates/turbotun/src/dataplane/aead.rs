@@ -216,8 +216,9 @@ mod ipsec_mb {
     use crate::sys::ipsec_mb::Manager;
 
     thread_local! {
-        /// This thread's manager, made on its first job (a manager is one thread's).
-        static MANAGER: RefCell<Option<Manager>> = const { RefCell::new(None) };
+        /// This thread's manager, made on its first job (a manager is one thread's); `Some(None)` once making it
+        /// failed, so that a failure is not retried on every packet.
+        static MANAGER: RefCell<Option<Option<Manager>>> = const { RefCell::new(None) };
     }
 
     /// Whether a manager can be made and runs the AVX-512 code (probed once): on a CPU without AVX-512 ring's
@@ -237,9 +238,7 @@ mod ipsec_mb {
         encrypt: bool,
     ) -> bool {
         MANAGER.with_borrow_mut(|manager| {
-            if manager.is_none() {
-                *manager = Manager::new();
-            }
+            let manager = manager.get_or_insert_with(Manager::new);
             manager.as_mut().is_some_and(|m| m.chacha20_poly1305(key, nonce, aad, text, tag, encrypt))
         })
     }
