@@ -24,6 +24,10 @@ extern "C" {
     fn turbotun_imb_chacha20_poly1305(mgr: *mut c_void, job: *const AeadJob) -> c_int;
 }
 
+/// The longest text one ChaCha20-Poly1305 job takes (RFC 8439: 2^32 - 1 blocks of 64 bytes, less the block
+/// Poly1305's key comes from).
+const MAX_TEXT: usize = (1 << 38) - 64;
+
 /// A multi-buffer manager (`IMB_MGR`): not `Send`, since its jobs and state belong to the thread using it.
 pub(crate) struct Manager(NonNull<c_void>);
 
@@ -51,6 +55,11 @@ impl Manager {
         tag: &mut [u8; 16],
         encrypt: bool,
     ) -> bool {
+        // The glue submits without the library's own check of the job, so the one limit the types leave open is
+        // kept here: ChaCha20's 32-bit block counter.
+        if text.len() > MAX_TEXT {
+            return false;
+        }
         let job = AeadJob {
             key: key.as_ptr(),
             nonce: nonce.as_ptr(),
@@ -63,7 +72,8 @@ impl Manager {
         };
         // SAFETY: the manager is live and used by this thread alone (`&mut self`, and `Manager` is not `Send`);
         // every pointer is valid for the length given with it for the whole call, which completes the job before
-        // it returns (the library's ChaCha20-Poly1305 jobs are synchronous, and the glue flushes any it held).
+        // it returns (the library's ChaCha20-Poly1305 jobs are synchronous, and the glue flushes any it held); the
+        // key, nonce and tag have the sizes the job declares, and the length is within the library's limit.
         let status = unsafe { turbotun_imb_chacha20_poly1305(self.0.as_ptr(), &job) };
         status == 0
     }
