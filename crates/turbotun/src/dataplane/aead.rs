@@ -47,18 +47,19 @@ pub fn backend() -> Backend {
     static CHOSEN: OnceLock<Backend> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
         let forced = std::env::var("TURBOTUN_AEAD").ok();
-        let chosen = choose(forced.as_deref(), &Backend::available());
+        let chosen = choose(forced.as_deref(), Backend::available);
         tracing::debug!(backend = chosen.as_str(), forced = ?forced, "ChaCha20-Poly1305 chosen");
         chosen
     })
 }
 
-/// The backend for `TURBOTUN_AEAD=forced` among `available` (fastest first): `ring` forces ring's; anything
-/// else (or nothing) takes the fastest.
-fn choose(forced: Option<&str>, available: &[Backend]) -> Backend {
+/// The backend for `TURBOTUN_AEAD=forced`: `ring` forces ring's; anything else (or nothing) takes the fastest
+/// that `available` (fastest first) finds. Forced, the others are not probed: probing IPsec-MB makes a manager,
+/// which maps 3 MB of the library's code into a process that will never use it.
+fn choose(forced: Option<&str>, available: impl FnOnce() -> Vec<Backend>) -> Backend {
     match forced {
         Some("ring") => Backend::Ring,
-        _ => available.first().copied().unwrap_or(Backend::Ring),
+        _ => available().first().copied().unwrap_or(Backend::Ring),
     }
 }
 
