@@ -237,9 +237,7 @@ impl Keypair {
         if self.erased.load(Ordering::Acquire) {
             return Err(OpenError::Unauthenticated);
         }
-        let text_len = body.len().checked_sub(TAG_LEN).ok_or(OpenError::Unauthenticated)?;
-        let (text, tag) = body.split_at_mut(text_len);
-        let tag: &[u8; TAG_LEN] = (&*tag).try_into().expect("the last 16 bytes");
+        let (text, tag) = body.split_last_chunk_mut::<TAG_LEN>().ok_or(OpenError::Unauthenticated)?;
         if !key.open(&nonce(counter), &[], text, tag) {
             return Err(OpenError::Unauthenticated);
         }

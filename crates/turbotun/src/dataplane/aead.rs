@@ -209,40 +209,11 @@ pub fn fuzz_compare_with_ring(data: &[u8]) {
     }
 }
 
+/// IPsec-MB's ChaCha20-Poly1305 on each thread's own manager. Only its AVX-512 code is used: on a CPU without
+/// AVX-512 ring's stitched AVX2 code is as fast as the library's AVX2 and SSE code.
 #[cfg(ipsec_mb)]
 mod ipsec_mb {
-    use std::cell::RefCell;
-    use std::sync::OnceLock;
-
-    use crate::sys::ipsec_mb::Manager;
-
-    thread_local! {
-        /// This thread's manager, made on its first job (a manager is one thread's); `Some(None)` once making it
-        /// failed, so that a failure is not retried on every packet.
-        static MANAGER: RefCell<Option<Option<Manager>>> = const { RefCell::new(None) };
-    }
-
-    /// Whether a manager can be made and runs the AVX-512 code (probed once): on a CPU without AVX-512 ring's
-    /// stitched AVX2 code is as fast as the library's AVX2 and SSE code, so ring's is used.
-    pub(super) fn usable() -> bool {
-        static USABLE: OnceLock<bool> = OnceLock::new();
-        *USABLE.get_or_init(|| Manager::new().is_some_and(|m| m.is_avx512()))
-    }
-
-    /// One job on this thread's manager; `false` if there is none or the library refused the job.
-    pub(super) fn run(
-        key: &[u8; 32],
-        nonce: &[u8; 12],
-        aad: &[u8],
-        text: &mut [u8],
-        tag: &mut [u8; 16],
-        encrypt: bool,
-    ) -> bool {
-        MANAGER.with_borrow_mut(|manager| {
-            let manager = manager.get_or_insert_with(Manager::new);
-            manager.as_mut().is_some_and(|m| m.chacha20_poly1305(key, nonce, aad, text, tag, encrypt))
-        })
-    }
+    pub(super) use crate::sys::ipsec_mb::{chacha20_poly1305 as run, runs_avx512 as usable};
 }
 
 #[cfg(not(ipsec_mb))]

@@ -1,8 +1,38 @@
 //! Intel's IPsec-MB library (through `ipsec_mb.c`, compiled by build.rs where the library is installed): its
-//! ChaCha20-Poly1305, one synchronous job per call, on a manager that belongs to one thread.
+//! ChaCha20-Poly1305, one synchronous job per call, on the calling thread's own manager.
 
+use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::OnceLock;
+
+thread_local! {
+    /// This thread's manager, made on its first job (a manager is one thread's); `Some(None)` once making it
+    /// failed, so that a failure is not retried on every packet.
+    static MANAGER: RefCell<Option<Option<Manager>>> = const { RefCell::new(None) };
+}
+
+/// Whether a manager can be made and runs the AVX-512 code (probed once).
+pub(crate) fn runs_avx512() -> bool {
+    static AVX512: OnceLock<bool> = OnceLock::new();
+    *AVX512.get_or_init(|| Manager::new().is_some_and(|m| m.is_avx512()))
+}
+
+/// Seals (`encrypt`) or opens `text` in place with ChaCha20-Poly1305 on this thread's manager, writing the tag it
+/// computes into `tag`. Returns whether the job completed (`false` also when this thread has no manager).
+pub(crate) fn chacha20_poly1305(
+    key: &[u8; 32],
+    nonce: &[u8; 12],
+    aad: &[u8],
+    text: &mut [u8],
+    tag: &mut [u8; 16],
+    encrypt: bool,
+) -> bool {
+    MANAGER.with_borrow_mut(|manager| {
+        let manager = manager.get_or_insert_with(Manager::new);
+        manager.as_mut().is_some_and(|m| m.job(key, nonce, aad, text, tag, encrypt))
+    })
+}
 
 /// One seal or open, as the glue takes it (`struct turbotun_imb_aead` in ipsec_mb.c): pointers and lengths.
 #[repr(C)]
@@ -29,24 +59,23 @@ extern "C" {
 const MAX_TEXT: usize = (1 << 38) - 64;
 
 /// A multi-buffer manager (`IMB_MGR`): not `Send`, since its jobs and state belong to the thread using it.
-pub(crate) struct Manager(NonNull<c_void>);
+struct Manager(NonNull<c_void>);
 
 impl Manager {
     /// A manager with the best code this CPU runs, or `None` when the library could not make one.
-    pub(crate) fn new() -> Option<Manager> {
+    fn new() -> Option<Manager> {
         // SAFETY: no arguments; the glue returns a manager it allocated and initialized, or null.
         NonNull::new(unsafe { turbotun_imb_new() }).map(Manager)
     }
 
     /// Whether it runs the AVX-512 code.
-    pub(crate) fn is_avx512(&self) -> bool {
+    fn is_avx512(&self) -> bool {
         // SAFETY: `self.0` is a live manager.
         unsafe { turbotun_imb_is_avx512(self.0.as_ptr()) != 0 }
     }
 
-    /// Seals (`encrypt`) or opens `text` in place with ChaCha20-Poly1305, writing the tag it computes into `tag`.
-    /// Returns whether the job completed.
-    pub(crate) fn chacha20_poly1305(
+    /// [`chacha20_poly1305`] on this manager.
+    fn job(
         &mut self,
         key: &[u8; 32],
         nonce: &[u8; 12],
